@@ -1,0 +1,40 @@
+# SPDX-License-Identifier: Apache-2.0
+import subprocess
+import sys
+
+import pytest
+
+from pyro_sdebnn.cli import build_parser, main, resolve_device
+
+
+def test_help_lists_commands(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for word in ("datasets", "benchmark", "--device", "--seed", "--output", "--quick"):
+        assert word in out
+
+
+def test_common_options_accepted_after_subcommand():
+    args = build_parser().parse_args(["datasets", "--seed", "7", "--device", "cpu"])
+    assert args.seed == 7 and args.device == "cpu"
+    args = build_parser().parse_args(["--seed", "3", "datasets"])
+    assert args.seed == 3
+
+
+def test_bad_device_is_a_clear_error():
+    with pytest.raises(ValueError, match="--device"):
+        resolve_device("not-a-device")
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_without_gpu_is_a_clear_error():
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        resolve_device("cuda")
+
+
+def test_python_dash_m_entry_point():
+    proc = subprocess.run([sys.executable, "-m", "pyro_sdebnn", "--help"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "pyro-sdebnn" in proc.stdout
