@@ -38,3 +38,20 @@ def test_python_dash_m_entry_point():
     proc = subprocess.run([sys.executable, "-m", "pyro_sdebnn", "--help"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "pyro-sdebnn" in proc.stdout
+
+
+def test_datasets_lists_every_bundled_data_set(capsys):
+    assert main(["datasets"]) == 0
+    out = capsys.readouterr().out
+    for name in ("two_moons", "toy_regression_1d", "gap_regression_1d", "uci_boston", "mnist_subset", "digits", "mnist"):
+        assert name in out
+    assert "(455, 13)" in out  # Boston 90/10 split of 506 rows
+
+
+def test_datasets_json(capsys):
+    import json
+
+    assert main(["datasets", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {row["name"] for row in rows} >= {"two_moons", "uci_boston"}
+    assert all(set(row) >= {"name", "task", "shapes", "source"} for row in rows)

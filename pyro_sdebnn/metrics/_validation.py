@@ -1,0 +1,151 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Input checks shared by the metrics: every error names the argument and what was expected."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+def _is_prediction(value, class_name: str) -> bool:
+    """Whether ``value`` is a ``pyro_sdebnn.infer.predictive`` container (imported only when needed)."""
+    if isinstance(value, (Tensor, np.ndarray, list, tuple, int, float)):
+        return False
+    from pyro_sdebnn.infer import predictive
+
+    return isinstance(value, getattr(predictive, class_name))
+
+
+def _as_tensor(name: str, value) -> Tensor:
+    """Accept a tensor, a numpy array or a (nested) sequence of numbers."""
+    if isinstance(value, Tensor):
+        return value
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(value))
+    if isinstance(value, (list, tuple, int, float)) and not isinstance(value, bool):
+        try:
+            return torch.as_tensor(value)
+        except (TypeError, ValueError, RuntimeError) as err:
+            raise TypeError(f"{name} must be a tensor or an array of numbers ({err})") from None
+    raise TypeError(f"{name} must be a torch.Tensor or numpy.ndarray, got {type(value).__name__}")
+
+
+def _float_tensor(name: str, value) -> Tensor:
+    tensor = _as_tensor(name, value)
+    if not tensor.is_floating_point():
+        tensor = tensor.to(torch.get_default_dtype())
+    return tensor
+
+
+def _sum_tolerance(dtype: torch.dtype) -> float:
+    """Rows of probabilities must sum to 1 within sqrt(machine epsilon) (3.5e-4 in float32, 1.5e-8 in float64)."""
+    return math.sqrt(torch.finfo(dtype).eps)
+
+
+def _check_probabilities(name: str, probs: Tensor) -> None:
+    """Values in [0, 1] and (for the last dimension, when it holds classes) rows summing to 1."""
+    if not torch.isfinite(probs).all():
+        raise ValueError(f"{name} must be finite probabilities, got NaN or infinite values")
+    if (probs < 0).any() or (probs > 1).any():
+        raise ValueError(
+            f"{name} must be probabilities in [0, 1], "
+            f"got values in [{float(probs.min()):.4g}, {float(probs.max()):.4g}]"
+        )
+
+
+def _check_probs(probs, name: str = "probs") -> tuple[Tensor, bool]:
+    """Validate predictive probabilities; return them as ``(N, C)`` and whether the input was binary ``(N,)``."""
+    if _is_prediction(probs, "ClassificationPrediction"):
+        probs = probs.mean_probs
+    probs = _float_tensor(name, probs)
+    if probs.dim() == 1:
+        binary = True
+    elif probs.dim() == 2 and probs.shape[-1] >= 2:
+        binary = False
+    else:
+        raise ValueError(
+            f"{name} must have shape (N, C) with C >= 2 classes, or (N,) positive-class probabilities, "
+            f"got {tuple(probs.shape)}"
+        )
+    if probs.shape[0] == 0:
+        raise ValueError(f"{name} is empty: need at least one prediction")
+    _check_probabilities(name, probs)
+    if binary:
+        return torch.stack([1 - probs, probs], dim=-1), True
+    _check_rows_sum_to_one(name, probs)
+    return probs, False
+
+
+def _check_rows_sum_to_one(name: str, probs: Tensor) -> None:
+    tol = _sum_tolerance(probs.dtype)
+    error = (probs.sum(-1) - 1).abs()
+    if (error > tol).any():
+        raise ValueError(
+            f"{name} rows must sum to 1 over the last (class) dimension within {tol:.2g}, "
+            f"got a deviation of {float(error.max()):.4g}"
+        )
+
+
+def _check_sample_probs(sample_probs, name: str = "sample_probs") -> Tensor:
+    """Validate per-sample probabilities ``(S, N, C)`` (or binary ``(S, N)``); return ``(S, N, C)``."""
+    if _is_prediction(sample_probs, "ClassificationPrediction"):
+        sample_probs = sample_probs.probs
+    sample_probs = _float_tensor(name, sample_probs)
+    if sample_probs.dim() == 2:
+        binary = True
+    elif sample_probs.dim() == 3 and sample_probs.shape[-1] >= 2:
+        binary = False
+    else:
+        raise ValueError(
+            f"{name} must have shape (S, N, C) with C >= 2, or (S, N) positive-class probabilities, "
+            f"got {tuple(sample_probs.shape)}"
+        )
+    if sample_probs.shape[0] == 0 or sample_probs.shape[1] == 0:
+        raise ValueError(
+            f"{name} is empty: need at least one sample and one prediction, got {tuple(sample_probs.shape)}"
+        )
+    _check_probabilities(name, sample_probs)
+    if binary:
+        return torch.stack([1 - sample_probs, sample_probs], dim=-1)
+    _check_rows_sum_to_one(name, sample_probs)
+    return sample_probs
+
+
+def _check_labels(labels, num_items: int, num_classes: int, device: torch.device, name: str = "labels") -> Tensor:
+    """Integer class indices of shape ``(N,)`` in ``0..num_classes-1``; returned as int64 on ``device``."""
+    labels = _as_tensor(name, labels)
+    if labels.dim() != 1 or labels.shape[0] != num_items:
+        raise ValueError(f"{name} must have shape ({num_items},) to match the predictions, got {tuple(labels.shape)}")
+    if labels.is_floating_point() or labels.is_complex():
+        if labels.is_complex() or not torch.equal(labels, labels.round()):
+            raise ValueError(f"{name} must be integer class indices, got non-integer values of dtype {labels.dtype}")
+    labels = labels.to(device=device, dtype=torch.int64)
+    if num_items and ((labels < 0).any() or (labels >= num_classes).any()):
+        raise ValueError(
+            f"{name} must be class indices in [0, {num_classes - 1}], "
+            f"got values in [{int(labels.min())}, {int(labels.max())}]"
+        )
+    return labels
+
+
+def _check_num_bins(num_bins: int, name: str = "num_bins") -> int:
+    if isinstance(num_bins, bool) or not isinstance(num_bins, (int, np.integer)) or num_bins < 1:
+        raise ValueError(f"{name} must be a positive integer, got {num_bins!r}")
+    return int(num_bins)
+
+
+def _check_vector(name: str, value, num_items: int | None = None) -> Tensor:
+    """A non-empty finite float vector ``(N,)``, optionally of a given length."""
+    tensor = _float_tensor(name, value)
+    if tensor.dim() != 1:
+        raise ValueError(f"{name} must have shape (N,), got {tuple(tensor.shape)}")
+    if tensor.shape[0] == 0:
+        raise ValueError(f"{name} is empty: need at least one value")
+    if num_items is not None and tensor.shape[0] != num_items:
+        raise ValueError(f"{name} must have shape ({num_items},) to match the predictions, got {tuple(tensor.shape)}")
+    if not torch.isfinite(tensor).all():
+        raise ValueError(f"{name} must be finite, got NaN or infinite values")
+    return tensor
