@@ -1,0 +1,260 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Gaussian-process prior over the function values of a network at measurement points."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import pyro
+import pyro.contrib.gp as gp
+import torch
+from pyro.distributions.torch_distribution import TorchDistribution
+from torch.distributions import constraints
+
+from pyro_sdebnn.ops.gp import cholesky_with_jitter, gp_log_normalizer, gp_precision_residual, gp_whiten
+
+__all__ = ["GPFunctionalPrior", "fit_gp_kernel"]
+
+
+def fit_gp_kernel(
+    kernel: gp.kernels.Kernel,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    num_steps: int = 500,
+    lr: float = 0.05,
+    noise: float = 0.1,
+    max_points: int = 2000,
+    generator: torch.Generator | None = None,
+) -> gp.kernels.Kernel:
+    r"""Fit a kernel's hyper-parameters by the exact GP marginal likelihood, then freeze it.
+
+    Maximises :math:`\log \mathcal N(y;\ 0,\ K_{XX} + \sigma_n^2 I)` over the kernel hyper-parameters and the noise
+    :math:`\sigma_n^2` with :class:`pyro.contrib.gp.models.GPRegression` and Adam (``pyro.contrib.gp.util.train``)
+    [1]. Only the kernel is returned (the fitted noise is not part of the functional prior, FSGMCMC.md). The
+    kernel is modified in place and frozen (``requires_grad=False`` on all its parameters).
+
+    :param kernel: a :class:`pyro.contrib.gp.kernels.Kernel` (e.g. ``RBF(input_dim)``), modified in place.
+    :param Tensor x: inputs ``(N, d)`` or ``(N,)``.
+    :param Tensor y: targets ``(N,)``, or ``(N, C)`` for C outputs sharing the kernel (fitted jointly).
+    :param int num_steps: Adam steps.
+    :param float lr: Adam learning rate.
+    :param float noise: initial observation-noise variance.
+    :param int max_points: fit on a random subset of at most this many points (exact GP cost is O(N^3)).
+    :param generator: optional :class:`torch.Generator` for the subset.
+    :returns: the fitted, frozen ``kernel``.
+
+    **References**
+
+    [1] C. E. Rasmussen, C. K. I. Williams (2006). Gaussian Processes for Machine Learning, ch. 5. MIT Press.
+
+    >>> x = torch.linspace(-2, 2, 30).unsqueeze(-1)
+    >>> k = fit_gp_kernel(pyro.contrib.gp.kernels.RBF(1), x, torch.sin(2 * x[:, 0]), num_steps=20)
+    >>> k.lengthscale.requires_grad
+    False
+    """
+    if not isinstance(kernel, gp.kernels.Kernel):
+        raise TypeError(f"fit_gp_kernel: `kernel` must be a pyro.contrib.gp.kernels.Kernel, got {type(kernel)}")
+    if x.dim() not in (1, 2):
+        raise ValueError(f"fit_gp_kernel: `x` must be (N,) or (N, d), got shape {tuple(x.shape)}")
+    if y.dim() not in (1, 2) or y.shape[0] != x.shape[0]:
+        raise ValueError(f"fit_gp_kernel: `y` must be (N,) or (N, C) with N={x.shape[0]}, got {tuple(y.shape)}")
+    if num_steps < 1 or max_points < 1:
+        raise ValueError("fit_gp_kernel: `num_steps` and `max_points` must be positive")
+    if x.shape[0] > max_points:
+        index = torch.randperm(x.shape[0], generator=generator)[:max_points].to(x.device)
+        x, y = x[index], y[index]
+    y = y.T if y.dim() == 2 else y  # GPRegression batches outputs in front: (C, N)
+    kernel.requires_grad_(True)
+    model = gp.models.GPRegression(x, y, kernel, noise=torch.tensor(noise, dtype=x.dtype, device=x.device))
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    with pyro.get_param_store().scope():  # do not leak GP parameters into the user's param store
+        losses = gp.util.train(model, optimizer=optimizer, num_steps=num_steps)
+    if not math.isfinite(losses[-1]):
+        raise ValueError(f"fit_gp_kernel: the marginal likelihood diverged (final loss {losses[-1]})")
+    kernel.requires_grad_(False)
+    return kernel
+
+
+class GPFunctionalPrior(TorchDistribution):
+    r"""Gaussian-process prior over function values at measurement points (a functional prior).
+
+    For measurement points :math:`X_M` (``inputs``), a kernel :math:`k` and a mean function :math:`m` [1]:
+
+    .. math::
+
+        f(X_M) \sim \mathcal N\big(m(X_M),\ K + \delta I\big),\qquad K = k(X_M, X_M),\qquad
+        \delta = \text{jitter}\cdot \operatorname{mean}(\operatorname{diag} K).
+
+    **The jitter is relative** to the mean kernel variance (:math:`10^{-4}\sigma_f^2` by default, FSGMCMC.md); the
+    absolute value is :attr:`delta`. If the Cholesky factorisation fails the jitter is raised ×10 up to
+    ``max_jitter`` with a :class:`~pyro_sdebnn.ops.gp.JitterWarning` stating the value used (attribute
+    :attr:`jitter`); past the bound a ``ValueError`` is raised. With ``num_outputs = C > 1`` the C outputs are
+    independent GPs with the same kernel (classification logits).
+
+    :math:`K` is evaluated once, without gradient, in float64, and its Cholesky factor is cached: the kernel is a
+    fixed prior (fit it beforehand with :meth:`fit`; hyper-parameters with ``PyroSample`` priors are not supported).
+    The kernel is evaluated in an empty param-store scope, so it uses its own parameter values even if another
+    Pyro module registered parameters with the same names (``"lengthscale"``, ...) in the global store.
+    ``log_prob`` and :meth:`score` solve in float64 and return the dtype of their argument. For functional
+    SG-MCMC [2], :meth:`precision_residual` returns :math:`\alpha = (K + \delta I)^{-1}(f - m)` for a whole batch
+    of ``f`` in one solve and :meth:`score` returns :math:`\nabla_f \log p(f) = -\alpha`.
+
+    Shapes: ``event_shape = (M,)`` for one output, ``(M, C)`` for ``C = num_outputs > 1``; ``batch_shape = ()``
+    (or what :meth:`expand` gives). ``rsample`` is reparameterised in the mean only.
+
+    :param kernel: a :class:`pyro.contrib.gp.kernels.Kernel`.
+    :param Tensor inputs: measurement points ``(M, d)`` (or ``(M,)`` for 1-D inputs); their dtype and device are
+        those of the distribution.
+    :param mean: ``None`` (zero mean), a tensor broadcastable to the event shape, or a callable mapping ``inputs``
+        to such a tensor.
+    :param float jitter: initial relative jitter (> 0).
+    :param int num_outputs: number C of independent outputs.
+    :param float max_jitter: bound of the jitter escalation.
+
+    **References**
+
+    [1] C. E. Rasmussen, C. K. I. Williams (2006). Gaussian Processes for Machine Learning. MIT Press.
+
+    [2] Z. Wu, Y. Xuan, L. Lu (2024). Functional stochastic gradient MCMC for Bayesian neural networks.
+    arXiv:2409.16632.
+
+    >>> x = torch.linspace(-1, 1, 5).unsqueeze(-1)
+    >>> prior = GPFunctionalPrior(pyro.contrib.gp.kernels.RBF(1), x, num_outputs=3)
+    >>> prior.event_shape
+    torch.Size([5, 3])
+    >>> f = prior.sample((2,))
+    >>> prior.log_prob(f).shape, prior.score(f).shape
+    (torch.Size([2]), torch.Size([2, 5, 3]))
+    """
+
+    has_rsample = True
+
+    def __init__(
+        self,
+        kernel: gp.kernels.Kernel,
+        inputs: torch.Tensor,
+        mean: torch.Tensor | Callable[[torch.Tensor], torch.Tensor] | None = None,
+        *,
+        jitter: float = 1e-4,
+        num_outputs: int = 1,
+        max_jitter: float = 1e-1,
+        validate_args: bool | None = None,
+    ) -> None:
+        if not isinstance(kernel, gp.kernels.Kernel):
+            raise TypeError(f"GPFunctionalPrior: `kernel` must be a pyro.contrib.gp.kernels.Kernel, got {type(kernel)}")
+        if not isinstance(inputs, torch.Tensor) or inputs.dim() not in (1, 2) or inputs.shape[0] < 1:
+            shape = tuple(inputs.shape) if isinstance(inputs, torch.Tensor) else type(inputs)
+            raise ValueError(f"GPFunctionalPrior: `inputs` must be a tensor of shape (M, d) or (M,), got {shape}")
+        if not isinstance(num_outputs, int) or num_outputs < 1:
+            raise ValueError(f"GPFunctionalPrior: `num_outputs` must be a positive int, got {num_outputs!r}")
+        if not (isinstance(jitter, (int, float)) and jitter > 0):
+            raise ValueError(f"GPFunctionalPrior: `jitter` must be a positive float, got {jitter!r}")
+        self.kernel = kernel
+        self.inputs = inputs
+        self.num_outputs = num_outputs
+        num_points = inputs.shape[0]
+        event_shape = torch.Size((num_points,) if num_outputs == 1 else (num_points, num_outputs))
+        # A Pyro kernel reads its parameters from the global param store by *name*, so two kernels with the same
+        # parameter names would share values; evaluate in an empty scope so the kernel uses its own values.
+        with torch.no_grad(), pyro.get_param_store().scope():
+            cov = kernel(inputs.to(torch.float64)).to(torch.float64)
+        if cov.shape != (num_points, num_points):
+            raise ValueError(
+                f"GPFunctionalPrior: the kernel returned shape {tuple(cov.shape)}, expected {(num_points,) * 2}"
+            )
+        self.scale_tril64, self.jitter, self.delta = cholesky_with_jitter(cov, jitter, max_jitter=max_jitter)
+        if callable(mean):
+            mean = mean(inputs)
+        loc = torch.zeros(event_shape, dtype=inputs.dtype, device=inputs.device)
+        if mean is not None:
+            mean = torch.as_tensor(mean, dtype=inputs.dtype, device=inputs.device)
+            try:
+                loc = loc + mean
+            except RuntimeError as e:
+                raise ValueError(
+                    f"GPFunctionalPrior: `mean` of shape {tuple(mean.shape)} does not broadcast to {tuple(event_shape)}"
+                ) from e
+        self.loc = loc
+        batch_shape = loc.shape[: loc.dim() - len(event_shape)]
+        super().__init__(batch_shape, event_shape, validate_args=validate_args)
+
+    @property
+    def arg_constraints(self):
+        return {"loc": constraints.independent(constraints.real, len(self.event_shape))}
+
+    @property
+    def support(self):
+        return constraints.independent(constraints.real, len(self.event_shape))
+
+    fit = staticmethod(fit_gp_kernel)
+
+    def expand(self, batch_shape, _instance=None):
+        new = self._get_checked_instance(GPFunctionalPrior, _instance)
+        batch_shape = torch.Size(batch_shape)
+        new.kernel = self.kernel
+        new.inputs = self.inputs
+        new.num_outputs = self.num_outputs
+        new.scale_tril64, new.jitter, new.delta = self.scale_tril64, self.jitter, self.delta
+        new.loc = self.loc.expand(batch_shape + self.event_shape)
+        super(GPFunctionalPrior, new).__init__(batch_shape, self.event_shape, validate_args=False)
+        new._validate_args = self._validate_args
+        return new
+
+    @property
+    def _event_dim(self) -> int:
+        return len(self.event_shape)
+
+    @property
+    def covariance_matrix(self) -> torch.Tensor:
+        r""":math:`K + \delta I` (``(M, M)``, shared by all outputs), in the dtype of ``inputs``."""
+        return (self.scale_tril64 @ self.scale_tril64.T).to(self.loc.dtype)
+
+    @property
+    def scale_tril(self) -> torch.Tensor:
+        """Cholesky factor of :attr:`covariance_matrix` in the dtype of ``inputs``."""
+        return self.scale_tril64.to(self.loc.dtype)
+
+    @property
+    def mean(self) -> torch.Tensor:
+        return self.loc
+
+    @property
+    def variance(self) -> torch.Tensor:
+        var = self.scale_tril64.square().sum(-1).to(self.loc.dtype)
+        if self._event_dim == 2:
+            var = var.unsqueeze(-1)
+        return var.expand(self.batch_shape + self.event_shape)
+
+    def rsample(self, sample_shape: torch.Size = torch.Size()) -> torch.Tensor:
+        shape = self._extended_shape(sample_shape)
+        with torch.no_grad():
+            eps = torch.randn(shape, dtype=torch.float64, device=self.loc.device)
+            if self._event_dim == 1:
+                noise = (eps @ self.scale_tril64.T).to(self.loc.dtype)
+            else:
+                noise = (self.scale_tril64 @ eps).to(self.loc.dtype)
+        return self.loc + noise
+
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        if self._validate_args:
+            self._validate_sample(value)
+        z = gp_whiten(self.scale_tril64, value - self.loc, self._event_dim)
+        dims = tuple(range(-self._event_dim, 0))
+        num_outputs = 1 if self._event_dim == 1 else self.event_shape[-1]
+        log_prob = -0.5 * z.square().sum(dims) - num_outputs * gp_log_normalizer(self.scale_tril64)
+        return log_prob.to(value.dtype)
+
+    def precision_residual(self, value: torch.Tensor) -> torch.Tensor:
+        r""":math:`\alpha = (K + \delta I)^{-1}(f - m)` for a batch ``value`` of shape ``(...,) + event_shape``.
+
+        One Cholesky solve for the whole batch (float64), returned in the dtype of ``value`` and differentiable
+        in ``value``; detach it for the surrogate loss :math:`\langle \mathrm{sg}(\alpha), f_M\rangle`.
+        """
+        alpha = gp_precision_residual(self.scale_tril64, value - self.loc, self._event_dim)
+        return alpha.to(value.dtype)
+
+    def score(self, value: torch.Tensor) -> torch.Tensor:
+        r"""Gradient of the log-density, :math:`\nabla_f \log p(f) = -(K + \delta I)^{-1}(f - m)`."""
+        return -self.precision_residual(value)

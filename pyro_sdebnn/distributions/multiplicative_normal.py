@@ -1,0 +1,184 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The weight posterior induced by multiplicative Gaussian activation noise (MNVI)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from pyro.distributions.torch_distribution import TorchDistribution
+from torch.distributions import Normal, constraints
+from torch.distributions.kl import register_kl
+from torch.distributions.utils import broadcast_all, lazy_property
+
+__all__ = ["MultiplicativeNormal"]
+
+#: Guard added to the posterior variance inside the log of the closed-form KL (METHODS.md §4).
+KL_LOG_GUARD = 1e-10
+
+
+def _align_alpha(alpha: torch.Tensor, loc: torch.Tensor, noise_dim: int | None) -> torch.Tensor:
+    """Reshape a per-input ``alpha`` of shape ``(loc.shape[noise_dim],)`` so it broadcasts against ``loc``."""
+    if noise_dim is None or alpha.dim() != 1:
+        return alpha
+    if loc.dim() == 0:
+        raise ValueError("MultiplicativeNormal: `loc` must have at least one dimension when `noise_dim` is used")
+    if not -loc.dim() <= noise_dim < loc.dim():
+        raise ValueError(
+            f"MultiplicativeNormal: `noise_dim`={noise_dim} is out of range for loc.shape={tuple(loc.shape)}"
+        )
+    dim = noise_dim - loc.dim() if noise_dim >= 0 else noise_dim
+    if alpha.shape[0] not in (1, loc.shape[dim]):
+        raise ValueError(
+            f"MultiplicativeNormal: `alpha` must have shape ({loc.shape[dim]},) = loc.shape[noise_dim] "
+            f"(noise_dim={noise_dim}), got {tuple(alpha.shape)}"
+        )
+    return alpha.reshape((-1,) + (1,) * (-dim - 1))
+
+
+class MultiplicativeNormal(TorchDistribution):
+    r"""Element-wise Gaussian weight law whose variance is proportional to the squared mean.
+
+    Multiplying every input activation :math:`x_j` of a linear (or convolutional) layer by independent noise
+    :math:`\epsilon_j \sim \mathcal N(1, \alpha_j)` is equivalent to drawing the weights from [1]
+
+    .. math::
+
+        q(w_{ij}) = \mathcal N\big(w_{ij};\ m_{ij},\ \alpha_j\, m_{ij}^2\big),
+
+    with one noise variance :math:`\alpha_j` per *input* (per input channel for convolutions), shared along
+    ``noise_dim``. The family therefore costs one extra parameter per input instead of one per weight
+    (see :meth:`num_parameters`). Generative story::
+
+        eps ~ Normal(0, 1)                       # shape of loc
+        w = loc + sqrt(alpha) * |loc| * eps
+
+    The closed-form KL to a Gaussian prior :math:`\mathcal N(\mu_p, \sigma_p^2)` is registered with
+    :func:`torch.distributions.kl.kl_divergence` (METHODS.md §4, with :math:`\mu_p = 0` there):
+
+    .. math::
+
+        \mathrm{KL} = \tfrac12\Big(\log\frac{\sigma_p^2}{\alpha_j m_{ij}^2 + 10^{-10}}
+        + \frac{\alpha_j m_{ij}^2 + (m_{ij} - \mu_p)^2}{\sigma_p^2} - 1\Big).
+
+    Shapes: ``batch_shape`` is the shape of ``loc`` (every weight is its own batch element, like
+    :class:`~pyro.distributions.Normal`), ``event_shape`` is ``()``; use ``.to_event(loc.dim())`` for a weight
+    tensor sample site. Samples are ``sample_shape + batch_shape``.
+
+    .. note:: A weight with ``loc == 0`` has zero variance; its ``log_prob`` is degenerate (``-inf``/``nan``),
+        whereas the KL stays finite thanks to the :math:`10^{-10}` guard.
+
+    :param Tensor loc: weight means :math:`m`, e.g. ``(out, in)`` for a linear layer or
+        ``(out, in, kh, kw)`` for a convolution.
+    :param Tensor alpha: positive noise variances :math:`\alpha`. With ``noise_dim`` set (default ``-1``) and a
+        1-D ``alpha`` of length ``loc.shape[noise_dim]``, it is shared along all other dimensions; otherwise it
+        must broadcast against ``loc``.
+    :param int noise_dim: the input dimension of ``loc`` along which ``alpha`` is indexed (``-1`` for linear
+        weights ``(out, in)``, ``1`` for conv weights ``(out, in, kh, kw)``), or ``None`` to broadcast ``alpha``
+        as is.
+
+    The attributes ``loc`` and ``alpha`` are both broadcast to ``batch_shape`` (``alpha`` as an expanded view);
+    :attr:`scale` is :math:`\sqrt{\alpha}\,|m|`.
+
+    **References**
+
+    [1] A. Schmitt, S. Roth (2021). Sampling-free variational inference for neural networks with multiplicative
+    activation noise. GCPR 2021, arXiv:2103.08497.
+
+    >>> m = torch.tensor([[1.0, -2.0, 0.5], [0.3, 0.2, -1.0]])     # (out=2, in=3)
+    >>> q = MultiplicativeNormal(m, torch.full((3,), 0.02))
+    >>> q.batch_shape, q.rsample((4,)).shape
+    (torch.Size([2, 3]), torch.Size([4, 2, 3]))
+    >>> kl = torch.distributions.kl_divergence(q, pyro.distributions.Normal(0.0, 1.0))
+    >>> kl.shape
+    torch.Size([2, 3])
+    >>> MultiplicativeNormal.num_parameters((2, 3))                  # 6 means + 3 alphas
+    9
+    """
+
+    arg_constraints = {"loc": constraints.real, "alpha": constraints.positive}
+    support = constraints.real
+    has_rsample = True
+
+    def __init__(
+        self,
+        loc: torch.Tensor,
+        alpha: torch.Tensor | float,
+        *,
+        noise_dim: int | None = -1,
+        validate_args: bool | None = None,
+    ) -> None:
+        if noise_dim is not None and not isinstance(noise_dim, int):
+            raise TypeError(f"MultiplicativeNormal: `noise_dim` must be an int or None, got {type(noise_dim)}")
+        loc = torch.as_tensor(loc)
+        if isinstance(alpha, torch.Tensor):
+            alpha = _align_alpha(alpha, loc, noise_dim)
+        self.noise_dim = noise_dim
+        self.loc, self.alpha = broadcast_all(loc, alpha)
+        super().__init__(self.loc.shape, validate_args=validate_args)
+
+    def expand(self, batch_shape, _instance=None):
+        new = self._get_checked_instance(MultiplicativeNormal, _instance)
+        batch_shape = torch.Size(batch_shape)
+        new.loc = self.loc.expand(batch_shape)
+        new.alpha = self.alpha.expand(batch_shape)
+        new.noise_dim = self.noise_dim
+        super(MultiplicativeNormal, new).__init__(batch_shape, validate_args=False)
+        new._validate_args = self._validate_args
+        return new
+
+    @lazy_property
+    def scale(self) -> torch.Tensor:
+        """Standard deviation :math:`\\sqrt{\\alpha_j}\\,|m_{ij}|`."""
+        return self.alpha.sqrt() * self.loc.abs()
+
+    @property
+    def mean(self) -> torch.Tensor:
+        return self.loc
+
+    @property
+    def mode(self) -> torch.Tensor:
+        return self.loc
+
+    @property
+    def variance(self) -> torch.Tensor:
+        return self.alpha * self.loc.square()
+
+    def rsample(self, sample_shape: torch.Size = torch.Size()) -> torch.Tensor:
+        shape = self._extended_shape(sample_shape)
+        with torch.no_grad():
+            eps = torch.randn(shape, dtype=self.loc.dtype, device=self.loc.device)
+        return self.loc + self.scale * eps
+
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        if self._validate_args:
+            self._validate_sample(value)
+        var = self.variance
+        return -0.5 * ((value - self.loc).square() / var + var.log() + math.log(2 * math.pi))
+
+    def entropy(self) -> torch.Tensor:
+        return 0.5 * (math.log(2 * math.pi * math.e) + self.variance.log()).expand(self.batch_shape)
+
+    @staticmethod
+    def num_parameters(weight_shape: Sequence[int] | torch.Size, noise_dim: int = -1) -> int:
+        """Number of variational parameters for a weight of ``weight_shape``: one mean per weight plus one
+        :math:`\\alpha` per input (``weight_shape[noise_dim]``). A mean-field Gaussian needs ``2 * numel``.
+
+        :param weight_shape: shape of the weight tensor, e.g. ``(out, in)``.
+        :param int noise_dim: the input dimension (as in the constructor).
+        """
+        weight_shape = tuple(int(s) for s in weight_shape)
+        if not weight_shape:
+            raise ValueError("MultiplicativeNormal.num_parameters: `weight_shape` must have at least one dimension")
+        return math.prod(weight_shape) + weight_shape[noise_dim]
+
+
+@register_kl(MultiplicativeNormal, Normal)
+def _kl_multiplicative_normal_normal(q: MultiplicativeNormal, p: Normal) -> torch.Tensor:
+    # Gaussian KL with q-variance alpha m^2; the guard keeps log finite at m = 0 (METHODS.md §4).
+    var_q = q.variance
+    var_p = p.scale.square()
+    return 0.5 * (
+        torch.log(var_p / (var_q + KL_LOG_GUARD)) + (var_q + (q.loc - p.loc).square()) / var_p - 1.0
+    )
