@@ -1,4 +1,80 @@
 # SPDX-License-Identifier: Apache-2.0
-"""pyro_sdebnn.infer.mcmc"""
+"""Stochastic-gradient MCMC kernels for :class:`pyro.infer.MCMC`: SGLD, SGHMC, fSGLD and fSGHMC.
 
-__all__: list[str] = []
+The kernels subclass :class:`pyro.infer.mcmc.mcmc_kernel.MCMCKernel` and run a minibatched Pyro model under
+Pyro's own ``MCMC`` runner (progress bar, chains, ``initial_params``, ``hook_fn``, ``save_params``), with
+``Predictive`` and ArviZ downstream. The minibatch size is a kernel setting applied to the model's data plate::
+
+    kernel = SGHMC(model, step_size=1e-3, friction=0.1, num_steps=10, subsample_size=32)
+    mcmc = MCMC(kernel, num_samples=100, warmup_steps=200)
+    mcmc.run(x, y)                                   # the full data: the kernel draws the minibatches
+    idata = from_pyro(mcmc)                          # posterior, divergences, full-data log-likelihood
+    az.summary(idata); az.loo(idata)
+
+- kernels: :class:`SGLD` (optionally RMSprop-preconditioned), :class:`SGHMC`, :class:`FSGLD`, :class:`FSGHMC`;
+- step sizes: :class:`ConstantStepSize`, :class:`PolynomialDecay`, :class:`CyclicalStepSize`;
+- analysis: :func:`get_samples`, :func:`from_pyro`, :func:`pointwise_log_likelihood`,
+  :func:`posterior_prediction` (a ``ClassificationPrediction`` / ``RegressionPrediction``),
+  :func:`function_space_diagnostics` (ESS / R-hat of the predictions);
+- building blocks: :class:`MinibatchPotential`, :class:`FunctionalPotential`, :class:`MeasurementPoints`,
+  :class:`SampleWriter` / :func:`load_samples` (stream samples to disk), :class:`BayesianMLP` (an example model).
+
+The pure update rules live in :mod:`pyro_sdebnn.ops.sgmcmc`.
+
+>>> from pyro_sdebnn.infer.mcmc import SGHMC
+>>> SGHMC.__mro__[2].__name__
+'MCMCKernel'
+"""
+
+from pyro_sdebnn.infer.mcmc.arviz_utils import (
+    from_pyro,
+    function_space_diagnostics,
+    get_samples,
+    pointwise_log_likelihood,
+    posterior_prediction,
+)
+from pyro_sdebnn.infer.mcmc.base import MinibatchPotential, SamplerDivergenceError, SGMCMCKernel
+from pyro_sdebnn.infer.mcmc.fsghmc import FSGHMC
+from pyro_sdebnn.infer.mcmc.fsgld import FSGLD
+from pyro_sdebnn.infer.mcmc.functional import FunctionalPotential
+from pyro_sdebnn.infer.mcmc.measurement_points import MeasurementPoints
+from pyro_sdebnn.infer.mcmc.models import BayesianMLP
+from pyro_sdebnn.infer.mcmc.schedules import (
+    ConstantStepSize,
+    CyclicalStepSize,
+    PolynomialDecay,
+    StepSizeSchedule,
+    as_schedule,
+)
+from pyro_sdebnn.infer.mcmc.sghmc import SGHMC
+from pyro_sdebnn.infer.mcmc.sgld import SGLD
+from pyro_sdebnn.infer.mcmc.streaming import SampleWriter, load_samples
+from pyro_sdebnn.infer.predictive import ClassificationPrediction, RegressionPrediction
+
+__all__ = [
+    "BayesianMLP",
+    "ClassificationPrediction",
+    "ConstantStepSize",
+    "CyclicalStepSize",
+    "FSGHMC",
+    "FSGLD",
+    "FunctionalPotential",
+    "MeasurementPoints",
+    "MinibatchPotential",
+    "PolynomialDecay",
+    "RegressionPrediction",
+    "SGHMC",
+    "SGLD",
+    "SGMCMCKernel",
+    "SampleWriter",
+    "SamplerDivergenceError",
+    "StepSizeSchedule",
+    "as_schedule",
+    "from_pyro",
+    "function_space_diagnostics",
+    "get_samples",
+    "load_samples",
+    "pointwise_log_likelihood",
+    "posterior_prediction",
+]
+__all__[:] = sorted(set(__all__))

@@ -1,0 +1,84 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Step cost of fSGLD relative to SGLD at M = 80 measurement points (40 training inputs + 40 box points).
+
+Same network (1-50-50-1 regression MLP, :class:`~pyro_sdebnn.infer.mcmc.BayesianMLP`), same minibatch (32 of 200
+points of the 1-D gap toy), same backend; fSGLD redraws the measurement points and refactorises the RBF kernel
+matrix at every step (the default), every 10 steps (``redraw_every=10``), or keeps them fixed (cached Cholesky).
+Reported: median and spread (min-max)
+of the per-step time ratio over ``--repeats`` interleaved repeats. Target (issue 6): <= 1.6x.
+
+Usage::
+
+    python benchmarks/bench_sgmcmc_fsgld_cost.py [--quick] [--backends fx compile] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import pyro
+import pyro.contrib.gp as gp
+import torch
+
+from pyro_sdebnn.infer.mcmc import FSGLD, SGLD, BayesianMLP, MeasurementPoints
+
+
+def _stepper(kernel, x, y):
+    with pyro.validation_enabled(False):
+        kernel.setup(0, x, y)
+    state = {"params": kernel.initial_params}
+
+    def step():
+        state["params"] = kernel.sample(state["params"])
+
+    return step
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--backends", nargs="+", default=["fx", "compile"])
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    pyro.set_rng_seed(0)
+    g = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.rand(100, generator=g) * 3 - 4, torch.rand(100, generator=g) * 3 + 1]).unsqueeze(-1)
+    y = (x[:, 0] ** 3 + 3 * torch.randn(200, generator=g)) / 20
+    num_steps, calls = 10, (5 if args.quick else 50)
+    rows = []
+    for backend in args.backends:
+        steppers = {}
+        model = BayesianMLP([1, 50, 50, 1], noise_scale=0.2)
+        steppers["SGLD"] = _stepper(
+            SGLD(model, step_size=1e-5, num_steps=num_steps, subsample_size=32, backend=backend), x, y)
+        for label, redraw, every in (("redrawn every step", True, 1), ("redrawn every 10 steps", True, 10),
+                                     ("fixed", False, 1)):
+            points = MeasurementPoints(x, 40, 40, redraw=redraw, redraw_every=every)
+            kernel = FSGLD(model, gp_prior=gp.kernels.RBF(1), measurement_points=points, step_size=1e-5,
+                           num_steps=num_steps, subsample_size=32, backend=backend)
+            steppers[f"fSGLD (X_M {label})"] = _stepper(kernel, x, y)
+        for step in steppers.values():
+            for _ in range(3):
+                step()
+        times = {k: [] for k in steppers}
+        for _ in range(args.repeats):
+            for k, step in steppers.items():
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    step()
+                times[k].append((time.perf_counter() - t0) / (calls * num_steps))
+        for k, ts in times.items():
+            ratios = [t / s for t, s in zip(ts, times["SGLD"])]
+            rows.append((backend, k, 1e3 * statistics.median(ts), statistics.median(ratios), min(ratios), max(ratios)))
+    print("| backend | kernel | ms/step (median) | ratio vs SGLD (median) | ratio min-max |")
+    print("|---|---|---|---|---|")
+    for backend, k, ms, med, lo, hi in rows:
+        print(f"| {backend} | {k} | {ms:.3f} | {med:.2f} | {lo:.2f}-{hi:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

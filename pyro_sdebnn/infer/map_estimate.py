@@ -1,0 +1,100 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The point estimate: MAP weights of a :class:`~pyro_sdebnn.infer.pyro_bnn.PyroBNN` with ``AutoDelta``.
+
+.. math::
+
+    \\hat w = \\arg\\max_w\\; \\log p(\\mathcal D | w) + \\log \\mathcal N(w; 0, \\sigma_p^2 I),
+
+which is weight-decay training with :math:`\\lambda = 1/(N\\sigma_p^2)` (seed 003 §2.2). With an
+``AutoDelta`` guide the ELBO is the negative log joint, so SVI is (minibatch) gradient ascent on it.
+:meth:`MAPEstimate.laplace_approximation` turns the fit into Pyro's full-Hessian Laplace
+approximation (``AutoLaplaceApproximation``), practical for small networks.
+
+**References**
+
+1. D. J. C. MacKay (1992), *A practical Bayesian framework for backpropagation networks*,
+   Neural Computation.
+"""
+
+from __future__ import annotations
+
+import pyro
+import torch
+from pyro.infer import Trace_ELBO
+from pyro.infer.autoguide import AutoDelta, AutoLaplaceApproximation, init_to_value
+from torch import Tensor, nn
+
+from pyro_sdebnn.infer.methods import register_method
+from pyro_sdebnn.infer.pyro_bnn import SVIBaseline
+
+__all__ = ["MAPEstimate"]
+
+
+@register_method("map")
+class MAPEstimate(SVIBaseline):
+    """Maximum a posteriori network (``AutoDelta`` guide); the predictive has ``S = 1``.
+
+    .. math::
+
+        \\hat w = \\arg\\max_w \\log p(\\mathcal D|w) + \\log \\mathcal N(w; 0, \\sigma_p^2 I),
+        \\qquad \\hat p(y|x) = p(y | f_{\\hat w}(x))
+
+    **References**
+
+    1. D. J. C. MacKay (1992), *A practical Bayesian framework for backpropagation networks*,
+       Neural Computation.
+
+    :param nn.Module net: the network (copied); its initial weights initialise the guide.
+    :param str likelihood: ``"categorical"`` or ``"gaussian"``.
+    :param float prior_scale: :math:`\\sigma_p` of the Gaussian weight prior.
+
+    >>> from pyro_sdebnn.nn import make_mlp
+    >>> x, y = torch.randn(20, 2), torch.randint(0, 2, (20,))
+    >>> map_fit = MAPEstimate(make_mlp([2, 8, 2]), "categorical").fit(x, y, num_epochs=3, batch_size=10)
+    >>> map_fit.predict(x[:3]).probs.shape
+    torch.Size([1, 3, 2])
+    """
+
+    def __init__(self, net: nn.Module, likelihood: str = "categorical", *, prior_scale: float = 1.0) -> None:
+        super().__init__(net, likelihood, prior_scale=prior_scale)
+
+    def _make_guide(self):
+        return AutoDelta(self.model, init_loc_fn=init_to_value(values=self.model.init_values))
+
+    def _make_elbo(self, num_particles: int):
+        return Trace_ELBO(num_particles=1)
+
+    def predict_outputs(self, x: Tensor, num_samples: int = 1) -> Tensor:
+        """Outputs of the MAP network, shape ``(1, N, C)`` (a point mass needs one sample)."""
+        return super().predict_outputs(x, num_samples=1)
+
+    def predict(self, x: Tensor, num_samples: int = 1):
+        """The plug-in predictive :math:`p(y|x,\\hat w)` with ``S = 1``."""
+        return super().predict(x, num_samples=1)
+
+    @torch.no_grad()
+    def map_weights(self) -> dict[str, Tensor]:
+        """The MAP weights by sample-site name (``"net.0.weight"``, ...)."""
+        with pyro.get_param_store().scope(self._store_state):
+            return {name: value.detach().clone() for name, value in self.guide.median().items()}
+
+    def laplace_approximation(self, x: Tensor, y: Tensor):
+        """Pyro's full-Hessian Laplace approximation around the MAP, on the full data.
+
+        Builds an :class:`~pyro.infer.autoguide.AutoLaplaceApproximation` at the MAP weights and
+        returns its :meth:`laplace_approximation` (an ``AutoMultivariateNormal`` with covariance
+        :math:`H^{-1}`, :math:`H = -\\nabla^2 \\log p(\\mathcal D, w)`). Raises a ``ValueError`` if the
+        Hessian is not positive definite (then use :class:`~pyro_sdebnn.infer.laplace.Laplace`, whose
+        GGN curvature is positive semi-definite by construction).
+        """
+        weights = self.map_weights()
+        with pyro.get_param_store().scope(self._store_state):
+            guide = AutoLaplaceApproximation(self.model, init_loc_fn=init_to_value(values=weights))
+            guide(x, y)  # initialise the guide's loc at the MAP
+            try:
+                return guide.laplace_approximation(x, y)
+            except (RuntimeError, torch.linalg.LinAlgError) as err:
+                raise ValueError(
+                    "the Hessian of the negative log joint is not positive definite at these weights "
+                    f"({err}); train longer, use a tighter prior, or use Laplace(..., curvature='ggn')"
+                ) from None

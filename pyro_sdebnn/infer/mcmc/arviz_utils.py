@@ -1,0 +1,303 @@
+# SPDX-License-Identifier: Apache-2.0
+"""From SG-MCMC samples to ArviZ, predictions and function-space diagnostics.
+
+- :func:`get_samples`: samples of a finished :class:`pyro.infer.MCMC` run with vectorised chains moved to the
+  chain dimension (``(chains, draws, ...)``) or flattened (``(chains * draws, ...)``).
+- :func:`pointwise_log_likelihood`: :math:`\\log p(y_i | \\theta_s)` on the *full* data for every draw, vectorised
+  over draws when the model allows it, else draw by draw (models built from ``nn.Linear`` inside a
+  ``PyroModule`` do not vectorise, and ``arviz.from_pyro`` then silently drops the log-likelihood).
+- :func:`from_pyro`: ``arviz.InferenceData`` with posterior, divergences and a log-likelihood that always works,
+  so that ``az.loo``/``az.waic`` apply.
+- :func:`posterior_prediction`: the predictive of the samples as a
+  :class:`~pyro_sdebnn.infer.predictive.ClassificationPrediction` or
+  :class:`~pyro_sdebnn.infer.predictive.RegressionPrediction`, read from the likelihood site of the model.
+- :func:`function_space_diagnostics`: ESS and split R-hat of the *predictions* at given inputs (weight-space
+  ESS/R-hat are uninformative for networks: symmetries and near-flat directions).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable, Optional, Union
+
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro import poutine
+from pyro.ops.stats import effective_sample_size, split_gelman_rubin
+from torch import Tensor
+
+from pyro_sdebnn.infer.predictive import ClassificationPrediction, RegressionPrediction
+
+__all__ = [
+    "from_pyro",
+    "function_space_diagnostics",
+    "get_samples",
+    "pointwise_log_likelihood",
+    "posterior_prediction",
+]
+
+
+def _vectorized_chains(mcmc: Any) -> int:
+    return int(getattr(mcmc.kernel, "vectorized_chains", 1))
+
+
+def get_samples(mcmc: Any, *, group_by_chain: bool = False) -> dict[str, Tensor]:
+    """Posterior samples of a finished ``MCMC`` run, with vectorised chains treated as chains.
+
+    :param mcmc: a :class:`pyro.infer.MCMC` that has run.
+    :param bool group_by_chain: return ``(chains, draws, *shape)`` instead of ``(chains * draws, *shape)``.
+    :rtype: dict
+
+    >>> import pyro.distributions as dist
+    >>> from pyro.infer import MCMC
+    >>> from pyro_sdebnn.infer.mcmc import SGLD
+    >>> def model():
+    ...     pyro.sample("z", dist.Normal(0.0, 1.0))
+    >>> mcmc = MCMC(SGLD(model, step_size=0.1, vectorized_chains=3), num_samples=5, warmup_steps=0,
+    ...             disable_progbar=True)
+    >>> mcmc.run()
+    >>> get_samples(mcmc, group_by_chain=True)["z"].shape
+    torch.Size([3, 5])
+    """
+    samples = mcmc.get_samples(group_by_chain=True)  # (C, S, [K,] *shape)
+    if _vectorized_chains(mcmc) > 1:
+        samples = {k: v.transpose(1, 2).flatten(0, 1) for k, v in samples.items()}  # (C * K, S, *shape)
+    if not group_by_chain:
+        samples = {k: v.flatten(0, 1) for k, v in samples.items()}
+    return samples
+
+
+def _observed_sites(trace: Any, exclude: Any = ()) -> list[str]:
+    return [
+        name
+        for name, site in trace.nodes.items()
+        if site["type"] == "sample"
+        and site["is_observed"]
+        and name not in exclude
+        and type(site["fn"]).__name__ != "_Subsample"
+        and not site["infer"].get("_deterministic", False)
+    ]
+
+
+def _per_draw_traces(model: Callable, samples: dict[str, Tensor], args: tuple, kwargs: dict):
+    num_draws = next(iter(samples.values())).shape[0]
+    for s in range(num_draws):
+        with poutine.block(), torch.no_grad():
+            yield poutine.trace(poutine.condition(model, {k: v[s] for k, v in samples.items()})).get_trace(
+                *args, **kwargs
+            )
+
+
+def pointwise_log_likelihood(
+    model: Callable, samples: dict[str, Tensor], *args: Any, vectorize: Optional[bool] = None, **kwargs: Any
+) -> dict[str, Tensor]:
+    """:math:`\\log p(y_i | \\theta_s)` for every observed site, shape ``(S, *batch_shape)``, on the given data.
+
+    :param callable model: the Pyro model.
+    :param dict samples: constrained posterior samples, each ``(S, *site_shape)``.
+    :param args: model arguments (the full data).
+    :param bool vectorize: ``True`` uses :class:`pyro.infer.Predictive`'s vectorised trace, ``False`` runs the
+        model draw by draw, ``None`` (default) tries the former and falls back to the latter.
+    :rtype: dict
+
+    >>> import pyro.distributions as dist
+    >>> def model(x, y=None):
+    ...     w = pyro.sample("w", dist.Normal(0.0, 1.0))
+    ...     with pyro.plate("data", len(x)):
+    ...         pyro.sample("y", dist.Normal(w * x, 1.0), obs=y)
+    >>> ll = pointwise_log_likelihood(model, {"w": torch.zeros(4)}, torch.ones(3), torch.zeros(3))
+    >>> ll["y"].shape
+    torch.Size([4, 3])
+    """
+    num_draws = next(iter(samples.values())).shape[0]
+    if vectorize is not False:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                predictive = pyro.infer.Predictive(model, samples)
+                with torch.no_grad():
+                    trace = predictive.get_vectorized_trace(*args, **kwargs)
+            out = {}
+            for name in _observed_sites(trace, samples):
+                site = trace.nodes[name]
+                log_p = site["fn"].log_prob(site["value"])
+                if log_p.dim() == 0 or log_p.shape[0] != num_draws:
+                    raise ValueError("vectorised log-likelihood lacks the draw dimension")
+                out[name] = log_p.detach()
+            if out:
+                return out
+            raise ValueError("no observed sites in the vectorised trace")
+        except Exception:  # noqa: BLE001 - non-vectorisable model: fall back to draw by draw
+            if vectorize:
+                raise
+    per_site: dict[str, list[Tensor]] = {}
+    for trace in _per_draw_traces(model, samples, args, kwargs):
+        for name in _observed_sites(trace, samples):
+            site = trace.nodes[name]
+            per_site.setdefault(name, []).append(site["fn"].log_prob(site["value"]).detach())
+    if not per_site:
+        raise ValueError("the model has no observed sites under these arguments; pass the observations")
+    return {k: torch.stack(v) for k, v in per_site.items()}
+
+
+def from_pyro(mcmc: Any, *, log_likelihood: bool = True, **kwargs: Any) -> Any:
+    """``arviz.InferenceData`` of a finished ``MCMC`` run of an SG-MCMC kernel.
+
+    Posterior (vectorised chains as ArviZ chains), ``sample_stats.diverging``, ``observed_data`` and the
+    pointwise log-likelihood on the full data passed to ``mcmc.run`` (for ``az.loo``/``az.waic``), computed
+    draw by draw when the model does not vectorise.
+
+    :param mcmc: a :class:`pyro.infer.MCMC` that has run.
+    :param bool log_likelihood: include the ``log_likelihood`` group.
+    :param kwargs: passed to ``arviz.from_dict`` (``coords``, ``dims``).
+
+    >>> import pyro.distributions as dist
+    >>> from pyro.infer import MCMC
+    >>> from pyro_sdebnn.infer.mcmc import SGLD
+    >>> def model(y):
+    ...     z = pyro.sample("z", dist.Normal(0.0, 1.0))
+    ...     with pyro.plate("data", len(y)):
+    ...         pyro.sample("y", dist.Normal(z, 1.0), obs=y)
+    >>> kernel = SGLD(model, step_size=0.1, vectorized_chains=2)
+    >>> mcmc = MCMC(kernel, num_samples=10, warmup_steps=0, disable_progbar=True)
+    >>> mcmc.run(torch.zeros(3))
+    >>> idata = from_pyro(mcmc)
+    >>> idata.log_likelihood["y"].shape
+    (2, 10, 3)
+    """
+    import arviz as az
+
+    samples = get_samples(mcmc, group_by_chain=True)
+    num_chains, num_draws = next(iter(samples.values())).shape[:2]
+    posterior = {k: v.detach().cpu().numpy() for k, v in samples.items()}
+    diverging = torch.zeros(num_chains, num_draws, dtype=torch.bool)
+    diag = mcmc.diagnostics().get("divergences", {})
+    k = _vectorized_chains(mcmc)
+    for i, chain in enumerate(sorted(diag)):
+        for j in diag[chain]:
+            diverging[i * k : (i + 1) * k, j] = True
+    groups: dict[str, Any] = {"posterior": posterior, "sample_stats": {"diverging": diverging.numpy()}}
+    args, kw = mcmc._args or (), mcmc._kwargs or {}
+    model = mcmc.kernel.model
+    with poutine.block(), torch.no_grad():
+        trace = poutine.trace(model).get_trace(*args, **kw)
+    observed = {n: trace.nodes[n]["value"].detach().cpu().numpy() for n in _observed_sites(trace)}
+    if observed:
+        groups["observed_data"] = observed
+    if log_likelihood and observed:
+        flat = {k: v.flatten(0, 1) for k, v in samples.items()}
+        ll = pointwise_log_likelihood(model, flat, *args, **kw)
+        groups["log_likelihood"] = {
+            n: v.reshape((num_chains, num_draws) + v.shape[1:]).cpu().numpy() for n, v in ll.items()
+        }
+    return az.from_dict(**groups, **kwargs)
+
+
+def _unwrap(fn: Any) -> Any:
+    while not isinstance(fn, (dist.Normal, dist.Bernoulli, dist.Categorical)) and hasattr(fn, "base_dist"):
+        fn = fn.base_dist
+    return fn
+
+
+def posterior_prediction(
+    model: Callable, samples: dict[str, Tensor], *args: Any, obs_site: Optional[str] = None, **kwargs: Any
+) -> Union[ClassificationPrediction, RegressionPrediction]:
+    """The posterior predictive of the samples at new inputs, read from the model's likelihood site.
+
+    The model is run draw by draw on ``*args`` (e.g. ``x_test`` without targets); the distribution at the
+    likelihood site gives the prediction: ``Bernoulli`` -> :class:`ClassificationPrediction` with two classes,
+    ``Categorical`` -> :class:`ClassificationPrediction`, ``Normal`` -> :class:`RegressionPrediction`.
+
+    :param callable model: the Pyro model.
+    :param dict samples: constrained samples ``(S, *site_shape)`` (e.g. :func:`get_samples`).
+    :param args: model arguments at the prediction inputs.
+    :param str obs_site: name of the likelihood site (default: the only non-deterministic sample site inside a
+        plate that is not a latent of ``samples``).
+
+    >>> import pyro.distributions as dist
+    >>> def model(x, y=None):
+    ...     w = pyro.sample("w", dist.Normal(0.0, 1.0))
+    ...     with pyro.plate("data", len(x)):
+    ...         return pyro.sample("y", dist.Bernoulli(logits=w * x), obs=y)
+    >>> pred = posterior_prediction(model, {"w": torch.zeros(4)}, torch.ones(3))
+    >>> pred.probs.shape
+    torch.Size([4, 3, 2])
+    """
+    probs, locs, scales = [], [], []
+    for trace in _per_draw_traces(model, samples, args, kwargs):
+        name = obs_site
+        if name is None:
+            candidates = [
+                n
+                for n, s in trace.nodes.items()
+                if s["type"] == "sample"
+                and n not in samples
+                and not s["infer"].get("_deterministic", False)
+                and type(s["fn"]).__name__ != "_Subsample"
+                and any(f.vectorized for f in s["cond_indep_stack"])
+            ]
+            if len(candidates) != 1:
+                raise ValueError(f"cannot tell the likelihood site among {candidates}; pass obs_site=")
+            name = candidates[0]
+        if name not in trace.nodes:
+            raise ValueError(f"obs_site '{name}' is not a site of the model")
+        fn = _unwrap(trace.nodes[name]["fn"])
+        if isinstance(fn, dist.Bernoulli):
+            p = fn.probs
+            probs.append(torch.stack([1 - p, p], -1))
+        elif isinstance(fn, dist.Categorical):
+            probs.append(fn.probs)
+        elif isinstance(fn, dist.Normal):
+            loc, scale = torch.broadcast_tensors(fn.loc, fn.scale)
+            locs.append(loc)
+            scales.append(scale)
+        else:
+            raise TypeError(
+                f"likelihood site '{name}' has distribution {type(fn).__name__}; supported: Normal, Bernoulli, "
+                "Categorical"
+            )
+    if probs:
+        return ClassificationPrediction(torch.stack(probs).detach().reshape(len(probs), -1, probs[0].shape[-1]))
+    return RegressionPrediction(
+        torch.stack(locs).detach().reshape(len(locs), -1), torch.stack(scales).detach().reshape(len(locs), -1)
+    )
+
+
+def function_space_diagnostics(
+    prediction: Union[ClassificationPrediction, RegressionPrediction, Tensor], num_chains: int
+) -> dict[str, Tensor]:
+    """ESS and split R-hat of the per-draw predictions (class probabilities or predictive means) per input.
+
+    :param prediction: a prediction whose ``S`` draws are ``num_chains`` chains of equal length laid out chain
+        after chain (as :func:`get_samples` flattens them), or a tensor ``(S, ...)``.
+    :param int num_chains: number of chains (>= 2 for R-hat).
+    :return: ``ess`` and ``r_hat`` per input (and class), plus ``ess_min``, ``ess_median``, ``r_hat_max``.
+
+    >>> pred = RegressionPrediction(torch.randn(40, 5), torch.ones(40, 5))
+    >>> out = function_space_diagnostics(pred, num_chains=2)
+    >>> out["ess"].shape, out["r_hat"].shape
+    (torch.Size([5]), torch.Size([5]))
+    """
+    if isinstance(prediction, ClassificationPrediction):
+        values = prediction.probs
+    elif isinstance(prediction, RegressionPrediction):
+        values = prediction.loc
+    elif isinstance(prediction, Tensor):
+        values = prediction
+    else:
+        raise TypeError(f"prediction must be a prediction container or a Tensor, got {type(prediction).__name__}")
+    if isinstance(num_chains, bool) or not isinstance(num_chains, int) or num_chains < 1:
+        raise ValueError(f"num_chains must be a positive int, got {num_chains!r}")
+    if values.shape[0] % num_chains:
+        raise ValueError(f"{values.shape[0]} draws cannot be split into {num_chains} chains of equal length")
+    grouped = values.reshape((num_chains, values.shape[0] // num_chains) + values.shape[1:]).double()
+    ess = effective_sample_size(grouped, chain_dim=0, sample_dim=1)
+    r_hat = split_gelman_rubin(grouped, chain_dim=0, sample_dim=1)
+    return {
+        "ess": ess,
+        "r_hat": r_hat,
+        "ess_min": ess.nan_to_num(nan=float("inf")).min(),
+        "ess_median": ess.nanmedian(),
+        "r_hat_max": r_hat.nan_to_num(nan=0.0).max(),
+    }

@@ -1,0 +1,107 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Stochastic-gradient Hamiltonian Monte Carlo (SGHMC) as a Pyro MCMC kernel."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Union
+
+import torch
+from torch import Tensor
+
+from pyro_sdebnn.infer.mcmc.base import SGMCMCKernel
+from pyro_sdebnn.infer.mcmc.schedules import StepSizeSchedule
+from pyro_sdebnn.ops.sgmcmc import SGHMCState, sghmc_step
+
+__all__ = ["SGHMC"]
+
+
+class SGHMC(SGMCMCKernel):
+    """Stochastic-gradient HMC [1] with friction :math:`C = cI`, unit mass and noise estimate :math:`\\hat B`.
+
+    .. math::
+
+        v \\leftarrow (1 - \\eta c) v - \\eta \\hat g + \\sqrt{2 \\eta (c - \\hat B) T}\\, \\xi, \\qquad
+        w \\leftarrow w + \\eta v
+
+    (METHODS.md §5), ``num_steps`` inner steps on fresh minibatches per returned sample. The momentum persists
+    across samples; with ``resample_momentum_every=k`` it is redrawn from :math:`\\mathcal N(0, T I)` every ``k``
+    returned samples. All other options (minibatching, schedules, temperature, warm start, vectorised chains,
+    divergence handling, backends) are those of :class:`~pyro_sdebnn.infer.mcmc.SGLD`.
+
+    :param callable model: the Pyro model (see :class:`~pyro_sdebnn.infer.mcmc.SGLD` for its form).
+    :param step_size: :math:`\\eta` or a schedule.
+    :param float friction: :math:`c`, with :math:`0 < \\eta c < 1` for the largest step size.
+    :param float noise_estimate: :math:`\\hat B \\in [0, c]` (default 0).
+    :param int num_steps: inner steps per returned sample.
+    :param int subsample_size: minibatch size.
+    :param int resample_momentum_every: redraw the momentum every that many returned samples (default never).
+
+    **References**
+
+    [1] T. Chen, E. B. Fox, C. Guestrin (2014). Stochastic Gradient Hamiltonian Monte Carlo. ICML.
+
+    >>> import pyro.distributions as dist
+    >>> from pyro.infer import MCMC
+    >>> def model(x, y=None):
+    ...     w = pyro.sample("w", dist.Normal(0.0, 1.0))
+    ...     with pyro.plate("data", len(x)) as idx:
+    ...         pyro.sample("y", dist.Normal(w * x[idx], 1.0), obs=None if y is None else y[idx])
+    >>> x = torch.linspace(-1, 1, 20); y = 2 * x
+    >>> kernel = SGHMC(model, step_size=1e-2, friction=1.0, num_steps=5, subsample_size=10)
+    >>> mcmc = MCMC(kernel, num_samples=20, warmup_steps=10, disable_progbar=True)
+    >>> mcmc.run(x, y)
+    >>> mcmc.get_samples()["w"].shape
+    torch.Size([20])
+    """
+
+    _name = "SGHMC"
+    _state_type = SGHMCState
+
+    def __init__(
+        self,
+        model: Callable,
+        *,
+        step_size: Union[float, StepSizeSchedule] = 1e-3,
+        friction: float = 0.1,
+        noise_estimate: float = 0.0,
+        num_steps: int = 1,
+        subsample_size: int | None = None,
+        resample_momentum_every: Optional[int] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(model, step_size=step_size, num_steps=num_steps, subsample_size=subsample_size, **kwargs)
+        if isinstance(friction, bool) or not isinstance(friction, (int, float)) or not friction > 0:
+            raise ValueError(f"friction must be a positive float, got {friction!r}")
+        if self.step_size.is_constant and not self.step_size(0) * friction < 1:
+            raise ValueError(
+                f"friction must lie in (0, 1/step_size) = (0, {1 / self.step_size(0):.4g}), got {friction}: with "
+                "step_size * friction >= 1 the friction no longer damps the momentum"
+            )
+        if not 0 <= noise_estimate <= friction:
+            raise ValueError(f"noise_estimate must lie in [0, friction] = [0, {friction}], got {noise_estimate!r}")
+        if resample_momentum_every is not None and (
+            isinstance(resample_momentum_every, bool)
+            or not isinstance(resample_momentum_every, int)
+            or resample_momentum_every < 1
+        ):
+            raise ValueError(f"resample_momentum_every must be a positive int or None, got {resample_momentum_every!r}")
+        self.friction = float(friction)
+        self.noise_estimate = float(noise_estimate)
+        self.resample_momentum_every = resample_momentum_every
+
+    def _init_state(self, position: Tensor) -> tuple:
+        return (position, torch.randn_like(position) * self.temperature**0.5)
+
+    def _update(self, noise: Tensor, state: tuple, grad: Tensor, step_size: Tensor) -> tuple:
+        return sghmc_step(noise, state, grad, step_size, self.friction, self.noise_estimate, self.temperature)
+
+    def sample(self, params: dict[str, Tensor]) -> dict[str, Tensor]:
+        if not self.step_size.is_constant and self.step_size(self._t) * self.friction >= 1:
+            raise ValueError(
+                f"step size {self.step_size(self._t):.4g} times friction {self.friction} is >= 1 at inner step "
+                f"{self._t}: reduce the schedule's step size or the friction"
+            )
+        k = self.resample_momentum_every
+        if k is not None and self._sample_count > 0 and self._sample_count % k == 0:
+            self._state = (self._state[0], torch.randn_like(self._state[1]) * self.temperature**0.5)
+        return super().sample(params)

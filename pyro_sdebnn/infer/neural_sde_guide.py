@@ -1,0 +1,337 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Neural-SDE posterior over Ornstein–Uhlenbeck weight paths: :class:`NeuralSDEPath` and :class:`NeuralSDEGuide`.
+
+Design (how the SDE-BNN fits Pyro's model/guide split)
+------------------------------------------------------
+The *model* samples a weight path from the prior, ``pyro.sample("w_path", OUPath(w0, sigma, times,
+method="euler"))``. The *guide* samples the same site from :class:`NeuralSDEPath`, the Euler–Maruyama
+law of the posterior SDE
+
+.. math::
+
+    dw_t = \\big(-\\theta w_t + \\mathrm{NN}(w_t, t; \\phi)\\big)\\,dt + \\sigma\\,dB_t ,
+    \\qquad w_{t_0} = \\text{the prior's } w_{t_0},
+
+on the prior's grid. Its ``rsample`` runs the fused Euler loop of
+:func:`~pyro_sdebnn.ops.sde_solve.euler_maruyama_kl`, which accumulates the path-KL estimate in the
+same pass and caches it on the distribution object; :class:`~pyro_sdebnn.infer.TracePathKL_ELBO`
+reads that cache instead of evaluating ``log p - log q``. The model then integrates its hidden state
+along the already-sampled path (one more pass over the same grid, no solver call). A single solver
+call over the full augmented state ``[w, h, KL]`` (torchsde: Milstein/SRK/adaptive/adjoint) is
+offered by :meth:`pyro_sdebnn.nn.SDEBNN.fused_loss` and :meth:`pyro_sdebnn.nn.SDEBNN.predict`, which
+use the same guide object.
+
+The guide must start its path where the prior starts. It finds the prior's current ``init``,
+``sigma``, ``theta`` and ``times`` by running the model *up to its last* ``OUPath`` *site* (hidden
+from all outer handlers with :func:`pyro.poutine.block`; later sites are never reached), so the
+initial weights may be learnable parameters of the model. They must not be random variables of
+other sample sites. Sites that are not ``OUPath`` are not guided (they are sampled from the model,
+as observation sites are under :class:`~pyro.infer.Predictive`); real latent variables among them need
+another guide (combine with :class:`~pyro.infer.autoguide.AutoGuideList` and
+:func:`pyro.poutine.block`) -- :class:`~pyro_sdebnn.infer.TracePathKL_ELBO` raises otherwise.
+
+**References**
+
+1. Xu, Chen, Li, Duvenaud (2022). Infinitely Deep Bayesian Neural Networks with Stochastic
+   Differential Equations. AISTATS. arXiv:2102.06559 (§3).
+2. Li, Wong, Chen, Duvenaud (2020). Scalable Gradients for Stochastic Differential Equations.
+   AISTATS. arXiv:2001.01328.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Callable
+
+import pyro
+import torch
+from pyro import poutine
+from pyro.distributions import TorchDistribution, constraints
+from pyro.infer.autoguide import AutoGuide
+from pyro.poutine.messenger import Messenger
+from torch import Tensor, nn
+
+from pyro_sdebnn.distributions import OUPath
+from pyro_sdebnn.nn.sde_drift import DriftMLP
+from pyro_sdebnn.ops.path_kl import check_estimator
+from pyro_sdebnn.ops.sde_solve import brownian_increments, euler_maruyama_kl
+
+__all__ = ["NeuralSDEGuide", "NeuralSDEPath"]
+
+
+def _detached_call(module: nn.Module) -> Callable[[Tensor, Tensor], Tensor]:
+    """``module`` evaluated with all its parameters detached (gradient flows only through inputs)."""
+    params = {name: p.detach() for name, p in module.named_parameters()}
+    buffers = dict(module.named_buffers())
+
+    def call(t: Tensor, w: Tensor) -> Tensor:
+        return torch.func.functional_call(module, (params, buffers), (t, w))
+
+    return call
+
+
+class NeuralSDEPath(TorchDistribution):
+    """Euler–Maruyama law of a neural-SDE posterior path on a fixed grid, with its path-KL to the OU prior.
+
+    .. math::
+
+        w_{k+1} = w_k + \\big(-\\theta w_k + c(w_k, t_k)\\big)\\Delta t_k + \\sigma \\Delta B_k,
+        \\qquad \\Delta B_k \\sim \\mathcal N(0, \\Delta t_k I),
+
+    with :math:`c = \\mathrm{NN}(\\cdot;\\phi)` the drift correction. ``rsample`` also computes the
+    path-KL estimate :math:`\\widehat{\\mathrm{KL}}(q\\|p)` (METHODS.md §2) against the OU prior
+    ``OUPath(init, sigma, times, theta, method="euler")`` in the same loop and caches it; see
+    :meth:`path_kl`. ``log_prob`` is the Euler Gaussian transition density; for the cached sample it
+    is evaluated from the stored noise (whose total derivative along the reparameterised path is zero,
+    as it must be).
+
+    Shapes: ``event_shape = (K, D)``, ``batch_shape = broadcast(init.shape[:-1], sigma.shape,
+    theta.shape)`` (as ``OUPath``: ``sigma`` and ``theta`` are shared by the D state dimensions).
+
+    :param Tensor init: :math:`w_{t_0}`, shape ``batch + (D,)``.
+    :param sigma: diffusion scale (> 0), same as the prior's.
+    :param Tensor times: ``(K + 1,)`` strictly increasing grid.
+    :param theta: prior mean reversion (> 0).
+    :param callable correction: :math:`c(t, w)` ``-> (..., D)``, usually an ``nn.Module``; ``None``
+        gives the prior itself.
+    :param str estimator: path-KL estimator computed by ``rsample`` (``"stl"`` needs an ``nn.Module``
+        correction so that its parameters can be detached).
+
+    >>> times = torch.linspace(0, 1, 11)
+    >>> q = NeuralSDEPath(torch.zeros(3), 0.5, times, correction=DriftMLP(3, hidden=8))
+    >>> w = q.rsample((2,))
+    >>> w.shape, q.path_kl(w).shape
+    (torch.Size([2, 10, 3]), torch.Size([2]))
+    """
+
+    arg_constraints = {"init": constraints.independent(constraints.real, 1), "sigma": constraints.positive,
+                       "theta": constraints.positive}
+    support = constraints.independent(constraints.real, 2)
+    has_rsample = True
+
+    def __init__(self, init: Tensor, sigma: Tensor | float, times: Tensor, theta: Tensor | float = 1.0, *,
+                 correction: Callable[[Tensor, Tensor], Tensor] | None = None, estimator: str = "stl",
+                 validate_args: bool | None = None) -> None:
+        if not isinstance(init, Tensor) or init.dim() < 1:
+            raise ValueError("NeuralSDEPath: `init` must be a tensor of shape batch + (D,)")
+        check_estimator(estimator)
+        if estimator == "stl" and correction is not None and not isinstance(correction, nn.Module):
+            raise TypeError("NeuralSDEPath: estimator='stl' needs `correction` to be an nn.Module")
+        sigma = torch.as_tensor(sigma, dtype=init.dtype, device=init.device)
+        theta = torch.as_tensor(theta, dtype=init.dtype, device=init.device)
+        batch_shape = torch.broadcast_shapes(init.shape[:-1], sigma.shape, theta.shape)
+        self.init = init.expand(batch_shape + init.shape[-1:])
+        self.sigma, self.theta = sigma.expand(batch_shape), theta.expand(batch_shape)
+        self.times = torch.as_tensor(times).to(dtype=init.dtype, device=init.device)
+        self.correction = correction
+        self.estimator = estimator
+        self._cache: tuple[Tensor, Tensor, Tensor, str] | None = None
+        event_shape = torch.Size((self.times.shape[0] - 1, init.shape[-1]))
+        super().__init__(batch_shape, event_shape, validate_args=validate_args)
+
+    def expand(self, batch_shape, _instance=None):
+        new = self._get_checked_instance(NeuralSDEPath, _instance)
+        batch_shape = torch.Size(batch_shape)
+        new.init = self.init.expand(batch_shape + self.init.shape[-1:])
+        new.sigma, new.theta = self.sigma.expand(batch_shape), self.theta.expand(batch_shape)
+        new.times = self.times
+        new.correction, new.estimator, new._cache = self.correction, self.estimator, None
+        super(NeuralSDEPath, new).__init__(batch_shape, self.event_shape, validate_args=False)
+        new._validate_args = self._validate_args
+        return new
+
+    def with_estimator(self, estimator: str) -> "NeuralSDEPath":
+        """A shallow copy that computes ``estimator`` when sampled."""
+        check_estimator(estimator)
+        if estimator == self.estimator:
+            return self
+        new = copy.copy(self)
+        new.estimator, new._cache = estimator, None
+        return new
+
+    def prior(self) -> OUPath:
+        """The OU prior on the same grid: ``OUPath(init, sigma, times, theta, method="euler")``."""
+        return OUPath(self.init, self.sigma, self.times, self.theta, method="euler")
+
+    def _solve(self, dB: Tensor, estimator: str):
+        stl = _detached_call(self.correction) if estimator == "stl" and self.correction is not None else None
+        return euler_maruyama_kl(self.init, self.times, dB, self.sigma.unsqueeze(-1), self.theta.unsqueeze(-1),
+                                 self.correction,
+                                 estimator=estimator, correction_stl=stl)
+
+    def rsample(self, sample_shape: torch.Size = torch.Size()) -> Tensor:
+        shape = self._extended_shape(sample_shape)
+        with torch.no_grad():
+            dB = brownian_increments(self.times, shape[:-2] + shape[-1:])
+        return self.rsample_from_noise(dB)
+
+    def rsample_from_noise(self, dB: Tensor) -> Tensor:
+        """The path driven by given Brownian increments ``dB`` of shape ``(..., K, D)``; caches the KL."""
+        sol = self._solve(dB, self.estimator)
+        self._cache = (sol.path, sol.kl, dB, self.estimator)
+        return sol.path
+
+    def _noise_of(self, value: Tensor, detach: bool = True) -> Tensor:
+        """Recover the increments that generated ``value`` (detached by default: the noise does not depend on φ)."""
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not detach):
+            init = self.init.expand(value.shape[:-2] + value.shape[-1:]).unsqueeze(-2)
+            prev = torch.cat([init, value[..., :-1, :]], -2)
+            dts = (self.times[1:] - self.times[:-1]).unsqueeze(-1)
+            drift = -self.theta[..., None, None] * prev
+            if self.correction is not None:
+                drift = drift + torch.stack([self.correction(self.times[k], prev[..., k, :])
+                                             for k in range(prev.shape[-2])], -2)
+            return (value - prev - drift * dts) / self.sigma[..., None, None]
+
+    def path_kl(self, value: Tensor, estimator: str | None = None) -> Tensor:
+        """Path-KL estimate :math:`\\widehat{\\mathrm{KL}}(q\\|p)` along ``value``, shape ``sample + batch``.
+
+        If ``value`` is the tensor last returned by :meth:`rsample` the estimate computed during
+        sampling is returned (no extra network evaluations); otherwise the driving noise is recovered
+        from ``value`` and the path is re-solved.
+
+        :param Tensor value: a path ``(..., K, D)``.
+        :param str estimator: default: this distribution's ``estimator``.
+        """
+        estimator = check_estimator(estimator or self.estimator)
+        if self._cache is not None and self._cache[0] is value and self._cache[3] == estimator:
+            return self._cache[1]
+        return self._solve(self._noise_of(value), estimator).kl
+
+    def log_prob(self, value: Tensor) -> Tensor:
+        if self._validate_args:
+            self._validate_sample(value)
+        if self._cache is not None and self._cache[0] is value:
+            dB = self._cache[2]
+        else:
+            dB = self._noise_of(value, detach=False)
+        dts = (self.times[1:] - self.times[:-1]).unsqueeze(-1)
+        # Euler transition N(w_k + f dt, sigma^2 dt) evaluated at w_{k+1} = w_k + f dt + sigma dB
+        var = self.sigma[..., None, None].pow(2) * dts
+        lp = -0.5 * dB.pow(2) / dts - 0.5 * torch.log(2 * torch.pi * var)
+        return lp.sum((-2, -1))
+
+
+class _PriorCollector(Messenger):
+    """Records the ``fn`` of the named sample sites and stops the model after the last of them."""
+
+    class Stop(Exception):
+        pass
+
+    def __init__(self, names: set[str]) -> None:
+        super().__init__()
+        self.names = set(names)
+        self.found: dict[str, OUPath] = {}
+
+    def _process_message(self, msg) -> None:
+        if msg["type"] != "sample" or msg["name"] not in self.names:
+            return
+        fn = msg["fn"]
+        self.found[msg["name"]] = fn
+        if len(self.found) == len(self.names):
+            raise _PriorCollector.Stop()
+        # a cheap placeholder value so that the model can go on to the next OUPath site
+        msg["value"] = fn.init.unsqueeze(-2).expand(fn.batch_shape + fn.event_shape)
+        msg["done"] = True
+
+
+class NeuralSDEGuide(AutoGuide):
+    """Guide with a neural-SDE posterior for every ``OUPath`` site of a Pyro model.
+
+    For each site the posterior drift is :math:`-\\theta w + \\mathrm{NN}(w, t; \\phi)` with the
+    prior's :math:`\\theta, \\sigma` and initial state, so that training starts at q = p
+    (:class:`~pyro_sdebnn.nn.DriftMLP` has a zero last layer). See the module docstring for how it
+    reads the prior.
+
+    :param callable model: a Pyro model, or a module with a ``model`` method (e.g.
+        :class:`~pyro_sdebnn.nn.SDEBNN`).
+    :param int drift_hidden: width of the default drift MLP.
+    :param int drift_layers: hidden layers of the default drift MLP.
+    :param int bottleneck: optional bottleneck width (parameters linear in D with a small constant).
+    :param drift: user drift corrections instead of the MLP: an ``nn.Module`` ``(t, w) -> R^D`` (one
+        site), a dict ``{site: module}``, or a factory ``(site_name, D) -> nn.Module``.
+    :param str activation: activation of the default MLP.
+
+    >>> from pyro_sdebnn.distributions import OUPath
+    >>> def model():
+    ...     w = pyro.sample("w", OUPath(torch.zeros(2), 0.5, torch.linspace(0, 1, 5), method="euler"))
+    ...     pyro.sample("y", pyro.distributions.Normal(w[-1].sum(), 1.0), obs=torch.tensor(1.0))
+    >>> guide = NeuralSDEGuide(model, drift_hidden=8)
+    >>> guide()["w"].shape
+    torch.Size([4, 2])
+    """
+
+    def __init__(self, model, *, drift_hidden: int = 64, drift_layers: int = 2, bottleneck: int | None = None,
+                 drift: nn.Module | dict | Callable | None = None, activation: str = "swish") -> None:
+        if isinstance(model, nn.Module) and callable(getattr(model, "model", None)):
+            model = model.model
+        super().__init__(model)
+        self.drift_hidden, self.drift_layers, self.bottleneck = drift_hidden, drift_layers, bottleneck
+        self.activation = activation
+        self._user_drift = drift
+        self.drifts = nn.ModuleDict()
+        self.path_sites: list[str] = []
+
+    def _make_drift(self, name: str, dim: int) -> nn.Module:
+        user = self._user_drift
+        if user is None:
+            return DriftMLP(dim, self.drift_hidden, self.drift_layers, self.bottleneck, self.activation)
+        if isinstance(user, nn.Module):
+            if len(self.path_sites) > 1:
+                raise ValueError("NeuralSDEGuide: one `drift` module given but the model has several OUPath "
+                                 f"sites {self.path_sites}; pass a dict or a factory")
+            return user
+        if isinstance(user, dict):
+            if name not in user:
+                raise ValueError(f"NeuralSDEGuide: `drift` dict has no entry for OUPath site {name!r}")
+            return user[name]
+        if callable(user):
+            return user(name, dim)
+        raise TypeError(f"NeuralSDEGuide: `drift` must be an nn.Module, dict or callable, got {type(user)}")
+
+    def _setup_prototype(self, *args, **kwargs) -> None:
+        super()._setup_prototype(*args, **kwargs)
+        others = []
+        for name, site in self.prototype_trace.iter_stochastic_nodes():
+            if isinstance(site["fn"], OUPath):
+                self.path_sites.append(name)
+            else:
+                others.append(name)
+        if not self.path_sites:
+            raise ValueError("NeuralSDEGuide: the model has no OUPath sample site")
+        # other latent sites are left to the model (e.g. "obs" when traced with y=None for prediction);
+        # TracePathKL_ELBO raises if a latent model site has no guide site
+        self.unguided_sites = others
+        for name in self.path_sites:
+            fn = self.prototype_trace.nodes[name]["fn"]
+            module = self._make_drift(name, fn.event_shape[-1])
+            self.drifts[name] = module.to(dtype=fn.init.dtype, device=fn.init.device)
+
+    def priors(self, *args, **kwargs) -> dict[str, OUPath]:
+        """The model's ``OUPath`` prior at each path site, read by running the model up to its last one."""
+        collector = _PriorCollector(set(self.path_sites))
+        try:
+            with poutine.block(), collector:
+                self.model(*args, **kwargs)
+        except _PriorCollector.Stop:
+            pass
+        missing = set(self.path_sites) - set(collector.found)
+        if missing:
+            raise ValueError(f"NeuralSDEGuide: the model did not reach OUPath sites {sorted(missing)}")
+        return collector.found
+
+    def get_posterior(self, *args, **kwargs) -> dict[str, NeuralSDEPath]:
+        """``{site: NeuralSDEPath}`` for the given model arguments (no sampling, no Pyro site)."""
+        if self.prototype_trace is None:
+            self._setup_prototype(*args, **kwargs)
+        out = {}
+        for name, prior in self.priors(*args, **kwargs).items():
+            if prior.method != "euler":
+                raise ValueError(f"NeuralSDEGuide: OUPath site {name!r} must use method='euler' (the path KL is "
+                                 f"that of the simulated Euler chain), got {prior.method!r}")
+            out[name] = NeuralSDEPath(prior.init, prior.sigma, prior.times, prior.theta, correction=self.drifts[name])
+        return out
+
+    def forward(self, *args, **kwargs) -> dict[str, Tensor]:
+        posteriors = self.get_posterior(*args, **kwargs)
+        return {name: pyro.sample(name, q) for name, q in posteriors.items()}

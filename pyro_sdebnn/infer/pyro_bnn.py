@@ -1,0 +1,214 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A Bayesian twin of any ``torch.nn`` network as a Pyro model, and SVI-trained baselines on it.
+
+:class:`PyroBNN` copies a network, turns it into a :class:`~pyro.nn.PyroModule` and replaces every
+parameter by a :class:`~pyro.nn.PyroSample` with an isotropic Gaussian prior
+
+.. math::
+
+    w_j \\sim \\mathcal N(0, \\sigma_p^2), \\qquad
+    y_n | x_n, w \\sim p(y_n | f_w(x_n)) \\quad (n \\in \\text{plate "data"}),
+
+with the likelihood of :mod:`pyro_sdebnn.infer.methods`. Minibatches use Pyro's subsampled
+``plate`` (which rescales the likelihood by :math:`N/b`); the weights are sampled outside the plate.
+The network outputs are recorded in a ``pyro.deterministic("outputs", ...)`` site so
+:class:`pyro.infer.Predictive` returns them for any guide or MCMC posterior.
+
+:class:`SVIBaseline` trains an autoguide on that model with :class:`pyro.infer.SVI`; its subclasses
+are :class:`~pyro_sdebnn.infer.map_estimate.MAPEstimate` (``AutoDelta``) and
+:class:`~pyro_sdebnn.infer.mean_field_vi.MeanFieldVI` (``AutoNormal``). Each instance keeps its own
+parameter-store scope, so several of them coexist in one process.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro.infer import SVI, Predictive
+from pyro.nn import PyroModule, PyroSample
+from torch import Tensor, nn
+
+from pyro_sdebnn.infer.methods import (
+    BaselineMethod,
+    Prediction,
+    _check_data,
+    _check_likelihood,
+    outputs_to_prediction,
+)
+
+__all__ = ["PyroBNN", "SVIBaseline"]
+
+
+class PyroBNN(PyroModule):
+    """A Pyro model with independent :math:`\\mathcal N(0, \\sigma_p^2)` priors on every weight of ``net``.
+
+    .. math::
+
+        w \\sim \\mathcal N(0, \\sigma_p^2 I), \\qquad y_n | x_n, w \\sim p(y_n | f_w(x_n)),
+        \\quad n \\in \\text{plate("data")}
+
+    **References**
+
+    1. E. Bingham et al. (2019), *Pyro: deep universal probabilistic programming*, JMLR (``PyroModule``,
+       ``PyroSample``, subsampled ``plate``).
+
+    :param nn.Module net: the network (copied; the original is left untouched). Its current
+        parameter values are kept in :attr:`init_values` for guide initialisation.
+    :param str likelihood: ``"categorical"`` or ``"gaussian"`` (2 outputs: mean, log-variance).
+    :param float prior_scale: :math:`\\sigma_p`.
+
+    >>> from pyro_sdebnn.nn import make_mlp
+    >>> model = PyroBNN(make_mlp([2, 8, 2]), "categorical", prior_scale=1.0)
+    >>> trace = pyro.poutine.trace(model).get_trace(torch.randn(10, 2), torch.zeros(10, dtype=torch.long),
+    ...                                              subsample_size=4)
+    >>> trace.nodes["net.0.weight"]["value"].shape, trace.nodes["obs"]["value"].shape
+    (torch.Size([8, 2]), torch.Size([4]))
+    """
+
+    def __init__(self, net: nn.Module, likelihood: str = "categorical", prior_scale: float = 1.0) -> None:
+        super().__init__()
+        if not isinstance(net, nn.Module):
+            raise TypeError(f"net must be a torch.nn.Module, got {type(net).__name__}")
+        self.likelihood = _check_likelihood(likelihood)
+        net = copy.deepcopy(net)
+        self.init_values = {f"net.{name}": p.detach().clone() for name, p in net.named_parameters()}
+        if not self.init_values:
+            raise ValueError("net has no parameters to put a prior on")
+        pyro.nn.module.to_pyro_module_(net)
+        self.net = net
+        self._shapes = {name: (p.shape, p.dtype, p.device) for name, p in net.named_parameters()}
+        self.set_prior_scale(prior_scale)
+
+    def set_prior_scale(self, prior_scale: float) -> None:
+        """Replace the priors by :math:`\\mathcal N(0, \\sigma_p^2)` with ``σ_p = prior_scale``."""
+        if not isinstance(prior_scale, (int, float)) or not prior_scale > 0 or not math.isfinite(prior_scale):
+            raise ValueError(f"prior_scale must be a positive finite number, got {prior_scale!r}")
+        self.prior_scale = float(prior_scale)
+        for name, (shape, dtype, device) in self._shapes.items():
+            *path, leaf = name.split(".")
+            module = self.net
+            for part in path:
+                module = getattr(module, part)
+            loc = torch.zeros(shape, dtype=dtype, device=device)
+            prior = dist.Normal(loc, torch.full_like(loc, self.prior_scale)).to_event(len(shape))
+            setattr(module, leaf, PyroSample(prior))
+
+    def forward(self, x: Tensor, y: Tensor | None = None, *, subsample_size: int | None = None) -> Tensor:
+        """Sample the weights, run the network on a (sub)sample of ``x`` and observe ``y``.
+
+        :param Tensor x: inputs ``(N, ...)`` (the full data; the plate picks the minibatch).
+        :param y: labels ``(N,)`` or ``None`` to sample them.
+        :param subsample_size: minibatch size ``b`` (``None``: all ``N``).
+        :returns: the network outputs of the minibatch.
+        """
+        plate = pyro.plate("data", x.shape[0], subsample_size=subsample_size, device=x.device)
+        # The plate's indices may also be set from outside (e.g. by an SG-MCMC kernel's minibatching).
+        full = plate.subsample_size == x.shape[0]
+        idx = plate.indices
+        x_batch = x if full else x[idx]
+        outputs = self.net(x_batch)  # weights sampled here, outside the data plate
+        pyro.deterministic("outputs", outputs)
+        y_batch = None if y is None else (y if full else y[idx])
+        with plate:
+            if self.likelihood == "categorical":
+                pyro.sample("obs", dist.Categorical(logits=outputs), obs=y_batch)
+            else:
+                mean, log_var = outputs.unbind(-1)
+                pyro.sample("obs", dist.Normal(mean, torch.exp(0.5 * log_var)), obs=y_batch)
+        return outputs
+
+
+class SVIBaseline(BaselineMethod):
+    """An autoguide on a :class:`PyroBNN`, trained by SVI with subsampled minibatches.
+
+    Subclasses set :meth:`_make_guide` and :meth:`_make_elbo`; the model is :attr:`model`, the guide
+    :attr:`guide`, so both also work with plain Pyro tools (``Predictive``, ``poutine``).
+
+    >>> from pyro_sdebnn.infer import MAPEstimate
+    >>> from pyro_sdebnn.nn import make_mlp
+    >>> method = MAPEstimate(make_mlp([1, 4, 2]), "gaussian").fit(torch.randn(8, 1), torch.randn(8), num_epochs=1)
+    >>> type(method).__mro__[1].__name__, type(method.guide).__name__, len(method.losses)
+    ('SVIBaseline', 'AutoDelta', 1)
+    """
+
+    def __init__(self, net: nn.Module, likelihood: str = "categorical", *, prior_scale: float = 1.0) -> None:
+        super().__init__(likelihood)
+        self.model = PyroBNN(net, likelihood, prior_scale)
+        self.guide = self._make_guide()
+        self._store_state: dict | None = None
+        self.losses: list[float] = []
+
+    def _make_guide(self):  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def _make_elbo(self, num_particles: int):  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def fit(
+        self,
+        x: Tensor,
+        y: Tensor,
+        *,
+        num_epochs: int = 200,
+        lr: float = 1e-2,
+        batch_size: int | None = 32,
+        weight_decay: float | None = None,
+        num_particles: int = 1,
+        progress: bool = False,
+    ) -> "SVIBaseline":
+        """Run SVI for ``num_epochs`` passes over the data in minibatches of ``batch_size``.
+
+        :param weight_decay: if given, sets the prior to the one weight decay :math:`\\lambda`
+            corresponds to, :math:`\\sigma_p^2 = 1/(N\\lambda)`; otherwise the constructor's prior stays.
+        :returns: ``self``; the ELBO loss per epoch (per data point) is in :attr:`losses`.
+        """
+        _check_data(x, y, self.likelihood)
+        n = x.shape[0]
+        if weight_decay is not None:
+            if weight_decay <= 0:
+                raise ValueError(f"weight_decay must be positive or None, got {weight_decay!r}")
+            self.model.set_prior_scale(1.0 / math.sqrt(n * weight_decay))
+        if not isinstance(num_epochs, int) or num_epochs < 0:
+            raise ValueError(f"num_epochs must be a non-negative integer, got {num_epochs!r}")
+        batch_size = None if batch_size is None or batch_size >= n else int(batch_size)
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+        steps_per_epoch = 1 if batch_size is None else math.ceil(n / batch_size)
+        store = pyro.get_param_store()
+        with store.scope(self._store_state) as state:
+            self.guide(x, y, subsample_size=batch_size)  # set up the guide's parameters (also for num_epochs=0)
+            svi = SVI(self.model, self.guide, pyro.optim.Adam({"lr": lr}), self._make_elbo(num_particles))
+            epochs = range(num_epochs)
+            if progress:
+                from tqdm.auto import tqdm
+
+                epochs = tqdm(epochs, desc=type(self).__name__, leave=False)
+            for epoch in epochs:
+                total = sum(svi.step(x, y, subsample_size=batch_size) for _ in range(steps_per_epoch))
+                loss = total / (steps_per_epoch * n)
+                if not math.isfinite(loss):
+                    raise FloatingPointError(
+                        f"{type(self).__name__}: the ELBO loss became {loss} in epoch {epoch}; "
+                        f"try a smaller lr (now {lr})"
+                    )
+                self.losses.append(loss)
+        self._store_state = state
+        return self
+
+    @torch.no_grad()
+    def predict_outputs(self, x: Tensor, num_samples: int = 100) -> Tensor:
+        """Network outputs under ``num_samples`` guide draws, shape ``(S, N, C)``."""
+        _check_data(x, None, self.likelihood)
+        with pyro.get_param_store().scope(self._store_state):
+            predictive = Predictive(self.model, guide=self.guide, num_samples=num_samples, return_sites=("outputs",))
+            outputs = predictive(x)["outputs"]
+        # Predictive prepends the (empty) plate dimensions to deterministic sites: (S, 1, N, C).
+        return outputs.reshape(num_samples, *outputs.shape[-2:])
+
+    def predict(self, x: Tensor, num_samples: int = 100) -> Prediction:
+        """The predictive under the fitted guide."""
+        return outputs_to_prediction(self.predict_outputs(x, num_samples), self.likelihood)

@@ -1,0 +1,260 @@
+# SPDX-License-Identifier: Apache-2.0
+r"""The sampling-free ELBO of MNVI / sampling-free MFVI (seed 002 §3; METHODS.md §4).
+
+:class:`SamplingFree_ELBO` is a :class:`pyro.infer.Trace_ELBO` subclass that overrides only the
+trace construction and the per-particle loss. It runs the model and guide under the
+:func:`~pyro_sdebnn.nn.mnvi.sampling_free` effect handler, under which
+
+- no weight is sampled (latent sites take their variational mean; only the *distributions* matter),
+- a :class:`~pyro_sdebnn.nn.mnvi.SamplingFreeBNN` model propagates means and variances through its
+  network and observes an expected-likelihood distribution
+  (:class:`~pyro_sdebnn.nn.mnvi.SamplingFreeNormal`: closed form; :class:`~pyro_sdebnn.nn.mnvi.SamplingFreeCategorical`:
+  sampled logits in output space),
+
+and returns
+
+.. math::
+
+    \mathcal L = -\sum_{\text{obs sites}} \text{scale}\cdot\mathbb E_q[\log p(y\mid x, w)]
+                 + \kappa \sum_{\text{latent sites}} \text{scale}\cdot\mathrm{KL}\big(q(w)\,\|\,p(w)\big)
+
+(seed 002 eq. (18)). Pyro's minibatch convention carries over unchanged: an observation inside
+``pyro.plate("data", N, subsample=...)`` of size ``b`` is scaled by :math:`N/b`, and ``poutine.scale``
+scales both terms. The KL is the registered analytic one (``MultiplicativeNormal`` → ``Normal``,
+``Normal`` → ``Normal``); a site without one falls back to the one-sample Monte Carlo estimate
+:math:`\log q(w) - \log p(w)`, :math:`w\sim q`. ``kl_scale`` (:math:`\kappa`) may be changed between steps,
+e.g. from one of the schedules below (:class:`PiecewiseKLSchedule` is seed 002's UCI schedule).
+
+**References**
+
+1. J. Schmitt, S. Roth (2021). Sampling-free Variational Inference of Bayesian Neural Networks by
+   Variance Backpropagation with Multiplicative Activation Noise. arXiv:2103.08497.
+2. A. Wu et al. (2019). Deterministic Variational Inference for Robust Bayesian Neural Networks. ICLR.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from pyro import poutine
+from pyro.distributions.util import scale_and_mask
+from pyro.infer import Trace_ELBO
+from pyro.infer.util import is_validation_enabled, torch_item
+from pyro.poutine.util import prune_subsample_sites
+from pyro.util import check_model_guide_match
+from torch import Tensor
+from torch.distributions import kl_divergence
+
+from pyro_sdebnn.nn.mnvi.handlers import sampling_free
+
+__all__ = ["ConstantKLSchedule", "LinearKLWarmup", "PiecewiseKLSchedule", "SamplingFree_ELBO"]
+
+
+class SamplingFree_ELBO(Trace_ELBO):
+    r"""ELBO with the expected log-likelihood from moment propagation and the closed-form KL.
+
+    .. math::
+
+        \mathcal L(\theta) = -\mathbb E_{q_\theta(w)}[\log p(Y\mid X, w)] + \kappa\,\mathrm{KL}(q_\theta(w)\,\|\,p(w)).
+
+    Use it with :class:`~pyro_sdebnn.nn.mnvi.SamplingFreeBNN` (``SVI(bnn.model, bnn.guide, optim,
+    SamplingFree_ELBO())``); the same model/guide pair also trains with ``Trace_ELBO``.
+
+    :param int num_particles: as in :class:`~pyro.infer.Trace_ELBO` (only logit sampling for
+        classification is random, so 1 is usually enough).
+    :param int max_plate_nesting: as in :class:`~pyro.infer.Trace_ELBO`.
+    :param float kl_scale: :math:`\kappa \ge 0` (``1`` is the ELBO; ``< 1`` a cold posterior). Mutable.
+
+    .. warning:: Vectorised particles are not supported. Every latent site must be reparametrised
+        (checked under validation) and present in the model; guide-only sites raise ``ValueError``.
+
+    >>> from pyro_sdebnn.nn.mnvi import MNLinear, MNReLU, MNSequential, SamplingFreeBNN
+    >>> bnn = SamplingFreeBNN(MNSequential(MNLinear(1, 8), MNReLU(), MNLinear(8, 2)), "gaussian", num_data=20)
+    >>> svi = pyro.infer.SVI(bnn.model, bnn.guide, pyro.optim.Adam({"lr": 1e-2}), SamplingFree_ELBO(kl_scale=0.1))
+    >>> x, y = torch.randn(20, 1), torch.randn(20)
+    >>> loss = svi.step(x, y)
+    """
+
+    def __init__(
+        self,
+        num_particles: int = 1,
+        max_plate_nesting: float = float("inf"),
+        vectorize_particles: bool = False,
+        strict_enumeration_warning: bool = True,
+        ignore_jit_warnings: bool = False,
+        jit_options: dict | None = None,
+        retain_graph: bool | None = None,
+        tail_adaptive_beta: float = -1.0,
+        *,
+        kl_scale: float = 1.0,
+    ) -> None:
+        if vectorize_particles:
+            raise ValueError("SamplingFree_ELBO does not support vectorize_particles=True")
+        super().__init__(
+            num_particles=num_particles,
+            max_plate_nesting=max_plate_nesting,
+            vectorize_particles=False,
+            strict_enumeration_warning=strict_enumeration_warning,
+            ignore_jit_warnings=ignore_jit_warnings,
+            jit_options=jit_options,
+            retain_graph=retain_graph,
+            tail_adaptive_beta=tail_adaptive_beta,
+        )
+        self.kl_scale = kl_scale
+
+    @property
+    def kl_scale(self) -> float:
+        r"""The KL weight :math:`\kappa`."""
+        return self._kl_scale
+
+    @kl_scale.setter
+    def kl_scale(self, value: float) -> None:
+        if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ValueError(f"kl_scale must be a finite float >= 0, got {value!r}")
+        self._kl_scale = float(value)
+
+    def _get_trace(self, model, guide, args, kwargs):
+        with sampling_free():
+            guide_trace = poutine.trace(guide).get_trace(*args, **kwargs)
+            model_trace = poutine.trace(poutine.replay(model, trace=guide_trace)).get_trace(*args, **kwargs)
+        if is_validation_enabled():
+            check_model_guide_match(model_trace, guide_trace, self.max_plate_nesting)
+        guide_trace = prune_subsample_sites(guide_trace)
+        model_trace = prune_subsample_sites(model_trace)
+        # Only observed sites need log-probabilities (the expected log-likelihood); latent sites
+        # enter through the analytic KL, so their log-densities are never evaluated.
+        for site in model_trace.nodes.values():
+            if site["type"] == "sample" and site["is_observed"]:
+                log_p = site["fn"].log_prob(site["value"], *site["args"], **site["kwargs"])
+                site["log_prob"] = scale_and_mask(log_p, site["scale"], site["mask"])
+                site["log_prob_sum"] = site["log_prob"].sum()
+        return model_trace, guide_trace
+
+    def _kl_term(self, model_trace, guide_trace) -> Tensor | float:
+        kl = 0.0
+        for name, model_site in model_trace.nodes.items():
+            if model_site["type"] != "sample" or model_site["is_observed"]:
+                continue
+            guide_site = guide_trace.nodes[name]
+            q, p = guide_site["fn"], model_site["fn"]
+            if is_validation_enabled() and not q.has_rsample:
+                raise ValueError(f"SamplingFree_ELBO: guide site {name!r} must be reparametrised (has_rsample)")
+            try:
+                kl_qp = kl_divergence(q, p)
+            except NotImplementedError:
+                value = q.rsample()
+                kl_qp = q.log_prob(value) - p.log_prob(value)
+            kl_qp = scale_and_mask(kl_qp, scale=guide_site["scale"], mask=guide_site["mask"])
+            if is_validation_enabled() and torch.is_tensor(kl_qp) and kl_qp.shape != q.batch_shape:
+                raise ValueError(f"SamplingFree_ELBO: KL of site {name!r} has shape {tuple(kl_qp.shape)}, "
+                                 f"expected the batch shape {tuple(q.batch_shape)}")
+            kl = kl + kl_qp.sum()
+        for name, guide_site in guide_trace.nodes.items():
+            if guide_site["type"] == "sample" and name not in model_trace.nodes:
+                raise ValueError(f"SamplingFree_ELBO: guide site {name!r} is not in the model")
+        return kl
+
+    def _differentiable_loss_particle(self, model_trace, guide_trace):
+        expected_log_lik = 0.0
+        for site in model_trace.nodes.values():
+            if site["type"] == "sample" and site["is_observed"]:
+                expected_log_lik = expected_log_lik + site["log_prob_sum"]
+        surrogate = -expected_log_lik + self.kl_scale * self._kl_term(model_trace, guide_trace)
+        return torch_item(surrogate), surrogate
+
+    @staticmethod
+    def _check_finite(loss: float) -> float:
+        if not math.isfinite(loss):
+            raise RuntimeError(f"SamplingFree_ELBO: the loss is {loss}; lower the learning rate or check the data")
+        return loss
+
+    def loss(self, model, guide, *args, **kwargs) -> float:
+        """Estimate of the sampling-free loss (negative ELBO with the KL weighted by ``kl_scale``).
+
+        :raises RuntimeError: if the loss is NaN or infinite.
+        """
+        loss = 0.0
+        with torch.no_grad():
+            for model_trace, guide_trace in self._get_traces(model, guide, args, kwargs):
+                loss += self._differentiable_loss_particle(model_trace, guide_trace)[0] / self.num_particles
+        return self._check_finite(loss)
+
+    def loss_and_grads(self, model, guide, *args, **kwargs) -> float:
+        """Compute the loss and back-propagate its gradient into the parameters.
+
+        :raises RuntimeError: if the loss is NaN or infinite (before any gradient is written).
+        """
+        loss = 0.0
+        for model_trace, guide_trace in self._get_traces(model, guide, args, kwargs):
+            loss_particle, surrogate = self._differentiable_loss_particle(model_trace, guide_trace)
+            self._check_finite(loss_particle)
+            loss += loss_particle / self.num_particles
+            trainable = any(site["type"] == "param" for t in (model_trace, guide_trace) for site in t.nodes.values())
+            if trainable and getattr(surrogate, "requires_grad", False):
+                (surrogate / self.num_particles).backward(retain_graph=self.retain_graph)
+        return loss
+
+
+class ConstantKLSchedule:
+    r"""``epoch -> value``: a constant :math:`\kappa`.
+
+    >>> ConstantKLSchedule(0.5)(10)
+    0.5
+    """
+
+    def __init__(self, value: float = 1.0) -> None:
+        if not value >= 0:
+            raise ValueError(f"value must be >= 0, got {value!r}")
+        self.value = float(value)
+
+    def __call__(self, epoch: int) -> float:
+        return self.value
+
+
+class LinearKLWarmup:
+    r"""``epoch -> kappa`` rising linearly from ``start`` to ``end`` over ``num_epochs``, then constant.
+
+    .. math:: \kappa(e) = \text{start} + (\text{end}-\text{start})\min(1, e / \text{num\_epochs})
+
+    >>> schedule = LinearKLWarmup(10, start=0.0, end=1.0)
+    >>> schedule(0), schedule(5), schedule(20)
+    (0.0, 0.5, 1.0)
+    """
+
+    def __init__(self, num_epochs: int, start: float = 0.0, end: float = 1.0) -> None:
+        if not isinstance(num_epochs, int) or num_epochs < 1:
+            raise ValueError(f"num_epochs must be a positive int, got {num_epochs!r}")
+        if not (start >= 0 and end >= 0):
+            raise ValueError(f"start and end must be >= 0, got {start!r}, {end!r}")
+        self.num_epochs, self.start, self.end = num_epochs, float(start), float(end)
+
+    def __call__(self, epoch: int) -> float:
+        frac = min(1.0, max(0, epoch) / self.num_epochs)
+        return self.start + (self.end - self.start) * frac
+
+
+class PiecewiseKLSchedule:
+    r"""``epoch -> values[i]`` for ``milestones[i-1] <= epoch < milestones[i]``.
+
+    Seed 002's UCI schedule (App. B, 200 epochs) is ``PiecewiseKLSchedule([100, 150], [0.01, 0.1, 1.0])``.
+
+    >>> schedule = PiecewiseKLSchedule([100, 150], [0.01, 0.1, 1.0])
+    >>> schedule(0), schedule(120), schedule(199)
+    (0.01, 0.1, 1.0)
+    """
+
+    def __init__(self, milestones: Sequence[int], values: Sequence[float]) -> None:
+        milestones, values = list(milestones), [float(v) for v in values]
+        if len(values) != len(milestones) + 1:
+            raise ValueError(f"values must have len(milestones) + 1 = {len(milestones) + 1} entries, got {len(values)}")
+        if any(b < a for a, b in zip(milestones, milestones[1:])):
+            raise ValueError(f"milestones must be non-decreasing, got {milestones}")
+        if any(not v >= 0 for v in values):
+            raise ValueError(f"values must be >= 0, got {values}")
+        self.milestones, self.values = milestones, values
+
+    def __call__(self, epoch: int) -> float:
+        index = sum(epoch >= m for m in self.milestones)
+        return self.values[index]

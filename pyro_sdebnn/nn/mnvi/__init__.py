@@ -1,0 +1,65 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Sampling-free variational inference with multiplicative activation noise (MNVI, seed 002).
+
+Layers carry :class:`~pyro_sdebnn.ops.moments.Moments` ``(mean, var)`` pairs (pass ``Moments(x, None)``
+for a deterministic input) and act as ordinary layers on plain tensors:
+
+- Bayesian layers: :class:`MNLinear`, :class:`MNConv2d` (MNVI, one noise variance per input unit /
+  channel) and the mean-field twins :class:`MFLinear`, :class:`MFConv2d`.
+- Moment layers: :class:`MNReLU` (exact), :class:`MNActivation` (first-order Taylor),
+  :class:`MNBatchNorm1d`, :class:`MNBatchNorm2d`, :class:`MNMaxPool2d`, :class:`MNAvgPool2d`,
+  :class:`MNAdaptiveAvgPool2d`, :class:`MNFlatten`, :class:`MNDropout` (no-op), :class:`MNIdentity`.
+- Containers: :class:`MNSequential`, :class:`MNResidualBlock`; converters :func:`to_mnvi`,
+  :func:`to_mean_field` from plain ``torch.nn`` networks (extend them with :func:`register_converter`).
+- Pyro: :class:`SamplingFreeBNN` (model/guide pair, one-pass predictive), the :func:`sampling_free`
+  handler and the expected-likelihood distributions :class:`SamplingFreeNormal`,
+  :class:`SamplingFreeCategorical`; train with :class:`pyro_sdebnn.infer.SamplingFree_ELBO`.
+"""
+
+from pyro_sdebnn.nn.mnvi.activations import MNActivation, MNReLU
+from pyro_sdebnn.nn.mnvi.bnn import SamplingFreeBNN
+from pyro_sdebnn.nn.mnvi.container import MNResidualBlock, MNSequential
+from pyro_sdebnn.nn.mnvi.convert import register_converter, to_mean_field, to_mnvi
+from pyro_sdebnn.nn.mnvi.handlers import is_sampling_free, sampling_free
+from pyro_sdebnn.nn.mnvi.layers import BayesianLayer, MNConv2d, MNLinear
+from pyro_sdebnn.nn.mnvi.likelihoods import SamplingFreeCategorical, SamplingFreeNormal
+from pyro_sdebnn.nn.mnvi.mean_field import MFConv2d, MFLinear
+from pyro_sdebnn.nn.mnvi.normalization import MNBatchNorm1d, MNBatchNorm2d
+from pyro_sdebnn.nn.mnvi.pooling import (
+    MNAdaptiveAvgPool2d,
+    MNAvgPool2d,
+    MNDropout,
+    MNFlatten,
+    MNIdentity,
+    MNMaxPool2d,
+)
+from pyro_sdebnn.ops.moments import Moments
+
+__all__ = [
+    "BayesianLayer",
+    "MFConv2d",
+    "MFLinear",
+    "MNActivation",
+    "MNAdaptiveAvgPool2d",
+    "MNAvgPool2d",
+    "MNBatchNorm1d",
+    "MNBatchNorm2d",
+    "MNConv2d",
+    "MNDropout",
+    "MNFlatten",
+    "MNIdentity",
+    "MNLinear",
+    "MNMaxPool2d",
+    "MNReLU",
+    "MNResidualBlock",
+    "MNSequential",
+    "Moments",
+    "SamplingFreeBNN",
+    "SamplingFreeCategorical",
+    "SamplingFreeNormal",
+    "is_sampling_free",
+    "register_converter",
+    "sampling_free",
+    "to_mean_field",
+    "to_mnvi",
+]

@@ -1,0 +1,308 @@
+# SPDX-License-Identifier: Apache-2.0
+r"""A Pyro model/guide pair around a moment-propagating network (MNVI or sampling-free MFVI).
+
+Design
+------
+The network (built from :mod:`pyro_sdebnn.nn.mnvi` layers, or converted with
+:func:`~pyro_sdebnn.nn.mnvi.to_mnvi`) stays a plain :class:`torch.nn.Module`, so it composes with
+torch code, :mod:`torch.func` and ``state_dict``; :class:`SamplingFreeBNN` adds the Pyro program,
+in the style of Pyro's VAE example (``pyro.module`` inside ``model``/``guide``):
+
+- ``guide``: one sample site per :class:`~pyro_sdebnn.nn.mnvi.BayesianLayer` weight with the
+  layer's variational posterior (``MultiplicativeNormal(M, alpha)`` for MNVI, ``Normal(M, sqrt(S))``
+  for MFVI). The weight means and noise parameters are the variational parameters.
+- ``model``: the isotropic prior :math:`\mathcal N(0, \sigma_p^2)` at the same sites, then a
+  ``pyro.plate("data", num_data, subsample=...)`` around the likelihood, so a minibatch of ``b``
+  rows is scaled by :math:`N/b` exactly as in any Pyro model. Biases and batch-norm parameters are
+  point estimates (they are registered with ``pyro.module`` and receive plain gradients).
+
+Two ways to run the same program:
+
+1. **Sampling-based** (``Trace_ELBO``, ``TraceMeanField_ELBO``, ``pyro.infer.Predictive``): the model
+   runs the ordinary network on the sampled weights (``torch.func.functional_call``) and observes
+   ``Normal(mu, exp(c/2))`` or ``Categorical(logits)``.
+2. **Sampling-free** (under the :func:`~pyro_sdebnn.nn.mnvi.sampling_free` handler installed by
+   :class:`~pyro_sdebnn.infer.SamplingFree_ELBO`): the model propagates means and variances through
+   the network using the guide's parameters and observes a
+   :class:`~pyro_sdebnn.nn.mnvi.SamplingFreeNormal` / :class:`~pyro_sdebnn.nn.mnvi.SamplingFreeCategorical`
+   whose ``log_prob`` is the expected log-likelihood :math:`\mathbb E_q[\log p(y\mid x, w)]`;
+   the ELBO adds the closed-form KL of the weight sites.
+
+Using the guide's parameters inside the model is what makes the expected log-likelihood available
+in closed form (it is a functional of :math:`q`, seed 002 eq. (4)); the weight sites are still
+declared in both programs, so the KL, the site names and Pyro's validation are the usual ones.
+
+Output conventions: regression nets output two columns (mean, log-variance), classification nets
+``C`` logits.
+
+**References**
+
+1. J. Schmitt, S. Roth (2021). Sampling-free Variational Inference of Bayesian Neural Networks by
+   Variance Backpropagation with Multiplicative Activation Noise. arXiv:2103.08497.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import pyro
+import pyro.optim
+import pyro.poutine as poutine
+import torch
+from pyro.distributions import Categorical, Normal
+from pyro.infer import SVI, ELBO
+from pyro.optim import PyroOptim
+from torch import Tensor, nn
+from torch.distributions import Distribution, kl_divergence
+from tqdm.auto import trange
+
+from pyro_sdebnn.nn.mnvi.handlers import is_sampling_free
+from pyro_sdebnn.nn.mnvi.layers import BayesianLayer
+from pyro_sdebnn.nn.mnvi.likelihoods import SamplingFreeCategorical, SamplingFreeNormal
+from pyro_sdebnn.ops.moments import Moments, gaussian_expected_log_likelihood, gaussian_predictive_variance
+
+__all__ = ["SamplingFreeBNN"]
+
+_LIKELIHOODS = ("gaussian", "categorical")
+
+
+class SamplingFreeBNN(nn.Module):
+    r"""Bayesian network with a Gaussian weight posterior, trainable with or without weight sampling.
+
+    .. math::
+
+        w \sim \mathcal N(0, \sigma_p^2 I),\qquad
+        y_n \mid x_n, w \sim \mathcal N\big(\mu_w(x_n), e^{c_w(x_n)}\big)
+        \ \text{or}\ \operatorname{Categorical}(\operatorname{softmax} h_w(x_n)),
+
+    with variational posterior :math:`q(w)` given by the layers (``MultiplicativeNormal`` for
+    MNVI). Generative story::
+
+        for each Bayesian layer:  weight ~ Normal(0, prior_scale)      # site "<name>.<layer>.weight"
+        for n in plate("data", num_data):  y[n] ~ likelihood(net(x[n]; weight))
+
+    :param nn.Module net: a network of :mod:`pyro_sdebnn.nn.mnvi` layers with at least one
+        :class:`~pyro_sdebnn.nn.mnvi.BayesianLayer`; outputs ``(N, 2)`` for ``"gaussian"``
+        (mean, log-variance), ``(N, C)`` logits for ``"categorical"``.
+    :param str likelihood: ``"gaussian"`` (heteroscedastic regression) or ``"categorical"``.
+    :param int num_data: the data-set size :math:`N` used to scale minibatches (``None``: no scaling).
+    :param float prior_scale: prior standard deviation :math:`\sigma_p`.
+    :param int num_logit_samples: logit samples per data point for the sampling-free categorical
+        expected log-likelihood (seed 002 eq. (16)).
+    :param str name: prefix of the Pyro parameter and sample-site names.
+
+    >>> from pyro_sdebnn.nn.mnvi import MNLinear, MNReLU, MNSequential
+    >>> bnn = SamplingFreeBNN(MNSequential(MNLinear(3, 8), MNReLU(), MNLinear(8, 2)), "gaussian", num_data=100)
+    >>> pred = bnn.predict(torch.randn(5, 3))
+    >>> pred.loc.shape, pred.scale.shape
+    (torch.Size([1, 5]), torch.Size([1, 5]))
+    """
+
+    def __init__(
+        self,
+        net: nn.Module,
+        likelihood: str = "gaussian",
+        *,
+        num_data: int | None = None,
+        prior_scale: float = 1.0,
+        num_logit_samples: int = 1,
+        name: str = "bnn",
+    ) -> None:
+        super().__init__()
+        if not isinstance(net, nn.Module):
+            raise TypeError(f"net must be an nn.Module, got {type(net).__name__}")
+        if likelihood not in _LIKELIHOODS:
+            raise ValueError(f"likelihood must be one of {_LIKELIHOODS}, got {likelihood!r}")
+        if num_data is not None and (not isinstance(num_data, int) or num_data < 1):
+            raise ValueError(f"num_data must be a positive int or None, got {num_data!r}")
+        if not (isinstance(prior_scale, (int, float)) and prior_scale > 0):
+            raise ValueError(f"prior_scale must be a positive float, got {prior_scale!r}")
+        if not isinstance(num_logit_samples, int) or num_logit_samples < 1:
+            raise ValueError(f"num_logit_samples must be a positive int, got {num_logit_samples!r}")
+        self.net = net
+        self.likelihood = likelihood
+        self.num_data = num_data
+        self.prior_scale = float(prior_scale)
+        self.num_logit_samples = num_logit_samples
+        self.name = name
+        if not self.bayesian_layers():
+            raise ValueError("net has no BayesianLayer (MNLinear, MNConv2d, MFLinear, MFConv2d); nothing to infer")
+
+    # ----------------------------------------------------------------------------------- structure
+    def bayesian_layers(self) -> list[tuple[str, BayesianLayer]]:
+        """``(qualified name, layer)`` for every Bayesian layer of ``net``, in module order."""
+        return [(name, m) for name, m in self.net.named_modules() if isinstance(m, BayesianLayer)]
+
+    def _site(self, layer_name: str) -> str:
+        return f"{self.name}.{layer_name}.weight"
+
+    def prior(self, layer: BayesianLayer) -> Distribution:
+        r"""The prior :math:`\mathcal N(0, \sigma_p^2)` of ``layer.weight`` (batch shape = weight shape)."""
+        zero = layer.weight.new_zeros(())
+        return Normal(zero, zero + self.prior_scale).expand(layer.weight.shape)
+
+    def kl_divergence(self) -> Tensor:
+        r"""Closed-form :math:`\mathrm{KL}(q(w)\,\|\,p(w))`, summed over all Bayesian weights."""
+        return sum(kl_divergence(layer.weight_distribution(), self.prior(layer)).sum()
+                   for _, layer in self.bayesian_layers())
+
+    # -------------------------------------------------------------------------------- pyro program
+    def _check_data(self, x: Tensor, y: Tensor | None) -> None:
+        if not isinstance(x, Tensor):
+            raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        if y is None:
+            return
+        if not isinstance(y, Tensor):
+            raise TypeError(f"y must be a torch.Tensor or None, got {type(y).__name__}")
+        if y.shape != x.shape[:1]:
+            raise ValueError(f"y must have shape ({x.shape[0]},) to match x {tuple(x.shape)}, got {tuple(y.shape)}")
+
+    def _check_outputs(self, mean: Tensor) -> None:
+        if self.likelihood == "gaussian" and (mean.dim() != 2 or mean.shape[-1] != 2):
+            raise ValueError(f"a gaussian net must output (N, 2) = (mean, log-variance), got {tuple(mean.shape)}")
+        if self.likelihood == "categorical" and mean.dim() != 2:
+            raise ValueError(f"a categorical net must output (N, C) logits, got {tuple(mean.shape)}")
+
+    def moments(self, x: Tensor) -> Moments:
+        """Sampling-free forward pass: output means and variances for a deterministic input ``x``."""
+        out = self.net(Moments(x, None))
+        if not isinstance(out, Moments) or out.var is None:
+            raise TypeError("net did not return Moments with a variance; does it contain a BayesianLayer?")
+        self._check_outputs(out.mean)
+        return out
+
+    def _moment_likelihood(self, out: Moments) -> Distribution:
+        if self.likelihood == "gaussian":
+            return SamplingFreeNormal(out.mean[:, 0], out.var[:, 0], out.mean[:, 1], out.var[:, 1])
+        return SamplingFreeCategorical(out.mean, out.var, self.num_logit_samples)
+
+    def _sampled_likelihood(self, out: Tensor) -> Distribution:
+        self._check_outputs(out)
+        if self.likelihood == "gaussian":
+            return Normal(out[:, 0], torch.exp(0.5 * out[:, 1]))
+        return Categorical(logits=out)
+
+    def model(self, x: Tensor, y: Tensor | None = None) -> Tensor:
+        """Pyro model: weight priors, then the likelihood of the minibatch ``(x, y)``.
+
+        :param Tensor x: inputs ``(b, ...)``. :param y: targets ``(b,)`` or ``None``.
+        """
+        self._check_data(x, y)
+        pyro.module(self.name, self.net)
+        weights = {}
+        for layer_name, layer in self.bayesian_layers():
+            weights[f"{layer_name}.weight"] = pyro.sample(self._site(layer_name), self.prior(layer).to_event())
+        size = self.num_data if self.num_data is not None else x.shape[0]
+        if size < x.shape[0]:
+            raise ValueError(f"num_data={size} is smaller than the minibatch size {x.shape[0]}")
+        subsample = torch.arange(x.shape[0], device=x.device)
+        with pyro.plate("data", size, subsample=subsample):
+            if is_sampling_free():
+                fn = self._moment_likelihood(self.moments(x))
+            else:
+                fn = self._sampled_likelihood(torch.func.functional_call(self.net, weights, (x,), strict=False))
+            return pyro.sample("obs", fn, obs=y)
+
+    def guide(self, x: Tensor, y: Tensor | None = None) -> None:
+        """Pyro guide: the layers' variational posteriors over their weights."""
+        pyro.module(self.name, self.net)
+        for layer_name, layer in self.bayesian_layers():
+            pyro.sample(self._site(layer_name), layer.weight_distribution().to_event())
+
+    # ---------------------------------------------------------------------------------- prediction
+    def expected_log_likelihood(self, x: Tensor, y: Tensor) -> Tensor:
+        """Per-point expected log-likelihood (closed form for regression, logit sampling otherwise)."""
+        self._check_data(x, y)
+        out = self.moments(x)
+        if self.likelihood == "gaussian":
+            return gaussian_expected_log_likelihood(y, out.mean[:, 0], out.var[:, 0], out.mean[:, 1], out.var[:, 1])
+        return SamplingFreeCategorical(out.mean, out.var, self.num_logit_samples).log_prob(y)
+
+    @torch.no_grad()
+    def predict(self, x: Tensor, *, num_samples: int = 32):
+        """Predictive distribution from **one** sampling-free forward pass (``net`` in eval mode).
+
+        - ``"gaussian"``: :class:`~pyro_sdebnn.infer.RegressionPrediction` with ``S = 1``,
+          ``loc`` :math:`\\bar\\mu`, ``scale`` :math:`\\sqrt{v_\\mu + e^{\\bar c + v_c/2}}` (seed 002 eq. (19)).
+        - ``"categorical"``: :class:`~pyro_sdebnn.infer.ClassificationPrediction` whose ``S = num_samples``
+          rows are the softmaxes of logits drawn from :math:`\\mathcal N(\\bar h, v_h)`; their mean is the
+          predictive of seed 002 eq. (20), and the spread across rows gives the epistemic part.
+
+        :param Tensor x: inputs ``(N, ...)``.
+        :param int num_samples: logit draws for classification (ignored for regression).
+        """
+        from pyro_sdebnn.infer.predictive import ClassificationPrediction, RegressionPrediction
+
+        self._check_data(x, None)
+        was_training = self.net.training
+        self.net.eval()
+        try:
+            out = self.moments(x)
+        finally:
+            self.net.train(was_training)
+        if self.likelihood == "gaussian":
+            var = gaussian_predictive_variance(out.var[:, 0], out.mean[:, 1], out.var[:, 1])
+            return RegressionPrediction(out.mean[:, 0].unsqueeze(0), var.sqrt().unsqueeze(0))
+        noise = torch.randn((num_samples,) + out.mean.shape, dtype=out.mean.dtype, device=out.mean.device)
+        return ClassificationPrediction(torch.softmax(out.mean + out.var.sqrt() * noise, dim=-1))
+
+    # -------------------------------------------------------------------------------------- fitting
+    def fit(
+        self,
+        x: Tensor,
+        y: Tensor,
+        *,
+        num_epochs: int,
+        batch_size: int = 128,
+        optim: PyroOptim | None = None,
+        loss: ELBO | None = None,
+        kl_schedule: Callable[[int], float] | None = None,
+        progress: bool = False,
+    ) -> list[float]:
+        r"""Train with :class:`pyro.infer.SVI` on shuffled minibatches; return the loss per epoch.
+
+        The model and guide run under ``poutine.scale(1 / N)``, so the reported loss (and the
+        gradient) is the negative ELBO *per data point*, the scale at which seed 002's learning rates
+        are quoted. ``num_data`` is set to ``len(x)`` if it was ``None``.
+
+        :param int num_epochs: passes over the data.
+        :param int batch_size: minibatch size.
+        :param optim: a Pyro optimiser (default ``pyro.optim.Adam({"lr": 1e-3})``).
+        :param loss: an ELBO (default :class:`~pyro_sdebnn.infer.SamplingFree_ELBO`; ``Trace_ELBO()``
+            trains the same model by weight sampling).
+        :param kl_schedule: ``epoch -> kappa``, assigned to ``loss.kl_scale`` at the start of each epoch
+            (only for ELBOs that have ``kl_scale``).
+        :raises RuntimeError: if the loss becomes NaN or infinite.
+        """
+        from pyro_sdebnn.infer.sampling_free_elbo import SamplingFree_ELBO
+
+        self._check_data(x, y)
+        if not isinstance(num_epochs, int) or num_epochs < 1:
+            raise ValueError(f"num_epochs must be a positive int, got {num_epochs!r}")
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        if self.num_data is None:
+            self.num_data = x.shape[0]
+        loss = SamplingFree_ELBO() if loss is None else loss
+        if kl_schedule is not None and not hasattr(loss, "kl_scale"):
+            raise TypeError(f"kl_schedule needs an ELBO with a kl_scale attribute, got {type(loss).__name__}")
+        optim = pyro.optim.Adam({"lr": 1e-3}) if optim is None else optim
+        scale = 1.0 / self.num_data
+        svi = SVI(poutine.scale(self.model, scale), poutine.scale(self.guide, scale), optim, loss)
+        n = x.shape[0]
+        history = []
+        self.net.train()
+        for epoch in trange(num_epochs, disable=not progress, desc="fit"):
+            if kl_schedule is not None:
+                loss.kl_scale = float(kl_schedule(epoch))
+            perm = torch.randperm(n, device=x.device)
+            total = 0.0
+            for start in range(0, n, batch_size):
+                idx = perm[start:start + batch_size]
+                total += svi.step(x[idx], y[idx]) * idx.shape[0]
+            epoch_loss = total / n
+            if not math.isfinite(epoch_loss):
+                raise RuntimeError(f"SamplingFreeBNN.fit: the loss became {epoch_loss} at epoch {epoch}")
+            history.append(epoch_loss)
+        return history

@@ -1,0 +1,87 @@
+# SPDX-License-Identifier: Apache-2.0
+r"""Containers for building moment-propagating networks (LeNet, All-CNN, ResNet-style).
+
+:class:`MNSequential` chains layers; :class:`MNResidualBlock` adds a main branch and a shortcut.
+Both pass plain tensors (the deterministic / sampled-weight network) or
+:class:`~pyro_sdebnn.ops.moments.Moments` (sampling-free propagation) through unchanged in kind.
+
+.. warning:: In a residual block the two branches see the same input, so their outputs are
+    correlated; like every layer here the sum adds variances as if they were independent
+    (seed 002 Assumption 3), :math:`v' = v_\text{main} + v_\text{shortcut}`.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from pyro_sdebnn.nn.mnvi._util import as_moments
+from pyro_sdebnn.ops.moments import Moments
+
+__all__ = ["MNResidualBlock", "MNSequential"]
+
+
+class MNSequential(nn.Sequential):
+    """:class:`torch.nn.Sequential` for layers that accept tensors or :class:`Moments`.
+
+    Feed ``Moments(x, None)`` for the sampling-free pass and ``x`` for the deterministic pass.
+
+    >>> from pyro_sdebnn.nn.mnvi import MNLinear, MNReLU
+    >>> net = MNSequential(MNLinear(4, 8), MNReLU(), MNLinear(8, 2))
+    >>> out = net(Moments(torch.randn(3, 4), None))
+    >>> out.mean.shape, bool((out.var > 0).all())
+    (torch.Size([3, 2]), True)
+    """
+
+    def forward(self, input: Tensor | Moments) -> Tensor | Moments:
+        as_moments(input)
+        for module in self:
+            input = module(input)
+        return input
+
+
+def _add(a: Tensor | Moments, b: Tensor | Moments) -> Tensor | Moments:
+    if isinstance(a, Moments) != isinstance(b, Moments):
+        raise TypeError("MNResidualBlock: both branches must return the same kind (tensor or Moments)")
+    if not isinstance(a, Moments):
+        return a + b
+    if a.mean.shape != b.mean.shape:
+        raise ValueError(f"MNResidualBlock: branch shapes differ, {tuple(a.mean.shape)} vs {tuple(b.mean.shape)}")
+    if a.var is None and b.var is None:
+        var = None
+    elif a.var is None or b.var is None:
+        var = a.var if b.var is None else b.var
+    else:
+        var = a.var + b.var
+    return Moments(a.mean + b.mean, var)
+
+
+class MNResidualBlock(nn.Module):
+    r"""Residual block :math:`y = f(\mathrm{main}(x) + \mathrm{shortcut}(x))`.
+
+    :param nn.Module main: the residual branch (e.g. conv-bn-relu-conv-bn).
+    :param shortcut: the skip branch (e.g. a strided 1x1 conv and batch norm); ``None`` is the identity.
+    :param activation: applied after the sum (e.g. :class:`~pyro_sdebnn.nn.mnvi.MNReLU`), or ``None``.
+
+    >>> from pyro_sdebnn.nn.mnvi import MNConv2d, MNReLU
+    >>> block = MNResidualBlock(MNSequential(MNConv2d(2, 2, 3, padding=1), MNReLU(), MNConv2d(2, 2, 3, padding=1)),
+    ...                         activation=MNReLU())
+    >>> block(Moments(torch.randn(1, 2, 5, 5), None)).var.shape
+    torch.Size([1, 2, 5, 5])
+    """
+
+    def __init__(self, main: nn.Module, shortcut: nn.Module | None = None, activation: nn.Module | None = None) -> None:
+        super().__init__()
+        for name, value in (("main", main), ("shortcut", shortcut), ("activation", activation)):
+            if value is not None and not isinstance(value, nn.Module):
+                raise TypeError(f"{name} must be an nn.Module or None, got {type(value).__name__}")
+        if main is None:
+            raise TypeError("main must be an nn.Module, got None")
+        self.main = main
+        self.shortcut = shortcut
+        self.activation = activation
+
+    def forward(self, input: Tensor | Moments) -> Tensor | Moments:
+        as_moments(input)
+        skip = input if self.shortcut is None else self.shortcut(input)
+        out = _add(self.main(input), skip)
+        return out if self.activation is None else self.activation(out)

@@ -1,0 +1,51 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The ``sampling_free`` effect handler: run a :class:`SamplingFreeBNN` model by moment propagation.
+
+Under :func:`sampling_free`, :class:`~pyro_sdebnn.nn.mnvi.SamplingFreeBNN.model` propagates means
+and variances instead of running the network on sampled weights, and latent sample sites that
+have no value yet take their distribution's mean instead of a random draw (the sampling-free ELBO
+only needs the variational *distributions*, for the closed-form KL). Observed sites are untouched.
+:class:`~pyro_sdebnn.infer.SamplingFree_ELBO` installs this handler around the model and guide.
+"""
+
+from __future__ import annotations
+
+from pyro.poutine.messenger import Messenger
+from pyro.poutine.runtime import _PYRO_STACK
+
+__all__ = ["SamplingFreeMessenger", "is_sampling_free", "sampling_free"]
+
+
+class SamplingFreeMessenger(Messenger):
+    """Effect handler marking a sampling-free (moment-propagation) execution.
+
+    >>> import pyro.distributions as dist
+    >>> with sampling_free():
+    ...     print(is_sampling_free(), pyro.sample("w", dist.Normal(3.0, 1.0)))
+    True tensor(3.)
+    """
+
+    def _pyro_sample(self, msg) -> None:
+        if msg["is_observed"] or msg["value"] is not None:
+            return
+        try:
+            msg["value"] = msg["fn"].mean.expand(msg["fn"].shape())
+        except NotImplementedError:
+            pass  # no closed-form mean: the site is sampled as usual
+
+
+def sampling_free(fn=None):
+    """Wrap ``fn`` (or open a context) in which :func:`is_sampling_free` is ``True``.
+
+    :param callable fn: a model or guide; ``None`` returns a context manager.
+
+    >>> sampling_free(lambda: is_sampling_free())()
+    True
+    """
+    messenger = SamplingFreeMessenger()
+    return messenger(fn) if fn is not None else messenger
+
+
+def is_sampling_free() -> bool:
+    """Whether the caller runs under :func:`sampling_free`."""
+    return any(isinstance(frame, SamplingFreeMessenger) for frame in _PYRO_STACK)

@@ -1,0 +1,169 @@
+# SPDX-License-Identifier: Apache-2.0
+r"""Likelihoods averaged over Gaussian network outputs, for the sampling-free ELBO (seed 002 §3.4).
+
+They are the observation distributions :class:`~pyro_sdebnn.nn.mnvi.SamplingFreeBNN` uses under
+:func:`~pyro_sdebnn.nn.mnvi.sampling_free`: their ``log_prob(y)`` is the *expected* log-likelihood
+:math:`\mathbb E_{q(h)}[\log p(y\mid h)]` over the network outputs :math:`h\sim\mathcal N(\bar h, v_h)`,
+which is what the ELBO needs. It is a lower bound on the log predictive density, not a normalised
+density in :math:`y`; ``sample`` draws from the predictive distribution.
+
+**References**
+
+1. J. Schmitt, S. Roth (2021). Sampling-free Variational Inference of Bayesian Neural Networks by
+   Variance Backpropagation with Multiplicative Activation Noise. arXiv:2103.08497.
+2. A. Wu et al. (2019). Deterministic Variational Inference for Robust Bayesian Neural Networks. ICLR.
+"""
+
+from __future__ import annotations
+
+import torch
+from pyro.distributions import Categorical, Normal
+from pyro.distributions.torch_distribution import TorchDistribution
+from torch import Tensor
+from torch.distributions import constraints
+from torch.distributions.utils import broadcast_all, lazy_property
+
+from pyro_sdebnn.ops.moments import gaussian_expected_log_likelihood, gaussian_predictive_variance
+
+__all__ = ["SamplingFreeCategorical", "SamplingFreeNormal"]
+
+
+class SamplingFreeNormal(TorchDistribution):
+    r"""Heteroscedastic Gaussian likelihood averaged over Gaussian mean and log-variance outputs.
+
+    The network outputs a mean :math:`\mu\sim\mathcal N(\bar\mu, v_\mu)` and a log-variance
+    :math:`c\sim\mathcal N(\bar c, v_c)`; then (METHODS.md §4, with the :math:`v_c/2` correction)
+
+    .. math::
+
+        \texttt{log\_prob}(y) = -\tfrac12\big(\log 2\pi + \bar c + e^{-\bar c + v_c/2}(v_\mu + (\bar\mu-y)^2)\big),
+        \qquad p(y) \approx \mathcal N\big(\bar\mu,\ v_\mu + e^{\bar c + v_c/2}\big).
+
+    :param Tensor loc: :math:`\bar\mu`. :param Tensor loc_var: :math:`v_\mu \ge 0`.
+    :param Tensor log_var: :math:`\bar c`. :param Tensor log_var_var: :math:`v_c \ge 0`.
+    All broadcast to the batch shape; the event shape is ``()``.
+
+    >>> d = SamplingFreeNormal(torch.zeros(3), torch.zeros(3), torch.zeros(3), torch.zeros(3))
+    >>> d.log_prob(torch.zeros(3))
+    tensor([-0.9189, -0.9189, -0.9189])
+    """
+
+    arg_constraints = {
+        "loc": constraints.real,
+        "loc_var": constraints.nonnegative,
+        "log_var": constraints.real,
+        "log_var_var": constraints.nonnegative,
+    }
+    support = constraints.real
+    has_rsample = False
+
+    def __init__(
+        self, loc: Tensor, loc_var: Tensor, log_var: Tensor, log_var_var: Tensor, *, validate_args: bool | None = None
+    ) -> None:
+        self.loc, self.loc_var, self.log_var, self.log_var_var = broadcast_all(loc, loc_var, log_var, log_var_var)
+        super().__init__(self.loc.shape, validate_args=validate_args)
+
+    def expand(self, batch_shape, _instance=None):
+        new = self._get_checked_instance(SamplingFreeNormal, _instance)
+        batch_shape = torch.Size(batch_shape)
+        for name in ("loc", "loc_var", "log_var", "log_var_var"):
+            setattr(new, name, getattr(self, name).expand(batch_shape))
+        super(SamplingFreeNormal, new).__init__(batch_shape, validate_args=False)
+        new._validate_args = self._validate_args
+        return new
+
+    @property
+    def mean(self) -> Tensor:
+        return self.loc
+
+    @lazy_property
+    def variance(self) -> Tensor:
+        """Predictive variance :math:`v_\\mu + e^{\\bar c + v_c/2}`."""
+        return gaussian_predictive_variance(self.loc_var, self.log_var, self.log_var_var)
+
+    def log_prob(self, value: Tensor) -> Tensor:
+        if self._validate_args:
+            self._validate_sample(value)
+        return gaussian_expected_log_likelihood(value, self.loc, self.loc_var, self.log_var, self.log_var_var)
+
+    def sample(self, sample_shape: torch.Size = torch.Size()) -> Tensor:
+        return Normal(self.loc, self.variance.sqrt()).sample(sample_shape)
+
+
+class SamplingFreeCategorical(TorchDistribution):
+    r"""Categorical likelihood averaged over Gaussian logits by sampling in output space.
+
+    .. math::
+
+        \texttt{log\_prob}(y) = \frac1S\sum_{s=1}^S \log\operatorname{softmax}(h^s)_y,\qquad
+        h^s = \bar h + \sqrt{v_h}\circ\xi^s,\ \xi^s\sim\mathcal N(0, I)
+
+    (seed 002 eq. (16)); an unbiased estimate of the expected log-likelihood whose cost is
+    negligible next to a forward pass. ``sample`` draws labels from the predictive
+    :math:`\frac1S\sum_s\operatorname{softmax}(h^s)` (eq. (20)).
+
+    :param Tensor logits_loc: :math:`\bar h`, shape ``batch_shape + (C,)``.
+    :param Tensor logits_var: :math:`v_h \ge 0`, same shape.
+    :param int num_samples: the number :math:`S` of logit samples.
+
+    >>> d = SamplingFreeCategorical(torch.zeros(4, 3), torch.zeros(4, 3))
+    >>> d.log_prob(torch.tensor([0, 1, 2, 0]))
+    tensor([-1.0986, -1.0986, -1.0986, -1.0986])
+    """
+
+    arg_constraints = {
+        "logits_loc": constraints.real_vector,
+        "logits_var": constraints.independent(constraints.nonnegative, 1),
+    }
+    has_rsample = False
+
+    def __init__(
+        self, logits_loc: Tensor, logits_var: Tensor, num_samples: int = 1, *, validate_args: bool | None = None
+    ) -> None:
+        if not isinstance(num_samples, int) or num_samples < 1:
+            raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
+        if logits_loc.dim() < 1 or logits_loc.shape != logits_var.shape:
+            raise ValueError(
+                f"logits_loc and logits_var must have the same shape (..., C), got {tuple(logits_loc.shape)} "
+                f"and {tuple(logits_var.shape)}"
+            )
+        self.logits_loc, self.logits_var = logits_loc, logits_var
+        self.num_samples = num_samples
+        super().__init__(logits_loc.shape[:-1], validate_args=validate_args)
+
+    def expand(self, batch_shape, _instance=None):
+        new = self._get_checked_instance(SamplingFreeCategorical, _instance)
+        batch_shape = torch.Size(batch_shape)
+        shape = batch_shape + self.logits_loc.shape[-1:]
+        new.logits_loc = self.logits_loc.expand(shape)
+        new.logits_var = self.logits_var.expand(shape)
+        new.num_samples = self.num_samples
+        super(SamplingFreeCategorical, new).__init__(batch_shape, validate_args=False)
+        new._validate_args = self._validate_args
+        return new
+
+    @constraints.dependent_property(is_discrete=True, event_dim=0)
+    def support(self):
+        return constraints.integer_interval(0, self.logits_loc.shape[-1] - 1)
+
+    def _sample_logits(self) -> Tensor:
+        noise = torch.randn((self.num_samples,) + self.logits_loc.shape, dtype=self.logits_loc.dtype,
+                            device=self.logits_loc.device)
+        return self.logits_loc + self.logits_var.sqrt() * noise
+
+    def log_prob(self, value: Tensor) -> Tensor:
+        if self._validate_args:
+            self._validate_sample(value)
+        log_probs = torch.log_softmax(self._sample_logits(), dim=-1)  # (S,) + batch + (C,)
+        shape = torch.broadcast_shapes(value.shape, self.batch_shape)
+        index = value.long().expand(shape).unsqueeze(-1)
+        log_probs = log_probs.expand((self.num_samples,) + shape + log_probs.shape[-1:])
+        return log_probs.gather(-1, index.expand((self.num_samples,) + index.shape)).squeeze(-1).mean(0)
+
+    @property
+    def probs(self) -> Tensor:
+        """Predictive class probabilities: the average softmax over ``num_samples`` logit draws."""
+        return torch.softmax(self._sample_logits(), dim=-1).mean(0)
+
+    def sample(self, sample_shape: torch.Size = torch.Size()) -> Tensor:
+        return Categorical(probs=self.probs).sample(sample_shape)

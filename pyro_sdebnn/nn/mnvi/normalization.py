@@ -1,0 +1,83 @@
+# SPDX-License-Identifier: Apache-2.0
+r"""Batch normalisation for moment propagation (seed 002 §3.3.3).
+
+The mean path is the ordinary batch-norm (batch statistics in training, running statistics in
+evaluation; running statistics are updated from the means only). The variance path treats the
+layer as the fixed linear map it applies to its input (seed 002 eq. (13)):
+
+.. math::
+
+    x' = \gamma\frac{x - \operatorname{mean}(x)}{\sqrt{\operatorname{var}(x)+\epsilon}} + \beta,
+    \qquad v' = \frac{\gamma^2 v}{\operatorname{var}(x) + \epsilon},
+
+where :math:`\operatorname{var}(x)` is the (biased) batch variance of the means in training and the
+running variance in evaluation. ``gamma``/``beta`` are point estimates.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from pyro_sdebnn.nn.mnvi._util import as_moments
+from pyro_sdebnn.ops.moments import Moments
+
+__all__ = ["MNBatchNorm1d", "MNBatchNorm2d"]
+
+
+class _MomentBatchNorm:
+    _reduce_dims: tuple[int, ...]
+
+    def _variance_scale(self, mean: Tensor) -> Tensor:
+        use_batch = self.training or not self.track_running_stats
+        if use_batch:
+            stat_var = mean.var(dim=self._reduce_dims, unbiased=False)
+        else:
+            stat_var = self.running_var
+        scale = 1.0 / (stat_var + self.eps)
+        if self.affine:
+            scale = self.weight.square() * scale
+        shape = [1] * mean.dim()
+        shape[1] = -1
+        return scale.reshape(shape)
+
+    def forward(self, input: Tensor | Moments) -> Tensor | Moments:
+        moments = as_moments(input)
+        if moments is None:
+            return super().forward(input)
+        out_mean = super().forward(moments.mean)
+        if moments.var is None:
+            return Moments(out_mean, None)
+        return Moments(out_mean, moments.var * self._variance_scale(moments.mean))
+
+
+class MNBatchNorm2d(_MomentBatchNorm, nn.BatchNorm2d):
+    r""":class:`torch.nn.BatchNorm2d` that also scales variances: :math:`v' = \gamma^2 v/(\mathrm{var}+\epsilon)`.
+
+    Arguments as :class:`torch.nn.BatchNorm2d`. Input moments ``(N, C, H, W)``.
+
+    >>> bn = MNBatchNorm2d(3)
+    >>> out = bn(Moments(torch.randn(4, 3, 5, 5), torch.ones(4, 3, 5, 5)))
+    >>> out.var.shape
+    torch.Size([4, 3, 5, 5])
+    """
+
+    _reduce_dims = (0, 2, 3)
+
+
+class MNBatchNorm1d(_MomentBatchNorm, nn.BatchNorm1d):
+    r""":class:`torch.nn.BatchNorm1d` that also scales variances: :math:`v' = \gamma^2 v/(\mathrm{var}+\epsilon)`.
+
+    Arguments as :class:`torch.nn.BatchNorm1d`. Input moments ``(N, C)``.
+
+    >>> bn = MNBatchNorm1d(3)
+    >>> bn(Moments(torch.randn(4, 3), torch.ones(4, 3))).var.shape
+    torch.Size([4, 3])
+    """
+
+    _reduce_dims = (0,)
+
+    def forward(self, input: Tensor | Moments) -> Tensor | Moments:
+        mean = input.mean if isinstance(input, Moments) else input
+        if mean.dim() != 2:
+            raise ValueError(f"MNBatchNorm1d expects input of shape (N, C), got {tuple(mean.shape)}")
+        return super().forward(input)

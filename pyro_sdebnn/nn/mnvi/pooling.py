@@ -1,0 +1,159 @@
+# SPDX-License-Identifier: Apache-2.0
+r"""Pooling and reshaping layers for moment propagation (seed 002 §3.3.3).
+
+- :class:`MNMaxPool2d`: the maximum of the *means* is taken and that entry's variance is carried
+  along (the max of several Gaussians has no closed form; this keeps the sparsity of max-pooling).
+- :class:`MNAvgPool2d` / :class:`MNAdaptiveAvgPool2d`: averages of independent entries,
+  :math:`v' = \frac{1}{k^2}\operatorname{avg}(v)` for a window of :math:`k` entries.
+- :class:`MNFlatten`, :class:`MNDropout` (a no-op: the multiplicative noise replaces dropout),
+  :class:`MNIdentity`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.modules.utils import _pair
+
+from pyro_sdebnn.nn.mnvi._util import as_moments
+from pyro_sdebnn.ops.moments import Moments
+
+__all__ = ["MNAdaptiveAvgPool2d", "MNAvgPool2d", "MNDropout", "MNFlatten", "MNIdentity", "MNMaxPool2d"]
+
+
+class MNMaxPool2d(nn.MaxPool2d):
+    r"""Max-pooling of the means; the variance of the arg-max entry is carried.
+
+    .. math::
+
+        x' = x_{j^*},\quad v' = v_{j^*},\qquad j^* = \arg\max_{j\in\text{window}} x_j .
+
+    Arguments as :class:`torch.nn.MaxPool2d` (``return_indices`` must be ``False``).
+
+    >>> pool = MNMaxPool2d(2)
+    >>> out = pool(Moments(torch.arange(4.0).reshape(1, 1, 2, 2), torch.tensor([[[[1.0, 2.0], [3.0, 4.0]]]])))
+    >>> out.mean.flatten(), out.var.flatten()
+    (tensor([3.]), tensor([4.]))
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if self.return_indices:
+            raise ValueError("MNMaxPool2d does not support return_indices=True")
+
+    def forward(self, input: Tensor | Moments) -> Tensor | Moments:
+        moments = as_moments(input)
+        if moments is None:
+            return super().forward(input)
+        if moments.var is None:
+            return Moments(super().forward(moments.mean), None)
+        out, index = F.max_pool2d(
+            moments.mean, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode, True
+        )
+        var = moments.var.flatten(-2).gather(-1, index.flatten(-2)).view_as(out)
+        return Moments(out, var)
+
+
+class MNAvgPool2d(nn.AvgPool2d):
+    r"""Average pooling: :math:`x' = \operatorname{avg}(x)`, :math:`v' = \operatorname{avg}(v)/k` for windows of
+    :math:`k` independent entries.
+
+    Arguments as :class:`torch.nn.AvgPool2d`; ``count_include_pad`` must be ``False`` when padding is used
+    and ``divisor_override`` is not supported.
+
+    >>> pool = MNAvgPool2d(2)
+    >>> pool(Moments(torch.zeros(1, 1, 2, 2), torch.ones(1, 1, 2, 2))).var.flatten()
+    tensor([0.2500])
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if self.divisor_override is not None:
+            raise ValueError("MNAvgPool2d does not support divisor_override")
+
+    def forward(self, input: Tensor | Moments) -> Tensor | Moments:
+        moments = as_moments(input)
+        if moments is None:
+            return super().forward(input)
+        mean = super().forward(moments.mean)
+        if moments.var is None:
+            return Moments(mean, None)
+        # the mean divides a window sum by d; for independent entries Var = sum(v) / d^2 = avg(v) / d.
+        if self.count_include_pad:
+            divisor = float(math.prod(_pair(self.kernel_size)))
+        else:
+            ones = moments.var.new_ones(1, 1, *moments.var.shape[-2:])
+            divisor = F.avg_pool2d(ones, self.kernel_size, self.stride, self.padding, self.ceil_mode, True, 1)
+        return Moments(mean, super().forward(moments.var) / divisor)
+
+
+class MNAdaptiveAvgPool2d(nn.AdaptiveAvgPool2d):
+    r"""Global average pooling (``output_size=1``) over independent entries: :math:`v' = \operatorname{mean}(v)/(HW)`.
+
+    >>> pool = MNAdaptiveAvgPool2d(1)
+    >>> pool(Moments(torch.zeros(2, 3, 4, 4), torch.ones(2, 3, 4, 4))).var.shape
+    torch.Size([2, 3, 1, 1])
+    """
+
+    def __init__(self, output_size: int | tuple[int, int] = 1) -> None:
+        super().__init__(output_size)
+        if output_size not in (1, (1, 1)):
+            raise ValueError(f"MNAdaptiveAvgPool2d supports output_size=1 only, got {output_size!r}")
+
+    def forward(self, input: Tensor | Moments) -> Tensor | Moments:
+        moments = as_moments(input)
+        if moments is None:
+            return super().forward(input)
+        mean = moments.mean.mean(dim=(-2, -1), keepdim=True)
+        if moments.var is None:
+            return Moments(mean, None)
+        count = moments.var.shape[-2] * moments.var.shape[-1]
+        return Moments(mean, moments.var.mean(dim=(-2, -1), keepdim=True) / count)
+
+
+class MNFlatten(nn.Flatten):
+    """:class:`torch.nn.Flatten` applied to mean and variance.
+
+    >>> MNFlatten()(Moments(torch.zeros(2, 3, 4, 4), torch.ones(2, 3, 4, 4))).var.shape
+    torch.Size([2, 48])
+    """
+
+    def forward(self, input: Tensor | Moments) -> Tensor | Moments:
+        moments = as_moments(input)
+        if moments is None:
+            return super().forward(input)
+        var = None if moments.var is None else super().forward(moments.var)
+        return Moments(super().forward(moments.mean), var)
+
+
+class MNIdentity(nn.Identity):
+    """Passes tensors and moments through unchanged.
+
+    >>> MNIdentity()(Moments(torch.zeros(1), None)).mean
+    tensor([0.])
+    """
+
+    def forward(self, input: Tensor | Moments) -> Tensor | Moments:
+        as_moments(input)
+        return input
+
+
+class MNDropout(MNIdentity):
+    """Dropout placeholder: a no-op, since the learned multiplicative noise replaces dropout (seed 002).
+
+    Accepts (and ignores) the arguments of :class:`torch.nn.Dropout` so that networks convert one-to-one.
+
+    >>> MNDropout(0.5)(torch.ones(3))
+    tensor([1., 1., 1.])
+    """
+
+    def __init__(self, p: float = 0.5, inplace: bool = False) -> None:
+        super().__init__()
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"p must be in [0, 1], got {p!r}")
+        self.p = p
+
+    def extra_repr(self) -> str:
+        return f"p={self.p} (no-op)"

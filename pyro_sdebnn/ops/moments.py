@@ -1,0 +1,316 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Moment propagation: means and variances of activations pushed through network layers.
+
+Pure tensor maths behind the sampling-free layers of :mod:`pyro_sdebnn.nn.mnvi` (METHODS.md §4).
+A random activation is summarised by its element-wise mean and variance, carried together as a
+:class:`Moments` pair. Every function here maps moments to moments under the two approximations
+of seed 002 (§3.3): pre-activations are Gaussian (Assumption 2) and the units of a layer are
+independent (Assumption 3), so only variances -- never covariances -- are propagated.
+
+Shape convention: ``mean`` and ``var`` have identical shapes, ``(batch, features)`` for dense
+layers and ``(batch, channels, height, width)`` for convolutions; ``var=None`` stands for an exactly
+known (deterministic) input, e.g. the data, and lets the first layer skip the variance terms that
+would be zero.
+
+**References**
+
+1. J. Schmitt, S. Roth (2021). Sampling-free Variational Inference of Bayesian Neural Networks by
+   Variance Backpropagation with Multiplicative Activation Noise (MNVI). arXiv:2103.08497.
+2. B. J. Frey, G. E. Hinton (1999). Variational learning in nonlinear Gaussian belief networks.
+   Neural Computation 11(1).
+3. A. Wu et al. (2019). Deterministic Variational Inference for Robust Bayesian Neural Networks.
+   ICLR. arXiv:1810.03958.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = [
+    "Moments",
+    "check_moments",
+    "gaussian_expected_log_likelihood",
+    "gaussian_predictive_variance",
+    "mean_field_conv2d_moments",
+    "mean_field_linear_moments",
+    "multiplicative_conv2d_moments",
+    "multiplicative_linear_moments",
+    "relu_moments",
+    "taylor_moments",
+]
+
+_LOG_2PI = math.log(2.0 * math.pi)
+_HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
+
+#: Lower bound on the ReLU input variance (seed 002, App. A).
+RELU_MIN_VAR = 1e-5
+
+
+class Moments(NamedTuple):
+    """Element-wise mean and variance of a random activation tensor.
+
+    ``var=None`` means the activation is known exactly (variance zero), as for the network input.
+
+    :param Tensor mean: the mean, any shape.
+    :param var: the variance, same shape as ``mean``, or ``None`` for zero variance.
+    :type var: Tensor or None
+
+    >>> m = Moments(torch.zeros(2, 3), torch.ones(2, 3))
+    >>> m.mean.shape, m.var.shape
+    (torch.Size([2, 3]), torch.Size([2, 3]))
+    """
+
+    mean: Tensor
+    var: Tensor | None = None
+
+
+def check_moments(mean: Tensor, var: Tensor | None, name: str = "input", *, check_values: bool = True) -> None:
+    """Raise ``TypeError``/``ValueError`` unless ``(mean, var)`` is a valid moment pair.
+
+    :param Tensor mean: the mean.
+    :param var: the variance or ``None``.
+    :param str name: the argument name used in error messages.
+    :param bool check_values: also check ``var >= 0`` (a device synchronisation; callers run it
+        only under Pyro validation).
+    """
+    if not isinstance(mean, Tensor):
+        raise TypeError(f"{name}.mean must be a torch.Tensor, got {type(mean).__name__}")
+    if var is None:
+        return
+    if not isinstance(var, Tensor):
+        raise TypeError(f"{name}.var must be a torch.Tensor or None, got {type(var).__name__}")
+    if var.shape != mean.shape:
+        raise ValueError(
+            f"{name}.var must have the shape of {name}.mean {tuple(mean.shape)}, got {tuple(var.shape)}"
+        )
+    if check_values and bool((var < 0).any()):
+        raise ValueError(f"{name}.var must be non-negative (variances), got a minimum of {var.min()}")
+
+
+def multiplicative_linear_moments(
+    mean: Tensor, var: Tensor | None, weight: Tensor, alpha: Tensor, bias: Tensor | None = None
+) -> Moments:
+    r"""Moments of a dense layer whose weights are induced by multiplicative input noise.
+
+    With weights :math:`w_{ij}\sim\mathcal N(m_{ij}, \alpha_j m_{ij}^2)` and independent inputs of
+    mean :math:`x` and variance :math:`v` (eq. (9) of [1]):
+
+    .. math::
+
+        \mathbb E[z] = Mx + b, \qquad
+        \mathbb V[z] = (M\circ M)\big((1+\alpha)\circ v + \alpha\circ x\circ x\big).
+
+    Both moments are exact for independent inputs (the output covariance is dropped).
+
+    :param Tensor mean: input means ``(..., in)``.
+    :param var: input variances ``(..., in)`` or ``None`` (deterministic input).
+    :param Tensor weight: weight means ``M`` of shape ``(out, in)``.
+    :param Tensor alpha: noise variances ``(in,)``.
+    :param bias: ``(out,)`` or ``None`` (the bias is a point estimate).
+    :returns: output :class:`Moments` ``(..., out)``.
+
+    >>> out = multiplicative_linear_moments(torch.ones(4, 3), None, torch.ones(2, 3), torch.full((3,), 0.1))
+    >>> out.mean[0], out.var[0]
+    (tensor([3., 3.]), tensor([0.3000, 0.3000]))
+    """
+    out_mean = F.linear(mean, weight, bias)
+    var_in = alpha * mean.square()
+    if var is not None:
+        var_in = var_in + (1.0 + alpha) * var
+    return Moments(out_mean, F.linear(var_in, weight.square()))
+
+
+def multiplicative_conv2d_moments(
+    mean: Tensor,
+    var: Tensor | None,
+    weight: Tensor,
+    alpha: Tensor,
+    bias: Tensor | None = None,
+    stride: int | tuple[int, int] = 1,
+    padding: int | tuple[int, int] | str = 0,
+    dilation: int | tuple[int, int] = 1,
+    groups: int = 1,
+) -> Moments:
+    r"""Moments of a 2-d convolution with multiplicative noise shared within each input channel.
+
+    The convolutional analogue of :func:`multiplicative_linear_moments` (seed 002 §3.3.1):
+    :math:`\mathbb E[z] = M * x + b`, :math:`\mathbb V[z] = (M\circ M) * ((1+\alpha) v + \alpha x^2)`
+    with :math:`\alpha` of shape ``(in_channels,)`` broadcast over the spatial dimensions.
+
+    :param Tensor mean: input means ``(N, C_in, H, W)``.
+    :param var: input variances of the same shape, or ``None``.
+    :param Tensor weight: ``(C_out, C_in / groups, kH, kW)``.
+    :param Tensor alpha: ``(C_in,)``.
+    :returns: output :class:`Moments` ``(N, C_out, H', W')``.
+
+    >>> out = multiplicative_conv2d_moments(torch.ones(1, 2, 4, 4), None, torch.ones(3, 2, 3, 3), torch.ones(2))
+    >>> out.mean.shape, out.var[0, 0, 0, 0]
+    (torch.Size([1, 3, 2, 2]), tensor(18.))
+    """
+    a = alpha.reshape(-1, 1, 1)
+    out_mean = F.conv2d(mean, weight, bias, stride, padding, dilation, groups)
+    var_in = a * mean.square()
+    if var is not None:
+        var_in = var_in + (1.0 + a) * var
+    return Moments(out_mean, F.conv2d(var_in, weight.square(), None, stride, padding, dilation, groups))
+
+
+def mean_field_linear_moments(
+    mean: Tensor, var: Tensor | None, weight: Tensor, weight_var: Tensor, bias: Tensor | None = None
+) -> Moments:
+    r"""Moments of a dense layer with a mean-field Gaussian weight posterior.
+
+    With :math:`w_{ij}\sim\mathcal N(m_{ij}, s_{ij})` (eq. (8) of [1], [3]):
+
+    .. math::
+
+        \mathbb E[z] = Mx + b, \qquad \mathbb V[z] = S(v + x\circ x) + (M\circ M) v .
+
+    :param Tensor weight_var: per-weight variances ``S`` of shape ``(out, in)``.
+
+    >>> out = mean_field_linear_moments(torch.ones(1, 3), None, torch.ones(2, 3), torch.full((2, 3), 0.1))
+    >>> out.var
+    tensor([[0.3000, 0.3000]])
+    """
+    out_mean = F.linear(mean, weight, bias)
+    second = mean.square() if var is None else mean.square() + var
+    out_var = F.linear(second, weight_var)
+    if var is not None:
+        out_var = out_var + F.linear(var, weight.square())
+    return Moments(out_mean, out_var)
+
+
+def mean_field_conv2d_moments(
+    mean: Tensor,
+    var: Tensor | None,
+    weight: Tensor,
+    weight_var: Tensor,
+    bias: Tensor | None = None,
+    stride: int | tuple[int, int] = 1,
+    padding: int | tuple[int, int] | str = 0,
+    dilation: int | tuple[int, int] = 1,
+    groups: int = 1,
+) -> Moments:
+    r"""Convolutional analogue of :func:`mean_field_linear_moments`: :math:`S*(v+x^2) + (M\circ M)*v`.
+
+    >>> out = mean_field_conv2d_moments(torch.ones(1, 1, 3, 3), None, torch.ones(1, 1, 3, 3), torch.ones(1, 1, 3, 3))
+    >>> out.var.flatten()
+    tensor([9.])
+    """
+    conv = lambda x, w, b=None: F.conv2d(x, w, b, stride, padding, dilation, groups)  # noqa: E731
+    out_mean = conv(mean, weight, bias)
+    second = mean.square() if var is None else mean.square() + var
+    out_var = conv(second, weight_var)
+    if var is not None:
+        out_var = out_var + conv(var, weight.square())
+    return Moments(out_mean, out_var)
+
+
+def relu_moments(mean: Tensor, var: Tensor, min_var: float = RELU_MIN_VAR) -> Moments:
+    r"""Exact mean and variance of :math:`\max(Z, 0)` for :math:`Z\sim\mathcal N(\mu, s^2)`.
+
+    With :math:`r = \mu/s` (eq. (11) of [1], [2]):
+
+    .. math::
+
+        \mathbb E = \mu\Phi(r) + s\varphi(r), \qquad
+        \mathbb V = (\mu^2+s^2)\Phi(r) + \mu s\varphi(r) - \mathbb E^2 .
+
+    The variance is evaluated as :math:`\mathbb V = s^2\Phi(r) - \mathbb E\,(\mathbb E - \mu)` with
+    :math:`\mathbb E - \mu = s\varphi(r) - \mu\Phi(-r)` computed directly, which is algebraically equal but
+    avoids cancelling :math:`\mu^2` against :math:`\mathbb E^2` when :math:`\mu \gg s` (and costs fewer
+    element-wise operations). The input variance is floored at ``min_var`` (``1e-5``, seed 002 App. A).
+
+    :param Tensor mean: :math:`\mu`.
+    :param Tensor var: :math:`s^2`, same shape.
+    :param float min_var: the variance floor.
+
+    >>> m = relu_moments(torch.tensor([0.0]), torch.tensor([1.0]))
+    >>> torch.allclose(m.mean, torch.tensor([(2 * torch.pi) ** -0.5]))
+    True
+    """
+    var = var.clamp_min(min_var)
+    std = var.sqrt()
+    r = mean / std
+    cdf = torch.special.ndtr(r)
+    sf = torch.special.ndtr(r.neg())  # not 1 - cdf: its relative precision matters when mu >> s
+    if torch.is_grad_enabled() and (mean.requires_grad or var.requires_grad):
+        std_pdf = torch.exp(r.square().mul_(-0.5).sub_(_HALF_LOG_2PI)) * std  # s * phi(r)
+        out_mean = torch.addcmul(std_pdf, mean, cdf)  # mu Phi(r) + s phi(r)
+        excess = torch.addcmul(std_pdf, mean, sf, value=-1.0)  # E - mu = s phi(r) - mu Phi(-r)
+        out_var = torch.addcmul(var * cdf, out_mean, excess, value=-1.0)  # s^2 Phi(r) - E (E - mu)
+        return Moments(out_mean, out_var.clamp_min(0.0))
+    # inference: the same formulas, reusing the temporaries' memory (fewer allocations of activation size)
+    std_pdf = r.square_().mul_(-0.5).sub_(_HALF_LOG_2PI).exp_().mul_(std)
+    out_mean = torch.addcmul(std_pdf, mean, cdf)
+    excess = std_pdf.addcmul_(mean, sf, value=-1.0)
+    out_var = var.mul_(cdf).addcmul_(out_mean, excess, value=-1.0).clamp_min_(0.0)
+    return Moments(out_mean, out_var)
+
+
+def taylor_moments(fn: Callable[[Tensor], Tensor], mean: Tensor, var: Tensor | None) -> Moments:
+    r"""First-order Taylor moments of an element-wise function (eq. (12) of [1]).
+
+    .. math::
+
+        \mathbb E[f(Z)] \approx f(\mu), \qquad \mathbb V[f(Z)] \approx f'(\mu)^2 s^2 .
+
+    :math:`f'(\mu)` comes from autograd (the gradient of :math:`\sum f(\mu)`), so ``fn`` must act
+    element-wise; the result stays differentiable in ``mean`` (double backward) and ``var``.
+
+    >>> m = taylor_moments(torch.tanh, torch.zeros(2), torch.full((2,), 0.5))
+    >>> m.mean, m.var
+    (tensor([0., 0.]), tensor([0.5000, 0.5000]))
+    """
+    if var is None:
+        return Moments(fn(mean), None)
+    outer_grad = torch.is_grad_enabled()
+    with torch.enable_grad():
+        point = mean if mean.requires_grad else mean.detach().requires_grad_(True)
+        value = fn(point)
+        (slope,) = torch.autograd.grad(value.sum(), point, create_graph=outer_grad and mean.requires_grad)
+    if not outer_grad:
+        value = value.detach()
+    elif not mean.requires_grad:
+        value = fn(mean)
+    return Moments(value, slope.square() * var)
+
+
+def gaussian_expected_log_likelihood(
+    y: Tensor, loc: Tensor, loc_var: Tensor, log_var: Tensor, log_var_var: Tensor
+) -> Tensor:
+    r"""Expected heteroscedastic Gaussian log-likelihood under Gaussian network outputs.
+
+    For :math:`\mu\sim\mathcal N(\bar\mu, v_\mu)` and an independent log-variance
+    :math:`c\sim\mathcal N(\bar c, v_c)` (METHODS.md §4; seed 002 eq. (15) with the exponent corrected
+    to :math:`v_c/2`, since :math:`\mathbb E[e^{-c}] = e^{-\bar c + v_c/2}`):
+
+    .. math::
+
+        \mathbb E[\log\mathcal N(y;\mu, e^{c})] = -\tfrac12\big(\log 2\pi + \bar c
+            + e^{-\bar c + v_c/2}\,(v_\mu + (\bar\mu - y)^2)\big).
+
+    :param Tensor y: targets. The other tensors broadcast with it.
+    :returns: the expected log-likelihood, element-wise.
+
+    >>> gaussian_expected_log_likelihood(torch.tensor(0.0), torch.tensor(0.0), torch.tensor(0.0),
+    ...                                  torch.tensor(0.0), torch.tensor(0.0))
+    tensor(-0.9189)
+    """
+    precision = torch.exp(log_var_var * 0.5 - log_var)
+    return -0.5 * (_LOG_2PI + log_var + precision * (loc_var + (loc - y).square()))
+
+
+def gaussian_predictive_variance(loc_var: Tensor, log_var: Tensor, log_var_var: Tensor) -> Tensor:
+    r"""Variance of the Gaussian predictive :math:`v_\mu + e^{\bar c + v_c/2}` (seed 002 eq. (19)).
+
+    >>> gaussian_predictive_variance(torch.tensor(1.0), torch.tensor(0.0), torch.tensor(0.0))
+    tensor(2.)
+    """
+    return loc_var + torch.exp(log_var + 0.5 * log_var_var)

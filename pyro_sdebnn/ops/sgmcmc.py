@@ -1,0 +1,168 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Pure update rules of stochastic-gradient MCMC (SGLD, preconditioned SGLD, SGHMC).
+
+Every rule has the signature ``step(noise, state, grad, step_size, ...) -> state``: the Gaussian noise
+arrives as an explicit argument (never drawn inside), ``state`` is a ``NamedTuple`` of tensors and
+``grad`` is a (minibatch) estimate :math:`\\hat g = \\nabla \\tilde U(w)` of the gradient of the
+potential :math:`U(w) = -\\log p(\\mathcal D | w) - \\log p(w)`. Tensors may have any shape (the
+kernels of :mod:`pyro_sdebnn.infer.mcmc` pass one flat vector per chain, ``(D,)`` or ``(K, D)``);
+``step_size`` and ``temperature`` may be Python floats or 0-d tensors (so that a compiled graph does not
+bake a schedule in). The updates are out of place.
+
+Temperature convention (as in BlackJAX): the injected noise is scaled by :math:`\\sqrt T`, which samples
+:math:`\\propto \\exp(-U/T)` (a cold posterior for :math:`T<1`); at :math:`T = 0` the rules reduce to
+(momentum) gradient descent.
+
+**References**
+
+[1] M. Welling, Y. W. Teh (2011). Bayesian Learning via Stochastic Gradient Langevin Dynamics. ICML.
+[2] T. Chen, E. B. Fox, C. Guestrin (2014). Stochastic Gradient Hamiltonian Monte Carlo. ICML.
+[3] C. Li, C. Chen, D. Carlson, L. Carin (2016). Preconditioned Stochastic Gradient Langevin Dynamics
+    for Deep Neural Networks. AAAI.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Union
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "PreconditionedSGLDState",
+    "SGHMCState",
+    "SGLDState",
+    "preconditioned_sgld_step",
+    "sghmc_step",
+    "sgld_step",
+]
+
+Scalar = Union[float, Tensor]
+
+
+class SGLDState(NamedTuple):
+    """State of SGLD: the ``position`` :math:`w` (any shape)."""
+
+    position: Tensor
+
+
+class SGHMCState(NamedTuple):
+    """State of SGHMC: ``position`` :math:`w` and ``momentum`` :math:`v` (same shape; mass matrix :math:`I`)."""
+
+    position: Tensor
+    momentum: Tensor
+
+
+class PreconditionedSGLDState(NamedTuple):
+    """State of RMSprop-preconditioned SGLD: ``position`` and the running mean ``square_avg`` of :math:`\\hat g^2`."""
+
+    position: Tensor
+    square_avg: Tensor
+
+
+def _sqrt(x: Scalar) -> Scalar:
+    return x.sqrt() if isinstance(x, Tensor) else x**0.5
+
+
+def sgld_step(noise: Tensor, state: SGLDState, grad: Tensor, step_size: Scalar, temperature: Scalar = 1.0) -> SGLDState:
+    """One SGLD step (Euler--Maruyama step of the overdamped Langevin SDE with step :math:`\\eta/2`).
+
+    .. math::
+
+        w \\leftarrow w - \\frac{\\eta}{2} \\hat g + \\sqrt{\\eta T}\\, \\xi, \\qquad \\xi \\sim \\mathcal N(0, I)
+
+    (METHODS.md §5; eq. (4) of [1] in the convention of seed 003, Definition 6.1).
+
+    :param Tensor noise: standard normal noise :math:`\\xi`, shape of ``state.position``.
+    :param SGLDState state: current state.
+    :param Tensor grad: gradient estimate :math:`\\hat g`, shape of ``state.position``.
+    :param step_size: :math:`\\eta > 0`.
+    :param temperature: :math:`T \\ge 0`.
+    :rtype: SGLDState
+
+    >>> state = SGLDState(torch.zeros(3))
+    >>> sgld_step(torch.zeros(3), state, torch.ones(3), step_size=0.1).position
+    tensor([-0.0500, -0.0500, -0.0500])
+    """
+    position = state.position - (0.5 * step_size) * grad + _sqrt(step_size * temperature) * noise
+    return SGLDState(position)
+
+
+def preconditioned_sgld_step(
+    noise: Tensor,
+    state: PreconditionedSGLDState,
+    grad: Tensor,
+    step_size: Scalar,
+    temperature: Scalar = 1.0,
+    *,
+    alpha: float = 0.99,
+    eps: float = 1e-5,
+) -> PreconditionedSGLDState:
+    """One RMSprop-preconditioned SGLD step (pSGLD, [3]; the :math:`\\Gamma` correction term is dropped, as in [3]).
+
+    .. math::
+
+        V \\leftarrow \\alpha V + (1-\\alpha)\\, \\hat g \\odot \\hat g, \\qquad G = 1 / (\\epsilon + \\sqrt V),
+
+        w \\leftarrow w - \\frac{\\eta}{2} G \\odot \\hat g + \\sqrt{\\eta T G}\\odot \\xi
+
+    :param Tensor noise: standard normal noise, shape of ``state.position``.
+    :param PreconditionedSGLDState state: current state; where ``square_avg`` is 0 (a fresh state) the running
+        average starts at :math:`\\hat g^2`.
+    :param Tensor grad: gradient estimate.
+    :param step_size: :math:`\\eta > 0`.
+    :param temperature: :math:`T \\ge 0`.
+    :param float alpha: decay of the running average, in [0, 1).
+    :param float eps: :math:`\\epsilon > 0`, stabiliser of the preconditioner.
+    :rtype: PreconditionedSGLDState
+
+    >>> state = PreconditionedSGLDState(torch.zeros(2), torch.zeros(2))
+    >>> preconditioned_sgld_step(torch.zeros(2), state, torch.ones(2), 0.1, alpha=0.5, eps=0.0).position
+    tensor([-0.0500, -0.0500])
+    """
+    grad_sq = grad * grad
+    # a fresh state (square_avg == 0) starts the average at g^2: starting from 0 would give G = 1/eps, a huge first step
+    square_avg = torch.where(state.square_avg > 0, alpha * state.square_avg + (1.0 - alpha) * grad_sq, grad_sq)
+    precond = (square_avg.sqrt() + eps).reciprocal()
+    diffusion = (precond * (step_size * temperature)).sqrt()
+    position = state.position - (0.5 * step_size) * precond * grad + diffusion * noise
+    return PreconditionedSGLDState(position, square_avg)
+
+
+def sghmc_step(
+    noise: Tensor,
+    state: SGHMCState,
+    grad: Tensor,
+    step_size: Scalar,
+    friction: Scalar,
+    noise_estimate: Scalar = 0.0,
+    temperature: Scalar = 1.0,
+) -> SGHMCState:
+    """One SGHMC step (friction :math:`C = cI`, mass :math:`I`, gradient-noise estimate :math:`\\hat B \\preceq C`).
+
+    .. math::
+
+        v \\leftarrow (1 - \\eta c)\\, v - \\eta \\hat g + \\sqrt{2 \\eta (c - \\hat B) T}\\, \\xi,
+        \\qquad w \\leftarrow w + \\eta v
+
+    (METHODS.md §5; [2] in the convention of seed 003, Definition 7.1). The stationary law of
+    :math:`v` is :math:`\\mathcal N(0, T I)`; :math:`0 < \\eta c < 1` is required for the friction to damp.
+
+    :param Tensor noise: standard normal noise :math:`\\xi`, shape of ``state.position``.
+    :param SGHMCState state: current state.
+    :param Tensor grad: gradient estimate :math:`\\hat g`.
+    :param step_size: :math:`\\eta > 0`.
+    :param friction: :math:`c`, with :math:`0 < c < 1/\\eta`.
+    :param noise_estimate: :math:`\\hat B \\in [0, c]` (default 0).
+    :param temperature: :math:`T \\ge 0`.
+    :rtype: SGHMCState
+
+    >>> state = SGHMCState(torch.zeros(2), torch.ones(2))
+    >>> new = sghmc_step(torch.zeros(2), state, torch.zeros(2), step_size=0.1, friction=1.0)
+    >>> new.momentum, new.position
+    (tensor([0.9000, 0.9000]), tensor([0.0900, 0.0900]))
+    """
+    diffusion = _sqrt(2.0 * step_size * (friction - noise_estimate) * temperature)
+    momentum = (1.0 - step_size * friction) * state.momentum - step_size * grad + diffusion * noise
+    position = state.position + step_size * momentum
+    return SGHMCState(position, momentum)

@@ -1,0 +1,100 @@
+# SPDX-License-Identifier: Apache-2.0
+"""SGLD / SGHMC against the closed-form posterior of conjugate Bayesian linear regression (and against NUTS)."""
+
+import pytest
+import torch
+from pyro.infer import MCMC, NUTS
+from pyro.ops.stats import effective_sample_size
+
+from pyro_sdebnn.infer.mcmc import SGHMC, SGLD, PolynomialDecay
+from pyro_sdebnn.testing import ConjugateLinearRegression
+
+PROBLEM = ConjugateLinearRegression(dim=2, prior_scale=1.0, noise_scale=1.0)
+NUM_DATA = 50
+
+
+def _data():
+    return PROBLEM.generate(NUM_DATA, seed=1, dtype=torch.float64)
+
+
+def _run(kernel, num_samples, warmup_steps, x, y):
+    mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=warmup_steps, disable_progbar=True)
+    mcmc.run(x, y)
+    w = mcmc.get_samples()["w"]  # (S, D) or (S, K, D) with vectorised chains
+    if w.dim() == 2:
+        w = w.unsqueeze(1)
+    return w.transpose(0, 1)  # (chains, draws, D)
+
+
+def _assert_matches(w, mean, var, *, var_rtol=0.2, k_sigma=4.0, extra_se=None):
+    flat = w.reshape(-1, w.shape[-1])
+    ess = effective_sample_size(w, chain_dim=0, sample_dim=1)  # (D,)
+    assert (ess > 100).all(), f"too few effective samples for a meaningful test: {ess}"
+    # Monte Carlo standard error of the mean: sd / sqrt(ESS); the tolerance is k_sigma of those
+    se = (var / ess).sqrt() if extra_se is None else (var / ess + extra_se**2).sqrt()
+    assert ((flat.mean(0) - mean).abs() < k_sigma * se).all(), (flat.mean(0), mean, se)
+    # the variance is asked to be within 20 % (the MC error of a variance from ESS >= 400 is sqrt(2/ESS) <= 7 %)
+    assert ((flat.var(0) / var - 1).abs() < var_rtol).all(), flat.var(0) / var
+
+
+@pytest.mark.slow
+def test_sgld_decaying_steps_recovers_posterior():
+    x, y = _data()
+    mean, cov = PROBLEM.posterior(x, y)
+    kernel = SGLD(PROBLEM.model, step_size=PolynomialDecay(a=2e-3, b=100.0, gamma=0.3), num_steps=10,
+                  subsample_size=25, vectorized_chains=32)
+    w = _run(kernel, 250, 100, x, y)
+    _assert_matches(w, mean, cov.diagonal())
+
+
+@pytest.mark.slow
+def test_sghmc_recovers_posterior():
+    x, y = _data()
+    mean, cov = PROBLEM.posterior(x, y)
+    kernel = SGHMC(PROBLEM.model, step_size=2e-2, friction=10.0, num_steps=10, subsample_size=25,
+                   vectorized_chains=32)
+    w = _run(kernel, 250, 100, x, y)
+    _assert_matches(w, mean, cov.diagonal())
+
+
+def test_preconditioned_sgld_recovers_posterior_mean():
+    x, y = _data()
+    mean, cov = PROBLEM.posterior(x, y)
+    kernel = SGLD(PROBLEM.model, step_size=1e-2, num_steps=10, subsample_size=25, preconditioned=True,
+                  vectorized_chains=32)
+    # the preconditioner adapts over ~1/(1 - 0.99) = 100 steps; chains started in the prior need ~1000 steps
+    w = _run(kernel, 150, 200, x, y)
+    # pSGLD drops the Gamma correction term of [Li et al. 2016]: a small O(eta) bias, hence 30 % on the variance
+    _assert_matches(w, mean, cov.diagonal(), var_rtol=0.3)
+
+
+def test_full_batch_sgld_matches_nuts():
+    x, y = _data()
+    nuts = MCMC(NUTS(PROBLEM.model, max_tree_depth=4), num_samples=300, warmup_steps=100, disable_progbar=True)
+    nuts.run(x, y)
+    w_nuts = nuts.get_samples()["w"]
+    ess_nuts = effective_sample_size(w_nuts.unsqueeze(0), chain_dim=0, sample_dim=1)
+    var_nuts = w_nuts.var(0)
+    kernel = SGLD(PROBLEM.model, step_size=1e-3, num_steps=10, vectorized_chains=32)  # batch_size = N
+    w = _run(kernel, 150, 50, x, y)
+    # NUTS' own Monte Carlo error enters the comparison: se^2 = var/ESS_sgld + var/ESS_nuts
+    _assert_matches(w, w_nuts.mean(0), var_nuts, var_rtol=0.25, extra_se=(var_nuts / ess_nuts).sqrt())
+
+
+def test_cold_posterior_scales_the_covariance():
+    # p(w|D)^(1/T) of a Gaussian posterior is Gaussian with the same mean and covariance T * Sigma
+    x, y = _data()
+    mean, cov = PROBLEM.posterior(x, y)
+    temperature = 0.5
+    kernel = SGLD(PROBLEM.model, step_size=1e-3, num_steps=10, temperature=temperature, vectorized_chains=32)
+    w = _run(kernel, 150, 50, x, y)
+    _assert_matches(w, mean, temperature * cov.diagonal(), var_rtol=0.25)
+
+
+def test_map_warm_start_reaches_the_mode():
+    # full-batch Adam on the potential converges to the MAP, which is the posterior mean here
+    x, y = _data()
+    mean, _ = PROBLEM.posterior(x, y)
+    kernel = SGLD(PROBLEM.model, step_size=1e-3, map_steps=500, map_lr=0.05)
+    kernel.setup(0, x, y)
+    torch.testing.assert_close(kernel.initial_params["w"], mean, atol=1e-3, rtol=0)

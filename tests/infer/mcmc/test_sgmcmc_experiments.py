@@ -1,0 +1,45 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Smoke runs of the SG-MCMC benchmarks (``pyro-sdebnn benchmark fsgmcmc-gap`` / ``sgmcmc-uci``) in quick mode."""
+
+import argparse
+import math
+
+import pytest
+import torch
+
+from pyro_sdebnn.experiments import discover
+
+
+def _args(name, tmp_path, **extra):
+    module = discover()[name]
+    parser = argparse.ArgumentParser()
+    module.add_arguments(parser)
+    args = parser.parse_args([])
+    for key, value in dict(device=torch.device("cpu"), seed=0, output=tmp_path, quick=True, **extra).items():
+        setattr(args, key, value)
+    return module, args
+
+
+@pytest.mark.slow
+def test_fsgmcmc_gap_quick(tmp_path):
+    module, args = _args("fsgmcmc-gap", tmp_path)
+    result = module.run(args)
+    assert set(result) == {"SGLD", "SGHMC", "fSGLD", "fSGHMC"}
+    for row in result.values():
+        assert row["divergences"] == 0
+        assert all(0.0 <= row[f"coverage95_{r}"] <= 1.0 for r in ("train", "gap", "extrapolation"))
+        assert math.isfinite(row["test_ll_train_range"]) and row["rmse_train_range"] > 0
+    for name in ("fsgmcmc_gap.png", "fsgmcmc_gap.md", "fsgmcmc_gap.csv"):
+        assert (tmp_path / name).stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_sgmcmc_uci_quick(tmp_path):
+    module, args = _args("sgmcmc-uci", tmp_path, splits=1)
+    result = module.run(args)
+    assert set(result) == {"SGLD", "SGHMC", "fSGLD", "fSGHMC"}
+    for row in result.values():
+        # a 13-50-50-1 network on Boston predicts far better than the target's spread (about 9.2 thousand dollars)
+        assert 0 < row["rmse"] < 9.0 and math.isfinite(row["test_ll"])
+    for name in ("sgmcmc_uci.md", "sgmcmc_uci.csv", "sgmcmc_uci_splits.csv"):
+        assert (tmp_path / name).stat().st_size > 0

@@ -1,0 +1,184 @@
+# SPDX-License-Identifier: Apache-2.0
+"""fSGLD / fSGHMC: the GP posterior at the measurement points of a linear-in-features model, the surrogate
+gradient, measurement points, and bad inputs."""
+
+import pyro
+import pyro.contrib.gp as gp
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro.infer import MCMC
+from pyro.ops.stats import effective_sample_size
+
+from pyro_sdebnn.distributions import GPFunctionalPrior
+from pyro_sdebnn.infer.mcmc import FSGHMC, FSGLD, BayesianMLP, FunctionalPotential, MeasurementPoints
+
+POINTS = torch.tensor([-1.0, 0.0, 1.0], dtype=torch.float64)  # measurement points X_M
+CENTRES = POINTS.clone()
+NOISE = 1.0
+
+
+def features(x):
+    """phi_j(x) = exp(-(x - c_j)^2 / (2 * 0.3^2)): Phi at the measurement points is square and invertible."""
+    return torch.exp(-0.5 * ((x.unsqueeze(-1) - CENTRES) / 0.3) ** 2)
+
+
+def linear_model(x, y=None):
+    w = pyro.sample("w", dist.Normal(torch.zeros(3, dtype=x.dtype), 1.0).to_event(1))  # dropped by fSGLD
+    with pyro.plate("data", x.shape[0]) as idx:
+        f = pyro.deterministic("f", features(x[idx]) @ w)
+        pyro.sample("obs", dist.Normal(f, NOISE), obs=None if y is None else y[idx])
+
+
+def _data():
+    x = POINTS.repeat(2)  # two observations per measurement point
+    y = torch.tensor([0.5, -0.3, 1.0, 0.2, -0.1, 1.4], dtype=torch.float64)
+    return x, y
+
+
+def _prior():
+    kernel = gp.kernels.RBF(1, variance=torch.tensor(1.0), lengthscale=torch.tensor(0.5))
+    return GPFunctionalPrior(kernel, POINTS)
+
+
+def _gp_posterior(prior, x, y):
+    cov = prior.scale_tril64 @ prior.scale_tril64.T  # K + delta I, exactly what the kernel uses
+    A = features(x) @ torch.linalg.inv(features(POINTS))  # f(x) = A f_M
+    precision = torch.linalg.inv(cov) + A.T @ A / NOISE**2
+    post_cov = torch.linalg.inv(precision)
+    return post_cov @ A.T @ y / NOISE**2, post_cov
+
+
+def _f_samples(mcmc, chains):
+    w = mcmc.get_samples()["w"]  # (S, K, 3)
+    return (w @ features(POINTS).T).transpose(0, 1)  # (K, S, M) function values at X_M
+
+
+@pytest.mark.parametrize("kernel_cls, kwargs", [
+    (FSGLD, {"step_size": 2e-2}),
+    (FSGHMC, {"step_size": 5e-2, "friction": 4.0}),
+])
+def test_recovers_gp_posterior_at_measurement_points(kernel_cls, kwargs):
+    x, y = _data()
+    prior = _prior()
+    mean, cov = _gp_posterior(prior, x, y)
+    chains = 32
+    kernel = kernel_cls(linear_model, gp_prior=prior, num_steps=10, vectorized_chains=chains, **kwargs)
+    mcmc = MCMC(kernel, num_samples=200, warmup_steps=50, disable_progbar=True)
+    mcmc.run(x, y)
+    f = _f_samples(mcmc, chains)
+    ess = effective_sample_size(f, chain_dim=0, sample_dim=1)
+    assert (ess > 400).all(), ess
+    flat = f.reshape(-1, 3)
+    var = cov.diagonal()
+    # 4 Monte Carlo standard errors sqrt(var / ESS); the variance within 20 % (its MC error is sqrt(2/ESS) <= 7 %,
+    # the O(eta) discretisation bias about eta * lambda_max / 4 <= 3 %)
+    assert ((flat.mean(0) - mean).abs() < 4 * (var / ess).sqrt()).all(), (flat.mean(0), mean)
+    assert ((flat.var(0) / var - 1).abs() < 0.2).all(), flat.var(0) / var
+
+
+def test_surrogate_gradient_is_exact():
+    x, y = _data()
+    prior = _prior()
+    potential = FunctionalPotential(linear_model, (x, y), gp_kernel=prior.kernel, example_points=POINTS)
+    w = torch.tensor([0.3, -0.2, 0.8], dtype=torch.float64, requires_grad=True)
+    value = potential(w, None, POINTS, prior.scale_tril64)
+    (grad,) = torch.autograd.grad(value, w)
+    # exact potential: Gaussian NLL (without constants) + 1/2 f_M^T (K + delta I)^-1 f_M
+    w2 = w.detach().clone().requires_grad_()
+    f_m = features(POINTS) @ w2
+    cov = prior.scale_tril64 @ prior.scale_tril64.T
+    nll = -dist.Normal(features(x) @ w2, NOISE).log_prob(y).sum()
+    exact = nll + 0.5 * f_m @ torch.linalg.solve(cov, f_m)
+    (grad_exact,) = torch.autograd.grad(exact, w2)
+    torch.testing.assert_close(grad, grad_exact)
+    torch.testing.assert_close(value, exact.detach())
+
+
+def test_redrawn_measurement_points_on_a_bnn():
+    x = torch.linspace(-2, 2, 30).unsqueeze(-1)
+    y = torch.sin(2 * x[:, 0])
+    model = BayesianMLP([1, 16, 1], noise_scale=None)
+    points = MeasurementPoints(x, num_data=8, num_box=8)
+    kernel = FSGLD(model, gp_prior=gp.kernels.RBF(1), measurement_points=points, prior_sites=("sigma",),
+                   step_size=1e-4, num_steps=5, subsample_size=10)
+    mcmc = MCMC(kernel, num_samples=10, warmup_steps=10, disable_progbar=True)
+    mcmc.run(x, y)
+    samples = mcmc.get_samples()
+    assert samples["layers.0.weight"].shape == (10, 16, 1)
+    assert (samples["sigma"] > 0).all()
+    assert all(torch.isfinite(v).all() for v in samples.values())
+
+
+def test_measurement_points_box_and_fixed():
+    x = torch.tensor([[0.0, 10.0], [1.0, 20.0]])
+    fixed = MeasurementPoints(x, num_data=2, num_box=50, margin=0.5, redraw=False)
+    assert fixed() is fixed()
+    pts = fixed()
+    assert pts.shape == (52, 2)
+    assert (pts[:, 0] >= -0.5).all() and (pts[:, 0] <= 1.5).all() and (pts[:, 1] >= 5).all()
+    assert not torch.equal(MeasurementPoints(x, 2, 5)(), MeasurementPoints(x, 2, 5)())
+
+
+def test_missing_output_site_raises():
+    def model(x, y=None):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0))
+        with pyro.plate("data", x.shape[0]) as idx:
+            pyro.sample("obs", dist.Normal(w * x[idx], 1.0), obs=None if y is None else y[idx])
+
+    x, y = torch.randn(10), torch.randn(10)
+    kernel = FSGLD(model, gp_prior=gp.kernels.RBF(1))
+    with pytest.raises(ValueError, match="pyro.deterministic"):
+        kernel.setup(0, x, y)
+
+
+def test_bad_functional_arguments():
+    x, y = _data()
+    with pytest.raises(TypeError, match="gp_prior"):
+        FSGLD(linear_model, gp_prior="rbf")
+    with pytest.raises(ValueError, match="prior_sites"):
+        FSGLD(linear_model, gp_prior=_prior(), prior_sites=("sigma",)).setup(0, x, y)
+    with pytest.raises(ValueError, match="jitter"):
+        FSGLD(linear_model, gp_prior=gp.kernels.RBF(1), jitter=0.0).setup(0, x, y)
+
+
+def test_eager_backend_matches_traced_functional_step():
+    # temperature 0: one step is w - eta/2 * grad; the eager (per-step Pyro trace) and traced paths must agree
+    x, y = _data()
+    prior = _prior()
+    steps = {}
+    for backend in ("eager", "fx"):
+        kernel = FSGLD(linear_model, gp_prior=prior, step_size=1e-2, temperature=0.0, backend=backend)
+        kernel.initial_params = {"w": torch.tensor([0.3, -0.2, 0.8], dtype=torch.float64)}
+        kernel.setup(0, x, y)
+        steps[backend] = kernel.sample(kernel.initial_params)["w"]
+        assert kernel.backend_used == backend
+    torch.testing.assert_close(steps["eager"], steps["fx"])
+
+
+def test_redraw_every_keeps_sets_and_refactorises_per_set():
+    x = torch.linspace(-2, 2, 30).unsqueeze(-1)
+    y = torch.sin(2 * x[:, 0])
+    points = MeasurementPoints(x, num_data=4, num_box=4, redraw_every=3)
+    first = [points() for _ in range(3)]
+    assert first[0] is first[1] is first[2] and points() is not first[0]
+    kernel = FSGLD(BayesianMLP([1, 8, 1]), gp_prior=gp.kernels.RBF(1), measurement_points=points, step_size=1e-5,
+                   num_steps=6, subsample_size=10)
+    mcmc = MCMC(kernel, num_samples=3, warmup_steps=1, disable_progbar=True)
+    mcmc.run(x, y)
+    pts, scale_tril = kernel._points_cache
+    cov = gp.kernels.RBF(1)(pts.double())
+    delta = kernel.potential.jitter * cov.diagonal().mean()
+    torch.testing.assert_close(scale_tril @ scale_tril.T, cov + delta * torch.eye(len(pts), dtype=cov.dtype))
+
+
+def test_output_fn_matches_the_deterministic_site():
+    x, y = _data()
+    prior = _prior()
+    w = torch.tensor([0.3, -0.2, 0.8], dtype=torch.float64)
+    by_site = FunctionalPotential(linear_model, (x, y), gp_kernel=prior.kernel, example_points=POINTS)
+    by_fn = FunctionalPotential(linear_model, (x, y), gp_kernel=prior.kernel, example_points=POINTS,
+                                output_fn=lambda values, points: features(points) @ values["w"])
+    torch.testing.assert_close(by_fn(w, None, POINTS), by_site(w, None, POINTS))
+    with pytest.raises(TypeError, match="output_fn"):
+        FunctionalPotential(linear_model, (x, y), gp_kernel=prior.kernel, example_points=POINTS, output_fn=3)

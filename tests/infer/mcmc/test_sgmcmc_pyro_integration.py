@@ -1,0 +1,310 @@
+# SPDX-License-Identifier: Apache-2.0
+"""SG-MCMC kernels inside Pyro's MCMC runner, Predictive and ArviZ; bad inputs and divergences."""
+
+import warnings
+
+import arviz as az
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro.infer import MCMC, Predictive
+from pyro.nn import PyroModule, PyroSample
+
+from pyro_sdebnn.infer.mcmc import (
+    SGHMC,
+    SGLD,
+    ClassificationPrediction,
+    RegressionPrediction,
+    SamplerDivergenceError,
+    from_pyro,
+    function_space_diagnostics,
+    get_samples,
+    pointwise_log_likelihood,
+    posterior_prediction,
+)
+
+N = 40
+
+
+def regression_model(x, y=None):
+    w = pyro.sample("w", dist.Normal(0.0, 1.0))
+    sigma = pyro.sample("sigma", dist.LogNormal(0.0, 1.0))
+    with pyro.plate("data", x.shape[0]) as idx:
+        return pyro.sample("y", dist.Normal(w * x[idx], sigma), obs=None if y is None else y[idx])
+
+
+def _data(dtype=torch.float64):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(N, generator=g, dtype=dtype)
+    y = 1.5 * x + 0.5 * torch.randn(N, generator=g, dtype=dtype)
+    return x, y
+
+
+class BNN(PyroModule):
+    """A tiny Bayesian MLP built from nn.Linear (does not vectorise over posterior draws)."""
+
+    def __init__(self, hidden=5):
+        super().__init__()
+        self.fc1 = PyroModule[torch.nn.Linear](1, hidden)
+        self.fc1.weight = PyroSample(dist.Normal(0.0, 1.0).expand([hidden, 1]).to_event(2))
+        self.fc1.bias = PyroSample(dist.Normal(0.0, 1.0).expand([hidden]).to_event(1))
+        self.fc2 = PyroModule[torch.nn.Linear](hidden, 1)
+        self.fc2.weight = PyroSample(dist.Normal(0.0, 1.0).expand([1, hidden]).to_event(2))
+        self.fc2.bias = PyroSample(dist.Normal(0.0, 1.0).expand([1]).to_event(1))
+
+    def forward(self, x, y=None):
+        f = self.fc2(torch.tanh(self.fc1(x.unsqueeze(-1)))).squeeze(-1)  # weights drawn outside the plate
+        with pyro.plate("data", x.shape[0]) as idx:
+            return pyro.sample("y", dist.Normal(f[idx], 0.5), obs=None if y is None else y[idx])
+
+
+def test_two_sequential_chains_arviz_summary_and_loo():
+    x, y = _data()
+    kernel = SGHMC(regression_model, step_size=1e-2, friction=5.0, num_steps=5, subsample_size=10)
+    with pytest.warns(UserWarning, match="drawn sequentially"):
+        mcmc = MCMC(kernel, num_samples=60, warmup_steps=40, num_chains=2, disable_progbar=True)
+    mcmc.run(x, y)
+    samples = mcmc.get_samples(group_by_chain=True)
+    assert samples["w"].shape == (2, 60) and samples["sigma"].shape == (2, 60)
+    idata = az.from_pyro(mcmc, log_likelihood=True)
+    assert idata.log_likelihood["y"].shape == (2, 60, N)  # full data, not a minibatch
+    assert idata.sample_stats["diverging"].shape == (2, 60)
+    summary = az.summary(idata, var_names=["w", "sigma"])
+    assert {"ess_bulk", "r_hat"} <= set(summary.columns)
+    assert summary[["ess_bulk", "r_hat"]].notna().all().all()
+    loo = az.loo(idata)
+    assert torch.isfinite(torch.tensor(loo.elpd_loo))
+
+
+def test_positive_site_is_sampled_unconstrained_and_returned_constrained():
+    x, y = _data()
+    kernel = SGLD(regression_model, step_size=1e-3, num_steps=5, subsample_size=10)
+    seen = []
+    mcmc = MCMC(kernel, num_samples=50, warmup_steps=50, disable_progbar=True,
+                hook_fn=lambda k, params, stage, i: seen.append(params["sigma"].clone()))
+    mcmc.run(x, y)
+    assert len(seen) == 100  # the hook runs at every warm-up and sampling step
+    raw = torch.stack(seen)
+    assert (raw < 0).any() or (raw.exp() != raw).all()  # the kernel's params are log(sigma)
+    sigma = mcmc.get_samples()["sigma"]
+    torch.testing.assert_close(sigma, raw[50:].exp())
+    assert (sigma > 0).all()
+
+
+def test_initial_params_and_save_params_are_honoured():
+    x, y = _data()
+    kernel = SGLD(regression_model, step_size=1e-4, num_steps=1, subsample_size=10)
+    init = {"w": torch.tensor(0.3, dtype=torch.float64), "sigma": torch.tensor(0.0, dtype=torch.float64)}
+    mcmc = MCMC(kernel, num_samples=3, warmup_steps=0, initial_params=init, disable_progbar=True, save_params=["w"])
+    mcmc.run(x, y)
+    samples = mcmc.get_samples()
+    assert set(samples) == {"w"}
+    # three steps of size 1e-4 move w by O(sqrt(3e-4) + 3e-4 |grad|) from its initial value
+    assert (samples["w"] - 0.3).abs().max() < 0.2
+
+
+def test_predictive_with_samples():
+    x, y = _data()
+    mcmc = MCMC(SGLD(regression_model, step_size=1e-3, num_steps=2, subsample_size=10), num_samples=20,
+                warmup_steps=20, disable_progbar=True)
+    mcmc.run(x, y)
+    x_new = torch.linspace(-2, 2, 7, dtype=torch.float64)
+    pred = Predictive(regression_model, mcmc.get_samples())(x_new)
+    assert pred["y"].shape == (20, 7)
+    reg = posterior_prediction(regression_model, mcmc.get_samples(), x_new)
+    assert isinstance(reg, RegressionPrediction) and reg.loc.shape == (20, 7)
+    torch.testing.assert_close(reg.loc, mcmc.get_samples()["w"][:, None] * x_new)
+
+
+def test_non_vectorising_pyromodule_gets_log_likelihood_and_loo():
+    x, y = _data(torch.float32)
+    model = BNN()
+    kernel = SGLD(model, step_size=1e-3, num_steps=2, subsample_size=10, vectorized_chains=2)
+    mcmc = MCMC(kernel, num_samples=30, warmup_steps=20, disable_progbar=True)
+    mcmc.run(x, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ArviZ warns that it cannot vectorise this model
+        plain = az.from_pyro(mcmc, log_likelihood=True)
+    assert "log_likelihood" not in plain.groups()  # the ArviZ limitation we work around
+    idata = from_pyro(mcmc)
+    assert idata.posterior["fc1.weight"].shape == (2, 30, 5, 1)
+    assert idata.log_likelihood["y"].shape == (2, 30, N)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # LOO may warn about high Pareto k on 60 draws of a toy
+        loo = az.loo(idata)
+    assert torch.isfinite(torch.tensor(loo.elpd_loo))
+    samples = get_samples(mcmc)
+    ll = pointwise_log_likelihood(model, samples, x, y)
+    assert ll["y"].shape == (60, N)
+    pred = posterior_prediction(model, samples, torch.linspace(-1, 1, 9))
+    diag = function_space_diagnostics(pred, num_chains=2)
+    assert diag["ess"].shape == (9,) and diag["r_hat"].shape == (9,)
+
+
+def test_classification_prediction_from_bernoulli_model():
+    def model(x, y=None):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0))
+        with pyro.plate("data", x.shape[0]) as idx:
+            return pyro.sample("y", dist.Bernoulli(logits=w * x[idx]), obs=None if y is None else y[idx])
+
+    pred = posterior_prediction(model, {"w": torch.tensor([0.0, 1.0])}, torch.tensor([0.0, 2.0]))
+    assert isinstance(pred, ClassificationPrediction)
+    torch.testing.assert_close(pred.probs[1, 1], torch.tensor([1 - torch.sigmoid(torch.tensor(2.0)),
+                                                             torch.sigmoid(torch.tensor(2.0))]))
+
+
+@pytest.mark.parametrize("backend", ["eager", "fx", pytest.param("compile", marks=pytest.mark.slow)])
+def test_backends_agree_on_the_potential_gradient_path(backend):
+    x, y = _data()
+    kernel = SGLD(regression_model, step_size=1e-3, subsample_size=10, backend=backend, temperature=0.0)
+    init = {"w": torch.tensor(0.3, dtype=torch.float64), "sigma": torch.tensor(0.1, dtype=torch.float64)}
+    kernel.initial_params = init
+    kernel.setup(0, x, y)
+    idx = torch.arange(10)
+    # temperature 0: the step is w - eta/2 * grad; compare with autograd on the potential
+    flat = kernel.potential.pack(init)
+    u = flat.clone().requires_grad_()
+    (grad,) = torch.autograd.grad(kernel.potential(u, idx), u)
+    state, value = kernel.build_step_fn()((flat,), idx, torch.tensor(1e-3, dtype=torch.float64))
+    torch.testing.assert_close(state[0], flat - 0.5e-3 * grad)
+    torch.testing.assert_close(value, kernel.potential(flat, idx))
+    assert kernel.backend_used == backend
+
+
+def test_divergence_raises_with_step():
+    x, y = _data()
+    kernel = SGLD(regression_model, step_size=1e3, num_steps=5, subsample_size=10)
+    mcmc = MCMC(kernel, num_samples=5, warmup_steps=5, disable_progbar=True)
+    with pytest.raises(SamplerDivergenceError, match="inner step .* smaller step_size"):
+        mcmc.run(x, y)
+
+
+def test_divergence_marked_and_reported_to_arviz():
+    x, y = _data()
+    kernel = SGLD(regression_model, step_size=1e3, num_steps=5, subsample_size=10, on_divergence="continue")
+    mcmc = MCMC(kernel, num_samples=5, warmup_steps=2, disable_progbar=True)
+    mcmc.run(x, y)
+    assert mcmc.diagnostics()["divergences"]["chain 0"] == [0, 1, 2, 3, 4]
+    idata = from_pyro(mcmc, log_likelihood=False)
+    assert bool(idata.sample_stats["diverging"].all())
+
+
+# ----- bad inputs --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "kernel_cls, kwargs, match",
+    [
+        (SGLD, {"step_size": -1e-3}, "step_size"),
+        (SGLD, {"step_size": 0.0}, "step_size"),
+        (SGLD, {"num_steps": 0}, "num_steps"),
+        (SGLD, {"subsample_size": 0}, "subsample_size"),
+        (SGLD, {"temperature": -1.0}, "temperature"),
+        (SGLD, {"backend": "gpu"}, "backend"),
+        (SGLD, {"on_divergence": "ignore"}, "on_divergence"),
+        (SGHMC, {"step_size": 0.1, "friction": 10.0}, "friction"),
+        (SGHMC, {"friction": 0.0}, "friction"),
+        (SGHMC, {"friction": 1.0, "noise_estimate": 2.0}, "noise_estimate"),
+    ],
+)
+def test_bad_kernel_arguments(kernel_cls, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        kernel_cls(regression_model, **kwargs)
+
+
+def _setup(model, **kwargs):
+    x, y = _data()
+    SGLD(model, step_size=1e-3, **kwargs).setup(0, x, y)
+
+
+def test_subsample_without_data_plate_raises():
+    def model(x, y=None):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0))
+        pyro.sample("y", dist.Normal(w * x, 1.0).to_event(1), obs=y)
+
+    with pytest.raises(ValueError, match="no plate over the data"):
+        _setup(model, subsample_size=10)
+
+
+def test_weights_inside_data_plate_raise():
+    def model(x, y=None):
+        with pyro.plate("data", x.shape[0]) as idx:
+            w = pyro.sample("w", dist.Normal(0.0, 1.0))
+            pyro.sample("y", dist.Normal(w * x[idx], 1.0), obs=None if y is None else y[idx])
+
+    with pytest.raises(ValueError, match="inside the data plate"):
+        _setup(model, subsample_size=10)
+
+
+def test_pyromodule_weights_drawn_inside_plate_are_explained():
+    class Late(BNN):
+        def forward(self, x, y=None):
+            with pyro.plate("data", x.shape[0]) as idx:
+                f = self.fc2(torch.tanh(self.fc1(x[idx].unsqueeze(-1)))).squeeze(-1)
+                return pyro.sample("y", dist.Normal(f, 0.5), obs=None if y is None else y[idx])
+
+    with pytest.raises(ValueError, match="PyroSample weights are drawn on first access"):
+        _setup(Late().double(), subsample_size=10)
+
+
+def test_model_that_subsamples_itself_raises():
+    def model(x, y=None):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0))
+        with pyro.plate("data", x.shape[0], subsample_size=10) as idx:
+            pyro.sample("y", dist.Normal(w * x[idx], 1.0), obs=None if y is None else y[idx])
+
+    with pytest.raises(ValueError, match="Subsampling is a kernel setting"):
+        _setup(model, subsample_size=10)
+
+
+def test_model_not_indexing_the_data_raises():
+    def model(x, y=None):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0))
+        with pyro.plate("data", x.shape[0]):
+            pyro.sample("y", dist.Normal(w * x, 1.0), obs=y)
+
+    with pytest.raises(ValueError, match="index the data"):
+        _setup(model, subsample_size=10)
+
+
+def test_subsample_larger_than_data_raises():
+    with pytest.raises(ValueError, match="exceeds the data size"):
+        _setup(regression_model, subsample_size=N + 1)
+
+
+def test_unknown_data_plate_raises():
+    with pytest.raises(ValueError, match="not a plate of the model"):
+        _setup(regression_model, subsample_size=10, data_plate="batch")
+
+
+def test_user_transforms_define_the_sampling_space():
+    from torch.distributions.transforms import AffineTransform, ExpTransform, ComposeTransform
+
+    x, y = _data()
+    # sample sigma on log(sigma) / 2 instead of log(sigma): constrained -> unconstrained
+    transform = ComposeTransform([ExpTransform().inv, AffineTransform(0.0, 0.5)])
+    kernel = SGLD(regression_model, step_size=1e-3, num_steps=2, subsample_size=10, transforms={"sigma": transform})
+    mcmc = MCMC(kernel, num_samples=10, warmup_steps=5, disable_progbar=True)
+    mcmc.run(x, y)
+    assert kernel.transforms["sigma"] is transform
+    sigma = mcmc.get_samples()["sigma"]
+    assert (sigma > 0).all()
+    raw = kernel.potential.split(kernel._state[0])["sigma"]
+    torch.testing.assert_close(sigma[-1], torch.exp(2 * raw))
+
+
+def test_sghmc_momentum_resampling():
+    # temperature 0: a resampled momentum is exactly 0, so after one step v = -eta * grad U(w) at the step's start
+    x, y = _data()
+    eta = 1e-3
+    kernel = SGHMC(regression_model, step_size=eta, friction=1.0, num_steps=1, temperature=0.0,
+                   resample_momentum_every=1)
+    kernel.initial_params = {"w": torch.tensor(0.3, dtype=torch.float64),
+                             "sigma": torch.tensor(0.1, dtype=torch.float64)}
+    kernel.setup(0, x, y)
+    kernel._state = (kernel._state[0], torch.ones_like(kernel._state[1]))  # a non-zero momentum to be discarded
+    params = kernel.sample(kernel.initial_params)  # sample 0: not resampled, v = (1 - eta c) * 1 - eta * grad
+    assert (kernel._state[1].abs() > 0.5).all()
+    start = kernel._state[0].clone().requires_grad_()
+    (grad,) = torch.autograd.grad(kernel.potential(start), start)
+    kernel.sample(params)  # sample 1: momentum resampled to 0 before the step
+    torch.testing.assert_close(kernel._state[1], -eta * grad)

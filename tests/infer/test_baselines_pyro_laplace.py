@@ -1,0 +1,254 @@
+# SPDX-License-Identifier: Apache-2.0
+"""MAP (AutoDelta), mean-field VI (AutoNormal) and the Laplace approximation on small problems."""
+
+import math
+
+import pyro
+import pytest
+import torch
+
+from pyro_sdebnn.infer import Laplace, MAPEstimate, MeanFieldVI, PyroBNN
+from pyro_sdebnn.nn import make_mlp
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """These networks are tiny: one intra-op thread avoids oversubscribing the shared CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _blobs(n=64, spread=0.3):
+    torch.manual_seed(0)
+    y = torch.arange(n) % 2
+    x = torch.randn(n, 2) * spread + (2.0 * y - 1.0).unsqueeze(-1)
+    return x, y
+
+
+def test_pyro_bnn_priors_and_subsampling():
+    model = PyroBNN(make_mlp([2, 4, 2]), "categorical", prior_scale=0.5)
+    x, y = _blobs(10)
+    trace = pyro.poutine.trace(model).get_trace(x, y, subsample_size=3)
+    weight = trace.nodes["net.0.weight"]
+    assert weight["fn"].base_dist.scale.unique().tolist() == [0.5]
+    assert weight["cond_indep_stack"] == ()  # weights are sampled outside the data plate
+    obs = trace.nodes["obs"]
+    # The subsampled plate rescales the likelihood by N / b.
+    assert obs["value"].shape == (3,) and obs["scale"] == pytest.approx(10 / 3)
+    frame = obs["cond_indep_stack"][0]
+    assert frame.size == 3 and frame.full_size == 10
+
+
+def test_map_recovers_weight_decay_solution():
+    """AutoDelta MAP == Adam on NLL + prior (same objective): logits agree."""
+    x, y = _blobs(32)
+    net = make_mlp([2, 2])  # logistic regression: a strictly convex MAP objective
+    fit = MAPEstimate(net, "categorical", prior_scale=1.0).fit(x, y, num_epochs=600, lr=0.05, batch_size=None)
+    w = torch.zeros(2, 2, requires_grad=True)
+    b = torch.zeros(2, requires_grad=True)
+    opt = torch.optim.LBFGS([w, b], max_iter=500, tolerance_grad=1e-9, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        nll = torch.nn.functional.cross_entropy(x @ w.T + b, y, reduction="sum")
+        loss = nll + 0.5 * (w.square().sum() + b.square().sum())
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    expected = (x @ w.T + b).detach()
+    logits = fit.predict_outputs(x)[0]
+    # The logit differences (softmax is shift invariant per row) agree to Adam's convergence tolerance.
+    torch.testing.assert_close(logits[:, 1] - logits[:, 0], expected[:, 1] - expected[:, 0], atol=2e-2, rtol=1e-2)
+
+
+def test_mfvi_learns_and_has_spread():
+    x, y = _blobs()
+    vi = MeanFieldVI(make_mlp([2, 16, 2]), "categorical", prior_scale=1.0).fit(x, y, num_epochs=60, batch_size=16)
+    assert vi.losses[-1] < vi.losses[0]
+    pred = vi.predict(x, num_samples=30)
+    assert pred.probs.shape == (30, 64, 2)
+    assert (pred.mean_probs.argmax(-1) == y).float().mean() > 0.9
+    far = vi.predict(torch.tensor([[10.0, -10.0]]), num_samples=30).probs[..., 1]
+    assert far.var(0).item() > 1e-4  # posterior samples disagree off the data
+
+
+def test_two_svi_baselines_coexist():
+    """Each baseline has its own param-store scope: fitting a second one leaves the first unchanged."""
+    x, y = _blobs(16)
+    first = MAPEstimate(make_mlp([2, 4, 2]), "categorical").fit(x, y, num_epochs=5)
+    before = first.predict_outputs(x)
+    MAPEstimate(make_mlp([2, 4, 2]), "categorical").fit(x, y, num_epochs=5)
+    torch.testing.assert_close(first.predict_outputs(x), before)
+
+
+def test_map_laplace_approximation_full_hessian():
+    torch.manual_seed(0)
+    y = torch.arange(48) % 2
+    x = torch.randn(48, 2) * 0.8 + (1.0 * y - 0.5).unsqueeze(-1)
+    fit = MAPEstimate(make_mlp([2, 4, 2], "tanh"), "categorical").fit(x, y, num_epochs=400, lr=0.05, batch_size=None)
+    posterior = fit.laplace_approximation(x, y).get_posterior()
+    num_params = sum(v.numel() for v in fit.map_weights().values())
+    assert posterior.loc.shape == (num_params,)
+    assert (posterior.covariance_matrix.diagonal() > 0).all()
+
+
+def test_pyro_laplace_matches_own_exact_hessian_laplace():
+    """Pyro's AutoLaplaceApproximation and Laplace(curvature="hessian") agree: N(w_map, (H_nll + I)^-1).
+
+    A softmax regression (no hidden layer) has a positive semi-definite NLL Hessian, so our eigenvalue
+    clipping at 0 is inactive and the two must agree to float32 round-off (~1e-4 relative, checked at 2e-3).
+    """
+    torch.manual_seed(0)
+    y = torch.arange(48) % 3
+    x = torch.randn(48, 2) + torch.stack([torch.cos(2.1 * y), torch.sin(2.1 * y)], -1)
+    fit = MAPEstimate(make_mlp([2, 3]), "categorical").fit(x, y, num_epochs=300, lr=0.05, batch_size=None)
+    posterior = fit.laplace_approximation(x, y).get_posterior()
+    net = make_mlp([2, 3])
+    net.load_state_dict({name.removeprefix("net."): value for name, value in fit.map_weights().items()})
+    la = Laplace(net, "categorical", curvature="hessian", prior_precision=1.0)
+    la.fit(x, y, num_epochs=0, tune_prior_precision=False)
+    evals, evecs = la._eig
+    ours = (evecs / (evals + 1.0)) @ evecs.T
+    torch.testing.assert_close(posterior.covariance_matrix.double(), ours.double(), rtol=2e-3, atol=1e-5)
+
+
+def test_weight_decay_sets_prior_scale():
+    x, y = _blobs(40)
+    fit = MeanFieldVI(make_mlp([2, 4, 2]), "categorical").fit(x, y, num_epochs=1, weight_decay=1e-2)
+    assert math.isclose(fit.model.prior_scale, 1 / math.sqrt(40 * 1e-2))
+
+
+@pytest.mark.parametrize("subset", ["all", "last_layer"])
+@pytest.mark.parametrize("structure", ["full", "diag", "kron"])
+def test_laplace_variance_grows_away_from_data(subset, structure):
+    x, y = _blobs(spread=0.5)
+    torch.manual_seed(0)
+    la = Laplace(make_mlp([2, 16, 2]), "categorical", subset=subset, hessian_structure=structure)
+    la.fit(x, y, num_epochs=60)
+    near, far = torch.tensor([[1.0, 1.0], [-1.0, -1.0]]), torch.tensor([[12.0, -12.0], [-12.0, 12.0]])
+    var_near = la.functional_covariance(near).diagonal(dim1=-2, dim2=-1).sum(-1)
+    var_far = la.functional_covariance(far).diagonal(dim1=-2, dim2=-1).sum(-1)
+    assert (var_far > 10 * var_near.max()).all()
+    # The probit predictive keeps the MAP's decisions on the data and is a valid distribution.
+    probs = la.predict(x).probs
+    torch.testing.assert_close(probs.sum(-1), torch.ones(1, 64))
+    assert (probs[0].argmax(-1) == y).float().mean() > 0.9
+
+
+def test_laplace_full_ggn_matches_dense_construction():
+    """The full GGN equals sum_n J_n^T Lambda_n J_n assembled naively (float64, exact)."""
+    torch.manual_seed(0)
+    x, y = torch.randn(7, 2, dtype=torch.float64), torch.randint(0, 3, (7,))
+    net = make_mlp([2, 3, 3], "tanh", dtype=torch.float64)
+    la = Laplace(net, "categorical", hessian_structure="full").fit(x, y, num_epochs=0, tune_prior_precision=False)
+    evals, evecs = la._eig
+    ggn = evecs @ torch.diag(evals) @ evecs.T
+    params = dict(net.named_parameters())
+    names = list(params)
+    flat = torch.cat([params[n].detach().reshape(-1) for n in names])
+
+    def f(vec, xi):
+        out, offset = {}, 0
+        for n in names:
+            out[n] = vec[offset : offset + params[n].numel()].reshape(params[n].shape)
+            offset += params[n].numel()
+        return torch.func.functional_call(net, out, (xi.unsqueeze(0),))[0]
+
+    expected = torch.zeros_like(ggn)
+    for xi in x:
+        j = torch.autograd.functional.jacobian(lambda v: f(v, xi), flat)
+        p = f(flat, xi).softmax(-1).detach()
+        expected += j.T @ (torch.diag(p) - torch.outer(p, p)) @ j
+    torch.testing.assert_close(ggn, expected, atol=1e-10, rtol=1e-8)
+    # The Laplace evidence, assembled directly: log p(D|w) - delta/2 |w|^2 + P/2 log delta - 1/2 log det(H + delta I).
+    delta = 0.7
+    log_lik = -torch.nn.functional.cross_entropy(net(x), y, reduction="sum")
+    _, log_det = torch.linalg.slogdet(expected + delta * torch.eye(len(flat), dtype=torch.float64))
+    evidence = log_lik - delta / 2 * flat.square().sum() + len(flat) / 2 * math.log(delta) - log_det / 2
+    torch.testing.assert_close(la.log_marginal_likelihood(delta), evidence.detach())
+
+
+def test_laplace_kron_equals_full_for_single_example_layer():
+    """With one data point and one output, KFAC is exact for the last layer: G (x) A = J^T Lambda J."""
+    torch.manual_seed(0)
+    x, y = torch.randn(1, 3, dtype=torch.float64), torch.tensor([0.3], dtype=torch.float64)
+    net = make_mlp([3, 4, 2], "tanh", dtype=torch.float64)
+    kw = dict(subset="last_layer", likelihood="gaussian")
+    full = Laplace(net, hessian_structure="full", **kw).fit(x, y, num_epochs=0, tune_prior_precision=False)
+    kron = Laplace(net, hessian_structure="kron", **kw).fit(x, y, num_epochs=0, tune_prior_precision=False)
+    x_test = torch.randn(5, 3, dtype=torch.float64)
+    torch.testing.assert_close(full.functional_covariance(x_test), kron.functional_covariance(x_test))
+
+
+def test_laplace_evidence_maximised_and_predictives_agree():
+    x, y = _blobs(spread=0.6)
+    torch.manual_seed(1)
+    la = Laplace(make_mlp([2, 8, 2], "tanh"), "categorical", subset="last_layer").fit(x, y, num_epochs=80)
+    best = la.log_marginal_likelihood()
+    for factor in (0.5, 2.0):
+        assert la.log_marginal_likelihood(la.prior_precision * factor) <= best
+    # Linearised MC predictive agrees with the probit approximation: 4 MC standard errors of a mean of
+    # S = 4000 probabilities (4 * 0.5 / sqrt(4000) = 0.032) plus the probit approximation's own error (<~0.02).
+    probit = la.predict(x[:8]).mean_probs
+    mc = la.predict(x[:8], link_approx="mc", num_samples=4000).mean_probs
+    torch.testing.assert_close(mc, probit, atol=0.052, rtol=0)
+
+
+def test_laplace_regression_and_hessian_curvature():
+    torch.manual_seed(0)
+    x = torch.linspace(-2, 2, 30).unsqueeze(-1)
+    y = torch.sin(2 * x.squeeze(-1)) + 0.1 * torch.randn(30)
+    la = Laplace(make_mlp([1, 8, 2], "tanh"), "gaussian", curvature="hessian").fit(x, y, num_epochs=100)
+    pred = la.predict(torch.tensor([[0.0], [6.0]]))
+    assert pred.loc.shape == (1, 2) and pred.scale[0, 1] > pred.scale[0, 0]
+    sampled = la.predict(torch.tensor([[0.0], [6.0]]), pred_type="nn", num_samples=50)
+    assert sampled.loc.shape == (50, 2)
+
+
+def test_laplace_bad_arguments():
+    with pytest.raises(ValueError, match="hessian_structure"):
+        Laplace(make_mlp([2, 2]), hessian_structure="block")
+    with pytest.raises(ValueError, match="curvature"):
+        Laplace(make_mlp([2, 2]), hessian_structure="diag", curvature="hessian")
+    with pytest.raises(ValueError, match="without bias"):
+        Laplace(make_mlp([2, 2], bias=False), hessian_structure="kron")
+    with pytest.raises(RuntimeError, match="fit"):
+        Laplace(make_mlp([2, 2])).predict(torch.zeros(1, 2))
+
+
+@pytest.mark.parametrize("structure", ["full", "diag", "kron"])
+def test_laplace_linear_model_closed_form(structure):
+    """For logits linear in the weights, f = W x + b, the Jacobian is known in closed form:
+    d f_k / d W_kj = x_j, d f_k / d b_k = 1, so J Sigma J^T follows from Sigma exactly (float64)."""
+    torch.manual_seed(0)
+    x, y = torch.randn(30, 2, dtype=torch.float64), torch.randint(0, 3, (30,))
+    net = make_mlp([2, 3], dtype=torch.float64)
+    la = Laplace(net, "categorical", hessian_structure=structure).fit(x, y, num_epochs=20, tune_prior_precision=True)
+    delta = la.prior_precision
+    # Sigma over (W row-major, b) in the order of la._names = ["0.weight", "0.bias"].
+    if structure == "full":
+        evals, evecs = la._eig
+        sigma = (evecs / (evals + delta)) @ evecs.T
+    elif structure == "diag":
+        sigma = torch.diag(1 / (la._eig[0] + delta))
+    else:
+        _, eg, qg, ea, qa = la._kron[0]
+        q = torch.kron(qg, qa)  # row-major vec([W | b]) of shape (3, 3)
+        sigma_aug = (q / (torch.outer(eg, ea).reshape(-1) + delta)) @ q.T
+        perm = [o * 3 + i for o in range(3) for i in range(2)] + [o * 3 + 2 for o in range(3)]
+        sigma = sigma_aug[perm][:, perm]
+    x_test = torch.randn(4, 2, dtype=torch.float64)
+    jac = torch.zeros(4, 3, 9, dtype=torch.float64)
+    for k in range(3):
+        jac[:, k, 2 * k : 2 * k + 2] = x_test
+        jac[:, k, 6 + k] = 1.0
+    expected = jac @ sigma @ jac.transpose(-1, -2)
+    torch.testing.assert_close(la.functional_covariance(x_test), expected)
+    # Linearised MC and weight sampling coincide for a linear model: same logit distribution. Two independent
+    # means of S = 4000 probabilities differ by at most 4 standard errors: 4 * sqrt(2) * 0.5 / sqrt(4000) = 0.045.
+    glm = la.predict(x_test, link_approx="mc", num_samples=4000).mean_probs
+    sampled = la.predict(x_test, pred_type="nn", num_samples=4000).mean_probs
+    torch.testing.assert_close(glm, sampled, atol=0.045, rtol=0)

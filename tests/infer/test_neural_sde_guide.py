@@ -1,0 +1,175 @@
+# SPDX-License-Identifier: Apache-2.0
+"""NeuralSDEPath and NeuralSDEGuide: shapes, densities, prior lookup, user drifts, errors."""
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from torch import nn
+
+from pyro_sdebnn.distributions import OUPath
+from pyro_sdebnn.infer import NeuralSDEGuide, NeuralSDEPath
+from pyro_sdebnn.nn import DriftMLP
+from pyro_sdebnn.ops import time_grid
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # tiny tensor ops: intra-op threads only add contention (15x slower on the shared 2-core machine)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+TIMES = time_grid((0.0, 1.0), 0.125, dtype=torch.float64)
+
+
+def _q(dim=3, batch=(), scale=0.3, estimator="stl"):
+    drift = DriftMLP(dim, hidden=8).double()
+    with torch.no_grad():
+        for p in drift.out.parameters():
+            p.normal_(0, scale)
+    init = torch.randn(batch + (dim,), dtype=torch.float64)
+    return NeuralSDEPath(init, 0.5, TIMES, 1.0, correction=drift, estimator=estimator)
+
+
+@pytest.mark.parametrize("batch", [(), (2,)])
+@pytest.mark.parametrize("sample_shape", [(), (4,), (2, 3)])
+def test_shapes(batch, sample_shape):
+    q = _q(batch=batch)
+    assert q.batch_shape == batch and q.event_shape == (8, 3)
+    w = q.rsample(sample_shape)
+    assert w.shape == sample_shape + batch + (8, 3)
+    assert q.log_prob(w).shape == sample_shape + batch
+    assert q.path_kl(w).shape == sample_shape + batch
+
+
+def test_expand():
+    q = _q().expand((5,))
+    assert q.batch_shape == (5,)
+    assert q.rsample().shape == (5, 8, 3)
+
+
+@pytest.mark.parametrize("estimator", ["analytic", "full_mc", "stl"])
+def test_path_kl_recomputed_from_value_equals_cached(estimator):
+    q = _q(estimator=estimator)
+    w = q.rsample((4,))
+    cached = q.path_kl(w)
+    recomputed = q.path_kl(w.clone())  # not the cached tensor: noise recovered from the path
+    assert torch.allclose(cached, recomputed, rtol=1e-9, atol=1e-9)
+
+
+def test_full_mc_is_log_q_minus_log_p():
+    # independent densities: NeuralSDEPath.log_prob recomputed from the value, OUPath(method="euler")
+    q = _q()
+    w = q.rsample((6,))
+    p = OUPath(q.init, 0.5, TIMES, 1.0, method="euler")
+    log_ratio = q.log_prob(w.clone()) - p.log_prob(w)
+    assert torch.allclose(q.path_kl(w, "full_mc"), log_ratio, rtol=1e-9, atol=1e-9)
+    # the cached log_prob (from the stored noise) equals the recomputed one
+    assert torch.allclose(q.log_prob(w), q.log_prob(w.clone()), rtol=1e-9, atol=1e-9)
+
+
+def test_zero_correction_is_prior_in_distribution():
+    # q = p: moments of the Euler chain equal the OUPath(euler) moments (mean and variance, closed form)
+    q = NeuralSDEPath(torch.ones(2, dtype=torch.float64), 0.5, TIMES, 1.0, correction=DriftMLP(2, 8).double())
+    w = q.rsample((4000,)).detach()
+    p = OUPath(torch.ones(2, dtype=torch.float64), 0.5, TIMES, method="euler")
+    sd = p.variance.sqrt()
+    assert ((w.mean(0) - p.mean).abs() < 4 * sd / 4000 ** 0.5).all()  # 4 standard errors
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="estimator"):
+        NeuralSDEPath(torch.zeros(2), 0.5, TIMES, estimator="bad")
+    with pytest.raises(TypeError, match="nn.Module"):
+        NeuralSDEPath(torch.zeros(2), 0.5, TIMES, correction=lambda t, w: w, estimator="stl")
+
+
+def _two_site_model(y=torch.tensor(1.0)):
+    times = torch.linspace(0, 1, 5)
+    w0 = pyro.param("w0", torch.zeros(2))
+    a = pyro.sample("a", OUPath(w0, 0.5, times, method="euler"))
+    b = pyro.sample("b", OUPath(torch.ones(3), 0.2, times, method="euler"))
+    pyro.sample("y", dist.Normal(a[-1].sum() + b[-1].sum(), 1.0), obs=y)
+
+
+class _Structured(nn.Module):
+    """A user drift (t, w) -> R^D: a learnable linear pull towards a target."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.target = nn.Parameter(torch.zeros(dim))
+        self.rate = nn.Parameter(torch.zeros(()))
+
+    def forward(self, t, w):
+        return self.rate * (self.target - w)
+
+
+def test_guide_several_sites_and_user_drift():
+    guide = NeuralSDEGuide(_two_site_model, drift={"a": _Structured(2), "b": DriftMLP(3, 4)})
+    out = guide()
+    assert out["a"].shape == (4, 2) and out["b"].shape == (4, 3)
+    assert isinstance(guide.drifts["a"], _Structured)
+    # the guide starts at the model's current init, also after the param changes
+    with torch.no_grad():
+        pyro.param("w0").add_(5.0)
+    q = guide.get_posterior()
+    assert torch.equal(q["a"].init, pyro.param("w0"))
+
+
+def test_guide_factory_and_svi_updates_drift():
+    guide = NeuralSDEGuide(_two_site_model, drift=lambda name, dim: _Structured(dim))
+    from pyro_sdebnn.infer import TracePathKL_ELBO
+
+    svi = pyro.infer.SVI(_two_site_model, guide, pyro.optim.Adam({"lr": 0.05}), TracePathKL_ELBO())
+    for _ in range(5):
+        svi.step()
+    assert guide.drifts["a"].rate.abs() > 0
+    assert any("drifts" in name for name in pyro.get_param_store().keys())
+
+
+def test_elbo_rejects_unguided_latent_sites():
+    from pyro_sdebnn.infer import TracePathKL_ELBO
+
+    def model():
+        pyro.sample("z", dist.Normal(0.0, 1.0))
+        pyro.sample("w", OUPath(torch.zeros(2), 0.5, TIMES.float(), method="euler"))
+
+    guide = NeuralSDEGuide(model)
+    assert set(guide()) == {"w"} and guide.unguided_sites == ["z"]
+    with pytest.warns(UserWarning, match="not guide"), pytest.raises(ValueError, match="'z' has no guide site"):
+        TracePathKL_ELBO().loss(model, guide)
+
+
+def test_guide_requires_euler_prior():
+    def model():
+        pyro.sample("w", OUPath(torch.zeros(2), 0.5, TIMES.float()))
+
+    with pytest.raises(ValueError, match="euler"):
+        NeuralSDEGuide(model)()
+
+
+def test_guide_one_module_for_two_sites_is_an_error():
+    with pytest.raises(ValueError, match="several"):
+        NeuralSDEGuide(_two_site_model, drift=DriftMLP(2, 4))()
+
+
+def test_combines_with_autoguidelist_for_other_latents():
+    from pyro import poutine
+    from pyro.infer.autoguide import AutoGuideList, AutoNormal
+
+    from pyro_sdebnn.infer import TracePathKL_ELBO
+
+    def model():
+        z = pyro.sample("z", dist.Normal(0.0, 1.0))
+        w = pyro.sample("w", OUPath(torch.zeros(2), 0.5, TIMES.float(), method="euler"))
+        pyro.sample("y", dist.Normal(w[-1].sum() + z, 0.5), obs=torch.tensor(1.0))
+
+    guide = AutoGuideList(model)
+    guide.append(NeuralSDEGuide(poutine.block(model, expose=["w"]), drift_hidden=4))
+    guide.append(AutoNormal(poutine.block(model, hide=["w"])))
+    svi = pyro.infer.SVI(model, guide, pyro.optim.Adam({"lr": 0.01}), TracePathKL_ELBO())
+    for _ in range(3):
+        assert torch.isfinite(torch.tensor(svi.step()))
+    assert set(guide()) == {"w", "z"}

@@ -1,0 +1,153 @@
+# SPDX-License-Identifier: Apache-2.0
+"""MNVI layers: parameter counts, gradient flow, dtype handling, input validation and the converter."""
+
+import pyro
+import pytest
+import torch
+from torch import nn
+from torchvision.models.resnet import BasicBlock, ResNet
+
+from pyro_sdebnn.nn.mnvi import (
+    MFConv2d,
+    MFLinear,
+    MNBatchNorm1d,
+    MNConv2d,
+    MNLinear,
+    MNReLU,
+    MNResidualBlock,
+    MNSequential,
+    Moments,
+    SamplingFreeBNN,
+    to_mean_field,
+    to_mnvi,
+)
+
+
+@pytest.fixture
+def single_thread():
+    """Small convolutions: intra-op threads only add synchronisation on a shared machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def lenet(dropout: float = 0.1) -> nn.Sequential:
+    """LeNet-5 style network for 28x28 inputs, with batch norm and dropout to exercise the converter."""
+    return nn.Sequential(
+        nn.Conv2d(1, 6, 5, padding=2), nn.BatchNorm2d(6), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+        nn.Linear(16 * 5 * 5, 120), nn.ReLU(), nn.Dropout(dropout),
+        nn.Linear(120, 84), nn.Tanh(), nn.Linear(84, 10),
+    )
+
+
+def _count(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+@pytest.mark.parametrize("factory,deterministic,extra", [
+    (lambda: MNLinear(7, 3), lambda: nn.Linear(7, 3), 7),
+    (lambda: MNConv2d(4, 6, 3), lambda: nn.Conv2d(4, 6, 3), 4),
+    (lambda: MFLinear(7, 3), lambda: nn.Linear(7, 3), 21),
+    (lambda: MFConv2d(4, 6, 3), lambda: nn.Conv2d(4, 6, 3), 6 * 4 * 9),
+])
+def test_parameter_count(factory, deterministic, extra):
+    layer = factory()
+    assert _count(layer) == _count(deterministic()) + extra
+    assert layer.num_noise_parameters == extra
+
+
+def test_converted_lenet_parameter_count_and_outputs(single_thread):
+    net = lenet().eval()
+    twin = to_mnvi(net).eval()
+    inputs = 1 + 6 + 400 + 120 + 84  # one alpha per input channel / unit of every Bayesian layer
+    assert _count(twin) == _count(net) + inputs
+    assert _count(to_mean_field(net)) == _count(net) + sum(m.weight.numel() for m in net if hasattr(m, "weight")
+                                                            and not isinstance(m, nn.BatchNorm2d))
+    x = torch.randn(3, 1, 28, 28)
+    assert torch.allclose(twin(x), net(x), atol=1e-6)  # deterministic mode = the original network
+    out = twin(Moments(x, None))
+    assert out.mean.shape == (3, 10) and bool((out.var > 0).all())
+
+
+def test_converted_resnet_runs_both_modes(single_thread):
+    net = ResNet(BasicBlock, [1, 1, 1, 1], num_classes=5).eval()
+    twin = to_mnvi(net).eval()
+    assert sum(isinstance(m, MNResidualBlock) for m in twin.modules()) == 4
+    x = torch.randn(2, 3, 16, 16)
+    assert torch.allclose(twin(x), net(x), atol=1e-5)
+    out = twin(Moments(x, None))
+    assert out.mean.shape == (2, 5) and torch.isfinite(out.var).all()
+
+
+def test_converter_rejects_unknown_module():
+    with pytest.raises(TypeError, match="cannot convert LSTM"):
+        to_mnvi(nn.Sequential(nn.LSTM(2, 2)))
+
+
+def test_converter_keeps_dtype_and_does_not_modify_source():
+    net = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.ReLU(), nn.Linear(4, 1)).double()
+    before = [p.clone() for p in net.parameters()]
+    twin = to_mnvi(net)
+    assert isinstance(twin[1], MNBatchNorm1d)
+    assert all(p.dtype == torch.float64 for p in twin.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(before, net.parameters()))
+
+
+def test_gradients_flow_to_every_parameter():
+    net = to_mnvi(nn.Sequential(
+        nn.Conv2d(1, 3, 3, padding=1), nn.BatchNorm2d(3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+        nn.Linear(48, 16), nn.Tanh(), nn.Linear(16, 4)))
+    bnn = SamplingFreeBNN(net, "categorical", num_data=100)
+    x, y = torch.randn(8, 1, 8, 8), torch.randint(0, 4, (8,))
+    loss = -bnn.expected_log_likelihood(x, y).sum() + bnn.kl_divergence()
+    loss.backward()
+    for name, p in net.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+        assert p.grad.abs().sum() > 0, name
+
+
+def test_moment_forward_follows_dtype():
+    layer = MNLinear(3, 2, dtype=torch.float64)
+    out = MNSequential(layer, MNReLU())(Moments(torch.randn(4, 3, dtype=torch.float64), None))
+    assert out.mean.dtype == out.var.dtype == torch.float64
+
+
+@pytest.mark.parametrize("make_input,error,match", [
+    (lambda: Moments(torch.zeros(2, 3), -torch.ones(2, 3)), ValueError, "non-negative"),
+    (lambda: Moments(torch.zeros(2, 3), torch.ones(2, 4)), ValueError, "must have the shape"),
+    (lambda: Moments(torch.zeros(2, 5), None), ValueError, "3 features"),
+    (lambda: Moments([0.0, 1.0], None), TypeError, "torch.Tensor"),
+    (lambda: [0.0, 1.0, 2.0], TypeError, "Moments"),
+])
+def test_bad_inputs_raise(make_input, error, match):
+    with pytest.raises(error, match=match):
+        MNLinear(3, 2)(make_input())
+
+
+def test_negative_variance_check_only_under_validation():
+    pyro.enable_validation(False)
+    try:
+        MNLinear(3, 2)(Moments(torch.zeros(2, 3), -torch.ones(2, 3)))  # skipped: costs a device sync
+    finally:
+        pyro.enable_validation(True)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"in_features": 0, "out_features": 2}, "in_features"),
+    ({"in_features": 2, "out_features": 2.5}, "out_features"),
+])
+def test_bad_constructor_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        MNLinear(**kwargs)
+
+
+def test_conv_channel_mismatch_raises():
+    with pytest.raises(ValueError, match="3 channels"):
+        MNConv2d(3, 2, 3)(Moments(torch.zeros(1, 2, 5, 5), None))
+
+
+def test_relu_min_var_validated():
+    with pytest.raises(ValueError, match="min_var"):
+        MNReLU(min_var=0.0)

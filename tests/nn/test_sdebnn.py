@@ -1,0 +1,206 @@
+# SPDX-License-Identifier: Apache-2.0
+"""SDEBNN: the user-facing API of issue 5, likelihoods, fused solve, bad input, toy and digits smoke tests."""
+
+import pyro
+import pytest
+import torch
+from pyro.infer import SVI, Predictive
+from pyro.optim import Adam
+
+from pyro_sdebnn.infer import ClassificationPrediction, NeuralSDEGuide, RegressionPrediction, TracePathKL_ELBO
+from pyro_sdebnn.nn import LIKELIHOODS, SDEBNN
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # tiny tensor ops: intra-op threads only add contention (15x slower on the shared 2-core machine)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _data(n=20):
+    x = torch.linspace(-1, 1, n).unsqueeze(-1)
+    return x, torch.sin(3 * x).squeeze(-1)
+
+
+def test_user_code_from_the_issue():
+    x, y = _data()
+    net = SDEBNN(in_dim=1, out_dim=1, hidden=32, augment=2, sigma=0.2, t_span=(0.0, 1.0), dt=0.05)
+    guide = NeuralSDEGuide(net, drift_hidden=64)
+    svi = SVI(net.model, guide, Adam({"lr": 1e-3}), loss=TracePathKL_ELBO(estimator="stl"))
+    losses = [svi.step(x, y) for _ in range(3)]
+    assert all(torch.isfinite(torch.tensor(losses)))
+    pred = Predictive(net.model, guide=guide, num_samples=7)(x[:5])
+    assert pred["obs"].shape == (7, 5)
+    assert pred["w_path"].shape[-2:] == (20, net.num_weights)
+    names = set(pyro.get_param_store().keys())
+    assert {"w0", "obs_scale", "head$$$weight"} <= names and any("drifts" in n for n in names)
+
+
+def test_shapes_vector_and_image():
+    net = SDEBNN(3, 2, hidden=8, augment=1, dt=0.25)
+    assert net.num_weights == (4 + 1) * 8 + 8 + 8 * 4 + 4
+    path = net.prior().sample((5,))
+    assert net(torch.randn(7, 3), path).shape == (5, 7, 2)
+    img = SDEBNN((1, 8, 8), 10, hidden=4, augment=1, dt=0.5, likelihood="categorical")
+    path = img.prior().sample((3,))
+    assert img(torch.randn(6, 1, 8, 8), path).shape == (3, 6, 10)
+    assert img(torch.randn(6, 1, 8, 8), path[0]).shape == (6, 10)
+
+
+@pytest.mark.parametrize("likelihood", LIKELIHOODS)
+def test_likelihoods_train_step(likelihood):
+    x, y = _data()
+    out_dim = 3 if likelihood == "categorical" else 1
+    if likelihood == "categorical":
+        y = (x.squeeze(-1) > 0).long() + (x.squeeze(-1) > 0.5).long()
+    net = SDEBNN(1, out_dim, hidden=8, augment=1, dt=0.25, likelihood=likelihood)
+    guide = NeuralSDEGuide(net, drift_hidden=8)
+    svi = SVI(net.model, guide, Adam({"lr": 1e-2}), TracePathKL_ELBO())
+    assert torch.isfinite(torch.tensor(svi.step(x, y)))
+    pred = net.predict(x, guide, num_samples=4)
+    expected = ClassificationPrediction if likelihood == "categorical" else RegressionPrediction
+    assert isinstance(pred, expected)
+
+
+@pytest.mark.parametrize("estimator", ["analytic", "full_mc", "stl"])
+def test_fused_loss_equals_pyro_elbo(estimator):
+    # same random stream -> same Brownian increments; the fused one-pass solve and the Pyro path agree
+    x, y = _data()
+    net = SDEBNN(1, 1, hidden=8, augment=2, dt=0.1)
+    guide = NeuralSDEGuide(net, drift_hidden=8)
+    guide(x, y)
+    with torch.no_grad():
+        for p in guide.drifts["w_path"].out.parameters():
+            p.normal_(0, 0.1)
+    pyro.set_rng_seed(11)
+    pyro_loss = TracePathKL_ELBO(estimator=estimator).loss(net.model, guide, x, y, num_data=50)
+    pyro.set_rng_seed(11)
+    fused = net.fused_loss(x, y, guide, estimator=estimator, num_data=50)
+    assert fused.item() == pytest.approx(pyro_loss, rel=1e-5)
+
+
+def test_fused_loss_torchsde_and_adjoint_run():
+    x, y = _data(8)
+    net = SDEBNN(1, 1, hidden=4, augment=1, dt=0.25)
+    guide = NeuralSDEGuide(net, drift_hidden=4)
+    for method, adjoint in (("milstein", False), ("euler", True)):
+        loss = net.fused_loss(x, y, guide, estimator="analytic", method=method, adjoint=adjoint, num_samples=2)
+        loss.backward()
+        assert torch.isfinite(loss) and net.w0.grad is not None
+    with pytest.raises(ValueError, match="analytic"):
+        net.fused_loss(x, y, guide, estimator="stl", method="srk")
+
+
+def test_predict_adaptive():
+    x, _ = _data(8)
+    net = SDEBNN(1, 1, hidden=4, augment=1, dt=0.25)
+    guide = NeuralSDEGuide(net, drift_hidden=4)
+    pred = net.predict(x, guide, num_samples=3, method="srk", adaptive=True, rtol=1e-2, atol=1e-2)
+    assert pred.loc.shape == (3, 8)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(sigma=0.0), "sigma"), (dict(sigma=-1.0), "sigma"), (dict(dt=0.0), "dt"), (dict(dt=-0.1), "dt"),
+    (dict(t_span=(1.0, 0.0)), "t_span"), (dict(likelihood="poisson"), "likelihood"), (dict(in_dim=(1, 7, 7)), "in_dim"),
+])
+def test_bad_constructor_arguments(kwargs, match):
+    args = dict(in_dim=1, out_dim=1, hidden=4)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        SDEBNN(**args)
+
+
+def test_bad_call_arguments():
+    net = SDEBNN(2, 1, hidden=4, dt=0.5)
+    with pytest.raises(ValueError, match="x must have shape"):
+        net.model(torch.randn(5, 3))
+    with pytest.raises(ValueError, match="method"):
+        net.predict(torch.randn(5, 2), method="rk45")
+
+
+def _train_toy(augment, steps=300):
+    from pyro_sdebnn.data import toy_regression_1d
+
+    data = toy_regression_1d(n_train=100, n_test=200)
+    net = SDEBNN(1, 1, hidden=16, augment=augment, sigma=0.2, dt=0.1)
+    guide = NeuralSDEGuide(net, drift_hidden=32)
+    elbo = TracePathKL_ELBO(num_particles=4, vectorize_particles=True, max_plate_nesting=1)
+    svi = SVI(net.model, guide, Adam({"lr": 1e-2}), elbo)
+    for _ in range(steps):
+        svi.step(data.x_train, data.y_train)
+    return data, net.predict(data.x_test, guide, num_samples=100)
+
+
+@pytest.mark.slow
+def test_toy_regression_coverage_and_non_monotonic_samples():
+    from pyro_sdebnn.metrics import interval_coverage
+
+    data, pred = _train_toy(augment=2)
+    held_out = data.x_test[:, 0].abs() <= 2  # held-out grid points inside the training range [-2, 2]
+    coverage = interval_coverage(pred.loc[:, held_out], pred.scale[:, held_out], data.y_test[held_out], level=0.9)
+    assert coverage >= 0.8
+    steps = pred.loc.diff(dim=1)  # x_test is sorted
+    monotone = (steps >= 0).all(1) | (steps <= 0).all(1)
+    assert not monotone.any()
+
+
+@pytest.mark.slow
+def test_samples_monotonic_without_augmentation():
+    # a 1-D ODE flow is a homeomorphism of R: every weight sample gives a monotone function
+    _, pred = _train_toy(augment=0, steps=50)
+    steps = pred.loc.diff(dim=1)
+    assert ((steps >= 0).all(1) | (steps <= 0).all(1)).all()
+
+
+@pytest.mark.slow
+def test_digits_classification_smoke():
+    from pyro_sdebnn.data import digits
+
+    data = digits()
+    net = SDEBNN(tuple(data.x_train.shape[1:]), 10, hidden=8, augment=1, sigma=0.1, dt=0.25,
+                 likelihood="categorical")
+    guide = NeuralSDEGuide(net, drift_hidden=16, bottleneck=2)
+    svi = SVI(net.model, guide, Adam({"lr": 1e-2}), TracePathKL_ELBO())
+    n = data.x_train.shape[0]
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(150):
+        idx = torch.randint(0, n, (64,), generator=generator)
+        svi.step(data.x_train[idx], data.y_train[idx], num_data=n)
+    pred = net.predict(data.x_test, guide, num_samples=10)
+    accuracy = (pred.mean_probs.argmax(-1) == data.y_test).float().mean()
+    assert accuracy > 0.8  # measured 0.94; chance is 0.1
+
+
+def test_multiscale_two_blocks_two_path_sites():
+    from pyro_sdebnn.nn import MultiScaleSDEBNN
+
+    x = torch.randn(12, 1, 8, 8)
+    y = torch.randint(0, 3, (12,))
+    net = MultiScaleSDEBNN((1, 8, 8), 3, blocks=2, hidden=2, augment=1, dt=0.5)
+    guide = NeuralSDEGuide(net, drift_hidden=8, bottleneck=2)
+    svi = SVI(net.model, guide, Adam({"lr": 1e-2}), TracePathKL_ELBO())
+    assert torch.isfinite(torch.tensor(svi.step(x, y)))
+    assert set(guide.drifts.keys()) == {"w_path_0", "w_path_1"}
+    assert net.predict(x, guide, num_samples=3).probs.shape == (3, 12, 3)
+    with pytest.raises(ValueError, match="in_shape"):
+        MultiScaleSDEBNN((1, 6, 6), 3, blocks=2)
+
+
+def test_integrate_weights_shape_error():
+    net = SDEBNN(1, 1, hidden=4, dt=0.5)
+    with pytest.raises(ValueError, match="weights must have shape"):
+        net.integrate_weights(torch.randn(3, 1), torch.zeros(3, net.num_weights))
+
+
+def test_float64_module_gives_float64_everything():
+    x, y = _data()
+    net = SDEBNN(1, 1, hidden=4, augment=1, dt=0.25).double()
+    guide = NeuralSDEGuide(net, drift_hidden=4)
+    svi = SVI(net.model, guide, Adam({"lr": 1e-2}), TracePathKL_ELBO())
+    svi.step(x.double(), y.double())
+    assert all(p.dtype == torch.float64 for p in guide.parameters())
+    assert net.times.dtype == torch.float64
+    assert net.predict(x.double(), guide, num_samples=2).loc.dtype == torch.float64
