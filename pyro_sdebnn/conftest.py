@@ -8,6 +8,13 @@ import pytest
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _one_thread():
+    import torch
+
+    torch.set_num_threads(1)  # small doctest examples: intra-op threads only add contention
+
+
 @pytest.fixture(autouse=True)
 def _doctest_seed(doctest_namespace):
     import pyro

@@ -7,11 +7,12 @@ channel; linear head), the same number of optimisation steps, batch size and lea
 
 - ``sdebnn`` / ``sdebnn-stl``: OU prior path over the field's weights, neural-SDE guide,
   :class:`~pyro_sdebnn.infer.TracePathKL_ELBO` with the ``analytic`` / ``stl`` estimator;
-- ``odenet``: constant deterministic weights (σ → 0), cross-entropy, Adam;
-- ``mf-odenet``: constant weights with a N(0, 1) prior and Pyro ``AutoNormal`` +
-  ``TraceMeanField_ELBO``;
-- ``resnet`` / ``mf-resnet``: K independent weight vectors, one per Euler step (a discrete ResNet
-  with K residual blocks), deterministic or mean-field VI.
+- ``odenet``: :class:`~pyro_sdebnn.nn.ODENet`, constant deterministic weights (σ → 0), cross-entropy
+  (:meth:`~pyro_sdebnn.nn.ODENet.nll`), Adam;
+- ``mf-odenet``: the same net's :meth:`~pyro_sdebnn.nn.ODENet.model` (N(0, 1) prior on the constant
+  weights) with Pyro ``AutoNormal`` + ``TraceMeanField_ELBO``;
+- ``resnet`` / ``mf-resnet``: :class:`~pyro_sdebnn.nn.ResNet`, K = round(1 / dt) independent weight
+  vectors, one per Euler step (a discrete ResNet with K residual blocks), deterministic or mean-field VI.
 
 Reported: test accuracy, ECE (10 bins), NLL, training time. The claim checked is seed 000's:
 SDE-BNN at least as accurate as ODE-Net with lower ECE. A second part times the trained SDE-BNN's
@@ -25,17 +26,15 @@ import argparse
 import time
 
 import pyro
-import pyro.distributions as dist
 import torch
-import torch.nn.functional as F
 from pyro.infer import SVI, TraceMeanField_ELBO
-from pyro.infer.autoguide import AutoNormal
+from pyro.infer.autoguide import AutoNormal, init_to_value
 from pyro.optim import Adam
 from tqdm import tqdm
 
 from pyro_sdebnn.infer import NeuralSDEGuide, TracePathKL_ELBO
 from pyro_sdebnn.metrics import accuracy, expected_calibration_error, negative_log_likelihood
-from pyro_sdebnn.nn import SDEBNN
+from pyro_sdebnn.nn import SDEBNN, ODENet, ResNet
 
 NAME = "sdebnn-mnist"
 DESCRIPTION = "SDE-BNN (+STL) vs ODE-Net, mean-field ODE-Net and ResNet±MFVI: accuracy, ECE, solver tolerance"
@@ -96,56 +95,37 @@ def _train_sdebnn(args, data, estimator):
     return predict, (net, guide)
 
 
-def _deterministic(args, data, per_step: bool):
-    net = _net(args, tuple(data.x_train.shape[1:]))
-    steps = net.times.shape[0] - 1
-    weights = torch.nn.Parameter(net.w0.detach().clone().expand(steps if per_step else 1, -1).clone())
-    params = [weights, *net.head.parameters()]
-    opt = torch.optim.Adam(params, lr=args.lr)
+def _baseline(args, shape, method: str):
+    # built right after pyro.set_rng_seed(args.seed), like _net: same initial field weights and head as the SDE-BNN
+    common = dict(hidden=args.hidden, augment=args.augment, likelihood="categorical", prior_scale=1.0)
+    if method.endswith("odenet"):
+        net = ODENet(shape, 10, dt=args.dt, **common)
+    else:
+        blocks = max(1, round(1.0 / args.dt))  # as many residual blocks as the continuous nets' Euler steps on (0, 1)
+        net = ResNet(shape, 10, blocks=blocks, **common)
+    return net.to(args.device)
+
+
+def _deterministic(args, data, method: str):
+    net = _baseline(args, tuple(data.x_train.shape[1:]), method)
+    opt = torch.optim.Adam(net.parameters(), lr=args.lr)
     x, y, n = data.x_train.to(args.device), data.y_train.to(args.device), data.x_train.shape[0]
-
-    def logits(xb):
-        return net._head(net.integrate_weights(xb, weights.expand(steps, -1)))
-
-    for idx in tqdm(_batches(n, args.batch_size, args.steps, args.seed), total=args.steps, leave=False,
-                    desc="resnet" if per_step else "odenet"):
+    for idx in tqdm(_batches(n, args.batch_size, args.steps, args.seed), total=args.steps, leave=False, desc=method):
         opt.zero_grad()
-        F.cross_entropy(logits(x[idx]), y[idx]).backward()
+        net.nll(x[idx], y[idx]).backward()
         opt.step()
-    return lambda xb: logits(xb).softmax(-1).unsqueeze(0), None
+    return lambda xb: net.predict(xb).probs, None
 
 
-def _mean_field(args, data, per_step: bool):
-    net = _net(args, tuple(data.x_train.shape[1:]))
-    steps = net.times.shape[0] - 1
-    rows = steps if per_step else 1
-    dim = net.num_weights
+def _mean_field(args, data, method: str):
+    net = _baseline(args, tuple(data.x_train.shape[1:]), method)
     x, y, n = data.x_train.to(args.device), data.y_train.to(args.device), data.x_train.shape[0]
-
-    def model(xb, yb=None):
-        pyro.module("head", net.head)
-        zero = torch.zeros((), device=xb.device)
-        w = pyro.sample("w", dist.Normal(zero, 1.0).expand([rows, dim]).to_event(2))
-        logits = net._head(net.integrate_weights(xb, w.expand(w.shape[:-2] + (steps, dim))))
-        with pyro.plate("data", n, subsample=torch.arange(xb.shape[0], device=xb.device)):
-            pyro.sample("obs", dist.Categorical(logits=logits), obs=yb)
-        return logits
-
-    init = net.w0.detach().expand(rows, -1)
-    guide = AutoNormal(model, init_loc_fn=lambda site: init, init_scale=1e-3)
-    svi = SVI(model, guide, Adam({"lr": args.lr}), TraceMeanField_ELBO())
-    for idx in tqdm(_batches(n, args.batch_size, args.steps, args.seed), total=args.steps, leave=False,
-                    desc="mf-resnet" if per_step else "mf-odenet"):
-        svi.step(x[idx], y[idx])
-
-    def predict(xb):
-        out = []
-        for _ in range(args.samples):
-            w = guide()["w"]
-            out.append(net._head(net.integrate_weights(xb, w.expand(steps, dim))).softmax(-1))
-        return torch.stack(out)
-
-    return predict, None
+    # start at the deterministic nets' initial weights (zero weights are a saddle of the field), tiny scale
+    guide = AutoNormal(net.model, init_loc_fn=init_to_value(values={"w": net.weights.detach()}), init_scale=1e-3)
+    svi = SVI(net.model, guide, Adam({"lr": args.lr}), TraceMeanField_ELBO())
+    for idx in tqdm(_batches(n, args.batch_size, args.steps, args.seed), total=args.steps, leave=False, desc=method):
+        svi.step(x[idx], y[idx], num_data=n)
+    return lambda xb: net.predict(xb, guide, num_samples=args.samples).probs, None
 
 
 def _solver_tolerance(args, net, guide, x, y):
@@ -193,9 +173,9 @@ def _run(args: argparse.Namespace) -> dict:
             predict, extra = _train_sdebnn(args, data, "stl" if method == "sdebnn-stl" else "analytic")
             trained[method] = extra
         elif method in ("odenet", "resnet"):
-            predict, _ = _deterministic(args, data, per_step=method == "resnet")
+            predict, _ = _deterministic(args, data, method)
         else:
-            predict, _ = _mean_field(args, data, per_step=method == "mf-resnet")
+            predict, _ = _mean_field(args, data, method)
         seconds = time.perf_counter() - start
         probs = _eval_probs(predict, x_test).mean(0)
         results[method] = {"accuracy": accuracy(probs, y_test).item(),

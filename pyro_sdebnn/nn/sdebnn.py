@@ -37,23 +37,25 @@ from typing import Sequence
 import pyro
 import pyro.distributions as dist
 import torch
-from pyro.nn import PyroModule, PyroParam, pyro_method
+from pyro.nn import PyroModule, pyro_method
 from torch import Tensor, nn
 
 from pyro_sdebnn.distributions import OUPath
-from pyro_sdebnn.nn.sde_drift import ConvField, TimeMLPField
+from pyro_sdebnn.nn.continuous_depth import LIKELIHOODS, ContinuousDepthNet
+from pyro_sdebnn.nn.sde_drift import ConvField
 from pyro_sdebnn.ops.path_kl import check_estimator
 from pyro_sdebnn.ops.sde_solve import (SOLVERS, AugmentedPathSDE, brownian_increments, euler_maruyama_kl,
                                        sdeint_augmented, time_grid)
 
 __all__ = ["LIKELIHOODS", "MultiScaleSDEBNN", "SDEBNN"]
 
-#: Likelihood names accepted by :class:`SDEBNN`.
-LIKELIHOODS = ("categorical", "cauchy", "gaussian", "laplace", "studentt")
 
-
-class SDEBNN(PyroModule):
+class SDEBNN(ContinuousDepthNet):
     """Continuous-depth BNN with an Ornstein–Uhlenbeck prior over the weight path of its field ``f_h``.
+
+    Field, augmentation, Euler grid, head and likelihoods are those of
+    :class:`~pyro_sdebnn.nn.continuous_depth.ContinuousDepthNet`; the weights ``W_k`` are the values
+    of the OU weight path at the left end points, starting from the learnable :attr:`w0`.
 
     :param in_dim: number of input features (vector data, time-conditioned MLP field) or a
         ``(C, H, W)`` image shape (conv field: strided conv down, tanh, transposed conv up; H, W even).
@@ -81,121 +83,35 @@ class SDEBNN(PyroModule):
                  sigma: float = 0.2, theta: float = 1.0, t_span: tuple[float, float] = (0.0, 1.0),
                  dt: float = 0.05, *, likelihood: str = "gaussian", obs_scale: float = 0.1, df: float = 4.0,
                  activation: str = "tanh") -> None:
-        super().__init__()
         if not (isinstance(sigma, (int, float)) and sigma > 0):
             raise ValueError(f"sigma must be a positive float, got {sigma!r}")
         if not (isinstance(theta, (int, float)) and theta > 0):
             raise ValueError(f"theta must be a positive float, got {theta!r}")
-        if likelihood not in LIKELIHOODS:
-            raise ValueError(f"likelihood must be one of {LIKELIHOODS}, got {likelihood!r}")
-        if augment < 0 or out_dim < 1 or hidden < 1:
-            raise ValueError(f"augment must be >= 0 and out_dim, hidden >= 1, got {augment}, {out_dim}, {hidden}")
-        self._grid = time_grid(t_span, dt)  # validates t_span and dt
-        self.t_span, self.dt = (float(t_span[0]), float(t_span[1])), float(dt)
-        self.sigma, self.theta, self.likelihood, self.df = float(sigma), float(theta), likelihood, float(df)
-        self.augment, self.out_dim = int(augment), int(out_dim)
-        if isinstance(in_dim, int):
-            self.in_shape: tuple[int, ...] = (in_dim,)
-            self.field = TimeMLPField(in_dim + augment, hidden, activation)
-            state_size = in_dim + augment
-        else:
-            self.in_shape = tuple(int(s) for s in in_dim)
-            if len(self.in_shape) != 3 or self.in_shape[1] % 2 or self.in_shape[2] % 2:
-                raise ValueError(f"in_dim must be an int or a (C, H, W) shape with even H, W, got {in_dim}")
-            channels, height, width = self.in_shape
-            self.field = ConvField(channels + augment, hidden)
-            state_size = (channels + augment) * height * width
-        self.w0 = nn.Parameter(self.field.init_weights())
-        self.head = nn.Linear(state_size, out_dim)
-        if likelihood != "categorical":
-            self.obs_scale = PyroParam(torch.tensor(float(obs_scale)), constraint=dist.constraints.positive)
+        super().__init__(in_dim, out_dim, hidden, augment, t_span, dt, likelihood=likelihood, obs_scale=obs_scale,
+                         df=df, activation=activation)
+        self.sigma, self.theta = float(sigma), float(theta)
 
-    # ------------------------------------------------------------------ structure
-    @property
-    def num_weights(self) -> int:
-        """D, the number of weights of ``f_h`` (the dimension of the weight SDE)."""
-        return self.field.num_weights
+    def _init_weights(self, init: Tensor) -> None:
+        self.w0 = nn.Parameter(init)
 
-    @property
-    def times(self) -> Tensor:
-        """The Euler grid ``(K + 1,)`` in the dtype and device of the weights."""
-        w0 = self.w0
-        if self._grid.dtype != w0.dtype or self._grid.device != w0.device:
-            self._grid = time_grid(self.t_span, self.dt, dtype=w0.dtype, device=w0.device)
-        return self._grid
+    def _grid_like(self) -> Tensor:
+        return self.w0
 
+    # ------------------------------------------------------------------ weight path
     def prior(self) -> OUPath:
         """The weight-path prior ``OUPath(w0, sigma, times, theta, method="euler")``."""
         return OUPath(self.w0, self.sigma, self.times, self.theta, method="euler")
-
-    def hidden_init(self, x: Tensor) -> Tensor:
-        """:math:`h_{t_0} = [x; 0_A]`, shape ``(N,) + state shape``."""
-        if not isinstance(x, Tensor):
-            raise TypeError(f"x must be a tensor, got {type(x).__name__}")
-        if tuple(x.shape[1:]) != self.in_shape:
-            raise ValueError(f"x must have shape (N, {', '.join(map(str, self.in_shape))}), got {tuple(x.shape)}")
-        if not self.augment:
-            return x
-        zeros = x.new_zeros((x.shape[0], self.augment) + tuple(x.shape[2:]))
-        return torch.cat([x, zeros], 1)
-
-    def _lead(self, h0: Tensor, lead: torch.Size) -> Tensor:
-        # conv fields need exactly one sample dimension in front of N
-        return h0.expand(lead + h0.shape) if len(self.in_shape) == 3 else h0
-
-    def _head(self, h: Tensor) -> Tensor:
-        if len(self.in_shape) == 3:
-            h = h.flatten(-3)
-        return self.head(h)
 
     def integrate(self, x: Tensor, path: Tensor) -> Tensor:
         """Hidden state :math:`h_{t_1}` by Euler along a given weight path ``(..., K, D)`` (``w0`` at ``t0``)."""
         w_prev = torch.cat([self.w0.expand(path.shape[:-2] + self.w0.shape).unsqueeze(-2), path[..., :-1, :]], -2)
         return self.integrate_weights(x, w_prev)
 
-    def integrate_weights(self, x: Tensor, weights: Tensor) -> Tensor:
-        """Euler steps :math:`h_{k+1} = h_k + f_h(h_k, t_k; W_k)\\Delta t_k` with given per-step weights.
-
-        ``weights`` has shape ``(..., K, D)``; ``W_k = weights[..., k, :]``. A constant ``W_k`` gives the
-        ODE-Net baseline, independent ``W_k`` a discrete ResNet with K residual blocks.
-        """
-        times = self.times
-        if weights.shape[-2] != times.shape[0] - 1 or weights.shape[-1] != self.num_weights:
-            raise ValueError(f"weights must have shape (..., {times.shape[0] - 1}, {self.num_weights}), "
-                             f"got {tuple(weights.shape)}")
-        lead = weights.shape[:-2]
-        h = self.hidden_init(x)
-        if len(self.in_shape) == 3:
-            weights = weights.reshape((-1,) + weights.shape[-2:])
-            h = self._lead(h, weights.shape[:1])
-        dts = times[1:] - times[:-1]
-        for k in range(times.shape[0] - 1):
-            h = h + self.field(times[k], h, weights[..., k, :]) * dts[k]
-        if len(self.in_shape) == 3:
-            h = h.reshape(lead + h.shape[1:])
-        return h
-
     def forward(self, x: Tensor, path: Tensor) -> Tensor:
         """Network output ``(..., N, out_dim)`` for inputs ``x`` and a weight path ``(..., K, D)``."""
         return self._head(self.integrate(x, path))
 
-    # ------------------------------------------------------------------ likelihood
-    def likelihood_dist(self, out: Tensor) -> dist.Distribution:
-        """Observation distribution given the head output ``(..., N, out_dim)``; batch shape ``(..., N)``."""
-        if self.likelihood == "categorical":
-            return dist.Categorical(logits=out)
-        loc = out.squeeze(-1) if self.out_dim == 1 else out
-        scale = self.obs_scale
-        if self.likelihood == "gaussian":
-            d = dist.Normal(loc, scale)
-        elif self.likelihood == "laplace":
-            d = dist.Laplace(loc, scale)
-        elif self.likelihood == "cauchy":
-            d = dist.Cauchy(loc, scale)
-        else:
-            d = dist.StudentT(torch.as_tensor(self.df, dtype=loc.dtype, device=loc.device), loc, scale)
-        return d if self.out_dim == 1 else d.to_event(1)
-
+    # ------------------------------------------------------------------ model
     @pyro_method
     def model(self, x: Tensor, y: Tensor | None = None, *, num_data: int | None = None) -> Tensor:
         """Pyro model: samples ``"w_path"`` from the OU prior and observes ``"obs"`` in ``plate("data")``.
@@ -206,12 +122,7 @@ class SDEBNN(PyroModule):
         :returns: the head output ``(..., b, out_dim)`` (also recorded as deterministic site ``"f"``).
         """
         path = pyro.sample("w_path", self.prior())
-        out = self(x, path)
-        pyro.deterministic("f", out, event_dim=2)
-        size = x.shape[0] if num_data is None else int(num_data)
-        with pyro.plate("data", size, subsample=torch.arange(x.shape[0], device=x.device)):
-            pyro.sample("obs", self.likelihood_dist(out), obs=y)
-        return out
+        return self._observe(x, y, self(x, path), num_data)
 
     # ------------------------------------------------------------------ fused solves and prediction
     def _posterior(self, x: Tensor, guide):
@@ -296,16 +207,9 @@ class SDEBNN(PyroModule):
             :class:`~pyro_sdebnn.infer.RegressionPrediction` with ``loc, scale (S, N)`` (Gaussian
             likelihood; other regression likelihoods report their location and scale parameters).
         """
-        from pyro_sdebnn.infer.predictive import ClassificationPrediction, RegressionPrediction
-
         out, _ = self._solve(x, guide, num_samples, estimator="analytic", method=method, adaptive=adaptive,
                              rtol=rtol, atol=atol, entropy=entropy)
-        if self.likelihood == "categorical":
-            return ClassificationPrediction(out.softmax(-1))
-        if self.out_dim != 1:
-            raise ValueError("predict() supports scalar regression (out_dim=1) or classification")
-        loc = out.squeeze(-1)
-        return RegressionPrediction(loc, self.obs_scale.expand_as(loc).clone())
+        return self._prediction(out)
 
 
 class MultiScaleSDEBNN(PyroModule):

@@ -265,3 +265,72 @@ def test_compiled_relu_matches_eager():
     # float32 kernels that fuse the same formulas: agreement to a few ulps of the values (~1e-7 relative)
     assert torch.allclose(fused.mean, eager.mean, rtol=1e-5, atol=1e-6)
     assert torch.allclose(fused.var, eager.var, rtol=1e-5, atol=1e-6)
+
+
+def _wide_relu_inputs(dtype):
+    # r = mu / s spans the lower tail, the centre, the band 4 < r < 6 where erf has not yet rounded to 1,
+    # and far tails; s^2 spans 1e-8 (below the floor) to 1e4.
+    g = torch.Generator().manual_seed(0)
+    mu = torch.cat([torch.randn(20_000, generator=g, dtype=torch.float64) * 10, torch.linspace(-8, 8, 1601,
+                                                                                              dtype=torch.float64)])
+    s2 = torch.cat([torch.exp(torch.randn(20_000, generator=g, dtype=torch.float64) * 4),
+                    torch.ones(1601, dtype=torch.float64)])
+    return mu.to(dtype), s2.to(dtype)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_relu_moments_single_erf_equals_ndtr_reference_float64(grad):
+    # Same closed form, evaluated with one erf instead of two ndtr: in float64 the two agree to
+    # rounding, measured on the natural scales of the output (s for the mean, s^2 for the variance).
+    from pyro_sdebnn.ops.moments import _relu_moments_ndtr
+
+    mu, s2 = _wide_relu_inputs(torch.float64)
+    ref = _relu_moments_ndtr(mu, s2)
+    out = relu_moments(mu.clone().requires_grad_(grad), s2)
+    s2f = s2.clamp_min(1e-5)
+    assert ((out.mean.detach() - ref.mean).abs() / s2f.sqrt()).max() < 1e-13
+    assert ((out.var.detach() - ref.var).abs() / s2f).max() < 1e-13
+
+
+def test_relu_moments_single_erf_float32_error_bound():
+    # In float32 the erf tails carry an absolute error of ~1 ulp (6e-8); the docstring bounds the
+    # variance error by r^2 eps s^2 with r <= 6, i.e. ~2e-6 s^2, plus the rounding of mu itself
+    # (|mu| eps relative to s for the mean). Compared with the float64 reference.
+    from pyro_sdebnn.ops.moments import _relu_moments_ndtr
+
+    mu, s2 = _wide_relu_inputs(torch.float64)
+    ref = _relu_moments_ndtr(mu, s2)
+    out = relu_moments(mu.float(), s2.float())
+    s2f = s2.clamp_min(1e-5)
+    eps = torch.finfo(torch.float32).eps
+    mean_err = (out.mean.double() - ref.mean).abs()
+    assert (mean_err <= 8 * eps * (mu.abs() + s2f.sqrt())).all()
+    assert ((out.var.double() - ref.var).abs() <= 64 * eps * (s2f + mu.square())).all()
+    band = (mu / s2f.sqrt()).abs() < 6
+    assert ((out.var.double() - ref.var).abs()[band] / s2f[band]).max() < 40 * eps
+
+
+@pytest.mark.parametrize("with_var", [False, True])
+@pytest.mark.parametrize("kind", ["linear", "conv"])
+def test_multiplicative_variance_equals_literal_formula(kind, with_var):
+    # (M o M)((1 + alpha) v + alpha x^2), written literally, against the rearranged evaluation
+    # (alpha folded onto the squared weights when v = 0). float64: agreement to rounding.
+    from pyro_sdebnn.ops.moments import multiplicative_conv2d_moments, multiplicative_linear_moments
+
+    g = torch.Generator().manual_seed(1)
+    if kind == "linear":
+        x, w, alpha = (torch.randn(5, 4, generator=g, dtype=torch.float64), torch.randn(3, 4, generator=g,
+                       dtype=torch.float64), torch.rand(4, generator=g, dtype=torch.float64))
+        v = torch.rand(5, 4, generator=g, dtype=torch.float64) if with_var else None
+        out = multiplicative_linear_moments(x, v, w, alpha)
+        a, vv = alpha, (torch.zeros_like(x) if v is None else v)
+        literal = F.linear((1 + a) * vv + a * x * x, w * w)
+    else:
+        x, w, alpha = (torch.randn(2, 3, 6, 6, generator=g, dtype=torch.float64),
+                       torch.randn(4, 3, 3, 3, generator=g, dtype=torch.float64),
+                       torch.rand(3, generator=g, dtype=torch.float64))
+        v = torch.rand(2, 3, 6, 6, generator=g, dtype=torch.float64) if with_var else None
+        out = multiplicative_conv2d_moments(x, v, w, alpha, None, 1, 1)
+        a, vv = alpha.reshape(-1, 1, 1), (torch.zeros_like(x) if v is None else v)
+        literal = F.conv2d((1 + a) * vv + a * x * x, w * w, None, 1, 1)
+    assert torch.allclose(out.var, literal, rtol=1e-12, atol=1e-14)

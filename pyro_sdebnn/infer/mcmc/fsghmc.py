@@ -62,11 +62,12 @@ class FSGHMC(FunctionalKernelMixin, SGHMC):
         weight_prior_scale: Optional[float] = None,
         measurement_args: Optional[Callable] = None,
         output_fn: Optional[Callable] = None,
+        concatenate_inputs: Optional[bool] = None,
         step_size: Union[float, StepSizeSchedule] = 1e-4,
         **kwargs: Any,
     ) -> None:
         self._init_functional(
             gp_prior, measurement_points, num_measurement_data, num_measurement_box, gp_mean, jitter, output_site,
-            prior_sites, weight_prior_scale, measurement_args, output_fn,
+            prior_sites, weight_prior_scale, measurement_args, output_fn, concatenate_inputs,
         )
         super().__init__(model, step_size=step_size, **kwargs)

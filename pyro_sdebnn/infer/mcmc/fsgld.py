@@ -53,6 +53,10 @@ class FSGLD(FunctionalKernelMixin, SGLD):
     :param callable measurement_args: ``X_M -> (args, kwargs)`` of the model.
     :param callable output_fn: alternatively ``output_fn(values, X_M) -> f(X_M)`` from the constrained latent values
         (dict by site name), instead of running the model on :math:`X_M`.
+    :param concatenate_inputs: ``None`` (default): evaluate the network once on :math:`[x_B; X_M]` (one trace, one
+        forward/backward pass) when that reproduces the two-trace potential and gradient at set-up, else trace the
+        model twice per step; ``True`` requires the single pass; ``False`` always traces twice
+        (see :class:`~pyro_sdebnn.infer.mcmc.FunctionalPotential`).
 
     **References**
 
@@ -89,11 +93,12 @@ class FSGLD(FunctionalKernelMixin, SGLD):
         weight_prior_scale: Optional[float] = None,
         measurement_args: Optional[Callable] = None,
         output_fn: Optional[Callable] = None,
+        concatenate_inputs: Optional[bool] = None,
         step_size: Union[float, StepSizeSchedule] = 1e-5,
         **kwargs: Any,
     ) -> None:
         self._init_functional(
             gp_prior, measurement_points, num_measurement_data, num_measurement_box, gp_mean, jitter, output_site,
-            prior_sites, weight_prior_scale, measurement_args, output_fn,
+            prior_sites, weight_prior_scale, measurement_args, output_fn, concatenate_inputs,
         )
         super().__init__(model, step_size=step_size, **kwargs)

@@ -14,7 +14,20 @@ The gradient comes from one backward pass of the surrogate
 :math:`\\alpha = (K+\\delta I)^{-1}(f_M - m_M)`
 solved in float64 with the Cholesky factor, so that :math:`\\nabla \\tilde U = \\nabla\\text{NLL} + J_M^\\top \\alpha`
 without any Jacobian. The network outputs at :math:`X_M` are read from a ``pyro.deterministic`` site of the model
-(default ``"f"``) by running the model on :math:`X_M` (``model(X_M)``, or ``measurement_args(X_M)``).
+(default ``"f"``).
+
+Two ways to evaluate :math:`f_B` and :math:`f_M`, chosen at set-up:
+
+- *concatenated* (default when the model allows it; FSGMCMC.md): the model is traced **once** on the
+  concatenated inputs :math:`[x_B; X_M]` (every data argument gathered at the minibatch and extended by the
+  measurement arguments, with the targets at :math:`X_M` padded by a copy of a minibatch target); the
+  likelihood keeps the first :math:`b` entries of the data plate and :math:`f_M` is the tail of the output site.
+  One forward and one backward pass of the network on :math:`b + M` inputs.
+- *two traces* (fallback): the model is traced on the minibatch and again on :math:`X_M`
+  (``model(X_M)``, or ``measurement_args(X_M)``).
+
+The concatenated path is used only after it reproduced the two-trace potential and gradient at a random point
+(models whose data plate size or data arguments do not follow the inputs fall back automatically).
 """
 
 from __future__ import annotations
@@ -28,7 +41,7 @@ from pyro.poutine.messenger import Messenger
 from pyro.contrib.gp.kernels import Kernel
 from torch import Tensor
 
-from pyro_sdebnn.infer.mcmc.base import MinibatchPotential
+from pyro_sdebnn.infer.mcmc.base import MinibatchPotential, _no_validation
 from pyro_sdebnn.infer.mcmc.measurement_points import MeasurementPoints
 from pyro_sdebnn.ops.gp import cholesky_with_jitter, gp_precision_residual
 
@@ -71,6 +84,9 @@ class FunctionalPotential(MinibatchPotential):
         directly from the constrained latent ``values`` (a dict by site name); then the model is not run on
         :math:`X_M` and ``output_site`` is unused.
     :param Tensor example_points: an example set of measurement points, used to check the model and the jitter.
+    :param concatenate_inputs: ``None`` (default): trace the model once on :math:`[x_B; X_M]` when that reproduces
+        the two-trace potential and gradient at a random point, else trace twice; ``True``: require the
+        concatenated path (``ValueError`` if the model does not allow it); ``False``: always trace twice.
 
     >>> import pyro.contrib.gp as gp
     >>> from pyro_sdebnn.infer.mcmc import BayesianMLP
@@ -96,6 +112,7 @@ class FunctionalPotential(MinibatchPotential):
         weight_prior_scale: Optional[float] = None,
         measurement_args: Optional[Callable[[Tensor], tuple[tuple, dict]]] = None,
         output_fn: Optional[Callable[[dict, Tensor], Tensor]] = None,
+        concatenate_inputs: Optional[bool] = None,
         subsample_size: Optional[int] = None,
         data_plate: Optional[str] = None,
         transforms: Optional[dict] = None,
@@ -140,7 +157,16 @@ class FunctionalPotential(MinibatchPotential):
         self.event_dim = f.dim()
         with torch.no_grad():
             cov = gp_kernel(example_points.to(torch.float64)).to(torch.float64)
-        _, self.jitter, _ = cholesky_with_jitter(cov, jitter)
+        scale_tril, self.jitter, _ = cholesky_with_jitter(cov, jitter)
+        if concatenate_inputs not in (None, True, False):
+            raise TypeError(f"concatenate_inputs must be None, True or False, got {concatenate_inputs!r}")
+        self.concatenated = False
+        if concatenate_inputs is not False:
+            reason = self._check_concatenation(example_points, scale_tril)
+            if reason is None:
+                self.concatenated = True
+            elif concatenate_inputs:
+                raise ValueError(f"concatenate_inputs=True but the model cannot be evaluated on [x_B; X_M]: {reason}")
 
     def measurement_outputs(self, values: dict[str, Tensor], points: Tensor) -> Tensor:
         """The network outputs :math:`f(X_M; w)` read from the model's ``output_site`` (or ``output_fn``)."""
@@ -155,6 +181,90 @@ class FunctionalPotential(MinibatchPotential):
                 f"`pyro.deterministic('{self.output_site}', f)` inside the data plate, or pass output_site="
             )
         return trace.nodes[self.output_site]["value"]
+
+    # ----- one trace on the concatenated inputs [x_B; X_M] ------------------------------------------------------
+    def _concatenated_args(self, idx: Optional[Tensor], points: Tensor) -> tuple[tuple, dict, int]:
+        """Model arguments with every data argument (leading size N) gathered at ``idx`` and extended by its
+        measurement-point counterpart (``measurement_args(X_M)``; a missing/``None`` counterpart, e.g. the
+        targets, is padded with copies of the first minibatch row, masked out of the likelihood)."""
+        m_args, m_kwargs = self.measurement_args(points)
+        num_points = points.shape[0]
+
+        def extend(value: Any, counterpart: Any, present: bool) -> Any:
+            if not (torch.is_tensor(value) and value.dim() >= 1 and value.shape[0] == self.data_size):
+                if present and counterpart is not value:
+                    raise ValueError("a non-data argument differs between the data and measurement calls")
+                return value
+            batch = value if idx is None else value[idx]
+            if counterpart is None:
+                pad = batch.narrow(-value.dim(), 0, 1)
+                pad = pad.expand(*batch.shape[: batch.dim() - value.dim()], num_points, *value.shape[1:])
+            elif torch.is_tensor(counterpart) and counterpart.shape[1:] == value.shape[1:]:
+                pad = counterpart.to(value.dtype)
+            else:
+                raise ValueError("a measurement argument does not match the shape of its data argument")
+            return torch.cat([batch, pad], -value.dim())
+
+        args = tuple(
+            extend(a, m_args[i] if i < len(m_args) else None, i < len(m_args)) for i, a in enumerate(self.model_args)
+        )
+        kwargs = {k: extend(v, m_kwargs.get(k), k in m_kwargs) for k, v in self.model_kwargs.items()}
+        batch_size = self.data_size if idx is None else idx.shape[-1]
+        return args, kwargs, batch_size
+
+    def _concatenated_terms(
+        self, values: dict[str, Tensor], idx: Optional[Tensor], points: Tensor, exclude: frozenset = frozenset()
+    ) -> tuple[Tensor, Tensor]:
+        """:math:`\\frac{N}{b}\\sum_B \\log p(y|f) + \\log p(\\text{kept priors})` and :math:`f_M` from one trace."""
+        args, kwargs, b = self._concatenated_args(idx, points)
+        trace = self._trace(values, None, args, kwargs)
+        total: Tensor | float = 0.0
+        for name in self.observed_sites:
+            site = trace.nodes[name]
+            log_p = _no_validation(site["fn"]).log_prob(site["value"])
+            if site["mask"] is not None:
+                log_p = log_p * site["mask"]
+            frame = next(fr for fr in site["cond_indep_stack"] if fr.name == self.data_plate)
+            log_p = log_p.narrow(log_p.dim() + frame.dim, 0, b)  # drop the padded measurement-point rows
+            scale = site["scale"]
+            total = total + (log_p.sum() if isinstance(scale, float) and scale == 1.0 else (log_p * scale).sum())
+        total = total * (self.data_size / b) + self.log_density(trace, likelihood=False, exclude=exclude)
+        outputs = trace.nodes[self.output_site]["value"]
+        return total, outputs.narrow(0, b, outputs.shape[0] - b)
+
+    def _check_concatenation(self, points: Tensor, scale_tril: Tensor) -> Optional[str]:
+        """``None`` if the concatenated path reproduces the two-trace value and gradient, else the reason."""
+        if self.output_fn is not None:
+            return "output_fn computes the outputs outside the model"
+        if self.data_plate is None:
+            return "the model has no plate over the data"
+        generator = torch.Generator(device=self.device).manual_seed(0)
+        flat = 0.1 * torch.randn(self.dim, generator=generator, dtype=self.dtype, device=self.device)
+        b = self.subsample_size
+        idx = None if b is None else torch.randperm(self.data_size, generator=generator, device=self.device)[:b]
+        results = []
+        try:
+            for concatenated in (False, True):
+                self.concatenated = concatenated
+                u = flat.clone().requires_grad_()
+                with pyro.validation_enabled(False), poutine.block():
+                    value = self(u, idx, points, scale_tril)
+                (grad,) = torch.autograd.grad(value, u)
+                results.append((value.detach(), grad))
+        except Exception as e:  # noqa: BLE001 - any failure means: not concatenable
+            return f"{type(e).__name__}: {e}"
+        finally:
+            self.concatenated = False
+        (v0, g0), (v1, g1) = results
+        tol = 1e-3 if self.dtype in (torch.float16, torch.bfloat16, torch.float32) else 1e-8
+        if not (torch.isfinite(v1) and torch.isfinite(g1).all()):
+            return "non-finite potential on the concatenated inputs"
+        if (v1 - v0).abs() > tol * (1 + v0.abs()) or (g1 - g0).norm() > tol * (1 + g0.norm()):
+            return (
+                f"the concatenated potential ({float(v1):.6g}) or its gradient differs from the two-trace one "
+                f"({float(v0):.6g}); the data plate or the data arguments do not follow the inputs"
+            )
+        return None
 
     def mean_at(self, points: Tensor, like: Tensor) -> Tensor | float:
         if self.gp_mean is None:
@@ -172,12 +282,16 @@ class FunctionalPotential(MinibatchPotential):
 
     def __call__(  # type: ignore[override]
         self, flat: Tensor | tuple[Tensor, ...], idx: Optional[Tensor] = None, points: Optional[Tensor] = None,
-        scale_tril: Optional[Tensor] = None,
+        scale_tril: Optional[Tensor] = None, *, exclude_gaussian_prior: bool = False,
     ) -> Tensor:
         values, logdet = self.unpack(flat)
-        trace = self._trace(values, idx)
-        potential = -(self.log_density(trace) + logdet)
-        f = self.measurement_outputs(values, points)
+        exclude = self.gaussian_prior_sites if exclude_gaussian_prior else frozenset()
+        if self.concatenated:  # one forward pass on [x_B; X_M]
+            log_p, f = self._concatenated_terms(values, idx, points, exclude)
+        else:  # two traces: minibatch, then measurement points
+            log_p = self.log_density(self._trace(values, idx), exclude=exclude)
+            f = self.measurement_outputs(values, points)
+        potential = -(log_p + logdet)
         if scale_tril is None:
             scale_tril = self.cholesky(points)
         residual = f - self.mean_at(points, f)
@@ -207,6 +321,7 @@ class FunctionalKernelMixin:
         weight_prior_scale: Optional[float],
         measurement_args: Optional[Callable],
         output_fn: Optional[Callable] = None,
+        concatenate_inputs: Optional[bool] = None,
     ) -> None:
         from pyro_sdebnn.distributions import GPFunctionalPrior
 
@@ -235,6 +350,7 @@ class FunctionalKernelMixin:
         self.weight_prior_scale = weight_prior_scale
         self.measurement_args = measurement_args
         self.output_fn = output_fn
+        self.concatenate_inputs = concatenate_inputs
         self._points_cache: Optional[tuple] = None
 
     def _build_potential(self, args: tuple, kwargs: dict) -> MinibatchPotential:
@@ -261,6 +377,7 @@ class FunctionalKernelMixin:
             weight_prior_scale=self.weight_prior_scale,
             measurement_args=self.measurement_args,
             output_fn=self.output_fn,
+            concatenate_inputs=self.concatenate_inputs,
             subsample_size=self.subsample_size,
             data_plate=self.data_plate,
             transforms=self.user_transforms,
@@ -285,5 +402,7 @@ class FunctionalKernelMixin:
                 self._points_cache = (points, self.potential.cholesky(points))
         return self._points_cache
 
-    def _potential_fn(self, flat: Tensor, idx: Optional[Tensor], *extra: Tensor) -> Tensor:
-        return self.potential(flat, idx, *extra)
+    def _potential_fn(
+        self, flat: Tensor, idx: Optional[Tensor], *extra: Tensor, exclude_gaussian_prior: bool = False
+    ) -> Tensor:
+        return self.potential(flat, idx, *extra, exclude_gaussian_prior=exclude_gaussian_prior)

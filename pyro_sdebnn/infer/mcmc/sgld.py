@@ -56,10 +56,16 @@ class SGLD(SGMCMCKernel):
     :param dict transforms: optional ``{site: transform}`` from constrained to unconstrained space (as for
         ``HMC``); the kernel samples in that space and exposes it as ``kernel.transforms`` for ``MCMC``.
 
+    :param float compile_after: with ``backend="auto"``, seconds of eager graph steps after which the step graph is
+        compiled (default 5).
+
     ``backend="compile"`` sets ``torch._inductor.config.fallback_random = True`` (on CPU the compiler's own
-    random-number generation is very slow). ``backend="auto"`` compiles when the warm-up alone has at least 5000
-    inner steps and otherwise runs the traced graph eagerly; models that cannot be traced fall back to
-    ``"eager"`` with a ``RuntimeWarning``.
+    random-number generation is very slow). ``backend="auto"`` (default) runs the traced graph eagerly (built in
+    well under a second) and compiles it once the chain has spent ``compile_after`` seconds in eager steps, keeping
+    the compiled step only if it is measured faster on the next returned sample (a ski-rental rule: short runs never
+    pay the compilation, which takes a few seconds to a minute; long runs get the compiled step and pay at most
+    about twice the best total time). ``kernel.backend_used`` and ``diagnostics()["backend"]`` say which step ran
+    last. Models that cannot be traced fall back to ``"eager"`` with a ``RuntimeWarning``.
 
     **References**
 

@@ -40,8 +40,10 @@ class MNReLU(nn.Module):
 
     :param float min_var: floor on :math:`s^2` (default ``1e-5``, seed 002 App. A).
     :param bool compile: evaluate the moments with a :func:`torch.compile`-fused kernel (one pass over
-        memory instead of about fifteen element-wise operations; the first call compiles, which takes
-        seconds). The default ``False`` runs eager PyTorch.
+        memory instead of about seventeen element-wise operations, one of them ``erf``; the first call
+        compiles, which takes seconds and needs a C++ compiler). The default ``False`` runs eager PyTorch:
+        on a 2-core CPU the fused kernel made a LeNet-5 predictive pass about 17 % faster
+        (``benchmarks/RESULTS_mnvi.md``), not enough to justify the compile latency as a default.
 
     >>> relu = MNReLU()
     >>> out = relu(Moments(torch.tensor([-1.0, 0.0, 1.0]), torch.ones(3)))

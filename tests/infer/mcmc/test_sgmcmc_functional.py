@@ -182,3 +182,83 @@ def test_output_fn_matches_the_deterministic_site():
     torch.testing.assert_close(by_fn(w, None, POINTS), by_site(w, None, POINTS))
     with pytest.raises(TypeError, match="output_fn"):
         FunctionalPotential(linear_model, (x, y), gp_kernel=prior.kernel, example_points=POINTS, output_fn=3)
+
+
+def _float64_bnn(sizes, **kwargs):
+    """A BayesianMLP whose priors (built from Python floats) are float64."""
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        return BayesianMLP(sizes, **kwargs)
+    finally:
+        torch.set_default_dtype(default)
+
+
+def _bnn_potentials(model, x, y, points, **kwargs):
+    return {
+        concatenate: FunctionalPotential(model, (x, y), gp_kernel=gp.kernels.RBF(1), example_points=points,
+                                         concatenate_inputs=concatenate, **kwargs)
+        for concatenate in (True, False)
+    }
+
+
+@pytest.mark.parametrize("subsample_size", [None, 10])
+def test_concatenated_forward_pass_matches_two_traces(subsample_size):
+    # one trace on [x_B; X_M] (FSGMCMC.md) must give the two-trace potential and gradient exactly (float64)
+    x = torch.linspace(-2, 2, 30, dtype=torch.float64).unsqueeze(-1)
+    y = torch.sin(2 * x[:, 0])
+    points = MeasurementPoints(x, num_data=8, num_box=8)()
+    model = _float64_bnn([1, 16, 16, 1], noise_scale=None)
+    potentials = _bnn_potentials(model, x, y, points, prior_sites=("sigma",), subsample_size=subsample_size)
+    assert potentials[True].concatenated and not potentials[False].concatenated
+    u = 0.5 * torch.randn(potentials[True].dim, dtype=torch.float64)
+    idx = None if subsample_size is None else torch.randperm(30)[:subsample_size]
+    out = {}
+    for concatenate, potential in potentials.items():
+        w = u.clone().requires_grad_()
+        value = potential(w, idx, points)
+        out[concatenate] = (value.detach(), torch.autograd.grad(value, w)[0])
+    torch.testing.assert_close(out[True], out[False])
+
+
+def test_concatenated_step_matches_two_trace_step_with_vectorized_chains():
+    # temperature 0: one fSGLD step is w - eta/2 grad, per chain (vmap over chains, per-chain minibatches)
+    x = torch.linspace(-2, 2, 30, dtype=torch.float64).unsqueeze(-1)
+    y = torch.sin(2 * x[:, 0])
+    points = MeasurementPoints(x, num_data=8, num_box=8, redraw=False)
+    model = _float64_bnn([1, 8, 1])
+    results = {}
+    for concatenate in (True, False):
+        pyro.set_rng_seed(1)
+        kernel = FSGLD(model, gp_prior=gp.kernels.RBF(1), measurement_points=points, step_size=1e-3,
+                       temperature=0.0, subsample_size=10, vectorized_chains=3, concatenate_inputs=concatenate,
+                       backend="fx")
+        kernel.setup(0, x, y)
+        assert kernel.potential.concatenated is concatenate
+        results[concatenate] = kernel.sample(kernel.initial_params)
+    for name in results[True]:
+        torch.testing.assert_close(results[True][name], results[False][name])
+
+
+def test_models_that_cannot_be_concatenated_fall_back_to_two_traces():
+    x, y = _data()
+    size = len(x)
+
+    def fixed_size_model(x, y=None):  # with targets, the plate size is the data size, not len(x)
+        w = pyro.sample("w", dist.Normal(torch.zeros(3, dtype=x.dtype), 1.0).to_event(1))
+        with pyro.plate("data", size if y is not None else len(x)) as idx:
+            f = pyro.deterministic("f", features(x[idx]) @ w)
+            pyro.sample("obs", dist.Normal(f, NOISE), obs=None if y is None else y[idx])
+
+    prior = _prior()
+    potential = FunctionalPotential(fixed_size_model, (x, y), gp_kernel=prior.kernel, example_points=POINTS)
+    assert not potential.concatenated
+    with pytest.raises(ValueError, match="concatenate_inputs=True"):
+        FunctionalPotential(fixed_size_model, (x, y), gp_kernel=prior.kernel, example_points=POINTS,
+                            concatenate_inputs=True)
+    by_fn = FunctionalPotential(linear_model, (x, y), gp_kernel=prior.kernel, example_points=POINTS,
+                                output_fn=lambda values, points: features(points) @ values["w"])
+    assert not by_fn.concatenated
+    with pytest.raises(TypeError, match="concatenate_inputs"):
+        FunctionalPotential(linear_model, (x, y), gp_kernel=prior.kernel, example_points=POINTS,
+                            concatenate_inputs="yes")

@@ -1,0 +1,208 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Shared body of the continuous-depth networks :class:`~pyro_sdebnn.nn.SDEBNN`, :class:`~pyro_sdebnn.nn.ODENet`
+and :class:`~pyro_sdebnn.nn.ResNet`.
+
+All three integrate the hidden state with Euler steps of one field :math:`f_h` (a
+:class:`~pyro_sdebnn.nn.TimeMLPField` for vectors, a :class:`~pyro_sdebnn.nn.ConvField` for images)
+whose weights :math:`W_k` are given per step, then read the output through a linear head:
+
+.. math::
+
+    h_0 = [x; 0_A], \\qquad h_{k+1} = h_k + f_h(h_k, t_k; W_k)\\,\\Delta t_k, \\quad k = 0, \\dots, K-1,
+    \\qquad y \\sim p(y \\mid \\mathrm{head}(h_K)).
+
+They differ only in where :math:`W_k` comes from: an OU weight path (SDE-BNN), one constant vector
+(ODE-Net) or one vector per block (ResNet).
+
+**References**
+
+1. Xu, Chen, Li, Duvenaud (2022). Infinitely Deep Bayesian Neural Networks with Stochastic
+   Differential Equations. AISTATS. arXiv:2102.06559.
+2. Chen, Rubanova, Bettencourt, Duvenaud (2018). Neural Ordinary Differential Equations. NeurIPS.
+   arXiv:1806.07366.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro.nn import PyroModule, PyroParam
+from torch import Tensor, nn
+
+from pyro_sdebnn.nn.sde_drift import ConvField, TimeMLPField
+from pyro_sdebnn.ops.sde_solve import time_grid
+
+__all__ = ["LIKELIHOODS", "ContinuousDepthNet"]
+
+#: Likelihood names accepted by :class:`~pyro_sdebnn.nn.SDEBNN`, :class:`~pyro_sdebnn.nn.ODENet` and
+#: :class:`~pyro_sdebnn.nn.ResNet`.
+LIKELIHOODS = ("categorical", "cauchy", "gaussian", "laplace", "studentt")
+
+
+def _check_int(name: str, value, minimum: int) -> None:
+    if not (isinstance(value, int) and not isinstance(value, bool) and value >= minimum):
+        kind = "positive" if minimum == 1 else "non-negative"
+        raise ValueError(f"{name} must be a {kind} int, got {value!r}")
+
+
+class ContinuousDepthNet(PyroModule):
+    """Euler-integrated network :math:`h_{k+1} = h_k + f_h(h_k, t_k; W_k)\\,\\Delta t_k` with a linear head.
+
+    .. math::
+
+        h_0 = [x; 0_A], \\qquad h_{k+1} = h_k + f_h(h_k, t_k; W_k)\\,\\Delta t_k, \\qquad
+        y \\sim p(y \\mid \\mathrm{head}(h_K)).
+
+    Owns the field :attr:`field`, the input augmentation, the grid :attr:`times`, the head and the
+    likelihoods. A subclass chooses the weights: it creates them from the field's initial weights in
+    ``_init_weights`` (called between building the field and the head, so that one seed gives the same
+    initial weights in every subclass) and names the tensor whose dtype and device the grid follows in
+    ``_grid_like``.
+
+    The constructor arguments (``in_dim``, ``out_dim``, ``hidden``, ``augment``, ``t_span``, ``dt``,
+    ``likelihood`` from :data:`LIKELIHOODS`, ``obs_scale``, ``df``, ``activation``) are validated here and
+    documented on :class:`~pyro_sdebnn.nn.SDEBNN`.
+
+    >>> from pyro_sdebnn.nn import ODENet, SDEBNN
+    >>> for net in (SDEBNN(1, 1, hidden=8, augment=2, dt=0.25), ODENet(1, 1, hidden=8, augment=2, dt=0.25)):
+    ...     print(type(net).__name__, isinstance(net, ContinuousDepthNet), net.num_weights,
+    ...           tuple(net.hidden_init(torch.zeros(4, 1)).shape))
+    SDEBNN True 67 (4, 3)
+    ODENet True 67 (4, 3)
+    """
+
+    def __init__(self, in_dim: int | Sequence[int], out_dim: int, hidden: int, augment: int,
+                 t_span: tuple[float, float], dt: float, *, likelihood: str, obs_scale: float, df: float,
+                 activation: str) -> None:
+        super().__init__()
+        if likelihood not in LIKELIHOODS:
+            raise ValueError(f"likelihood must be one of {LIKELIHOODS}, got {likelihood!r}")
+        _check_int("augment", augment, 0)
+        _check_int("out_dim", out_dim, 1)
+        _check_int("hidden", hidden, 1)
+        if not (isinstance(obs_scale, (int, float)) and obs_scale > 0):
+            raise ValueError(f"obs_scale must be a positive float, got {obs_scale!r}")
+        self._grid = time_grid(t_span, dt)  # validates t_span and dt
+        self.t_span, self.dt = (float(t_span[0]), float(t_span[1])), float(dt)
+        self.likelihood, self.df = likelihood, float(df)
+        self.augment, self.out_dim = augment, out_dim
+        if isinstance(in_dim, int) and not isinstance(in_dim, bool):
+            if in_dim < 1:
+                raise ValueError(f"in_dim must be a positive int or a (C, H, W) shape, got {in_dim!r}")
+            self.in_shape: tuple[int, ...] = (in_dim,)
+            self.field = TimeMLPField(in_dim + augment, hidden, activation)
+            state_size = in_dim + augment
+        else:
+            self.in_shape = tuple(int(s) for s in in_dim)
+            if len(self.in_shape) != 3 or self.in_shape[1] % 2 or self.in_shape[2] % 2:
+                raise ValueError(f"in_dim must be an int or a (C, H, W) shape with even H, W, got {in_dim}")
+            channels, height, width = self.in_shape
+            self.field = ConvField(channels + augment, hidden)
+            state_size = (channels + augment) * height * width
+        self._init_weights(self.field.init_weights())
+        self.head = nn.Linear(state_size, out_dim)
+        if likelihood != "categorical":
+            self.obs_scale = PyroParam(torch.tensor(float(obs_scale)), constraint=dist.constraints.positive)
+
+    def _init_weights(self, init: Tensor) -> None:
+        """Registers the subclass's weights, created from the field's initial weights ``init (D,)``."""
+        raise NotImplementedError
+
+    def _grid_like(self) -> Tensor:
+        """A tensor in the dtype and device of the weights, which :attr:`times` follows."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ structure
+    @property
+    def num_weights(self) -> int:
+        """D, the number of weights of one field ``f_h`` (for the SDE-BNN, the dimension of the weight SDE)."""
+        return self.field.num_weights
+
+    @property
+    def times(self) -> Tensor:
+        """The Euler grid ``(K + 1,)`` in the dtype and device of the weights."""
+        w = self._grid_like()
+        if self._grid.dtype != w.dtype or self._grid.device != w.device:
+            self._grid = time_grid(self.t_span, self.dt, dtype=w.dtype, device=w.device)
+        return self._grid
+
+    def hidden_init(self, x: Tensor) -> Tensor:
+        """:math:`h_{t_0} = [x; 0_A]`, shape ``(N,) + state shape``."""
+        if not isinstance(x, Tensor):
+            raise TypeError(f"x must be a tensor, got {type(x).__name__}")
+        if tuple(x.shape[1:]) != self.in_shape:
+            raise ValueError(f"x must have shape (N, {', '.join(map(str, self.in_shape))}), got {tuple(x.shape)}")
+        if not self.augment:
+            return x
+        zeros = x.new_zeros((x.shape[0], self.augment) + tuple(x.shape[2:]))
+        return torch.cat([x, zeros], 1)
+
+    def _lead(self, h0: Tensor, lead: torch.Size) -> Tensor:
+        # conv fields need exactly one sample dimension in front of N
+        return h0.expand(lead + h0.shape) if len(self.in_shape) == 3 else h0
+
+    def _head(self, h: Tensor) -> Tensor:
+        if len(self.in_shape) == 3:
+            h = h.flatten(-3)
+        return self.head(h)
+
+    def integrate_weights(self, x: Tensor, weights: Tensor) -> Tensor:
+        """Euler steps :math:`h_{k+1} = h_k + f_h(h_k, t_k; W_k)\\Delta t_k` with given per-step weights.
+
+        ``weights`` has shape ``(..., K, D)``; ``W_k = weights[..., k, :]``. A constant ``W_k`` gives the
+        ODE-Net baseline, independent ``W_k`` a discrete ResNet with K residual blocks.
+        """
+        times = self.times
+        if weights.shape[-2] != times.shape[0] - 1 or weights.shape[-1] != self.num_weights:
+            raise ValueError(f"weights must have shape (..., {times.shape[0] - 1}, {self.num_weights}), "
+                             f"got {tuple(weights.shape)}")
+        lead = weights.shape[:-2]
+        h = self.hidden_init(x)
+        if len(self.in_shape) == 3:
+            weights = weights.reshape((-1,) + weights.shape[-2:])
+            h = self._lead(h, weights.shape[:1])
+        dts = times[1:] - times[:-1]
+        for k in range(times.shape[0] - 1):
+            h = h + self.field(times[k], h, weights[..., k, :]) * dts[k]
+        if len(self.in_shape) == 3:
+            h = h.reshape(lead + h.shape[1:])
+        return h
+
+    # ------------------------------------------------------------------ likelihood
+    def _observe(self, x: Tensor, y: Tensor | None, out: Tensor, num_data: int | None) -> Tensor:
+        """Records ``"f"`` and observes ``y`` at site ``"obs"`` in ``plate("data", num_data)`` (this batch)."""
+        pyro.deterministic("f", out, event_dim=2)
+        size = x.shape[0] if num_data is None else int(num_data)
+        with pyro.plate("data", size, subsample=torch.arange(x.shape[0], device=x.device)):
+            pyro.sample("obs", self.likelihood_dist(out), obs=y)
+        return out
+
+    def likelihood_dist(self, out: Tensor) -> dist.Distribution:
+        """Observation distribution given the head output ``(..., N, out_dim)``; batch shape ``(..., N)``."""
+        if self.likelihood == "categorical":
+            return dist.Categorical(logits=out)
+        loc = out.squeeze(-1) if self.out_dim == 1 else out
+        scale = self.obs_scale
+        if self.likelihood == "gaussian":
+            d = dist.Normal(loc, scale)
+        elif self.likelihood == "laplace":
+            d = dist.Laplace(loc, scale)
+        elif self.likelihood == "cauchy":
+            d = dist.Cauchy(loc, scale)
+        else:
+            d = dist.StudentT(torch.as_tensor(self.df, dtype=loc.dtype, device=loc.device), loc, scale)
+        return d if self.out_dim == 1 else d.to_event(1)
+
+    def _prediction(self, out: Tensor):
+        """Prediction container for head outputs ``(S, N, out_dim)`` (classification or scalar regression)."""
+        from pyro_sdebnn.infer.predictive import ClassificationPrediction, RegressionPrediction
+
+        if self.likelihood == "categorical":
+            return ClassificationPrediction(out.softmax(-1))
+        if self.out_dim != 1:
+            raise ValueError("predict() supports scalar regression (out_dim=1) or classification")
+        loc = out.squeeze(-1)
+        return RegressionPrediction(loc, self.obs_scale.expand_as(loc).clone())

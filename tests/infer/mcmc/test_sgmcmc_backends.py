@@ -1,0 +1,126 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Backends of the SG-MCMC step: the closed-form Gaussian prior, the lean graph, and the ``auto`` rule."""
+
+import time
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro.infer import MCMC
+
+from pyro_sdebnn.infer.mcmc import SGLD, BayesianMLP, MinibatchPotential
+from pyro_sdebnn.infer.mcmc import base
+
+
+def _float64_bnn(sizes, **kwargs):
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        return BayesianMLP(sizes, **kwargs)
+    finally:
+        torch.set_default_dtype(default)
+
+
+def _data(n=40):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 2, generator=g, dtype=torch.float64)
+    return x, torch.sin(x[:, 0]) + 0.1 * torch.randn(n, generator=g, dtype=torch.float64)
+
+
+# one fixed distribution object (as a PyroSample holds): recognised as a constant Normal prior
+PRIOR_A = dist.Normal(torch.tensor(0.5, dtype=torch.float64), 2.0).expand([2]).to_event(1)
+
+
+def mixed_prior_model(x, y=None):
+    a = pyro.sample("a", PRIOR_A)  # constant Normal: closed form
+    b = pyro.sample("b", dist.Normal(torch.zeros(2, dtype=x.dtype), torch.tensor([1.0, 3.0], dtype=x.dtype))
+                    .to_event(1))  # non-scalar scale: stays in the traced potential
+    sigma = pyro.sample("sigma", dist.LogNormal(x.new_tensor(0.0), 1.0))  # constrained: stays in the traced potential
+    with pyro.plate("data", x.shape[0]) as idx:
+        pyro.sample("y", dist.Normal(x[idx] @ (a + b), sigma), obs=None if y is None else y[idx])
+
+
+@pytest.mark.parametrize("model, sites", [
+    (mixed_prior_model, {"a"}),
+    (_float64_bnn([2, 5, 1]), {"layers.0.weight", "layers.0.bias", "layers.1.weight", "layers.1.bias"}),
+])
+def test_closed_form_gaussian_prior_adds_up_to_the_potential(model, sites):
+    x, y = _data()
+    potential = MinibatchPotential(model, (x, y), subsample_size=10)
+    assert potential.gaussian_prior_sites == sites
+    u = torch.randn(potential.dim, dtype=torch.float64, requires_grad=True)
+    idx = torch.arange(10)
+    full = potential(u, idx)
+    (grad_full,) = torch.autograd.grad(full, u)
+    rest = potential(u, idx, exclude_gaussian_prior=True)
+    (grad_rest,) = torch.autograd.grad(rest, u)
+    prior_value, prior_grad = potential.gaussian_prior(u.detach())
+    torch.testing.assert_close(rest.detach() + prior_value, full.detach())
+    torch.testing.assert_close(grad_rest + prior_grad, grad_full)
+
+
+def test_lean_graph_step_matches_eager_step_on_a_bnn():
+    # temperature 0: one SGLD step is w - eta/2 grad; the traced graph (closed-form prior, stripped nodes) and the
+    # per-step Pyro trace must agree
+    x, y = _data()
+    results = {}
+    for backend in ("eager", "fx"):
+        pyro.set_rng_seed(0)
+        kernel = SGLD(_float64_bnn([2, 5, 1]), step_size=1e-3, subsample_size=10, temperature=0.0, backend=backend)
+        kernel.setup(0, x, y)
+        results[backend] = kernel.sample(kernel.initial_params)
+    for name in results["fx"]:
+        torch.testing.assert_close(results["fx"][name], results["eager"][name])
+    graph = kernel.build_step_fn().graph_module.graph
+    assert not any(n.target in base._NO_OPS for n in graph.nodes)
+
+
+class _FakeCompiler:
+    """Stands in for torch.compile: runs the graph eagerly, optionally slower."""
+
+    def __init__(self, delay):
+        self.delay, self.calls = delay, 0
+
+    def __call__(self, graph):
+        self.calls += 1
+
+        def run(*args):
+            time.sleep(self.delay)
+            return graph.forward(*args)
+
+        return run
+
+
+@pytest.mark.parametrize("delay, final", [(0.0, "compile"), (0.05, "fx")])
+def test_auto_backend_compiles_after_its_budget_and_keeps_it_only_if_faster(monkeypatch, delay, final):
+    fake = _FakeCompiler(delay)
+    monkeypatch.setattr(base, "_compile_graph", fake)
+    x, y = _data()
+    kernel = SGLD(_float64_bnn([2, 5, 1]), step_size=1e-4, subsample_size=10, compile_after=0.0)
+    kernel.setup(0, x, y)
+    params = kernel.sample(kernel.initial_params)  # eager graph; its time exceeds the 0 s budget
+    assert kernel.backend_used == "compile" and fake.calls == 1
+    params = kernel.sample(params)  # includes the compilation: not timed
+    assert kernel.backend_used == "compile"
+    params = kernel.sample(params)  # timed against the eager graph steps
+    assert kernel.backend_used == final
+    kernel.sample(params)
+    assert kernel.backend_used == final and fake.calls == 1
+    assert kernel.diagnostics()["backend"] == final
+
+
+def test_auto_backend_stays_eager_graph_for_short_runs(monkeypatch):
+    fake = _FakeCompiler(0.0)
+    monkeypatch.setattr(base, "_compile_graph", fake)
+    x, y = _data()
+    kernel = SGLD(_float64_bnn([2, 5, 1]), step_size=1e-4, num_steps=2, subsample_size=10)  # compile_after=5 s
+    mcmc = MCMC(kernel, num_samples=20, warmup_steps=20, disable_progbar=True)
+    mcmc.run(x, y)
+    assert kernel.backend_used == "fx" and fake.calls == 0
+
+
+@pytest.mark.parametrize("bad", [-1.0, True, "5"])
+def test_bad_compile_after(bad):
+    with pytest.raises(ValueError, match="compile_after"):
+        SGLD(mixed_prior_model, compile_after=bad)
