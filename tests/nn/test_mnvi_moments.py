@@ -311,7 +311,7 @@ def test_relu_moments_single_erf_float32_error_bound():
 
 
 @pytest.mark.parametrize("with_var", [False, True])
-@pytest.mark.parametrize("kind", ["linear", "conv"])
+@pytest.mark.parametrize("kind", ["linear", "conv", "conv-groups"])
 def test_multiplicative_variance_equals_literal_formula(kind, with_var):
     # (M o M)((1 + alpha) v + alpha x^2), written literally, against the rearranged evaluation
     # (alpha folded onto the squared weights when v = 0). float64: agreement to rounding.
@@ -326,11 +326,12 @@ def test_multiplicative_variance_equals_literal_formula(kind, with_var):
         a, vv = alpha, (torch.zeros_like(x) if v is None else v)
         literal = F.linear((1 + a) * vv + a * x * x, w * w)
     else:
-        x, w, alpha = (torch.randn(2, 3, 6, 6, generator=g, dtype=torch.float64),
-                       torch.randn(4, 3, 3, 3, generator=g, dtype=torch.float64),
-                       torch.rand(3, generator=g, dtype=torch.float64))
-        v = torch.rand(2, 3, 6, 6, generator=g, dtype=torch.float64) if with_var else None
-        out = multiplicative_conv2d_moments(x, v, w, alpha, None, 1, 1)
+        groups = 2 if kind == "conv-groups" else 1
+        x, w, alpha = (torch.randn(2, 4, 6, 6, generator=g, dtype=torch.float64),
+                       torch.randn(6, 4 // groups, 3, 3, generator=g, dtype=torch.float64),
+                       torch.rand(4, generator=g, dtype=torch.float64))
+        v = torch.rand(2, 4, 6, 6, generator=g, dtype=torch.float64) if with_var else None
+        out = multiplicative_conv2d_moments(x, v, w, alpha, None, 1, 1, 1, groups)
         a, vv = alpha.reshape(-1, 1, 1), (torch.zeros_like(x) if v is None else v)
-        literal = F.conv2d((1 + a) * vv + a * x * x, w * w, None, 1, 1)
+        literal = F.conv2d((1 + a) * vv + a * x * x, w * w, None, 1, 1, 1, groups)
     assert torch.allclose(out.var, literal, rtol=1e-12, atol=1e-14)

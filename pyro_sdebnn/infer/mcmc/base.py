@@ -610,21 +610,30 @@ def _lean_graph(graph: Any) -> None:
     graph.recompile()
 
 
-def _compile_graph(graph: Any) -> Callable:
+def _compile_graph(graph: Any, on_failure: Optional[Callable[[Exception], Callable]] = None) -> Callable:
+    """``torch.compile`` the step graph (compiled on the first call). If that first call fails and ``on_failure`` is
+    given, the step continues with ``on_failure(error)`` instead of raising."""
     import torch._inductor.config as inductor_config
 
     # on CPU the compiler's own random-number generation is very slow; use ATen's generator instead
     inductor_config.fallback_random = True
     compiled = torch.compile(graph, dynamic=False)
-    first = [True]
+    state: dict[str, Any] = {"fn": None}
 
     def run(*args: Tensor) -> tuple:
-        if first[0]:  # compilation happens on the first call; the compiler's own deprecation notices are not ours
-            first[0] = False
+        if state["fn"] is not None:
+            return state["fn"](*args)
+        try:  # the first call compiles; the compiler's own deprecation notices are not ours
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                return compiled(*args)
-        return compiled(*args)
+                out = compiled(*args)
+            state["fn"] = compiled
+            return out
+        except Exception as e:  # noqa: BLE001 - re-raised unless the caller has a fallback
+            if on_failure is None:
+                raise
+            state["fn"] = on_failure(e)
+            return state["fn"](*args)
 
     return run
 
@@ -669,7 +678,7 @@ class SGMCMCKernel(MCMCKernel):
         backend: str = "auto",
         sample_writer: Any = None,
         transforms: Optional[dict] = None,
-        compile_after: float = 5.0,
+        compile_after: float = 2.0,
     ) -> None:
         if not callable(model):
             raise TypeError(f"model must be callable, got {type(model).__name__}")
@@ -923,6 +932,19 @@ class SGMCMCKernel(MCMCKernel):
         step_fn.graph_module = self._graph_module  # type: ignore[attr-defined]
         return step_fn
 
+    def _compile_failed(self, error: Exception) -> Callable:
+        first_line = str(error).splitlines()[0] if str(error) else ""
+        warnings.warn(
+            f"{self._name}: compiling the step failed ({type(error).__name__}: {first_line}); continuing with the "
+            "eager graph (backend='fx')",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        self._auto["decided"] = True
+        self.backend_used = "fx"
+        self._step_fn = self._wrap_graph(self._graph_module.forward)
+        return self._graph_module.forward
+
     def _auto_switch(self, seconds: float) -> None:
         """``backend="auto"``: compile the step graph once the eager graph has cost ``compile_after`` seconds, then
         keep the compiled step only if it is measured faster.
@@ -941,7 +963,7 @@ class SGMCMCKernel(MCMCKernel):
             auto["fx_steps"] += self.num_steps
             if auto["fx_seconds"] >= self.compile_after:
                 auto["compiled"] = "compiling"
-                self._step_fn = self._wrap_graph(_compile_graph(self._graph_module))
+                self._step_fn = self._wrap_graph(_compile_graph(self._graph_module, self._compile_failed))
                 self.backend_used = "compile"
         elif auto["compiled"] == "compiling":  # this call included the compilation: time the next one
             auto["compiled"] = "timing"

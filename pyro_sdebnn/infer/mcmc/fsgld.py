@@ -33,7 +33,9 @@ class FSGLD(FunctionalKernelMixin, SGLD):
             f = pyro.deterministic("f", net(x[idx]))
             pyro.sample("obs", dist.Normal(f, sigma), obs=None if y is None else y[idx])
 
-    and the kernel evaluates it at :math:`X_M` by running ``model(X_M)`` (or ``measurement_args(X_M)``), or
+    and the kernel evaluates it at :math:`X_M` in the same pass as the minibatch: the model runs once on the
+    concatenated inputs :math:`[x_B; X_M]` (one forward/backward pass, FSGMCMC.md) when that reproduces the
+    two-pass potential at set-up; otherwise it runs ``model(X_M)`` (or ``measurement_args(X_M)``) separately, or
     calls a user function ``output_fn(values, X_M)``.
     All options of :class:`~pyro_sdebnn.infer.mcmc.SGLD` apply.
 

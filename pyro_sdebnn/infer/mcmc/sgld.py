@@ -57,7 +57,7 @@ class SGLD(SGMCMCKernel):
         ``HMC``); the kernel samples in that space and exposes it as ``kernel.transforms`` for ``MCMC``.
 
     :param float compile_after: with ``backend="auto"``, seconds of eager graph steps after which the step graph is
-        compiled (default 5).
+        compiled (default 2).
 
     ``backend="compile"`` sets ``torch._inductor.config.fallback_random = True`` (on CPU the compiler's own
     random-number generation is very slow). ``backend="auto"`` (default) runs the traced graph eagerly (built in

@@ -1,8 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """Backends of the SG-MCMC step: the closed-form Gaussian prior, the lean graph, and the ``auto`` rule."""
 
-import time
-
 import pyro
 import pyro.distributions as dist
 import pytest
@@ -76,30 +74,47 @@ def test_lean_graph_step_matches_eager_step_on_a_bnn():
     assert not any(n.target in base._NO_OPS for n in graph.nodes)
 
 
+class _Clock:
+    """A fake ``time`` module: every ``perf_counter()`` call advances by ``tick`` seconds, so one ``sample()`` call
+    (timed between two calls) lasts exactly ``tick``."""
+
+    def __init__(self):
+        self.now, self.tick = 0.0, 1.0
+
+    def perf_counter(self):
+        self.now += self.tick
+        return self.now
+
+
 class _FakeCompiler:
-    """Stands in for torch.compile: runs the graph eagerly, optionally slower."""
+    """Stands in for torch.compile: runs the graph eagerly; once running, a sample() lasts ``tick`` on the clock."""
 
-    def __init__(self, delay):
-        self.delay, self.calls = delay, 0
+    def __init__(self, clock=None, tick=None):
+        self.clock, self.tick, self.calls = clock, tick, 0
 
-    def __call__(self, graph):
+    def __call__(self, graph, on_failure=None):
         self.calls += 1
 
         def run(*args):
-            time.sleep(self.delay)
+            if self.clock is not None:
+                self.clock.tick = self.tick
             return graph.forward(*args)
 
         return run
 
 
-@pytest.mark.parametrize("delay, final", [(0.0, "compile"), (0.05, "fx")])
-def test_auto_backend_compiles_after_its_budget_and_keeps_it_only_if_faster(monkeypatch, delay, final):
-    fake = _FakeCompiler(delay)
+@pytest.mark.parametrize("compiled_tick, final", [(0.5, "compile"), (2.0, "fx")])
+def test_auto_backend_compiles_after_its_budget_and_keeps_it_only_if_faster(monkeypatch, compiled_tick, final):
+    clock = _Clock()  # eager-graph sample() calls last 1 s each; compiled ones 0.5 s (faster) or 2 s (slower)
+    fake = _FakeCompiler(clock, compiled_tick)
+    monkeypatch.setattr(base, "time", clock)
     monkeypatch.setattr(base, "_compile_graph", fake)
     x, y = _data()
-    kernel = SGLD(_float64_bnn([2, 5, 1]), step_size=1e-4, subsample_size=10, compile_after=0.0)
+    kernel = SGLD(_float64_bnn([2, 5, 1]), step_size=1e-4, subsample_size=10, compile_after=2.0)
     kernel.setup(0, x, y)
-    params = kernel.sample(kernel.initial_params)  # eager graph; its time exceeds the 0 s budget
+    params = kernel.sample(kernel.initial_params)  # 1 s of eager graph steps: below the 2 s budget
+    assert kernel.backend_used == "fx" and fake.calls == 0
+    params = kernel.sample(params)  # 2 s: compile
     assert kernel.backend_used == "compile" and fake.calls == 1
     params = kernel.sample(params)  # includes the compilation: not timed
     assert kernel.backend_used == "compile"
@@ -111,10 +126,10 @@ def test_auto_backend_compiles_after_its_budget_and_keeps_it_only_if_faster(monk
 
 
 def test_auto_backend_stays_eager_graph_for_short_runs(monkeypatch):
-    fake = _FakeCompiler(0.0)
+    fake = _FakeCompiler()
     monkeypatch.setattr(base, "_compile_graph", fake)
     x, y = _data()
-    kernel = SGLD(_float64_bnn([2, 5, 1]), step_size=1e-4, num_steps=2, subsample_size=10)  # compile_after=5 s
+    kernel = SGLD(_float64_bnn([2, 5, 1]), step_size=1e-4, num_steps=2, subsample_size=10)  # compile_after=2 s
     mcmc = MCMC(kernel, num_samples=20, warmup_steps=20, disable_progbar=True)
     mcmc.run(x, y)
     assert kernel.backend_used == "fx" and fake.calls == 0
@@ -124,3 +139,23 @@ def test_auto_backend_stays_eager_graph_for_short_runs(monkeypatch):
 def test_bad_compile_after(bad):
     with pytest.raises(ValueError, match="compile_after"):
         SGLD(mixed_prior_model, compile_after=bad)
+
+
+def test_auto_backend_survives_a_failing_compiler(monkeypatch):
+    def broken_compile(graph, **kwargs):
+        def run(*args):
+            raise RuntimeError("no C++ compiler")
+
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    x, y = _data()
+    kernel = SGLD(_float64_bnn([2, 5, 1]), step_size=1e-4, subsample_size=10, compile_after=0.0)
+    kernel.setup(0, x, y)
+    params = kernel.sample(kernel.initial_params)
+    assert kernel.backend_used == "compile"
+    with pytest.warns(RuntimeWarning, match="compiling the step failed"):
+        params = kernel.sample(params)
+    assert kernel.backend_used == "fx"
+    params = kernel.sample(kernel.sample(params))
+    assert kernel.backend_used == "fx" and all(torch.isfinite(v).all() for v in params.values())
