@@ -177,7 +177,7 @@ def main(argv=None):
             rows.append((name, k, 1e3 * statistics.median(ts), statistics.median(ratios), min(ratios), max(ratios)))
         overhead = runner_overhead(sizes, x, y, batch, eta, 20 if args.quick else 100)
         print(f"{name}: fastest plain loop = {fastest}; MCMC runner adds {1e3 * overhead:.2f} ms per returned sample")
-    print(f"\n| network | loop | ms/step (median) | ratio vs fastest plain (median) | ratio min-max |")
+    print("\n| network | loop | ms/step (median) | ratio vs fastest plain (median) | ratio min-max |")
     print("|---|---|---|---|---|")
     for name, k, ms, med, lo, hi in rows:
         print(f"| {name} | {k} | {ms:.3f} | {med:.2f} | {lo:.2f}-{hi:.2f} |")

@@ -43,7 +43,8 @@ def test_python_dash_m_entry_point():
 def test_datasets_lists_every_bundled_data_set(capsys):
     assert main(["datasets"]) == 0
     out = capsys.readouterr().out
-    for name in ("two_moons", "toy_regression_1d", "gap_regression_1d", "uci_boston", "mnist_subset", "digits", "mnist"):
+    names = ("two_moons", "toy_regression_1d", "gap_regression_1d", "uci_boston", "mnist_subset", "digits", "mnist")
+    for name in names:
         assert name in out
     assert "(455, 13)" in out  # Boston 90/10 split of 506 rows
 

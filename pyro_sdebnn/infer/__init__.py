@@ -1,33 +1,46 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Inference for Bayesian neural networks: guides, ELBOs, baselines and SG-MCMC kernels (``infer.mcmc``)."""
+"""Inference for Bayesian neural networks: guides, ELBOs, baselines and SG-MCMC kernels (:mod:`.mcmc`).
+
+- SDE-BNN: :class:`NeuralSDEGuide` (neural-SDE posterior over ``OUPath`` sites) and :class:`TracePathKL_ELBO`.
+- MNVI: :class:`SamplingFree_ELBO` with KL schedules.
+- Baselines sharing one ``fit`` / ``predict`` interface (:data:`METHODS`): :class:`MAPEstimate`,
+  :class:`MeanFieldVI`, :class:`Laplace`, :class:`MCDropout`, :class:`DeepEnsemble`, on :class:`PyroBNN` models.
+- Every method predicts a :class:`ClassificationPrediction` or a :class:`RegressionPrediction`.
+"""
 
 from pyro_sdebnn.infer.predictive import ClassificationPrediction, RegressionPrediction
-from pyro_sdebnn.infer.methods import METHODS, BaselineMethod  # noqa: E402
-from pyro_sdebnn.infer.mc_dropout import MCDropout  # noqa: E402
-from pyro_sdebnn.infer.deep_ensemble import DeepEnsemble  # noqa: E402
-from pyro_sdebnn.infer.pyro_bnn import PyroBNN  # noqa: E402
-from pyro_sdebnn.infer.map_estimate import MAPEstimate  # noqa: E402
-from pyro_sdebnn.infer.mean_field_vi import MeanFieldVI  # noqa: E402
-from pyro_sdebnn.infer.laplace import Laplace  # noqa: E402
-from pyro_sdebnn.infer.neural_sde_guide import NeuralSDEGuide, NeuralSDEPath  # noqa: E402
-from pyro_sdebnn.infer.trace_path_kl_elbo import TracePathKL_ELBO  # noqa: E402
-from pyro_sdebnn.infer.sampling_free_elbo import (  # noqa: E402
-    ConstantKLSchedule, LinearKLWarmup, PiecewiseKLSchedule, SamplingFree_ELBO)
+from pyro_sdebnn.infer.methods import METHODS, BaselineMethod
+from pyro_sdebnn.infer.mc_dropout import MCDropout
+from pyro_sdebnn.infer.deep_ensemble import DeepEnsemble
+from pyro_sdebnn.infer.pyro_bnn import PyroBNN
+from pyro_sdebnn.infer.map_estimate import MAPEstimate
+from pyro_sdebnn.infer.mean_field_vi import MeanFieldVI
+from pyro_sdebnn.infer.laplace import Laplace
+from pyro_sdebnn.infer.neural_sde_guide import NeuralSDEGuide, NeuralSDEPath
+from pyro_sdebnn.infer.trace_path_kl_elbo import TracePathKL_ELBO
+from pyro_sdebnn.infer.sampling_free_elbo import (
+    ConstantKLSchedule,
+    LinearKLWarmup,
+    PiecewiseKLSchedule,
+    SamplingFree_ELBO,
+)
 
 __all__ = [
-    "ClassificationPrediction",
-    "RegressionPrediction",
-    "METHODS",
     "BaselineMethod",
-    "MCDropout",
+    "ClassificationPrediction",
+    "ConstantKLSchedule",
     "DeepEnsemble",
-    "PyroBNN",
-    "MAPEstimate",
-    "MeanFieldVI",
     "Laplace",
+    "LinearKLWarmup",
+    "MAPEstimate",
+    "MCDropout",
+    "METHODS",
+    "MeanFieldVI",
     "NeuralSDEGuide",
     "NeuralSDEPath",
+    "PiecewiseKLSchedule",
+    "PyroBNN",
+    "RegressionPrediction",
+    "SamplingFree_ELBO",
     "TracePathKL_ELBO",
-    "ConstantKLSchedule", "LinearKLWarmup", "PiecewiseKLSchedule", "SamplingFree_ELBO",
 ]
-__all__[:] = sorted(set(__all__))

@@ -69,7 +69,9 @@ class RegressionPrediction:
             if value.dim() != 2:
                 raise ValueError(f"{name} must have shape (S, N), got {tuple(value.shape)}")
         if self.loc.shape != self.scale.shape:
-            raise ValueError(f"loc and scale must have the same shape, got {tuple(self.loc.shape)} and {tuple(self.scale.shape)}")
+            raise ValueError(
+                f"loc and scale must have the same shape, got {tuple(self.loc.shape)} and {tuple(self.scale.shape)}"
+            )
         if (self.scale < 0).any():
             raise ValueError("scale must be non-negative")
 

@@ -1,20 +1,52 @@
 # SPDX-License-Identifier: Apache-2.0
-"""pyro_sdebnn.nn"""
+"""Network building blocks: the continuous-depth SDE-BNN and its baselines, MNVI layers, MLPs.
 
-__all__: list[str] = []
+- :class:`SDEBNN`, :class:`MultiScaleSDEBNN` -- hidden units follow an ODE driven by an SDE weight path.
+- :class:`ODENet`, :class:`ResNet` -- the same network with constant / per-block weights (seed 000 Table 1).
+- :mod:`~pyro_sdebnn.nn.mnvi` -- moment-propagating layers for sampling-free VI (``MNLinear``, ``to_mnvi``, ...).
+- :func:`make_mlp` -- a plain MLP factory used by the baselines.
+"""
 
-from pyro_sdebnn.nn.mlp import ACTIVATIONS, make_mlp  # noqa: E402
+from pyro_sdebnn.nn.mlp import ACTIVATIONS, make_mlp
+from pyro_sdebnn.nn.sde_drift import ConvField, DriftMLP, TimeMLPField
+from pyro_sdebnn.nn.continuous_depth import ContinuousDepthNet
+from pyro_sdebnn.nn.sdebnn import LIKELIHOODS, SDEBNN, MultiScaleSDEBNN
+from pyro_sdebnn.nn.ode_net import ODENet, ResNet
+from pyro_sdebnn.nn import mnvi
+from pyro_sdebnn.nn.mnvi import (
+    MFConv2d,
+    MFLinear,
+    MNConv2d,
+    MNLinear,
+    MNReLU,
+    MNResidualBlock,
+    MNSequential,
+    Moments,
+    SamplingFreeBNN,
+    to_mnvi,
+)
 
-__all__ += ["ACTIVATIONS", "make_mlp"]
-from pyro_sdebnn.nn.sde_drift import ConvField, DriftMLP, TimeMLPField  # noqa: E402
-__all__ += ["ConvField", "DriftMLP", "TimeMLPField"]
-from pyro_sdebnn.nn.sdebnn import LIKELIHOODS, SDEBNN, MultiScaleSDEBNN  # noqa: E402
-__all__ += ["LIKELIHOODS", "MultiScaleSDEBNN", "SDEBNN"]
-from pyro_sdebnn.nn.ode_net import ODENet, ResNet  # noqa: E402
-__all__ += ["ODENet", "ResNet"]
-from pyro_sdebnn.nn import mnvi  # noqa: E402
-from pyro_sdebnn.nn.mnvi import (  # noqa: E402
-    MFConv2d, MFLinear, MNConv2d, MNLinear, MNReLU, MNResidualBlock, MNSequential, Moments, SamplingFreeBNN, to_mnvi)
-__all__ += ["MFConv2d", "MFLinear", "MNConv2d", "MNLinear", "MNReLU", "MNResidualBlock", "MNSequential", "Moments",
-            "SamplingFreeBNN", "mnvi", "to_mnvi"]
-__all__[:] = sorted(set(__all__))
+__all__ = [
+    "ACTIVATIONS",
+    "ContinuousDepthNet",
+    "ConvField",
+    "DriftMLP",
+    "LIKELIHOODS",
+    "MFConv2d",
+    "MFLinear",
+    "MNConv2d",
+    "MNLinear",
+    "MNReLU",
+    "MNResidualBlock",
+    "MNSequential",
+    "Moments",
+    "MultiScaleSDEBNN",
+    "ODENet",
+    "ResNet",
+    "SDEBNN",
+    "SamplingFreeBNN",
+    "TimeMLPField",
+    "make_mlp",
+    "mnvi",
+    "to_mnvi",
+]

@@ -1,5 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
-"""pyro_sdebnn.ops"""
+"""Pure tensor maths behind the Pyro-facing classes: no Pyro handlers, no hidden random state.
+
+- :mod:`~pyro_sdebnn.ops.ou` -- Ornstein-Uhlenbeck (AR(1)) transitions, log-densities and KLs.
+- :mod:`~pyro_sdebnn.ops.path_kl` -- the analytic / full-MC / STL path-KL increments (METHODS.md §2).
+- :mod:`~pyro_sdebnn.ops.sde_solve` -- the fused Euler-Maruyama solve of weights, hidden state and KL; torchsde.
+- :mod:`~pyro_sdebnn.ops.moments` -- Gaussian moment propagation for MNVI (METHODS.md §4).
+- :mod:`~pyro_sdebnn.ops.sgmcmc` -- SGLD / SGHMC / preconditioned SGLD update rules (METHODS.md §5).
+- :mod:`~pyro_sdebnn.ops.gp` -- Cholesky with jitter escalation and GP solves (METHODS.md §7).
+"""
 
 from pyro_sdebnn.ops.gp import (
     JitterWarning,
@@ -8,18 +16,26 @@ from pyro_sdebnn.ops.gp import (
     gp_precision_residual,
     gp_whiten,
 )
-from pyro_sdebnn.ops.path_kl import PATH_KL_ESTIMATORS, euler_path_log_ratio, path_kl_increment
-from pyro_sdebnn.ops.sde_solve import (AugmentedPathSDE, EulerKLSolution, brownian_increments, brownian_interval,
-                                       euler_maruyama_kl, increments_from_brownian, sdeint_augmented, time_grid)
+from pyro_sdebnn.ops.moments import (
+    Moments,
+    gaussian_expected_log_likelihood,
+    multiplicative_linear_moments,
+    relu_moments,
+    taylor_moments,
+)
 from pyro_sdebnn.ops.ou import ar1_kl, ar1_log_prob, ar1_moments, ar1_sample, ou_stationary_variance, ou_transition
-
-__all__: list[str] = []
-__all__ += ["JitterWarning", "cholesky_with_jitter", "gp_log_normalizer", "gp_precision_residual", "gp_whiten"]
-__all__ += ["ar1_kl", "ar1_log_prob", "ar1_moments", "ar1_sample", "ou_stationary_variance", "ou_transition"]
-__all__ += ["PATH_KL_ESTIMATORS", "euler_path_log_ratio", "path_kl_increment"]
-__all__ += ["AugmentedPathSDE", "EulerKLSolution", "brownian_increments", "brownian_interval", "euler_maruyama_kl",
-            "increments_from_brownian", "sdeint_augmented", "time_grid"]
-from pyro_sdebnn.ops.sgmcmc import (  # noqa: E402
+from pyro_sdebnn.ops.path_kl import PATH_KL_ESTIMATORS, euler_path_log_ratio, path_kl_increment
+from pyro_sdebnn.ops.sde_solve import (
+    AugmentedPathSDE,
+    EulerKLSolution,
+    brownian_increments,
+    brownian_interval,
+    euler_maruyama_kl,
+    increments_from_brownian,
+    sdeint_augmented,
+    time_grid,
+)
+from pyro_sdebnn.ops.sgmcmc import (
     PreconditionedSGLDState,
     SGHMCState,
     SGLDState,
@@ -28,8 +44,37 @@ from pyro_sdebnn.ops.sgmcmc import (  # noqa: E402
     sgld_step,
 )
 
-__all__ += ["PreconditionedSGLDState", "SGHMCState", "SGLDState", "preconditioned_sgld_step", "sghmc_step", "sgld_step"]
-from pyro_sdebnn.ops.moments import (  # noqa: E402
-    Moments, gaussian_expected_log_likelihood, multiplicative_linear_moments, relu_moments, taylor_moments)
-__all__ += ["Moments", "gaussian_expected_log_likelihood", "multiplicative_linear_moments", "relu_moments",
-            "taylor_moments"]
+__all__ = [
+    "AugmentedPathSDE",
+    "EulerKLSolution",
+    "JitterWarning",
+    "Moments",
+    "PATH_KL_ESTIMATORS",
+    "PreconditionedSGLDState",
+    "SGHMCState",
+    "SGLDState",
+    "ar1_kl",
+    "ar1_log_prob",
+    "ar1_moments",
+    "ar1_sample",
+    "brownian_increments",
+    "brownian_interval",
+    "cholesky_with_jitter",
+    "euler_maruyama_kl",
+    "euler_path_log_ratio",
+    "gaussian_expected_log_likelihood",
+    "gp_log_normalizer",
+    "gp_precision_residual",
+    "gp_whiten",
+    "increments_from_brownian",
+    "multiplicative_linear_moments",
+    "ou_stationary_variance",
+    "ou_transition",
+    "path_kl_increment",
+    "preconditioned_sgld_step",
+    "relu_moments",
+    "sghmc_step",
+    "sgld_step",
+    "taylor_moments",
+    "time_grid",
+]

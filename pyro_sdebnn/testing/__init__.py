@@ -1,10 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
-"""pyro_sdebnn.testing"""
+"""Reference problems with closed-form answers, shipped so that downstream code can test against them.
 
-__all__: list[str] = []
-from pyro_sdebnn.testing.conjugate import ConjugateLinearRegression  # noqa: E402
+- :class:`ConjugateLinearRegression` -- Bayesian linear regression with a Gaussian posterior (SG-MCMC checks).
+- :class:`OUEndpointProblem` / :class:`OUEndpointDrift` -- an OU weight path observed at its end point, whose true
+  posterior drift is known (path-KL estimator checks, METHODS.md §2).
+"""
 
-__all__ += ["ConjugateLinearRegression"]
-from pyro_sdebnn.testing.ou_problems import OUEndpointDrift, OUEndpointProblem  # noqa: E402
+from pyro_sdebnn.testing.conjugate import ConjugateLinearRegression
+from pyro_sdebnn.testing.ou_problems import OUEndpointDrift, OUEndpointProblem
 
-__all__ += ["OUEndpointDrift", "OUEndpointProblem"]
+__all__ = ["ConjugateLinearRegression", "OUEndpointDrift", "OUEndpointProblem"]

@@ -31,7 +31,7 @@ def _outside_support(constraint: constraints.Constraint, value: torch.Tensor) ->
 
 
 @pytest.mark.parametrize("sample_shape", [(), (2,), (2, 3)], ids=str)
-def test_sample_and_log_prob_shapes(dist: "Fixture", sample_shape):
+def test_sample_and_log_prob_shapes(dist, sample_shape):
     d = dist.build()
     x = d.rsample(sample_shape)
     assert x.shape == torch.Size(sample_shape) + d.batch_shape + d.event_shape
@@ -41,7 +41,7 @@ def test_sample_and_log_prob_shapes(dist: "Fixture", sample_shape):
     assert d.variance.shape == d.batch_shape + d.event_shape
 
 
-def test_log_prob_matches_reference(dist: "Fixture"):
+def test_log_prob_matches_reference(dist):
     params = dist.params()
     d = dist.build(params)
     x = d.sample((3,))
@@ -50,7 +50,7 @@ def test_log_prob_matches_reference(dist: "Fixture"):
     np.testing.assert_allclose(d.log_prob(x).numpy(), expected, rtol=1e-9, atol=1e-9)
 
 
-def test_expand(dist: "Fixture"):
+def test_expand(dist):
     d = dist.build()
     batch_shape = torch.Size((4,)) + d.batch_shape
     e = d.expand(batch_shape)
@@ -65,7 +65,7 @@ def test_expand(dist: "Fixture"):
     assert d.expand_by((5,)).batch_shape == (5,) + d.batch_shape
 
 
-def test_rsample_gradients_are_finite(dist: "Fixture"):
+def test_rsample_gradients_are_finite(dist):
     params = dist.params()
     d0 = dist.build(params)
     names = [dist.constraint_names.get(k, k) for k in d0.arg_constraints]
@@ -78,7 +78,7 @@ def test_rsample_gradients_are_finite(dist: "Fixture"):
         assert torch.isfinite(grad).all(), name
 
 
-def test_invalid_arguments_raise(dist: "Fixture"):
+def test_invalid_arguments_raise(dist):
     d0 = dist.build()
     assert d0.arg_constraints, "every distribution declares arg_constraints"
     for key, constraint in d0.arg_constraints.items():
@@ -89,14 +89,14 @@ def test_invalid_arguments_raise(dist: "Fixture"):
             dist.build(params, validate_args=True)
 
 
-def test_log_prob_validates_value(dist: "Fixture"):
+def test_log_prob_validates_value(dist):
     d = dist.build(validate_args=True)
     x = d.sample()
     with pytest.raises(ValueError):
         d.log_prob(torch.full_like(x, math.nan))
 
 
-def test_moments_match_samples(dist: "Fixture"):
+def test_moments_match_samples(dist):
     d = dist.build()
     x = d.sample((NUM_SAMPLES,))
     mean, var = d.mean, d.variance
@@ -107,7 +107,7 @@ def test_moments_match_samples(dist: "Fixture"):
     )
 
 
-def test_kl_matches_monte_carlo(kl_dist: "Fixture"):
+def test_kl_matches_monte_carlo(kl_dist):
     q = kl_dist.build()
     p = kl_dist.kl_partner()
     kl = kl_divergence(q, p)
@@ -119,7 +119,7 @@ def test_kl_matches_monte_carlo(kl_dist: "Fixture"):
     assert ((log_ratio.mean(0) - kl).abs() <= atol).all(), (log_ratio.mean(0), kl, atol)
 
 
-def test_pyro_sample_site(dist: "Fixture"):
+def test_pyro_sample_site(dist):
     d = dist.build()
 
     def model():
@@ -134,7 +134,7 @@ def test_pyro_sample_site(dist: "Fixture"):
 GOF_P_VALUE = 1e-3
 
 
-def test_goodness_of_fit_of_sampler_and_density(dist: "Fixture"):
+def test_goodness_of_fit_of_sampler_and_density(dist):
     # every family here is Gaussian, so 2 (log p(mean) - log p(x)) = Mahalanobis^2 ~ chi^2(event numel) when x is
     # drawn by the sampler: a KS test that ties sample() to log_prob() (it fails if either is off).
     d = dist.build()

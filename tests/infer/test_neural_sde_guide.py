@@ -13,14 +13,6 @@ from pyro_sdebnn.nn import DriftMLP
 from pyro_sdebnn.ops import time_grid
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # tiny tensor ops: intra-op threads only add contention (15x slower on the shared 2-core machine)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 TIMES = time_grid((0.0, 1.0), 0.125, dtype=torch.float64)
 
 

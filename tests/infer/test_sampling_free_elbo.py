@@ -35,15 +35,6 @@ from pyro_sdebnn.ops.moments import gaussian_expected_log_likelihood
 Z = 5.0
 
 
-@pytest.fixture
-def single_thread():
-    """Training loops of tiny networks: intra-op threads only add synchronisation on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _regression_bnn(num_data=None, dtype=torch.float64, layer=MNLinear, **kwargs):
     net = MNSequential(layer(2, 16, dtype=dtype), MNReLU(), layer(16, 2, dtype=dtype))
     return SamplingFreeBNN(net, "gaussian", num_data=num_data, **kwargs)
@@ -129,7 +120,7 @@ def test_mean_field_layers_use_normal_normal_kl():
     assert torch.allclose(loss, expected, rtol=1e-12)
 
 
-def test_sampling_free_training_fits_toy_regression(single_thread):
+def test_sampling_free_training_fits_toy_regression():
     x = torch.linspace(-2, 2, 64, dtype=torch.float64).unsqueeze(-1).expand(-1, 2).contiguous()
     y = torch.sin(2 * x[:, 0]) + 0.1 * torch.randn(64, dtype=torch.float64)
     bnn = _regression_bnn(num_data=64)
@@ -189,7 +180,7 @@ def test_sampled_model_runs_network_on_sampled_weights():
     assert torch.allclose(fn.loc, out[:, 0]) and torch.allclose(fn.scale, torch.exp(0.5 * out[:, 1]))
 
 
-def test_classification_elbo_and_predictive(single_thread):
+def test_classification_elbo_and_predictive():
     net = MNSequential(MNLinear(2, 8), MNReLU(), MNLinear(8, 3))
     bnn = SamplingFreeBNN(net, "categorical", num_data=40, num_logit_samples=4)
     x, y = torch.randn(40, 2), torch.randint(0, 3, (40,))

@@ -23,15 +23,6 @@ from pyro_sdebnn.nn.mnvi import (
 )
 
 
-@pytest.fixture
-def single_thread():
-    """Small convolutions: intra-op threads only add synchronisation on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def lenet(dropout: float = 0.1) -> nn.Sequential:
     """LeNet-5 style network for 28x28 inputs, with batch norm and dropout to exercise the converter."""
     return nn.Sequential(
@@ -58,7 +49,7 @@ def test_parameter_count(factory, deterministic, extra):
     assert layer.num_noise_parameters == extra
 
 
-def test_converted_lenet_parameter_count_and_outputs(single_thread):
+def test_converted_lenet_parameter_count_and_outputs():
     net = lenet().eval()
     twin = to_mnvi(net).eval()
     inputs = 1 + 6 + 400 + 120 + 84  # one alpha per input channel / unit of every Bayesian layer
@@ -71,7 +62,7 @@ def test_converted_lenet_parameter_count_and_outputs(single_thread):
     assert out.mean.shape == (3, 10) and bool((out.var > 0).all())
 
 
-def test_converted_resnet_runs_both_modes(single_thread):
+def test_converted_resnet_runs_both_modes():
     net = ResNet(BasicBlock, [1, 1, 1, 1], num_classes=5).eval()
     twin = to_mnvi(net).eval()
     assert sum(isinstance(m, MNResidualBlock) for m in twin.modules()) == 4

@@ -17,15 +17,6 @@ from pyro_sdebnn.nn import LIKELIHOODS, SDEBNN, ODENet, ResNet
 RTOL = ATOL = 1e-12
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # tiny tensor ops: intra-op threads only add contention on the shared machine
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 SHAPES = {"vector": (3, 2), "image": ((1, 8, 8), 10)}
 
 

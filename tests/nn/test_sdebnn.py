@@ -11,15 +11,6 @@ from pyro_sdebnn.infer import ClassificationPrediction, NeuralSDEGuide, Regressi
 from pyro_sdebnn.nn import LIKELIHOODS, SDEBNN
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # tiny tensor ops: intra-op threads only add contention (15x slower on the shared 2-core machine)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _data(n=20):
     x = torch.linspace(-1, 1, n).unsqueeze(-1)
     return x, torch.sin(3 * x).squeeze(-1)

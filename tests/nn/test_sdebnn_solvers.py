@@ -11,15 +11,6 @@ from pyro_sdebnn.ops import (AugmentedPathSDE, brownian_interval, euler_maruyama
 N, STATE, HIDDEN, SIGMA = 3, 3, 4, 0.5
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # tiny tensor ops: intra-op threads only add contention (15x slower on the shared 2-core machine)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _problem(dt, seed=0):
     torch.manual_seed(seed)
     times = time_grid((0.0, 1.0), dt, dtype=torch.float64)

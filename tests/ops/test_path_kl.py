@@ -15,15 +15,6 @@ from pyro_sdebnn.testing import OUEndpointProblem
 ESTIMATORS = ["analytic", "full_mc", "stl"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # tiny tensor ops: intra-op threads only add contention (15x slower on the shared 2-core machine)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _solve(drift, estimator, dB, times, sigma=0.5, theta=1.0, init=None):
     init = torch.zeros(dB.shape[-1], dtype=dB.dtype) if init is None else init
     stl = _detached_call(drift) if estimator == "stl" else None
