@@ -13,14 +13,14 @@ from __future__ import annotations
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-AREAS = [  # (file suffix, section title)
-    ("foundation", "Foundation: data sets and metrics (issue 2)"),
-    ("distributions", "Distributions and kernels (issue 3)"),
-    ("mnvi", "MNVI: sampling-free VI (issue 4)"),
-    ("sdebnn", "SDE-BNN (issue 5)"),
-    ("sdebnn_baselines", "SDE-BNN baselines: ODE-Net / ResNet (issue 5)"),
-    ("sgmcmc", "SG-MCMC kernels (issue 6)"),
-    ("baselines", "Baselines and the Two Moons head-to-head (issue 7)"),
+AREAS = [  # (file suffix, section title, headings of further sections copied whole)
+    ("foundation", "Foundation: data sets and metrics (issue 2)", ()),
+    ("distributions", "Distributions and kernels (issue 3)", ()),
+    ("mnvi", "MNVI: sampling-free VI (issue 4)", ()),
+    ("sdebnn", "SDE-BNN (issue 5)", ()),
+    ("sdebnn_baselines", "SDE-BNN baselines: ODE-Net / ResNet (issue 5)", ()),
+    ("sgmcmc", "SG-MCMC kernels (issue 6)", ()),
+    ("baselines", "Baselines and the Two Moons head-to-head (issue 7)", ("## Two Moons head-to-head, full mode",)),
 ]
 HEADER = """# Benchmarks
 
@@ -48,13 +48,28 @@ def summary_table(text: str) -> list[str]:
     raise ValueError("no summary table (a table whose header starts with '| what |')")
 
 
+def section(text: str, heading: str) -> list[str]:
+    """The lines of the section that starts with ``heading``, up to the next heading of the same level."""
+    lines = text.splitlines()
+    level = heading.split(" ")[0] + " "
+    for start, line in enumerate(lines):
+        if line.strip() == heading:
+            end = start + 1
+            while end < len(lines) and not lines[end].startswith(level):
+                end += 1
+            return lines[start:end]
+    raise ValueError(f"no section {heading!r}")
+
+
 def main() -> None:
     parts = [HEADER]
-    for suffix, title in AREAS:
+    for suffix, title, sections in AREAS:
         path = ROOT / "benchmarks" / f"RESULTS_{suffix}.md"
-        table = summary_table(path.read_text())
+        text = path.read_text()
         parts.append(f"## {title}\n\nDetails: [`{path.relative_to(ROOT)}`]({path.relative_to(ROOT)}).\n")
-        parts.append("\n".join(table) + "\n")
+        parts.append("\n".join(summary_table(text)) + "\n")
+        for heading in sections:
+            parts.append("\n".join(["#" + line if line.startswith("#") else line for line in section(text, heading)]))
     (ROOT / "BENCHMARKS.md").write_text("\n".join(parts))
 
 

@@ -53,7 +53,8 @@ _ON_DIVERGENCE = ("raise", "continue")
 
 
 class SamplerDivergenceError(RuntimeError):
-    """Raised when an SG-MCMC chain produces a non-finite potential, gradient or position."""
+    """Raised when an SG-MCMC chain produces a non-finite potential, gradient or position (or one whose square
+    overflows), or when an op of the step raises on such a state (chained as ``__cause__``)."""
 
 
 class _Site(NamedTuple):
@@ -638,8 +639,20 @@ def _compile_graph(graph: Any, on_failure: Optional[Callable[[Exception], Callab
     return run
 
 
+def _representable_bound(dtype: torch.dtype) -> float:
+    """:math:`\\sqrt{\\text{finfo(dtype).max}}`: beyond it the square of a coordinate overflows to ``inf``."""
+    return math.sqrt(torch.finfo(dtype).max)
+
+
 def _finite_state(state: tuple) -> Tensor:
-    return torch.stack([torch.isfinite(t).all() for t in state]).all()
+    """Whether every coordinate of the state is finite and its square representable, as one 0-d bool tensor.
+
+    A coordinate above :math:`\\sqrt{\\text{finfo.max}}` (about 1.8e19 in float32) is finite, but the kinetic energy,
+    a Gaussian prior term or a squared norm of it is ``inf`` and a network evaluated there overflows at other inputs
+    (``inf - inf = nan`` in a matrix product): the chain has numerically diverged, even if the minibatch potential
+    still happens to be finite. The bound is the dtype's, not a tuning threshold. ``NaN`` fails the comparison.
+    """
+    return torch.stack([(t.abs() <= _representable_bound(t.dtype)).all() for t in state]).all()
 
 
 class SGMCMCKernel(MCMCKernel):
@@ -1015,16 +1028,34 @@ class SGMCMCKernel(MCMCKernel):
             eta = self._eta_tensor = torch.tensor(self.step_size(self._t), dtype=U.dtype, device=U.device)
         step_fn = self._step_fn
         started = time.perf_counter()
+        error: Optional[Exception] = None
         with torch.no_grad():  # the traced graph holds its own backward pass; no autograd across steps
             for _ in range(self.num_steps):
                 if not constant:
                     eta = torch.tensor(self.step_size(self._t), dtype=U.dtype, device=U.device)
-                state, value = step_fn(state, self._next_indices(), eta, *self._potential_and_grad_inputs())
+                try:
+                    state, value = step_fn(state, self._next_indices(), eta, *self._potential_and_grad_inputs())
+                except (RuntimeError, ValueError) as e:
+                    # an op that refuses non-finite input (a distribution's argument validation in the eager
+                    # step, torch.bernoulli or a Cholesky factorisation in the model ...): a divergence if the
+                    # state it was handed had diverged (checked below), the model's own error otherwise
+                    error = e
+                    break
                 values.append(value)
                 self._t += 1
+        if error is not None:
+            finite_so_far = torch.isfinite(torch.stack(values)).all() if values else torch.tensor(True, device=U.device)
+            if bool(finite_so_far & _finite_state(state)):
+                raise error
+            failed_at = self._t
+            # the step that produced the non-finite state (the incoming state itself if the first step failed)
+            last_good = max(failed_at - start_t - 1, 0)
+            self._t = start_t + self.num_steps  # the schedule moves on as after a completed sample
+            values = values[:last_good]
+            values.extend([torch.full_like(start_state[0][..., 0], float("nan"))] * (self.num_steps - last_good))
         potentials = torch.stack(values)
-        ok = bool(torch.isfinite(potentials).all() & _finite_state(state))  # one host sync per returned sample
-        if self.backend == "auto" and self.backend_used != "eager":
+        ok = error is None and bool(torch.isfinite(potentials).all() & _finite_state(state))  # one sync per sample
+        if self.backend == "auto" and self.backend_used != "eager" and error is None:
             self._auto_switch(time.perf_counter() - started)
         sample_index = self._sample_count - self._warmup_steps
         self._sample_count += 1
@@ -1033,11 +1064,16 @@ class SGMCMCKernel(MCMCKernel):
             bad = (~torch.isfinite(flat)).any(-1).nonzero()
             step = start_t + (int(bad[0]) if len(bad) else self.num_steps - 1)
             if self.on_divergence == "raise":
-                raise SamplerDivergenceError(
-                    f"{self._name} diverged at inner step {step} (step size {self.step_size(step):.3g}): the "
-                    "potential or its gradient is not finite. Use a smaller step_size (or a decaying schedule), or "
-                    "pass on_divergence='continue' to record a divergence and restart from the last finite state."
+                reason = (
+                    f"the step raised {type(error).__name__} on a non-finite state at inner step {failed_at}"
+                    if error is not None
+                    else "the potential or its gradient is not finite, or the state overflowed"
                 )
+                raise SamplerDivergenceError(
+                    f"{self._name} diverged at inner step {step} (step size {self.step_size(step):.3g}): {reason}. "
+                    "Use a smaller step_size (or a decaying schedule), or pass on_divergence='continue' to record a "
+                    "divergence and restart from the last finite state."
+                ) from error
             if sample_index >= 0:
                 self._divergences.append(sample_index)
             state = (start_state[0],) + tuple(torch.zeros_like(t) for t in start_state[1:])

@@ -27,6 +27,16 @@ class FSGHMC(FunctionalKernelMixin, SGHMC):
     prior, measurement points, output site) and of :class:`~pyro_sdebnn.infer.mcmc.SGHMC` (friction, noise
     estimate).
 
+    *A collapsed chain is not a divergence.* With too little friction for the step size the chain can stay finite
+    and still be useless: on Two Moons (2-50-50-1 ReLU network, RBF prior, 3000 steps) step 3e-4 with friction 0.1
+    ends at a constant function (accuracy 0.5) with kinetic temperature 7.8 instead of :math:`T = 1` (the
+    potential energy released from the initial point is dissipated only over :math:`1/(\\eta c) \\approx 33000`
+    steps), most hidden ReLUs dead and their weights drifting, unopposed since the weight prior is dropped;
+    ``resample_momentum_every=1`` gives 1.01 (accuracy 0.83), friction 10 at step 1e-3 gives 1.02. Nothing in it
+    is non-finite, so it is detected by diagnostics, not by the divergence check: ``diagnostics()["kinetic
+    temperature"]`` (see :class:`~pyro_sdebnn.infer.mcmc.SGHMC`, remedies there) and function-space diagnostics
+    (the predictive at a few probe inputs per draw, its trace and ESS).
+
     **References**
 
     [1] Z. Wu, Y. Xuan, L. Lu (2024). Functional Stochastic Gradient MCMC for Bayesian Neural Networks.

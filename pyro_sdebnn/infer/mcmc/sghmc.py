@@ -28,6 +28,18 @@ class SGHMC(SGMCMCKernel):
     returned samples. All other options (minibatching, schedules, temperature, warm start, vectorised chains,
     divergence handling, backends) are those of :class:`~pyro_sdebnn.infer.mcmc.SGLD`.
 
+    *Kinetic temperature.* At stationarity :math:`v \\sim \\mathcal N(0, T I)`, so the kinetic temperature
+    :math:`\\hat T_{\\text{kin}} = \\|v\\|^2 / D` must be close to :math:`T` (standard deviation
+    :math:`T\\sqrt{2/D}` per sample); ``diagnostics()["kinetic temperature"]`` is its mean over the returned
+    samples. A value well above :math:`T` means the chain is hotter than the target and its samples are not from
+    the posterior. Two sources of heat stay finite, so they are not divergences: the potential energy released
+    while the chain descends from its initial point (friction removes it only at rate :math:`\\eta c` per step,
+    i.e. over about :math:`1/(\\eta c)` steps), and the minibatch gradient noise (about
+    :math:`\\eta \\operatorname{Var}(\\hat g)/2` per coordinate and step, which :math:`c` must dominate:
+    :math:`\\hat B \\le c` in [1]). Remedies: a larger ``friction`` (keeping :math:`\\eta c < 1`), a warm-up much
+    longer than :math:`1/(\\eta c)` steps, ``resample_momentum_every`` (which resets :math:`v`), or a smaller
+    ``step_size``.
+
     :param callable model: the Pyro model (see :class:`~pyro_sdebnn.infer.mcmc.SGLD` for its form).
     :param step_size: :math:`\\eta` or a schedule.
     :param float friction: :math:`c`, with :math:`0 < \\eta c < 1` for the largest step size.
@@ -104,4 +116,24 @@ class SGHMC(SGMCMCKernel):
         k = self.resample_momentum_every
         if k is not None and self._sample_count > 0 and self._sample_count % k == 0:
             self._state = (self._state[0], torch.randn_like(self._state[1]) * self.temperature**0.5)
-        return super().sample(params)
+        returned = self._sample_count >= self._warmup_steps
+        params = super().sample(params)
+        if returned:  # a running sum on the device: no host sync per sample
+            kinetic = self._state[1].pow(2).mean(-1)
+            self._kinetic_sum = kinetic if self._kinetic_sum is None else self._kinetic_sum + kinetic
+            self._kinetic_count += 1
+        return params
+
+    def _reset(self) -> None:
+        super()._reset()
+        self._kinetic_sum: Optional[Tensor] = None
+        self._kinetic_count = 0
+
+    def diagnostics(self) -> dict[str, Any]:
+        """Those of :class:`~pyro_sdebnn.infer.mcmc.SGLD` plus ``"kinetic temperature"``: the mean of
+        :math:`\\|v\\|^2 / D` over the returned samples (one float per chain with ``vectorized_chains > 1``;
+        ``None`` before any sample), to compare with ``temperature``."""
+        out = super().diagnostics()
+        mean = None if self._kinetic_sum is None else self._kinetic_sum / self._kinetic_count
+        out["kinetic temperature"] = None if mean is None else (mean.tolist() if mean.dim() else float(mean))
+        return out

@@ -47,8 +47,11 @@ class SGLD(SGMCMCKernel):
     :param int map_steps: if positive, warm-start with that many Adam steps on the minibatch potential.
     :param float map_lr: learning rate of the warm start.
     :param int vectorized_chains: run ``K`` chains at once in this process (a leading chain dimension).
-    :param str on_divergence: ``"raise"`` (default) stops on a non-finite potential/gradient with an error naming
-        the step; ``"continue"`` records a divergence and restarts the sample from the last finite state.
+    :param str on_divergence: ``"raise"`` (default) stops with a :class:`~pyro_sdebnn.infer.mcmc.SamplerDivergenceError`
+        naming the step when the potential or gradient is not finite, a state coordinate is non-finite or its square
+        overflows the dtype, or an op of the step raises on such a state (e.g. a distribution's argument validation,
+        chained as ``__cause__``); ``"continue"`` records a divergence and restarts the sample from the last finite
+        state. Checked once per returned sample.
     :param str backend: ``"auto"``, ``"eager"`` (per-step Pyro trace; any model), ``"fx"`` (step traced once into
         an FX graph) or ``"compile"`` (that graph compiled with ``torch.compile``).
     :param sample_writer: optional :class:`~pyro_sdebnn.infer.mcmc.streaming.SampleWriter` streaming the

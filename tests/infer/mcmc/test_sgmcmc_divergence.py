@@ -1,0 +1,192 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Divergences of the SG-MCMC kernels on classification models (Two Moons reports), in every backend.
+
+Reports reproduced here: fSGLD at too large a step on Two Moons raised a raw ``ValueError``/``RuntimeError`` from
+a Bernoulli op that saw NaN probabilities (the eager step validates the distribution's arguments; a model that
+samples with ``torch.bernoulli`` fails inside the traced graph) instead of :class:`SamplerDivergenceError`; fSGHMC
+with too little friction collapsed silently (a finite chain, diagnosed by its kinetic temperature).
+"""
+
+import math
+
+import pyro
+import pyro.contrib.gp as gp
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro.infer import MCMC
+
+from pyro_sdebnn.data import two_moons
+from pyro_sdebnn.infer.mcmc import FSGHMC, FSGLD, SGHMC, SGLD, BayesianMLP, SamplerDivergenceError
+
+BACKENDS = ("eager", "fx", "compile")
+
+
+@pytest.fixture(scope="module")
+def moons():
+    split = two_moons(n_train=64, n_test=1, noise=0.2, seed=0)
+    return split.x_train, split.y_train.to(split.x_train.dtype)
+
+
+def _fsgld(backend, step_size=1e-4, **kwargs):
+    model = BayesianMLP([2, 8, 8, 1], likelihood="bernoulli", activation="relu")
+    rbf = gp.kernels.RBF(2, variance=torch.tensor(4.0), lengthscale=torch.tensor(0.5))
+    return FSGLD(model, gp_prior=rbf, step_size=step_size, num_steps=3, subsample_size=16, backend=backend,
+                 num_measurement_data=8, num_measurement_box=8, **kwargs)
+
+
+def _params_with(kernel, value):
+    """The kernel's initial parameters with one coordinate set to ``value``."""
+    flat = kernel.potential.pack(kernel.initial_params).clone()
+    flat[3] = value
+    return kernel.potential.split(flat)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fsgld_two_moons_large_step_raises_divergence(moons, backend):
+    # step 1 is far above the stable range (1e-4 on this problem): non-finite within a few samples
+    kernel = _fsgld(backend, step_size=1.0)
+    mcmc = MCMC(kernel, num_samples=5, warmup_steps=5, disable_progbar=True)
+    with pytest.raises(SamplerDivergenceError, match=r"fSGLD diverged at inner step \d+ .*smaller step_size"):
+        mcmc.run(*moons)
+
+
+@pytest.mark.parametrize("backend", ["eager", "fx"])
+def test_nan_state_raises_divergence_not_bernoulli_validation_error(moons, backend):
+    # eager: Bernoulli(logits=nan) fails Pyro's argument validation (a ValueError) before any finiteness check ran
+    kernel = _fsgld(backend)
+    kernel.setup(0, *moons)
+    with pytest.raises(SamplerDivergenceError, match="inner step 0 .*smaller step_size") as info:
+        kernel.sample(_params_with(kernel, float("nan")))
+    if backend == "eager":
+        assert isinstance(info.value.__cause__, ValueError)
+
+
+@pytest.mark.parametrize("backend", ["eager", "fx"])
+def test_overflowing_finite_state_is_a_divergence(moons, backend):
+    # 1e30 is finite in float32 but its square is not (bound sqrt(finfo.max) ~ 1.8e19): without a weight prior the
+    # minibatch potential can stay finite there while the network overflows to nan at other inputs
+    kernel = _fsgld(backend)
+    kernel.setup(0, *moons)
+    with pytest.raises(SamplerDivergenceError, match="diverged at inner step 0 "):
+        kernel.sample(_params_with(kernel, 1e30))
+
+
+def test_finite_bound_is_the_dtypes():
+    from pyro_sdebnn.infer.mcmc.base import _finite_state
+
+    for dtype in (torch.float32, torch.float64):
+        bound = math.sqrt(torch.finfo(dtype).max)
+        assert bool(_finite_state((torch.tensor([bound / 2, -bound / 2], dtype=dtype),)))
+        assert not bool(_finite_state((torch.tensor([0.0, 2 * bound], dtype=dtype),)))
+        assert not bool(_finite_state((torch.tensor([0.0, float("nan")], dtype=dtype),)))
+
+
+def test_fsgld_continue_marks_divergences_and_restarts_from_finite_state(moons):
+    kernel = _fsgld("eager", step_size=1.0, on_divergence="continue")
+    mcmc = MCMC(kernel, num_samples=10, warmup_steps=2, disable_progbar=True)
+    mcmc.run(*moons)
+    divergences = mcmc.diagnostics()["divergences"]["chain 0"]
+    assert divergences  # step 1 diverges within a few samples
+    flat = torch.cat([v.reshape(10, -1) for v in mcmc.get_samples().values()], -1)
+    assert bool(torch.isfinite(flat).all())
+    for i in divergences:  # a diverged sample restarts from the sample before it
+        if i > 0:
+            assert torch.equal(flat[i], flat[i - 1])
+    assert kernel._t == 12 * kernel.num_steps  # the schedule moved on by num_steps per sample, diverged or not
+
+
+# ----- a model whose forward pass samples with torch.bernoulli (stochastic binary units) -------------------------
+def stochastic_unit_model(x, y=None):
+    w = pyro.sample("w", dist.Normal(torch.zeros(2), 1.0).to_event(1))
+    gate = torch.bernoulli(torch.sigmoid(x @ w))  # raises "Expected p_in >= 0 && p_in <= 1" on nan probabilities
+    with pyro.plate("data", x.shape[0]) as idx:
+        logits = (x @ w)[idx] * (0.5 + 0.5 * gate[idx])
+        pyro.sample("obs", dist.Bernoulli(logits=logits, validate_args=False), obs=None if y is None else y[idx])
+
+
+@pytest.mark.parametrize("backend", ["eager", "fx"])
+def test_bernoulli_op_on_nan_state_is_a_divergence(moons, backend):
+    kernel = SGLD(stochastic_unit_model, step_size=1e-3, num_steps=2, subsample_size=16, backend=backend)
+    kernel.setup(0, *moons)
+    with pytest.raises(SamplerDivergenceError, match="raised RuntimeError on a non-finite state") as info:
+        kernel.sample({"w": torch.tensor([float("nan"), 0.0])})
+    assert "p_in" in str(info.value.__cause__)
+
+
+@pytest.mark.parametrize("backend", ["eager", "fx"])
+def test_bernoulli_op_raises_divergence_during_run(moons, backend):
+    # step 1e40 is inf in float32: the first update makes w non-finite, the next step's torch.bernoulli raises
+    kernel = SGLD(stochastic_unit_model, step_size=1e40, num_steps=3, subsample_size=16, backend=backend)
+    mcmc = MCMC(kernel, num_samples=2, warmup_steps=0, disable_progbar=True)
+    with pytest.raises(SamplerDivergenceError, match="diverged at inner step 0 .*RuntimeError .* inner step 1"):
+        mcmc.run(*moons)
+
+
+@pytest.mark.parametrize("backend", ["eager", "fx"])
+def test_bernoulli_op_divergence_continue_restarts(moons, backend):
+    kernel = SGLD(stochastic_unit_model, step_size=1e40, num_steps=3, subsample_size=16, backend=backend,
+                  on_divergence="continue")
+    mcmc = MCMC(kernel, num_samples=4, warmup_steps=1, disable_progbar=True)
+    mcmc.run(*moons)
+    assert kernel.diagnostics()["divergences"] == [0, 1, 2, 3]
+    w = mcmc.get_samples()["w"]
+    assert bool(torch.isfinite(w).all())
+    assert bool((w == w[0]).all())  # every sample restarted from the (finite) initial state
+
+
+def test_error_on_finite_state_is_not_masked(moons):
+    calls = {"n": 0}
+
+    def buggy_model(x, y=None):
+        calls["n"] += 1
+        if calls["n"] > 4:
+            raise RuntimeError("a bug in the model")
+        return stochastic_unit_model(x, y)
+
+    kernel = SGLD(buggy_model, step_size=1e-3, num_steps=2, subsample_size=16, backend="eager")
+    kernel.setup(0, *moons)
+    with pytest.raises(RuntimeError, match="a bug in the model") as info:
+        kernel.sample(kernel.initial_params)
+    assert not isinstance(info.value, SamplerDivergenceError)
+
+
+# ----- silent collapse of SGHMC: kinetic temperature -------------------------------------------------------------
+def test_sghmc_kinetic_temperature_matches_target_on_gaussian():
+    # U(w) = |w|^2 / 2 in D = 400 dimensions, full batch: v ~ N(0, T I) at stationarity, so |v|^2 / D has mean T and
+    # standard deviation T sqrt(2 / D) = 0.071 T per sample; the mean over samples is at least that precise
+    # (positive autocorrelation aside), and the discretisation bias at eta c = 0.05 is O(eta) = 0.05
+    D, T = 400, 0.5
+
+    def model():
+        pyro.sample("w", dist.Normal(torch.zeros(D, dtype=torch.float64), 1.0).to_event(1))
+
+    kernel = SGHMC(model, step_size=0.05, friction=1.0, num_steps=10, temperature=T, backend="fx")
+    mcmc = MCMC(kernel, num_samples=40, warmup_steps=20, disable_progbar=True)
+    mcmc.run()
+    kinetic = mcmc.diagnostics()["kinetic temperature"]["chain 0"]
+    assert abs(kinetic - T) < 4 * T * math.sqrt(2 / D) + 0.05 * T
+
+
+def _fsghmc(friction, step_size):
+    model = BayesianMLP([2, 16, 16, 1], likelihood="bernoulli", activation="relu")
+    rbf = gp.kernels.RBF(2, variance=torch.tensor(4.0), lengthscale=torch.tensor(0.5))
+    return FSGHMC(model, gp_prior=rbf, step_size=step_size, friction=friction, num_steps=10, subsample_size=16,
+                  num_measurement_data=8, num_measurement_box=8, backend="fx")
+
+
+def test_fsghmc_too_little_friction_is_finite_but_hot(moons):
+    # the Two Moons collapse (step 3e-4, friction 0.1): no divergence, but the kinetic temperature stays far above
+    # T = 1 (the potential energy released from the initial point is damped only over 1/(eta c) ~ 33000 steps).
+    # With friction 10 at step 1e-3 (eta c = 0.01: damped over ~100 steps, 400 warm-up steps) it is back at T. The
+    # per-sample sd of |v|^2 / D is sqrt(2 / D) = 0.077 here (D = 337); the mean over samples is at least as precise
+    hot = _fsghmc(0.1, 3e-4)
+    mcmc = MCMC(hot, num_samples=10, warmup_steps=20, disable_progbar=True)
+    mcmc.run(*moons)
+    sd = math.sqrt(2 / hot.potential.dim)
+    assert mcmc.diagnostics()["divergences"]["chain 0"] == []
+    assert mcmc.diagnostics()["kinetic temperature"]["chain 0"] > 1 + 10 * sd
+    damped = _fsghmc(10.0, 1e-3)
+    mcmc = MCMC(damped, num_samples=10, warmup_steps=40, disable_progbar=True)
+    mcmc.run(*moons)
+    assert abs(mcmc.diagnostics()["kinetic temperature"]["chain 0"] - 1) < 4 * sd
