@@ -648,7 +648,7 @@ def _finite_state(state: tuple) -> Tensor:
     """Whether every coordinate of the state is finite and its square representable, as one 0-d bool tensor.
 
     A coordinate above :math:`\\sqrt{\\text{finfo.max}}` (about 1.8e19 in float32) is finite, but the kinetic energy,
-    a Gaussian prior term or a squared norm of it is ``inf`` and a network evaluated there overflows at other inputs
+    a Gaussian prior term or a squared norm of it is ``inf`` and a network evaluated there can overflow at other inputs
     (``inf - inf = nan`` in a matrix product): the chain has numerically diverged, even if the minibatch potential
     still happens to be finite. The bound is the dtype's, not a tuning threshold. ``NaN`` fails the comparison.
     """
@@ -859,7 +859,9 @@ class SGMCMCKernel(MCMCKernel):
 
     def _eager_step(self, state: tuple, idx: Optional[Tensor], step_size: Tensor, *extra: Tensor) -> tuple:
         def one(chain_state: tuple, chain_idx: Optional[Tensor]) -> tuple:
-            with torch.enable_grad():
+            # no argument validation in the hot loop, as in the traced step (the model was validated at set-up):
+            # a non-finite state gives a non-finite potential, reported as a divergence, not a validation error
+            with torch.enable_grad(), pyro.validation_enabled(False):
                 position = chain_state[0].detach().requires_grad_()
                 value = self._potential_fn(position, chain_idx, *extra)
                 (grad,) = torch.autograd.grad(value, position)
@@ -990,19 +992,22 @@ class SGMCMCKernel(MCMCKernel):
     def _map_fit(self, position: Tensor) -> Tensor:
         position = position.detach().clone().requires_grad_()
         optim = torch.optim.Adam([position], lr=self.map_lr)
-        for _ in range(self.map_steps):
-            idx = self._next_indices()
-            optim.zero_grad()
-            if self.vectorized_chains == 1:
-                value = self._potential_fn(position, idx, *self._potential_and_grad_inputs())
-            else:
-                value = sum(
-                    self._potential_fn(position[k], None if idx is None else idx[k], *self._potential_and_grad_inputs())
-                    for k in range(self.vectorized_chains)
-                )
-            value.backward()
-            optim.step()
-        if not torch.isfinite(position).all():
+        with pyro.validation_enabled(False):  # a diverging fit is reported below, not as a validation error
+            for _ in range(self.map_steps):
+                idx = self._next_indices()
+                optim.zero_grad()
+                if self.vectorized_chains == 1:
+                    value = self._potential_fn(position, idx, *self._potential_and_grad_inputs())
+                else:
+                    value = sum(
+                        self._potential_fn(
+                            position[k], None if idx is None else idx[k], *self._potential_and_grad_inputs()
+                        )
+                        for k in range(self.vectorized_chains)
+                    )
+                value.backward()
+                optim.step()
+        if not bool(_finite_state((position.detach(),))):
             raise SamplerDivergenceError(f"{self._name}: the MAP warm start diverged; use a smaller map_lr")
         return position.detach()
 
