@@ -33,7 +33,7 @@ DESCRIPTION = "UCI Boston: RMSE and test log-likelihood of SGLD, SGHMC, fSGLD, f
 __all__ = ["DESCRIPTION", "METHODS", "NAME", "add_arguments", "run"]
 
 METHODS = ("SGLD", "SGHMC", "fSGLD", "fSGHMC")
-STEP_SIZES = {"SGLD": 1e-4, "SGHMC": 1e-3, "fSGLD": 1e-4, "fSGHMC": 1e-3}
+STEP_SIZES = {"SGLD": 1e-5, "SGHMC": 1e-3, "fSGLD": 1e-5, "fSGHMC": 1e-3}
 FRICTION = 10.0
 BATCH = 32
 

@@ -13,6 +13,7 @@ from pyro_sdebnn.ops.gp import (
     JitterWarning,
     cholesky_with_jitter,
     gp_log_normalizer,
+    gp_precision_matvec,
     gp_precision_residual,
     gp_whiten,
 )
@@ -64,6 +65,7 @@ __all__ = [
     "euler_path_log_ratio",
     "gaussian_expected_log_likelihood",
     "gp_log_normalizer",
+    "gp_precision_matvec",
     "gp_precision_residual",
     "gp_whiten",
     "increments_from_brownian",

@@ -335,3 +335,38 @@ def test_multiplicative_variance_equals_literal_formula(kind, with_var):
         a, vv = alpha.reshape(-1, 1, 1), (torch.zeros_like(x) if v is None else v)
         literal = F.conv2d((1 + a) * vv + a * x * x, w * w, None, 1, 1, 1, groups)
     assert torch.allclose(out.var, literal, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("kernel, shape", [(2, (4, 3, 8, 8)), (2, (3, 7, 9)), (3, (2, 2, 9, 10))])
+def test_maxpool_index_free_path_equals_gather_path(dtype, kernel, shape):
+    # inference on non-overlapping windows takes the packed path; under autograd the gather path runs
+    mean = (torch.randn(*shape) * 3).to(dtype)  # both signs, so that the sign-magnitude packing is exercised
+    var = torch.rand(*shape).to(dtype)
+    pool = MNMaxPool2d(kernel)
+    assert pool._packable(mean, var)
+    with torch.no_grad():
+        fast = pool(Moments(mean, var))
+    mean_grad = mean.clone().requires_grad_()
+    assert not pool._packable(mean_grad, var)
+    slow = pool(Moments(mean_grad, var))
+    assert fast.mean.shape == slow.mean.shape == F.max_pool2d(mean.float(), kernel).shape
+    assert torch.equal(fast.mean, slow.mean.detach())
+    # a tied maximum (possible in half precision) may carry either variance; elsewhere they are identical
+    windows = mean.unfold(-2, kernel, kernel).unfold(-2, kernel, kernel).flatten(-2)
+    unique = (windows == windows.amax(-1, keepdim=True)).sum(-1) == 1
+    assert unique.float().mean() > 0.9
+    assert torch.equal(fast.var[unique], slow.var[unique])
+
+
+def test_maxpool_index_free_path_is_not_taken_where_it_does_not_apply():
+    mean, var = torch.randn(1, 2, 6, 6), torch.rand(1, 2, 6, 6)
+    assert not MNMaxPool2d(3, stride=2)._packable(mean, var)  # overlapping windows
+    assert not MNMaxPool2d(2, padding=1)._packable(mean, var)
+    assert not MNMaxPool2d(2, ceil_mode=True)._packable(mean, var)
+    assert not MNMaxPool2d(2)._packable(mean.double(), var.double())  # no float128 to pack into
+    assert not MNMaxPool2d(7)._packable(mean, var)  # window larger than the input: ATen raises
+    with torch.no_grad():  # and the fallbacks still give the gather path's answer
+        out = MNMaxPool2d(3, stride=2)(Moments(mean, var))
+    index = F.max_pool2d(mean, 3, 2, return_indices=True)[1]
+    assert torch.equal(out.var, var.flatten(-2).gather(-1, index.flatten(-2)).view_as(out.var))

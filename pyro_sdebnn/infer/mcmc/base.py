@@ -611,14 +611,16 @@ def _lean_graph(graph: Any) -> None:
     graph.recompile()
 
 
-def _compile_graph(graph: Any, on_failure: Optional[Callable[[Exception], Callable]] = None) -> Callable:
-    """``torch.compile`` the step graph (compiled on the first call). If that first call fails and ``on_failure`` is
-    given, the step continues with ``on_failure(error)`` instead of raising."""
+def _compile_graph(
+    graph: Any, on_failure: Optional[Callable[[Exception], Callable]] = None, options: Optional[dict] = None
+) -> Callable:
+    """``torch.compile`` the step graph (compiled on the first call; ``options`` are Inductor options). If that first
+    call fails and ``on_failure`` is given, the step continues with ``on_failure(error)`` instead of raising."""
     import torch._inductor.config as inductor_config
 
     # on CPU the compiler's own random-number generation is very slow; use ATen's generator instead
     inductor_config.fallback_random = True
-    compiled = torch.compile(graph, dynamic=False)
+    compiled = torch.compile(graph, dynamic=False, options=options)
     state: dict[str, Any] = {"fn": None}
 
     def run(*args: Tensor) -> tuple:

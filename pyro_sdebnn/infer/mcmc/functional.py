@@ -32,6 +32,9 @@ The concatenated path is used only after it reproduced the two-trace potential a
 
 from __future__ import annotations
 
+import os
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Optional, Union
 
 import pyro
@@ -43,7 +46,7 @@ from torch import Tensor
 
 from pyro_sdebnn.infer.mcmc.base import MinibatchPotential, _no_validation
 from pyro_sdebnn.infer.mcmc.measurement_points import MeasurementPoints
-from pyro_sdebnn.ops.gp import cholesky_with_jitter, gp_precision_residual
+from pyro_sdebnn.ops.gp import cholesky_with_jitter, gp_precision_matvec, gp_precision_residual
 
 __all__ = ["FunctionalPotential"]
 
@@ -272,17 +275,38 @@ class FunctionalPotential(MinibatchPotential):
         mean = self.gp_mean(points) if callable(self.gp_mean) else self.gp_mean
         return torch.as_tensor(mean, dtype=like.dtype, device=like.device)
 
-    def cholesky(self, points: Tensor) -> Tensor:
-        """Cholesky factor of :math:`K + \\delta I` in float64 (traceable: a failed factorisation gives NaNs)."""
-        cov = self.gp_kernel(points.to(torch.float64)).to(torch.float64)
-        delta = self.jitter * cov.diagonal().mean()
-        eye = torch.eye(cov.shape[0], dtype=cov.dtype, device=cov.device)
-        scale_tril, info = torch.linalg.cholesky_ex(cov + delta * eye)
-        return scale_tril + torch.where(info > 0, float("nan"), 0.0)
+    def cholesky(self, points: Tensor, *, batched: bool = False) -> Tensor:
+        """Cholesky factor of :math:`K + \\delta I` in float64 (traceable: a failed factorisation gives NaNs).
+
+        With ``batched=True``, ``points`` holds a leading dimension of independent sets ``(T, M, ...)`` and the
+        factors ``(T, M, M)`` come from one kernel evaluation (``torch.func.vmap`` over the sets, or a loop for
+        kernels that do not vectorise) and one batched factorisation."""
+        points = points.to(torch.float64)
+        if batched:
+            cov = self._batched_kernel(points).to(torch.float64)
+        else:
+            cov = self.gp_kernel(points).to(torch.float64)
+        delta = self.jitter * cov.diagonal(dim1=-2, dim2=-1).mean(-1)
+        eye = torch.eye(cov.shape[-1], dtype=cov.dtype, device=cov.device)
+        scale_tril, info = torch.linalg.cholesky_ex(cov + delta[..., None, None] * eye)
+        return scale_tril + torch.where(info > 0, float("nan"), 0.0)[..., None, None]
+
+    def precision(self, points: Tensor, *, batched: bool = False) -> Tensor:
+        """:math:`(K + \\delta I)^{-1}` in float64 from :meth:`cholesky` (``cholesky_inverse``; NaNs if the factorisation
+        fails). Passed as ``precision=`` it replaces the per-step triangular solves by one matrix product."""
+        return torch.cholesky_inverse(self.cholesky(points, batched=batched))
+
+    def _batched_kernel(self, points: Tensor) -> Tensor:
+        if getattr(self, "_kernel_vmaps", True):
+            try:
+                return torch.func.vmap(self.gp_kernel)(points)
+            except Exception:  # noqa: BLE001 - a kernel that does not vectorise: evaluate set by set
+                self._kernel_vmaps = False
+        return torch.stack([self.gp_kernel(p) for p in points])
 
     def __call__(  # type: ignore[override]
         self, flat: Tensor | tuple[Tensor, ...], idx: Optional[Tensor] = None, points: Optional[Tensor] = None,
-        scale_tril: Optional[Tensor] = None, *, exclude_gaussian_prior: bool = False,
+        scale_tril: Optional[Tensor] = None, *, precision: Optional[Tensor] = None, exclude_gaussian_prior: bool = False,
     ) -> Tensor:
         values, logdet = self.unpack(flat)
         exclude = self.gaussian_prior_sites if exclude_gaussian_prior else frozenset()
@@ -292,10 +316,13 @@ class FunctionalPotential(MinibatchPotential):
             log_p = self.log_density(self._trace(values, idx), exclude=exclude)
             f = self.measurement_outputs(values, points)
         potential = -(log_p + logdet)
-        if scale_tril is None:
-            scale_tril = self.cholesky(points)
         residual = f - self.mean_at(points, f)
-        alpha = gp_precision_residual(scale_tril, residual.detach(), self.event_dim).to(f.dtype)  # sg(alpha)
+        if precision is not None:
+            alpha = gp_precision_matvec(precision, residual.detach(), self.event_dim).to(f.dtype)  # sg(alpha)
+        else:
+            if scale_tril is None:
+                scale_tril = self.cholesky(points)
+            alpha = gp_precision_residual(scale_tril, residual.detach(), self.event_dim).to(f.dtype)
         # value: 1/2 r^T alpha; gradient: J_M^T alpha (surrogate loss of FSGMCMC.md)
         potential = potential + (alpha * residual).sum() - 0.5 * (alpha * residual.detach()).sum()
         if self.weight_prior_scale is not None:
@@ -352,6 +379,11 @@ class FunctionalKernelMixin:
         self.output_fn = output_fn
         self.concatenate_inputs = concatenate_inputs
         self._points_cache: Optional[tuple] = None
+        self._set_queue: deque = deque()
+        self._set_uses_left = 0
+        self._batch_fns: dict[Any, Any] = {}
+        self._pending: Optional[tuple] = None  # the next batch of sets: (seed, None | Future)
+        self._worker: Optional[tuple[int, ThreadPoolExecutor]] = None  # (pid, executor)
 
     def _build_potential(self, args: tuple, kwargs: dict) -> MinibatchPotential:
         if self._fixed_prior is not None:
@@ -383,26 +415,141 @@ class FunctionalKernelMixin:
             transforms=self.user_transforms,
         )
         self._points_cache = None
+        self._set_queue.clear()
+        self._set_uses_left = 0
+        self._batch_fns = {}
+        self._pending = None
+        # what the step receives with X_M: the precision matrix (one product per step) where it is computed once
+        # (fixed points) or off the critical path (background thread), else the Cholesky factor (two solves)
+        fixed = self._fixed_prior is not None or not self.measurement_points.redraw
+        self._factor_kind = "precision" if fixed or self._background_wanted(potential) else "cholesky"
         if self._fixed_prior is not None:
-            self._points_cache = (example, self._fixed_prior.scale_tril64)
-        elif not self.measurement_points.redraw:
+            self._points_cache = (example, torch.cholesky_inverse(self._fixed_prior.scale_tril64))
+        elif fixed:
             points = self.measurement_points()
-            self._points_cache = (points, potential.cholesky(points))
+            self._points_cache = (points, potential.precision(points))
         return potential
 
     def _potential_and_grad_inputs(self) -> tuple:
+        """``(X_M, L)`` for the next step: a fixed set, or the next of ``prefetch`` fresh sets drawn and factorised
+        together (each kept for ``redraw_every`` steps)."""
         if self._fixed_prior is not None or not self.measurement_points.redraw:
             return self._points_cache
-        points = self.measurement_points()
-        if self.measurement_points.redraw_every == 1:
-            return (points,)  # the step's graph factorises K itself
-        # sets kept for several steps: factorise once per set, outside the graph
-        if self._points_cache is None or self._points_cache[0] is not points:
-            with torch.no_grad():
-                self._points_cache = (points, self.potential.cholesky(points))
+        if self._set_uses_left == 0:
+            if not self._set_queue:
+                sets, factors = self._next_batch()
+                self._set_queue.extend(zip(sets.unbind(0), factors.unbind(0)))
+            self._points_cache = self._set_queue.popleft()
+            self._set_uses_left = self.measurement_points.redraw_every
+        self._set_uses_left -= 1
         return self._points_cache
 
+    # ----- batches of measurement sets, optionally drawn and factorised in a background thread --------------------
+    def _next_batch(self) -> tuple[Tensor, Tensor]:
+        """The next ``prefetch`` sets and their factors.
+
+        Each batch comes from its own generator, seeded from the sampler's random stream when the *previous* batch is
+        taken; with the background thread the batch is then drawn and factorised while the chain runs. The sets are
+        therefore the same with or without the thread, and independent of its timing."""
+        if self._pending is None:
+            self._pending = self._start_batch()
+        seed, future = self._pending
+        self._pending = self._start_batch()
+        if future is not None:
+            return future.result()
+        with torch.no_grad():
+            return self._batch_fn(background=False)(*self._uniforms(seed))
+
+    def _start_batch(self) -> tuple[int, Optional[Future]]:
+        mp = self.measurement_points
+        seed = int(torch.randint(0, 2**62, (1,), generator=mp.generator, device=mp.inputs.device))
+        if not self._in_background():
+            return seed, None
+        return seed, self._executor().submit(self._draw_and_factorise, self._batch_fn(background=True), seed)
+
+    def _uniforms(self, seed: int) -> tuple[Tensor, Tensor]:
+        generator = torch.Generator(device=self.measurement_points.inputs.device)
+        generator.manual_seed(seed)
+        return self.measurement_points.draw_uniforms(self.measurement_points.prefetch, generator)
+
+    def _draw_and_factorise(self, fn: Callable, seed: int) -> tuple[Tensor, Tensor]:
+        """Runs in the worker thread: two random draws, then one call of the traced (or compiled) batch graph."""
+        with torch.no_grad():
+            return fn(*self._uniforms(seed))
+
+    def _sets_and_factors(self, keys: Tensor, box: Tensor) -> tuple[Tensor, Tensor]:
+        sets = self.measurement_points.sets_from_uniforms(keys, box)
+        if self._factor_kind == "precision":
+            return sets, self.potential.precision(sets, batched=True)
+        return sets, self.potential.cholesky(sets, batched=True)
+
+    def _batch_fn(self, background: bool) -> Callable:
+        """``(keys, box) -> (sets, factors)`` run like the step: with the ``fx`` or ``compile`` backend it is traced
+        once into a graph (Pyro's kernel code runs only at tracing time; the compiler fuses the kernel arithmetic).
+        The worker thread runs the graph op by op (ATen calls release the GIL, so the chain's thread keeps running)
+        or, with ``backend="compile"``, compiled with Inductor's C++ wrapper, which releases the GIL for the whole
+        call (its Python wrapper would hold it during every fused kernel)."""
+        mode = getattr(self, "backend_used", "eager")
+        if mode not in ("fx", "compile"):
+            return self._sets_and_factors
+        compiled = (mode == "compile" and not background) or (background and self.backend == "compile")
+        key = ("compile" if compiled else "fx", background and compiled)
+        fn = self._batch_fns.get(key)
+        if fn is None:
+            graph = self._batch_fns.get("graph")
+            if graph is None:  # traced here, in the main thread
+                from torch.fx.experimental.proxy_tensor import make_fx
+
+                from pyro_sdebnn.infer.mcmc.base import _lean_graph
+
+                with torch.no_grad(), pyro.validation_enabled(False), poutine.block():
+                    graph = make_fx(lambda k, b: self._sets_and_factors(k, b))(*self._uniforms(0))
+                _lean_graph(graph)
+                self._batch_fns["graph"] = graph
+            fn = graph.forward
+            if compiled:
+                from pyro_sdebnn.infer.mcmc.base import _compile_graph
+
+                fn = _compile_graph(graph, on_failure=lambda error: graph.forward,
+                                    options={"cpp_wrapper": True} if background else None)
+                if background:  # compile now, in the main thread
+                    with torch.no_grad():
+                        fn(*self._uniforms(0))
+            self._batch_fns[key] = fn
+        return fn
+
+    def _background_wanted(self, potential: MinibatchPotential) -> bool:
+        flag = self.measurement_points.background
+        if flag is None:  # default: on the CPU when a second core is there to take the work
+            flag = potential.device.type == "cpu" and (os.cpu_count() or 1) > 1
+        return bool(flag) and self.measurement_points.redraw and self.backend != "eager"
+
+    def _in_background(self) -> bool:
+        return self._factor_kind == "precision" and getattr(self, "backend_used", "eager") in ("fx", "compile")
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._worker is None or self._worker[0] != os.getpid():  # none yet, or inherited through a fork
+            self._worker = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="pyro-sdebnn-measurement-sets"))
+        return self._worker[1]
+
+    def cleanup(self) -> None:
+        """Finish the pending background batch and stop the thread (the next run starts a fresh one)."""
+        self._pending = None
+        if self._worker is not None:
+            pid, executor = self._worker
+            self._worker = None
+            if pid == os.getpid():
+                executor.shutdown(wait=True)
+        super().cleanup()  # type: ignore[misc]
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state.update(_worker=None, _pending=None, _set_queue=deque(), _set_uses_left=0)
+        return state
+
     def _potential_fn(
-        self, flat: Tensor, idx: Optional[Tensor], *extra: Tensor, exclude_gaussian_prior: bool = False
+        self, flat: Tensor, idx: Optional[Tensor], points: Tensor, factor: Tensor, exclude_gaussian_prior: bool = False
     ) -> Tensor:
-        return self.potential(flat, idx, *extra, exclude_gaussian_prior=exclude_gaussian_prior)
+        if self._factor_kind == "precision":
+            return self.potential(flat, idx, points, precision=factor, exclude_gaussian_prior=exclude_gaussian_prior)
+        return self.potential(flat, idx, points, factor, exclude_gaussian_prior=exclude_gaussian_prior)

@@ -27,6 +27,17 @@ class MeasurementPoints:
     :param int redraw_every: with ``redraw``, keep each set for this many calls (default 1: a new set every step).
         The kernels factorise the kernel matrix once per set, so ``redraw_every > 1`` amortises the
         :math:`O(M^3)` Cholesky factorisation (a deviation from seed 004, which redraws every step).
+    :param int prefetch: with ``redraw``, the fSGLD/fSGHMC kernels draw this many independent sets at once
+        (:meth:`draw_sets`) and evaluate and factorise their kernel matrices in one batched call, then use one
+        set per ``redraw_every`` steps. The sets do not depend on the chain, so this changes nothing but the
+        cost: per-call overheads of the draw, the kernel evaluation and the factorisation are paid once per
+        ``prefetch`` sets instead of once per step. Default ``None``: 64, fewer where the batch of
+        :math:`M \times M` float64 factors would exceed 8 MiB (16 sets at M = 256, one at M >= 1024).
+    :param background: with ``redraw``, draw and factorise the next batch of sets in a background thread while the
+        chain runs (each batch comes from a generator seeded from this sampler's random stream in the calling
+        thread, so the sets and the samples are the same either way). ``None`` (default): on the CPU when the machine has more than one core. Only used with
+        the kernels' ``fx`` / ``compile`` backends. Like a data-loader worker, this moves the :math:`O(M^3)`
+        work off the chain's critical path onto a second core; it does not reduce the total work.
     :param torch.Generator generator: optional generator (on the inputs' device) for reproducible sets.
 
     >>> x = torch.linspace(-1.0, 1.0, 10)
@@ -45,6 +56,8 @@ class MeasurementPoints:
         margin: float = 0.5,
         redraw: bool = True,
         redraw_every: int = 1,
+        prefetch: Optional[int] = None,
+        background: Optional[bool] = None,
         generator: Optional[torch.Generator] = None,
     ) -> None:
         if not isinstance(inputs, Tensor) or inputs.dim() < 1 or inputs.shape[0] < 1:
@@ -56,6 +69,10 @@ class MeasurementPoints:
             raise ValueError("num_data + num_box must be at least 1")
         if isinstance(redraw_every, bool) or not isinstance(redraw_every, int) or redraw_every < 1:
             raise ValueError(f"redraw_every must be a positive int, got {redraw_every!r}")
+        if prefetch is not None and (isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1):
+            raise ValueError(f"prefetch must be a positive int or None, got {prefetch!r}")
+        if background not in (None, True, False):
+            raise TypeError(f"background must be None, True or False, got {background!r}")
         if not margin >= 0:
             raise ValueError(f"margin must be non-negative, got {margin!r}")
         self.inputs = inputs
@@ -64,6 +81,8 @@ class MeasurementPoints:
         self.margin = float(margin)
         self.redraw = bool(redraw)
         self.redraw_every = redraw_every
+        self.prefetch = prefetch if prefetch is not None else max(1, min(64, 2**20 // self.num_points**2))
+        self.background = background
         self.generator = generator
         self._calls = 0
         self._current: Optional[Tensor] = None
@@ -79,15 +98,36 @@ class MeasurementPoints:
 
     def draw(self) -> Tensor:
         """A fresh set of measurement points ``(M, ...)``."""
-        x = self.inputs
+        return self.draw_sets(1)[0]
+
+    def draw_sets(self, count: int, generator: Optional[torch.Generator] = None) -> Tensor:
+        """``count`` independent fresh sets ``(count, M, ...)`` (training inputs drawn without replacement
+        within each set), from ``generator`` (default: the sampler's).
+
+        >>> MeasurementPoints(torch.arange(10.0), num_data=3, num_box=2).draw_sets(4).shape
+        torch.Size([4, 5])
+        """
+        return self.sets_from_uniforms(*self.draw_uniforms(count, generator))
+
+    def draw_uniforms(self, count: int, generator: Optional[torch.Generator] = None) -> tuple[Tensor, Tensor]:
+        """The random numbers behind :meth:`draw_sets`: ``count x N`` keys (each set takes the training inputs
+        with the ``num_data`` largest keys: a uniform draw without replacement) and ``(count, num_box, ...)``
+        uniforms for the box points (empty tensors for a part that is not used)."""
+        x, generator = self.inputs, self.generator if generator is None else generator
+        num_keys = x.shape[0] if self.num_data else 0
+        keys = torch.rand(count, num_keys, generator=generator, device=x.device) if num_keys else x.new_empty(count, 0)
+        shape = (count, self.num_box) + x.shape[1:]
+        box = torch.rand(shape, generator=generator, dtype=x.dtype, device=x.device) if self.num_box else x.new_empty(shape)
+        return keys, box
+
+    def sets_from_uniforms(self, keys: Tensor, box: Tensor) -> Tensor:
+        """Sets ``(count, M, ...)`` from the output of :meth:`draw_uniforms` (deterministic, traceable)."""
         parts = []
         if self.num_data:
-            idx = torch.randperm(x.shape[0], generator=self.generator, device=x.device)[: self.num_data]
-            parts.append(x[idx])
+            parts.append(self.inputs[keys.topk(self.num_data, dim=1, sorted=False).indices])
         if self.num_box:
-            u = torch.rand((self.num_box,) + x.shape[1:], generator=self.generator, dtype=x.dtype, device=x.device)
-            parts.append(self.low + u * (self.high - self.low))
-        return torch.cat(parts, 0)
+            parts.append(self.low + box * (self.high - self.low))
+        return torch.cat(parts, 1)
 
     def __call__(self) -> Tensor:
         if self._fixed is not None:

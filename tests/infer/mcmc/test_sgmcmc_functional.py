@@ -166,10 +166,105 @@ def test_redraw_every_keeps_sets_and_refactorises_per_set():
                    num_steps=6, subsample_size=10)
     mcmc = MCMC(kernel, num_samples=3, warmup_steps=1, disable_progbar=True)
     mcmc.run(x, y)
-    pts, scale_tril = kernel._points_cache
+    _assert_factor_of_set(kernel, *kernel._points_cache)
+
+
+def _assert_factor_of_set(kernel, pts, factor):
+    """``factor`` is the Cholesky factor, or the inverse, of the jittered kernel matrix of ``pts``."""
     cov = gp.kernels.RBF(1)(pts.double())
-    delta = kernel.potential.jitter * cov.diagonal().mean()
-    torch.testing.assert_close(scale_tril @ scale_tril.T, cov + delta * torch.eye(len(pts), dtype=cov.dtype))
+    cov = cov + kernel.potential.jitter * cov.diagonal().mean() * torch.eye(len(pts), dtype=cov.dtype)
+    if kernel._factor_kind == "precision":
+        torch.testing.assert_close(factor @ cov, torch.eye(len(pts), dtype=cov.dtype), atol=1e-6, rtol=0)
+    else:
+        torch.testing.assert_close(factor @ factor.T, cov)
+
+
+@pytest.mark.parametrize("backend, background", [("eager", None), ("fx", False), ("fx", True)])
+def test_prefetched_sets_are_fresh_every_step_and_factorised_exactly(backend, background):
+    # sets are drawn `prefetch` at a time and factorised in one batched (traced) call; each step still gets its
+    # own independent set, and the factor handed to the step is that of the set handed with it
+    x = torch.linspace(-2, 2, 30).unsqueeze(-1)
+    y = torch.sin(2 * x[:, 0])
+    points = MeasurementPoints(x, num_data=4, num_box=4, prefetch=3, background=background)
+    kernel = FSGLD(BayesianMLP([1, 8, 1]), gp_prior=gp.kernels.RBF(1), measurement_points=points, step_size=1e-5,
+                   num_steps=2, subsample_size=10, backend=backend)
+    kernel.setup(0, x, y)
+    kernel.sample(kernel.initial_params)
+    assert kernel.backend_used == backend
+    assert kernel._factor_kind == ("precision" if background else "cholesky")
+    assert kernel._in_background() == bool(background)
+    handed = [kernel._potential_and_grad_inputs() for _ in range(7)]
+    for i, (pts, factor) in enumerate(handed):
+        assert pts.shape == (8, 1)
+        assert all(not torch.equal(pts, other) for other, _ in handed[i + 1:])
+        _assert_factor_of_set(kernel, pts, factor)
+    kernel.cleanup()
+    assert kernel._worker is None
+
+
+@pytest.mark.parametrize("backend", ["fx", "compile"])
+def test_background_thread_gives_the_same_samples(backend):
+    # each batch of sets comes from a generator seeded in the main thread, so the thread changes nothing but timing
+    # (the compiled step applies the precision matrix / the Cholesky factor with different round-off: allclose)
+    x = torch.linspace(-2, 2, 30).unsqueeze(-1)
+    y = torch.sin(2 * x[:, 0])
+    runs = {}
+    for background in (False, True):
+        pyro.set_rng_seed(3)
+        points = MeasurementPoints(x, num_data=6, num_box=6, prefetch=4, background=background)
+        kernel = FSGLD(BayesianMLP([1, 8, 1]), gp_prior=gp.kernels.RBF(1), measurement_points=points,
+                       step_size=1e-4, num_steps=5, subsample_size=10, backend=backend)
+        mcmc = MCMC(kernel, num_samples=6, warmup_steps=2, disable_progbar=True)
+        mcmc.run(x, y)
+        runs[background] = mcmc.get_samples()
+        assert kernel._worker is None  # MCMC's cleanup stopped the thread
+    for name, value in runs[False].items():
+        torch.testing.assert_close(runs[True][name], value, rtol=1e-4, atol=1e-5)
+
+
+def test_precision_and_cholesky_give_the_same_potential_and_gradient():
+    x, y = _data()
+    U = FunctionalPotential(linear_model, (x, y), gp_kernel=_prior().kernel, example_points=POINTS)
+    w = torch.tensor([0.3, -0.2, 0.8], dtype=torch.float64)
+    results = []
+    for kwargs in ({"scale_tril": U.cholesky(POINTS)}, {"precision": U.precision(POINTS)}, {}):
+        u = w.clone().requires_grad_()
+        value = U(u, None, POINTS, **kwargs)
+        results.append((value.detach(), torch.autograd.grad(value, u)[0]))
+    for value, grad in results[1:]:
+        torch.testing.assert_close(value, results[0][0])
+        torch.testing.assert_close(grad, results[0][1])
+
+
+def test_pickled_kernel_leaves_the_thread_behind():
+    import pickle
+
+    x = torch.linspace(-2, 2, 30).unsqueeze(-1)
+    y = torch.sin(2 * x[:, 0])
+    points = MeasurementPoints(x, num_data=4, num_box=4, prefetch=2, background=True)
+    kernel = FSGLD(BayesianMLP([1, 8, 1]), gp_prior=gp.kernels.RBF(1), measurement_points=points, step_size=1e-5,
+                   num_steps=2, subsample_size=10, backend="fx")
+    kernel.setup(0, x, y)
+    kernel.sample(kernel.initial_params)
+    assert kernel._worker is not None
+    state = kernel.__getstate__()
+    assert state["_worker"] is None and state["_pending"] is None and not state["_set_queue"]
+    pickle.dumps(kernel.measurement_points)
+    kernel.cleanup()
+
+
+def test_measurement_points_draw_sets_and_bad_arguments():
+    x = torch.tensor([[0.0, 10.0], [1.0, 20.0], [2.0, 30.0]])
+    sets = MeasurementPoints(x, num_data=3, num_box=4, margin=0.0).draw_sets(5)
+    assert sets.shape == (5, 7, 2)
+    for s in sets:  # the data part is a permutation of the inputs, the box part lies in the (unwidened) box
+        assert torch.equal(s[:3][s[:3, 0].argsort()], x)
+        assert (s[3:, 0] >= 0).all() and (s[3:, 0] <= 2).all() and (s[3:, 1] >= 10).all() and (s[3:, 1] <= 30).all()
+    for kwargs, match in (({"prefetch": 0}, "prefetch"), ({"redraw_every": 0}, "redraw_every"),
+                          ({"num_data": -1}, "num_data"), ({"margin": -1.0}, "margin"),
+                          ({"num_data": 0, "num_box": 0}, "at least 1")):
+        with pytest.raises(ValueError, match=match):
+            MeasurementPoints(x, **kwargs)
 
 
 def test_output_fn_matches_the_deterministic_site():
