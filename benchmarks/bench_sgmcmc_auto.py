@@ -60,7 +60,8 @@ def main(argv=None):
                 seconds, used[backend] = _run(backend, x, y, warmup, samples)
                 times[backend].append(seconds)
         for backend, ts in times.items():
-            print(f"| {name} | {backend} | {statistics.median(ts):.2f} | {min(ts):.2f}-{max(ts):.2f} | {used[backend]} |")
+            spread = f"{min(ts):.2f}-{max(ts):.2f}"
+            print(f"| {name} | {backend} | {statistics.median(ts):.2f} | {spread} | {used[backend]} |")
 
 
 if __name__ == "__main__":

@@ -565,8 +565,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> dict:
     """Train every method, write the table and figures, return ``{method: metrics}``."""
-    from tqdm.auto import tqdm
-
     from pyro_sdebnn.data import two_moons
 
     device = torch.device(getattr(args, "device", "cpu"))

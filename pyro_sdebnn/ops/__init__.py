@@ -75,6 +75,7 @@ __all__ = [
     "path_kl_increment",
     "preconditioned_sgld_step",
     "relu_moments",
+    "sdeint_augmented",
     "sghmc_step",
     "sgld_step",
     "taylor_moments",

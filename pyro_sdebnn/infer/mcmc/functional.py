@@ -292,8 +292,8 @@ class FunctionalPotential(MinibatchPotential):
         return scale_tril + torch.where(info > 0, float("nan"), 0.0)[..., None, None]
 
     def precision(self, points: Tensor, *, batched: bool = False) -> Tensor:
-        """:math:`(K + \\delta I)^{-1}` in float64 from :meth:`cholesky` (``cholesky_inverse``; NaNs if the factorisation
-        fails). Passed as ``precision=`` it replaces the per-step triangular solves by one matrix product."""
+        """:math:`(K + \\delta I)^{-1}` in float64 from :meth:`cholesky` (``cholesky_inverse``; NaNs if the
+        factorisation fails). Passed as ``precision=`` it replaces the per-step triangular solves by one product."""
         return torch.cholesky_inverse(self.cholesky(points, batched=batched))
 
     def _batched_kernel(self, points: Tensor) -> Tensor:
@@ -306,7 +306,8 @@ class FunctionalPotential(MinibatchPotential):
 
     def __call__(  # type: ignore[override]
         self, flat: Tensor | tuple[Tensor, ...], idx: Optional[Tensor] = None, points: Optional[Tensor] = None,
-        scale_tril: Optional[Tensor] = None, *, precision: Optional[Tensor] = None, exclude_gaussian_prior: bool = False,
+        scale_tril: Optional[Tensor] = None, *, precision: Optional[Tensor] = None,
+        exclude_gaussian_prior: bool = False,
     ) -> Tensor:
         values, logdet = self.unpack(flat)
         exclude = self.gaussian_prior_sites if exclude_gaussian_prior else frozenset()

@@ -32,12 +32,14 @@ class MeasurementPoints:
         set per ``redraw_every`` steps. The sets do not depend on the chain, so this changes nothing but the
         cost: per-call overheads of the draw, the kernel evaluation and the factorisation are paid once per
         ``prefetch`` sets instead of once per step. Default ``None``: 64, fewer where the batch of
-        :math:`M \times M` float64 factors would exceed 8 MiB (16 sets at M = 256, one at M >= 1024).
+        ``M x M`` float64 factors would exceed 8 MiB (16 sets at M = 256, one at M >= 1024).
     :param background: with ``redraw``, draw and factorise the next batch of sets in a background thread while the
-        chain runs (each batch comes from a generator seeded from this sampler's random stream in the calling
-        thread, so the sets and the samples are the same either way). ``None`` (default): on the CPU when the machine has more than one core. Only used with
-        the kernels' ``fx`` / ``compile`` backends. Like a data-loader worker, this moves the :math:`O(M^3)`
-        work off the chain's critical path onto a second core; it does not reduce the total work.
+        chain runs, and hand the step the precision matrix :math:`(K + \\delta I)^{-1}` (one product per step instead
+        of two triangular solves). Each batch comes from a generator seeded from this sampler's random stream in the
+        calling thread, so the sets are the same with or without the thread (the samples agree to round-off).
+        ``None`` (default): on the CPU when the machine has more than one core; only with the kernels' ``fx`` /
+        ``compile`` backends. Like a data-loader worker, this moves the :math:`O(M^3)` work off the chain's critical
+        path onto another core; it does not reduce the total work.
     :param torch.Generator generator: optional generator (on the inputs' device) for reproducible sets.
 
     >>> x = torch.linspace(-1.0, 1.0, 10)
@@ -117,7 +119,10 @@ class MeasurementPoints:
         num_keys = x.shape[0] if self.num_data else 0
         keys = torch.rand(count, num_keys, generator=generator, device=x.device) if num_keys else x.new_empty(count, 0)
         shape = (count, self.num_box) + x.shape[1:]
-        box = torch.rand(shape, generator=generator, dtype=x.dtype, device=x.device) if self.num_box else x.new_empty(shape)
+        if self.num_box:
+            box = torch.rand(shape, generator=generator, dtype=x.dtype, device=x.device)
+        else:
+            box = x.new_empty(shape)
         return keys, box
 
     def sets_from_uniforms(self, keys: Tensor, box: Tensor) -> Tensor:

@@ -104,7 +104,8 @@ class MNMaxPool2d(nn.MaxPool2d):
             kernel[0] == kernel[1] and _pair(self.stride) == kernel and _pair(self.padding) == (0, 0)
             and _pair(self.dilation) == (1, 1) and not self.ceil_mode and sys.byteorder == "little"
             and mean.dtype in _PACKED_DTYPE and var.dtype == mean.dtype and var.shape == mean.shape
-            and mean.dim() >= 3 and min(mean.shape[-2:]) >= kernel[0] and not (torch.is_grad_enabled() and (mean.requires_grad or var.requires_grad))
+            and mean.dim() >= 3 and min(mean.shape[-2:]) >= kernel[0]
+            and not (torch.is_grad_enabled() and (mean.requires_grad or var.requires_grad))
         )
 
 
