@@ -6,7 +6,8 @@ points of the 1-D gap toy), same backend; fSGLD redraws the measurement points a
 and factorised 64 at a time, by default in a background thread, which then hands the step a precision matrix), the
 same without the thread (``background=False``: Cholesky factors, two triangular solves per step), every 10 steps
 (``redraw_every=10``), or keeps them fixed (precision matrix computed once). The machine's core count matters for the
-first row: the thread moves the O(M^3) work to another core; the other rows use one core.
+first row: the thread moves the O(M^3) work to another core; the other rows use one core. A row "SGLD, batch 112"
+times SGLD on 32 + 80 inputs: the cost of the network pass that every fSGLD step makes, without any GP term.
 Reported: median and spread (min-max) of the per-step wall-time ratio over ``--repeats`` interleaved repeats, and the
 median ratio of process CPU time (all threads: the background thread's work is counted there). Target (issue 6):
 <= 1.6x.
@@ -59,6 +60,9 @@ def main(argv=None):
         model = BayesianMLP([1, 50, 50, 1], noise_scale=0.2)
         steppers["SGLD"] = _stepper(
             SGLD(model, step_size=1e-5, num_steps=num_steps, subsample_size=32, backend=backend), x, y)
+        # the network alone on 32 + 80 inputs: the floor of any fSGLD step that evaluates f on [x_B; X_M]
+        steppers["SGLD, batch 112 = 32 + 80 (network floor)"] = _stepper(
+            SGLD(model, step_size=1e-5, num_steps=num_steps, subsample_size=112, backend=backend), x, y)
         for label, redraw, every, background in (
             ("redrawn every step, background thread", True, 1, True),
             ("redrawn every step, no thread", True, 1, False),
