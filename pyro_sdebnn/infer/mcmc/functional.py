@@ -33,6 +33,7 @@ The concatenated path is used only after it reproduced the two-trace potential a
 from __future__ import annotations
 
 import os
+import warnings
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Optional, Union
@@ -511,7 +512,17 @@ class FunctionalKernelMixin:
             if compiled:
                 from pyro_sdebnn.infer.mcmc.base import _compile_graph
 
-                fn = _compile_graph(graph, on_failure=lambda error: graph.forward,
+                def compile_failed(error: Exception, graph: Any = graph) -> Callable:
+                    first_line = str(error).splitlines()[0] if str(error) else ""
+                    warnings.warn(
+                        f"{self._name}: compiling the measurement-set factorisation failed ({type(error).__name__}: "
+                        f"{first_line}); using the traced graph",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+                    return graph.forward
+
+                fn = _compile_graph(graph, on_failure=compile_failed,
                                     options={"cpp_wrapper": True} if background else None)
                 if background:  # compile now, in the main thread
                     with torch.no_grad():

@@ -357,3 +357,29 @@ def test_models_that_cannot_be_concatenated_fall_back_to_two_traces():
     with pytest.raises(TypeError, match="concatenate_inputs"):
         FunctionalPotential(linear_model, (x, y), gp_kernel=prior.kernel, example_points=POINTS,
                             concatenate_inputs="yes")
+
+
+def test_failed_compilation_of_the_background_factorisation_warns_and_falls_back(monkeypatch):
+    real_compile = torch.compile
+
+    def fake_compile(fn, *args, options=None, **kwargs):
+        if options and options.get("cpp_wrapper"):
+            def broken(*a):
+                raise RuntimeError("no C++ compiler")
+            return broken
+        return real_compile(fn, *args, options=options, **kwargs)
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    x = torch.linspace(-2, 2, 30).unsqueeze(-1)
+    y = torch.sin(2 * x[:, 0])
+    points = MeasurementPoints(x, num_data=4, num_box=4, prefetch=2, background=True)
+    kernel = FSGLD(BayesianMLP([1, 8, 1]), gp_prior=gp.kernels.RBF(1), measurement_points=points, step_size=1e-5,
+                   num_steps=3, subsample_size=10, backend="compile")
+    kernel.setup(0, x, y)
+    params = kernel.initial_params
+    with pytest.warns(RuntimeWarning, match="measurement-set factorisation failed"):
+        for _ in range(4):
+            params = kernel.sample(params)
+    assert kernel.backend_used == "compile"
+    assert all(torch.isfinite(v).all() for v in params.values())
+    kernel.cleanup()
