@@ -433,8 +433,9 @@ class FunctionalKernelMixin:
         return potential
 
     def _potential_and_grad_inputs(self) -> tuple:
-        """``(X_M, L)`` for the next step: a fixed set, or the next of ``prefetch`` fresh sets drawn and factorised
-        together (each kept for ``redraw_every`` steps)."""
+        """``(X_M, factor)`` for the next step, the factor being the Cholesky factor or the precision matrix of
+        :math:`K + \\delta I` (``_factor_kind``): a fixed set, or the next of ``prefetch`` fresh sets drawn and
+        factorised together (each kept for ``redraw_every`` steps)."""
         if self._fixed_prior is not None or not self.measurement_points.redraw:
             return self._points_cache
         if self._set_uses_left == 0:
@@ -556,7 +557,8 @@ class FunctionalKernelMixin:
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state.update(_worker=None, _pending=None, _set_queue=deque(), _set_uses_left=0)
+        # no thread, no half-used batch, no compiled functions: the copy draws and traces its own after set-up
+        state.update(_worker=None, _pending=None, _set_queue=deque(), _set_uses_left=0, _batch_fns={})
         return state
 
     def _potential_fn(
