@@ -465,7 +465,9 @@ class FunctionalKernelMixin:
 
     def _start_batch(self) -> tuple[int, Optional[Future]]:
         mp = self.measurement_points
-        seed = int(torch.randint(0, 2**62, (1,), generator=mp.generator, device=mp.inputs.device))
+        # the seed comes from the sampler's generator, or else from the CPU's: no device synchronisation per batch
+        device = mp.generator.device if mp.generator is not None else "cpu"
+        seed = int(torch.randint(0, 2**62, (1,), generator=mp.generator, device=device))
         if not self._in_background():
             return seed, None
         return seed, self._executor().submit(self._draw_and_factorise, self._batch_fn(background=True), seed)
