@@ -278,15 +278,19 @@ def _wide_relu_inputs(dtype):
     return mu.to(dtype), s2.to(dtype)
 
 
-@pytest.mark.parametrize("grad", [False, True])
-def test_relu_moments_single_erf_equals_ndtr_reference_float64(grad):
-    # Same closed form, evaluated with one erf instead of two ndtr: in float64 the two agree to
-    # rounding, measured on the natural scales of the output (s for the mean, s^2 for the variance).
-    from pyro_sdebnn.ops.moments import _relu_moments_ndtr
+@pytest.mark.parametrize("form", ["inference", "autograd", "fusable"])
+def test_relu_moments_single_erf_equals_ndtr_reference_float64(form):
+    # Same closed form, evaluated with one erf instead of two ndtr (in place without autograd, out of place
+    # with it, and the out-of-place exp/rsqrt form that MNReLU(compile=True) compiles): in float64 they agree
+    # to rounding, measured on the natural scales of the output (s for the mean, s^2 for the variance).
+    from pyro_sdebnn.ops.moments import _relu_moments_fusable, _relu_moments_ndtr
 
     mu, s2 = _wide_relu_inputs(torch.float64)
     ref = _relu_moments_ndtr(mu, s2)
-    out = relu_moments(mu.clone().requires_grad_(grad), s2)
+    if form == "fusable":
+        out = _relu_moments_fusable(mu, s2)
+    else:
+        out = relu_moments(mu.clone().requires_grad_(form == "autograd"), s2)
     s2f = s2.clamp_min(1e-5)
     assert ((out.mean.detach() - ref.mean).abs() / s2f.sqrt()).max() < 1e-13
     assert ((out.var.detach() - ref.var).abs() / s2f).max() < 1e-13

@@ -73,7 +73,9 @@ class MNReLU(nn.Module):
 
 @functools.cache
 def _compiled_relu_moments():
-    return torch.compile(relu_moments, dynamic=True)
+    from pyro_sdebnn.ops.moments import _relu_moments_fusable
+
+    return torch.compile(_relu_moments_fusable, dynamic=True)
 
 
 class MNActivation(nn.Module):
