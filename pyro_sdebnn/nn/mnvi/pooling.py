@@ -34,8 +34,9 @@ def _max_pool_packed(mean: Tensor, var: Tensor, k: int) -> tuple[Tensor, Tensor]
 
     Each (variance, mean) pair is stored as one float of twice the width, the mean in the high half
     (little-endian). IEEE floats are ordered sign-magnitude, and the high half holds the mean's sign,
-    exponent and leading mantissa bits, so comparing the packed floats compares the means (ties broken
-    by the variance bits); the maximum of each window is then ``k - 1`` element-wise ``maximum`` passes
+    exponent and leading mantissa bits, so comparing the packed floats compares the means (a tie, e.g. ReLU
+    means that underflowed to 0, carries the largest of the tied non-negative variances where the index path
+    carries the first); the maximum of each window is then ``k - 1`` element-wise ``maximum`` passes
     over row pairs and ``k - 1`` over column pairs, which on the CPU is several times faster than ATen's
     ``max_pool2d_with_indices`` followed by a ``gather``. A NaN mean with the sign bit set packs to an
     ordinary negative float and so does not propagate (NaN with the sign bit clear, PyTorch's default,
