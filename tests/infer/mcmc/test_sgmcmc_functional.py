@@ -179,15 +179,24 @@ def _assert_factor_of_set(kernel, pts, factor):
         torch.testing.assert_close(factor @ factor.T, cov)
 
 
+def _sine_data():
+    x = torch.linspace(-2, 2, 30).unsqueeze(-1)
+    return x, torch.sin(2 * x[:, 0])
+
+
+def _small_fsgld(x, backend, num_steps=2, step_size=1e-5, **points_kwargs):
+    """fSGLD on a 1-8-1 BayesianMLP with 4 + 4 measurement points per set (``points_kwargs`` for the sampler)."""
+    points = MeasurementPoints(x, num_data=4, num_box=4, **points_kwargs)
+    return FSGLD(BayesianMLP([1, 8, 1]), gp_prior=gp.kernels.RBF(1), measurement_points=points, step_size=step_size,
+                 num_steps=num_steps, subsample_size=10, backend=backend)
+
+
 @pytest.mark.parametrize("backend, background", [("eager", None), ("fx", False), ("fx", True)])
 def test_prefetched_sets_are_fresh_every_step_and_factorised_exactly(backend, background):
     # sets are drawn `prefetch` at a time and factorised in one batched (traced) call; each step still gets its
     # own independent set, and the factor handed to the step is that of the set handed with it
-    x = torch.linspace(-2, 2, 30).unsqueeze(-1)
-    y = torch.sin(2 * x[:, 0])
-    points = MeasurementPoints(x, num_data=4, num_box=4, prefetch=3, background=background)
-    kernel = FSGLD(BayesianMLP([1, 8, 1]), gp_prior=gp.kernels.RBF(1), measurement_points=points, step_size=1e-5,
-                   num_steps=2, subsample_size=10, backend=backend)
+    x, y = _sine_data()
+    kernel = _small_fsgld(x, backend, prefetch=3, background=background)
     kernel.setup(0, x, y)
     kernel.sample(kernel.initial_params)
     assert kernel.backend_used == backend
@@ -206,14 +215,11 @@ def test_prefetched_sets_are_fresh_every_step_and_factorised_exactly(backend, ba
 def test_background_thread_gives_the_same_samples(backend):
     # each batch of sets comes from a generator seeded in the main thread, so the thread changes nothing but timing
     # (the compiled step applies the precision matrix / the Cholesky factor with different round-off: allclose)
-    x = torch.linspace(-2, 2, 30).unsqueeze(-1)
-    y = torch.sin(2 * x[:, 0])
+    x, y = _sine_data()
     runs = {}
     for background in (False, True):
         pyro.set_rng_seed(3)
-        points = MeasurementPoints(x, num_data=6, num_box=6, prefetch=4, background=background)
-        kernel = FSGLD(BayesianMLP([1, 8, 1]), gp_prior=gp.kernels.RBF(1), measurement_points=points,
-                       step_size=1e-4, num_steps=5, subsample_size=10, backend=backend)
+        kernel = _small_fsgld(x, backend, num_steps=5, step_size=1e-4, prefetch=4, background=background)
         mcmc = MCMC(kernel, num_samples=6, warmup_steps=2, disable_progbar=True)
         mcmc.run(x, y)
         runs[background] = mcmc.get_samples()
@@ -239,11 +245,8 @@ def test_precision_and_cholesky_give_the_same_potential_and_gradient():
 def test_pickled_kernel_leaves_the_thread_behind():
     import pickle
 
-    x = torch.linspace(-2, 2, 30).unsqueeze(-1)
-    y = torch.sin(2 * x[:, 0])
-    points = MeasurementPoints(x, num_data=4, num_box=4, prefetch=2, background=True)
-    kernel = FSGLD(BayesianMLP([1, 8, 1]), gp_prior=gp.kernels.RBF(1), measurement_points=points, step_size=1e-5,
-                   num_steps=2, subsample_size=10, backend="fx")
+    x, y = _sine_data()
+    kernel = _small_fsgld(x, "fx", prefetch=2, background=True)
     kernel.setup(0, x, y)
     kernel.sample(kernel.initial_params)
     assert kernel._worker is not None
@@ -370,11 +373,8 @@ def test_failed_compilation_of_the_background_factorisation_warns_and_falls_back
         return real_compile(fn, *args, options=options, **kwargs)
 
     monkeypatch.setattr(torch, "compile", fake_compile)
-    x = torch.linspace(-2, 2, 30).unsqueeze(-1)
-    y = torch.sin(2 * x[:, 0])
-    points = MeasurementPoints(x, num_data=4, num_box=4, prefetch=2, background=True)
-    kernel = FSGLD(BayesianMLP([1, 8, 1]), gp_prior=gp.kernels.RBF(1), measurement_points=points, step_size=1e-5,
-                   num_steps=3, subsample_size=10, backend="compile")
+    x, y = _sine_data()
+    kernel = _small_fsgld(x, "compile", num_steps=3, prefetch=2, background=True)
     kernel.setup(0, x, y)
     params = kernel.initial_params
     with pytest.warns(RuntimeWarning, match="measurement-set factorisation failed"):
