@@ -334,6 +334,14 @@ class FunctionalPotential(MinibatchPotential):
         return potential
 
 
+def _usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity where the platform reports one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no sched_getaffinity (macOS, Windows)
+        return os.cpu_count() or 1
+
+
 class FunctionalKernelMixin:
     """Turns an SG-MCMC kernel into its functional variant (fSGLD from SGLD, fSGHMC from SGHMC)."""
 
@@ -536,7 +544,7 @@ class FunctionalKernelMixin:
     def _background_wanted(self, potential: MinibatchPotential) -> bool:
         flag = self.measurement_points.background
         if flag is None:  # default: on the CPU when a second core is there to take the work
-            flag = potential.device.type == "cpu" and (os.cpu_count() or 1) > 1
+            flag = potential.device.type == "cpu" and _usable_cores() > 1
         return bool(flag) and self.measurement_points.redraw and self.backend != "eager"
 
     def _in_background(self) -> bool:

@@ -37,7 +37,7 @@ class MeasurementPoints:
         chain runs, and hand the step the precision matrix :math:`(K + \\delta I)^{-1}` (one product per step instead
         of two triangular solves). Each batch comes from a generator seeded from this sampler's random stream in the
         calling thread, so the sets are the same with or without the thread (the samples agree to round-off).
-        ``None`` (default): on the CPU when the machine has more than one core; only with the kernels' ``fx`` /
+        ``None`` (default): on the CPU when the process may use more than one core; only with the kernels' ``fx`` /
         ``compile`` backends. Like a data-loader worker, this moves the :math:`O(M^3)` work off the chain's critical
         path onto another core; it does not reduce the total work.
     :param torch.Generator generator: optional generator (on the inputs' device) for reproducible sets.

@@ -383,3 +383,16 @@ def test_failed_compilation_of_the_background_factorisation_warns_and_falls_back
     assert kernel.backend_used == "compile"
     assert all(torch.isfinite(v).all() for v in params.values())
     kernel.cleanup()
+
+
+def test_background_default_follows_the_usable_cores(monkeypatch):
+    import pyro_sdebnn.infer.mcmc.functional as functional
+
+    x, y = _sine_data()
+    for cores, expected in ((1, False), (2, True)):
+        monkeypatch.setattr(functional, "_usable_cores", lambda cores=cores: cores)
+        kernel = _small_fsgld(x, "fx")  # background=None: decided at set-up
+        kernel.setup(0, x, y)
+        assert kernel._background_wanted(kernel.potential) is expected
+        assert kernel._factor_kind == ("precision" if expected else "cholesky")
+        kernel.cleanup()
