@@ -5,7 +5,8 @@ Protocol (seed 004 §5.2, FSGMCMC.md): 10 random 90/10 splits of :func:`pyro_sde
 on the training split), a 13-50-50-1 tanh :class:`~pyro_sdebnn.infer.mcmc.BayesianMLP` (fan-in scaled N(0, 1/fan_in)
 weight priors) with a sampled noise scale
 (``sigma ~ LogNormal(-1, 1)``), minibatches of 32, 500 burn-in iterations, then 15 samples every 50 iterations,
-every chain warm-started by 500 Adam steps. SGLD/SGHMC use N(0, 1) weight priors; fSGLD/fSGHMC drop them and use a
+every chain warm-started by 500 Adam steps; step sizes 1e-5 (SGLD, fSGLD) and 1e-3 (SGHMC, fSGHMC, friction 10).
+SGLD/SGHMC keep the weight priors; fSGLD/fSGHMC drop them and use a
 GP prior (RBF kernel with one lengthscale per feature, fitted by the exact marginal likelihood on the training
 split) at fixed measurement points: all training inputs plus 40 box points (seed 004 uses all training inputs when
 N < 1000), so the Cholesky factor is computed once. The prior of ``sigma`` is kept.

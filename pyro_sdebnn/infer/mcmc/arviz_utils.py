@@ -24,6 +24,7 @@ import pyro
 import pyro.distributions as dist
 import torch
 from pyro import poutine
+from pyro.poutine.util import site_is_subsample
 from pyro.ops.stats import effective_sample_size, split_gelman_rubin
 from torch import Tensor
 
@@ -75,7 +76,7 @@ def _observed_sites(trace: Any, exclude: Any = ()) -> list[str]:
         if site["type"] == "sample"
         and site["is_observed"]
         and name not in exclude
-        and type(site["fn"]).__name__ != "_Subsample"
+        and not site_is_subsample(site)
         and not site["infer"].get("_deterministic", False)
     ]
 
@@ -234,7 +235,7 @@ def posterior_prediction(
                 if s["type"] == "sample"
                 and n not in samples
                 and not s["infer"].get("_deterministic", False)
-                and type(s["fn"]).__name__ != "_Subsample"
+                and not site_is_subsample(s)
                 and any(f.vectorized for f in s["cond_indep_stack"])
             ]
             if len(candidates) != 1:

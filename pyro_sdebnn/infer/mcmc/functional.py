@@ -42,6 +42,7 @@ import pyro
 import torch
 from pyro import poutine
 from pyro.poutine.messenger import Messenger
+from pyro.poutine.util import site_is_subsample
 from pyro.contrib.gp.kernels import Kernel
 from torch import Tensor
 
@@ -60,7 +61,7 @@ class _NoSampling(Messenger):
     """
 
     def _pyro_sample(self, msg: Any) -> None:
-        if msg["value"] is None and not msg["is_observed"] and type(msg["fn"]).__name__ != "_Subsample":
+        if msg["value"] is None and not msg["is_observed"] and not site_is_subsample(msg):
             msg["value"] = msg["fn"].mean
 
 
@@ -160,7 +161,7 @@ class FunctionalPotential(MinibatchPotential):
             )
         self.event_dim = f.dim()
         with torch.no_grad():
-            cov = gp_kernel(example_points.to(torch.float64)).to(torch.float64)
+            cov = self.kernel_matrix(example_points.to(torch.float64)).to(torch.float64)
         scale_tril, self.jitter, _ = cholesky_with_jitter(cov, jitter)
         if concatenate_inputs not in (None, True, False):
             raise TypeError(f"concatenate_inputs must be None, True or False, got {concatenate_inputs!r}")
@@ -283,10 +284,7 @@ class FunctionalPotential(MinibatchPotential):
         factors ``(T, M, M)`` come from one kernel evaluation (``torch.func.vmap`` over the sets, or a loop for
         kernels that do not vectorise) and one batched factorisation."""
         points = points.to(torch.float64)
-        if batched:
-            cov = self._batched_kernel(points).to(torch.float64)
-        else:
-            cov = self.gp_kernel(points).to(torch.float64)
+        cov = (self._batched_kernel(points) if batched else self.kernel_matrix(points)).to(torch.float64)
         delta = self.jitter * cov.diagonal(dim1=-2, dim2=-1).mean(-1)
         eye = torch.eye(cov.shape[-1], dtype=cov.dtype, device=cov.device)
         scale_tril, info = torch.linalg.cholesky_ex(cov + delta[..., None, None] * eye)
@@ -297,13 +295,20 @@ class FunctionalPotential(MinibatchPotential):
         factorisation fails). Passed as ``precision=`` it replaces the per-step triangular solves by one product."""
         return torch.cholesky_inverse(self.cholesky(points, batched=batched))
 
+    def kernel_matrix(self, points: Tensor) -> Tensor:
+        """:math:`k(X_M, X_M)`, evaluated in a private Pyro param-store scope: ``pyro.contrib.gp`` kernels read their
+        hyper-parameters from the global store by name, so without the scope a second kernel (e.g. one refitted per
+        data split) would silently take the first one's values (as :class:`GPFunctionalPrior` also guards against)."""
+        with pyro.get_param_store().scope():
+            return self.gp_kernel(points)
+
     def _batched_kernel(self, points: Tensor) -> Tensor:
         if getattr(self, "_kernel_vmaps", True):
             try:
-                return torch.func.vmap(self.gp_kernel)(points)
+                return torch.func.vmap(self.kernel_matrix)(points)
             except Exception:  # noqa: BLE001 - a kernel that does not vectorise: evaluate set by set
                 self._kernel_vmaps = False
-        return torch.stack([self.gp_kernel(p) for p in points])
+        return torch.stack([self.kernel_matrix(p) for p in points])
 
     def __call__(  # type: ignore[override]
         self, flat: Tensor | tuple[Tensor, ...], idx: Optional[Tensor] = None, points: Optional[Tensor] = None,
@@ -365,8 +370,10 @@ class FunctionalKernelMixin:
         self._fixed_prior = None
         if isinstance(gp_prior, GPFunctionalPrior):
             # a prior over fixed measurement points: reuse its kernel, jitter, mean and cached Cholesky factor
+            if gp_mean is not None:
+                raise ValueError("gp_mean: a GPFunctionalPrior carries its own mean; pass it there, not both")
             self._fixed_prior = gp_prior
-            gp_kernel, jitter = gp_prior.kernel, gp_prior.jitter
+            gp_kernel, jitter, gp_mean = gp_prior.kernel, gp_prior.jitter, gp_prior.loc
         elif isinstance(gp_prior, Kernel):
             gp_kernel = gp_prior
         else:
@@ -389,6 +396,7 @@ class FunctionalKernelMixin:
         self.output_fn = output_fn
         self.concatenate_inputs = concatenate_inputs
         self._points_cache: Optional[tuple] = None
+        self._sampler: Optional[MeasurementPoints] = None  # set up per run: the user's sampler or a default one
         self._set_queue: deque = deque()
         self._set_uses_left = 0
         self._batch_fns: dict[Any, Any] = {}
@@ -396,16 +404,16 @@ class FunctionalKernelMixin:
         self._worker: Optional[tuple[int, ThreadPoolExecutor]] = None  # (pid, executor)
 
     def _build_potential(self, args: tuple, kwargs: dict) -> MinibatchPotential:
+        # the sampler in use: the user's, or a default one over this run's inputs (rebuilt for every new data set)
+        self._sampler = self.measurement_points
         if self._fixed_prior is not None:
             example = self._fixed_prior.inputs
         else:
-            if self.measurement_points is None:
+            if self._sampler is None:
                 if not args or not torch.is_tensor(args[0]):
                     raise ValueError("pass measurement_points= (the model's first argument is not the input tensor)")
-                self.measurement_points = MeasurementPoints(
-                    args[0], self.num_measurement_data, self.num_measurement_box
-                )
-            example = self.measurement_points()
+                self._sampler = MeasurementPoints(args[0], self.num_measurement_data, self.num_measurement_box)
+            example = self._sampler()
         potential = FunctionalPotential(
             self.model,
             args,
@@ -431,12 +439,12 @@ class FunctionalKernelMixin:
         self._pending = None
         # what the step receives with X_M: the precision matrix (one product per step) where it is computed once
         # (fixed points) or off the critical path (background thread), else the Cholesky factor (two solves)
-        fixed = self._fixed_prior is not None or not self.measurement_points.redraw
+        fixed = self._fixed_prior is not None or not self._sampler.redraw
         self._factor_kind = "precision" if fixed or self._background_wanted(potential) else "cholesky"
         if self._fixed_prior is not None:
             self._points_cache = (example, torch.cholesky_inverse(self._fixed_prior.scale_tril64))
         elif fixed:
-            points = self.measurement_points()
+            points = self._sampler()
             self._points_cache = (points, potential.precision(points))
         return potential
 
@@ -444,14 +452,14 @@ class FunctionalKernelMixin:
         """``(X_M, factor)`` for the next step, the factor being the Cholesky factor or the precision matrix of
         :math:`K + \\delta I` (``_factor_kind``): a fixed set, or the next of ``prefetch`` fresh sets drawn and
         factorised together (each kept for ``redraw_every`` steps)."""
-        if self._fixed_prior is not None or not self.measurement_points.redraw:
+        if self._fixed_prior is not None or not self._sampler.redraw:
             return self._points_cache
         if self._set_uses_left == 0:
             if not self._set_queue:
                 sets, factors = self._next_batch()
                 self._set_queue.extend(zip(sets.unbind(0), factors.unbind(0)))
             self._points_cache = self._set_queue.popleft()
-            self._set_uses_left = self.measurement_points.redraw_every
+            self._set_uses_left = self._sampler.redraw_every
         self._set_uses_left -= 1
         return self._points_cache
 
@@ -472,7 +480,7 @@ class FunctionalKernelMixin:
             return self._batch_fn(background=False)(*self._uniforms(seed))
 
     def _start_batch(self) -> tuple[int, Optional[Future]]:
-        mp = self.measurement_points
+        mp = self._sampler
         # the seed comes from the sampler's generator, or else from the CPU's: no device synchronisation per batch
         device = mp.generator.device if mp.generator is not None else "cpu"
         seed = int(torch.randint(0, 2**62, (1,), generator=mp.generator, device=device))
@@ -481,9 +489,9 @@ class FunctionalKernelMixin:
         return seed, self._executor().submit(self._draw_and_factorise, self._batch_fn(background=True), seed)
 
     def _uniforms(self, seed: int) -> tuple[Tensor, Tensor]:
-        generator = torch.Generator(device=self.measurement_points.inputs.device)
+        generator = torch.Generator(device=self._sampler.inputs.device)
         generator.manual_seed(seed)
-        return self.measurement_points.draw_uniforms(self.measurement_points.prefetch, generator)
+        return self._sampler.draw_uniforms(self._sampler.prefetch, generator)
 
     def _draw_and_factorise(self, fn: Callable, seed: int) -> tuple[Tensor, Tensor]:
         """Runs in the worker thread: two random draws, then one call of the traced (or compiled) batch graph."""
@@ -491,7 +499,7 @@ class FunctionalKernelMixin:
             return fn(*self._uniforms(seed))
 
     def _sets_and_factors(self, keys: Tensor, box: Tensor) -> tuple[Tensor, Tensor]:
-        sets = self.measurement_points.sets_from_uniforms(keys, box)
+        sets = self._sampler.sets_from_uniforms(keys, box)
         if self._factor_kind == "precision":
             return sets, self.potential.precision(sets, batched=True)
         return sets, self.potential.cholesky(sets, batched=True)
@@ -542,10 +550,10 @@ class FunctionalKernelMixin:
         return fn
 
     def _background_wanted(self, potential: MinibatchPotential) -> bool:
-        flag = self.measurement_points.background
+        flag = self._sampler.background
         if flag is None:  # default: on the CPU when a second core is there to take the work
             flag = potential.device.type == "cpu" and _usable_cores() > 1
-        return bool(flag) and self.measurement_points.redraw and self.backend != "eager"
+        return bool(flag) and self._sampler.redraw and self.backend != "eager"
 
     def _in_background(self) -> bool:
         return self._factor_kind == "precision" and getattr(self, "backend_used", "eager") in ("fx", "compile")
@@ -564,12 +572,6 @@ class FunctionalKernelMixin:
             if pid == os.getpid():
                 executor.shutdown(wait=True)
         super().cleanup()  # type: ignore[misc]
-
-    def __getstate__(self) -> dict:
-        state = self.__dict__.copy()
-        # no thread, no half-used batch, no compiled functions: the copy draws and traces its own after set-up
-        state.update(_worker=None, _pending=None, _set_queue=deque(), _set_uses_left=0, _batch_fns={})
-        return state
 
     def _potential_fn(
         self, flat: Tensor, idx: Optional[Tensor], points: Tensor, factor: Tensor, exclude_gaussian_prior: bool = False

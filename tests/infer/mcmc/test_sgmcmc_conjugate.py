@@ -29,11 +29,13 @@ def _run(kernel, num_samples, warmup_steps, x, y):
 def _assert_matches(w, mean, var, *, var_rtol=0.2, k_sigma=4.0, extra_se=None):
     flat = w.reshape(-1, w.shape[-1])
     ess = effective_sample_size(w, chain_dim=0, sample_dim=1)  # (D,)
-    assert (ess > 100).all(), f"too few effective samples for a meaningful test: {ess}"
+    assert (ess > 200).all(), f"too few effective samples for a meaningful test: {ess}"
     # Monte Carlo standard error of the mean: sd / sqrt(ESS); the tolerance is k_sigma of those
     se = (var / ess).sqrt() if extra_se is None else (var / ess + extra_se**2).sqrt()
     assert ((flat.mean(0) - mean).abs() < k_sigma * se).all(), (flat.mean(0), mean, se)
-    # the variance is asked to be within 20 % (the MC error of a variance from ESS >= 400 is sqrt(2/ESS) <= 7 %)
+    # the variance is asked to be within var_rtol (20 % by default): the MC error of a variance from ESS >= 200 is
+    # sqrt(2/ESS) <= 10 %, so 20 % is at least 2 standard errors (the lowest ESS here, SGLD with decaying steps, is
+    # ~225); the rest of the margin is the samplers' discretisation bias
     assert ((flat.var(0) / var - 1).abs() < var_rtol).all(), flat.var(0) / var
 
 

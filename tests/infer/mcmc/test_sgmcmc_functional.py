@@ -167,6 +167,11 @@ def test_redraw_every_keeps_sets_and_refactorises_per_set():
     mcmc = MCMC(kernel, num_samples=3, warmup_steps=1, disable_progbar=True)
     mcmc.run(x, y)
     _assert_factor_of_set(kernel, *kernel._points_cache)
+    # in the kernel, each set (with its factor) is handed to exactly redraw_every = 3 consecutive steps
+    handed = [kernel._potential_and_grad_inputs() for _ in range(10)]
+    changes = [i for i in range(1, 10) if handed[i][0] is not handed[i - 1][0]]
+    assert len(changes) >= 2 and all(b - a == 3 for a, b in zip(changes, changes[1:]))
+    assert all(handed[i][1] is handed[i - 1][1] for i in range(1, 10) if i not in changes)
 
 
 def _assert_factor_of_set(kernel, pts, factor):
@@ -240,20 +245,6 @@ def test_precision_and_cholesky_give_the_same_potential_and_gradient():
     for value, grad in results[1:]:
         torch.testing.assert_close(value, results[0][0])
         torch.testing.assert_close(grad, results[0][1])
-
-
-def test_pickled_kernel_leaves_the_thread_behind():
-    import pickle
-
-    x, y = _sine_data()
-    kernel = _small_fsgld(x, "fx", prefetch=2, background=True)
-    kernel.setup(0, x, y)
-    kernel.sample(kernel.initial_params)
-    assert kernel._worker is not None
-    state = kernel.__getstate__()
-    assert state["_worker"] is None and state["_pending"] is None and not state["_set_queue"]
-    pickle.dumps(kernel.measurement_points)
-    kernel.cleanup()
 
 
 def test_measurement_points_draw_sets_and_bad_arguments():
@@ -395,4 +386,51 @@ def test_background_default_follows_the_usable_cores(monkeypatch):
         kernel.setup(0, x, y)
         assert kernel._background_wanted(kernel.potential) is expected
         assert kernel._factor_kind == ("precision" if expected else "cholesky")
+        kernel.cleanup()
+
+
+def test_each_kernel_keeps_its_own_hyper_parameters():
+    # pyro.contrib.gp kernels read their parameters from the global param store by name: two RBF kernels (e.g. one
+    # refitted per data split) must not take each other's values when the potential evaluates them
+    x, y = _data()
+    potentials = {}
+    for lengthscale in (0.5, 2.0):
+        kernel = gp.kernels.RBF(1, variance=torch.tensor(1.0), lengthscale=torch.tensor(lengthscale))
+        potentials[lengthscale] = FunctionalPotential(linear_model, (x, y), gp_kernel=kernel, example_points=POINTS)
+    for lengthscale, potential in potentials.items():
+        expected = torch.exp(-0.5 * (POINTS[:, None] - POINTS[None, :]).square() / lengthscale**2)
+        torch.testing.assert_close(potential.kernel_matrix(POINTS).double(), expected)
+
+
+def test_gp_functional_prior_mean_is_used():
+    x, y = _data()
+    kernel = gp.kernels.RBF(1, variance=torch.tensor(1.0), lengthscale=torch.tensor(0.5))
+    prior = GPFunctionalPrior(kernel, POINTS, mean=torch.tensor(3.0, dtype=torch.float64))
+    fsgld = FSGLD(linear_model, gp_prior=prior)
+    fsgld.setup(0, x, y)
+    w = torch.tensor([0.3, -0.2, 0.8], dtype=torch.float64)
+    residual = features(POINTS) @ w - 3.0
+    alpha = torch.cholesky_solve(residual[:, None], prior.scale_tril64)[:, 0]
+    nll = -dist.Normal(features(x) @ w, NOISE).log_prob(y).sum()
+    args, kwargs = _step_inputs(fsgld, w)
+    torch.testing.assert_close(fsgld.potential(*args, **kwargs), nll + 0.5 * residual @ alpha)
+    with pytest.raises(ValueError, match="gp_mean"):
+        FSGLD(linear_model, gp_prior=prior, gp_mean=1.0)
+
+
+def _step_inputs(kernel, w):
+    points, factor = kernel._potential_and_grad_inputs()
+    return (w, None, points), {"precision": factor} if kernel._factor_kind == "precision" else {"scale_tril": factor}
+
+
+def test_default_measurement_points_follow_new_data():
+    kernel = FSGLD(BayesianMLP([1, 8, 1]), gp_prior=gp.kernels.RBF(1), step_size=1e-5, subsample_size=10,
+                   num_measurement_data=4, num_measurement_box=4)
+    for low in (-1.0, 99.0):
+        x = torch.linspace(low, low + 2, 30).unsqueeze(-1)
+        kernel.setup(0, x, torch.sin(x[:, 0]))
+        assert kernel.measurement_points is None  # the user's argument is left alone
+        assert kernel._sampler.inputs is x
+        points, _ = kernel._potential_and_grad_inputs()
+        assert points.min() >= low - 1 and points.max() <= low + 3  # training range widened by the 0.5 margin
         kernel.cleanup()
