@@ -177,8 +177,6 @@ def _sgmcmc(kernel_name: str):
         from pyro_sdebnn.infer import PyroBNN
         from pyro_sdebnn.infer import mcmc as sgmcmc
 
-        if not hasattr(sgmcmc, kernel_name):
-            raise NotImplementedError(f"pyro_sdebnn.infer.mcmc.{kernel_name} does not exist yet")
         model = PyroBNN(_mlp(s), "categorical", prior_scale=1.0)
         kernel_cls = getattr(sgmcmc, kernel_name)
         # Seed 003 §7 settings: step 1e-3, batch 32, friction 0.1 (SGHMC), warm-up then thinned samples.
@@ -214,19 +212,13 @@ _adapter("sgld", "SGLD")(_sgmcmc("SGLD"))
 _adapter("sghmc", "SGHMC")(_sgmcmc("SGHMC"))
 
 
-
-
-
 def _functional_sgmcmc(kernel_name: str, step_size: float, friction: float = 0.1):
     def adapter(data: Data, s: Settings) -> Predictor:
         import pyro.contrib.gp as gp
-        from pyro.infer import MCMC, Predictive
+        from pyro.infer import MCMC
 
-        from pyro_sdebnn.infer import ClassificationPrediction
         from pyro_sdebnn.infer import mcmc as sgmcmc
 
-        if not hasattr(sgmcmc, kernel_name):
-            raise NotImplementedError(f"pyro_sdebnn.infer.mcmc.{kernel_name} does not exist yet")
         # One GP prior on the class-1 logit: RBF with logit standard deviation 2 and length scale 0.5 (the
         # width of a moon); measurement points = training inputs + uniform box points, redrawn every step.
         model = sgmcmc.BayesianMLP([2, *s.hidden, 1], likelihood="bernoulli", activation="relu").to(s.device)
@@ -237,11 +229,10 @@ def _functional_sgmcmc(kernel_name: str, step_size: float, friction: float = 0.1
         kernel = getattr(sgmcmc, kernel_name)(model, **kwargs)
         mcmc = MCMC(kernel, num_samples=s.mcmc_samples, warmup_steps=s.mcmc_warmup, disable_progbar=True)
         mcmc.run(data.x_train, data.y_train.to(data.x_train.dtype))
-        predictive = Predictive(model, posterior_samples=mcmc.get_samples(), return_sites=("f",))
+        samples = mcmc.get_samples()
 
-        def predict(x: Tensor):
-            p = torch.sigmoid(predictive(x)["f"].reshape(s.mcmc_samples, -1))
-            return ClassificationPrediction(torch.stack([1 - p, p], -1))
+        def predict(x: Tensor):  # Bernoulli likelihood site -> two-class probabilities per draw
+            return sgmcmc.posterior_prediction(model, samples, x)
 
         return predict
 
@@ -459,7 +450,8 @@ def _write_sgmcmc_diagnostics(results: list[Result], out: Path) -> list[str]:
         return []
     import matplotlib.pyplot as plt
     from matplotlib import MatplotlibDeprecationWarning
-    from pyro.ops.stats import effective_sample_size
+
+    from pyro_sdebnn.infer.mcmc import function_space_diagnostics
 
     with warnings.catch_warnings():
         # ArviZ announces its refactor once per day with a FutureWarning whose message starts with a newline.
@@ -472,7 +464,7 @@ def _write_sgmcmc_diagnostics(results: list[Result], out: Path) -> list[str]:
     rows = []
     for name, diag in chains.items():
         draws = diag["probe_probs"].double()  # (S, probes)
-        ess = effective_sample_size(draws.unsqueeze(0), chain_dim=0, sample_dim=1)
+        ess = function_space_diagnostics(draws, num_chains=1)["ess"]
         ess_min, ess_median = float(ess.min()), float(ess.median())
         per_second = ess_median / diag["sampling_seconds"]
         lines.append(
@@ -598,6 +590,7 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def _run(args, s: Settings, data: Data, methods: list[str], grid_axes, grid: Tensor, seed: int, out: Path) -> dict:
+    import pyro
     from tqdm.auto import tqdm
 
     gx, gy = grid_axes
@@ -607,10 +600,7 @@ def _run(args, s: Settings, data: Data, methods: list[str], grid_axes, grid: Ten
     for key in bar:
         name, adapter = ADAPTERS[key]
         bar.set_postfix_str(key)
-        torch.manual_seed(seed)
-        import pyro
-
-        pyro.set_rng_seed(seed)
+        pyro.set_rng_seed(seed)  # seeds torch as well
         pyro.clear_param_store()  # methods that keep Pyro params globally must not see each other's
         try:
             results.append(_evaluate(key, name, adapter, data, copy.copy(s), grid))
