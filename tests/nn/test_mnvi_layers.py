@@ -125,13 +125,48 @@ def test_negative_variance_check_only_under_validation():
         pyro.enable_validation(True)
 
 
+@pytest.mark.parametrize("cls", [MNLinear, MFLinear])
 @pytest.mark.parametrize("kwargs,match", [
     ({"in_features": 0, "out_features": 2}, "in_features"),
     ({"in_features": 2, "out_features": 2.5}, "out_features"),
 ])
-def test_bad_constructor_arguments(kwargs, match):
+def test_bad_constructor_arguments(cls, kwargs, match):
     with pytest.raises(ValueError, match=match):
-        MNLinear(**kwargs)
+        cls(**kwargs)
+
+
+@pytest.mark.parametrize("cls", [MNConv2d, MFConv2d])
+@pytest.mark.parametrize("kwargs,match", [
+    ({"in_channels": 0, "out_channels": 2}, "in_channels"),
+    ({"in_channels": 2, "out_channels": 2, "groups": 0}, "groups"),
+    ({"in_channels": 3, "out_channels": 2, "groups": 2}, "divisible by groups"),
+    ({"in_channels": 2, "out_channels": 2, "padding_mode": "reflect"}, "padding_mode must be 'zeros'"),
+])
+def test_bad_conv_constructor_arguments(cls, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        cls(kernel_size=3, **kwargs)
+
+
+@pytest.mark.parametrize("factory,deterministic,noise_name", [
+    (lambda: MNLinear(5, 3), lambda: nn.Linear(5, 3), "rho"),
+    (lambda: MFLinear(5, 3), lambda: nn.Linear(5, 3), "weight_rho"),
+    (lambda: MNConv2d(4, 6, 3, 2, 1, groups=2), lambda: nn.Conv2d(4, 6, 3, 2, 1, groups=2), "rho"),
+    (lambda: MFConv2d(4, 6, 3, padding=1, bias=False), lambda: nn.Conv2d(4, 6, 3, padding=1, bias=False),
+     "weight_rho"),
+])
+def test_layer_is_its_torch_twin(factory, deterministic, noise_name):
+    # same seed -> same weight and bias as the torch layer (init and RNG order), state_dict = torch's + noise
+    torch.manual_seed(0)
+    layer = factory()
+    torch.manual_seed(0)
+    plain = deterministic()
+    assert isinstance(layer, type(plain))
+    assert list(layer.state_dict()) == [*plain.state_dict(), noise_name]
+    for key, value in plain.state_dict().items():
+        assert torch.equal(layer.state_dict()[key], value), key
+    x = torch.randn(2, 4, 7, 7) if isinstance(plain, nn.Conv2d) else torch.randn(2, 5)
+    assert torch.equal(layer(x), plain(x))
+    assert torch.equal(layer(Moments(x, None)).mean, plain(x))
 
 
 def test_conv_channel_mismatch_raises():

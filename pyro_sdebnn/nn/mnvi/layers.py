@@ -31,13 +31,10 @@ The bias is a point estimate: the activation noise multiplies the inputs, not th
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributions import Distribution
-from torch.nn.modules.utils import _pair
 
 from pyro_sdebnn.nn.mnvi._util import as_moments, check_features
 from pyro_sdebnn.ops.moments import Moments, multiplicative_conv2d_moments, multiplicative_linear_moments
@@ -72,6 +69,91 @@ class BayesianLayer(nn.Module):
         raise NotImplementedError
 
 
+def _check_positive_ints(**values: int) -> None:
+    # torch accepts e.g. nn.Linear(0, 2); a Bayesian layer without inputs or outputs is a mistake.
+    for name, value in values.items():
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+class _MomentLinear(BayesianLayer, nn.Linear):
+    """:class:`torch.nn.Linear` (tensor input) that propagates :class:`Moments` with :meth:`_propagate`.
+
+    Subclasses add their noise parameters after ``super().__init__`` and implement :meth:`_propagate`
+    and :meth:`weight_distribution`.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        _check_positive_ints(in_features=in_features, out_features=out_features)
+        super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
+
+    def _propagate(self, mean: Tensor, var: Tensor | None) -> Moments:
+        raise NotImplementedError
+
+    def forward(self, input: Tensor | Moments) -> Tensor | Moments:
+        moments = as_moments(input)
+        if moments is None:
+            return super().forward(input)
+        check_features(moments.mean, self.in_features, -1, "input.mean", "features")
+        return self._propagate(moments.mean, moments.var)
+
+
+class _MomentConv2d(BayesianLayer, nn.Conv2d):
+    """:class:`torch.nn.Conv2d` (tensor input, zero padding only) that propagates :class:`Moments`.
+
+    Subclasses add their noise parameters after ``super().__init__`` and implement :meth:`_propagate`
+    and :meth:`weight_distribution`.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | tuple[int, int],
+        stride: int | tuple[int, int] = 1,
+        padding: int | tuple[int, int] | str = 0,
+        dilation: int | tuple[int, int] = 1,
+        groups: int = 1,
+        bias: bool = True,
+        padding_mode: str = "zeros",
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        _check_positive_ints(in_channels=in_channels, out_channels=out_channels, groups=groups)
+        if in_channels % groups or out_channels % groups:
+            raise ValueError(f"in_channels and out_channels must be divisible by groups={groups}")
+        if padding_mode != "zeros":
+            raise ValueError(
+                f"padding_mode must be 'zeros' (the variance path pads with zeros), got {padding_mode!r}"
+            )
+        super().__init__(
+            in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, padding_mode,
+            device=device, dtype=dtype,
+        )
+
+    def _conv_args(self) -> tuple:
+        return (self.stride, self.padding, self.dilation, self.groups)
+
+    def _propagate(self, mean: Tensor, var: Tensor | None) -> Moments:
+        raise NotImplementedError
+
+    def forward(self, input: Tensor | Moments) -> Tensor | Moments:
+        moments = as_moments(input)
+        if moments is None:
+            return super().forward(input)
+        check_features(moments.mean, self.in_channels, -3, "input.mean", "channels")
+        return self._propagate(moments.mean, moments.var)
+
+
 class _MultiplicativeMixin:
     rho: nn.Parameter
     weight: nn.Parameter
@@ -85,17 +167,16 @@ class _MultiplicativeMixin:
     def num_noise_parameters(self) -> int:
         return self.rho.numel()
 
-    def _alpha_for_weight(self) -> Tensor:
-        return self.alpha
 
-
-class MNLinear(_MultiplicativeMixin, BayesianLayer):
+class MNLinear(_MultiplicativeMixin, _MomentLinear):
     r"""Dense layer whose weight posterior is induced by multiplicative Gaussian input noise.
 
     .. math::
 
         w_{ij}\sim\mathcal N(m_{ij}, \alpha_j m_{ij}^2),\quad
         \mathbb E[z] = Mx + b,\quad \mathbb V[z] = (M\circ M)\big((1+\alpha)\circ v + \alpha\circ x^2\big).
+
+    A :class:`torch.nn.Linear` (same arguments, initialisation and ``state_dict`` keys) plus ``rho``.
 
     :param int in_features: input size.
     :param int out_features: output size.
@@ -121,42 +202,19 @@ class MNLinear(_MultiplicativeMixin, BayesianLayer):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__()
-        for name, value in (("in_features", in_features), ("out_features", out_features)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        factory = {"device": device, "dtype": dtype}
-        self.in_features = in_features
-        self.out_features = out_features
-        self.weight = nn.Parameter(torch.empty(out_features, in_features, **factory))
-        self.bias = nn.Parameter(torch.empty(out_features, **factory)) if bias else None
-        self.rho = nn.Parameter(torch.full((in_features,), float(rho_init), **factory))
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        """Initialise ``weight`` and ``bias`` as :class:`torch.nn.Linear` does."""
-        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        if self.bias is not None:
-            bound = 1.0 / math.sqrt(self.in_features)
-            nn.init.uniform_(self.bias, -bound, bound)
+        super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
+        self.rho = nn.Parameter(self.weight.new_full((in_features,), float(rho_init)))
 
     def weight_distribution(self) -> Distribution:
         from pyro_sdebnn.distributions import MultiplicativeNormal
 
         return MultiplicativeNormal(self.weight, self.alpha, noise_dim=-1)
 
-    def forward(self, input: Tensor | Moments) -> Tensor | Moments:
-        moments = as_moments(input)
-        if moments is None:
-            return F.linear(input, self.weight, self.bias)
-        check_features(moments.mean, self.in_features, -1, "input.mean", "features")
-        return multiplicative_linear_moments(moments.mean, moments.var, self.weight, self.alpha, self.bias)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+    def _propagate(self, mean: Tensor, var: Tensor | None) -> Moments:
+        return multiplicative_linear_moments(mean, var, self.weight, self.alpha, self.bias)
 
 
-class MNConv2d(_MultiplicativeMixin, BayesianLayer):
+class MNConv2d(_MultiplicativeMixin, _MomentConv2d):
     r"""2-d convolution whose weight posterior is induced by multiplicative noise per input channel.
 
     .. math::
@@ -164,8 +222,8 @@ class MNConv2d(_MultiplicativeMixin, BayesianLayer):
         w_{oikl}\sim\mathcal N(m_{oikl}, \alpha_i m_{oikl}^2),\quad
         \mathbb E[z] = M * x + b,\quad \mathbb V[z] = (M\circ M) * \big((1+\alpha) v + \alpha x^2\big).
 
-    Arguments as :class:`torch.nn.Conv2d` (zero padding only), plus ``rho_init``. ``rho`` has shape
-    ``(in_channels,)``.
+    A :class:`torch.nn.Conv2d` (same arguments, initialisation and ``state_dict`` keys; ``padding_mode``
+    must be ``"zeros"``) plus ``rho`` of shape ``(in_channels,)``, initialised to ``rho_init``.
 
     >>> conv = MNConv2d(1, 4, 3, padding=1)
     >>> conv(Moments(torch.randn(2, 1, 8, 8), None)).var.shape
@@ -182,69 +240,31 @@ class MNConv2d(_MultiplicativeMixin, BayesianLayer):
         dilation: int | tuple[int, int] = 1,
         groups: int = 1,
         bias: bool = True,
+        padding_mode: str = "zeros",
         *,
         rho_init: float = RHO_INIT,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__()
-        for name, value in (("in_channels", in_channels), ("out_channels", out_channels), ("groups", groups)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if in_channels % groups or out_channels % groups:
-            raise ValueError(f"in_channels and out_channels must be divisible by groups={groups}")
-        factory = {"device": device, "dtype": dtype}
-        self.in_channels = in_channels
-        self.out_channels = out_channels
-        self.kernel_size = _pair(kernel_size)
-        self.stride = _pair(stride)
-        self.padding = padding if isinstance(padding, str) else _pair(padding)
-        self.dilation = _pair(dilation)
-        self.groups = groups
-        self.weight = nn.Parameter(torch.empty(out_channels, in_channels // groups, *self.kernel_size, **factory))
-        self.bias = nn.Parameter(torch.empty(out_channels, **factory)) if bias else None
-        self.rho = nn.Parameter(torch.full((in_channels,), float(rho_init), **factory))
-        self.reset_parameters()
+        super().__init__(
+            in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, padding_mode,
+            device=device, dtype=dtype,
+        )
+        self.rho = nn.Parameter(self.weight.new_full((in_channels,), float(rho_init)))
 
-    def reset_parameters(self) -> None:
-        """Initialise ``weight`` and ``bias`` as :class:`torch.nn.Conv2d` does."""
-        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        if self.bias is not None:
-            fan_in = self.weight[0].numel()
-            bound = 1.0 / math.sqrt(fan_in)
-            nn.init.uniform_(self.bias, -bound, bound)
-
-    def _alpha_for_weight(self) -> Tensor:
+    def _grouped_alpha(self) -> Tensor:
         # weight (out, in/groups, kh, kw): input channel i of group g sits at index i - g * in/groups.
-        alpha = self.alpha
-        if self.groups == 1:
-            return alpha.reshape(-1, 1, 1)
         per_group = self.in_channels // self.groups
         out_per_group = self.out_channels // self.groups
-        a = alpha.reshape(self.groups, 1, per_group).expand(self.groups, out_per_group, per_group)
-        return a.reshape(self.out_channels, per_group, 1, 1)
+        alpha = self.alpha.reshape(self.groups, 1, per_group).expand(self.groups, out_per_group, per_group)
+        return alpha.reshape(self.out_channels, per_group, 1, 1)
 
     def weight_distribution(self) -> Distribution:
         from pyro_sdebnn.distributions import MultiplicativeNormal
 
         if self.groups == 1:
             return MultiplicativeNormal(self.weight, self.alpha, noise_dim=-3)
-        return MultiplicativeNormal(self.weight, self._alpha_for_weight(), noise_dim=None)
+        return MultiplicativeNormal(self.weight, self._grouped_alpha(), noise_dim=None)
 
-    def _conv_args(self) -> tuple:
-        return (self.stride, self.padding, self.dilation, self.groups)
-
-    def forward(self, input: Tensor | Moments) -> Tensor | Moments:
-        moments = as_moments(input)
-        if moments is None:
-            return F.conv2d(input, self.weight, self.bias, *self._conv_args())
-        check_features(moments.mean, self.in_channels, -3, "input.mean", "channels")
-        return multiplicative_conv2d_moments(
-            moments.mean, moments.var, self.weight, self.alpha, self.bias, *self._conv_args()
-        )
-
-    def extra_repr(self) -> str:
-        return (
-            f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
-            f"padding={self.padding}, groups={self.groups}, bias={self.bias is not None}"
-        )
+    def _propagate(self, mean: Tensor, var: Tensor | None) -> Moments:
+        return multiplicative_conv2d_moments(mean, var, self.weight, self.alpha, self.bias, *self._conv_args())

@@ -30,8 +30,7 @@ from pyro.distributions import Normal
 from torch import Tensor, nn
 from torch.distributions import Distribution
 
-from pyro_sdebnn.nn.mnvi._util import as_moments, check_features
-from pyro_sdebnn.nn.mnvi.layers import BayesianLayer, MNConv2d, MNLinear
+from pyro_sdebnn.nn.mnvi.layers import _MomentConv2d, _MomentLinear
 from pyro_sdebnn.ops.moments import Moments, mean_field_conv2d_moments, mean_field_linear_moments
 
 __all__ = ["MFConv2d", "MFLinear"]
@@ -57,12 +56,14 @@ class _MeanFieldMixin:
         return Normal(self.weight, self.weight_var.sqrt())
 
 
-class MFLinear(_MeanFieldMixin, BayesianLayer):
+class MFLinear(_MeanFieldMixin, _MomentLinear):
     r"""Dense layer with a mean-field Gaussian weight posterior and moment propagation.
 
     .. math::
 
         \mathbb E[z] = Mx + b, \qquad \mathbb V[z] = S(v + x\circ x) + (M\circ M)\,v .
+
+    A :class:`torch.nn.Linear` (same arguments, initialisation and ``state_dict`` keys) plus ``weight_rho``.
 
     :param int in_features: input size.
     :param int out_features: output size.
@@ -84,29 +85,18 @@ class MFLinear(_MeanFieldMixin, BayesianLayer):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__()
-        template = MNLinear(in_features, out_features, bias, device=device, dtype=dtype)
-        self.in_features = in_features
-        self.out_features = out_features
-        self.weight = template.weight
-        self.bias = template.bias
+        super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
         self.weight_rho = nn.Parameter(torch.full_like(self.weight, float(rho_init)))
 
-    def forward(self, input: Tensor | Moments) -> Tensor | Moments:
-        moments = as_moments(input)
-        if moments is None:
-            return F.linear(input, self.weight, self.bias)
-        check_features(moments.mean, self.in_features, -1, "input.mean", "features")
-        return mean_field_linear_moments(moments.mean, moments.var, self.weight, self.weight_var, self.bias)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+    def _propagate(self, mean: Tensor, var: Tensor | None) -> Moments:
+        return mean_field_linear_moments(mean, var, self.weight, self.weight_var, self.bias)
 
 
-class MFConv2d(_MeanFieldMixin, BayesianLayer):
+class MFConv2d(_MeanFieldMixin, _MomentConv2d):
     r"""2-d convolution with a mean-field Gaussian weight posterior: :math:`\mathbb V[z] = S*(v+x^2) + (M\circ M)*v`.
 
-    Arguments as :class:`torch.nn.Conv2d` (zero padding only), plus ``rho_init`` (default ``-10``).
+    A :class:`torch.nn.Conv2d` (same arguments, initialisation and ``state_dict`` keys; ``padding_mode``
+    must be ``"zeros"``) plus ``weight_rho``, initialised to ``rho_init`` (default ``-10``).
 
     >>> conv = MFConv2d(1, 2, 3)
     >>> conv(Moments(torch.randn(1, 1, 5, 5), None)).var.shape
@@ -123,35 +113,17 @@ class MFConv2d(_MeanFieldMixin, BayesianLayer):
         dilation: int | tuple[int, int] = 1,
         groups: int = 1,
         bias: bool = True,
+        padding_mode: str = "zeros",
         *,
         rho_init: float = MF_RHO_INIT,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__()
-        template = MNConv2d(
-            in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, device=device, dtype=dtype
+        super().__init__(
+            in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, padding_mode,
+            device=device, dtype=dtype,
         )
-        for name in ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups"):
-            setattr(self, name, getattr(template, name))
-        self.weight = template.weight
-        self.bias = template.bias
         self.weight_rho = nn.Parameter(torch.full_like(self.weight, float(rho_init)))
 
-    def _conv_args(self) -> tuple:
-        return (self.stride, self.padding, self.dilation, self.groups)
-
-    def forward(self, input: Tensor | Moments) -> Tensor | Moments:
-        moments = as_moments(input)
-        if moments is None:
-            return F.conv2d(input, self.weight, self.bias, *self._conv_args())
-        check_features(moments.mean, self.in_channels, -3, "input.mean", "channels")
-        return mean_field_conv2d_moments(
-            moments.mean, moments.var, self.weight, self.weight_var, self.bias, *self._conv_args()
-        )
-
-    def extra_repr(self) -> str:
-        return (
-            f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
-            f"padding={self.padding}, groups={self.groups}, bias={self.bias is not None}"
-        )
+    def _propagate(self, mean: Tensor, var: Tensor | None) -> Moments:
+        return mean_field_conv2d_moments(mean, var, self.weight, self.weight_var, self.bias, *self._conv_args())
