@@ -3,10 +3,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Optional, Union
+from typing import Any, Callable, Union
 
 from pyro_sdebnn.infer.mcmc.functional import FunctionalKernelMixin
-from pyro_sdebnn.infer.mcmc.measurement_points import MeasurementPoints
 from pyro_sdebnn.infer.mcmc.schedules import StepSizeSchedule
 from pyro_sdebnn.infer.mcmc.sghmc import SGHMC
 
@@ -57,27 +56,5 @@ class FSGHMC(FunctionalKernelMixin, SGHMC):
 
     _name = "fSGHMC"
 
-    def __init__(
-        self,
-        model: Callable,
-        *,
-        gp_prior: Any,
-        measurement_points: Optional[MeasurementPoints] = None,
-        num_measurement_data: int = 40,
-        num_measurement_box: int = 40,
-        gp_mean: Any = None,
-        jitter: float = 1e-4,
-        output_site: str = "f",
-        prior_sites: Iterable[str] = (),
-        weight_prior_scale: Optional[float] = None,
-        measurement_args: Optional[Callable] = None,
-        output_fn: Optional[Callable] = None,
-        concatenate_inputs: Optional[bool] = None,
-        step_size: Union[float, StepSizeSchedule] = 1e-4,
-        **kwargs: Any,
-    ) -> None:
-        self._init_functional(
-            gp_prior, measurement_points, num_measurement_data, num_measurement_box, gp_mean, jitter, output_site,
-            prior_sites, weight_prior_scale, measurement_args, output_fn, concatenate_inputs,
-        )
+    def __init__(self, model: Callable, *, step_size: Union[float, StepSizeSchedule] = 1e-4, **kwargs: Any) -> None:
         super().__init__(model, step_size=step_size, **kwargs)

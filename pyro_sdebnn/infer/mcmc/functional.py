@@ -350,21 +350,26 @@ def _usable_cores() -> int:
 class FunctionalKernelMixin:
     """Turns an SG-MCMC kernel into its functional variant (fSGLD from SGLD, fSGHMC from SGHMC)."""
 
-    def _init_functional(
+    def __init__(
         self,
+        model: Callable,
+        *,
         gp_prior: Any,
-        measurement_points: Optional[MeasurementPoints],
-        num_measurement_data: int,
-        num_measurement_box: int,
-        gp_mean: Any,
-        jitter: float,
-        output_site: str,
-        prior_sites: Iterable[str],
-        weight_prior_scale: Optional[float],
-        measurement_args: Optional[Callable],
+        measurement_points: Optional[MeasurementPoints] = None,
+        num_measurement_data: int = 40,
+        num_measurement_box: int = 40,
+        gp_mean: Any = None,
+        jitter: float = 1e-4,
+        output_site: str = "f",
+        prior_sites: Iterable[str] = (),
+        weight_prior_scale: Optional[float] = None,
+        measurement_args: Optional[Callable] = None,
         output_fn: Optional[Callable] = None,
         concatenate_inputs: Optional[bool] = None,
+        **kwargs: Any,
     ) -> None:
+        """The functional-prior arguments (documented on :class:`~pyro_sdebnn.infer.mcmc.FSGLD`); ``kwargs`` go to
+        the weight-space kernel (SGLD / SGHMC)."""
         from pyro_sdebnn.distributions import GPFunctionalPrior
 
         self._fixed_prior = None
@@ -402,6 +407,7 @@ class FunctionalKernelMixin:
         self._batch_fns: dict[Any, Any] = {}
         self._pending: Optional[tuple] = None  # the next batch of sets: (seed, None | Future)
         self._worker: Optional[tuple[int, ThreadPoolExecutor]] = None  # (pid, executor)
+        super().__init__(model, **kwargs)  # type: ignore[call-arg]
 
     def _build_potential(self, args: tuple, kwargs: dict) -> MinibatchPotential:
         # the sampler in use: the user's, or a default one over this run's inputs (rebuilt for every new data set)
