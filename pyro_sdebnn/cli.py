@@ -11,6 +11,12 @@
 
 The common options may also be given after the sub-command. Without a sub-command the main job
 runs: ``benchmark two-moons`` when that experiment is installed.
+
+Errors the user can fix end the program with a one-line message and exit status 2: an unknown
+command, benchmark or option (argparse), an unavailable ``--device``, a data file that is missing
+(``FileNotFoundError`` from the loaders) and a ``ValueError`` whose message starts with the option it
+rejects (the experiments' convention, e.g. ``--epochs must be positive``). Every other exception is a
+bug and propagates with its traceback.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
 from typing import Sequence
 
 __all__ = ["build_parser", "main", "resolve_device"]
@@ -54,10 +61,15 @@ def _add_common(parser: argparse.ArgumentParser, suppress: bool) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(experiments: dict[str, ModuleType] | None = None) -> argparse.ArgumentParser:
+    """The argument parser; ``experiments`` (default: :func:`pyro_sdebnn.experiments.discover`) become
+    the ``benchmark`` sub-commands."""
     from pyro_sdebnn import __version__
-    from pyro_sdebnn.experiments import discover
 
+    if experiments is None:
+        from pyro_sdebnn.experiments import discover
+
+        experiments = discover()
     parser = argparse.ArgumentParser(
         prog="pyro-sdebnn",
         description="Bayesian neural networks for Pyro: data sets, benchmarks and the head-to-head study.",
@@ -72,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("benchmark", help="run an experiment (see `pyro-sdebnn benchmark --help`)")
     names = bench.add_subparsers(dest="benchmark", metavar="NAME")
-    for name, module in discover().items():
+    for name, module in experiments.items():
         sub = names.add_parser(name, help=module.DESCRIPTION, description=module.DESCRIPTION)
         _add_common(sub, suppress=True)
         module.add_arguments(sub)
@@ -94,22 +106,29 @@ def _run_datasets(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_benchmark(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    import torch
+def _usage_error(err: Exception) -> int:
+    print(f"pyro-sdebnn: error: {err}", file=sys.stderr)
+    return 2
 
+
+def _run_benchmark(args: argparse.Namespace, experiment: ModuleType) -> int:
     import pyro
-    from pyro_sdebnn.experiments import discover
 
-    experiments = discover()
-    if args.benchmark not in experiments:
-        parser.error(f"unknown benchmark {args.benchmark!r}; choose from {sorted(experiments)}")
-    args.device = resolve_device(args.device)
-    args.output = Path(args.output)
-    args.output.mkdir(parents=True, exist_ok=True)
-    pyro.set_rng_seed(args.seed)
-    torch.manual_seed(args.seed)
+    try:
+        args.device = resolve_device(args.device)
+    except ValueError as err:
+        return _usage_error(err)
+    args.output.mkdir(parents=True, exist_ok=True)  # argparse made it a Path
+    pyro.set_rng_seed(args.seed)  # seeds torch, numpy and random
     start = time.perf_counter()
-    summary = experiments[args.benchmark].run(args)
+    try:
+        summary = experiment.run(args)
+    except FileNotFoundError as err:  # a data set that is not on this machine
+        return _usage_error(err)
+    except ValueError as err:
+        if not str(err).startswith("--"):  # not an option the user gave: a bug, keep the traceback
+            raise
+        return _usage_error(err)
     elapsed = time.perf_counter() - start
     print(f"benchmark {args.benchmark} finished in {elapsed:.1f} s; results in {args.output}")
     if summary:
@@ -119,28 +138,25 @@ def _run_benchmark(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``pyro-sdebnn``; returns the process exit code."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "datasets":
-            return _run_datasets(args)
-        if args.command == "benchmark":
-            if args.benchmark is None:
-                parser.parse_args(["benchmark", "--help"])
-            return _run_benchmark(args, parser)
-        # No sub-command: the main job.
-        from pyro_sdebnn.experiments import discover
+    from pyro_sdebnn.experiments import discover
 
-        if DEFAULT_BENCHMARK not in discover():
-            parser.print_help()
-            return 0
-        default_args = parser.parse_args(["benchmark", DEFAULT_BENCHMARK])
-        for key in ("device", "seed", "output", "quick"):
-            setattr(default_args, key, getattr(args, key))
-        return _run_benchmark(default_args, parser)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"pyro-sdebnn: error: {err}", file=sys.stderr)
-        return 2
+    experiments = discover()
+    parser = build_parser(experiments)
+    args = parser.parse_args(argv)
+    if args.command == "datasets":
+        return _run_datasets(args)
+    if args.command == "benchmark":
+        if args.benchmark is None:
+            parser.parse_args(["benchmark", "--help"])
+        return _run_benchmark(args, experiments[args.benchmark])  # argparse accepts only known names
+    # No sub-command: the main job.
+    if DEFAULT_BENCHMARK not in experiments:
+        parser.print_help()
+        return 0
+    default_args = parser.parse_args(["benchmark", DEFAULT_BENCHMARK])
+    for key in ("device", "seed", "output", "quick"):
+        setattr(default_args, key, getattr(args, key))
+    return _run_benchmark(default_args, experiments[DEFAULT_BENCHMARK])
 
 
 if __name__ == "__main__":

@@ -56,3 +56,61 @@ def test_datasets_json(capsys):
     rows = json.loads(capsys.readouterr().out)
     assert {row["name"] for row in rows} >= {"two_moons", "uci_boston"}
     assert all(set(row) >= {"name", "task", "shapes", "source"} for row in rows)
+
+
+def _fake_experiments(monkeypatch, run):
+    """Replace the discovered experiments by one, ``fake``, whose ``run`` is given."""
+    import types
+
+    import pyro_sdebnn.experiments
+
+    module = types.SimpleNamespace(NAME="fake", DESCRIPTION="a test double", add_arguments=lambda parser: None, run=run)
+    monkeypatch.setattr(pyro_sdebnn.experiments, "discover", lambda: {"fake": module})
+
+
+@pytest.mark.parametrize(
+    "error", [ValueError("--epochs must be positive, got 0"), FileNotFoundError("MNIST not found under data/")]
+)
+def test_user_errors_are_one_line_exit_2(monkeypatch, capsys, tmp_path, error):
+    def run(args):
+        raise error
+
+    _fake_experiments(monkeypatch, run)
+    assert main(["benchmark", "fake", "--output", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"pyro-sdebnn: error: {error}\n"
+
+
+@pytest.mark.parametrize("error", [ValueError("shape mismatch in a matmul"), RuntimeError("CUDA error"), KeyError("w")])
+def test_bugs_inside_an_experiment_propagate(monkeypatch, tmp_path, error):
+    def run(args):
+        raise error
+
+    _fake_experiments(monkeypatch, run)
+    with pytest.raises(type(error), match=str(error).strip("'")):
+        main(["benchmark", "fake", "--output", str(tmp_path)])
+
+
+def test_bad_device_and_unknown_benchmark_exit_2(monkeypatch, capsys, tmp_path):
+    _fake_experiments(monkeypatch, lambda args: pytest.fail("run must not start"))
+    assert main(["benchmark", "fake", "--device", "not-a-device", "--output", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith("pyro-sdebnn: error: --device")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["benchmark", "bogus"])
+    assert exit_info.value.code == 2
+
+
+def test_benchmark_gets_resolved_args_and_seed(monkeypatch, capsys, tmp_path):
+    import torch
+
+    seen = {}
+
+    def run(args):
+        seen.update(vars(args), draw=torch.rand(()))
+        return {"value": 1}
+
+    _fake_experiments(monkeypatch, run)
+    assert main(["benchmark", "fake", "--seed", "3", "--output", str(tmp_path / "out")]) == 0
+    assert seen["device"] == torch.device("cpu") and seen["output"] == tmp_path / "out" and seen["output"].is_dir()
+    torch.manual_seed(3)
+    assert seen["draw"] == torch.rand(())
+    assert '"value": 1' in capsys.readouterr().out

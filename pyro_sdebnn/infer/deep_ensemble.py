@@ -21,7 +21,6 @@ part, :math:`\\frac1K\\sum_k \\sigma_k^2(x) + \\operatorname{Var}_k[\\mu_k(x)]` 
 
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 import torch
@@ -29,10 +28,12 @@ from torch import Tensor, nn
 
 from pyro_sdebnn.infer.methods import (
     BaselineMethod,
-    Prediction,
     _check_data,
+    _check_finite,
+    _check_fit_args,
+    _dropout_layers,
+    _epochs,
     negative_log_likelihood_terms,
-    outputs_to_prediction,
     register_method,
     train_network,
 )
@@ -107,12 +108,15 @@ class DeepEnsemble(BaselineMethod):
             ``nn.Module`` without buffers or dropout (e.g. a plain MLP), else one by one.
         """
         _check_data(x, y, self.likelihood)
+        size = _check_fit_args(
+            x.shape[0], num_epochs=num_epochs, lr=lr, batch_size=batch_size, weight_decay=weight_decay
+        )
         if vectorize is None:
             vectorize = self._vectorizable()
         elif vectorize and not self._vectorizable():
             raise ValueError("vectorize=True needs members with identical parameter shapes and no buffers or dropout")
         if vectorize:
-            self._fit_vectorized(x, y, num_epochs, lr, batch_size, weight_decay, progress)
+            self._fit_vectorized(x, y, num_epochs, lr, size, weight_decay, progress)
             return self
         members = self.members
         if progress:
@@ -141,19 +145,15 @@ class DeepEnsemble(BaselineMethod):
                 return False
             if any(True for _ in member.buffers()):
                 return False
-            if any(isinstance(m, nn.modules.dropout._DropoutNd) for m in member.modules()):
+            if _dropout_layers(member):
                 return False
         return True
 
-    def _fit_vectorized(self, x, y, num_epochs, lr, batch_size, weight_decay, progress) -> None:
+    def _fit_vectorized(self, x, y, num_epochs: int, lr: float, batch_size: int, weight_decay: float, progress) -> None:
+        """All members at once (arguments already checked by :meth:`fit`)."""
         from torch.func import functional_call, stack_module_state, vmap
 
-        if not isinstance(num_epochs, int) or num_epochs < 0:
-            raise ValueError(f"num_epochs must be a non-negative integer, got {num_epochs!r}")
         n, k = x.shape[0], self.num_members
-        batch_size = n if batch_size is None else int(batch_size)
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
         params, _ = stack_module_state(list(self.members))
         params = {name: p.detach().requires_grad_() for name, p in params.items()}
         base = self.members[0]
@@ -163,12 +163,7 @@ class DeepEnsemble(BaselineMethod):
             return negative_log_likelihood_terms(functional_call(base, theta, (xb,)), yb, self.likelihood).mean()
 
         batched_loss = vmap(member_loss)
-        epochs = range(num_epochs)
-        if progress:
-            from tqdm.auto import tqdm
-
-            epochs = tqdm(epochs, desc="deep-ensemble (vectorised)", leave=False)
-        for epoch in epochs:
+        for epoch in _epochs(num_epochs, progress, "deep-ensemble (vectorised)"):
             perms = torch.stack([torch.randperm(n, device=x.device) for _ in range(k)])  # own order per member
             total = torch.zeros((), dtype=torch.float64, device=x.device)
             for start in range(0, n, batch_size):
@@ -178,11 +173,7 @@ class DeepEnsemble(BaselineMethod):
                 losses.sum().backward()  # member parameters are disjoint: each gets its own gradient
                 optimizer.step()
                 total = total + losses.detach().double().sum() * idx.shape[1]
-            mean_loss = float(total) / (n * k)
-            if not math.isfinite(mean_loss):
-                raise FloatingPointError(
-                    f"deep-ensemble: the training loss became {mean_loss} in epoch {epoch}; try a smaller lr (now {lr})"
-                )
+            _check_finite(float(total) / (n * k), desc="deep-ensemble", epoch=epoch, lr=lr)
         with torch.no_grad():
             for i, member in enumerate(self.members):
                 for name, p in member.named_parameters():
@@ -199,7 +190,3 @@ class DeepEnsemble(BaselineMethod):
             outputs.append(member(x))
             member.train(was_training)
         return torch.stack(outputs)
-
-    def predict(self, x: Tensor) -> Prediction:
-        """The mixture predictive with ``S = K`` components."""
-        return outputs_to_prediction(self.predict_outputs(x), self.likelihood)

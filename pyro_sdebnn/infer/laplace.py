@@ -179,13 +179,24 @@ class Laplace(BaselineMethod):
         size = max(1, _MAX_JACOBIAN_ELEMENTS // max(1, num_outputs * self.num_params))
         return [slice(i, min(n, i + size)) for i in range(0, n, size)]
 
-    def _jacobian(self, x: Tensor) -> dict[str, Tensor]:
-        """``{name: (N, K, *shape)}``: Jacobian of the outputs with respect to the selected weights."""
+    def _jacobian(self, x: Tensor, names: list[str] | None = None) -> dict[str, Tensor]:
+        """``{name: (N, K, *shape)}``: Jacobian of the outputs with respect to the selected weights
+        (or only to those in ``names``, the others held at the MAP)."""
+        wrt = self._theta_hat if names is None else {name: self._theta_hat[name] for name in names}
+
         # Per-example Jacobians (vmap over examples of jacrev): O(N K P), not the O(N^2 K P) of jacrev of the batch.
         def single(theta: dict[str, Tensor], xi: Tensor) -> Tensor:
-            return self._outputs(theta, xi.unsqueeze(0)).squeeze(0)
+            return self._outputs({**self._theta_hat, **theta}, xi.unsqueeze(0)).squeeze(0)
 
-        return vmap(jacrev(single), in_dims=(None, 0))(self._theta_hat, x)
+        return vmap(jacrev(single), in_dims=(None, 0))(wrt, x)
+
+    def _unflatten(self, flat: Tensor) -> dict[str, Tensor]:
+        """Split a ``(..., P)`` weight vector into ``{name: (..., *shape)}`` in the order of the selected weights."""
+        sizes = [self._theta_hat[name].numel() for name in self._names]
+        return {
+            name: part.reshape(*flat.shape[:-1], *self._theta_hat[name].shape)
+            for name, part in zip(self._names, flat.split(sizes, -1))
+        }
 
     def _output_hessian(self, outputs: Tensor) -> Tensor:
         """:math:`\\Lambda_n`, shape ``(N, K, K)``."""
@@ -199,9 +210,7 @@ class Laplace(BaselineMethod):
     @property
     def num_params(self) -> int:
         """:math:`P`, the number of weights under the Laplace approximation."""
-        return sum(p.numel() for p in self._theta_hat.values()) if self._fitted else sum(
-            p.numel() for p in self._theta().values()
-        )
+        return sum(p.numel() for p in self._theta().values())  # parameter shapes never change
 
     # ------------------------------------------------------------------ fitting
     def fit(
@@ -248,10 +257,10 @@ class Laplace(BaselineMethod):
             self.optimize_prior_precision()
         return self
 
-    def _ggn_terms(self, x: Tensor):
+    def _ggn_terms(self, x: Tensor, names: list[str] | None = None):
         for chunk in self._chunks(x.shape[0]):
             xc = x[chunk]
-            jac = self._jacobian(xc)
+            jac = self._jacobian(xc, names)
             with torch.no_grad():
                 lam = self._output_hessian(self._outputs(self._theta_hat, xc))
                 # Lambda_n = L_n L_n^T from its (K x K) eigendecomposition, so J^T Lambda J = V^T V.
@@ -264,16 +273,10 @@ class Laplace(BaselineMethod):
 
     def _fit_full(self, x: Tensor, y: Tensor) -> None:
         if self.curvature == "hessian":
-            shapes = {name: t.shape for name, t in self._theta_hat.items()}
             flat = torch.cat([self._theta_hat[name].reshape(-1) for name in self._names])
 
             def total_nll(vec: Tensor) -> Tensor:
-                theta, offset = {}, 0
-                for name in self._names:
-                    size = math.prod(shapes[name])
-                    theta[name] = vec[offset : offset + size].reshape(shapes[name])
-                    offset += size
-                return negative_log_likelihood_terms(self._outputs(theta, x), y, self.likelihood).sum()
+                return negative_log_likelihood_terms(self._outputs(self._unflatten(vec), x), y, self.likelihood).sum()
 
             h_data = jacrev(jacrev(total_nll))(flat).detach()  # reverse-over-reverse: no forward-AD warnings
         else:
@@ -305,7 +308,8 @@ class Laplace(BaselineMethod):
                 hook.remove()
         n = x.shape[0]
         g_factors = {prefix: 0.0 for prefix, _ in self._layers}
-        for jac, sqrt_lam in self._ggn_terms(x):
+        bias_names = [_join(prefix, "bias") for prefix, _ in self._layers]  # G needs only the bias Jacobians
+        for jac, sqrt_lam in self._ggn_terms(x, bias_names):
             for prefix, _ in self._layers:
                 # d f / d bias = d f / d pre-activation of the layer: B_n, shape (N, K, out).
                 v = sqrt_lam.transpose(-1, -2) @ jac[_join(prefix, "bias")]
@@ -401,13 +405,7 @@ class Laplace(BaselineMethod):
         else:
             evals, evecs = self._eig
             noise = (z / torch.sqrt(evals + delta)) @ evecs.T
-        noise = noise.to(ref)
-        out, offset = {}, 0
-        for name in self._names:
-            size = theta[name].numel()
-            out[name] = theta[name] + noise[:, offset : offset + size].reshape(num_samples, *theta[name].shape)
-            offset += size
-        return out
+        return {name: theta[name] + part for name, part in self._unflatten(noise.to(ref)).items()}
 
     def predict(
         self,
@@ -442,9 +440,8 @@ class Laplace(BaselineMethod):
             return outputs_to_prediction(outputs, self.likelihood)
         with torch.no_grad():
             mean = self._outputs(self._theta_hat, x)
-        cov = self.functional_covariance(x)
         if link_approx == "probit":
-            var = cov.diagonal(dim1=-2, dim2=-1)
+            var = self.functional_covariance(x).diagonal(dim1=-2, dim2=-1)
             if self.likelihood == "categorical":
                 return ClassificationPrediction((mean / torch.sqrt(1 + math.pi / 8 * var)).softmax(-1).unsqueeze(0))
             loc, log_var = mean.unbind(-1)

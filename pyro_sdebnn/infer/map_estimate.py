@@ -22,12 +22,17 @@ import pyro
 import torch
 from pyro.infer import Trace_ELBO
 from pyro.infer.autoguide import AutoDelta, AutoLaplaceApproximation, init_to_value
-from torch import Tensor, nn
+from torch import Tensor
 
 from pyro_sdebnn.infer.methods import register_method
 from pyro_sdebnn.infer.pyro_bnn import SVIBaseline
 
 __all__ = ["MAPEstimate"]
+
+
+def _check_single_sample(name: str, value: int) -> None:
+    if value != 1:
+        raise ValueError(f"MAPEstimate is a point estimate: {name} must be 1, got {value!r}")
 
 
 @register_method("map")
@@ -55,22 +60,18 @@ class MAPEstimate(SVIBaseline):
     torch.Size([1, 3, 2])
     """
 
-    def __init__(self, net: nn.Module, likelihood: str = "categorical", *, prior_scale: float = 1.0) -> None:
-        super().__init__(net, likelihood, prior_scale=prior_scale)
-
     def _make_guide(self):
         return AutoDelta(self.model, init_loc_fn=init_to_value(values=self.model.init_values))
 
     def _make_elbo(self, num_particles: int):
+        # The AutoDelta guide is a point mass: more particles would only average over more minibatches.
+        _check_single_sample("num_particles", num_particles)
         return Trace_ELBO(num_particles=1)
 
     def predict_outputs(self, x: Tensor, num_samples: int = 1) -> Tensor:
-        """Outputs of the MAP network, shape ``(1, N, C)`` (a point mass needs one sample)."""
+        """Outputs of the MAP network, shape ``(1, N, C)``; ``num_samples`` must be 1 (a point mass)."""
+        _check_single_sample("num_samples", num_samples)
         return super().predict_outputs(x, num_samples=1)
-
-    def predict(self, x: Tensor, num_samples: int = 1):
-        """The plug-in predictive :math:`p(y|x,\\hat w)` with ``S = 1``."""
-        return super().predict(x, num_samples=1)
 
     @torch.no_grad()
     def map_weights(self) -> dict[str, Tensor]:

@@ -22,16 +22,13 @@ from torch import Tensor, nn
 
 from pyro_sdebnn.infer.methods import (
     BaselineMethod,
-    Prediction,
     _check_data,
-    outputs_to_prediction,
+    _dropout_layers,
     register_method,
     train_network,
 )
 
 __all__ = ["MCDropout"]
-
-_DROPOUT_TYPES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout)
 
 
 @register_method("mc-dropout")
@@ -63,7 +60,7 @@ class MCDropout(BaselineMethod):
         super().__init__(likelihood)
         if not isinstance(net, nn.Module):
             raise TypeError(f"net must be a torch.nn.Module, got {type(net).__name__}")
-        self.dropout_layers = [m for m in net.modules() if isinstance(m, _DROPOUT_TYPES) and m.p > 0]
+        self.dropout_layers = [m for m in _dropout_layers(net) if m.p > 0]
         if not self.dropout_layers:
             raise ValueError("net has no dropout layer with p > 0; build it with e.g. make_mlp(sizes, dropout=0.1)")
         if not isinstance(num_samples, int) or num_samples < 1:
@@ -110,7 +107,3 @@ class MCDropout(BaselineMethod):
             return torch.stack([self.net(x) for _ in range(num_samples)])
         finally:
             self.net.train(was_training)
-
-    def predict(self, x: Tensor, num_samples: int | None = None) -> Prediction:
-        """The MC-dropout predictive with ``S = T`` samples."""
-        return outputs_to_prediction(self.predict_outputs(x, num_samples), self.likelihood)

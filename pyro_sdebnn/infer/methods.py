@@ -140,6 +140,48 @@ def outputs_to_prediction(outputs: Tensor, likelihood: str) -> Prediction:
     return RegressionPrediction(mean, torch.exp(0.5 * log_var))
 
 
+def _check_fit_args(n: int, *, num_epochs: int, lr: float, batch_size: int | None, weight_decay: float | None) -> int:
+    """Validate the arguments every ``fit`` shares; return the minibatch size (``n`` for ``batch_size=None``).
+
+    ``weight_decay=None`` is accepted (the SVI baselines then keep their prior); otherwise it must be
+    non-negative.
+    """
+    if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 0:
+        raise ValueError(f"num_epochs must be a non-negative integer, got {num_epochs!r}")
+    if not lr > 0:
+        raise ValueError(f"lr must be positive, got {lr!r}")
+    if weight_decay is not None and not weight_decay >= 0:
+        raise ValueError(f"weight_decay must be non-negative, got {weight_decay!r}")
+    size = n if batch_size is None else int(batch_size)
+    if size < 1:
+        raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+    return size
+
+
+def _epochs(num_epochs: int, progress: bool, desc: str):
+    """``range(num_epochs)``, wrapped in a tqdm progress bar when ``progress``."""
+    epochs = range(num_epochs)
+    if progress:
+        from tqdm.auto import tqdm
+
+        return tqdm(epochs, desc=desc, leave=False)
+    return epochs
+
+
+def _check_finite(loss: float, *, desc: str, epoch: int, lr: float, what: str = "training loss") -> None:
+    """Raise ``FloatingPointError`` when an epoch's mean loss is NaN or infinite."""
+    if not math.isfinite(loss):
+        raise FloatingPointError(f"{desc}: the {what} became {loss} in epoch {epoch}; try a smaller lr (now {lr})")
+
+
+_DROPOUT_TYPES = (nn.modules.dropout._DropoutNd,)  # Dropout, Dropout1d/2d/3d, AlphaDropout, FeatureAlphaDropout
+
+
+def _dropout_layers(net: nn.Module) -> list[nn.Module]:
+    """Every dropout module of ``net`` (active or not)."""
+    return [m for m in net.modules() if isinstance(m, _DROPOUT_TYPES)]
+
+
 def _minibatches(n: int, batch_size: int, device: torch.device, generator=None) -> Iterator[Tensor]:
     perm = torch.randperm(n, device=device, generator=generator)
     for start in range(0, n, batch_size):
@@ -169,25 +211,12 @@ def train_network(
     """
     _check_likelihood(likelihood)
     _check_data(x, y, likelihood)
-    if not isinstance(num_epochs, int) or num_epochs < 0:
-        raise ValueError(f"num_epochs must be a non-negative integer, got {num_epochs!r}")
-    if lr <= 0:
-        raise ValueError(f"lr must be positive, got {lr!r}")
-    if weight_decay < 0:
-        raise ValueError(f"weight_decay must be non-negative, got {weight_decay!r}")
     n = x.shape[0]
-    batch_size = n if batch_size is None else int(batch_size)
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+    batch_size = _check_fit_args(n, num_epochs=num_epochs, lr=lr, batch_size=batch_size, weight_decay=weight_decay)
     optimizer = torch.optim.Adam(net.parameters(), lr=lr, weight_decay=weight_decay)
     net.train()
     history: list[float] = []
-    epochs = range(num_epochs)
-    if progress:
-        from tqdm.auto import tqdm
-
-        epochs = tqdm(epochs, desc=desc, leave=False)
-    for epoch in epochs:
+    for epoch in _epochs(num_epochs, progress, desc):
         total = torch.zeros((), device=x.device, dtype=torch.float64)
         for idx in _minibatches(n, batch_size, x.device):
             loss = negative_log_likelihood_terms(net(x[idx]), y[idx], likelihood).mean()
@@ -196,10 +225,7 @@ def train_network(
             optimizer.step()
             total = total + loss.detach().double() * idx.numel()
         mean_loss = float(total) / n
-        if not math.isfinite(mean_loss):
-            raise FloatingPointError(
-                f"{desc}: the training loss became {mean_loss} in epoch {epoch}; try a smaller lr (now {lr})"
-            )
+        _check_finite(mean_loss, desc=desc, epoch=epoch, lr=lr)
         history.append(mean_loss)
     return history
 
@@ -207,8 +233,9 @@ def train_network(
 class BaselineMethod:
     """Base class of the baselines: a likelihood, ``fit``, ``predict`` and the uncertainty split.
 
-    Subclasses implement :meth:`fit` and :meth:`predict`. The default hyper-parameters of ``fit`` are
-    the Two Moons settings of seed 003 (Adam, lr 1e-2, batch 32, weight decay 1e-4).
+    Subclasses implement :meth:`fit` and :meth:`predict_outputs` (stacked network outputs ``(S, N, C)``),
+    from which :meth:`predict` builds the prediction container, or override :meth:`predict`. The default
+    hyper-parameters of ``fit`` are the Two Moons settings of seed 003 (Adam, lr 1e-2, batch 32, weight decay 1e-4).
 
     >>> from pyro_sdebnn.infer import DeepEnsemble
     >>> from pyro_sdebnn.nn import make_mlp
@@ -226,8 +253,12 @@ class BaselineMethod:
     def fit(self, x: Tensor, y: Tensor, **kwargs) -> "BaselineMethod":  # pragma: no cover - interface
         raise NotImplementedError
 
-    def predict(self, x: Tensor) -> Prediction:  # pragma: no cover - interface
+    def predict_outputs(self, x: Tensor, *args, **kwargs) -> Tensor:  # pragma: no cover - interface
         raise NotImplementedError
+
+    def predict(self, x: Tensor, *args, **kwargs) -> Prediction:
+        """The predictive built from :meth:`predict_outputs` (extra arguments, e.g. ``num_samples``, go to it)."""
+        return outputs_to_prediction(self.predict_outputs(x, *args, **kwargs), self.likelihood)
 
     def uncertainty(self, x: Tensor):
         """``(total, aleatoric, epistemic)`` per input (METHODS.md §9).

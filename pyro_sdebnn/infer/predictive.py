@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 
 __all__ = ["ClassificationPrediction", "RegressionPrediction"]
@@ -88,7 +87,7 @@ class RegressionPrediction:
     @property
     def epistemic_variance(self) -> Tensor:
         """:math:`Var_s[\\mu_s]` (population variance over components), shape ``(N,)``."""
-        return self.loc.var(0, unbiased=False) if self.loc.shape[0] > 1 else torch.zeros_like(self.loc[0])
+        return self.loc.var(0, correction=0)
 
     @property
     def variance(self) -> Tensor:

@@ -34,10 +34,11 @@ from torch import Tensor, nn
 
 from pyro_sdebnn.infer.methods import (
     BaselineMethod,
-    Prediction,
     _check_data,
+    _check_finite,
+    _check_fit_args,
     _check_likelihood,
-    outputs_to_prediction,
+    _epochs,
 )
 
 __all__ = ["PyroBNN", "SVIBaseline"]
@@ -89,10 +90,8 @@ class PyroBNN(PyroModule):
             raise ValueError(f"prior_scale must be a positive finite number, got {prior_scale!r}")
         self.prior_scale = float(prior_scale)
         for name, (shape, dtype, device) in self._shapes.items():
-            *path, leaf = name.split(".")
-            module = self.net
-            for part in path:
-                module = getattr(module, part)
+            path, _, leaf = name.rpartition(".")
+            module = self.net.get_submodule(path)
             loc = torch.zeros(shape, dtype=dtype, device=device)
             prior = dist.Normal(loc, torch.full_like(loc, self.prior_scale)).to_event(len(shape))
             setattr(module, leaf, PyroSample(prior))
@@ -168,33 +167,24 @@ class SVIBaseline(BaselineMethod):
         """
         _check_data(x, y, self.likelihood)
         n = x.shape[0]
-        if weight_decay is not None:
-            if weight_decay <= 0:
-                raise ValueError(f"weight_decay must be positive or None, got {weight_decay!r}")
+        if weight_decay is not None and not weight_decay > 0:
+            raise ValueError(f"weight_decay must be positive or None, got {weight_decay!r}")
+        batch_size = _check_fit_args(n, num_epochs=num_epochs, lr=lr, batch_size=batch_size, weight_decay=weight_decay)
+        batch_size = None if batch_size >= n else batch_size  # None: the full data in every step
+        if isinstance(num_particles, bool) or not isinstance(num_particles, int) or num_particles < 1:
+            raise ValueError(f"num_particles must be a positive integer, got {num_particles!r}")
+        elbo = self._make_elbo(num_particles)
+        if weight_decay is not None:  # only once every argument is valid
             self.model.set_prior_scale(1.0 / math.sqrt(n * weight_decay))
-        if not isinstance(num_epochs, int) or num_epochs < 0:
-            raise ValueError(f"num_epochs must be a non-negative integer, got {num_epochs!r}")
-        batch_size = None if batch_size is None or batch_size >= n else int(batch_size)
-        if batch_size is not None and batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
         steps_per_epoch = 1 if batch_size is None else math.ceil(n / batch_size)
         store = pyro.get_param_store()
         with store.scope(self._store_state) as state:
             self.guide(x, y, subsample_size=batch_size)  # set up the guide's parameters (also for num_epochs=0)
-            svi = SVI(self.model, self.guide, pyro.optim.Adam({"lr": lr}), self._make_elbo(num_particles))
-            epochs = range(num_epochs)
-            if progress:
-                from tqdm.auto import tqdm
-
-                epochs = tqdm(epochs, desc=type(self).__name__, leave=False)
-            for epoch in epochs:
+            svi = SVI(self.model, self.guide, pyro.optim.Adam({"lr": lr}), elbo)
+            for epoch in _epochs(num_epochs, progress, type(self).__name__):
                 total = sum(svi.step(x, y, subsample_size=batch_size) for _ in range(steps_per_epoch))
                 loss = total / (steps_per_epoch * n)
-                if not math.isfinite(loss):
-                    raise FloatingPointError(
-                        f"{type(self).__name__}: the ELBO loss became {loss} in epoch {epoch}; "
-                        f"try a smaller lr (now {lr})"
-                    )
+                _check_finite(loss, desc=type(self).__name__, epoch=epoch, lr=lr, what="ELBO loss")
                 self.losses.append(loss)
         self._store_state = state
         return self
@@ -208,7 +198,3 @@ class SVIBaseline(BaselineMethod):
             outputs = predictive(x)["outputs"]
         # Predictive prepends the (empty) plate dimensions to deterministic sites: (S, 1, N, C).
         return outputs.reshape(num_samples, *outputs.shape[-2:])
-
-    def predict(self, x: Tensor, num_samples: int = 100) -> Prediction:
-        """The predictive under the fitted guide."""
-        return outputs_to_prediction(self.predict_outputs(x, num_samples), self.likelihood)

@@ -46,7 +46,7 @@ def _sum_tolerance(dtype: torch.dtype) -> float:
 
 
 def _check_probabilities(name: str, probs: Tensor) -> None:
-    """Values in [0, 1] and (for the last dimension, when it holds classes) rows summing to 1."""
+    """Finite values in [0, 1]; row sums are checked separately (:func:`_check_rows_sum_to_one`)."""
     if not torch.isfinite(probs).all():
         raise ValueError(f"{name} must be finite probabilities, got NaN or infinite values")
     if (probs < 0).any() or (probs > 1).any():

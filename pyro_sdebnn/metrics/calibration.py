@@ -102,7 +102,11 @@ def expected_calibration_error(probs, labels, num_bins: int = 10) -> Tensor:
     >>> expected_calibration_error(probs, torch.tensor([0, 1, 0, 1]), num_bins=10)
     tensor(0.3500)
     """
-    bins = calibration_bins(probs, labels, num_bins)
+    return _ece_from_bins(calibration_bins(probs, labels, num_bins))
+
+
+def _ece_from_bins(bins: CalibrationBins) -> Tensor:
+    """The ECE of already binned confidences (empty bins contribute 0)."""
     weight = bins.count / bins.count.sum()
     gap = (bins.accuracy - bins.confidence).abs()
     return torch.where(bins.count > 0, weight * gap, torch.zeros_like(gap)).sum()

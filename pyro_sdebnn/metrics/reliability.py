@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .calibration import calibration_bins, expected_calibration_error
+from .calibration import _ece_from_bins, calibration_bins
 
 __all__ = ["reliability_diagram"]
 
@@ -46,7 +46,7 @@ def reliability_diagram(probs, labels, num_bins: int = 10, *, path=None, title: 
     accuracy = bins.accuracy.detach().cpu().double().nan_to_num(0.0).numpy()
     confidence = bins.confidence.detach().cpu().double().nan_to_num(0.0).numpy()
     weight = (count / count.sum()).numpy()
-    ece = float(expected_calibration_error(probs, labels, num_bins))
+    ece = float(_ece_from_bins(bins))
 
     if ax is None:
         figure = Figure(figsize=(4.5, 5.5), layout="constrained")

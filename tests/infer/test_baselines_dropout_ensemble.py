@@ -152,3 +152,57 @@ def test_vectorise_refused_for_dropout_members():
         DeepEnsemble(lambda: make_mlp([2, 4, 2], dropout=0.1), num_members=2).fit(
             torch.zeros(4, 2), torch.zeros(4, dtype=torch.long), num_epochs=1, vectorize=True
         )
+
+
+@pytest.mark.parametrize("vectorize", [False, True])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(lr=0.0), "lr"),
+        (dict(lr=float("nan")), "lr"),
+        (dict(weight_decay=-1e-3), "weight_decay"),
+        (dict(num_epochs=-1), "num_epochs"),
+        (dict(num_epochs=2.0), "num_epochs"),
+        (dict(batch_size=0), "batch_size"),
+    ],
+)
+def test_ensemble_fit_arguments_checked_on_both_paths(vectorize, kwargs, match):
+    """The vectorised path validates exactly like train_network (lr=0 used to train nothing there)."""
+    ens = DeepEnsemble(lambda: make_mlp([2, 4, 2]), "categorical", num_members=2)
+    before = [p.clone() for p in ens.members.parameters()]
+    x, y = _blobs(8)
+    with pytest.raises(ValueError, match=match):
+        ens.fit(x, y, vectorize=vectorize, **{"num_epochs": 1, **kwargs})
+    assert all(torch.equal(a, b) for a, b in zip(before, ens.members.parameters()))
+
+
+@pytest.mark.parametrize(
+    "layer", [torch.nn.Dropout(0.2), torch.nn.AlphaDropout(0.2), torch.nn.FeatureAlphaDropout(0.2)]
+)
+def test_every_dropout_kind_is_recognised(layer):
+    """MC-dropout and the ensemble's vectorisation check share one notion of a dropout layer."""
+    net = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.SELU(), layer, torch.nn.Linear(4, 2))
+    assert MCDropout(net, "categorical").dropout_layers == [layer]
+    factory = lambda: torch.nn.Sequential(torch.nn.Linear(2, 4), type(layer)(0.2), torch.nn.Linear(4, 2))  # noqa: E731
+    assert not DeepEnsemble(factory, num_members=2)._vectorizable()
+
+
+def test_default_predict_wraps_predict_outputs():
+    """BaselineMethod.predict builds the container from predict_outputs, passing its arguments on."""
+    x, y = _blobs(16)
+    method = MCDropout(make_mlp([2, 8, 2], dropout=0.2), "categorical", num_samples=4).fit(x, y, num_epochs=1)
+    torch.manual_seed(5)
+    probs = method.predict(x, 3).probs
+    torch.manual_seed(5)
+    torch.testing.assert_close(probs, method.predict_outputs(x, num_samples=3).softmax(-1))
+    assert probs.shape == (3, 16, 2)
+
+
+@pytest.mark.parametrize("num_components", [1, 4])
+def test_regression_prediction_epistemic_variance_is_population_variance(num_components):
+    """Var_s[mu_s] with divisor S (0 for a single component), float64 round-off only."""
+    loc = torch.randn(num_components, 5, dtype=torch.float64)
+    pred = RegressionPrediction(loc, torch.ones_like(loc))
+    expected = (loc - loc.mean(0)).pow(2).mean(0)
+    torch.testing.assert_close(pred.epistemic_variance, expected, atol=1e-15, rtol=1e-12)
+    torch.testing.assert_close(pred.variance, 1 + expected)

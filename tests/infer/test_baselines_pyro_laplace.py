@@ -252,3 +252,105 @@ def test_laplace_linear_model_closed_form(structure):
     glm = la.predict(x_test, link_approx="mc", num_samples=4000).mean_probs
     sampled = la.predict(x_test, pred_type="nn", num_samples=4000).mean_probs
     torch.testing.assert_close(glm, sampled, atol=0.045, rtol=0)
+
+
+def _linear_ggn_pieces(net, x):
+    """Closed forms for the softmax regression f = W x + b, weights ordered (W row-major, b):
+    per-example Jacobians J_n (d f_k / d W_kj = x_j, d f_k / d b_k = 1), Lambda_n = diag(p) - p p^T and the
+    KFAC factors A = sum_n [x_n, 1][x_n, 1]^T, G = mean_n Lambda_n (B_n = I for a single layer)."""
+    n, d = x.shape
+    k = net[0].out_features
+    jac = torch.zeros(n, k, k * d + k, dtype=x.dtype)
+    for c in range(k):
+        jac[:, c, d * c : d * (c + 1)] = x
+        jac[:, c, k * d + c] = 1.0
+    p = net(x).softmax(-1).detach()
+    lam = torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2)
+    ggn = torch.einsum("nkp,nkl,nlq->pq", jac, lam, jac)
+    a_tilde = torch.cat([x, torch.ones(n, 1, dtype=x.dtype)], -1)
+    # kron(G, A) is indexed by the row-major vec([W | b]); perm reorders it to (W row-major, b).
+    perm = [o * (d + 1) + i for o in range(k) for i in range(d)] + [o * (d + 1) + d for o in range(k)]
+    kfac = torch.kron(lam.mean(0), a_tilde.T @ a_tilde)[perm][:, perm]
+    return ggn, kfac
+
+
+def test_laplace_diag_and_kron_curvature_of_linear_model():
+    """The diag curvature is the diagonal of the dense GGN; the KFAC factors equal their direct construction
+    and, for a single example (where KFAC is exact), reproduce the dense GGN (float64, round-off only)."""
+    torch.manual_seed(0)
+    x, y = torch.randn(30, 2, dtype=torch.float64), torch.randint(0, 3, (30,))
+    net = make_mlp([2, 3], dtype=torch.float64)
+    kw = dict(num_epochs=0, tune_prior_precision=False)
+    ggn, kfac = _linear_ggn_pieces(net, x)
+    diag = Laplace(net, "categorical", hessian_structure="diag", prior_precision=1.0).fit(x, y, **kw)
+    torch.testing.assert_close(diag._eig[0], ggn.diagonal(), atol=1e-10, rtol=1e-10)
+    ggn_one, kfac_one = _linear_ggn_pieces(net, x[:1])
+    torch.testing.assert_close(kfac_one, ggn_one)  # with one example, G (x) A = J^T Lambda J exactly
+    for xs, ys, expected in [(x, y, kfac), (x[:1], y[:1], ggn_one)]:
+        kron = Laplace(net, "categorical", hessian_structure="kron", prior_precision=1.0).fit(xs, ys, **kw)
+        _, eg, qg, ea, qa = kron._kron[0]
+        factors = torch.kron((qg * eg) @ qg.T, (qa * ea) @ qa.T)
+        perm = [o * 3 + i for o in range(3) for i in range(2)] + [o * 3 + 2 for o in range(3)]
+        torch.testing.assert_close(factors[perm][:, perm], expected, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("structure", ["full", "diag", "kron"])
+def test_laplace_sample_weights_have_the_posterior_covariance(structure):
+    """Draws of sample_weights have mean w_map and covariance (H + delta I)^-1, with H the dense GGN ("full"),
+    its diagonal ("diag") or G (x) A ("kron"), all built directly from the closed forms (float64)."""
+    torch.manual_seed(0)
+    x, y = torch.randn(30, 2, dtype=torch.float64), torch.randint(0, 3, (30,))
+    net = make_mlp([2, 3], dtype=torch.float64)
+    delta = 2.0
+    la = Laplace(net, "categorical", hessian_structure=structure, prior_precision=delta)
+    la.fit(x, y, num_epochs=0, tune_prior_precision=False)
+    ggn, kfac = _linear_ggn_pieces(net, x)
+    h_data = {"full": ggn, "diag": torch.diag(ggn.diagonal()), "kron": kfac}[structure]
+    sigma = torch.linalg.inv(h_data + delta * torch.eye(9, dtype=torch.float64))
+    n = 20_000
+    torch.manual_seed(1)
+    draws = la.sample_weights(n)
+    w = torch.cat([draws["0.weight"].flatten(1), draws["0.bias"]], -1)
+    w_map = torch.cat([net[0].weight.detach().flatten(), net[0].bias.detach()])
+    # Gaussian sampling standard errors: sd(mean_i) = sqrt(Sigma_ii / n) and
+    # sd(cov_ij) = sqrt((Sigma_ij^2 + Sigma_ii Sigma_jj) / n); 5 standard errors per entry
+    # (45 distinct covariance entries: a false alarm has probability < 45 * 6e-7).
+    var = sigma.diagonal()
+    assert ((w.mean(0) - w_map).abs() <= 5 * (var / n).sqrt()).all()
+    empirical = torch.cov(w.T, correction=0)
+    se = ((sigma.square() + torch.outer(var, var)) / n).sqrt()
+    assert ((empirical - sigma).abs() <= 5 * se).all(), ((empirical - sigma).abs() / se).max()
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(num_epochs=-1), "num_epochs"),
+        (dict(lr=0.0), "lr"),
+        (dict(batch_size=0), "batch_size"),
+        (dict(num_particles=0), "num_particles"),
+        (dict(weight_decay=0.0), "weight_decay"),
+    ],
+)
+def test_svi_bad_fit_arguments_leave_the_prior_unchanged(kwargs, match):
+    """Arguments are validated before weight_decay replaces the prior."""
+    x, y = _blobs(16)
+    vi = MeanFieldVI(make_mlp([2, 4, 2]), "categorical", prior_scale=0.5)
+    with pytest.raises(ValueError, match=match):
+        vi.fit(x, y, **{"num_epochs": 1, "weight_decay": 1e-2, **kwargs})
+    assert vi.model.prior_scale == 0.5
+    trace = pyro.poutine.trace(vi.model).get_trace(x, y)
+    assert trace.nodes["net.0.weight"]["fn"].base_dist.scale.unique().tolist() == [0.5]
+
+
+def test_map_is_one_sample():
+    """A point estimate has one predictive sample and one ELBO particle; other values are rejected."""
+    x, y = _blobs(16)
+    fit = MAPEstimate(make_mlp([2, 4, 2]), "categorical").fit(x, y, num_epochs=1)
+    assert fit.predict(x).probs.shape == (1, 16, 2) and fit.predict(x, num_samples=1).probs.shape == (1, 16, 2)
+    with pytest.raises(ValueError, match="num_samples must be 1"):
+        fit.predict(x, num_samples=10)
+    with pytest.raises(ValueError, match="num_samples must be 1"):
+        fit.predict_outputs(x, num_samples=10)
+    with pytest.raises(ValueError, match="num_particles must be 1"):
+        MAPEstimate(make_mlp([2, 4, 2]), "categorical").fit(x, y, num_epochs=1, num_particles=4)

@@ -56,7 +56,7 @@ def test_binary_input_conventions():
     # The binary form is half of the two-class sum.
     assert brier_score(two_class, y).item() == pytest.approx(2 * brier_score(p, y).item(), rel=1e-12)
     assert negative_log_likelihood(p, y).item() == pytest.approx(negative_log_likelihood(two_class, y).item())
-    # p = 0.5 predicts class 0 (first maximum), so accuracy counts 3 of 4 here (0.9->1, 0.2->0, 0.6->1 wrong)
+    # p = 0.5 predicts class 0 (first maximum): 0.9->1 right, 0.2->0 right, 0.6->1 wrong, 0.5->0 wrong: 2 of 4
     assert accuracy(p, y).item() == 0.5
     assert torch.allclose(predictive_entropy(p), predictive_entropy(two_class))
 

@@ -41,3 +41,19 @@ def test_draws_on_given_axes(predictions):
 def test_validates_inputs():
     with pytest.raises(ValueError, match="num_bins"):
         reliability_diagram(torch.tensor([0.2, 0.9]), torch.tensor([0, 1]), num_bins=0)
+
+
+def test_bins_once_and_reports_the_same_ece(monkeypatch, predictions):
+    """The legend's ECE comes from the diagram's own bins: one binning pass, value identical to the metric."""
+    import pyro_sdebnn.metrics.calibration as calibration
+
+    probs, labels = predictions
+    calls = []
+    bin_index = calibration._bin_index
+    monkeypatch.setattr(calibration, "_bin_index", lambda *a: calls.append(1) or bin_index(*a))
+    figure = reliability_diagram(probs, labels, num_bins=7)
+    assert len(calls) == 1
+    bins = calibration.calibration_bins(probs, labels, 7)
+    assert torch.equal(calibration._ece_from_bins(bins), expected_calibration_error(probs, labels, 7))
+    legend = [text.get_text() for text in figure.axes[0].get_legend().get_texts()]
+    assert f"accuracy (ECE = {expected_calibration_error(probs, labels, 7).item():.3f})" in legend
