@@ -17,13 +17,6 @@ __all__ = ["OUPath", "ou_stationary"]
 _METHODS = ("exact", "euler")
 
 
-def _as_tensor(value, like: torch.Tensor) -> torch.Tensor:
-    """``value`` as a tensor with the dtype and device of ``like`` (differentiable for tensors)."""
-    if isinstance(value, torch.Tensor):
-        return value.to(dtype=like.dtype, device=like.device)
-    return torch.as_tensor(value, dtype=like.dtype, device=like.device)
-
-
 def _check_times(times: torch.Tensor) -> None:
     if times.dim() != 1 or times.shape[0] < 2:
         raise ValueError(
@@ -47,7 +40,7 @@ def ou_stationary(sigma: torch.Tensor | float, theta: torch.Tensor | float = 1.0
     tensor(0.1414)
     """
     sigma = torch.as_tensor(sigma)
-    theta = _as_tensor(theta, sigma)
+    theta = torch.as_tensor(theta, dtype=sigma.dtype, device=sigma.device)
     scale = ou_stationary_variance(sigma, theta).sqrt()
     return Normal(torch.zeros_like(scale), scale)
 
@@ -149,8 +142,8 @@ class OUPath(TorchDistribution):
             raise ValueError(f"OUPath: `method` must be one of {_METHODS}, got {method!r}")
         times = torch.as_tensor(times).to(dtype=init.dtype, device=init.device)
         _check_times(times)
-        sigma = _as_tensor(sigma, init)
-        theta = _as_tensor(theta, init)
+        sigma = torch.as_tensor(sigma, dtype=init.dtype, device=init.device)  # differentiable
+        theta = torch.as_tensor(theta, dtype=init.dtype, device=init.device)
         batch_shape = torch.broadcast_shapes(init.shape[:-1], sigma.shape, theta.shape)
         self.init = init.expand(batch_shape + init.shape[-1:])
         self.sigma = sigma.expand(batch_shape)

@@ -67,8 +67,9 @@ class SamplingFree_ELBO(Trace_ELBO):
     :param int max_plate_nesting: as in :class:`~pyro.infer.Trace_ELBO`.
     :param float kl_scale: :math:`\kappa \ge 0` (``1`` is the ELBO; ``< 1`` a cold posterior). Mutable.
 
-    .. warning:: Vectorised particles are not supported. Every latent site must be reparametrised
-        (checked under validation) and present in the model; guide-only sites raise ``ValueError``.
+    .. warning:: Vectorised particles are not supported. Every guide site must be present in the model
+        (guide-only sites raise ``ValueError``), and a site without a registered KL (estimated by Monte Carlo)
+        must be reparametrised (``has_rsample``, else ``ValueError``).
 
     >>> from pyro_sdebnn.nn.mnvi import MNLinear, MNReLU, MNSequential, SamplingFreeBNN
     >>> bnn = SamplingFreeBNN(MNSequential(MNLinear(1, 8), MNReLU(), MNLinear(8, 2)), "gaussian", num_data=20)
@@ -139,11 +140,13 @@ class SamplingFree_ELBO(Trace_ELBO):
                 continue
             guide_site = guide_trace.nodes[name]
             q, p = guide_site["fn"], model_site["fn"]
-            if is_validation_enabled() and not q.has_rsample:
-                raise ValueError(f"SamplingFree_ELBO: guide site {name!r} must be reparametrised (has_rsample)")
             try:
                 kl_qp = kl_divergence(q, p)
-            except NotImplementedError:
+            except NotImplementedError:  # no registered KL: one-sample Monte Carlo, which needs a reparametrised q
+                if not q.has_rsample:
+                    raise ValueError(f"SamplingFree_ELBO: guide site {name!r} has no registered KL to its prior "
+                                     f"({type(q).__name__} -> {type(p).__name__}) and is not reparametrised "
+                                     "(has_rsample), so its KL cannot be estimated") from None
                 value = q.rsample()
                 kl_qp = q.log_prob(value) - p.log_prob(value)
             kl_qp = scale_and_mask(kl_qp, scale=guide_site["scale"], mask=guide_site["mask"])

@@ -30,6 +30,7 @@ from pyro_sdebnn.nn.mnvi import (
     SamplingFreeCategorical,
     SamplingFreeNormal,
 )
+from pyro_sdebnn.nn.mnvi.handlers import sampling_free
 from pyro_sdebnn.ops.moments import gaussian_expected_log_likelihood
 
 Z = 5.0
@@ -79,6 +80,25 @@ def test_categorical_expected_log_likelihood_is_unbiased():
     se = reference.std(0) / math.sqrt(n)  # two independent estimates: difference has sd sqrt(2) * se
     assert ((estimate - reference.mean(0)).abs() <= Z * math.sqrt(2) * se).all()
     assert torch.allclose(d.probs.sum(-1), torch.ones(2, dtype=torch.float64))
+
+
+def test_categorical_expected_log_likelihood_with_leading_sample_dimensions():
+    # values of shape sample_shape + batch_shape (here (2, 4) and (3, 1) for batch (4,)) broadcast like any
+    # Pyro distribution; with the same logit draws, each row equals the evaluation at that row alone, and the
+    # whole equals torch's Categorical averaged over the S draws (same numbers: round-off only)
+    loc = torch.randn(4, 3, dtype=torch.float64)
+    d = SamplingFreeCategorical(loc, torch.rand(4, 3, dtype=torch.float64), num_samples=5)
+    for value in (torch.tensor([[0, 1, 2, 0], [2, 2, 1, 0]]), torch.tensor([[0], [1], [2]])):
+        pyro.set_rng_seed(1)
+        estimate = d.log_prob(value)
+        pyro.set_rng_seed(1)
+        logits = d._sample_logits()  # (S, 4, 3): the draws log_prob used
+        reference = torch.distributions.Categorical(logits=logits.movedim(0, -2)).log_prob(value.unsqueeze(-1)).mean(-1)
+        assert estimate.shape == torch.broadcast_shapes(value.shape, (4,))
+        assert torch.allclose(estimate, reference, rtol=1e-12, atol=1e-14)
+        for i in range(value.shape[0]):
+            pyro.set_rng_seed(1)
+            assert torch.equal(estimate[i], d.log_prob(value[i].expand(4)))
 
 
 def test_kl_matches_monte_carlo():
@@ -217,6 +237,88 @@ def test_nan_loss_raises():
 def test_bad_elbo_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         SamplingFree_ELBO(**kwargs)
+
+
+def test_kl_without_registered_pair_falls_back_to_reparametrised_monte_carlo():
+    # KL(MultivariateNormal || Independent(Normal)) is not registered, so the ELBO estimates each row's KL by one
+    # reparametrised draw, log q(w) - log p(w). With K independent rows, the summed estimate has standard deviation
+    # sqrt(K) sd_1 (sd_1 of one row, measured below from independent draws); its reparametrised gradient in the
+    # guide's means is w / b^2 per entry, of expectation loc / b^2 (the analytic gradient) and, summed over all
+    # entries, standard deviation sqrt(K 1'Sigma 1) / b^2 (= 33). A non-reparametrised draw (q.sample()) would
+    # give the score-function gradient, of expectation 0 here.
+    num_rows, dim, b = 2000, 3, 1.5
+    loc = (1.0 + 0.5 * torch.randn(num_rows, dim, dtype=torch.float64)).requires_grad_()  # E grad.sum() = 2667
+    scale_tril = torch.tensor([[1.0, 0.0, 0.0], [0.5, 0.8, 0.0], [-0.3, 0.2, 0.6]], dtype=torch.float64)
+    prior = pyro.distributions.Normal(torch.zeros((), dtype=torch.float64), b).expand([num_rows, dim]).to_event(1)
+
+    def model():
+        with pyro.plate("rows", num_rows):
+            pyro.sample("w", prior)
+
+    def guide():
+        with pyro.plate("rows", num_rows):
+            pyro.sample("w", pyro.distributions.MultivariateNormal(loc, scale_tril=scale_tril))
+
+    q = pyro.distributions.MultivariateNormal(loc.detach(), scale_tril=scale_tril)
+    with pytest.raises(NotImplementedError):
+        torch.distributions.kl_divergence(q, prior)  # the pair really has no closed form registered
+    loss = SamplingFree_ELBO().differentiable_loss(model, guide)
+    exact = torch.distributions.kl_divergence(
+        q, pyro.distributions.MultivariateNormal(torch.zeros(dim, dtype=torch.float64),
+                                                 b ** 2 * torch.eye(dim, dtype=torch.float64))).sum()
+    w = q.sample((200,))
+    sd_1 = (q.log_prob(w) - prior.log_prob(w)).std()  # from 400,000 independent rows
+    assert (loss.detach() - exact).abs() <= Z * sd_1 * math.sqrt(num_rows)
+    (grad,) = torch.autograd.grad(loss, loc)
+    sd_grad = math.sqrt(num_rows * (scale_tril @ scale_tril.T).sum().item()) / b ** 2
+    assert (grad.sum() - loc.detach().sum() / b ** 2).abs() <= Z * sd_grad
+
+
+def test_kl_without_registered_pair_needs_a_reparametrised_guide():
+    def model():
+        pyro.sample("angle", pyro.distributions.Normal(0.0, 1.0))
+
+    def guide():
+        pyro.sample("angle", pyro.distributions.VonMises(0.0, 2.0))  # no KL to a Normal, no rsample
+
+    with pytest.raises(ValueError, match="'angle' has no registered KL .* not reparametrised"):
+        SamplingFree_ELBO().loss(model, guide)
+
+
+def test_registered_kl_needs_no_reparametrisation():
+    # an analytic KL is exact without rsample: a Poisson guide against a Poisson prior is accepted (validation on)
+    rate = torch.tensor(2.0, dtype=torch.float64, requires_grad=True)
+
+    def model():
+        pyro.sample("n", pyro.distributions.Poisson(torch.tensor(3.0, dtype=torch.float64)))
+
+    def guide():
+        pyro.sample("n", pyro.distributions.Poisson(rate))
+
+    loss = SamplingFree_ELBO().differentiable_loss(model, guide)
+    exact = 2.0 * math.log(2.0 / 3.0) - 2.0 + 3.0  # KL(Poi(a) || Poi(b)) = a log(a / b) - a + b
+    assert loss.item() == pytest.approx(exact, rel=1e-12)
+    (grad,) = torch.autograd.grad(loss, rate)
+    assert grad.item() == pytest.approx(math.log(2.0 / 3.0), rel=1e-12)  # d/da = log(a / b)
+
+
+def test_sampling_free_handler_samples_sites_without_a_closed_form_mean():
+    # TransformedDistribution has no `mean`: under the handler such a latent site is sampled as usual (same draw
+    # as without the handler under the same seed), while sites with a mean take it
+    affine = pyro.distributions.TransformedDistribution(
+        pyro.distributions.Normal(0.0, 1.0), [pyro.distributions.transforms.AffineTransform(1.0, 2.0)])
+    with pytest.raises(NotImplementedError):
+        affine.mean
+    pyro.set_rng_seed(3)
+    plain = pyro.sample("x", affine)
+    pyro.set_rng_seed(3)
+    with sampling_free():
+        sampled = pyro.sample("x", affine)
+        mean = pyro.sample("y", pyro.distributions.Normal(1.0, 2.0))
+    assert torch.equal(sampled, plain) and sampled != 1.0
+    assert mean == 1.0
+    with sampling_free(), pyro.plate("rows", 3):  # a plate without `subsample` draws its indices as usual
+        assert torch.equal(pyro.sample("z", pyro.distributions.Normal(1.0, 2.0)), torch.ones(3))
 
 
 def test_guide_only_site_raises():

@@ -248,13 +248,35 @@ def test_residual_block_adds_means_and_variances():
     assert torch.allclose(out.var, branch.var + var)
 
 
-def test_relu_moments_inference_path_equals_autograd_path():
-    mean = torch.randn(50, dtype=torch.float64) * 3
-    var = torch.rand(50, dtype=torch.float64) * 2
-    train = relu_moments(mean.clone().requires_grad_(True), var)
-    infer = relu_moments(mean, var)  # no grad needed: the in-place variant
-    assert torch.allclose(train.mean.detach(), infer.mean, rtol=1e-12, atol=1e-15)
-    assert torch.allclose(train.var.detach(), infer.var, rtol=1e-12, atol=1e-15)
+def _count_value_checks(monkeypatch):
+    import pyro_sdebnn.nn.mnvi._util as util
+
+    calls = []
+
+    def counting(mean, var, name="input", *, check_values=True):
+        calls.append(check_values and var is not None)
+        return check_moments(mean, var, name, check_values=check_values)
+
+    check_moments = util.check_moments
+    monkeypatch.setattr(util, "check_moments", counting)
+    return calls
+
+
+def test_variance_values_are_checked_once_at_the_network_entry(monkeypatch):
+    # var >= 0 costs a pass over the tensor and a device synchronisation: a network checks the variance it is given
+    # once, at its outermost container; its layers (which map non-negative variances to non-negative ones) only
+    # check types and shapes
+    calls = _count_value_checks(monkeypatch)
+    block = MNResidualBlock(MNSequential(MNLinear(3, 3), MNReLU(), MNLinear(3, 3)), activation=MNReLU())
+    net = MNSequential(MNLinear(3, 3), MNReLU(), block, MNActivation(torch.tanh))
+    net(Moments(torch.randn(2, 3), torch.rand(2, 3)))
+    assert len(calls) == 10 and sum(calls) == 1  # every module validated its input's type and shape, one its values
+    with pytest.raises(ValueError, match="non-negative"):
+        net(Moments(torch.randn(2, 3), -torch.rand(2, 3)))
+    with pytest.raises(ValueError, match="non-negative"):
+        block(Moments(torch.randn(2, 3), -torch.rand(2, 3)))
+    with pytest.raises(ValueError, match="non-negative"):  # a layer on its own is an entry point; the container's
+        MNReLU()(Moments(torch.randn(2, 3), -torch.rand(2, 3)))  # context was reset, also after the errors above
 
 
 @pytest.mark.slow
@@ -296,22 +318,25 @@ def test_relu_moments_single_erf_equals_ndtr_reference_float64(form):
     assert ((out.var.detach() - ref.var).abs() / s2f).max() < 1e-13
 
 
-def test_relu_moments_single_erf_float32_error_bound():
-    # In float32 the erf tails carry an absolute error of ~1 ulp (6e-8); the docstring bounds the
-    # variance error by r^2 eps s^2 with r <= 6, i.e. ~2e-6 s^2, plus the rounding of mu itself
-    # (|mu| eps relative to s for the mean). Compared with the float64 reference.
+@pytest.mark.parametrize("form", ["inference", "autograd"])
+def test_relu_moments_single_erf_float32_error_bound(form):
+    # float32 against the float64 reference, on every point of the wide input set. The erf tails carry an absolute
+    # error of ~1 ulp, which enters the variance multiplied by ~r^2 where 2 < |r| < 6 (erf not yet rounded to +-1).
+    # Measured maximum over all points: 10.9 eps s^2 (inference path, at r = -5.3) and 4.5 eps s^2 (autograd path);
+    # the bound 24 eps s^2 (2.9e-6 relative, the docstring's 3e-6) leaves a 2.2x margin. The naive evaluation
+    # (mu^2 + s^2) Phi + mu s phi - E^2 fails it: 64 eps s^2 within |r| < 6 and ~8e6 eps s^2 beyond, where mu^2
+    # cancels against E^2 and s^2 is lost entirely. The mean carries the rounding of mu itself (|mu| eps; measured
+    # at most 0.9 eps (|mu| + s)).
     from pyro_sdebnn.ops.moments import _relu_moments_ndtr
 
     mu, s2 = _wide_relu_inputs(torch.float64)
     ref = _relu_moments_ndtr(mu, s2)
-    out = relu_moments(mu.float(), s2.float())
+    out = relu_moments(mu.float().requires_grad_(form == "autograd"), s2.float())
     s2f = s2.clamp_min(1e-5)
     eps = torch.finfo(torch.float32).eps
-    mean_err = (out.mean.double() - ref.mean).abs()
+    mean_err = (out.mean.detach().double() - ref.mean).abs()
     assert (mean_err <= 8 * eps * (mu.abs() + s2f.sqrt())).all()
-    assert ((out.var.double() - ref.var).abs() <= 64 * eps * (s2f + mu.square())).all()
-    band = (mu / s2f.sqrt()).abs() < 6
-    assert ((out.var.double() - ref.var).abs()[band] / s2f[band]).max() < 40 * eps
+    assert ((out.var.detach().double() - ref.var).abs() / s2f).max() < 24 * eps
 
 
 @pytest.mark.parametrize("with_var", [False, True])

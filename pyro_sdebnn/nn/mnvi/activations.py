@@ -19,8 +19,6 @@ import functools
 from collections.abc import Callable
 
 import torch
-
-
 import torch.nn.functional as F
 from torch import Tensor, nn
 

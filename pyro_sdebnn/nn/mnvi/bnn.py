@@ -57,10 +57,11 @@ from torch import Tensor, nn
 from torch.distributions import Distribution, kl_divergence
 from tqdm.auto import trange
 
+from pyro_sdebnn.nn.mnvi._util import checked_network
 from pyro_sdebnn.nn.mnvi.handlers import is_sampling_free
 from pyro_sdebnn.nn.mnvi.layers import BayesianLayer
 from pyro_sdebnn.nn.mnvi.likelihoods import SamplingFreeCategorical, SamplingFreeNormal
-from pyro_sdebnn.ops.moments import Moments, gaussian_expected_log_likelihood, gaussian_predictive_variance
+from pyro_sdebnn.ops.moments import Moments, gaussian_predictive_variance
 
 __all__ = ["SamplingFreeBNN"]
 
@@ -166,7 +167,8 @@ class SamplingFreeBNN(nn.Module):
 
     def moments(self, x: Tensor) -> Moments:
         """Sampling-free forward pass: output means and variances for a deterministic input ``x``."""
-        out = self.net(Moments(x, None))
+        with checked_network():  # a deterministic input: no variance to check, in any layer
+            out = self.net(Moments(x, None))
         if not isinstance(out, Moments) or out.var is None:
             raise TypeError("net did not return Moments with a variance; does it contain a BayesianLayer?")
         self._check_outputs(out.mean)
@@ -214,10 +216,7 @@ class SamplingFreeBNN(nn.Module):
     def expected_log_likelihood(self, x: Tensor, y: Tensor) -> Tensor:
         """Per-point expected log-likelihood (closed form for regression, logit sampling otherwise)."""
         self._check_data(x, y)
-        out = self.moments(x)
-        if self.likelihood == "gaussian":
-            return gaussian_expected_log_likelihood(y, out.mean[:, 0], out.var[:, 0], out.mean[:, 1], out.var[:, 1])
-        return SamplingFreeCategorical(out.mean, out.var, self.num_logit_samples).log_prob(y)
+        return self._moment_likelihood(self.moments(x)).log_prob(y)
 
     @torch.no_grad()
     def predict(self, x: Tensor, *, num_samples: int = 32):
@@ -244,8 +243,8 @@ class SamplingFreeBNN(nn.Module):
         if self.likelihood == "gaussian":
             var = gaussian_predictive_variance(out.var[:, 0], out.mean[:, 1], out.var[:, 1])
             return RegressionPrediction(out.mean[:, 0].unsqueeze(0), var.sqrt().unsqueeze(0))
-        noise = torch.randn((num_samples,) + out.mean.shape, dtype=out.mean.dtype, device=out.mean.device)
-        return ClassificationPrediction(torch.softmax(out.mean + out.var.sqrt() * noise, dim=-1))
+        logits = SamplingFreeCategorical(out.mean, out.var, num_samples)._sample_logits()  # (S, N, C)
+        return ClassificationPrediction(torch.softmax(logits, dim=-1))
 
     # -------------------------------------------------------------------------------------- fitting
     def fit(

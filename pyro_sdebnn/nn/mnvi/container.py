@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from pyro_sdebnn.nn.mnvi._util import as_moments
+from pyro_sdebnn.nn.mnvi._util import as_moments, checked_network
 from pyro_sdebnn.ops.moments import Moments
 
 __all__ = ["MNResidualBlock", "MNSequential"]
@@ -33,9 +33,10 @@ class MNSequential(nn.Sequential):
     """
 
     def forward(self, input: Tensor | Moments) -> Tensor | Moments:
-        as_moments(input)
-        for module in self:
-            input = module(input)
+        as_moments(input)  # the input's variance is value-checked once here, not again in every layer
+        with checked_network():
+            for module in self:
+                input = module(input)
         return input
 
 
@@ -81,7 +82,8 @@ class MNResidualBlock(nn.Module):
         self.activation = activation
 
     def forward(self, input: Tensor | Moments) -> Tensor | Moments:
-        as_moments(input)
-        skip = input if self.shortcut is None else self.shortcut(input)
-        out = _add(self.main(input), skip)
-        return out if self.activation is None else self.activation(out)
+        as_moments(input)  # the input's variance is value-checked once here, not again in the branches
+        with checked_network():
+            skip = input if self.shortcut is None else self.shortcut(input)
+            out = _add(self.main(input), skip)
+            return out if self.activation is None else self.activation(out)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.runtime import _PYRO_STACK
+from pyro.poutine.util import site_is_subsample
 
 __all__ = ["SamplingFreeMessenger", "is_sampling_free", "sampling_free"]
 
@@ -26,8 +27,8 @@ class SamplingFreeMessenger(Messenger):
     """
 
     def _pyro_sample(self, msg) -> None:
-        if msg["is_observed"] or msg["value"] is not None:
-            return
+        if msg["is_observed"] or msg["value"] is not None or site_is_subsample(msg):
+            return  # a plate's subsample site (no subsample given) draws its indices as usual
         try:
             msg["value"] = msg["fn"].mean.expand(msg["fn"].shape())
         except NotImplementedError:

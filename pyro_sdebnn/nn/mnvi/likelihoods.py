@@ -155,10 +155,12 @@ class SamplingFreeCategorical(TorchDistribution):
         if self._validate_args:
             self._validate_sample(value)
         log_probs = torch.log_softmax(self._sample_logits(), dim=-1)  # (S,) + batch + (C,)
-        shape = torch.broadcast_shapes(value.shape, self.batch_shape)
-        index = value.long().expand(shape).unsqueeze(-1)
-        log_probs = log_probs.expand((self.num_samples,) + shape + log_probs.shape[-1:])
-        return log_probs.gather(-1, index.expand((self.num_samples,) + index.shape)).squeeze(-1).mean(0)
+        shape = torch.broadcast_shapes(value.shape, self.batch_shape)  # sample_shape + batch
+        # the batch dimensions of log_probs line up with the trailing ones of `shape`, behind the S dimension
+        extra = (1,) * (len(shape) - len(self.batch_shape))
+        log_probs = log_probs.view(log_probs.shape[:1] + extra + log_probs.shape[1:])
+        index = value.long().expand(shape).unsqueeze(-1).expand((self.num_samples,) + shape + (1,))
+        return log_probs.expand(index.shape[:-1] + log_probs.shape[-1:]).gather(-1, index).squeeze(-1).mean(0)
 
     @property
     def probs(self) -> Tensor:
