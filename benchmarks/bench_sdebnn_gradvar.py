@@ -22,7 +22,6 @@ from pathlib import Path
 
 import torch
 
-from pyro_sdebnn.infer.neural_sde_guide import _detached_call
 from pyro_sdebnn.ops import brownian_increments, euler_maruyama_kl, time_grid
 from pyro_sdebnn.testing import OUEndpointProblem
 
@@ -34,9 +33,7 @@ def gradient_variance(problem: OUEndpointProblem, alpha: float, dt: float, estim
     drift = problem.drift(alpha)
     torch.manual_seed(0)
     dB = brownian_increments(times, (samples, 1))
-    stl = _detached_call(drift) if estimator == "stl" else None
-    sol = euler_maruyama_kl(problem.init, times, dB, problem.sigma, problem.theta, drift, estimator=estimator,
-                            correction_stl=stl)
+    sol = euler_maruyama_kl(problem.init, times, dB, problem.sigma, problem.theta, drift, estimator=estimator)
     loss = sol.kl - problem.log_likelihood(sol.path[:, -1])
     grads = torch.stack([torch.autograd.grad(li, drift.alpha, retain_graph=True)[0] for li in loss])
     return grads.var().item()

@@ -47,7 +47,12 @@ def _quantiles(values):
 
 
 def _plain_step_factory(net, guide, x, y):
-    """Hand-written EM training step for the same parameters (copies, so that runs do not interact)."""
+    """Hand-written EM training step on the same parameter tensors as the library steps.
+
+    The tensors are shared, not copied (only ``log_scale`` and the Adam state are its own): every timed
+    step of every run updates them. This does not bias the timing, since the work of a step does not
+    depend on the parameter values.
+    """
     drift = guide.drifts["w_path"]
     log_scale = torch.zeros((), dtype=x.dtype, device=x.device, requires_grad=True)
     params = [net.w0, net.head.weight, net.head.bias, log_scale, *drift.parameters()]

@@ -59,17 +59,6 @@ from pyro_sdebnn.ops.sde_solve import brownian_increments, euler_maruyama_kl
 __all__ = ["NeuralSDEGuide", "NeuralSDEPath"]
 
 
-def _detached_call(module: nn.Module) -> Callable[[Tensor, Tensor], Tensor]:
-    """``module`` evaluated with all its parameters detached (gradient flows only through inputs)."""
-    params = {name: p.detach() for name, p in module.named_parameters()}
-    buffers = dict(module.named_buffers())
-
-    def call(t: Tensor, w: Tensor) -> Tensor:
-        return torch.func.functional_call(module, (params, buffers), (t, w))
-
-    return call
-
-
 class NeuralSDEPath(TorchDistribution):
     """Euler–Maruyama law of a neural-SDE posterior path on a fixed grid, with its path-KL to the OU prior.
 
@@ -149,20 +138,14 @@ class NeuralSDEPath(TorchDistribution):
         new.estimator, new._cache = estimator, None
         return new
 
-    def prior(self) -> OUPath:
-        """The OU prior on the same grid: ``OUPath(init, sigma, times, theta, method="euler")``."""
-        return OUPath(self.init, self.sigma, self.times, self.theta, method="euler")
-
     def _solve(self, dB: Tensor, estimator: str):
-        stl = _detached_call(self.correction) if estimator == "stl" and self.correction is not None else None
+        # for "stl" euler_maruyama_kl builds the detached copy of the correction (an nn.Module, checked in __init__)
         return euler_maruyama_kl(self.init, self.times, dB, self.sigma.unsqueeze(-1), self.theta.unsqueeze(-1),
-                                 self.correction,
-                                 estimator=estimator, correction_stl=stl)
+                                 self.correction, estimator=estimator)
 
     def rsample(self, sample_shape: torch.Size = torch.Size()) -> Tensor:
         shape = self._extended_shape(sample_shape)
-        with torch.no_grad():
-            dB = brownian_increments(self.times, shape[:-2] + shape[-1:])
+        dB = brownian_increments(self.times, shape[:-2] + shape[-1:])
         return self.rsample_from_noise(dB)
 
     def rsample_from_noise(self, dB: Tensor) -> Tensor:

@@ -10,7 +10,6 @@ from pyro.infer import Trace_ELBO
 from pyro.infer.util import is_identically_zero, is_validation_enabled, torch_item
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import site_is_subsample
-from pyro.util import check_if_enumerated
 
 from pyro_sdebnn.distributions import OUPath
 from pyro_sdebnn.infer.neural_sde_guide import NeuralSDEPath
@@ -89,13 +88,12 @@ class TracePathKL_ELBO(Trace_ELBO):
         self._calls = 0
 
     def _get_trace(self, model, guide, args, kwargs):
-        from pyro.infer.enum import get_importance_trace
+        return super()._get_trace(model, _EstimatorMessenger(self.estimator)(guide), args, kwargs)
 
-        model_trace, guide_trace = get_importance_trace(
-            "flat", self.max_plate_nesting, model, _EstimatorMessenger(self.estimator)(guide), args, kwargs)
-        if is_validation_enabled():
-            check_if_enumerated(guide_trace)
-        return model_trace, guide_trace
+    def _get_traces(self, model, guide, args, kwargs):
+        # every loss / differentiable_loss / loss_and_grads call draws its particles from one _get_traces
+        self._calls += 1
+        yield from super()._get_traces(model, guide, args, kwargs)
 
     @staticmethod
     def _path_sites(model_trace, guide_trace) -> set[str]:
@@ -139,38 +137,20 @@ class TracePathKL_ELBO(Trace_ELBO):
             site = guide_trace.nodes[name]
             kl = site["fn"].path_kl(site["value"], self.estimator) * site["scale"]
             kl_total = kl_total + kl.sum()
+        elbo_without_kl = surrogate
         surrogate = surrogate - self.kl_scale * kl_total
-        return -torch_item(surrogate), -surrogate
+        loss = -torch_item(surrogate)
+        if not math.isfinite(loss):  # checked per particle, before any backward pass
+            raise ValueError(f"TracePathKL_ELBO: non-finite loss {loss} at call {self._calls} (log-likelihood and "
+                             f"other sites {torch_item(elbo_without_kl)}, path KL {torch_item(kl_total)}): lower the "
+                             "learning rate, dt or sigma")
+        return loss, -surrogate
 
-    def _check_finite(self, loss: float) -> None:
-        if not math.isfinite(loss):
-            raise ValueError(f"TracePathKL_ELBO: non-finite loss {loss} at call {self._calls} (log-likelihood or "
-                             "path KL overflowed: lower the learning rate, dt or sigma)")
-
+    # differentiable_loss and loss_and_grads are Trace_ELBO's, on top of _differentiable_loss_particle;
+    # Trace_ELBO.loss sums log p - log q directly, so it is replaced by the mean particle loss
     def loss(self, model, guide, *args, **kwargs) -> float:
-        self._calls += 1
         loss = 0.0
         with torch.no_grad():
             for model_trace, guide_trace in self._get_traces(model, guide, args, kwargs):
                 loss += self._differentiable_loss_particle(model_trace, guide_trace)[0] / self.num_particles
-        self._check_finite(loss)
-        return loss
-
-    def differentiable_loss(self, model, guide, *args, **kwargs):
-        self._calls += 1
-        loss = 0.0
-        for model_trace, guide_trace in self._get_traces(model, guide, args, kwargs):
-            loss = loss + self._differentiable_loss_particle(model_trace, guide_trace)[1] / self.num_particles
-        self._check_finite(torch_item(loss))
-        return loss
-
-    def loss_and_grads(self, model, guide, *args, **kwargs) -> float:
-        self._calls += 1
-        loss = 0.0
-        for model_trace, guide_trace in self._get_traces(model, guide, args, kwargs):
-            loss_particle, surrogate = self._differentiable_loss_particle(model_trace, guide_trace)
-            self._check_finite(loss_particle)
-            loss += loss_particle / self.num_particles
-            if getattr(surrogate, "requires_grad", False):
-                (surrogate / self.num_particles).backward(retain_graph=self.retain_graph)
         return loss

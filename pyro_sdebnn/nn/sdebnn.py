@@ -148,14 +148,8 @@ class SDEBNN(ContinuousDepthNet):
         h0 = self.hidden_init(x)
         if method == "euler" and not adjoint and not adaptive:
             dB = brownian_increments(times, (num_samples, self.num_weights))
-            stl = None
-            if estimator == "stl" and correction is not None:
-                from pyro_sdebnn.infer.neural_sde_guide import _detached_call
-
-                stl = _detached_call(correction)
             sol = euler_maruyama_kl(w0, times, dB, self.sigma, self.theta, correction, estimator=estimator,
-                                    correction_stl=stl, field=self.field,
-                                    hidden_init=self._lead(h0, torch.Size([num_samples])))
+                                    field=self.field, hidden_init=self._lead(h0, torch.Size([num_samples])))
             return self._head(sol.hidden), sol.kl
         if estimator != "analytic" and correction is not None:
             raise ValueError("torchsde solves (method != 'euler' or adjoint=True) carry the 'analytic' KL only; "

@@ -143,6 +143,17 @@ class EulerKLSolution(NamedTuple):
     hidden: Tensor | None
 
 
+def _detached_call(module: nn.Module) -> Drift:
+    """``module`` evaluated with all its parameters detached (gradient flows only through inputs)."""
+    params = {name: p.detach() for name, p in module.named_parameters()}
+    buffers = dict(module.named_buffers())
+
+    def call(t: Tensor, w: Tensor) -> Tensor:
+        return torch.func.functional_call(module, (params, buffers), (t, w))
+
+    return call
+
+
 def euler_maruyama_kl(init: Tensor, times: Tensor, dB: Tensor, sigma: Tensor | float, theta: Tensor | float,
                       correction: Drift | None = None, *, estimator: str = "stl",
                       correction_stl: Drift | None = None, field: Field | None = None,
@@ -163,7 +174,8 @@ def euler_maruyama_kl(init: Tensor, times: Tensor, dB: Tensor, sigma: Tensor | f
     :param theta: OU mean-reversion rate of the prior drift :math:`-\\theta w`.
     :param callable correction: :math:`c(t, w)` ``-> (..., D)``; ``None`` means ``c = 0`` (the prior).
     :param str estimator: ``"analytic"``, ``"full_mc"`` or ``"stl"``.
-    :param callable correction_stl: ``c`` with its parameters detached (needed for ``"stl"``).
+    :param callable correction_stl: ``c`` with its parameters detached, for ``"stl"``; by default built
+        from ``correction`` when it is an ``nn.Module`` (required otherwise).
     :param callable field: :math:`f_h(t, h, w)`, ``w`` of shape ``(..., D)``; hidden state ``h``.
     :param Tensor hidden_init: :math:`h_{t_0}`.
     :returns: :class:`EulerKLSolution`.
@@ -175,7 +187,10 @@ def euler_maruyama_kl(init: Tensor, times: Tensor, dB: Tensor, sigma: Tensor | f
     """
     check_estimator(estimator)
     if estimator == "stl" and correction is not None and correction_stl is None:
-        raise ValueError("estimator='stl' needs correction_stl (the drift correction with detached parameters)")
+        if not isinstance(correction, nn.Module):
+            raise ValueError("estimator='stl' needs correction_stl (the drift correction with detached parameters) "
+                             "when correction is not an nn.Module")
+        correction_stl = _detached_call(correction)
     steps = times.shape[0] - 1
     if dB.shape[-2] != steps:
         raise ValueError(f"dB must have shape (..., K={steps}, D), got {tuple(dB.shape)}")

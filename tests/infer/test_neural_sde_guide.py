@@ -64,11 +64,14 @@ def test_full_mc_is_log_q_minus_log_p():
 
 def test_zero_correction_is_prior_in_distribution():
     # q = p: moments of the Euler chain equal the OUPath(euler) moments (mean and variance, closed form)
+    n = 4000
     q = NeuralSDEPath(torch.ones(2, dtype=torch.float64), 0.5, TIMES, 1.0, correction=DriftMLP(2, 8).double())
-    w = q.rsample((4000,)).detach()
+    w = q.rsample((n,)).detach()
     p = OUPath(torch.ones(2, dtype=torch.float64), 0.5, TIMES, method="euler")
-    sd = p.variance.sqrt()
-    assert ((w.mean(0) - p.mean).abs() < 4 * sd / 4000 ** 0.5).all()  # 4 standard errors
+    var = p.variance
+    assert ((w.mean(0) - p.mean).abs() < 4 * var.sqrt() / n ** 0.5).all()  # 4 standard errors of the mean
+    # Gaussian marginals: the sample variance has standard error var * sqrt(2 / (n - 1)); 4 standard errors
+    assert ((w.var(0) - var).abs() < 4 * var * (2 / (n - 1)) ** 0.5).all()
 
 
 def test_bad_arguments():

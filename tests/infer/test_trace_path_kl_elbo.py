@@ -121,7 +121,16 @@ def test_vectorized_particles_match_sequential_mean():
     assert abs(vec - seq.mean().item()) < 4 * seq.std().item() / 300 ** 0.5
 
 
+def _euler_log_evidence(y, obs_scale=0.3):
+    """Exact log p(y) of ``observed_model``: its prior is the Euler chain, so w_K[0] ~ N(0, v_K) in closed form."""
+    v_end = OUPath(torch.zeros(1, dtype=torch.float64), 0.5, TIMES, method="euler").variance[-1, 0]
+    cov = obs_scale ** 2 * torch.eye(y.shape[0], dtype=torch.float64) + v_end
+    return dist.MultivariateNormal(torch.zeros_like(y), cov).log_prob(y)
+
+
 def test_svi_reduces_loss_towards_posterior():
+    # -ELBO >= -log p(y), with equality iff q is the posterior. log p(y) is that of the Euler chain the model
+    # samples (OUEndpointProblem.log_evidence() is the dt -> 0 limit, 0.32 nats away at dt = 0.1).
     y = torch.tensor([1.5, 1.5], dtype=torch.float64)
     guide = NeuralSDEGuide(observed_model, drift_hidden=16)
     elbo = TracePathKL_ELBO(num_particles=16, vectorize_particles=True, max_plate_nesting=1)
@@ -131,6 +140,20 @@ def test_svi_reduces_loss_towards_posterior():
         svi.step(y)
     last = sum(svi.step(y) for _ in range(5)) / 5
     assert last < first
+    # precise -ELBO of the trained guide from N independent paths (analytic KL: the lowest-variance estimator)
+    n = 4000
+    q = guide.get_posterior(y)["w"]
+    with torch.no_grad():
+        w = q.rsample((n,))
+        neg_elbo = q.path_kl(w, "analytic") - dist.Normal(w[:, -1, 0].unsqueeze(-1), 0.3).log_prob(y).sum(-1)
+    se = neg_elbo.std() / n ** 0.5
+    gap = neg_elbo.mean() + _euler_log_evidence(y)
+    # the prior (q = p at the start) is 9.7 nats above -log p(y); after these 130 steps the gap measured 0.13-0.25
+    # nats over seeds 0-5 (fixed-variance Euler transitions cannot match the discrete posterior exactly, and Adam
+    # has not converged). Below: the ELBO is a bound, up to 4 standard errors (se ~ 0.05); above: at least 95 %
+    # of the prior's gap closed, 2x the largest measured gap.
+    assert gap > -4 * se
+    assert gap < 0.5
 
 
 def test_errors():

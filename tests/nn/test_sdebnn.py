@@ -56,31 +56,82 @@ def test_likelihoods_train_step(likelihood):
     assert isinstance(pred, expected)
 
 
-@pytest.mark.parametrize("estimator", ["analytic", "full_mc", "stl"])
-def test_fused_loss_equals_pyro_elbo(estimator):
-    # same random stream -> same Brownian increments; the fused one-pass solve and the Pyro path agree
-    x, y = _data()
-    net = SDEBNN(1, 1, hidden=8, augment=2, dt=0.1)
-    guide = NeuralSDEGuide(net, drift_hidden=8)
+def _net_and_guide(n=20, hidden=8, augment=2, dt=0.1, drift_hidden=8):
+    """A float64 SDEBNN with a set-up guide whose drift is not zero (so that every drift parameter gets a gradient)."""
+    x, y = _data(n)
+    x, y = x.double(), y.double()
+    net = SDEBNN(1, 1, hidden=hidden, augment=augment, dt=dt).double()
+    guide = NeuralSDEGuide(net, drift_hidden=drift_hidden)
     guide(x, y)
     with torch.no_grad():
         for p in guide.drifts["w_path"].out.parameters():
             p.normal_(0, 0.1)
-    pyro.set_rng_seed(11)
-    pyro_loss = TracePathKL_ELBO(estimator=estimator).loss(net.model, guide, x, y, num_data=50)
-    pyro.set_rng_seed(11)
-    fused = net.fused_loss(x, y, guide, estimator=estimator, num_data=50)
-    assert fused.item() == pytest.approx(pyro_loss, rel=1e-5)
+    return x, y, net, guide
 
 
-def test_fused_loss_torchsde_and_adjoint_run():
+_VECTORIZED_BUG = pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "SDEBNN.model under vectorised particles (max_plate_nesting=1): the path has batch (S, 1), the head output "
+    "(S, 1, N), and the data/particle plates broadcast 'obs' to (S, S, N), so the log-likelihood is counted S times"))
+
+
+@pytest.mark.parametrize("num_samples", [1, pytest.param(3, marks=_VECTORIZED_BUG)])
+@pytest.mark.parametrize("kl_scale", [1.0, 0.5])
+@pytest.mark.parametrize("estimator", ["analytic", "full_mc", "stl"])
+def test_fused_loss_equals_pyro_elbo(estimator, kl_scale, num_samples):
+    # same random stream -> same Brownian increments (S > 1: vectorised particles draw one (S, K, D) tensor, as
+    # the fused solve does); the fused one-pass solve and the Pyro path agree in value and in gradient w.r.t. the
+    # network and drift parameters (for stl the value equals full_mc's: only the gradient sees the detach).
+    # float64; the two differ only in summation order, hence rtol 1e-10.
+    x, y, net, guide = _net_and_guide()
+    params = list(net.parameters()) + list(guide.drifts.parameters())
+    elbo = TracePathKL_ELBO(num_particles=num_samples, vectorize_particles=num_samples > 1, max_plate_nesting=1,
+                            estimator=estimator, kl_scale=kl_scale)
+    pyro.set_rng_seed(11)
+    pyro_loss = elbo.differentiable_loss(net.model, guide, x, y, num_data=50)
+    pyro_grads = torch.autograd.grad(pyro_loss, params)
+    pyro.set_rng_seed(11)
+    fused = net.fused_loss(x, y, guide, num_samples=num_samples, estimator=estimator, num_data=50, kl_scale=kl_scale)
+    fused_grads = torch.autograd.grad(fused, params)
+    assert torch.allclose(fused, pyro_loss, rtol=1e-10, atol=0)
+    for p, g_pyro, g_fused in zip(params, pyro_grads, fused_grads):
+        assert g_pyro.abs().max() > 0
+        assert torch.allclose(g_fused, g_pyro, rtol=1e-10, atol=1e-12 * g_pyro.abs().max()), p.shape
+
+
+def _torchsde_gradients(dt, seed):
+    """Gradients of fused_loss w.r.t. w0 and the drift: torchsde backprop vs stochastic adjoint, same Brownian path."""
+    x, y, net, guide = _net_and_guide(n=8, hidden=4, augment=1, dt=dt, drift_hidden=4)
+    params = [net.w0] + list(guide.drifts.parameters())
+    out = {}
+    # Milstein equals Euler for the additive noise [sigma I; 0; 0]: exact backprop through torchsde's Euler solve
+    for method, adjoint in (("milstein", False), ("euler", True)):
+        pyro.set_rng_seed(seed)  # the BrownianInterval draws its entropy from numpy: same path in both solves
+        loss = net.fused_loss(x, y, guide, estimator="analytic", method=method, adjoint=adjoint, num_samples=2)
+        grads = torch.autograd.grad(loss, params, allow_unused=True, materialize_grads=True)  # cut: zeros
+        out[adjoint] = loss.detach(), grads[0], torch.cat([g.reshape(-1) for g in grads[1:]])
+    return out[False], out[True]
+
+
+def test_fused_loss_torchsde_adjoint_gradients_match_backprop():
+    # the stochastic adjoint solves a discretised backward SDE: its gradient differs from the exact gradient of
+    # the forward Euler solve by O(dt). Measured relative gaps (w0 | drift) over 3 seeds: 2.5-21 % | 3.9-5.7 % at
+    # dt = 0.05 and 0.7-4.6 % | 0.7-1.3 % at dt = 0.01. Tolerance: 10 % at dt = 0.01, and the gap must shrink.
+    seed = int(torch.randint(0, 2 ** 31 - 1, ()))
+    gaps = {}
+    for dt in (0.05, 0.01):
+        (loss_bp, w0_bp, drift_bp), (loss_adj, w0_adj, drift_adj) = _torchsde_gradients(dt, seed)
+        assert torch.allclose(loss_adj, loss_bp, rtol=1e-10, atol=0)  # same Brownian path, same forward solve
+        assert all(g.abs().max() > 0 for g in (w0_bp, drift_bp, w0_adj, drift_adj))
+        gaps[dt] = [((adj - bp).norm() / bp.norm()).item() for adj, bp in ((w0_adj, w0_bp), (drift_adj, drift_bp))]
+    for fine, coarse in zip(gaps[0.01], gaps[0.05]):
+        assert fine < 0.1
+        assert fine < coarse
+
+
+def test_fused_loss_torchsde_needs_analytic_estimator():
     x, y = _data(8)
     net = SDEBNN(1, 1, hidden=4, augment=1, dt=0.25)
     guide = NeuralSDEGuide(net, drift_hidden=4)
-    for method, adjoint in (("milstein", False), ("euler", True)):
-        loss = net.fused_loss(x, y, guide, estimator="analytic", method=method, adjoint=adjoint, num_samples=2)
-        loss.backward()
-        assert torch.isfinite(loss) and net.w0.grad is not None
     with pytest.raises(ValueError, match="analytic"):
         net.fused_loss(x, y, guide, estimator="stl", method="srk")
 
