@@ -48,6 +48,12 @@ def _check_int(name: str, value, minimum: int) -> None:
         raise ValueError(f"{name} must be a {kind} int, got {value!r}")
 
 
+def drop_data_plate_slot(out: Tensor) -> Tensor:
+    """``(..., S, 1, b, out)`` -> ``(..., S, b, out)``: drop the size-1 slot that weights sampled in an outer plate carry
+    for the data plate (their batch shape is ``(..., S, 1)``), so that the likelihood's batch shape is ``(..., S, b)``."""
+    return out.squeeze(-3) if out.dim() > 3 and out.shape[-3] == 1 else out
+
+
 class ContinuousDepthNet(PyroModule):
     """Euler-integrated network :math:`h_{k+1} = h_k + f_h(h_k, t_k; W_k)\\,\\Delta t_k` with a linear head.
 
@@ -173,11 +179,16 @@ class ContinuousDepthNet(PyroModule):
 
     # ------------------------------------------------------------------ likelihood
     def _observe(self, x: Tensor, y: Tensor | None, out: Tensor, num_data: int | None) -> Tensor:
-        """Records ``"f"`` and observes ``y`` at site ``"obs"`` in ``plate("data", num_data)`` (this batch)."""
+        """Records ``"f"`` and observes ``y`` at site ``"obs"`` in ``plate("data", num_data)`` (this batch).
+
+        Weights sampled inside an outer plate (vectorised ELBO particles, ``Predictive(parallel=True)``) get a batch
+        shape ``(..., S, 1)`` whose last ``1`` is the data plate's slot, so the output is ``(..., S, 1, b, out)``; that
+        slot is dropped for the likelihood, which must have batch shape ``(..., S, b)`` (not ``(..., S, S, b)``)."""
         pyro.deterministic("f", out, event_dim=2)
+        obs_out = drop_data_plate_slot(out)
         size = x.shape[0] if num_data is None else int(num_data)
         with pyro.plate("data", size, subsample=torch.arange(x.shape[0], device=x.device)):
-            pyro.sample("obs", self.likelihood_dist(out), obs=y)
+            pyro.sample("obs", self.likelihood_dist(obs_out), obs=y)
         return out
 
     def likelihood_dist(self, out: Tensor) -> dist.Distribution:

@@ -41,7 +41,7 @@ from pyro.nn import PyroModule, pyro_method
 from torch import Tensor, nn
 
 from pyro_sdebnn.distributions import OUPath
-from pyro_sdebnn.nn.continuous_depth import LIKELIHOODS, ContinuousDepthNet
+from pyro_sdebnn.nn.continuous_depth import LIKELIHOODS, ContinuousDepthNet, drop_data_plate_slot
 from pyro_sdebnn.nn.sde_drift import ConvField
 from pyro_sdebnn.ops.path_kl import check_estimator
 from pyro_sdebnn.ops.sde_solve import (SOLVERS, AugmentedPathSDE, brownian_increments, euler_maruyama_kl,
@@ -297,7 +297,7 @@ class MultiScaleSDEBNN(PyroModule):
         logits = self(x, paths)
         size = x.shape[0] if num_data is None else int(num_data)
         with pyro.plate("data", size, subsample=torch.arange(x.shape[0], device=x.device)):
-            pyro.sample("obs", dist.Categorical(logits=logits), obs=y)
+            pyro.sample("obs", dist.Categorical(logits=drop_data_plate_slot(logits)), obs=y)
         return logits
 
     @torch.no_grad()

@@ -2,13 +2,14 @@
 """SDEBNN: the user-facing API of issue 5, likelihoods, fused solve, bad input, toy and digits smoke tests."""
 
 import pyro
+from pyro import poutine
 import pytest
 import torch
 from pyro.infer import SVI, Predictive
 from pyro.optim import Adam
 
 from pyro_sdebnn.infer import ClassificationPrediction, NeuralSDEGuide, RegressionPrediction, TracePathKL_ELBO
-from pyro_sdebnn.nn import LIKELIHOODS, SDEBNN
+from pyro_sdebnn.nn import LIKELIHOODS, SDEBNN, MultiScaleSDEBNN, ODENet
 
 
 def _data(n=20):
@@ -69,12 +70,7 @@ def _net_and_guide(n=20, hidden=8, augment=2, dt=0.1, drift_hidden=8):
     return x, y, net, guide
 
 
-_VECTORIZED_BUG = pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "SDEBNN.model under vectorised particles (max_plate_nesting=1): the path has batch (S, 1), the head output "
-    "(S, 1, N), and the data/particle plates broadcast 'obs' to (S, S, N), so the log-likelihood is counted S times"))
-
-
-@pytest.mark.parametrize("num_samples", [1, pytest.param(3, marks=_VECTORIZED_BUG)])
+@pytest.mark.parametrize("num_samples", [1, 3])  # 3: vectorised particles (the likelihood counted once per particle)
 @pytest.mark.parametrize("kl_scale", [1.0, 0.5])
 @pytest.mark.parametrize("estimator", ["analytic", "full_mc", "stl"])
 def test_fused_loss_equals_pyro_elbo(estimator, kl_scale, num_samples):
@@ -217,8 +213,6 @@ def test_digits_classification_smoke():
 
 
 def test_multiscale_two_blocks_two_path_sites():
-    from pyro_sdebnn.nn import MultiScaleSDEBNN
-
     x = torch.randn(12, 1, 8, 8)
     y = torch.randint(0, 3, (12,))
     net = MultiScaleSDEBNN((1, 8, 8), 3, blocks=2, hidden=2, augment=1, dt=0.5)
@@ -246,3 +240,20 @@ def test_float64_module_gives_float64_everything():
     assert all(p.dtype == torch.float64 for p in guide.parameters())
     assert net.times.dtype == torch.float64
     assert net.predict(x.double(), guide, num_samples=2).loc.dtype == torch.float64
+
+
+@pytest.mark.parametrize("make", [
+    lambda: SDEBNN(in_dim=1, out_dim=1, hidden=4, augment=1, dt=0.25),
+    lambda: ODENet(1, 1, hidden=4, augment=1, dt=0.25),
+    lambda: MultiScaleSDEBNN((1, 8, 8), 3, blocks=2, hidden=2, augment=1, dt=0.5),
+], ids=["sdebnn", "odenet", "multiscale"])
+def test_likelihood_batch_shape_under_an_outer_particle_plate(make):
+    # weights drawn inside a particle plate (vectorised ELBO particles, Predictive(parallel=True)) carry batch shape
+    # (S, 1); the likelihood must be (S, b): one log-likelihood per particle and point, not (S, S, b)
+    net = make()
+    x = torch.randn(5, *((1, 8, 8) if isinstance(net, MultiScaleSDEBNN) else (1,)))
+    y = torch.randint(0, 3, (5,)) if isinstance(net, MultiScaleSDEBNN) else torch.randn(5)
+    with pyro.plate("particles", 3, dim=-2):
+        trace = poutine.trace(net.model).get_trace(x, y)
+    trace.compute_log_prob()
+    assert trace.nodes["obs"]["log_prob"].shape == (3, 5)
