@@ -49,8 +49,9 @@ def _check_int(name: str, value, minimum: int) -> None:
 
 
 def drop_data_plate_slot(out: Tensor) -> Tensor:
-    """``(..., S, 1, b, out)`` -> ``(..., S, b, out)``: drop the size-1 slot that weights sampled in an outer plate carry
-    for the data plate (their batch shape is ``(..., S, 1)``), so that the likelihood's batch shape is ``(..., S, b)``."""
+    """``(..., S, 1, b, out)`` -> ``(..., S, b, out)``: drop the size-1 slot that weights sampled in an outer
+    plate carry for the data plate (their batch shape is ``(..., S, 1)``), so that the likelihood's batch shape is
+    ``(..., S, b)``."""
     return out.squeeze(-3) if out.dim() > 3 and out.shape[-3] == 1 else out
 
 
