@@ -35,7 +35,7 @@ def _assert_matches(w, mean, var, *, var_rtol=0.2, k_sigma=4.0, extra_se=None):
     assert ((flat.mean(0) - mean).abs() < k_sigma * se).all(), (flat.mean(0), mean, se)
     # the variance is asked to be within var_rtol (20 % by default): the MC error of a variance from ESS >= 200 is
     # sqrt(2/ESS) <= 10 %, so 20 % is at least 2 standard errors (the lowest ESS here, SGLD with decaying steps, is
-    # ~225); the rest of the margin is the samplers' discretisation bias
+    # 311-552 over seeds 0-8); the rest of the margin is the samplers' discretisation bias
     assert ((flat.var(0) / var - 1).abs() < var_rtol).all(), flat.var(0) / var
 
 
@@ -45,7 +45,7 @@ def test_sgld_decaying_steps_recovers_posterior():
     mean, cov = PROBLEM.posterior(x, y)
     kernel = SGLD(PROBLEM.model, step_size=PolynomialDecay(a=2e-3, b=100.0, gamma=0.3), num_steps=10,
                   subsample_size=25, vectorized_chains=32)
-    w = _run(kernel, 250, 100, x, y)
+    w = _run(kernel, 500, 100, x, y)  # decaying steps mix slowly: 500 draws x 32 chains give ESS ~310-550
     _assert_matches(w, mean, cov.diagonal())
 
 
