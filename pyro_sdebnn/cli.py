@@ -27,9 +27,9 @@ import sys
 import time
 from pathlib import Path
 from types import ModuleType
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
-__all__ = ["build_parser", "main", "resolve_device"]
+__all__ = ["build_parser", "end_of_run_report", "format_summary", "main", "resolve_device"]
 
 DEFAULT_BENCHMARK = "two-moons"
 
@@ -120,7 +120,7 @@ def _run_benchmark(args: argparse.Namespace, experiment: ModuleType) -> int:
         return _usage_error(err)
     args.output.mkdir(parents=True, exist_ok=True)  # argparse made it a Path
     pyro.set_rng_seed(args.seed)  # seeds torch, numpy and random
-    start = time.perf_counter()
+    start, wall_start = time.perf_counter(), time.time() - 1.0  # mtime resolution margin
     try:
         summary = experiment.run(args)
     except FileNotFoundError as err:  # a data set that is not on this machine
@@ -130,10 +130,82 @@ def _run_benchmark(args: argparse.Namespace, experiment: ModuleType) -> int:
             raise
         return _usage_error(err)
     elapsed = time.perf_counter() - start
-    print(f"benchmark {args.benchmark} finished in {elapsed:.1f} s; results in {args.output}")
     if summary:
-        print(json.dumps(summary, indent=2, default=str))
+        (args.output / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    print(end_of_run_report(args.benchmark, summary or {}, args.output, elapsed, since=wall_start))
     return 0
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, (list, tuple)) and all(isinstance(v, (int, float)) for v in value):
+        return " ± ".join(_cell(v) for v in value)
+    return str(value)
+
+
+def _text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(str(row[i])) for row in (header, *rows)) for i in range(len(header))]
+    lines = ["  ".join(str(cell).ljust(w) for cell, w in zip(header, widths)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    return lines
+
+
+def format_summary(summary: Mapping[str, Any], title: str = "") -> list[str]:
+    r"""Render an experiment's summary as plain-text tables.
+
+    Scalars become a ``name  value`` table; a mapping of rows to mappings of scalars (``{method:
+    {metric: value}}``) becomes one table with a row per key (a row that is a plain string, such as a
+    failed method's status, goes into a ``status`` column); a list of flat mappings becomes a table
+    with a row per item; deeper nesting gets a titled section per key.
+
+    >>> print("\n".join(format_summary({"map": {"acc": 0.91234, "nll": 0.25}, "mfvi": "failed: NaN loss"})))
+    method  acc     nll   status
+    ------  ------  ----  ----------------
+    map     0.9123  0.25
+    mfvi                  failed: NaN loss
+    """
+    lines: list[str] = [title, ""] if title else []
+
+    def is_row(value: Any) -> bool:  # a flat mapping of scalars
+        return isinstance(value, Mapping) and not any(isinstance(x, (Mapping, list)) for x in value.values())
+
+    values = list(summary.values())
+    if any(is_row(v) for v in values) and all(is_row(v) or isinstance(v, str) for v in values):
+        # {row: {column: value}}, where a row may be a status string instead (a failed method)
+        columns = list(dict.fromkeys(c for v in values if is_row(v) for c in v))
+        status = any(isinstance(v, str) for v in values)
+        rows = [[key, *(_cell(v[c]) if c in v else "" for c in columns), *([""] if status else [])] if is_row(v)
+                else [key, *("" for _ in columns), v] for key, v in summary.items()]
+        return lines + _text_table(["method", *columns, *(["status"] if status else [])], rows)
+    scalars = [[k, _cell(v)] for k, v in summary.items() if not isinstance(v, (Mapping, list))]
+    if scalars:
+        lines += _text_table(["name", "value"], scalars)
+    for key, value in summary.items():
+        if isinstance(value, Mapping):
+            lines += ([""] if lines else []) + format_summary(value, title=key)
+        elif isinstance(value, list) and value and all(isinstance(x, Mapping) for x in value):
+            columns = list(dict.fromkeys(c for row in value for c in row))
+            table = _text_table(columns, [[_cell(row.get(c, "")) for c in columns] for row in value])
+            lines += ([""] if lines else []) + [key, "", *table]
+        elif isinstance(value, list):
+            lines += ([""] if lines else []) + [f"{key}: {_cell(value)}"]
+    return lines
+
+
+def end_of_run_report(name: str, summary: Mapping[str, Any], output: Path, seconds: float, since: float) -> str:
+    """What the end of a benchmark prints: its results as text tables and the files it wrote (those under
+    ``output`` modified since the wall-clock time ``since``)."""
+    written = sorted(p for p in output.rglob("*") if p.is_file() and p.stat().st_mtime >= since)
+    lines = ["", f"benchmark {name} finished in {seconds:.1f} s", ""]
+    if summary:
+        lines += format_summary(summary) + [""]
+    lines.append(f"files written under {output}:" if written else f"no file was written under {output}")
+    lines += [f"  {p.relative_to(output)}  ({p.stat().st_size:,} bytes)" for p in written]
+    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+import json
 import subprocess
 import sys
 
@@ -113,4 +114,49 @@ def test_benchmark_gets_resolved_args_and_seed(monkeypatch, capsys, tmp_path):
     assert seen["device"] == torch.device("cpu") and seen["output"] == tmp_path / "out" and seen["output"].is_dir()
     torch.manual_seed(3)
     assert seen["draw"] == torch.rand(())
-    assert '"value": 1' in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "value  1" in out and '"value"' not in out  # a text table, not a JSON dump
+    assert json.loads((tmp_path / "out" / "summary.json").read_text()) == {"value": 1}
+
+
+def test_end_of_run_prints_tables_and_the_files_written(monkeypatch, capsys, tmp_path):
+    import os
+
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    old = out_dir / "from_an_earlier_run.csv"
+    old.write_text("x\n")
+    os.utime(old, (1, 1))  # written long before this run
+
+    def run(args):
+        (args.output / "figs").mkdir()
+        (args.output / "figs" / "reliability.png").write_bytes(b"png")
+        (args.output / "table.md").write_text("| a |\n")
+        return {
+            "methods": {"sdebnn": {"accuracy": 0.96391, "ece": 0.0253}, "odenet": {"accuracy": 0.9712, "ece": 0.031}},
+            "solver_tolerance": [{"solver": "euler", "seconds": 1.5}, {"solver": "srk", "seconds": 3.25}],
+        }
+
+    _fake_experiments(monkeypatch, run)
+    assert main(["benchmark", "fake", "--output", str(out_dir)]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert "{" not in out
+    header = next(line for line in lines if line.split()[:1] == ["method"])
+    assert header.split() == ["method", "accuracy", "ece"]
+    assert any(line.split() == ["sdebnn", "0.9639", "0.0253"] for line in lines)
+    assert any(line.split() == ["srk", "3.25"] for line in lines)
+    listed = [line.split()[0] for line in lines[lines.index(f"files written under {out_dir}:") + 1:]]
+    assert listed == ["figs/reliability.png", "summary.json", "table.md"]
+
+
+def test_format_summary_layouts():
+    from pyro_sdebnn.cli import format_summary
+
+    flat = format_summary({"steps": 400, "final_loss": 1.23456, "converged": True})
+    assert flat[0].split() == ["name", "value"] and flat[3].split() == ["final_loss", "1.235"]
+    rows = format_summary({"sgld": {"rmse": 3.4}, "fsgld": "failed: SamplerDivergenceError"})
+    assert rows[0].split() == ["method", "rmse", "status"]
+    assert rows[3].split() == ["fsgld", "failed:", "SamplerDivergenceError"]
+    nested = format_summary({"split 0": {"mnvi": {"ll": -2.5}}, "note": "paper protocol"})
+    assert "split 0" in nested and any(line.split() == ["mnvi", "-2.5"] for line in nested)

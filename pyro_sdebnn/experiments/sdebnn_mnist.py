@@ -196,5 +196,4 @@ def _run(args: argparse.Namespace) -> dict:
         lines += [f"| {r['solver']} | {r['seconds']:.2f} | {r['accuracy']:.4f} | {r['ece']:.4f} |" for r in tol_rows]
         summary["solver_tolerance"] = tol_rows
     (args.output / "sdebnn_mnist.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
     return summary

@@ -618,5 +618,4 @@ def _run(args, s: Settings, data: Data, methods: list[str], grid_axes, grid: Ten
         _plot_decomposition(ensemble, (gx, gy), out / "uncertainty_decomposition.png")
     extra_files = _write_sgmcmc_diagnostics(results, out)
     _write_readme(results, args, s, data, total, extra_files)
-    print((out / "two_moons_table.md").read_text())
     return {r.key: ({**r.metrics, "seconds": r.seconds} if r.status == "ok" else r.status) for r in results}

@@ -37,6 +37,14 @@ def test_quick_run_writes_every_file(tmp_path, capsys):
         assert float(row["nll_ts"]) < float(row["nll"]) + 0.1, row
     readme = (tmp_path / "README.md").read_text()
     assert "two-moons --quick" in readme and "ECE" in readme
+    # The end of the run is for a person: the results as a text table and the files written, no JSON dump.
+    printed = capsys.readouterr().out
+    assert "{" not in printed and (tmp_path / "summary.json").stat().st_size > 0
+    table = printed.splitlines()
+    assert next(line for line in table if line.split()[:1] == ["method"]).split()[1:3] == ["accuracy", "ece"]
+    assert {line.split()[0] for line in table if line.strip()} >= set(ADAPTERS)
+    listed = {line.split()[0] for line in table[table.index(f"files written under {tmp_path}:") + 1:]}
+    assert listed >= {*EXPECTED_FILES, "summary.json"}
 
 
 def test_methods_subset_and_bad_method(tmp_path):
