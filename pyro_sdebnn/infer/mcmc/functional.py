@@ -46,7 +46,7 @@ from pyro.poutine.util import site_is_subsample
 from pyro.contrib.gp.kernels import Kernel
 from torch import Tensor
 
-from pyro_sdebnn.infer.mcmc.base import MinibatchPotential, _no_validation
+from pyro_sdebnn.infer.mcmc.potential import MinibatchPotential, _no_validation
 from pyro_sdebnn.infer.mcmc.measurement_points import MeasurementPoints
 from pyro_sdebnn.ops.gp import cholesky_with_jitter, gp_precision_matvec, gp_precision_residual
 
@@ -527,7 +527,7 @@ class FunctionalKernelMixin:
             if graph is None:  # traced here, in the main thread
                 from torch.fx.experimental.proxy_tensor import make_fx
 
-                from pyro_sdebnn.infer.mcmc.base import _lean_graph
+                from pyro_sdebnn.infer.mcmc.graph import _lean_graph
 
                 with torch.no_grad(), pyro.validation_enabled(False), poutine.block():
                     graph = make_fx(lambda k, b: self._sets_and_factors(k, b))(*self._uniforms(0))
@@ -535,7 +535,7 @@ class FunctionalKernelMixin:
                 self._batch_fns["graph"] = graph
             fn = graph.forward
             if compiled:
-                from pyro_sdebnn.infer.mcmc.base import _compile_graph
+                from pyro_sdebnn.infer.mcmc.graph import _compile_graph
 
                 def compile_failed(error: Exception, graph: Any = graph) -> Callable:
                     first_line = str(error).splitlines()[0] if str(error) else ""
