@@ -32,8 +32,9 @@ def fit_gp_kernel(
 
     Maximises :math:`\log \mathcal N(y;\ 0,\ K_{XX} + \sigma_n^2 I)` over the kernel hyper-parameters and the noise
     :math:`\sigma_n^2` with :class:`pyro.contrib.gp.models.GPRegression` and Adam (``pyro.contrib.gp.util.train``)
-    [1]. Only the kernel is returned (the fitted noise is not part of the functional prior, FSGMCMC.md). The
-    kernel is modified in place and frozen (``requires_grad=False`` on all its parameters).
+    [1]. Only the kernel is returned: the fitted noise describes the observations, not the latent function, so it
+    is not part of the functional prior. The kernel is modified in place and frozen (``requires_grad=False`` on
+    all its parameters).
 
     :param kernel: a :class:`pyro.contrib.gp.kernels.Kernel` (e.g. ``RBF(input_dim)``), modified in place.
     :param Tensor x: inputs ``(N, d)`` or ``(N,)``.
@@ -87,7 +88,7 @@ class GPFunctionalPrior(TorchDistribution):
         f(X_M) \sim \mathcal N\big(m(X_M),\ K + \delta I\big),\qquad K = k(X_M, X_M),\qquad
         \delta = \text{jitter}\cdot \operatorname{mean}(\operatorname{diag} K).
 
-    **The jitter is relative** to the mean kernel variance (:math:`10^{-4}\sigma_f^2` by default, FSGMCMC.md); the
+    **The jitter is relative** to the mean kernel variance (:math:`10^{-4}\sigma_f^2` by default); the
     absolute value is :attr:`delta`. If the Cholesky factorisation fails the jitter is raised ×10 up to
     ``max_jitter`` with a :class:`~pyro_sdebnn.ops.gp.JitterWarning` stating the value used (attribute
     :attr:`jitter`); past the bound a ``ValueError`` is raised. With ``num_outputs = C > 1`` the C outputs are
@@ -117,8 +118,8 @@ class GPFunctionalPrior(TorchDistribution):
 
     [1] C. E. Rasmussen, C. K. I. Williams (2006). Gaussian Processes for Machine Learning. MIT Press.
 
-    [2] Z. Wu, Y. Xuan, L. Lu (2024). Functional stochastic gradient MCMC for Bayesian neural networks.
-    arXiv:2409.16632.
+    [2] Mengjing Wu, Junyu Xuan, Jie Lu (2024). "Functional Stochastic Gradient MCMC for Bayesian Neural
+    Networks". arXiv:2409.16632.
 
     >>> x = torch.linspace(-1, 1, 5).unsqueeze(-1)
     >>> prior = GPFunctionalPrior(pyro.contrib.gp.kernels.RBF(1), x, num_outputs=3)

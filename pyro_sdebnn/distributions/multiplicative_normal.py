@@ -14,7 +14,7 @@ from torch.distributions.utils import broadcast_all, lazy_property
 
 __all__ = ["MultiplicativeNormal"]
 
-#: Guard added to the posterior variance inside the log of the closed-form KL (METHODS.md §4).
+#: Guard added to the posterior variance inside the log of the closed-form KL (Schmitt & Roth (2021), App. A).
 KL_LOG_GUARD = 1e-10
 
 
@@ -55,7 +55,8 @@ class MultiplicativeNormal(TorchDistribution):
         w = loc + sqrt(alpha) * |loc| * eps
 
     The closed-form KL to a Gaussian prior :math:`\mathcal N(\mu_p, \sigma_p^2)` is registered with
-    :func:`torch.distributions.kl.kl_divergence` (METHODS.md §4, with :math:`\mu_p = 0` there):
+    :func:`torch.distributions.kl.kl_divergence`; with :math:`\mu_p = 0` it is eq. (17) of [1], plus the
+    :math:`10^{-10}` guard of their App. A:
 
     .. math::
 
@@ -83,8 +84,9 @@ class MultiplicativeNormal(TorchDistribution):
 
     **References**
 
-    [1] A. Schmitt, S. Roth (2021). Sampling-free variational inference for neural networks with multiplicative
-    activation noise. GCPR 2021, arXiv:2103.08497.
+    [1] Jannik Schmitt, Stefan Roth (2021). "Sampling-free Variational Inference for Neural Networks with
+    Multiplicative Activation Noise". DAGM German Conference on Pattern Recognition (GCPR) 2021.
+    arXiv:2103.08497.
 
     >>> m = torch.tensor([[1.0, -2.0, 0.5], [0.3, 0.2, -1.0]])     # (out=2, in=3)
     >>> q = MultiplicativeNormal(m, torch.full((3,), 0.02))
@@ -176,7 +178,7 @@ class MultiplicativeNormal(TorchDistribution):
 
 @register_kl(MultiplicativeNormal, Normal)
 def _kl_multiplicative_normal_normal(q: MultiplicativeNormal, p: Normal) -> torch.Tensor:
-    # Gaussian KL with q-variance alpha m^2; the guard keeps log finite at m = 0 (METHODS.md §4).
+    # Gaussian KL with q-variance alpha m^2; the guard keeps log finite at m = 0 (Schmitt & Roth (2021), App. A).
     var_q = q.variance
     var_p = p.scale.square()
     return 0.5 * (

@@ -94,10 +94,11 @@ class OUPath(TorchDistribution):
 
     **References**
 
-    [1] G. E. Uhlenbeck, L. S. Ornstein (1930). On the theory of the Brownian motion. Physical Review 36, 823.
+    [1] George E. Uhlenbeck, Leonard S. Ornstein (1930). "On the Theory of the Brownian Motion". Physical
+    Review 36(5), 823-841.
 
-    [2] W. Xu, R. T. Q. Chen, X. Li, D. Duvenaud (2022). Infinitely deep Bayesian neural networks with
-    stochastic differential equations. AISTATS 2022, arXiv:2102.06559.
+    [2] Winnie Xu, Ricky T. Q. Chen, Xuechen Li, David Duvenaud (2022). "Infinitely Deep Bayesian Neural
+    Networks with Stochastic Differential Equations". AISTATS 2022, PMLR 151. arXiv:2102.06559.
 
     >>> times = torch.linspace(0.0, 1.0, 11)
     >>> p = OUPath(torch.zeros(3), 0.5, times)

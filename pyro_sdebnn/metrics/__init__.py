@@ -6,7 +6,8 @@ or a :class:`~pyro_sdebnn.infer.predictive.ClassificationPrediction`) and intege
 regression metrics take an equal-weight Gaussian mixture ``loc``/``scale`` of shape ``(S, N)``
 (the :class:`~pyro_sdebnn.infer.predictive.RegressionPrediction` convention). Inputs are validated:
 wrong shapes, probabilities outside [0, 1] or not summing to 1, labels out of range and empty inputs
-raise ``ValueError`` naming the argument. Equations: METHODS.md §9.
+raise ``ValueError`` naming the argument. Every function states its equation and its reference in its
+docstring.
 """
 
 from .calibration import (

@@ -87,7 +87,7 @@ def expected_calibration_error(probs, labels, num_bins: int = 10) -> Tensor:
 
     :param probs: ``(N, C)`` class probabilities or ``(N,)`` positive-class probabilities.
     :param labels: ``(N,)`` integer labels.
-    :param int num_bins: number of bins :math:`B` (METHODS.md reports 10, 15 and 20).
+    :param int num_bins: number of bins :math:`B` (10, 15 and 20 are the usual choices).
     :return: 0-dim tensor in :math:`[0, 1]`.
 
     **References**

@@ -67,8 +67,8 @@ def aumrc(probs, labels, uncertainty=None) -> Tensor:
 
     **References**
 
-    [1] L. Schmitt, M. Roth, "Sampling-free variational inference for neural networks with
-    multiplicative activation noise", Appendix D.
+    [1] Jannik Schmitt, Stefan Roth (2021), "Sampling-free Variational Inference for Neural Networks with
+    Multiplicative Activation Noise", DAGM German Conference on Pattern Recognition (GCPR) 2021, App. D.
 
     [2] M. S. A. Nadeem, J.-D. Zucker, B. Hanczar (2009), "Accuracy-rejection curves (ARCs) for
     comparing classification methods with a reject option", MLSB.
@@ -90,7 +90,7 @@ def misclassification_at_rejection(
 
     :param probs: ``(N, C)`` class probabilities or ``(N,)`` positive-class probabilities.
     :param labels: ``(N,)`` integer labels.
-    :param rates: rejection fractions in :math:`[0, 1)` (METHODS.md reports 10, 25 and 50 %).
+    :param rates: rejection fractions in :math:`[0, 1)` (default 10, 25 and 50 %).
     :param uncertainty: optional ``(N,)`` scores, higher = rejected first (default: predictive entropy).
     :return: ``{rate: 0-dim tensor}`` in the order of ``rates``.
 

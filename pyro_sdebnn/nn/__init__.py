@@ -2,9 +2,15 @@
 """Network building blocks: the continuous-depth SDE-BNN and its baselines, MNVI layers, MLPs.
 
 - :class:`SDEBNN`, :class:`MultiScaleSDEBNN` -- hidden units follow an ODE driven by an SDE weight path.
-- :class:`ODENet`, :class:`ResNet` -- the same network with constant / per-block weights (seed 000 Table 1).
+- :class:`ODENet`, :class:`ResNet` -- the same network with constant / per-block weights (the baselines of
+  Table 1 in Xu et al. (2022) [1]).
 - :mod:`~pyro_sdebnn.nn.mnvi` -- moment-propagating layers for sampling-free VI (``MNLinear``, ``to_mnvi``, ...).
 - :func:`make_mlp` -- a plain MLP factory used by the baselines.
+
+**References**
+
+1. Winnie Xu, Ricky T. Q. Chen, Xuechen Li, David Duvenaud (2022). "Infinitely Deep Bayesian Neural
+   Networks with Stochastic Differential Equations". AISTATS 2022, PMLR 151. arXiv:2102.06559.
 """
 
 from pyro_sdebnn.nn.mlp import ACTIVATIONS, make_mlp

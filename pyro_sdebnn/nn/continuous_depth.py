@@ -16,10 +16,10 @@ They differ only in where :math:`W_k` comes from: an OU weight path (SDE-BNN), o
 
 **References**
 
-1. Xu, Chen, Li, Duvenaud (2022). Infinitely Deep Bayesian Neural Networks with Stochastic
-   Differential Equations. AISTATS. arXiv:2102.06559.
-2. Chen, Rubanova, Bettencourt, Duvenaud (2018). Neural Ordinary Differential Equations. NeurIPS.
-   arXiv:1806.07366.
+1. Winnie Xu, Ricky T. Q. Chen, Xuechen Li, David Duvenaud (2022). "Infinitely Deep Bayesian Neural
+   Networks with Stochastic Differential Equations". AISTATS 2022, PMLR 151. arXiv:2102.06559.
+2. Ricky T. Q. Chen, Yulia Rubanova, Jesse Bettencourt, David Duvenaud (2018). "Neural Ordinary
+   Differential Equations". NeurIPS 2018. arXiv:1806.07366.
 """
 
 from __future__ import annotations

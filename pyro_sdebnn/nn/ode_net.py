@@ -15,7 +15,7 @@ all :math:`W_k = w` *is* the Euler ODE-Net with K steps, and the SDE-BNN evaluat
 path equals the ResNet whose blocks use that path's values at the left end points (the SDE-BNN
 with σ → 0 follows the deterministic OU mean path; with a constant path it is the ODE-Net).
 
-Two ways to fit them, as in seed 000's Table 1:
+Two ways to fit them, as in Table 1 of [3]:
 
 - deterministic (maximum likelihood): the weights are the ``nn.Parameter`` :attr:`weights`;
   minimise :meth:`nll` with any ``torch.optim`` optimiser;
@@ -30,11 +30,12 @@ Two ways to fit them, as in seed 000's Table 1:
 
 **References**
 
-1. Chen, Rubanova, Bettencourt, Duvenaud (2018). Neural Ordinary Differential Equations. NeurIPS.
-   arXiv:1806.07366.
-2. He, Zhang, Ren, Sun (2016). Deep Residual Learning for Image Recognition. CVPR. arXiv:1512.03385.
-3. Xu, Chen, Li, Duvenaud (2022). Infinitely Deep Bayesian Neural Networks with Stochastic
-   Differential Equations. AISTATS. arXiv:2102.06559 (Table 1 baselines).
+1. Ricky T. Q. Chen, Yulia Rubanova, Jesse Bettencourt, David Duvenaud (2018). "Neural Ordinary
+   Differential Equations". NeurIPS 2018. arXiv:1806.07366.
+2. Kaiming He, Xiangyu Zhang, Shaoqing Ren, Jian Sun (2016). "Deep Residual Learning for Image
+   Recognition". CVPR 2016. arXiv:1512.03385.
+3. Winnie Xu, Ricky T. Q. Chen, Xuechen Li, David Duvenaud (2022). "Infinitely Deep Bayesian Neural
+   Networks with Stochastic Differential Equations". AISTATS 2022, PMLR 151. arXiv:2102.06559 (Table 1 baselines).
 """
 
 from __future__ import annotations

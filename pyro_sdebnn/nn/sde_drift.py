@@ -5,15 +5,18 @@
   :math:`f_h(h, t; w)`: they own no parameters; their weights are a flat vector ``w`` of length
   :attr:`num_weights` (the state of the weight SDE), with arbitrary leading sample dimensions so
   that many weight paths are integrated at once.
-- :class:`DriftMLP` is the posterior drift correction :math:`\\mathrm{NN}(w, t; \\phi)` of
-  METHODS.md §2, an ordinary ``nn.Module`` with a zero-initialised last layer (training starts at
-  q = p), optionally with a bottleneck ``D -> b -> hidden -> b -> D`` so that its parameter count
-  grows linearly in the number of weights D with a small constant.
+- :class:`DriftMLP` is the posterior drift correction :math:`\\mathrm{NN}(w, t; \\phi)` in
+  :math:`f_q(w, t) = -\\theta w + \\mathrm{NN}(w, t; \\phi)` [1], an ordinary ``nn.Module`` with a
+  zero-initialised last layer (training starts at q = p), optionally with a bottleneck
+  ``D -> b -> hidden -> b -> D`` so that its parameter count grows linearly in the number of weights D
+  with a small constant.
 
 **References**
 
-1. Xu, Chen, Li, Duvenaud (2022). Infinitely Deep Bayesian Neural Networks with Stochastic
-   Differential Equations. AISTATS. arXiv:2102.06559 (§4).
+1. Winnie Xu, Ricky T. Q. Chen, Xuechen Li, David Duvenaud (2022). "Infinitely Deep Bayesian Neural
+   Networks with Stochastic Differential Equations". AISTATS 2022, PMLR 151. arXiv:2102.06559 (Sec. 4).
+2. Winnie Xu, Ricky T. Q. Chen, Xuechen Li, David Duvenaud (2020). "Continuous-Depth Bayesian Neural
+   Networks". ICML 2020 Workshop on Uncertainty and Robustness in Deep Learning.
 """
 
 from __future__ import annotations
@@ -150,7 +153,8 @@ class DriftMLP(nn.Module):
 
     :param int dim: D, the number of weights.
     :param int hidden: width of the hidden layers.
-    :param int num_layers: number of hidden layers (default 2, as seed 001's 2x64 swish nets).
+    :param int num_layers: number of hidden layers (default 2, as the 2x64 swish drift nets of
+        Xu et al. (2020) [2]).
     :param int bottleneck: optional bottleneck width.
     :param str activation: default ``"swish"``.
 

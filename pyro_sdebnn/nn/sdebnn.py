@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""SDE-BNN: an infinitely deep Bayesian neural network whose weights follow an OU path (METHODS.md §3).
+"""SDE-BNN: an infinitely deep Bayesian neural network whose weights follow an OU path [1, 2].
 
 .. math::
 
@@ -25,9 +25,10 @@ call (our Euler loop, or torchsde for Milstein/SRK and the stochastic adjoint), 
 
 **References**
 
-1. Xu, Chen, Li, Duvenaud (2022). Infinitely Deep Bayesian Neural Networks with Stochastic
-   Differential Equations. AISTATS. arXiv:2102.06559.
-2. Xu, Chen, Li, Duvenaud (2020). Continuous-Depth Bayesian Neural Networks. ICML workshop.
+1. Winnie Xu, Ricky T. Q. Chen, Xuechen Li, David Duvenaud (2022). "Infinitely Deep Bayesian Neural
+   Networks with Stochastic Differential Equations". AISTATS 2022, PMLR 151. arXiv:2102.06559.
+2. Winnie Xu, Ricky T. Q. Chen, Xuechen Li, David Duvenaud (2020). "Continuous-Depth Bayesian Neural
+   Networks". ICML 2020 Workshop on Uncertainty and Robustness in Deep Learning.
 """
 
 from __future__ import annotations

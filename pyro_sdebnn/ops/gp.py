@@ -3,9 +3,18 @@ r"""Pure tensor maths for Gaussian-process priors: Cholesky with jitter escalati
 
 The functional prior :math:`f \sim \mathcal N(m, K + \delta I)` needs one factorisation
 :math:`K + \delta I = L L^\top` (float64) and then, for many ``f``, the precision-times-residual
-:math:`\alpha = (K + \delta I)^{-1}(f - m)` (FSGMCMC.md). The jitter is *relative*:
+:math:`\alpha = (K + \delta I)^{-1}(f - m)`, which is :math:`-\nabla_f \log\mathcal N(f; m, K + \delta I)`, the
+gradient of the functional-prior term of functional SG-MCMC [2]. The jitter is *relative*:
 :math:`\delta = \text{jitter} \cdot \overline{\operatorname{diag} K}` (for a stationary kernel the mean diagonal is
 the signal variance :math:`\sigma_f^2`, so the default ``jitter=1e-4`` gives :math:`\delta = 10^{-4}\sigma_f^2`).
+Factorisation and solves follow [1] (Algorithm 2.1).
+
+**References**
+
+1. Carl Edward Rasmussen, Christopher K. I. Williams (2006). "Gaussian Processes for Machine Learning".
+   MIT Press.
+2. Mengjing Wu, Junyu Xuan, Jie Lu (2024). "Functional Stochastic Gradient MCMC for Bayesian Neural
+   Networks". arXiv:2409.16632.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """Moment propagation: means and variances of activations pushed through network layers.
 
-Pure tensor maths behind the sampling-free layers of :mod:`pyro_sdebnn.nn.mnvi` (METHODS.md §4).
+Pure tensor maths behind the sampling-free layers of :mod:`pyro_sdebnn.nn.mnvi` [1].
 A random activation is summarised by its element-wise mean and variance, carried together as a
 :class:`Moments` pair. Every function here maps moments to moments under the two approximations
-of seed 002 (§3.3): pre-activations are Gaussian (Assumption 2) and the units of a layer are
+of [1] (Sec. 3.3): pre-activations are Gaussian (Assumption 2) and the units of a layer are
 independent (Assumption 3), so only variances -- never covariances -- are propagated.
 
 Shape convention: ``mean`` and ``var`` have identical shapes, ``(batch, features)`` for dense
@@ -14,12 +14,14 @@ would be zero.
 
 **References**
 
-1. J. Schmitt, S. Roth (2021). Sampling-free Variational Inference of Bayesian Neural Networks by
-   Variance Backpropagation with Multiplicative Activation Noise (MNVI). arXiv:2103.08497.
-2. B. J. Frey, G. E. Hinton (1999). Variational learning in nonlinear Gaussian belief networks.
-   Neural Computation 11(1).
-3. A. Wu et al. (2019). Deterministic Variational Inference for Robust Bayesian Neural Networks.
-   ICLR. arXiv:1810.03958.
+1. Jannik Schmitt, Stefan Roth (2021). "Sampling-free Variational Inference for Neural Networks with
+   Multiplicative Activation Noise". DAGM German Conference on Pattern Recognition (GCPR) 2021.
+   arXiv:2103.08497.
+2. Brendan J. Frey, Geoffrey E. Hinton (1999). "Variational Learning in Nonlinear Gaussian Belief
+   Networks". Neural Computation 11(1).
+3. Anqi Wu, Sebastian Nowozin, Edward Meeds, Richard E. Turner, José Miguel Hernández-Lobato,
+   Alexander L. Gaunt (2019). "Deterministic Variational Inference for Robust Bayesian Neural Networks".
+   ICLR 2019. arXiv:1810.03958.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ _SQRT_HALF = math.sqrt(0.5)
 _LOG2_E = 1.0 / math.log(2.0)
 _LOG2_INV_SQRT_2PI = _LOG_INV_SQRT_2PI * _LOG2_E
 
-#: Lower bound on the ReLU input variance (seed 002, App. A).
+#: Lower bound on the ReLU input variance (Schmitt & Roth (2021), App. A).
 RELU_MIN_VAR = 1e-5
 
 
@@ -140,7 +142,7 @@ def multiplicative_conv2d_moments(
 ) -> Moments:
     r"""Moments of a 2-d convolution with multiplicative noise shared within each input channel.
 
-    The convolutional analogue of :func:`multiplicative_linear_moments` (seed 002 §3.3.1):
+    The convolutional analogue of :func:`multiplicative_linear_moments` (Schmitt & Roth (2021), Sec. 3.3.1):
     :math:`\mathbb E[z] = M * x + b`, :math:`\mathbb V[z] = (M\circ M) * ((1+\alpha) v + \alpha x^2)`
     with :math:`\alpha` of shape ``(in_channels,)`` broadcast over the spatial dimensions.
 
@@ -254,7 +256,7 @@ def relu_moments(mean: Tensor, var: Tensor, min_var: float = RELU_MIN_VAR) -> Mo
     Against a float64 reference, the float32 variance error measured at most :math:`11\epsilon\, s^2`
     (:math:`1.3\cdot 10^{-6} s^2`, at :math:`r\approx -5`) over :math:`|r|` up to :math:`10^3` and :math:`s^2`
     from ``1e-8`` to ``1e4``; the tests bound it by :math:`24\epsilon\, s^2` (a relative error below ``3e-6``)
-    at every point. The input variance is floored at ``min_var`` (``1e-5``, seed 002 App. A).
+    at every point. The input variance is floored at ``min_var`` (``1e-5``, as in Schmitt & Roth (2021), App. A).
 
     :param Tensor mean: :math:`\mu`.
     :param Tensor var: :math:`s^2`, same shape.
@@ -345,7 +347,7 @@ def gaussian_expected_log_likelihood(
     r"""Expected heteroscedastic Gaussian log-likelihood under Gaussian network outputs.
 
     For :math:`\mu\sim\mathcal N(\bar\mu, v_\mu)` and an independent log-variance
-    :math:`c\sim\mathcal N(\bar c, v_c)` (METHODS.md §4; seed 002 eq. (15) with the exponent corrected
+    :math:`c\sim\mathcal N(\bar c, v_c)` (eq. (15) of Schmitt & Roth (2021), with the exponent corrected
     to :math:`v_c/2`, since :math:`\mathbb E[e^{-c}] = e^{-\bar c + v_c/2}`):
 
     .. math::
@@ -365,7 +367,7 @@ def gaussian_expected_log_likelihood(
 
 
 def gaussian_predictive_variance(loc_var: Tensor, log_var: Tensor, log_var_var: Tensor) -> Tensor:
-    r"""Variance of the Gaussian predictive :math:`v_\mu + e^{\bar c + v_c/2}` (seed 002 eq. (19)).
+    r"""Variance of the Gaussian predictive :math:`v_\mu + e^{\bar c + v_c/2}` (Schmitt & Roth (2021), eq. (19)).
 
     >>> gaussian_predictive_variance(torch.tensor(1.0), torch.tensor(0.0), torch.tensor(0.0))
     tensor(2.)

@@ -39,7 +39,7 @@ def ou_transition(
     With :math:`\Delta_k = t_k - t_{k-1}`:
 
     - ``"exact"``: :math:`a_k = e^{-\theta\Delta_k}`, :math:`s_k^2 = \sigma^2 (1 - e^{-2\theta\Delta_k}) / (2\theta)`
-      (METHODS.md §1);
+      (the exact Gaussian transition of the OU process [1]; stationary variance :math:`\sigma^2/(2\theta)`);
     - ``"euler"``: :math:`a_k = 1 - \theta\Delta_k`, :math:`s_k^2 = \sigma^2 \Delta_k` (Euler–Maruyama).
 
     :param Tensor times: strictly increasing 1-D grid of length ``K + 1``.
@@ -47,6 +47,11 @@ def ou_transition(
     :param Tensor sigma: diffusion scales, broadcastable with ``theta``.
     :param str method: ``"exact"`` or ``"euler"``.
     :returns: ``(coef, scale)``, each of shape ``broadcast(theta, sigma).shape + (K,)``.
+
+    **References**
+
+    [1] George E. Uhlenbeck, Leonard S. Ornstein (1930). "On the Theory of the Brownian Motion".
+        Physical Review 36(5), 823-841.
     """
     if method not in _METHODS:
         raise ValueError(f"method must be one of {_METHODS}, got {method!r}")

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Path-space KL estimators for SDEs that share their diffusion (METHODS.md §2).
+"""Path-space KL estimators for SDEs that share their diffusion [1, 2, 3].
 
 A posterior and a prior SDE on :math:`w_t \\in \\mathbb R^D`
 
@@ -21,17 +21,20 @@ with the same diffusion :math:`\\sigma` have, by Girsanov's theorem,
 
 ``full_mc`` is exactly :math:`\\log q - \\log p` of the discretised (Euler) paths; ``stl`` drops the
 score-function part of its gradient (the gradient of the second term flows only through the path
-:math:`w_k`); all three have the same expectation. This module is pure tensor maths: the per-step
+:math:`w_k`); all three have the same expectation. ``analytic`` is the estimator of [2] (torchsde's
+``logqp``); ``full_mc`` and ``stl`` are App. A.1 and A.2 of [1], ``stl`` being the continuous-time form of
+the sticking-the-landing estimator of [3]. This module is pure tensor maths: the per-step
 increment :func:`path_kl_increment` and the Euler log-ratio :func:`euler_path_log_ratio` (an
 independent check of ``full_mc``); reference problems live in :mod:`pyro_sdebnn.testing.ou_problems`.
 
 **References**
 
-1. Xu, Chen, Li, Duvenaud (2022). Infinitely Deep Bayesian Neural Networks with Stochastic
-   Differential Equations. AISTATS. arXiv:2102.06559 (§3.1, App. A).
-2. Li, Wong, Chen, Duvenaud (2020). Scalable Gradients for Stochastic Differential Equations.
-   AISTATS. arXiv:2001.01328.
-3. Roeder, Wu, Duvenaud (2017). Sticking the Landing. NeurIPS. arXiv:1703.09194.
+1. Winnie Xu, Ricky T. Q. Chen, Xuechen Li, David Duvenaud (2022). "Infinitely Deep Bayesian Neural
+   Networks with Stochastic Differential Equations". AISTATS 2022, PMLR 151. arXiv:2102.06559 (Sec. 3.1, App. A).
+2. Xuechen Li, Ting-Kam Leonard Wong, Ricky T. Q. Chen, David Duvenaud (2020). "Scalable Gradients for
+   Stochastic Differential Equations". AISTATS 2020. arXiv:2001.01328.
+3. Geoffrey Roeder, Yuhuai Wu, David Duvenaud (2017). "Sticking the Landing: Simple, Lower-Variance
+   Gradient Estimators for Variational Inference". NeurIPS 2017. arXiv:1703.09194.
 """
 
 from __future__ import annotations

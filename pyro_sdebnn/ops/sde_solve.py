@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Solvers for the SDE-BNN's augmented state: a fused fixed-step Euler–Maruyama loop and torchsde.
 
-The SDE-BNN integrates one augmented state (METHODS.md §3)
+The SDE-BNN [1] integrates one augmented state
 
 .. math::
 
@@ -18,7 +18,7 @@ Two implementations:
 
 - :func:`euler_maruyama_kl`: our own fixed-step Euler–Maruyama loop over a given grid with explicit
   Brownian increments. It is the training path: a plain loop of tensor operations (measured
-  overheads of torchsde at fixed step are 1.5-24x, see issue 5). It supports all three estimators
+  overheads of torchsde at fixed step are 1.5-24x). It supports all three estimators
   and, optionally, the hidden state in the same pass.
 - :func:`sdeint_augmented`: the same augmented SDE through :func:`torchsde.sdeint` /
   :func:`torchsde.sdeint_adjoint` (Milstein, SRK, adaptive steps, stochastic adjoint). The KL channel
@@ -32,10 +32,10 @@ Shapes: paths are ``(..., K, D)`` (time before state, as ``OUPath``); torchsde i
 
 **References**
 
-1. Xu, Chen, Li, Duvenaud (2022). Infinitely Deep Bayesian Neural Networks with Stochastic
-   Differential Equations. AISTATS. arXiv:2102.06559.
-2. Li, Wong, Chen, Duvenaud (2020). Scalable Gradients for Stochastic Differential Equations.
-   AISTATS. arXiv:2001.01328.
+1. Winnie Xu, Ricky T. Q. Chen, Xuechen Li, David Duvenaud (2022). "Infinitely Deep Bayesian Neural
+   Networks with Stochastic Differential Equations". AISTATS 2022, PMLR 151. arXiv:2102.06559.
+2. Xuechen Li, Ting-Kam Leonard Wong, Ricky T. Q. Chen, David Duvenaud (2020). "Scalable Gradients for
+   Stochastic Differential Equations". AISTATS 2020. arXiv:2001.01328.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def time_grid(t_span: tuple[float, float], dt: float, *, dtype: torch.dtype = to
     """A uniform grid from ``t0`` to ``t1`` with ``K = round((t1 - t0) / dt)`` steps, exact end points.
 
     The grid is built in float64 and cast once, so that accumulating ``dt`` in float32 never adds
-    a tiny extra step (a measured 24x slow-down of torchsde, issue 5).
+    a tiny extra step (which slowed torchsde down 24x in our measurements).
 
     :param tuple t_span: ``(t0, t1)`` with ``t0 < t1``.
     :param float dt: positive step; the actual step is ``(t1 - t0) / K``.

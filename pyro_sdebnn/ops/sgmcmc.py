@@ -15,10 +15,14 @@ Temperature convention (as in BlackJAX): the injected noise is scaled by :math:`
 
 **References**
 
-[1] M. Welling, Y. W. Teh (2011). Bayesian Learning via Stochastic Gradient Langevin Dynamics. ICML.
-[2] T. Chen, E. B. Fox, C. Guestrin (2014). Stochastic Gradient Hamiltonian Monte Carlo. ICML.
-[3] C. Li, C. Chen, D. Carlson, L. Carin (2016). Preconditioned Stochastic Gradient Langevin Dynamics
-    for Deep Neural Networks. AAAI.
+[1] Max Welling, Yee Whye Teh (2011). "Bayesian Learning via Stochastic Gradient Langevin Dynamics".
+    ICML 2011.
+
+[2] Tianqi Chen, Emily B. Fox, Carlos Guestrin (2014). "Stochastic Gradient Hamiltonian Monte Carlo".
+    ICML 2014.
+
+[3] Chunyuan Li, Changyou Chen, David Carlson, Lawrence Carin (2016). "Preconditioned Stochastic Gradient
+    Langevin Dynamics for Deep Neural Networks". AAAI 2016.
 """
 
 from __future__ import annotations
@@ -71,7 +75,8 @@ def sgld_step(noise: Tensor, state: SGLDState, grad: Tensor, step_size: Scalar, 
 
         w \\leftarrow w - \\frac{\\eta}{2} \\hat g + \\sqrt{\\eta T}\\, \\xi, \\qquad \\xi \\sim \\mathcal N(0, I)
 
-    (METHODS.md §5; eq. (4) of [1] in the convention of seed 003, Definition 6.1).
+    This is eq. (4) of Welling & Teh (2011) [1], with :math:`\\eta` their step size :math:`\\epsilon_t` and the
+    noise scaled by :math:`\\sqrt T` for tempering.
 
     :param Tensor noise: standard normal noise :math:`\\xi`, shape of ``state.position``.
     :param SGLDState state: current state.
@@ -145,7 +150,8 @@ def sghmc_step(
         v \\leftarrow (1 - \\eta c)\\, v - \\eta \\hat g + \\sqrt{2 \\eta (c - \\hat B) T}\\, \\xi,
         \\qquad w \\leftarrow w + \\eta v
 
-    (METHODS.md §5; [2] in the convention of seed 003, Definition 7.1). The stationary law of
+    This is the SGHMC update of Chen, Fox & Guestrin (2014) [2] with unit mass, momentum :math:`v`, step size
+    :math:`\\eta` and the noise scaled by :math:`\\sqrt T` for tempering. The stationary law of
     :math:`v` is :math:`\\mathcal N(0, T I)`; :math:`0 < \\eta c < 1` is required for the friction to damp.
 
     :param Tensor noise: standard normal noise :math:`\\xi`, shape of ``state.position``.

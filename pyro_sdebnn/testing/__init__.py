@@ -3,7 +3,7 @@
 
 - :class:`ConjugateLinearRegression` -- Bayesian linear regression with a Gaussian posterior (SG-MCMC checks).
 - :class:`OUEndpointProblem` / :class:`OUEndpointDrift` -- an OU weight path observed at its end point, whose true
-  posterior drift is known (path-KL estimator checks, METHODS.md §2).
+  posterior drift is known (path-KL estimator checks).
 """
 
 from pyro_sdebnn.testing.conjugate import ConjugateLinearRegression

@@ -3,7 +3,7 @@
 
 Prior :math:`dw_t = -\\theta w_t\\,dt + \\sigma\\,dB_t` on :math:`[t_0, t_1]` from a fixed :math:`w_{t_0}`,
 one observation :math:`y \\sim \\mathcal N(w_{t_1}, s^2 I)`. By Doob's h-transform the posterior path
-measure has the same diffusion and the drift (METHODS.md §2)
+measure has the same diffusion and the drift
 
 .. math::
 
@@ -18,8 +18,8 @@ the ``stl`` gradient variance vanishes as :math:`\\Delta t \\to 0` while ``full_
 
 **References**
 
-1. Xu, Chen, Li, Duvenaud (2022). Infinitely Deep Bayesian Neural Networks with Stochastic
-   Differential Equations. AISTATS. arXiv:2102.06559 (§3.1, Fig. 4).
+1. Winnie Xu, Ricky T. Q. Chen, Xuechen Li, David Duvenaud (2022). "Infinitely Deep Bayesian Neural
+   Networks with Stochastic Differential Equations". AISTATS 2022, PMLR 151. arXiv:2102.06559 (Sec. 3.1, Fig. 4).
 """
 
 from __future__ import annotations

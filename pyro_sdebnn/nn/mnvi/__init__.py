@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Sampling-free variational inference with multiplicative activation noise (MNVI, seed 002).
+"""Sampling-free variational inference with multiplicative activation noise (MNVI [1]).
 
 Layers carry :class:`~pyro_sdebnn.ops.moments.Moments` ``(mean, var)`` pairs (pass ``Moments(x, None)``
 for a deterministic input) and act as ordinary layers on plain tensors:
@@ -14,6 +14,12 @@ for a deterministic input) and act as ordinary layers on plain tensors:
 - Pyro: :class:`SamplingFreeBNN` (model/guide pair, one-pass predictive), the :func:`sampling_free`
   handler and the expected-likelihood distributions :class:`SamplingFreeNormal`,
   :class:`SamplingFreeCategorical`; train with :class:`pyro_sdebnn.infer.SamplingFree_ELBO`.
+
+**References**
+
+1. Jannik Schmitt, Stefan Roth (2021). "Sampling-free Variational Inference for Neural Networks with
+   Multiplicative Activation Noise". DAGM German Conference on Pattern Recognition (GCPR) 2021.
+   arXiv:2103.08497.
 """
 
 from pyro_sdebnn.nn.mnvi.activations import MNActivation, MNReLU

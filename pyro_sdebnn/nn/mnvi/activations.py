@@ -1,16 +1,19 @@
 # SPDX-License-Identifier: Apache-2.0
 r"""Element-wise activations acting on :class:`~pyro_sdebnn.ops.moments.Moments`.
 
-- :class:`MNReLU`: exact Gaussian moments of the rectifier (seed 002 eq. (11)).
+- :class:`MNReLU`: exact Gaussian moments of the rectifier ([1], eq. (11); [2]).
 - :class:`MNActivation`: any element-wise function by first-order Taylor expansion,
-  :math:`\mathbb E\approx f(\mu)`, :math:`\mathbb V\approx f'(\mu)^2 s^2` (seed 002 eq. (12)).
+  :math:`\mathbb E\approx f(\mu)`, :math:`\mathbb V\approx f'(\mu)^2 s^2` ([1], eq. (12)).
 
 On a plain tensor both act as the ordinary activation.
 
 **References**
 
-1. J. Schmitt, S. Roth (2021). Sampling-free Variational Inference of Bayesian Neural Networks by
-   Variance Backpropagation with Multiplicative Activation Noise. arXiv:2103.08497.
+1. Jannik Schmitt, Stefan Roth (2021). "Sampling-free Variational Inference for Neural Networks with
+   Multiplicative Activation Noise". DAGM German Conference on Pattern Recognition (GCPR) 2021.
+   arXiv:2103.08497.
+2. Brendan J. Frey, Geoffrey E. Hinton (1999). "Variational Learning in Nonlinear Gaussian Belief
+   Networks". Neural Computation 11(1).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ class MNReLU(nn.Module):
         \mathbb E = \mu\Phi(\mu/s) + s\varphi(\mu/s), \qquad
         \mathbb V = (\mu^2+s^2)\Phi(\mu/s) + \mu s\varphi(\mu/s) - \mathbb E^2 .
 
-    :param float min_var: floor on :math:`s^2` (default ``1e-5``, seed 002 App. A).
+    :param float min_var: floor on :math:`s^2` (default ``1e-5``, as in Schmitt & Roth (2021), App. A).
     :param bool compile: evaluate the moments with a :func:`torch.compile`-fused kernel (one pass over
         memory instead of about seventeen element-wise operations, one of them ``erf``; the first call
         compiles, which takes seconds and needs a C++ compiler). The default ``False`` runs eager PyTorch:

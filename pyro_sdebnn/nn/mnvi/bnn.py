@@ -29,7 +29,7 @@ Two ways to run the same program:
    the ELBO adds the closed-form KL of the weight sites.
 
 Using the guide's parameters inside the model is what makes the expected log-likelihood available
-in closed form (it is a functional of :math:`q`, seed 002 eq. (4)); the weight sites are still
+in closed form (it is a functional of :math:`q`, eq. (4) of [1]); the weight sites are still
 declared in both programs, so the KL, the site names and Pyro's validation are the usual ones.
 
 Output conventions: regression nets output two columns (mean, log-variance), classification nets
@@ -37,8 +37,9 @@ Output conventions: regression nets output two columns (mean, log-variance), cla
 
 **References**
 
-1. J. Schmitt, S. Roth (2021). Sampling-free Variational Inference of Bayesian Neural Networks by
-   Variance Backpropagation with Multiplicative Activation Noise. arXiv:2103.08497.
+1. Jannik Schmitt, Stefan Roth (2021). "Sampling-free Variational Inference for Neural Networks with
+   Multiplicative Activation Noise". DAGM German Conference on Pattern Recognition (GCPR) 2021.
+   arXiv:2103.08497.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ class SamplingFreeBNN(nn.Module):
     :param int num_data: the data-set size :math:`N` used to scale minibatches (``None``: no scaling).
     :param float prior_scale: prior standard deviation :math:`\sigma_p`.
     :param int num_logit_samples: logit samples per data point for the sampling-free categorical
-        expected log-likelihood (seed 002 eq. (16)).
+        expected log-likelihood (Schmitt & Roth (2021), eq. (16)).
     :param str name: prefix of the Pyro parameter and sample-site names.
 
     >>> from pyro_sdebnn.nn.mnvi import MNLinear, MNReLU, MNSequential
@@ -223,10 +224,11 @@ class SamplingFreeBNN(nn.Module):
         """Predictive distribution from **one** sampling-free forward pass (``net`` in eval mode).
 
         - ``"gaussian"``: :class:`~pyro_sdebnn.infer.RegressionPrediction` with ``S = 1``,
-          ``loc`` :math:`\\bar\\mu`, ``scale`` :math:`\\sqrt{v_\\mu + e^{\\bar c + v_c/2}}` (seed 002 eq. (19)).
+          ``loc`` :math:`\\bar\\mu`, ``scale`` :math:`\\sqrt{v_\\mu + e^{\\bar c + v_c/2}}`
+          (Schmitt & Roth (2021), eq. (19)).
         - ``"categorical"``: :class:`~pyro_sdebnn.infer.ClassificationPrediction` whose ``S = num_samples``
           rows are the softmaxes of logits drawn from :math:`\\mathcal N(\\bar h, v_h)`; their mean is the
-          predictive of seed 002 eq. (20), and the spread across rows gives the epistemic part.
+          predictive of Schmitt & Roth (2021), eq. (20), and the spread across rows gives the epistemic part.
 
         :param Tensor x: inputs ``(N, ...)``.
         :param int num_samples: logit draws for classification (ignored for regression).
@@ -262,8 +264,8 @@ class SamplingFreeBNN(nn.Module):
         r"""Train with :class:`pyro.infer.SVI` on shuffled minibatches; return the loss per epoch.
 
         The model and guide run under ``poutine.scale(1 / N)``, so the reported loss (and the
-        gradient) is the negative ELBO *per data point*, the scale at which seed 002's learning rates
-        are quoted. ``num_data`` is set to ``len(x)`` if it was ``None``.
+        gradient) is the negative ELBO *per data point*, the scale at which Schmitt & Roth (2021) quote
+        their learning rates. ``num_data`` is set to ``len(x)`` if it was ``None``.
 
         :param int num_epochs: passes over the data.
         :param int batch_size: minibatch size.

@@ -7,7 +7,13 @@ Both pass plain tensors (the deterministic / sampled-weight network) or
 
 .. warning:: In a residual block the two branches see the same input, so their outputs are
     correlated; like every layer here the sum adds variances as if they were independent
-    (seed 002 Assumption 3), :math:`v' = v_\text{main} + v_\text{shortcut}`.
+    (Assumption 3 of [1]), :math:`v' = v_\text{main} + v_\text{shortcut}`.
+
+**References**
+
+1. Jannik Schmitt, Stefan Roth (2021). "Sampling-free Variational Inference for Neural Networks with
+   Multiplicative Activation Noise". DAGM German Conference on Pattern Recognition (GCPR) 2021.
+   arXiv:2103.08497.
 """
 
 from __future__ import annotations

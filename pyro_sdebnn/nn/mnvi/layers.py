@@ -3,7 +3,7 @@ r"""Dense and convolutional layers with the weight posterior induced by multipli
 
 Multiplying every input activation :math:`x_j` of a layer by independent noise
 :math:`\varepsilon_j\sim\mathcal N(1, \alpha_j)` is the same, in distribution, as drawing the weights
-from (seed 002 eq. (5); METHODS.md §4)
+from ([1], eq. (5))
 
 .. math::
 
@@ -23,10 +23,11 @@ The bias is a point estimate: the activation noise multiplies the inputs, not th
 
 **References**
 
-1. J. Schmitt, S. Roth (2021). Sampling-free Variational Inference of Bayesian Neural Networks by
-   Variance Backpropagation with Multiplicative Activation Noise. arXiv:2103.08497.
-2. D. P. Kingma, T. Salimans, M. Welling (2015). Variational Dropout and the Local
-   Reparameterization Trick. NeurIPS. arXiv:1506.02557.
+1. Jannik Schmitt, Stefan Roth (2021). "Sampling-free Variational Inference for Neural Networks with
+   Multiplicative Activation Noise". DAGM German Conference on Pattern Recognition (GCPR) 2021.
+   arXiv:2103.08497.
+2. Diederik P. Kingma, Tim Salimans, Max Welling (2015). "Variational Dropout and the Local
+   Reparameterization Trick". NeurIPS 2015. arXiv:1506.02557.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from pyro_sdebnn.ops.moments import Moments, multiplicative_conv2d_moments, mult
 
 __all__ = ["BayesianLayer", "MNConv2d", "MNLinear"]
 
-#: Initial value of the noise parameter ``rho`` (seed 002 App. A): ``softplus(-3) ~= 0.049``.
+#: Initial value of the noise parameter ``rho`` (Schmitt & Roth (2021), App. A): ``softplus(-3) ~= 0.049``.
 RHO_INIT = -3.0
 
 

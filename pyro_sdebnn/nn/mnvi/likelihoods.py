@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-r"""Likelihoods averaged over Gaussian network outputs, for the sampling-free ELBO (seed 002 §3.4).
+r"""Likelihoods averaged over Gaussian network outputs, for the sampling-free ELBO ([1], Sec. 3.4).
 
 They are the observation distributions :class:`~pyro_sdebnn.nn.mnvi.SamplingFreeBNN` uses under
 :func:`~pyro_sdebnn.nn.mnvi.sampling_free`: their ``log_prob(y)`` is the *expected* log-likelihood
@@ -9,9 +9,12 @@ density in :math:`y`; ``sample`` draws from the predictive distribution.
 
 **References**
 
-1. J. Schmitt, S. Roth (2021). Sampling-free Variational Inference of Bayesian Neural Networks by
-   Variance Backpropagation with Multiplicative Activation Noise. arXiv:2103.08497.
-2. A. Wu et al. (2019). Deterministic Variational Inference for Robust Bayesian Neural Networks. ICLR.
+1. Jannik Schmitt, Stefan Roth (2021). "Sampling-free Variational Inference for Neural Networks with
+   Multiplicative Activation Noise". DAGM German Conference on Pattern Recognition (GCPR) 2021.
+   arXiv:2103.08497.
+2. Anqi Wu, Sebastian Nowozin, Edward Meeds, Richard E. Turner, José Miguel Hernández-Lobato,
+   Alexander L. Gaunt (2019). "Deterministic Variational Inference for Robust Bayesian Neural Networks".
+   ICLR 2019. arXiv:1810.03958.
 """
 
 from __future__ import annotations
@@ -32,16 +35,22 @@ class SamplingFreeNormal(TorchDistribution):
     r"""Heteroscedastic Gaussian likelihood averaged over Gaussian mean and log-variance outputs.
 
     The network outputs a mean :math:`\mu\sim\mathcal N(\bar\mu, v_\mu)` and a log-variance
-    :math:`c\sim\mathcal N(\bar c, v_c)`; then (METHODS.md §4, with the :math:`v_c/2` correction)
+    :math:`c\sim\mathcal N(\bar c, v_c)`; then, since :math:`\mathbb E[e^{-c}] = e^{-\bar c + v_c/2}`,
 
     .. math::
 
         \texttt{log\_prob}(y) = -\tfrac12\big(\log 2\pi + \bar c + e^{-\bar c + v_c/2}(v_\mu + (\bar\mu-y)^2)\big),
         \qquad p(y) \approx \mathcal N\big(\bar\mu,\ v_\mu + e^{\bar c + v_c/2}\big).
 
-    :param Tensor loc: :math:`\bar\mu`. :param Tensor loc_var: :math:`v_\mu \ge 0`.
-    :param Tensor log_var: :math:`\bar c`. :param Tensor log_var_var: :math:`v_c \ge 0`.
-    All broadcast to the batch shape; the event shape is ``()``.
+    These are eqs. (15) and (19) of Schmitt & Roth (2021), with the exponent in eq. (15) set to the lognormal
+    mean :math:`-\bar c + v_c/2` (the paper prints :math:`-\bar c + v_c`).
+
+    All parameters broadcast to the batch shape; the event shape is ``()``.
+
+    :param Tensor loc: :math:`\bar\mu`.
+    :param Tensor loc_var: :math:`v_\mu \ge 0`.
+    :param Tensor log_var: :math:`\bar c`.
+    :param Tensor log_var_var: :math:`v_c \ge 0`.
 
     >>> d = SamplingFreeNormal(torch.zeros(3), torch.zeros(3), torch.zeros(3), torch.zeros(3))
     >>> d.log_prob(torch.zeros(3))
@@ -98,7 +107,7 @@ class SamplingFreeCategorical(TorchDistribution):
         \texttt{log\_prob}(y) = \frac1S\sum_{s=1}^S \log\operatorname{softmax}(h^s)_y,\qquad
         h^s = \bar h + \sqrt{v_h}\circ\xi^s,\ \xi^s\sim\mathcal N(0, I)
 
-    (seed 002 eq. (16)); an unbiased estimate of the expected log-likelihood whose cost is
+    (Schmitt & Roth (2021), eq. (16)); an unbiased estimate of the expected log-likelihood whose cost is
     negligible next to a forward pass. ``sample`` draws labels from the predictive
     :math:`\frac1S\sum_s\operatorname{softmax}(h^s)` (eq. (20)).
 

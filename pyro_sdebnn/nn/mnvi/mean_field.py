@@ -1,9 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-r"""Sampling-free mean-field Gaussian layers, the MFVI baseline of seed 002 (Table 2).
+r"""Sampling-free mean-field Gaussian layers, the MFVI baseline of [1] (Table 2).
 
 Every weight has its own variance, :math:`q(w_{ij}) = \mathcal N(m_{ij}, s_{ij})` with
 :math:`s_{ij} = \operatorname{softplus}(\rho_{ij})`, so the layer has twice the parameters of its
-deterministic twin and the variance path needs two extra matrix products (seed 002 eq. (8); [2]):
+deterministic twin and the variance path needs two extra matrix products ([1], eq. (8); [2]):
 
 .. math::
 
@@ -16,10 +16,12 @@ containers, :class:`~pyro_sdebnn.nn.mnvi.SamplingFreeBNN` and
 
 **References**
 
-1. J. Schmitt, S. Roth (2021). Sampling-free Variational Inference of Bayesian Neural Networks by
-   Variance Backpropagation with Multiplicative Activation Noise. arXiv:2103.08497.
-2. A. Wu et al. (2019). Deterministic Variational Inference for Robust Bayesian Neural Networks.
-   ICLR. arXiv:1810.03958.
+1. Jannik Schmitt, Stefan Roth (2021). "Sampling-free Variational Inference for Neural Networks with
+   Multiplicative Activation Noise". DAGM German Conference on Pattern Recognition (GCPR) 2021.
+   arXiv:2103.08497.
+2. Anqi Wu, Sebastian Nowozin, Edward Meeds, Richard E. Turner, José Miguel Hernández-Lobato,
+   Alexander L. Gaunt (2019). "Deterministic Variational Inference for Robust Bayesian Neural Networks".
+   ICLR 2019. arXiv:1810.03958.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from pyro_sdebnn.ops.moments import Moments, mean_field_conv2d_moments, mean_fie
 
 __all__ = ["MFConv2d", "MFLinear"]
 
-#: Default initial ``rho`` of the per-weight variances (seed 002 Table 4, LeNet: -10).
+#: Default initial ``rho`` of the per-weight variances (Schmitt & Roth (2021), Table 4, LeNet: -10).
 MF_RHO_INIT = -10.0
 
 

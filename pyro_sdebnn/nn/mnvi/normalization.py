@@ -1,9 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-r"""Batch normalisation for moment propagation (seed 002 §3.3.3).
+r"""Batch normalisation for moment propagation ([1], Sec. 3.3.3).
 
 The mean path is the ordinary batch-norm (batch statistics in training, running statistics in
 evaluation; running statistics are updated from the means only). The variance path treats the
-layer as the fixed linear map it applies to its input (seed 002 eq. (13)):
+layer as the fixed linear map it applies to its input ([1], eq. (13)):
 
 .. math::
 
@@ -12,6 +12,12 @@ layer as the fixed linear map it applies to its input (seed 002 eq. (13)):
 
 where :math:`\operatorname{var}(x)` is the (biased) batch variance of the means in training and the
 running variance in evaluation. ``gamma``/``beta`` are point estimates.
+
+**References**
+
+1. Jannik Schmitt, Stefan Roth (2021). "Sampling-free Variational Inference for Neural Networks with
+   Multiplicative Activation Noise". DAGM German Conference on Pattern Recognition (GCPR) 2021.
+   arXiv:2103.08497.
 """
 
 from __future__ import annotations

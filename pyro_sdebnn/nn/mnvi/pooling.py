@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-r"""Pooling and reshaping layers for moment propagation (seed 002 §3.3.3).
+r"""Pooling and reshaping layers for moment propagation ([1], Sec. 3.3.3).
 
 - :class:`MNMaxPool2d`: the maximum of the *means* is taken and that entry's variance is carried
   along (the max of several Gaussians has no closed form; this keeps the sparsity of max-pooling).
@@ -7,6 +7,12 @@ r"""Pooling and reshaping layers for moment propagation (seed 002 §3.3.3).
   :math:`v' = \frac{1}{k^2}\operatorname{avg}(v)` for a window of :math:`k` entries.
 - :class:`MNFlatten`, :class:`MNDropout` (a no-op: the multiplicative noise replaces dropout),
   :class:`MNIdentity`.
+
+**References**
+
+1. Jannik Schmitt, Stefan Roth (2021). "Sampling-free Variational Inference for Neural Networks with
+   Multiplicative Activation Noise". DAGM German Conference on Pattern Recognition (GCPR) 2021.
+   arXiv:2103.08497.
 """
 
 from __future__ import annotations
@@ -195,7 +201,7 @@ class MNIdentity(nn.Identity):
 
 
 class MNDropout(MNIdentity):
-    """Dropout placeholder: a no-op, since the learned multiplicative noise replaces dropout (seed 002).
+    """Dropout placeholder: a no-op, since the learned multiplicative noise replaces dropout (Schmitt & Roth, 2021).
 
     Accepts (and ignores) the arguments of :class:`torch.nn.Dropout` so that networks convert one-to-one.
 
