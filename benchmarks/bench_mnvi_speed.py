@@ -24,14 +24,26 @@ Training step (forward + backward + Adam update)
 - ``mnvi-svi-step``: ``pyro.infer.SVI.step`` with :class:`~pyro_sdebnn.infer.SamplingFree_ELBO`
   (adds Pyro's tracing and parameter-store overhead).
 
-Targets (issue 4): MNVI predictive forward <= 2.2x deterministic, and >= 3x faster than MC-dropout
-with 8 samples. Reported per item: median and the interquartile range over ``--repeats`` of the
-per-repeat time, and of the per-repeat ratio. Pyro validation is disabled while timing (as in
-production). The machine may be shared: ratios within one run are meaningful, absolute times less so.
+MNVI is the method of [1]; MC-dropout that of [2]; LeNet-5 the network of [3]. The project's targets: MNVI
+predictive forward <= 2.2x deterministic, and >= 3x faster than MC-dropout with 8 samples. Reported per item:
+median and the interquartile range over ``--repeats`` of the per-repeat time, and of the per-repeat ratio. Pyro
+validation is disabled while timing (as in production). The machine may be shared: ratios within one run are
+meaningful, absolute times less so.
 
 Usage::
 
-    python benchmarks/bench_mnvi_speed.py [--repeats 30] [--inner 10] [--threads 1] [--output FILE]
+    python benchmarks/bench_mnvi_speed.py [--repeats 30] [--inner 10] [--threads 1] [--compile] [--output FILE]
+
+**References**
+
+[1] Jannik Schmitt, Stefan Roth (2021). "Sampling-free Variational Inference for Neural Networks with
+    Multiplicative Activation Noise". DAGM German Conference on Pattern Recognition (GCPR) 2021.
+
+[2] Yarin Gal, Zoubin Ghahramani (2016). "Dropout as a Bayesian Approximation: Representing Model Uncertainty
+    in Deep Learning". ICML 2016.
+
+[3] Yann LeCun, Léon Bottou, Yoshua Bengio, Patrick Haffner (1998). "Gradient-Based Learning Applied to Document
+    Recognition". Proceedings of the IEEE 86(11).
 """
 
 from __future__ import annotations

@@ -1,16 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Diagnose MNVI on UCI Boston: where the gap to seed 002 Table 1 comes from (single splits, plain torch loop).
+"""Diagnose MNVI on UCI Boston: where the gap to Schmitt & Roth (2021), Table 1 comes from (plain torch loop).
 
-Trains the 13-50-2 MNVI network of ``pyro-sdebnn benchmark mnvi-uci`` on the given splits with the
-per-data-point objective of seed 002 eq. (18),
+Trains the 13-50-2 MNVI network of ``pyro-sdebnn benchmark mnvi-uci`` on the given splits of UCI Boston [2] with the
+per-data-point objective of [1], eq. (18),
 
     loss = -mean_batch E_q[log p(y | x, w)] + kappa(epoch) * KL(q || p) / N,
 
-with the App. B schedule (kappa 0.01 / 0.1 / final over epochs [0, E/2) / [E/2, 3E/4) / [3E/4, E)),
+with the schedule of [1], App. B (kappa 0.01 / 0.1 / final over epochs [0, E/2) / [E/2, 3E/4) / [3E/4, E)),
 SGD (lr 0.05, momentum 0.9), batch 64, and prints per split: test log-likelihood and RMSE (original
 units), training RMSE, the expected log-likelihood and KL per training point at the end, and the
 median/max of the learned noise variances alpha per layer. Options switch one ingredient at a time:
-``--clip inf`` (seed 002 App. A: clip the infinity norm of the whole gradient at 1) vs ``--clip pyro``
+``--clip inf`` ([1], App. A: clip the infinity norm of the whole gradient at 1) vs ``--clip pyro``
 (the experiment's per-tensor L2 clipping), the KL weights, prior variance, epochs.
 Single-threaded. Each split takes a few seconds on an idle core. Not a test-split tuning tool: the
 evidence it gives is the training fit and the size of the KL term, which need no test data.
@@ -18,6 +18,14 @@ evidence it gives is the training fit and the size of the KL term, which need no
 Usage::
 
     python benchmarks/bench_mnvi_uci_diagnosis.py --splits 0 1 2 [--kl 0.01 0.1 1] [--clip inf]
+
+**References**
+
+[1] Jannik Schmitt, Stefan Roth (2021). "Sampling-free Variational Inference for Neural Networks with
+    Multiplicative Activation Noise". DAGM German Conference on Pattern Recognition (GCPR) 2021.
+
+[2] David Harrison, Daniel L. Rubinfeld (1978). "Hedonic Housing Prices and the Demand for Clean Air".
+    Journal of Environmental Economics and Management 5(1).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Gradient variance of the three path-KL estimators on a problem with a known posterior (seed 000 Fig. 4/10).
+"""Gradient variance of the three path-KL estimators on a problem with a known posterior ([1], Figs. 4, 10).
 
 Problem: :class:`pyro_sdebnn.testing.OUEndpointProblem` -- an OU prior path (σ = 0.8, θ = 1, D = 1)
 observed at t1 with Gaussian noise s = 0.3. Its exact posterior drift correction is
@@ -7,12 +7,24 @@ observed at t1 with Gaussian noise s = 0.3. Its exact posterior drift correction
 For each step size ``dt`` and each ``alpha`` (1 = the true posterior, 0.5 = half way from the prior),
 the variance over ``--samples`` single-path estimates of d(-ELBO)/d alpha is reported for ``stl``,
 ``analytic`` and ``full_mc``. Expected: at alpha = 1 the ``stl`` variance goes to 0 as dt -> 0 (its
-only remaining source is the time discretisation), while ``full_mc``'s does not.
+only remaining source is the time discretisation), while ``full_mc``'s does not -- the "sticking the landing"
+property [2] of the path-space KL estimator of [1, 3].
 
 Usage::
 
     python benchmarks/bench_sdebnn_gradvar.py [--samples 256] [--dts 0.1,0.05,0.02,0.01,0.005]
                                               [--output FILE] [--figure FILE.png]
+
+**References**
+
+[1] Winnie Xu, Ricky T. Q. Chen, Xuechen Li, David Duvenaud (2022). "Infinitely Deep Bayesian Neural Networks
+    with Stochastic Differential Equations". Proceedings of AISTATS 2022, PMLR 151.
+
+[2] Geoffrey Roeder, Yuhuai Wu, David Duvenaud (2017). "Sticking the Landing: Simple, Lower-Variance Gradient
+    Estimators for Variational Inference". NeurIPS 2017.
+
+[3] Xuechen Li, Ting-Kam Leonard Wong, Ricky T. Q. Chen, David Duvenaud (2020). "Scalable Gradients for
+    Stochastic Differential Equations". AISTATS 2020.
 """
 
 from __future__ import annotations

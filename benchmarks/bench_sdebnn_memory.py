@@ -13,7 +13,7 @@ then differentiated. Reported per K:
   reported too.
 - ``forward+backward s``: wall time (machine shared: compare within a run).
 
-Issue 5 targets: adjoint memory grows at most 2x from 10 to 1000 steps and is <= 15 % of backprop's at
+The project's targets: adjoint memory grows at most 2x from 10 to 1000 steps and is <= 15 % of backprop's at
 1000 steps.
 
 Usage::

@@ -15,7 +15,7 @@ estimator (``stl``), same data, one weight path per step:
   ``BrownianInterval``) and :func:`torchsde.sdeint_adjoint`, both with the cheaper ``analytic`` KL
   (torchsde's diagonal-noise state has no room for the STL term).
 
-Target (issue 5): library step <= 1.3x the hand-written loop. Reported: median and interquartile
+The project's target: library step <= 1.3x the hand-written loop. Reported: median and interquartile
 range over ``--repeats`` of the per-repeat time and ratio. Pyro validation is off while timing.
 The machine may be shared: ratios within one run are meaningful, absolute times less so.
 

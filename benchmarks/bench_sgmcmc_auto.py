@@ -2,8 +2,8 @@
 """End-to-end wall time of ``MCMC.run`` with the SG-MCMC backends ``fx``, ``compile`` and ``auto``.
 
 SGLD on the 2-50-50-1 MLP (binary labels, N = 1000, batch 32, ``num_steps=10``) run by :class:`pyro.infer.MCMC`
-for a short run (the two-moons settings of issue 6: 200 warm-up + 100 samples = 3000 inner steps) and a long one
-(2000 + 2000 samples = 40000 inner steps). The time includes building the step (tracing; compiling for
+for a short run (the settings of ``pyro-sdebnn benchmark two-moons``: 200 warm-up + 100 samples = 3000 inner steps)
+and a long one (2000 + 2000 samples = 40000 inner steps). The time includes building the step (tracing; compiling for
 ``compile``, and for ``auto`` once it decides to). ``auto`` should be close to the better of the two fixed choices
 in both runs. Compilation time depends on the inductor cache (warm after the first run on a machine); the script
 compiles once before timing so that every compile uses a warm cache, which favours ``compile``.

@@ -9,8 +9,8 @@ same without the thread (``background=False``: Cholesky factors, two triangular 
 first row: the thread moves the O(M^3) work to another core; the other rows use one core. A row "SGLD, batch 112"
 times SGLD on 32 + 80 inputs: the cost of the network pass that every fSGLD step makes, without any GP term.
 Reported: median and spread (min-max) of the per-step wall-time ratio over ``--repeats`` interleaved repeats, and the
-median ratio of process CPU time (all threads: the background thread's work is counted there). Target (issue 6):
-<= 1.6x.
+median ratio of process CPU time (all threads: the background thread's work is counted there). The project's
+target: <= 1.6x.
 
 Usage::
 

@@ -64,8 +64,9 @@ def main() -> None:
 
     # %% [markdown]
     # ## Data
-    # 200 training points, 500 test points from another random state (seed 003 §8.7), and a
-    # validation set from a third one for temperature scaling.
+    # Two interleaved half circles with Gaussian noise of standard deviation 0.2: 200 training points,
+    # 500 test points from another random state, and a validation set from a third one for
+    # temperature scaling.
     data = two_moons(n_train=200, n_test=500, noise=0.2, seed=args.seed)
     x_val, y_val = two_moons(n_train=200, n_test=1, seed=args.seed + 1)[:2]
 

@@ -14,13 +14,19 @@ What you learn:
 2. that the network then carries ``Moments(mean, var)`` pairs: one forward pass gives the mean
    and variance of every output, with no weight sampling;
 3. training with Pyro's ``SVI`` and :class:`pyro_sdebnn.infer.SamplingFree_ELBO` (closed-form
-   expected log-likelihood and KL, KL weight schedule of seed 002 App. B), and that the *same*
+   expected log-likelihood and KL, KL weight schedule of Schmitt & Roth [1], App. B), and that the *same*
    model/guide pair trains with the ordinary sampling-based ``Trace_ELBO``;
 4. the one-pass Gaussian predictive :math:`\\mathcal N(\\mu, v_\\mu + e^{c + v_c/2})`, and how to split its
    variance into the epistemic part :math:`v_\\mu` and the aleatoric part :math:`e^{c + v_c/2}`.
 
 The full 20-split comparison with MFVI, MC-dropout and a deep ensemble is
 ``pyro-sdebnn benchmark mnvi-uci``.
+
+**References**
+
+1. J. Schmitt, S. Roth (2021). Sampling-free Variational Inference for Neural Networks with
+   Multiplicative Activation Noise. DAGM German Conference on Pattern Recognition (GCPR) 2021.
+2. F. Wenzel et al. (2020). How Good is the Bayes Posterior in Deep Neural Networks Really? ICML 2020.
 """
 
 # %% [markdown]
@@ -49,7 +55,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--output", type=Path, default=Path("outputs/tutorial_03"), help="folder for the figure")
     parser.add_argument("--split", type=int, default=0, help="which of the 20 UCI splits")
     parser.add_argument("--kl-final", type=float, default=0.1,
-                        help="KL weight of the last quarter (seed 002: 1; 0.1 fits better here, see below)")
+                        help="KL weight of the last quarter (Schmitt & Roth 2021: 1; 0.1 fits better here, see below)")
     return parser.parse_args()
 
 
@@ -70,11 +76,12 @@ def main() -> None:
     print("one sampling-free pass: mean", tuple(out.mean.shape), "variance", tuple(out.var.shape))
 
     # %% [markdown]
-    # ## Sampling-free training (seed 002 App. B)
+    # ## Sampling-free training (Schmitt & Roth [1], App. B)
     # SGD with momentum, batch 64, prior variance 10; KL weight 0.01 -> 0.1 -> kl_final.
-    # Seed 002 ends at 1 (the ELBO). With 750 weights and 455 points the KL of this family then
-    # dominates and the network underfits (benchmarks/RESULTS_mnvi.md: -2.91 over 20 splits); a final
-    # weight of 0.1 -- a cold posterior -- gives -2.60. Try ``--kl-final 1`` to see the difference.
+    # Schmitt & Roth end at 1 (the ELBO). With 750 weights and 455 points the KL of this family then
+    # dominates and the network underfits (the MNVI section of BENCHMARKS.md: -2.93 over 20 splits); a
+    # final weight of 0.1 -- a cold posterior (Wenzel et al. [2]) -- gives -2.65. Try ``--kl-final 1`` to
+    # see the difference.
     bnn = SamplingFreeBNN(net, "gaussian", num_data=len(data.y_train), prior_scale=math.sqrt(10.0))
     start = time.perf_counter()
     history = bnn.fit(
@@ -93,7 +100,7 @@ def main() -> None:
     pred = bnn.predict(data.x_test)
     ll = gaussian_mixture_log_likelihood(pred.loc, pred.scale, data.y_test, y_scale=float(data.y_scale))
     err = rmse(pred.mean, data.y_test, y_scale=float(data.y_scale))
-    print(f"MNVI test log-likelihood {float(ll):.3f}, RMSE {float(err):.3f} (seed 002 Table 1: -2.43)")
+    print(f"MNVI test log-likelihood {float(ll):.3f}, RMSE {float(err):.3f} (Schmitt & Roth 2021, Table 1: -2.43)")
     moments = bnn.moments(data.x_test)
     epistemic = moments.var[:, 0].detach()
     aleatoric = torch.exp(moments.mean[:, 1] + 0.5 * moments.var[:, 1]).detach()

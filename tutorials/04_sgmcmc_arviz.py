@@ -18,6 +18,10 @@ What you learn:
    log-likelihood for networks built from ``nn.Linear``, which do not vectorise over draws);
 4. weight-space ESS / R-hat of a network are nearly meaningless (permutation symmetries, flat directions);
    diagnose the chains on their *predictions* instead (function-space ESS / R-hat).
+
+**References**
+
+1. T. Chen, E. B. Fox, C. Guestrin (2014). Stochastic Gradient Hamiltonian Monte Carlo. ICML 2014.
 """
 
 # %% [markdown]
@@ -61,16 +65,18 @@ def main() -> None:
 
     # %% [markdown]
     # ## The model
-    # A 2-50-50-1 tanh network with N(0, 1) weights and a Bernoulli likelihood (seed 003 §6-7). ``BayesianMLP``
-    # draws the weights before entering the data plate and records the logits in ``pyro.deterministic("f")``.
+    # Two Moons (200 training points, noise 0.2) and a 2-50-50-1 tanh network with N(0, 1) weights and a
+    # Bernoulli likelihood. ``BayesianMLP`` draws the weights before entering the data plate and records the
+    # logits in ``pyro.deterministic("f")``.
     data = two_moons(n_train=200, n_test=500, noise=0.2, seed=args.seed)
     x, y = data.x_train, data.y_train.float()
     model = BayesianMLP([2, 50, 50, 1], likelihood="bernoulli")
 
     # %% [markdown]
     # ## SGHMC under Pyro's MCMC
-    # Seed 003's settings: step size 1e-3, friction 0.1, batch 32, 10 inner steps per returned sample (thinning),
-    # 200 burn-in samples, 100 kept. ``vectorized_chains`` runs the chains side by side in one process.
+    # SGHMC (Chen, Fox & Guestrin [1]) with step size 1e-3, friction 0.1, batch 32, 10 inner steps per returned
+    # sample (thinning), 200 burn-in samples, 100 kept. ``vectorized_chains`` runs the chains side by side in
+    # one process.
     kernel = SGHMC(model, step_size=1e-3, friction=0.1, num_steps=10, subsample_size=32, vectorized_chains=chains)
     mcmc = MCMC(kernel, num_samples=samples, warmup_steps=warmup, disable_progbar=args.quick)
     start = time.perf_counter()

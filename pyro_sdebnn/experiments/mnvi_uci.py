@@ -1,20 +1,21 @@
 # SPDX-License-Identifier: Apache-2.0
-"""UCI Boston with a 13-50-2 network: MNVI vs sampling-free MFVI vs MC-dropout vs a deep ensemble (seed 002 Table 1).
+"""UCI Boston with a 13-50-2 network: MNVI vs sampling-free MFVI vs MC-dropout vs a deep ensemble ([1], Table 1).
 
-Protocol: the 20 random 90/10 splits of :func:`pyro_sdebnn.data.uci_boston` (standardised on the
-training split), one hidden layer of 50 ReLU units, heteroscedastic Gaussian output (mean,
-log-variance). Reported per method: test log-likelihood and RMSE in the original units (thousands
-of dollars), mean ± standard error over splits, and fit time per split.
+Protocol: the 20 random 90/10 splits of :func:`pyro_sdebnn.data.uci_boston` (Boston housing [5]; the
+split protocol of Hernández-Lobato & Adams [6]; standardised on the training split), one hidden layer
+of 50 ReLU units, heteroscedastic Gaussian output (mean, log-variance). Reported per method: test
+log-likelihood and RMSE in the original units (thousands of dollars), mean ± standard error over splits,
+and fit time per split.
 
 - **MNVI / MFVI** (:class:`~pyro_sdebnn.nn.mnvi.SamplingFreeBNN` + :class:`~pyro_sdebnn.infer.SamplingFree_ELBO`):
-  seed 002 App. B -- SGD (lr 0.05, momentum 0.9), 200 epochs, batch 64, prior variance 10, KL weight
+  Schmitt & Roth [1], App. B -- SGD (lr 0.05, momentum 0.9), 200 epochs, batch 64, prior variance 10, KL weight
   0.01 for the first half of training, 0.1 for the third quarter and 1 for the last quarter
   (epochs 100/150 of 200; ``--kl-final`` changes the last weight); gradient clipping at norm 1 per
-  parameter tensor (Pyro's ``clip_norm``; the seed clips the infinity norm of the whole gradient).
-  Prediction in one forward pass. With the final weight 1 MNVI underfits here (see
-  ``benchmarks/RESULTS_mnvi.md``); ``--kl-final 0.1`` is the cold-posterior variant.
-- **MC-dropout** (:class:`~pyro_sdebnn.infer.MCDropout`, p = 0.05, 50 passes) and **deep ensemble**
-  (:class:`~pyro_sdebnn.infer.DeepEnsemble`, 5 members): the baselines' own ``fit`` (Adam, lr 1e-2,
+  parameter tensor (Pyro's ``clip_norm``; [1], App. A, clips the infinity norm of the whole gradient).
+  Prediction in one forward pass. With the final weight 1 MNVI underfits here (see the MNVI section
+  of ``BENCHMARKS.md``); ``--kl-final 0.1`` is the cold-posterior variant (Wenzel et al. [4]).
+- **MC-dropout** ([2]; :class:`~pyro_sdebnn.infer.MCDropout`, p = 0.05, 50 passes) and **deep ensemble**
+  ([3]; :class:`~pyro_sdebnn.infer.DeepEnsemble`, 5 members): the baselines' own ``fit`` (Adam, lr 1e-2,
   weight decay 1e-4, batch 32) for the same number of epochs.
 
 On the CPU the run is single-threaded (``torch.set_num_threads(1)`` for its duration, restored
@@ -25,8 +26,22 @@ machine they slow every step down by an order of magnitude.
 Outputs: ``mnvi_uci_table.md`` / ``.csv`` (summary), ``mnvi_uci_splits.csv`` (per split),
 ``mnvi_uci_loglik.png``.
 
-Reference (seed 002 Table 1, 10-fold CV, 20 runs): boston test log-likelihood MNVI -2.43 ± 0.02,
+Reference ([1], Table 1, 10-fold CV, 20 runs): boston test log-likelihood MNVI -2.43 ± 0.02,
 MC-dropout -2.46 ± 0.25, ensemble -2.41 ± 0.25.
+
+**References**
+
+1. J. Schmitt, S. Roth (2021). Sampling-free Variational Inference for Neural Networks with
+   Multiplicative Activation Noise. DAGM German Conference on Pattern Recognition (GCPR) 2021.
+2. Y. Gal, Z. Ghahramani (2016). Dropout as a Bayesian Approximation: Representing Model Uncertainty
+   in Deep Learning. ICML 2016.
+3. B. Lakshminarayanan, A. Pritzel, C. Blundell (2017). Simple and Scalable Predictive Uncertainty
+   Estimation using Deep Ensembles. NeurIPS 2017.
+4. F. Wenzel et al. (2020). How Good is the Bayes Posterior in Deep Neural Networks Really? ICML 2020.
+5. D. Harrison, D. L. Rubinfeld (1978). Hedonic Housing Prices and the Demand for Clean Air.
+   Journal of Environmental Economics and Management 5(1).
+6. J. M. Hernández-Lobato, R. P. Adams (2015). Probabilistic Backpropagation for Scalable Learning of
+   Bayesian Neural Networks. ICML 2015.
 """
 
 from __future__ import annotations
@@ -42,13 +57,13 @@ import torch
 from tqdm.auto import tqdm
 
 NAME = "mnvi-uci"
-DESCRIPTION = "MNVI vs MFVI vs MC-dropout vs deep ensemble on UCI Boston (seed 002 Table 1)"
+DESCRIPTION = "MNVI vs MFVI vs MC-dropout vs deep ensemble on UCI Boston (Schmitt & Roth 2021, Table 1)"
 
 __all__ = ["DESCRIPTION", "METHODS", "NAME", "add_arguments", "run"]
 
 METHODS = ("mnvi", "mfvi", "mc-dropout", "ensemble")
-PRIOR_VARIANCE = 10.0  # seed 002 Table 3 (boston)
-BATCH_SIZE = 64  # seed 002 Table 3 (boston)
+PRIOR_VARIANCE = 10.0  # Schmitt & Roth (2021), Table 3 (boston)
+BATCH_SIZE = 64  # Schmitt & Roth (2021), Table 3 (boston)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,7 +71,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epochs", type=int, default=None, help="training epochs (default 200; --quick: 20)")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS, help="methods to run")
     parser.add_argument("--kl-final", type=float, default=1.0,
-                        help="KL weight of the last quarter of training (seed 002 App. B: 1; < 1 is a cold posterior)")
+                        help="KL weight of the last quarter of training (Schmitt & Roth 2021, App. B: 1; "
+                             "< 1 is a cold posterior)")
 
 
 def _kl_schedule(epochs: int, final: float = 1.0):
@@ -178,8 +194,9 @@ def _run(args: argparse.Namespace) -> dict:
                          "fit_seconds": sum(secs) / len(secs)}
         lines.append(f"| {kind} | {ll:.3f} ± {ll_se:.3f} | {err:.3f} ± {err_se:.3f} | {sum(secs) / len(secs):.1f} |")
         table_rows.append({"method": kind, **summary[kind], "splits": splits, "epochs": epochs, "kl_final": kl_final})
-    lines += ["", "mean ± standard error over splits; reference (seed 002 Table 1): MNVI -2.43 ± 0.02, "
-              "MC-dropout -2.46 ± 0.25, ensemble -2.41 ± 0.25."]
+    lines += ["", "mean ± standard error over splits; reference (J. Schmitt, S. Roth (2021), \"Sampling-free "
+              "Variational Inference for Neural Networks with Multiplicative Activation Noise\", GCPR 2021, "
+              "Table 1): MNVI -2.43 ± 0.02, MC-dropout -2.46 ± 0.25, ensemble -2.41 ± 0.25."]
     (output / "mnvi_uci_table.md").write_text("\n".join(lines) + "\n")
     with open(output / "mnvi_uci_table.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(table_rows[0]))

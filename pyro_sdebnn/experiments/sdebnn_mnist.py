@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """SDE-BNN vs ODE-Net, mean-field ODE-Net and ResNet (± mean-field VI) on image classification.
 
-Seed 000 Table 1 at a laptop budget. All methods share one continuous-depth conv net
+Table 1 of Xu et al. [1] at a laptop budget. All methods share one continuous-depth conv net
 (:class:`~pyro_sdebnn.nn.SDEBNN`'s conv field: strided conv down, tanh, transposed conv up, time as a
 channel; linear head), the same number of optimisation steps, batch size and learning rate:
 
@@ -14,10 +14,17 @@ channel; linear head), the same number of optimisation steps, batch size and lea
 - ``resnet`` / ``mf-resnet``: :class:`~pyro_sdebnn.nn.ResNet`, K = round(1 / dt) independent weight
   vectors, one per Euler step (a discrete ResNet with K residual blocks), deterministic or mean-field VI.
 
-Reported: test accuracy, ECE (10 bins), NLL, training time. The claim checked is seed 000's:
-SDE-BNN at least as accurate as ODE-Net with lower ECE. A second part times the trained SDE-BNN's
-prediction with fixed-step and adaptive solvers (seed 000 Fig. 6: tolerance vs accuracy/time).
+Reported: test accuracy, ECE (10 bins, Guo et al. [2]), NLL, training time. The claim checked is
+that of [1]: SDE-BNN at least as accurate as ODE-Net with lower ECE. A second part times the trained
+SDE-BNN's prediction with fixed-step and adaptive solvers ([1], Fig. 6: tolerance vs accuracy/time).
 Data: ``mnist_subset`` (default), ``digits`` (``--quick``), or full ``mnist`` when its files exist.
+
+**References**
+
+1. W. Xu, R. T. Q. Chen, X. Li, D. Duvenaud (2022). Infinitely Deep Bayesian Neural Networks with
+   Stochastic Differential Equations. AISTATS 2022, PMLR 151. arXiv:2102.06559.
+2. C. Guo, G. Pleiss, Y. Sun, K. Q. Weinberger (2017). On Calibration of Modern Neural Networks.
+   ICML 2017.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """SDE-BNN on the 1-D non-monotonic toy: posterior predictive bands, weight paths, gradient variance.
 
-What it does (seed 000 Fig. 1/3/4, seed 001 §4):
+What it does (Xu et al. 2022 [1], Figs. 1, 3 and 4; Xu et al. 2020 [2], Sec. 4):
 
 1. trains ``SDEBNN(in_dim=1, augment=2)`` with :class:`~pyro_sdebnn.infer.NeuralSDEGuide` and
    :class:`~pyro_sdebnn.infer.TracePathKL_ELBO` on ``toy_regression_1d``;
@@ -12,6 +12,13 @@ What it does (seed 000 Fig. 1/3/4, seed 001 §4):
 4. at checkpoints during training, estimates the variance of the single-sample gradient of the
    negative ELBO w.r.t. the drift-net parameters for ``stl``, ``analytic`` and ``full_mc`` (sum of
    per-coordinate variances over ``--grad-samples`` draws), plotted in ``toy_grad_variance.png``.
+
+**References**
+
+1. W. Xu, R. T. Q. Chen, X. Li, D. Duvenaud (2022). Infinitely Deep Bayesian Neural Networks with
+   Stochastic Differential Equations. AISTATS 2022, PMLR 151. arXiv:2102.06559.
+2. W. Xu, R. T. Q. Chen, X. Li, D. Duvenaud (2020). Continuous-Depth Bayesian Neural Networks.
+   ICML 2020 Workshop on Uncertainty and Robustness in Deep Learning.
 """
 
 from __future__ import annotations

@@ -1,14 +1,22 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The head-to-head calibration study on Two Moons (seed 003 §8.7): every method of the library.
+"""The head-to-head calibration study on Two Moons: every method of the library.
 
 Protocol: 200 training points of :func:`pyro_sdebnn.data.two_moons` (noise 0.2), 500 held-out test
 points from another random state, and a validation set from a third random state for temperature
 scaling. Each weight-space method trains a 2-50-50-2 ReLU network with sensible defaults (fSGLD
 and fSGHMC a 2-50-50-1 network with a Bernoulli logit, so that one GP prior sits on that logit; the
 SDE-BNN its continuous-depth network with a width-50 field) and predicts class probabilities on the
-test set. Reported per method: accuracy, ECE (10 equal-width bins), Brier score and NLL of the predictive mean
-:math:`\\bar p = \\frac1S\\sum_s p_s`, the same after temperature scaling, and the wall time of
-fitting plus predicting. Temperature scaling divides the predictive log-probabilities by
+test set. Reported per method: accuracy, ECE (10 equal-width bins; Naeini et al. [2], Guo et al. [1]),
+Brier score ([3]) and NLL of the predictive mean :math:`\\bar p = \\frac1S\\sum_s p_s`, the same after
+temperature scaling, and the wall time of fitting plus predicting. With :math:`B_b` the test points whose
+confidence :math:`\\max_c \\bar p_c` falls in bin :math:`b`,
+
+.. math::
+
+    \\mathrm{ECE} = \\sum_b \\frac{|B_b|}{N}\\,\\big|\\mathrm{acc}(B_b) - \\mathrm{conf}(B_b)\\big|, \\qquad
+    \\mathrm{Brier} = \\frac1N \\sum_n \\sum_c (\\bar p_{nc} - \\mathbb 1[y_n = c])^2.
+
+Temperature scaling (Guo et al. [1]) divides the predictive log-probabilities by
 :math:`T` fitted on the validation set (:func:`pyro_sdebnn.metrics.fit_temperature`),
 :math:`p_T \\propto \\bar p^{1/T}` -- for a single network exactly logit temperature scaling.
 
@@ -23,6 +31,13 @@ are not available in this installation are listed as "not implemented" with the 
 Methods are adapters in :data:`ADAPTERS`: a function ``(data, settings) -> predict`` that trains the
 method and returns a function mapping inputs to a
 :class:`~pyro_sdebnn.infer.predictive.ClassificationPrediction`.
+
+**References**
+
+1. C. Guo, G. Pleiss, Y. Sun, K. Q. Weinberger (2017). On Calibration of Modern Neural Networks. ICML 2017.
+2. M. P. Naeini, G. F. Cooper, M. Hauskrecht (2015). Obtaining Well Calibrated Probabilities Using Bayesian
+   Binning. AAAI 2015.
+3. G. W. Brier (1950). Verification of Forecasts Expressed in Terms of Probability. Monthly Weather Review 78(1).
 """
 
 from __future__ import annotations
@@ -42,7 +57,7 @@ import torch
 from torch import Tensor
 
 NAME = "two-moons"
-DESCRIPTION = "Head-to-head calibration of every BNN method on Two Moons (seed 003 §8.7): the main job"
+DESCRIPTION = "Head-to-head calibration of every BNN method on Two Moons: the main job"
 
 __all__ = ["ADAPTERS", "DESCRIPTION", "NAME", "Settings", "add_arguments", "run"]
 
@@ -179,7 +194,8 @@ def _sgmcmc(kernel_name: str):
 
         model = PyroBNN(_mlp(s), "categorical", prior_scale=1.0)
         kernel_cls = getattr(sgmcmc, kernel_name)
-        # Seed 003 §7 settings: step 1e-3, batch 32, friction 0.1 (SGHMC), warm-up then thinned samples.
+        # SGLD (Welling & Teh 2011) / SGHMC (Chen, Fox & Guestrin 2014) on this problem: step 1e-3, batch 32,
+        # friction 0.1 (SGHMC), warm-up then thinned samples.
         kwargs = dict(step_size=1e-3, num_steps=s.mcmc_thinning, subsample_size=s.batch_size)
         if kernel_name == "SGHMC":
             kwargs["friction"] = 0.1
@@ -268,8 +284,9 @@ def _sdebnn(data: Data, s: Settings) -> Predictor:
     from pyro_sdebnn.infer import NeuralSDEGuide, TracePathKL_ELBO
     from pyro_sdebnn.nn import SDEBNN
 
-    # Seed 000's small-data setting: sigma 0.2, a time-conditioned MLP field, Euler steps; the width of
-    # the field follows the MLP baselines' hidden width.
+    # Diffusion sigma 0.2 (one of the values Xu et al. 2022, "Infinitely Deep Bayesian Neural Networks with
+    # Stochastic Differential Equations", select from: 0.1, 0.2, 0.5), a time-conditioned MLP field, Euler
+    # steps; the width of the field follows the MLP baselines' hidden width.
     net = SDEBNN(
         in_dim=2, out_dim=2, hidden=s.hidden[0], augment=0, sigma=0.2, dt=s.sde_dt, likelihood="categorical"
     ).to(s.device)
@@ -302,7 +319,7 @@ class Result:
 
 
 _METRIC_COLUMNS = ("accuracy", "ece", "brier", "nll", "ece_ts", "brier_ts", "nll_ts", "temperature")
-_CSV_ONLY_COLUMNS = ("ece15", "ece20")  # METHODS.md §9 also reports 15 and 20 bins
+_CSV_ONLY_COLUMNS = ("ece15", "ece20")  # ECE also with 15 bins (Guo et al. 2017) and 20 bins (Schmitt & Roth 2021)
 
 
 def _metrics(probs: Tensor, labels: Tensor) -> dict[str, float]:
@@ -503,7 +520,7 @@ def _write_readme(
     command = "pyro-sdebnn benchmark two-moons" + (" --quick" if args.quick else "") + f" --seed {args.seed}"
     missing = [r for r in results if r.status != "ok"]
     text = [
-        "# Two Moons head-to-head (seed 003 §8.7)",
+        "# Two Moons head-to-head",
         "",
         f"Command: `{command} --output {args.output}`; total wall time {total:.1f} s on {args.device}.",
         "",

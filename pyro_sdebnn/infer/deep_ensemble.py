@@ -9,7 +9,7 @@ Each member is trained on the full data from its own random initialisation and d
     \\hat p(y|x,\\mathcal D) = \\frac1K \\sum_{k=1}^K p(y|x, \\hat w_k),
 
 so for heteroscedastic regression the predictive variance splits into an aleatoric and an epistemic
-part, :math:`\\frac1K\\sum_k \\sigma_k^2(x) + \\operatorname{Var}_k[\\mu_k(x)]` (METHODS.md §8), which
+part, :math:`\\frac1K\\sum_k \\sigma_k^2(x) + \\operatorname{Var}_k[\\mu_k(x)]` ([1], Sec. 2.4), which
 :class:`~pyro_sdebnn.infer.predictive.RegressionPrediction` exposes; for classification use
 :func:`pyro_sdebnn.metrics.uncertainty_decomposition` on ``prediction.probs``.
 

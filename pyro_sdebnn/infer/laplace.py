@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The Laplace approximation of a network's weight posterior (METHODS.md §8; seed 003 §3).
+"""The Laplace approximation of a network's weight posterior (MacKay [2]; Daxberger et al. [1]).
 
 Around the MAP :math:`\\hat w` the posterior is approximated by :math:`\\mathcal N(\\hat w, H^{-1})` with
 

@@ -5,7 +5,7 @@
 
     \\hat w = \\arg\\max_w\\; \\log p(\\mathcal D | w) + \\log \\mathcal N(w; 0, \\sigma_p^2 I),
 
-which is weight-decay training with :math:`\\lambda = 1/(N\\sigma_p^2)` (seed 003 §2.2). With an
+which is weight-decay training with :math:`\\lambda = 1/(N\\sigma_p^2)` (MacKay [1]). With an
 ``AutoDelta`` guide the ELBO is the negative log joint, so SVI is (minibatch) gradient ascent on it.
 :meth:`MAPEstimate.laplace_approximation` turns the fit into Pyro's full-Hessian Laplace
 approximation (``AutoLaplaceApproximation``), practical for small networks.

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""MC-dropout: dropout kept on at prediction time, ``T`` stochastic forward passes (METHODS.md §8).
+"""MC-dropout: dropout kept on at prediction time, ``T`` stochastic forward passes (Gal & Ghahramani [1]).
 
 Training with dropout and weight decay :math:`\\lambda` maximises the ELBO of a Bernoulli variational
 family (Gal & Ghahramani [1]); its predictive is the average over ``T`` fresh dropout masks

@@ -204,8 +204,16 @@ def train_network(
     """Maximum a posteriori training of ``net`` with Adam: mean NLL + L2 (weight decay).
 
     Adam's ``weight_decay`` :math:`\\lambda` on the mean loss corresponds to a Gaussian prior of
-    precision :math:`N\\lambda` on every weight (seed 003 §2.2). Checks every epoch that the loss is
-    finite (a single host sync per epoch) and raises ``FloatingPointError`` otherwise.
+    precision :math:`N\\lambda` on every weight: with :math:`N` data points the minimised objective
+    :math:`\\frac1N\\sum_n -\\log p(y_n|x_n,w) + \\frac\\lambda2\\|w\\|^2` is, up to a constant,
+    :math:`1/N` times the negative log joint under the prior :math:`\\mathcal N(0, (N\\lambda)^{-1} I)`
+    (MacKay [1]). Checks every epoch that the loss is finite (a single host sync per epoch) and raises
+    ``FloatingPointError`` otherwise.
+
+    **References**
+
+    1. D. J. C. MacKay (1992), *A practical Bayesian framework for backpropagation networks*,
+       Neural Computation 4(3).
 
     :returns: the mean training loss of every epoch.
     """
@@ -235,7 +243,8 @@ class BaselineMethod:
 
     Subclasses implement :meth:`fit` and :meth:`predict_outputs` (stacked network outputs ``(S, N, C)``),
     from which :meth:`predict` builds the prediction container, or override :meth:`predict`. The default
-    hyper-parameters of ``fit`` are the Two Moons settings of seed 003 (Adam, lr 1e-2, batch 32, weight decay 1e-4).
+    hyper-parameters of ``fit`` are those of the Two Moons study (:mod:`pyro_sdebnn.experiments.two_moons`): Adam,
+    learning rate 1e-2, batch size 32, weight decay 1e-4.
 
     >>> from pyro_sdebnn.infer import DeepEnsemble
     >>> from pyro_sdebnn.nn import make_mlp
@@ -261,7 +270,7 @@ class BaselineMethod:
         return outputs_to_prediction(self.predict_outputs(x, *args, **kwargs), self.likelihood)
 
     def uncertainty(self, x: Tensor):
-        """``(total, aleatoric, epistemic)`` per input (METHODS.md §9).
+        """``(total, aleatoric, epistemic)`` per input, with total = aleatoric + epistemic.
 
         Classification: predictive entropy = expected entropy + mutual information
         (:func:`pyro_sdebnn.metrics.uncertainty_decomposition`); regression: predictive variance =

@@ -32,10 +32,10 @@ another guide (combine with :class:`~pyro.infer.autoguide.AutoGuideList` and
 
 **References**
 
-1. Xu, Chen, Li, Duvenaud (2022). Infinitely Deep Bayesian Neural Networks with Stochastic
-   Differential Equations. AISTATS. arXiv:2102.06559 (§3).
-2. Li, Wong, Chen, Duvenaud (2020). Scalable Gradients for Stochastic Differential Equations.
-   AISTATS. arXiv:2001.01328.
+1. W. Xu, R. T. Q. Chen, X. Li, D. Duvenaud (2022). Infinitely Deep Bayesian Neural Networks with
+   Stochastic Differential Equations. AISTATS 2022, PMLR 151. arXiv:2102.06559 (Sec. 3).
+2. X. Li, T.-K. L. Wong, R. T. Q. Chen, D. Duvenaud (2020). Scalable Gradients for Stochastic
+   Differential Equations. AISTATS 2020. arXiv:2001.01328.
 """
 
 from __future__ import annotations
@@ -68,8 +68,11 @@ class NeuralSDEPath(TorchDistribution):
         \\qquad \\Delta B_k \\sim \\mathcal N(0, \\Delta t_k I),
 
     with :math:`c = \\mathrm{NN}(\\cdot;\\phi)` the drift correction. ``rsample`` also computes the
-    path-KL estimate :math:`\\widehat{\\mathrm{KL}}(q\\|p)` (METHODS.md §2) against the OU prior
-    ``OUPath(init, sigma, times, theta, method="euler")`` in the same loop and caches it; see
+    path-KL estimate :math:`\\widehat{\\mathrm{KL}}(q\\|p)` against the OU prior
+    ``OUPath(init, sigma, times, theta, method="euler")`` in the same loop and caches it: with
+    :math:`u_k = c(w_k, t_k)/\\sigma`, the sum :math:`\\sum_k \\tfrac12 |u_k|^2 \\Delta t_k` (``"analytic"``)
+    plus, for ``"full_mc"`` and ``"stl"``, the zero-mean term :math:`\\sum_k v_k \\cdot \\Delta B_k` described in
+    :class:`~pyro_sdebnn.infer.TracePathKL_ELBO` (Xu et al. [1], Sec. 3.1 and App. A; Li et al. [2]); see
     :meth:`path_kl`. ``log_prob`` is the Euler Gaussian transition density; for the cached sample it
     is evaluated from the stored noise (whose total derivative along the reparameterised path is zero,
     as it must be).

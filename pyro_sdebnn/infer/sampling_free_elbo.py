@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-r"""The sampling-free ELBO of MNVI / sampling-free MFVI (seed 002 §3; METHODS.md §4).
+r"""The sampling-free ELBO of MNVI / sampling-free MFVI (Schmitt & Roth [1], Sec. 3).
 
 :class:`SamplingFree_ELBO` is a :class:`pyro.infer.Trace_ELBO` subclass that overrides only the
 trace construction and the per-particle loss. It runs the model and guide under the
@@ -18,17 +18,19 @@ and returns
     \mathcal L = -\sum_{\text{obs sites}} \text{scale}\cdot\mathbb E_q[\log p(y\mid x, w)]
                  + \kappa \sum_{\text{latent sites}} \text{scale}\cdot\mathrm{KL}\big(q(w)\,\|\,p(w)\big)
 
-(seed 002 eq. (18)). Pyro's minibatch convention carries over unchanged: an observation inside
+(eq. (18) of [1]). Pyro's minibatch convention carries over unchanged: an observation inside
 ``pyro.plate("data", N, subsample=...)`` of size ``b`` is scaled by :math:`N/b`, and ``poutine.scale``
 scales both terms. The KL is the registered analytic one (``MultiplicativeNormal`` → ``Normal``,
 ``Normal`` → ``Normal``); a site without one falls back to the one-sample Monte Carlo estimate
 :math:`\log q(w) - \log p(w)`, :math:`w\sim q`. ``kl_scale`` (:math:`\kappa`) may be changed between steps,
-e.g. from one of the schedules below (:class:`PiecewiseKLSchedule` is seed 002's UCI schedule).
+e.g. from one of the schedules below (:class:`PiecewiseKLSchedule` is the UCI schedule of [1], App. B:
+:math:`\kappa` = 0.01 for epochs 0-99, 0.1 for epochs 100-149 and 1 afterwards).
 
 **References**
 
-1. J. Schmitt, S. Roth (2021). Sampling-free Variational Inference of Bayesian Neural Networks by
-   Variance Backpropagation with Multiplicative Activation Noise. arXiv:2103.08497.
+1. J. Schmitt, S. Roth (2021). Sampling-free Variational Inference for Neural Networks with
+   Multiplicative Activation Noise. DAGM German Conference on Pattern Recognition (GCPR) 2021.
+   arXiv:2103.08497.
 2. A. Wu et al. (2019). Deterministic Variational Inference for Robust Bayesian Neural Networks. ICLR.
 """
 
@@ -241,7 +243,13 @@ class LinearKLWarmup:
 class PiecewiseKLSchedule:
     r"""``epoch -> values[i]`` for ``milestones[i-1] <= epoch < milestones[i]``.
 
-    Seed 002's UCI schedule (App. B, 200 epochs) is ``PiecewiseKLSchedule([100, 150], [0.01, 0.1, 1.0])``.
+    The UCI schedule of Schmitt & Roth (2021), App. B (200 epochs: :math:`\kappa` = 0.01, then 0.1 from epoch
+    100, then 1 from epoch 150) is ``PiecewiseKLSchedule([100, 150], [0.01, 0.1, 1.0])``.
+
+    **References**
+
+    1. J. Schmitt, S. Roth (2021). Sampling-free Variational Inference for Neural Networks with
+       Multiplicative Activation Noise. DAGM German Conference on Pattern Recognition (GCPR) 2021.
 
     >>> schedule = PiecewiseKLSchedule([100, 150], [0.01, 0.1, 1.0])
     >>> schedule(0), schedule(120), schedule(199)

@@ -35,7 +35,11 @@ class TracePathKL_ELBO(Trace_ELBO):
 
     For every sample site where the model has an ``OUPath`` prior and the guide a ``NeuralSDEPath``,
     the term :math:`\\log p(w) - \\log q(w)` of :class:`~pyro.infer.Trace_ELBO` is replaced by
-    :math:`-\\kappa\\,\\widehat{\\mathrm{KL}}(q\\|p)` computed along the sampled path (METHODS.md §2):
+    :math:`-\\kappa\\,\\widehat{\\mathrm{KL}}(q\\|p)` computed along the sampled path. With the shared diffusion
+    :math:`\\sigma` and :math:`u(w, t) = (f_q - f_p)(w, t)/\\sigma` (the posterior drift correction divided by
+    :math:`\\sigma`), Girsanov's theorem gives
+    :math:`\\mathrm{KL}(q\\|p) = \\mathbb E_q\\big[\\int_{t_0}^{t_1} \\tfrac12 |u(w_t, t)|^2\\,dt\\big]` ([1], Sec. 3.1;
+    [3]), estimated on the Euler grid with :math:`u_k = u(w_k, t_k)`:
 
     .. math::
 
@@ -61,9 +65,12 @@ class TracePathKL_ELBO(Trace_ELBO):
 
     **References**
 
-    1. Xu, Chen, Li, Duvenaud (2022). Infinitely Deep Bayesian Neural Networks with Stochastic
-       Differential Equations. AISTATS. arXiv:2102.06559 (§3.1, App. A).
-    2. Roeder, Wu, Duvenaud (2017). Sticking the Landing. NeurIPS. arXiv:1703.09194.
+    1. W. Xu, R. T. Q. Chen, X. Li, D. Duvenaud (2022). Infinitely Deep Bayesian Neural Networks with
+       Stochastic Differential Equations. AISTATS 2022, PMLR 151. arXiv:2102.06559 (Sec. 3.1, App. A).
+    2. G. Roeder, Y. Wu, D. Duvenaud (2017). Sticking the Landing: Simple, Lower-Variance Gradient
+       Estimators for Variational Inference. NeurIPS 2017. arXiv:1703.09194.
+    3. X. Li, T.-K. L. Wong, R. T. Q. Chen, D. Duvenaud (2020). Scalable Gradients for Stochastic
+       Differential Equations. AISTATS 2020. arXiv:2001.01328.
 
     >>> from pyro_sdebnn.distributions import OUPath
     >>> from pyro_sdebnn.infer import NeuralSDEGuide

@@ -44,7 +44,7 @@ class MNReLU(nn.Module):
         memory instead of about seventeen element-wise operations, one of them ``erf``; the first call
         compiles, which takes seconds and needs a C++ compiler). The default ``False`` runs eager PyTorch:
         on a 2-core CPU the fused kernel made a LeNet-5 predictive pass about 17 % faster
-        (``benchmarks/RESULTS_mnvi.md``), not enough to justify the compile latency as a default.
+        (``BENCHMARKS.md``, MNVI section), not enough to justify the compile latency as a default.
 
     >>> relu = MNReLU()
     >>> out = relu(Moments(torch.tensor([-1.0, 0.0, 1.0]), torch.ones(3)))
