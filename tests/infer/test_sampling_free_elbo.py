@@ -53,9 +53,9 @@ def test_gaussian_expected_log_likelihood_matches_monte_carlo(loc_var, log_var_v
     se = samples.std() / math.sqrt(n)  # sd / sqrt(N)
     assert (closed - samples.mean()).abs() <= Z * se + 1e-12
     if log_var_var >= 1.0:
-        # the exponent printed in seed 002 eq. (15), e^{-c + v_c}, is rejected by the same Monte Carlo
-        seed = -0.5 * (math.log(2 * math.pi) + log_var + torch.exp(-log_var + log_var_var) * (loc_var + (loc - y) ** 2))
-        assert (seed - samples.mean()).abs() > Z * se
+        # the exponent printed in eq. (15) of Schmitt & Roth (2021), e^{-c + v_c}, is rejected by the same Monte Carlo
+        printed = -0.5 * (math.log(2 * math.pi) + log_var + torch.exp(-log_var + log_var_var) * (loc_var + (loc - y) ** 2))
+        assert (printed - samples.mean()).abs() > Z * se
 
 
 def test_gaussian_predictive_variance_matches_monte_carlo():
@@ -353,7 +353,7 @@ def test_bad_data_raises():
         SamplingFreeBNN(MNSequential(MNLinear(2, 3)), "gaussian").predict(torch.randn(4, 2))
 
 
-def test_piecewise_schedule_is_seed_uci_schedule():
+def test_piecewise_schedule_is_the_published_uci_schedule():
     schedule = PiecewiseKLSchedule([100, 150], [0.01, 0.1, 1.0])
     assert [schedule(e) for e in (0, 99, 100, 149, 150, 199)] == [0.01, 0.01, 0.1, 0.1, 1.0, 1.0]
     with pytest.raises(ValueError, match="len"):
