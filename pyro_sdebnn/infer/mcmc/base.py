@@ -40,8 +40,8 @@ from pyro.infer.autoguide.initialization import InitMessenger, init_to_sample
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from torch import Tensor
 
-from pyro_sdebnn.infer.mcmc.graph import _arg_key, _compile_graph, _lean_graph
-from pyro_sdebnn.infer.mcmc.potential import MinibatchPotential
+from pyro_sdebnn.infer.mcmc.graph import _arg_key, _compile_graph, _graph_is_stale, _lean_graph
+from pyro_sdebnn.infer.mcmc.potential import MinibatchPotential, _check_subsample_size
 from pyro_sdebnn.infer.mcmc.schedules import StepSizeSchedule, as_schedule
 
 __all__ = ["MinibatchPotential", "SGMCMCKernel", "SamplerDivergenceError"]
@@ -96,8 +96,8 @@ class SGMCMCKernel(MCMCKernel):
         *,
         step_size: Union[float, StepSizeSchedule] = 1e-3,
         num_steps: int = 1,
-        subsample_size: Optional[int] = None,
-        data_plate: Optional[str] = None,
+        subsample_size: Union[None, int, dict[str, int]] = None,
+        data_plate: Union[None, str, list[str]] = None,
         temperature: float = 1.0,
         init_strategy: Callable = init_to_sample,
         map_steps: int = 0,
@@ -122,10 +122,7 @@ class SGMCMCKernel(MCMCKernel):
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if isinstance(map_steps, bool) or not isinstance(map_steps, int) or map_steps < 0:
             raise ValueError(f"map_steps must be a non-negative int, got {map_steps!r}")
-        if subsample_size is not None and (
-            isinstance(subsample_size, bool) or not isinstance(subsample_size, int) or subsample_size < 1
-        ):
-            raise ValueError(f"subsample_size must be a positive int or None, got {subsample_size!r}")
+        _check_subsample_size(subsample_size)
         if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
             raise ValueError(f"temperature must be a non-negative float, got {temperature!r}")
         if not map_lr > 0:
@@ -203,12 +200,16 @@ class SGMCMCKernel(MCMCKernel):
         self._reset()
         self._warmup_steps = warmup_steps
         key = (tuple(_arg_key(a) for a in args), tuple((k, _arg_key(v)) for k, v in sorted(kwargs.items())))
+        # the key holds the version counters of the tensors: data changed in place also rebuild the potential
+        # (validating the data again) and trace the step again
         if self.potential is None or key != self._graph_key:
             self.potential = self._build_potential(args, kwargs)
             self.transforms = dict(self.potential.transforms)
             self._step_fn = None
             self._graph_key = key
-            self._args = args  # keep the arguments alive: ids are only meaningful while they are
+            self._args = (args, kwargs)  # keep the arguments alive: ids are only meaningful while they are
+        elif self._step_fn is not None and _graph_is_stale(getattr(self._step_fn, "graph_module", None)):
+            self._step_fn = None  # a tensor the graph folded constants from (not an argument) changed in place
         U = self.potential
         if self._initial_params is None:
             self._initial_params = self._draw_initial_params()
@@ -241,16 +242,11 @@ class SGMCMCKernel(MCMCKernel):
     # ----- minibatches -------------------------------------------------------------------------------------------
     def _next_indices(self) -> Optional[Tensor]:
         U = self.potential
-        if self.subsample_size is None or U.data_plate is None:
+        if not U.subsample_sizes:
             return None
-        n, b = U.data_size, self.subsample_size
-        nb = n // b
-        if self._batches is None or self._batch_pos >= nb:
-            if self.vectorized_chains > 1:
-                perm = torch.rand(self.vectorized_chains, n, device=U.device).argsort(-1)
-                self._batches = perm[:, : nb * b].reshape(self.vectorized_chains, nb, b).transpose(0, 1)
-            else:
-                self._batches = torch.randperm(n, device=U.device)[: nb * b].reshape(nb, b)
+        if self._batches is None or self._batch_pos >= len(self._batches):
+            # one pass over the data: (batches, [chains,] indices of every subsampled plate, concatenated)
+            self._batches = U.index_batches(self.vectorized_chains)
             self._batch_pos = 0
         idx = self._batches[self._batch_pos]
         self._batch_pos += 1
@@ -319,19 +315,24 @@ class SGMCMCKernel(MCMCKernel):
             )
 
         state, idx, eta, *extra = self._example_inputs()
-        num_state, has_idx = len(state), idx is not None
+        # the data are inputs of the graph, not constants: nothing computed from them is folded into the graph
+        data = self.potential.data_tensors()
+        num_state, has_idx, num_data = len(state), idx is not None, len(data)
 
         def flat_step(*flat: Tensor) -> tuple[Tensor, ...]:  # flat tensors in and out: no pytree in the hot loop
-            new_state, value = step(
-                flat[:num_state], flat[num_state] if has_idx else None, flat[num_state + has_idx],
-                *flat[num_state + has_idx + 1 :],
-            )
+            # (*state, [idx], step_size, *extra, *data)
+            inputs = flat[: len(flat) - num_data]
+            with self.potential.bound_data(flat[len(flat) - num_data :]):
+                new_state, value = step(
+                    inputs[:num_state], inputs[num_state] if has_idx else None, inputs[num_state + has_idx],
+                    *inputs[num_state + has_idx + 1 :],
+                )
             return (*new_state, value)
 
         try:
             with pyro.validation_enabled(False), poutine.block(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                graph = make_fx(flat_step)(*state, *([idx] if has_idx else []), eta, *extra)
+                graph = make_fx(flat_step)(*state, *([idx] if has_idx else []), eta, *extra, *data)
         except Exception as e:  # noqa: BLE001 - any untraceable model falls back to the generic eager path
             if self.backend != "auto":
                 raise RuntimeError(
@@ -348,16 +349,17 @@ class SGMCMCKernel(MCMCKernel):
             self.backend_used = "eager"
             return self._eager_step
         _lean_graph(graph)
-        self._graph_module, self._graph_layout = graph, (num_state, has_idx)
+        self._graph_module, self._graph_layout, self._graph_data = graph, (num_state, has_idx), data
         self._auto = {"fx_seconds": 0.0, "fx_steps": 0, "compiled": None, "decided": self.backend != "auto"}
         self.backend_used = backend
         return self._wrap_graph(_compile_graph(graph) if backend == "compile" else graph.forward)
 
     def _wrap_graph(self, run: Callable) -> Callable:
         num_state, has_idx = self._graph_layout
+        data = self._graph_data  # the model's data tensors, read afresh by every call
 
         def step_fn(state: tuple, idx: Optional[Tensor], step_size: Tensor, *extra: Tensor) -> tuple:
-            out = run(*state, idx, step_size, *extra) if has_idx else run(*state, step_size, *extra)
+            out = run(*state, idx, step_size, *extra, *data) if has_idx else run(*state, step_size, *extra, *data)
             return out[:num_state], out[num_state]
 
         step_fn.graph_module = self._graph_module  # type: ignore[attr-defined]

@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The functional-prior potential of fSGLD / fSGHMC (FSGMCMC.md) and the kernel mixin that uses it.
+"""The functional-prior potential of fSGLD / fSGHMC [1] and the kernel mixin that uses it.
 
+The prior is a Gaussian process :math:`GP(m, k)` on the function the network computes, evaluated at a finite set
+of measurement points :math:`X_M` (as in functional variational BNNs [2]); the weights get no prior of their own.
 Per step, with minibatch :math:`B` (size :math:`b`) and measurement points :math:`X_M`:
 
 .. math::
@@ -18,7 +20,7 @@ without any Jacobian. The network outputs at :math:`X_M` are read from a ``pyro.
 
 Two ways to evaluate :math:`f_B` and :math:`f_M`, chosen at set-up:
 
-- *concatenated* (default when the model allows it; FSGMCMC.md): the model is traced **once** on the
+- *concatenated* (default when the model allows it): the model is traced **once** on the
   concatenated inputs :math:`[x_B; X_M]` (every data argument gathered at the minibatch and extended by the
   measurement arguments, with the targets at :math:`X_M` padded by a copy of a minibatch target); the
   likelihood keeps the first :math:`b` entries of the data plate and :math:`f_M` is the tail of the output site.
@@ -27,7 +29,16 @@ Two ways to evaluate :math:`f_B` and :math:`f_M`, chosen at set-up:
   (``model(X_M)``, or ``measurement_args(X_M)``).
 
 The concatenated path is used only after it reproduced the two-trace potential and gradient at a random point
-(models whose data plate size or data arguments do not follow the inputs fall back automatically).
+(models whose data plate size or data arguments do not follow the inputs, or with several data plates, fall back
+automatically). Observed sites and ``pyro.factor`` terms outside the data plate are full-data terms (not rescaled).
+
+**References**
+
+[1] `Functional Stochastic Gradient MCMC for Bayesian Neural Networks`,
+    Mengjing Wu, Junyu Xuan, Jie Lu. arXiv:2409.16632, 2024.
+
+[2] `Functional Variational Bayesian Neural Networks`,
+    Shengyang Sun, Guodong Zhang, Jiaxin Shi, Roger Grosse. ICLR 2019.
 """
 
 from __future__ import annotations
@@ -197,7 +208,7 @@ class FunctionalPotential(MinibatchPotential):
 
         def extend(value: Any, counterpart: Any, present: bool) -> Any:
             if not (torch.is_tensor(value) and value.dim() >= 1 and value.shape[0] == self.data_size):
-                if present and counterpart is not value:
+                if present and counterpart is not value and counterpart is not self._original(value):
                     raise ValueError("a non-data argument differs between the data and measurement calls")
                 return value
             batch = value if idx is None else value[idx]
@@ -224,16 +235,22 @@ class FunctionalPotential(MinibatchPotential):
         args, kwargs, b = self._concatenated_args(idx, points)
         trace = self._trace(values, None, args, kwargs)
         total: Tensor | float = 0.0
+        full_data: Tensor | float = 0.0  # observed sites and factors outside the data plate: not subsampled
         for name in self.observed_sites:
             site = trace.nodes[name]
             log_p = _no_validation(site["fn"]).log_prob(site["value"])
             if site["mask"] is not None:
                 log_p = log_p * site["mask"]
-            frame = next(fr for fr in site["cond_indep_stack"] if fr.name == self.data_plate)
-            log_p = log_p.narrow(log_p.dim() + frame.dim, 0, b)  # drop the padded measurement-point rows
+            frame = next((fr for fr in site["cond_indep_stack"] if fr.name == self.data_plate), None)
+            if frame is not None:
+                log_p = log_p.narrow(log_p.dim() + frame.dim, 0, b)  # drop the padded measurement-point rows
             scale = site["scale"]
-            total = total + (log_p.sum() if isinstance(scale, float) and scale == 1.0 else (log_p * scale).sum())
-        total = total * (self.data_size / b) + self.log_density(trace, likelihood=False, exclude=exclude)
+            term = log_p.sum() if isinstance(scale, float) and scale == 1.0 else (log_p * scale).sum()
+            if frame is None:
+                full_data = full_data + term
+            else:
+                total = total + term
+        total = total * (self.data_size / b) + full_data + self.log_density(trace, likelihood=False, exclude=exclude)
         outputs = trace.nodes[self.output_site]["value"]
         return total, outputs.narrow(0, b, outputs.shape[0] - b)
 
@@ -243,9 +260,11 @@ class FunctionalPotential(MinibatchPotential):
             return "output_fn computes the outputs outside the model"
         if self.data_plate is None:
             return "the model has no plate over the data"
+        if len(self.data_plates) > 1:
+            return f"the model has several data plates {list(self.data_plates)}"
         generator = torch.Generator(device=self.device).manual_seed(0)
         flat = 0.1 * torch.randn(self.dim, generator=generator, dtype=self.dtype, device=self.device)
-        b = self.subsample_size
+        b = self.subsample_sizes.get(self.data_plate)
         idx = None if b is None else torch.randperm(self.data_size, generator=generator, device=self.device)[:b]
         results = []
         try:
@@ -330,7 +349,7 @@ class FunctionalPotential(MinibatchPotential):
             if scale_tril is None:
                 scale_tril = self.cholesky(points)
             alpha = gp_precision_residual(scale_tril, residual.detach(), self.event_dim).to(f.dtype)
-        # value: 1/2 r^T alpha; gradient: J_M^T alpha (surrogate loss of FSGMCMC.md)
+        # value: 1/2 r^T alpha; gradient: J_M^T alpha (the surrogate loss of the module docstring)
         potential = potential + (alpha * residual).sum() - 0.5 * (alpha * residual.detach()).sum()
         if self.weight_prior_scale is not None:
             parts = flat if isinstance(flat, tuple) else self.flat_parts(flat)

@@ -5,6 +5,14 @@ The whole inner step (potential, gradient, noise, update) is traced once into an
 Pyro's handler machinery is out of the inner loop, and optionally compiled. Run eagerly, every node of that graph
 costs a few microseconds of dispatch, which dominates on small networks, so the graph is kept lean: constants are
 folded, identity operations, aliases and dead nodes are removed (:func:`_lean_graph`).
+
+The data are never constants of the graph: the tensors among the model's arguments are inputs of the traced step,
+so nothing computed from them (a standardisation of the inputs inside the model, say) is folded. Only values that
+depend on tensors created inside the traced code (literals, ``arange``, ``eye`` ...) or on tensors the code reads
+from outside (module parameters, a GP kernel's hyper-parameters, tensors in a closure) are folded; the versions of
+the latter are recorded (:func:`_graph_is_stale`), and the kernel traces again when one of them changed in place.
+The graph is cached by the identity *and* the version counter of the arguments (:func:`_arg_key`), so that data
+changed in place (same storage, same ``data_ptr``) also give a fresh trace.
 """
 
 from __future__ import annotations
@@ -15,11 +23,34 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor
 
+
+def _version(tensor: Tensor) -> int:
+    """The version counter of a tensor (bumped by every in-place change); -1 for inference tensors, which have none
+    (and cannot be changed in place outside inference mode)."""
+    try:
+        return int(tensor._version)
+    except RuntimeError:
+        return -1
+
+
 def _arg_key(arg: Any) -> Any:
-    """Identity of a model argument; tensors by storage (``MCMC.run`` hands over fresh ``detach()``-ed views)."""
+    """Identity of a model argument: tensors by storage and version counter (``MCMC.run`` hands over fresh
+    ``detach()``-ed views, which share both), containers by their items, other objects by ``id``."""
     if torch.is_tensor(arg):
-        return ("tensor", arg.data_ptr(), tuple(arg.shape), tuple(arg.stride()), arg.dtype, str(arg.device))
+        return (
+            "tensor", arg.data_ptr(), tuple(arg.shape), tuple(arg.stride()), arg.dtype, str(arg.device), _version(arg)
+        )
+    if isinstance(arg, (list, tuple)):
+        return (type(arg).__name__, tuple(_arg_key(a) for a in arg))
+    if isinstance(arg, dict):
+        return ("dict", tuple((k, _arg_key(v)) for k, v in arg.items()))
     return ("object", id(arg))
+
+
+def _graph_is_stale(graph: Any) -> bool:
+    """Whether a tensor that constants of ``graph`` were folded from has changed in place since (see
+    :func:`_fold_constants`)."""
+    return any(_version(t) != v for t, v in getattr(graph, "_folded_from", ()))
 
 
 _NO_OPS = {torch.ops.aten.lift_fresh_copy.default, torch.ops.aten.alias.default, torch.ops.aten.detach.default}
@@ -46,16 +77,35 @@ def _is_pure(target: Any) -> bool:
     )
 
 
-def _fold_constants(graph: Any) -> None:
+def _external_constants(graph: Any) -> set:
+    """The ``get_attr`` tensors of a ``make_fx`` graph that the traced code read from outside (module parameters,
+    closure tensors), as opposed to tensors it created from literals (those reach the graph through
+    ``lift_fresh_copy``). Must run before the aliases are dropped."""
+    out = set()
+    for node in graph.graph.nodes:
+        if node.op == "get_attr" and any(u.target is not _aten.lift_fresh_copy.default for u in node.users):
+            out.add(node.target)
+    return out
+
+
+def _fold_constants(graph: Any, external: Optional[set] = None) -> None:
     """Evaluate once the nodes that depend on constants only (GP kernel hyper-parameters, ``arange``, ``eye``,
-    prior scales ...) and store their values as graph constants."""
+    prior scales ...) and store their values as graph constants.
+
+    Graph inputs (placeholders, such as the model's data) are never constants. ``external`` names the ``get_attr``
+    tensors read from outside the traced code (by default all): the versions of those a folded value depends on
+    are kept in ``graph._folded_from`` so that a change in place can be detected (:func:`_graph_is_stale`)."""
+    if not hasattr(graph, "_folded_from"):
+        graph._folded_from = []
     values: dict = {}
+    sources: dict = {}  # node -> the external tensors its value was computed from
     count = 0
     for node in list(graph.graph.nodes):
         if node.op == "get_attr":
             value = getattr(graph, node.target)
             if isinstance(value, Tensor):
                 values[node] = value
+                sources[node] = {node.target} if external is None or node.target in external else set()
             continue
         if node.op != "call_function" or not _is_pure(node.target):
             continue
@@ -76,6 +126,11 @@ def _fold_constants(graph: Any) -> None:
         node.replace_all_uses_with(folded)
         graph.graph.erase_node(node)
         values[folded] = value
+        sources[folded] = set().union(*(sources.get(n, set()) for n in flat_inputs))
+        for target in sources[folded]:
+            tensor = getattr(graph, target)
+            if all(t is not tensor for t, _ in graph._folded_from):
+                graph._folded_from.append((tensor, _version(tensor)))
     graph.graph.eliminate_dead_code()
 
 
@@ -120,12 +175,14 @@ def _lean_graph(graph: Any) -> None:
         isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable
         for n in graph.graph.nodes if n.op == "call_function"
     )
+    graph._folded_from = []
     if not mutates:  # a functional graph: aliases are values, constants can be shared between calls
+        external = _external_constants(graph)
         for node in list(graph.graph.nodes):
             if node.op == "call_function" and node.target in _NO_OPS and len(node.args) == 1:
                 node.replace_all_uses_with(node.args[0])
                 graph.graph.erase_node(node)
-        _fold_constants(graph)
+        _fold_constants(graph, external)
         _drop_identities(graph)
     graph.graph.eliminate_dead_code()
     graph.graph._codegen = torch.fx.graph.CodeGen()

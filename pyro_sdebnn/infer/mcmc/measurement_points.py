@@ -1,5 +1,17 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Measurement-point samplers for the functional SG-MCMC kernels (FSGMCMC.md, "Measurement points")."""
+"""Measurement-point samplers for the functional SG-MCMC kernels.
+
+A set of measurement points mixes training inputs with points drawn uniformly from a box around them, so that a
+functional prior evaluated there also acts away from the data, as in [1] and in functional variational BNNs [2].
+
+**References**
+
+[1] `Functional Stochastic Gradient MCMC for Bayesian Neural Networks`,
+    Mengjing Wu, Junyu Xuan, Jie Lu. arXiv:2409.16632, 2024.
+
+[2] `Functional Variational Bayesian Neural Networks`,
+    Shengyang Sun, Guodong Zhang, Jiaxin Shi, Roger Grosse. ICLR 2019.
+"""
 
 from __future__ import annotations
 
@@ -26,7 +38,8 @@ class MeasurementPoints:
     :param bool redraw: draw new sets (``False``: one fixed set).
     :param int redraw_every: with ``redraw``, keep each set for this many calls (default 1: a new set every step).
         The kernels factorise the kernel matrix once per set, so ``redraw_every > 1`` amortises the
-        :math:`O(M^3)` Cholesky factorisation (a deviation from seed 004, which redraws every step).
+        :math:`O(M^3)` Cholesky factorisation (a deviation from Wu, Xuan and Lu (2024), who draw a new set every
+        step).
     :param int prefetch: with ``redraw``, the fSGLD/fSGHMC kernels draw this many independent sets at once
         (:meth:`draw_sets`) and evaluate and factorise their kernel matrices in one batched call, then use one
         set per ``redraw_every`` steps. The sets do not depend on the chain, so this changes nothing but the

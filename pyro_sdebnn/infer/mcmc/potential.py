@@ -12,14 +12,35 @@ A Pyro model is traced once to learn its latent sites, their supports and the pl
                    - \\log |\\det J_{T}(u)|, \\qquad w = T(u),
 
 where the minibatch :math:`B` of size :math:`b` is injected as the ``subsample`` of the model's data plate
-(Pyro's ``plate`` then scales the likelihood by :math:`N/b`).
+(Pyro's ``plate`` then scales the likelihood by :math:`N/b`). A model may have several data plates (for example
+two data sets of sizes :math:`N_1` and :math:`N_2`), each subsampled with its own size :math:`b_p` and scaled by its
+own :math:`N_p/b_p`; observed sites and ``pyro.factor`` terms outside every data plate are full-data terms
+(scale 1):
+
+.. math::
+
+    \\tilde U(u) = -\\sum_p \\frac{N_p}{b_p} \\sum_{i \\in B_p} \\log p(y_{p,i} | w)
+                   - \\sum_{\\text{full-data terms } t} \\log p_t(w) - \\log p(w) - \\log |\\det J_{T}(u)|.
+
+This is an unbiased estimate of the full-data potential because the minibatches :math:`B_p` are uniform draws
+without replacement of each plate (Welling and Teh, 2011). The data are validated when the potential is built:
+a non-finite value in a tensor argument of the model or in an observed value, or an observed value outside the
+support of its distribution, is reported as a data problem (naming the argument or site) instead of surfacing as a
+divergence of the sampler.
+
+**References**
+
+[1] `Bayesian Learning via Stochastic Gradient Langevin Dynamics`,
+    Max Welling, Yee Whye Teh. ICML 2011.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import inspect
 import math
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Sequence, Union
 
 import pyro
 import torch
@@ -28,8 +49,83 @@ from pyro.poutine.util import site_is_subsample
 from torch import Tensor
 from torch.distributions import biject_to
 from torch.distributions.transforms import ComposeTransform, IndependentTransform
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 __all__ = ["MinibatchPotential"]
+
+SubsampleSize = Union[None, int, Mapping[str, int]]
+
+
+def _check_subsample_size(subsample_size: Any) -> None:
+    """``subsample_size`` is ``None``, a positive int (every data plate) or a dict ``{plate name: positive int}``."""
+
+    def positive_int(value: Any) -> bool:
+        return not isinstance(value, bool) and isinstance(value, int) and value >= 1
+
+    if subsample_size is None or positive_int(subsample_size):
+        return
+    if isinstance(subsample_size, Mapping):
+        for name, value in subsample_size.items():
+            if not isinstance(name, str):
+                raise TypeError(f"subsample_size: plate names must be str, got {type(name).__name__}")
+            if not positive_int(value):
+                raise ValueError(f"subsample_size['{name}'] must be a positive int, got {value!r}")
+        if not subsample_size:
+            raise ValueError("subsample_size must name at least one plate (an empty dict subsamples nothing)")
+        return
+    raise ValueError(
+        f"subsample_size must be a positive int (every data plate), a dict {{plate name: positive int}} or None, got "
+        f"{subsample_size!r}"
+    )
+
+
+def _data_plate_names(data_plate: Any) -> Optional[tuple[str, ...]]:
+    if data_plate is None:
+        return None
+    if isinstance(data_plate, str):
+        return (data_plate,)
+    if isinstance(data_plate, Sequence) and data_plate and all(isinstance(p, str) for p in data_plate):
+        return tuple(dict.fromkeys(data_plate))
+    raise TypeError(f"data_plate must be a str, a non-empty sequence of str or None, got {data_plate!r}")
+
+
+def _argument_names(model: Callable, num_args: int) -> list[str]:
+    """Names of the first ``num_args`` positional parameters of ``model`` (``args[i]`` where unknown)."""
+    fn = model.forward if isinstance(model, torch.nn.Module) else model
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    positional = [
+        p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    return [positional[i] if i < len(positional) else f"args[{i}]" for i in range(num_args)]
+
+
+def _first_bad(mask: Tensor, what: str) -> str:
+    """``"<count> <what>, the first at index <index>"`` for a boolean mask of bad entries."""
+    count = f"{int(mask.sum())} {what}"
+    return f"{count}, the first at index {tuple(int(i) for i in mask.nonzero()[0])}" if mask.dim() else count
+
+
+def _check_finite_arguments(model: Callable, args: tuple, kwargs: dict) -> None:
+    """A non-finite entry in a floating-point tensor argument of the model is a data problem, named here."""
+    names = _argument_names(model, len(args))
+    named = list(zip(names, args)) + list(kwargs.items())
+    for name, arg in named:
+        leaves, _ = tree_flatten(arg)
+        for k, leaf in enumerate(leaves):
+            if not (torch.is_tensor(leaf) and (leaf.is_floating_point() or leaf.is_complex())):
+                continue
+            bad = ~torch.isfinite(leaf.detach())
+            if bool(bad.any()):
+                where = f"'{name}'" if len(leaves) == 1 else f"'{name}' (its tensor {k})"
+                raise ValueError(
+                    f"data problem: model argument {where} has "
+                    + _first_bad(bad, "non-finite value(s) (NaN or Inf)")
+                    + ". SG-MCMC needs finite data: remove or impute these entries (a non-finite datum makes the "
+                    "potential or its gradient non-finite, which the sampler could only report as a divergence)."
+                )
 
 
 class _Site(NamedTuple):
@@ -58,7 +154,7 @@ def _constant_normal(fn: Any) -> Optional[tuple[float, float]]:
     r"""``(loc, scale)`` when ``fn`` is a (reshaped) Normal with one constant ``loc`` and ``scale``, else ``None``.
 
     Pyro's ``Normal.log_prob`` takes about 7 elementwise passes (and as many in the backward) over the weights;
-    on a 784-400-400-10 network that made the prior cost as much as the likelihood (issue 6). For such priors the
+    on a 784-400-400-10 network that made the prior cost as much as the likelihood. For such priors the
     potential uses :math:`-\frac{1}{2 s^2}\|w - \mu\|^2 - n(\log s + \frac12\log 2\pi)` instead.
     """
     base = fn
@@ -97,39 +193,92 @@ def _plates_of(site: dict) -> set[str]:
     return {f.name for f in site["cond_indep_stack"] if f.vectorized}
 
 
-def _trace_explained(model: Callable, args: tuple, kwargs: dict, data_plate: Optional[str] = None) -> Any:
+def _is_factor(site: dict) -> bool:
+    """A ``pyro.factor`` site (an observed ``Unit`` distribution): a log-density term, not data."""
+    return bool(site.get("infer") and site["infer"].get("is_auxiliary")) or type(site["fn"]).__name__ == "Unit"
+
+
+def _check_observed_values(trace: Any, observed_sites: Sequence[str]) -> None:
+    """An observed value that is not finite, or outside the support of its distribution, is a data problem."""
+    for name in observed_sites:
+        site = trace.nodes[name]
+        if _is_factor(site):
+            continue
+        value = site["value"]
+        if not torch.is_tensor(value):
+            continue
+        value = value.detach()
+        if value.is_floating_point() or value.is_complex():
+            bad = ~torch.isfinite(value)
+            if bool(bad.any()):
+                raise ValueError(
+                    f"data problem: observed site '{name}' has "
+                    + _first_bad(bad, "non-finite value(s) (NaN or Inf)")
+                    + ". SG-MCMC needs finite data: remove or impute these entries (or mask them out of the "
+                    "likelihood with `obs_mask`/`poutine.mask` and replace them by any finite value)."
+                )
+        try:
+            inside = site["fn"].support.check(value)
+        except Exception:  # noqa: BLE001 - a support that cannot be checked (dependent, unknown): not our data check
+            continue
+        if torch.is_tensor(inside) and not bool(inside.all()):
+            raise ValueError(
+                f"data problem: observed site '{name}' has "
+                + _first_bad(~inside, "value(s) outside the support of its distribution")
+                + f" ({site['fn'].support}). Check the data (labels, counts, encoding) against the likelihood."
+            )
+
+
+def _trace_explained(model: Callable, args: tuple, kwargs: dict, data_plates: Optional[Sequence[str]] = None) -> Any:
     """Trace ``model``; if it fails, explain the usual cause (weights sampled inside the data plate)."""
     tracer = poutine.trace(model)
     try:
         return tracer.get_trace(*args, **kwargs)
     except Exception as e:  # noqa: BLE001 - re-raised with an explanation or unchanged
-        _check_latents_outside_plate(tracer.msngr.trace, data_plate, cause=e)
+        _check_latents_outside_plate(tracer.msngr.trace, data_plates, cause=e)
         raise
 
 
-def _check_latents_outside_plate(trace: Any, data_plate: Optional[str], cause: Optional[Exception] = None) -> None:
+_PYROSAMPLE_HINT = (
+    "With a PyroModule, PyroSample weights are drawn on first access, so call the network (or touch its weights) "
+    "before entering `with pyro.plate('data', N) as idx:`."
+)
+
+
+def _check_latents_outside_plate(
+    trace: Any, data_plates: Optional[Sequence[str]], cause: Optional[Exception] = None
+) -> None:
+    """Under subsampling, no latent site may be sampled inside a subsampled data plate."""
     plates = set()
     for site in trace.nodes.values():
         # on a failed trace the observed sites may not have been reached: then every plate is suspect
         if site["type"] == "sample" and (site["is_observed"] or cause is not None):
             plates |= _plates_of(site)
-    if data_plate is not None:
-        plates = {data_plate}
+    if data_plates is not None:
+        plates = set(data_plates)
     for name, site in trace.nodes.items():
         if site["type"] != "sample" or site["is_observed"] or site_is_subsample(site):
             continue
         inside = _plates_of(site) & plates
-        if inside:
-            msg = (
-                f"Latent site '{name}' is sampled inside the data plate '{sorted(inside)[0]}'. Network weights must be "
-                "sampled outside the plate over the data: inside it they get a batch dimension (one weight per data "
-                "point) and, under subsampling, a prior scaled by N/b. With a PyroModule, PyroSample weights are drawn "
-                "on first access, so call the network (or touch its weights) before entering "
-                "`with pyro.plate('data', N) as idx:`."
-            )
-            if cause is not None:
-                raise ValueError(msg) from cause
-            raise ValueError(msg)
+        if not inside:
+            continue
+        plate = sorted(inside)[0]
+        if cause is not None:  # the model failed: typically weights drawn inside the plate get a batch dimension
+            raise ValueError(
+                f"Latent site '{name}' is sampled inside the data plate '{plate}' and the model then failed. Network "
+                "weights must be sampled outside the plate over the data: inside it they get a batch dimension (one "
+                f"weight per data point) and, under subsampling, a prior scaled by N/b. {_PYROSAMPLE_HINT}"
+            ) from cause
+        raise ValueError(
+            f"Latent site '{name}' is sampled inside the data plate '{plate}' (one value per data point): it is a "
+            "local latent variable, and local latent variables are not supported by the SG-MCMC kernels under "
+            "subsampling (a minibatch step would see only the values of its minibatch, with their prior scaled by "
+            "N/b). To fix it: marginalise it out of the likelihood (e.g. a Normal random effect added to a Normal "
+            "likelihood widens its variance); or, if it is a global parameter such as network weights, sample it "
+            f"outside the plate ({_PYROSAMPLE_HINT}); or sample without subsampling (subsample_size=None: the kernel "
+            "then updates it jointly with the other latent sites); or use SVI or NUTS, which handle local latent "
+            "variables."
+        )
 
 
 class MinibatchPotential:
@@ -139,15 +288,22 @@ class MinibatchPotential:
 
         \\tilde U(u) = -\\sum_{\\text{sites } s} \\text{scale}_s \\log p_s(v_s) - \\log|\\det J_T(u)|
 
-    where the data plate's subsample is set to the minibatch indices (scale :math:`N/b` on the likelihood).
+    where the subsample of every subsampled data plate :math:`p` is set to its minibatch indices (scale
+    :math:`N_p/b_p` on the terms inside it). Observed sites and ``pyro.factor`` terms outside the data plates are
+    full-data terms (scale 1). With several subsampled plates, the indices ``idx`` handed to the potential are the
+    concatenation of each plate's indices in the order of :attr:`subsampled_plates` (see :meth:`join_indices`).
 
     :param callable model: a Pyro model; its likelihood must sit in a plate over the data whose indices index
         the data (``with pyro.plate("data", len(x)) as idx: ... obs=y[idx]``), with the network weights
-        sampled outside that plate.
+        sampled outside that plate. Local latent variables (sampled inside a subsampled data plate) are not
+        supported under subsampling.
     :param tuple model_args: positional arguments of the model (the full data).
     :param dict model_kwargs: keyword arguments of the model.
-    :param int subsample_size: minibatch size :math:`b`; ``None`` for full-batch gradients.
-    :param str data_plate: name of the plate over the data; by default the plate that contains every observed site.
+    :param subsample_size: minibatch size :math:`b`: an int for every data plate, a dict
+        ``{plate name: size}`` (the plates it names are the subsampled data plates; other plates are not
+        subsampled), or ``None`` for full-batch gradients.
+    :param data_plate: name (or list of names) of the plate(s) over the data; by default the plates of the observed
+        sites (the plate that contains every observed site, else each observed site's own plate).
     :param prior_filter: optional ``(name, site) -> bool`` keeping only the prior terms of the latent sites it
         accepts (used by the functional kernels, which drop the weight-space prior).
     :param dict transforms: optional ``{site: transform}`` from constrained to unconstrained space (as for Pyro's
@@ -164,6 +320,21 @@ class MinibatchPotential:
     (1, 'data', 10)
     >>> U(torch.zeros(1), torch.arange(5)).shape
     torch.Size([])
+
+    Two data sets, each subsampled with its own size, and a penalty on the weights outside the data plates:
+
+    >>> def model2(x1, y1, x2, y2):
+    ...     w = pyro.sample("w", dist.Normal(0.0, 1.0))
+    ...     pyro.factor("penalty", -w**2)
+    ...     with pyro.plate("first", len(x1)) as i:
+    ...         pyro.sample("y1", dist.Normal(w * x1[i], 1.0), obs=y1[i])
+    ...     with pyro.plate("second", len(x2)) as j:
+    ...         pyro.sample("y2", dist.Normal(w * x2[j], 1.0), obs=y2[j])
+    >>> U2 = MinibatchPotential(model2, (x, y, x[:6], y[:6]), subsample_size={"first": 5, "second": 2})
+    >>> U2.subsampled_plates, U2.data_sizes
+    (('first', 'second'), {'first': 10, 'second': 6})
+    >>> U2(torch.zeros(1), U2.join_indices({"first": torch.arange(5), "second": torch.tensor([0, 3])})).shape
+    torch.Size([])
     """
 
     def __init__(
@@ -172,35 +343,33 @@ class MinibatchPotential:
         model_args: tuple = (),
         model_kwargs: Optional[dict] = None,
         *,
-        subsample_size: Optional[int] = None,
-        data_plate: Optional[str] = None,
+        subsample_size: SubsampleSize = None,
+        data_plate: Union[None, str, Sequence[str]] = None,
         prior_filter: Optional[Callable[[str, dict], bool]] = None,
         transforms: Optional[dict] = None,
     ) -> None:
         if not callable(model):
             raise TypeError(f"model must be callable, got {type(model).__name__}")
-        if subsample_size is not None and (
-            isinstance(subsample_size, bool) or not isinstance(subsample_size, int) or subsample_size < 1
-        ):
-            raise ValueError(f"subsample_size must be a positive int or None, got {subsample_size!r}")
-        if data_plate is not None and not isinstance(data_plate, str):
-            raise TypeError(f"data_plate must be a str or None, got {type(data_plate).__name__}")
+        _check_subsample_size(subsample_size)
+        data_plates = _data_plate_names(data_plate)
         self.model = model
         self.model_args = tuple(model_args)
         self.model_kwargs = dict(model_kwargs or {})
         self.prior_filter = prior_filter
         self.user_transforms = dict(transforms or {})
+        _check_finite_arguments(model, self.model_args, self.model_kwargs)
         with pyro.validation_enabled(False), poutine.block():
-            trace = _trace_explained(model, self.model_args, self.model_kwargs, data_plate)
+            trace = _trace_explained(model, self.model_args, self.model_kwargs, data_plates)
         self.prototype_trace = trace
         self._find_sites(trace)
-        self._find_data_plate(trace, data_plate, subsample_size)
+        _check_observed_values(trace, self.observed_sites)
+        self._find_data_plates(trace, data_plates, subsample_size)
         self._constant_normal_priors = self._find_constant_normal_priors(trace)
         self._build_gaussian_prior(trace)
         self.subsample_size = subsample_size
-        if subsample_size is not None:
+        if self.subsample_sizes:
             # local latent variables are fine with full-batch gradients, not with a subsampled plate
-            _check_latents_outside_plate(trace, self.data_plate)
+            _check_latents_outside_plate(trace, self.subsampled_plates)
             self._check_subsampling()
 
     # ----- structure -------------------------------------------------------------------------------------------
@@ -308,74 +477,214 @@ class MinibatchPotential:
             grad = centred * precision
         return 0.5 * (centred * grad).sum(-1) + self._gaussian_const, grad
 
-    def _find_data_plate(self, trace: Any, data_plate: Optional[str], subsample_size: Optional[int]) -> None:
+    def _find_data_plates(
+        self, trace: Any, names: Optional[tuple[str, ...]], subsample_size: SubsampleSize
+    ) -> None:
         frames: dict[str, Any] = {}
         for site in trace.nodes.values():
             if site["type"] == "sample":
                 for f in site["cond_indep_stack"]:
                     if f.vectorized:
-                        frames[f.name] = f
-        if data_plate is None:
-            candidates = None
-            for name in self.observed_sites:
-                plates = _plates_of(trace.nodes[name])
-                candidates = plates if candidates is None else candidates & plates
-            candidates = sorted(candidates or ())
-            if len(candidates) > 1:
-                if subsample_size is not None:
-                    raise ValueError(
-                        f"several plates contain all observed sites ({candidates}); pass data_plate= to name the plate "
-                        "over the data"
-                    )
-                candidates = []
-            data_plate = candidates[0] if candidates else None
-        elif data_plate not in frames:
-            raise ValueError(f"data_plate '{data_plate}' is not a plate of the model (plates: {sorted(frames)})")
-        if data_plate is None:
-            if subsample_size is not None:
+                        frames.setdefault(f.name, f)
+        subsampled = subsample_size is not None
+        requested = dict(subsample_size) if isinstance(subsample_size, Mapping) else None
+        for name in names or ():
+            if name not in frames:
+                raise ValueError(f"data_plate '{name}' is not a plate of the model (plates: {sorted(frames)})")
+        for name in requested or ():
+            if name not in frames:
+                raise ValueError(f"subsample_size: '{name}' is not a plate of the model (plates: {sorted(frames)})")
+        if names is None:
+            names = tuple(requested) if requested is not None else self._detect_data_plates(trace, subsampled)
+        elif requested is not None:
+            missing = [p for p in requested if p not in names]
+            if missing:
                 raise ValueError(
-                    "subsample_size was given but the model has no plate over the data. Put the likelihood in "
-                    "`with pyro.plate('data', len(x)) as idx:` and index the data with idx (obs=y[idx]); the kernel "
-                    "then draws the minibatch indices."
+                    f"subsample_size names plate(s) {missing}, which are not among the data plates {list(names)} "
+                    "given as data_plate="
                 )
-            self.data_plate, self.data_size = None, None
-            return
-        self.data_plate = data_plate
-        sub = trace.nodes.get(data_plate)
-        full_size = frames[data_plate].size if sub is None else sub["fn"].size
-        if sub is not None and sub["fn"].subsample_size is not None and sub["fn"].subsample_size < sub["fn"].size:
+        if subsampled and not names:
             raise ValueError(
-                f"the model's plate '{data_plate}' already subsamples (subsample_size="
-                f"{sub['fn'].subsample_size}). Subsampling is a kernel setting: remove subsample_size from the model's "
-                "plate and pass subsample_size= to the kernel, so that ArviZ and Predictive see the full data."
+                "subsample_size was given but the model has no plate over the data. Put the likelihood in "
+                "`with pyro.plate('data', len(x)) as idx:` and index the data with idx (obs=y[idx]); the kernel "
+                "then draws the minibatch indices. (pyro.factor terms and observations outside every plate are "
+                "fine: they are full-data terms.)"
             )
-        self.data_size = int(full_size)
+        sizes: dict[str, int] = {}
+        for name in names:
+            sub = trace.nodes.get(name)
+            if sub is not None and sub["fn"].subsample_size is not None and sub["fn"].subsample_size < sub["fn"].size:
+                raise ValueError(
+                    f"the model's plate '{name}' already subsamples (subsample_size={sub['fn'].subsample_size}). "
+                    "Subsampling is a kernel setting: remove subsample_size from the model's plate and pass "
+                    "subsample_size= to the kernel, so that ArviZ and Predictive see the full data."
+                )
+            sizes[name] = int(frames[name].size if sub is None else sub["fn"].size)
+        if requested is not None:
+            batch = {name: requested[name] for name in names if name in requested}
+        elif subsampled:
+            batch = {name: int(subsample_size) for name in names}
+        else:
+            batch = {}
+        for name, b in batch.items():
+            if b > sizes[name]:
+                hint = "; pass a dict {plate name: size} to subsample each plate differently" if len(names) > 1 else ""
+                raise ValueError(f"subsample_size={b} exceeds the data size {sizes[name]} of plate '{name}'{hint}")
+        self.data_plates: tuple[str, ...] = tuple(names)
+        self.data_sizes: dict[str, int] = sizes
+        self.subsample_sizes: dict[str, int] = batch
+        self.subsampled_plates: tuple[str, ...] = tuple(batch)
+        self.batch_size: Optional[int] = sum(batch.values()) if batch else None
+        # the first data plate, for code written for one plate
+        self.data_plate: Optional[str] = names[0] if names else None
+        self.data_size: Optional[int] = sizes[names[0]] if names else None
+
+    def _detect_data_plates(self, trace: Any, subsampled: bool) -> tuple[str, ...]:
+        """The plate that contains every observed site in a plate; else the plate of each observed site (a site in
+        several plates takes the one of them that is another site's only plate). Observed sites outside every plate
+        (``pyro.factor``, a likelihood over all the data at once) are full-data terms."""
+        order = {}
+        for site in trace.nodes.values():
+            if site["type"] == "sample":
+                for f in site["cond_indep_stack"]:
+                    if f.vectorized:
+                        order.setdefault(f.name, len(order))
+        plated = {n: _plates_of(trace.nodes[n]) for n in self.observed_sites}
+        plated = {n: p for n, p in plated.items() if p}
+        if not plated:
+            return ()
+        common = set.intersection(*plated.values())
+        if len(common) == 1:
+            return tuple(common)
+        singles = {next(iter(p)) for p in plated.values() if len(p) == 1}
+        names = set(singles)
+        for site, plates in plated.items():
+            if len(plates) == 1:
+                continue
+            candidates = plates & singles
+            if len(candidates) != 1:
+                if not subsampled:
+                    return ()  # full-batch gradients do not need to know the plates over the data
+                raise ValueError(
+                    f"observed site '{site}' sits in several plates {sorted(plates)}: pass data_plate= (a plate name "
+                    "or a list of names) to say which are over the data, or subsample_size={plate name: size} to "
+                    "name the subsampled plates and their minibatch sizes"
+                )
+            names |= candidates
+        return tuple(sorted(names, key=order.__getitem__))
 
     def _check_subsampling(self) -> None:
-        if self.subsample_size > self.data_size:
-            raise ValueError(f"subsample_size={self.subsample_size} exceeds the data size {self.data_size}")
-        idx = torch.arange(self.subsample_size, device=self.device)
+        idx = self.join_indices(
+            {p: torch.arange(b, device=self.device) for p, b in self.subsample_sizes.items()}
+        )
         values = self.unpack(torch.zeros(self.dim, dtype=self.dtype, device=self.device))[0]
+        plates = ", ".join(f"'{p}' (size {b})" for p, b in self.subsample_sizes.items())
         try:
             with pyro.validation_enabled(True), poutine.block():
                 trace = self._trace(values, idx)
                 trace.log_prob_sum()
         except Exception as e:  # noqa: BLE001 - re-raised with an explanation
+            first_line = str(e).splitlines()[0] if str(e) else ""
+            p = self.subsampled_plates[0]
             raise ValueError(
-                f"running the model with a minibatch of size {self.subsample_size} on plate '{self.data_plate}' "
-                "failed. "
+                f"running the model with a minibatch of plate {plates} failed ({type(e).__name__}: {first_line}). "
                 "The likelihood must index the data with the plate's indices: "
-                f"`with pyro.plate('{self.data_plate}', len(x)) as idx: pyro.sample(..., obs=y[idx])` (f(x[idx]))."
+                f"`with pyro.plate('{p}', len(x)) as idx: pyro.sample(..., obs=y[idx])` (f(x[idx]))."
             ) from e
         for name in self.observed_sites:
             site = trace.nodes[name]
-            frame = next(f for f in site["cond_indep_stack"] if f.name == self.data_plate)
             shape = site["fn"].batch_shape
-            if len(shape) >= -frame.dim and shape[frame.dim] != self.subsample_size:
+            for frame in site["cond_indep_stack"]:
+                b = self.subsample_sizes.get(frame.name)
+                if b is None or not frame.vectorized:
+                    continue
+                if len(shape) >= -frame.dim and shape[frame.dim] != b:
+                    raise ValueError(
+                        f"observed site '{name}' has batch size {shape[frame.dim]} on plate '{frame.name}' under a "
+                        f"minibatch of {b}: index the data with the plate's indices (obs=y[idx])."
+                    )
+
+    # ----- minibatch indices -----------------------------------------------------------------------------------
+    def join_indices(self, indices: Mapping[str, Tensor]) -> Optional[Tensor]:
+        """The ``idx`` argument of the potential from each subsampled plate's minibatch indices ``{plate: (..., b_p)}``
+        (their concatenation along the last dimension, in the order of :attr:`subsampled_plates`)."""
+        if not self.subsampled_plates:
+            return None
+        unknown = set(indices) - set(self.subsampled_plates)
+        if unknown:
+            raise ValueError(
+                f"join_indices: {sorted(unknown)} are not subsampled plates "
+                f"(subsampled: {list(self.subsampled_plates)})"
+            )
+        parts = []
+        for p in self.subsampled_plates:
+            if p not in indices:
+                raise ValueError(f"join_indices: no indices for the subsampled plate '{p}'")
+            if indices[p].shape[-1] != self.subsample_sizes[p]:
                 raise ValueError(
-                    f"observed site '{name}' has batch size {shape[frame.dim]} on plate '{self.data_plate}' under a "
-                    f"minibatch of {self.subsample_size}: index the data with the plate's indices (obs=y[idx])."
+                    f"join_indices: plate '{p}' takes {self.subsample_sizes[p]} indices, got {indices[p].shape[-1]}"
                 )
+            parts.append(indices[p])
+        return parts[0] if len(parts) == 1 else torch.cat(parts, -1)
+
+    def split_indices(self, idx: Tensor) -> dict[str, Tensor]:
+        """Inverse of :meth:`join_indices` (views)."""
+        if len(self.subsampled_plates) == 1:
+            return {self.subsampled_plates[0]: idx}
+        out, offset = {}, 0
+        for p in self.subsampled_plates:
+            b = self.subsample_sizes[p]
+            out[p] = idx[..., offset : offset + b]
+            offset += b
+        return out
+
+    def index_batches(self, num_chains: int = 1) -> Optional[Tensor]:
+        """One pass of minibatch indices: ``(num_batches, batch_size)``, or ``(num_batches, num_chains, batch_size)``
+        with independent permutations per chain, ``batch_size`` being the sum of the plates' minibatch sizes.
+
+        Each plate is permuted afresh and cut into :math:`\\lfloor N_p / b_p \\rfloor` minibatches; the pass has as
+        many minibatches as the plate with the fewest (each minibatch is a uniform draw without replacement of
+        every plate, so the potential is an unbiased estimate of the full-data potential)."""
+        if not self.subsampled_plates:
+            return None
+        num_batches = min(self.data_sizes[p] // b for p, b in self.subsample_sizes.items())
+        parts = []
+        for p, b in self.subsample_sizes.items():
+            n, nb = self.data_sizes[p], self.data_sizes[p] // b
+            if num_chains > 1:
+                perm = torch.rand(num_chains, n, device=self.device).argsort(-1)
+                batches = perm[:, : nb * b].reshape(num_chains, nb, b).transpose(0, 1)
+            else:
+                batches = torch.randperm(n, device=self.device)[: nb * b].reshape(nb, b)
+            parts.append(batches[:num_batches])
+        return parts[0] if len(parts) == 1 else torch.cat(parts, -1)
+
+    # ----- the data as inputs ----------------------------------------------------------------------------------
+    def data_tensors(self) -> tuple[Tensor, ...]:
+        """The tensors among the model's arguments (also inside lists, tuples and dicts), in a fixed order: the
+        traced step takes them as inputs, so that nothing computed from the data is frozen into the graph."""
+        leaves, _ = tree_flatten((self.model_args, self.model_kwargs))
+        return tuple(leaf for leaf in leaves if torch.is_tensor(leaf))
+
+    @contextlib.contextmanager
+    def bound_data(self, tensors: Sequence[Tensor]) -> Iterator[None]:
+        """Within the block, the model runs on ``tensors`` in place of :meth:`data_tensors` (used while tracing
+        the step, to make the data inputs of the graph)."""
+        leaves, spec = tree_flatten((self.model_args, self.model_kwargs))
+        replacement = iter(tensors)
+        leaves = [next(replacement) if torch.is_tensor(leaf) else leaf for leaf in leaves]
+        saved = self.model_args, self.model_kwargs
+        self._bound_originals = {id(new): old for new, old in zip(tensors, self.data_tensors())}
+        self.model_args, self.model_kwargs = tree_unflatten(leaves, spec)
+        try:
+            yield
+        finally:
+            self.model_args, self.model_kwargs = saved
+            self._bound_originals = {}
+
+    def _original(self, value: Any) -> Any:
+        """The model argument that ``value`` stands in for within :meth:`bound_data` (else ``value``)."""
+        return getattr(self, "_bound_originals", {}).get(id(value), value)
 
     # ----- evaluation ------------------------------------------------------------------------------------------
     def flat_parts(self, flat: Tensor) -> tuple[Tensor, ...]:
@@ -421,7 +730,7 @@ class MinibatchPotential:
     ) -> Any:
         data = dict(values)
         if idx is not None:
-            data[self.data_plate] = idx
+            data.update(self.split_indices(idx))
         conditioned = poutine.condition(self.model, data=data)
         args = self.model_args if args is None else args
         kwargs = self.model_kwargs if kwargs is None else kwargs
