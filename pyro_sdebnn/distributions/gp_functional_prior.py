@@ -89,9 +89,9 @@ class GPFunctionalPrior(TorchDistribution):
         \delta = \text{jitter}\cdot \operatorname{mean}(\operatorname{diag} K).
 
     **The jitter is relative** to the mean kernel variance (:math:`10^{-4}\sigma_f^2` by default); the
-    absolute value is :attr:`delta`. If the Cholesky factorisation fails the jitter is raised ×10 up to
+    absolute value is ``delta``. If the Cholesky factorisation fails the jitter is raised ×10 up to
     ``max_jitter`` with a :class:`~pyro_sdebnn.ops.gp.JitterWarning` stating the value used (attribute
-    :attr:`jitter`); past the bound a ``ValueError`` is raised. With ``num_outputs = C > 1`` the C outputs are
+    ``jitter``); past the bound a ``ValueError`` is raised. With ``num_outputs = C > 1`` the C outputs are
     independent GPs with the same kernel (classification logits).
 
     :math:`K` is evaluated once, without gradient, in float64, and its Cholesky factor is cached: the kernel is a

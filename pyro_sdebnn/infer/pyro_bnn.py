@@ -58,7 +58,7 @@ class PyroBNN(PyroModule):
        ``PyroSample``, subsampled ``plate``).
 
     :param nn.Module net: the network (copied; the original is left untouched). Its current
-        parameter values are kept in :attr:`init_values` for guide initialisation.
+        parameter values are kept in ``init_values`` for guide initialisation.
     :param str likelihood: ``"categorical"`` or ``"gaussian"`` (2 outputs: mean, log-variance).
     :param float prior_scale: :math:`\\sigma_p`.
 
@@ -124,8 +124,8 @@ class PyroBNN(PyroModule):
 class SVIBaseline(BaselineMethod):
     """An autoguide on a :class:`PyroBNN`, trained by SVI with subsampled minibatches.
 
-    Subclasses set :meth:`_make_guide` and :meth:`_make_elbo`; the model is :attr:`model`, the guide
-    :attr:`guide`, so both also work with plain Pyro tools (``Predictive``, ``poutine``).
+    Subclasses set :meth:`_make_guide` and :meth:`_make_elbo`; the model is ``model``, the guide
+    ``guide``, so both also work with plain Pyro tools (``Predictive``, ``poutine``).
 
     >>> from pyro_sdebnn.infer import MAPEstimate
     >>> from pyro_sdebnn.nn import make_mlp
@@ -158,13 +158,28 @@ class SVIBaseline(BaselineMethod):
         weight_decay: float | None = None,
         num_particles: int = 1,
         progress: bool = False,
+        optim: pyro.optim.PyroOptim | None = None,
+        scheduler_step: str = "epoch",
+        clip_norm: float | None = None,
+        clip_inf_norm: float | None = None,
     ) -> "SVIBaseline":
         """Run SVI for ``num_epochs`` passes over the data in minibatches of ``batch_size``.
 
         :param weight_decay: if given, sets the prior to the one weight decay :math:`\\lambda`
             corresponds to, :math:`\\sigma_p^2 = 1/(N\\lambda)`; otherwise the constructor's prior stays.
+        :param optim: a Pyro optimiser; default ``pyro.optim.Adam({"lr": lr})`` (``lr`` is then unused).
+            A :class:`pyro.optim.PyroLRScheduler` (e.g. ``pyro.optim.MultiStepLR``) is stepped once per
+            epoch, or once per SVI step with ``scheduler_step="step"``; ``ReduceLROnPlateau`` gets the loss.
+        :param str scheduler_step: ``"epoch"`` or ``"step"``.
+        :param clip_norm: clip the whole gradient (all guide parameters together) by its :math:`L_2`
+            norm before every step, :math:`g \\leftarrow g \\min(1, c/\\|g\\|_2)` (Pyro's
+            ``clip_args`` clip each parameter tensor separately instead).
+        :param clip_inf_norm: clip the whole gradient by its :math:`L_\\infty` norm,
+            :math:`g \\leftarrow g \\min(1, c/\\|g\\|_\\infty)` (after ``clip_norm`` when both are given).
         :returns: ``self``; the ELBO loss per epoch (per data point) is in :attr:`losses`.
         """
+        from pyro_sdebnn.infer._training import SchedulerStepper, check_clip, svi_step
+
         _check_data(x, y, self.likelihood)
         n = x.shape[0]
         if weight_decay is not None and not weight_decay > 0:
@@ -173,6 +188,11 @@ class SVIBaseline(BaselineMethod):
         batch_size = None if batch_size >= n else batch_size  # None: the full data in every step
         if isinstance(num_particles, bool) or not isinstance(num_particles, int) or num_particles < 1:
             raise ValueError(f"num_particles must be a positive integer, got {num_particles!r}")
+        if optim is not None and not isinstance(optim, pyro.optim.PyroOptim):
+            raise TypeError(f"optim must be a pyro.optim.PyroOptim (or PyroLRScheduler) or None, got {optim!r}")
+        clip_norm, clip_inf_norm = check_clip(clip_norm, clip_inf_norm)
+        optim = pyro.optim.Adam({"lr": lr}) if optim is None else optim
+        stepper = SchedulerStepper(optim, scheduler_step)
         elbo = self._make_elbo(num_particles)
         if weight_decay is not None:  # only once every argument is valid
             self.model.set_prior_scale(1.0 / math.sqrt(n * weight_decay))
@@ -180,12 +200,19 @@ class SVIBaseline(BaselineMethod):
         store = pyro.get_param_store()
         with store.scope(self._store_state) as state:
             self.guide(x, y, subsample_size=batch_size)  # set up the guide's parameters (also for num_epochs=0)
-            svi = SVI(self.model, self.guide, pyro.optim.Adam({"lr": lr}), elbo)
+            svi = SVI(self.model, self.guide, optim, elbo)
             for epoch in _epochs(num_epochs, progress, type(self).__name__):
-                total = sum(svi.step(x, y, subsample_size=batch_size) for _ in range(steps_per_epoch))
+                total = 0.0
+                for _ in range(steps_per_epoch):
+                    step_loss = svi_step(
+                        svi, x, y, subsample_size=batch_size, clip_norm=clip_norm, clip_inf_norm=clip_inf_norm
+                    )
+                    total += step_loss
+                    stepper.after_step(step_loss)
                 loss = total / (steps_per_epoch * n)
                 _check_finite(loss, desc=type(self).__name__, epoch=epoch, lr=lr, what="ELBO loss")
                 self.losses.append(loss)
+                stepper.after_epoch(loss)
         self._store_state = state
         return self
 

@@ -63,7 +63,7 @@ class ContinuousDepthNet(PyroModule):
         h_0 = [x; 0_A], \\qquad h_{k+1} = h_k + f_h(h_k, t_k; W_k)\\,\\Delta t_k, \\qquad
         y \\sim p(y \\mid \\mathrm{head}(h_K)).
 
-    Owns the field :attr:`field`, the input augmentation, the grid :attr:`times`, the head and the
+    Owns the field ``field``, the input augmentation, the grid :attr:`times`, the head and the
     likelihoods. A subclass chooses the weights: it creates them from the field's initial weights in
     ``_init_weights`` (called between building the field and the head, so that one seed gives the same
     initial weights in every subclass) and names the tensor whose dtype and device the grid follows in

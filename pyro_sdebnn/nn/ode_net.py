@@ -17,9 +17,9 @@ with σ → 0 follows the deterministic OU mean path; with a constant path it is
 
 Two ways to fit them, as in Table 1 of [3]:
 
-- deterministic (maximum likelihood): the weights are the ``nn.Parameter`` :attr:`weights`;
-  minimise :meth:`nll` with any ``torch.optim`` optimiser;
-- mean-field VI: :meth:`model` puts a :math:`\\mathcal N(0, s^2 I)` prior on the weights (site
+- deterministic (maximum likelihood): the weights are the ``nn.Parameter`` ``weights``;
+  minimise :meth:`ODENet.nll` with any ``torch.optim`` optimiser;
+- mean-field VI: :meth:`ODENet.model` puts a :math:`\\mathcal N(0, s^2 I)` prior on the weights (site
   ``"w"``) and observes ``"obs"`` in ``plate("data")``, exactly as :meth:`SDEBNN.model
   <pyro_sdebnn.nn.SDEBNN.model>` does for the path; Pyro's ``AutoNormal`` guide with
   ``TraceMeanField_ELBO`` gives the mean-field ODE-Net / ResNet. Generative story::
@@ -105,14 +105,14 @@ class _ConstantWeightNet(ContinuousDepthNet):
             raise ValueError(f"weights must have shape (..., {', '.join(map(str, shape))}), got {tuple(weights.shape)}")
 
     def forward(self, x: Tensor, weights: Tensor | None = None) -> Tensor:
-        """Head output ``(..., N, out_dim)``; ``weights`` ``(...,) + weight_shape`` default to :attr:`weights`."""
+        """Head output ``(..., N, out_dim)``; ``weights`` ``(...,) + weight_shape`` default to ``weights``."""
         if weights is None:
             weights = self.weights
         self._check_weights(weights)
         return self._head(self.integrate_weights(x, self._per_step(weights)))
 
     def nll(self, x: Tensor, y: Tensor) -> Tensor:
-        """Mean negative log-likelihood per data point at the point-estimate :attr:`weights` (training loss).
+        """Mean negative log-likelihood per data point at the point-estimate ``weights`` (training loss).
 
         .. math:: \\mathcal L = -\\frac1b \\sum_{i=1}^b \\log p(y_i \\mid \\mathrm{head}(h_K(x_i; w)))
 
@@ -176,7 +176,7 @@ class ODENet(_ConstantWeightNet):
         \\frac{dh}{dt} = f_h(h, t; w), \\quad h_{t_0} = [x; 0_A], \\qquad
         h_{k+1} = h_k + f_h(h_k, t_k; w)\\,\\Delta t, \\qquad y \\sim p(y \\mid \\mathrm{head}(h_K)).
 
-    Deterministic by default (weights :attr:`weights` of shape ``(D,)``, train with :meth:`nll`);
+    Deterministic by default (weights ``weights`` of shape ``(D,)``, train with :meth:`nll`);
     ``AutoNormal(net.model)`` with ``TraceMeanField_ELBO`` gives the mean-field ODE-Net.
 
     :param in_dim: number of input features (time-conditioned MLP field) or a ``(C, H, W)`` image shape
@@ -227,7 +227,7 @@ class ResNet(_ConstantWeightNet):
 
     The blocks are the SDE-BNN's field (time-conditioned; the time input acts as a per-block bias), so
     with shared weights :math:`W_k = w` the ResNet equals :class:`ODENet` with K Euler steps.
-    Deterministic by default (weights :attr:`weights` of shape ``(K, D)``); ``AutoNormal(net.model)``
+    Deterministic by default (weights ``weights`` of shape ``(K, D)``); ``AutoNormal(net.model)``
     with ``TraceMeanField_ELBO`` gives the mean-field ResNet.
 
     :param in_dim: number of input features or a ``(C, H, W)`` image shape (H, W even).

@@ -3,7 +3,7 @@
 
 - :class:`TimeMLPField` and :class:`ConvField` are *functional* fields
   :math:`f_h(h, t; w)`: they own no parameters; their weights are a flat vector ``w`` of length
-  :attr:`num_weights` (the state of the weight SDE), with arbitrary leading sample dimensions so
+  ``num_weights`` (the state of the weight SDE), with arbitrary leading sample dimensions so
   that many weight paths are integrated at once.
 - :class:`DriftMLP` is the posterior drift correction :math:`\\mathrm{NN}(w, t; \\phi)` in
   :math:`f_q(w, t) = -\\theta w + \\mathrm{NN}(w, t; \\phi)` [1], an ordinary ``nn.Module`` with a

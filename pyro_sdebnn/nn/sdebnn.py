@@ -56,7 +56,7 @@ class SDEBNN(ContinuousDepthNet):
 
     Field, augmentation, Euler grid, head and likelihoods are those of
     :class:`~pyro_sdebnn.nn.continuous_depth.ContinuousDepthNet`; the weights ``W_k`` are the values
-    of the OU weight path at the left end points, starting from the learnable :attr:`w0`.
+    of the OU weight path at the left end points, starting from the learnable ``w0``.
 
     :param in_dim: number of input features (vector data, time-conditioned MLP field) or a
         ``(C, H, W)`` image shape (conv field: strided conv down, tanh, transposed conv up; H, W even).

@@ -260,6 +260,9 @@ class SamplingFreeBNN(nn.Module):
         loss: ELBO | None = None,
         kl_schedule: Callable[[int], float] | None = None,
         progress: bool = False,
+        scheduler_step: str = "epoch",
+        clip_norm: float | None = None,
+        clip_inf_norm: float | None = None,
     ) -> list[float]:
         r"""Train with :class:`pyro.infer.SVI` on shuffled minibatches; return the loss per epoch.
 
@@ -269,13 +272,22 @@ class SamplingFreeBNN(nn.Module):
 
         :param int num_epochs: passes over the data.
         :param int batch_size: minibatch size.
-        :param optim: a Pyro optimiser (default ``pyro.optim.Adam({"lr": 1e-3})``).
+        :param optim: a Pyro optimiser (default ``pyro.optim.Adam({"lr": 1e-3})``). A
+            :class:`pyro.optim.PyroLRScheduler` (e.g. ``pyro.optim.MultiStepLR``) is stepped once per epoch,
+            or once per SVI step with ``scheduler_step="step"``; ``ReduceLROnPlateau`` gets the loss.
         :param loss: an ELBO (default :class:`~pyro_sdebnn.infer.SamplingFree_ELBO`; ``Trace_ELBO()``
             trains the same model by weight sampling).
         :param kl_schedule: ``epoch -> kappa``, assigned to ``loss.kl_scale`` at the start of each epoch
             (only for ELBOs that have ``kl_scale``).
+        :param str scheduler_step: ``"epoch"`` or ``"step"``: when a scheduler ``optim`` is stepped.
+        :param clip_norm: clip the whole gradient (all parameters together) by its :math:`L_2` norm
+            before every step, :math:`g \leftarrow g \min(1, c/\|g\|_2)` (Pyro's ``clip_args`` clip
+            each parameter tensor separately instead).
+        :param clip_inf_norm: clip the whole gradient by its :math:`L_\infty` norm,
+            :math:`g \leftarrow g \min(1, c/\|g\|_\infty)` (after ``clip_norm`` when both are given).
         :raises RuntimeError: if the loss becomes NaN or infinite.
         """
+        from pyro_sdebnn.infer._training import SchedulerStepper, check_clip, svi_step
         from pyro_sdebnn.infer.sampling_free_elbo import SamplingFree_ELBO
 
         self._check_data(x, y)
@@ -289,6 +301,8 @@ class SamplingFreeBNN(nn.Module):
         if kl_schedule is not None and not hasattr(loss, "kl_scale"):
             raise TypeError(f"kl_schedule needs an ELBO with a kl_scale attribute, got {type(loss).__name__}")
         optim = pyro.optim.Adam({"lr": 1e-3}) if optim is None else optim
+        clip_norm, clip_inf_norm = check_clip(clip_norm, clip_inf_norm)
+        stepper = SchedulerStepper(optim, scheduler_step)
         scale = 1.0 / self.num_data
         svi = SVI(poutine.scale(self.model, scale), poutine.scale(self.guide, scale), optim, loss)
         n = x.shape[0]
@@ -301,9 +315,12 @@ class SamplingFreeBNN(nn.Module):
             total = 0.0
             for start in range(0, n, batch_size):
                 idx = perm[start:start + batch_size]
-                total += svi.step(x[idx], y[idx]) * idx.shape[0]
+                step_loss = svi_step(svi, x[idx], y[idx], clip_norm=clip_norm, clip_inf_norm=clip_inf_norm)
+                total += step_loss * idx.shape[0]
+                stepper.after_step(step_loss)
             epoch_loss = total / n
             if not math.isfinite(epoch_loss):
                 raise RuntimeError(f"SamplingFreeBNN.fit: the loss became {epoch_loss} at epoch {epoch}")
             history.append(epoch_loss)
+            stepper.after_epoch(epoch_loss)
         return history
