@@ -99,6 +99,10 @@ class DeepEnsemble(BaselineMethod):
         weight_decay: float = 1e-4,
         vectorize: bool | None = None,
         progress: bool = False,
+        scheduler: Callable | None = None,
+        scheduler_step: str = "epoch",
+        clip_norm: float | None = None,
+        clip_inf_norm: float | None = None,
     ) -> "DeepEnsemble":
         """Train every member independently (Adam, mean NLL, weight decay); returns ``self``.
 
@@ -106,17 +110,34 @@ class DeepEnsemble(BaselineMethod):
             (each member keeps its own minibatch order; Adam acts elementwise, so this is the same
             optimisation as training them one by one). ``None``: when every member is a
             ``nn.Module`` without buffers or dropout (e.g. a plain MLP), else one by one.
+        :param scheduler: ``None`` or a callable ``optimizer -> torch.optim.lr_scheduler`` object, built
+            for every member's Adam optimiser (see :func:`~pyro_sdebnn.infer.methods.train_network`).
+            ``ReduceLROnPlateau`` needs each member's own loss, so it trains the members one by one
+            (``vectorize=True`` with it raises ``ValueError``).
+        :param str scheduler_step: ``"epoch"`` or ``"step"``: when the scheduler is stepped.
+        :param clip_norm: clip each member's whole gradient by its :math:`L_2` norm,
+            :math:`g \\leftarrow g \\min(1, c/\\|g\\|_2)`.
+        :param clip_inf_norm: clip each member's whole gradient by its :math:`L_\\infty` norm,
+            :math:`g \\leftarrow g \\min(1, c/\\|g\\|_\\infty)` (after ``clip_norm`` when both are given).
         """
+        from pyro_sdebnn.infer._training import SchedulerStepper, check_clip
+
         _check_data(x, y, self.likelihood)
         size = _check_fit_args(
             x.shape[0], num_epochs=num_epochs, lr=lr, batch_size=batch_size, weight_decay=weight_decay
         )
+        clip_norm, clip_inf_norm = check_clip(clip_norm, clip_inf_norm)
+        SchedulerStepper(None, scheduler_step)  # validates scheduler_step
+        forced = vectorize is True
         if vectorize is None:
             vectorize = self._vectorizable()
         elif vectorize and not self._vectorizable():
             raise ValueError("vectorize=True needs members with identical parameter shapes and no buffers or dropout")
-        if vectorize:
-            self._fit_vectorized(x, y, num_epochs, lr, size, weight_decay, progress)
+        clip = {"clip_norm": clip_norm, "clip_inf_norm": clip_inf_norm}
+        sched = {"scheduler": scheduler, "scheduler_step": scheduler_step}
+        if vectorize and self._fit_vectorized(
+            x, y, num_epochs, lr, size, weight_decay, progress, forced, **sched, **clip
+        ):
             return self
         members = self.members
         if progress:
@@ -134,6 +155,8 @@ class DeepEnsemble(BaselineMethod):
                 batch_size=batch_size,
                 weight_decay=weight_decay,
                 desc=f"deep-ensemble member {k}",
+                **sched,
+                **clip,
             )
         return self
 
@@ -149,15 +172,34 @@ class DeepEnsemble(BaselineMethod):
                 return False
         return True
 
-    def _fit_vectorized(self, x, y, num_epochs: int, lr: float, batch_size: int, weight_decay: float, progress) -> None:
-        """All members at once (arguments already checked by :meth:`fit`)."""
+    def _fit_vectorized(
+        self, x, y, num_epochs: int, lr: float, batch_size: int, weight_decay: float, progress, forced: bool = True,
+        scheduler=None, scheduler_step: str = "epoch", clip_norm=None, clip_inf_norm=None,
+    ) -> bool:
+        """All members at once (arguments already checked by :meth:`fit`); ``False`` if declined.
+
+        One Adam over the stacked weights with one scheduler: every member takes the same number of
+        steps, so a schedule gives every member the learning rate it would get alone. The exception is
+        ``ReduceLROnPlateau``, which needs each member's own loss: then nothing is trained and ``False``
+        is returned (or, when ``forced``, a ``ValueError`` raised).
+        """
         from torch.func import functional_call, stack_module_state, vmap
+
+        from pyro_sdebnn.infer._training import SchedulerStepper, clip_gradients_batched, make_torch_scheduler
 
         n, k = x.shape[0], self.num_members
         params, _ = stack_module_state(list(self.members))
         params = {name: p.detach().requires_grad_() for name, p in params.items()}
         base = self.members[0]
         optimizer = torch.optim.Adam(params.values(), lr=lr, weight_decay=weight_decay)
+        stepper = SchedulerStepper(make_torch_scheduler(scheduler, optimizer), scheduler_step)
+        if isinstance(stepper.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            if forced:
+                raise ValueError(
+                    "vectorize=True cannot use a ReduceLROnPlateau scheduler (it needs each member's loss)"
+                )
+            return False
+        clipping = clip_norm is not None or clip_inf_norm is not None
 
         def member_loss(theta, xb, yb):
             return negative_log_likelihood_terms(functional_call(base, theta, (xb,)), yb, self.likelihood).mean()
@@ -171,13 +213,19 @@ class DeepEnsemble(BaselineMethod):
                 losses = batched_loss(params, x[idx], y[idx])
                 optimizer.zero_grad(set_to_none=True)
                 losses.sum().backward()  # member parameters are disjoint: each gets its own gradient
+                if clipping:
+                    clip_gradients_batched(params.values(), clip_norm, clip_inf_norm)
                 optimizer.step()
+                if stepper.scheduler is not None and scheduler_step == "step":
+                    stepper.after_step(float(losses.detach().mean()))
                 total = total + losses.detach().double().sum() * idx.shape[1]
             _check_finite(float(total) / (n * k), desc="deep-ensemble", epoch=epoch, lr=lr)
+            stepper.after_epoch(float(total) / (n * k))
         with torch.no_grad():
             for i, member in enumerate(self.members):
                 for name, p in member.named_parameters():
                     p.copy_(params[name][i])
+        return True
 
     @torch.no_grad()
     def predict_outputs(self, x: Tensor) -> Tensor:

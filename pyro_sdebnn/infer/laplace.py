@@ -224,17 +224,29 @@ class Laplace(BaselineMethod):
         weight_decay: float = 1e-4,
         tune_prior_precision: bool = True,
         progress: bool = False,
+        scheduler=None,
+        scheduler_step: str = "epoch",
+        clip_norm: float | None = None,
+        clip_inf_norm: float | None = None,
     ) -> "Laplace":
         """Train the MAP (Adam with weight decay), compute the curvature and tune :math:`\\delta`.
 
         :param int num_epochs: MAP training epochs (0: use ``net`` as trained).
         :param bool tune_prior_precision: maximise the Laplace evidence over :math:`\\delta`.
+        :param scheduler: learning-rate schedule of the MAP training, as in
+            :func:`~pyro_sdebnn.infer.methods.train_network` (a callable ``optimizer -> lr_scheduler``),
+            stepped per ``scheduler_step`` (``"epoch"`` or ``"step"``).
+        :param clip_norm: clip the whole MAP gradient by its :math:`L_2` norm,
+            :math:`g \\leftarrow g \\min(1, c/\\|g\\|_2)`.
+        :param clip_inf_norm: clip it by its :math:`L_\\infty` norm,
+            :math:`g \\leftarrow g \\min(1, c/\\|g\\|_\\infty)`.
         :returns: ``self``.
         """
         _check_data(x, y, self.likelihood)
         train_network(
             self.net, x, y, self.likelihood, num_epochs=num_epochs, lr=lr, batch_size=batch_size,
-            weight_decay=weight_decay, progress=progress, desc="laplace MAP",
+            weight_decay=weight_decay, progress=progress, desc="laplace MAP", scheduler=scheduler,
+            scheduler_step=scheduler_step, clip_norm=clip_norm, clip_inf_norm=clip_inf_norm,
         )
         if self.prior_precision is None:
             self.prior_precision = max(x.shape[0] * weight_decay, 1e-8)

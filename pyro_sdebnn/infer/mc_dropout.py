@@ -78,8 +78,18 @@ class MCDropout(BaselineMethod):
         batch_size: int | None = 32,
         weight_decay: float = 1e-4,
         progress: bool = False,
+        scheduler=None,
+        scheduler_step: str = "epoch",
+        clip_norm: float | None = None,
+        clip_inf_norm: float | None = None,
     ) -> "MCDropout":
-        """Train with dropout active (Adam, mean NLL, weight decay); returns ``self``."""
+        """Train with dropout active (Adam, mean NLL, weight decay); returns ``self``.
+
+        ``scheduler``, ``scheduler_step``, ``clip_norm`` and ``clip_inf_norm`` are those of
+        :func:`~pyro_sdebnn.infer.methods.train_network`: a callable ``optimizer -> lr_scheduler``
+        stepped per epoch or per step, and clipping of the whole gradient,
+        :math:`g \\leftarrow g \\min(1, c/\\|g\\|_2)` and :math:`g \\leftarrow g \\min(1, c/\\|g\\|_\\infty)`.
+        """
         train_network(
             self.net,
             x,
@@ -91,6 +101,10 @@ class MCDropout(BaselineMethod):
             weight_decay=weight_decay,
             progress=progress,
             desc="mc-dropout",
+            scheduler=scheduler,
+            scheduler_step=scheduler_step,
+            clip_norm=clip_norm,
+            clip_inf_norm=clip_inf_norm,
         )
         return self
 

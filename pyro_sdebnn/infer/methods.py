@@ -200,6 +200,10 @@ def train_network(
     weight_decay: float = 1e-4,
     progress: bool = False,
     desc: str = "train",
+    scheduler: Callable | None = None,
+    scheduler_step: str = "epoch",
+    clip_norm: float | None = None,
+    clip_inf_norm: float | None = None,
 ) -> list[float]:
     """Maximum a posteriori training of ``net`` with Adam: mean NLL + L2 (weight decay).
 
@@ -215,13 +219,28 @@ def train_network(
     1. D. J. C. MacKay (1992), *A practical Bayesian framework for backpropagation networks*,
        Neural Computation 4(3).
 
+    :param scheduler: ``None`` or a callable ``optimizer -> torch.optim.lr_scheduler`` object, e.g.
+        ``lambda opt: torch.optim.lr_scheduler.MultiStepLR(opt, [100, 150], gamma=0.1)``, applied to the
+        Adam optimiser (``ReduceLROnPlateau`` gets the mean loss of the epoch, or of the step).
+    :param str scheduler_step: ``"epoch"`` (step the scheduler after every epoch) or ``"step"`` (after
+        every minibatch).
+    :param clip_norm: clip the whole gradient (all parameters together) by its :math:`L_2` norm,
+        :math:`g \\leftarrow g \\min(1, c/\\|g\\|_2)`, before every Adam step.
+    :param clip_inf_norm: clip the whole gradient by its :math:`L_\\infty` norm,
+        :math:`g \\leftarrow g \\min(1, c/\\|g\\|_\\infty)` (after ``clip_norm`` when both are given).
     :returns: the mean training loss of every epoch.
     """
+    from pyro_sdebnn.infer._training import SchedulerStepper, check_clip, clip_gradients, make_torch_scheduler
+
     _check_likelihood(likelihood)
     _check_data(x, y, likelihood)
     n = x.shape[0]
     batch_size = _check_fit_args(n, num_epochs=num_epochs, lr=lr, batch_size=batch_size, weight_decay=weight_decay)
+    clip_norm, clip_inf_norm = check_clip(clip_norm, clip_inf_norm)
+    SchedulerStepper(None, scheduler_step)  # validates scheduler_step before any work
     optimizer = torch.optim.Adam(net.parameters(), lr=lr, weight_decay=weight_decay)
+    stepper = SchedulerStepper(make_torch_scheduler(scheduler, optimizer), scheduler_step)
+    clipping = clip_norm is not None or clip_inf_norm is not None
     net.train()
     history: list[float] = []
     for epoch in _epochs(num_epochs, progress, desc):
@@ -230,11 +249,16 @@ def train_network(
             loss = negative_log_likelihood_terms(net(x[idx]), y[idx], likelihood).mean()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            if clipping:
+                clip_gradients(net.parameters(), clip_norm, clip_inf_norm)
             optimizer.step()
+            if stepper.scheduler is not None and scheduler_step == "step":
+                stepper.after_step(float(loss.detach()))
             total = total + loss.detach().double() * idx.numel()
         mean_loss = float(total) / n
         _check_finite(mean_loss, desc=desc, epoch=epoch, lr=lr)
         history.append(mean_loss)
+        stepper.after_epoch(mean_loss)
     return history
 
 

@@ -1,0 +1,223 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Learning-rate schedules and whole-gradient clipping shared by every ``fit`` of the package.
+
+Two pieces, used by the SVI loops (:meth:`~pyro_sdebnn.infer.pyro_bnn.SVIBaseline.fit`,
+:meth:`~pyro_sdebnn.nn.mnvi.SamplingFreeBNN.fit`) and the plain PyTorch loops
+(:func:`~pyro_sdebnn.infer.methods.train_network` and the methods built on it):
+
+* :class:`SchedulerStepper` steps a learning-rate scheduler once per epoch (default) or once per
+  optimisation step. It accepts a Pyro :class:`~pyro.optim.PyroLRScheduler` (the object passed to
+  :class:`~pyro.infer.SVI` in place of an optimiser) or a ``torch.optim.lr_scheduler`` object;
+  ``ReduceLROnPlateau`` is stepped with the mean loss of the epoch (or the loss of the step).
+* :func:`clip_gradients` clips the gradient of *all* parameters together, between the backward pass
+  and the optimiser step. With :math:`g` the concatenation of every parameter gradient and
+  :math:`c` the threshold,
+
+  .. math::
+
+      g \\leftarrow g \\cdot \\min\\Bigl(1, \\frac{c_2}{\\|g\\|_2}\\Bigr) \\quad (\\texttt{clip_norm}),
+      \\qquad
+      g \\leftarrow g \\cdot \\min\\Bigl(1, \\frac{c_\\infty}{\\|g\\|_\\infty}\\Bigr)
+      \\quad (\\texttt{clip_inf_norm}).
+
+  Both rescale the whole gradient by one factor, so its direction is kept; Pyro's own
+  ``clip_args={"clip_norm": c}`` instead clips every parameter tensor separately, which changes the
+  direction whenever only some tensors exceed :math:`c`. When both thresholds are given, the
+  :math:`L_2` clipping is applied first and the :math:`L_\\infty` one second (the result satisfies
+  both bounds, since the second only shrinks the gradient further). :func:`svi_step` does one
+  :meth:`pyro.infer.SVI.step` with this clipping inserted between ``loss_and_grads`` and the optimiser.
+
+**References**
+
+[1] `On the difficulty of training recurrent neural networks`,
+    Razvan Pascanu, Tomas Mikolov, Yoshua Bengio. ICML 2013.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+import pyro
+import torch
+from pyro import poutine
+from pyro.infer.util import torch_item
+from pyro.optim import PyroLRScheduler
+from torch import Tensor
+
+__all__ = [
+    "SCHEDULER_STEPS",
+    "SchedulerStepper",
+    "check_clip",
+    "clip_gradients",
+    "clip_gradients_batched",
+    "make_torch_scheduler",
+    "svi_step",
+]
+
+SCHEDULER_STEPS = ("epoch", "step")
+
+_TORCH_SCHEDULERS = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+
+def _check_threshold(value, name: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) and not (
+        isinstance(value, Tensor) and value.numel() == 1
+    ):
+        raise TypeError(f"{name} must be a positive finite number or None, got {value!r}")
+    value = float(value)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive finite number or None, got {value!r}")
+    return value
+
+
+def check_clip(clip_norm=None, clip_inf_norm=None) -> tuple[float | None, float | None]:
+    """Validate the clipping thresholds; returns them as floats (or ``None``).
+
+    :raises ValueError: if a threshold is zero, negative, NaN or infinite.
+    :raises TypeError: if a threshold is not a number.
+    """
+    return _check_threshold(clip_norm, "clip_norm"), _check_threshold(clip_inf_norm, "clip_inf_norm")
+
+
+def clip_gradients(
+    params: Iterable[Tensor], clip_norm: float | None = None, clip_inf_norm: float | None = None
+) -> None:
+    """Clip the gradient of all ``params`` together, in place, by one common factor.
+
+    ``clip_norm``: :math:`g \\leftarrow g \\min(1, c/\\|g\\|_2)` over the concatenated gradient;
+    ``clip_inf_norm``: :math:`g \\leftarrow g \\min(1, c/\\|g\\|_\\infty)`. Parameters without a
+    gradient are ignored. Does nothing when both are ``None``.
+    """
+    clip_norm, clip_inf_norm = check_clip(clip_norm, clip_inf_norm)
+    if clip_norm is None and clip_inf_norm is None:
+        return
+    grads = [p for p in params if p.grad is not None]
+    if not grads:
+        return
+    if clip_norm is not None:
+        torch.nn.utils.clip_grad_norm_(grads, clip_norm, norm_type=2.0)
+    if clip_inf_norm is not None:
+        torch.nn.utils.clip_grad_norm_(grads, clip_inf_norm, norm_type=math.inf)
+
+
+def clip_gradients_batched(params: Iterable[Tensor], clip_norm: float | None = None,
+                           clip_inf_norm: float | None = None) -> None:
+    """:func:`clip_gradients` for ``K`` models stacked along the first dimension of every parameter.
+
+    Each model ``k`` gets its own factor from the norm of its own gradient (the slices ``p.grad[k]``),
+    exactly as :func:`torch.nn.utils.clip_grad_norm_` would give it when trained alone.
+    """
+    clip_norm, clip_inf_norm = check_clip(clip_norm, clip_inf_norm)
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads or (clip_norm is None and clip_inf_norm is None):
+        return
+    for threshold, norm_type in ((clip_norm, 2.0), (clip_inf_norm, math.inf)):
+        if threshold is None:
+            continue
+        with torch.no_grad():
+            if norm_type == 2.0:
+                norms = torch.stack([g.flatten(1).pow(2).sum(1) for g in grads]).sum(0).sqrt()
+            else:
+                norms = torch.stack([g.flatten(1).abs().amax(1) for g in grads]).amax(0)
+            coef = (threshold / (norms + 1e-6)).clamp(max=1.0)  # the same factor as clip_grad_norm_
+            for g in grads:
+                g.mul_(coef.reshape(-1, *([1] * (g.dim() - 1))).to(g.dtype))
+
+
+def svi_step(svi: pyro.infer.SVI, *args, clip_norm: float | None = None, clip_inf_norm: float | None = None,
+             **kwargs) -> float:
+    """One :meth:`pyro.infer.SVI.step` with :func:`clip_gradients` between the gradient and the update.
+
+    Mirrors ``SVI.step``: the loss and gradients come from ``svi.loss_and_grads`` under a
+    ``poutine.trace(param_only=True)``, the unconstrained parameters of that trace are clipped
+    together, updated by ``svi.optim`` and their gradients zeroed. Without clipping this is exactly
+    ``svi.step(*args, **kwargs)``. Any ``args`` and ``kwargs`` go to the model and guide.
+
+    :returns: the loss estimate.
+    """
+    clip_norm, clip_inf_norm = check_clip(clip_norm, clip_inf_norm)
+    if clip_norm is None and clip_inf_norm is None:
+        return svi.step(*args, **kwargs)
+    with poutine.trace(param_only=True) as param_capture:
+        loss = svi.loss_and_grads(svi.model, svi.guide, *args, **kwargs)
+    params = set(site["value"].unconstrained() for site in param_capture.trace.nodes.values())
+    clip_gradients(params, clip_norm, clip_inf_norm)
+    svi.optim(params)
+    pyro.infer.util.zero_grads(params)
+    if isinstance(loss, tuple):
+        return type(loss)(map(torch_item, loss))
+    return torch_item(loss)
+
+
+class SchedulerStepper:
+    """Steps a learning-rate scheduler once per epoch or once per optimisation step.
+
+    :param scheduler: a :class:`pyro.optim.PyroLRScheduler` (e.g. ``pyro.optim.MultiStepLR``), a
+        ``torch.optim.lr_scheduler`` object, or ``None`` (nothing is stepped; anything else, such as a
+        plain :class:`~pyro.optim.PyroOptim`, is also left alone).
+    :param str scheduler_step: ``"epoch"`` (step after every pass over the data) or ``"step"``
+        (after every optimisation step).
+    :raises ValueError: if ``scheduler_step`` is neither.
+
+    >>> import torch, pyro
+    >>> sched = pyro.optim.ExponentialLR({"optimizer": torch.optim.SGD, "optim_args": {"lr": 1.0}, "gamma": 0.5})
+    >>> stepper = SchedulerStepper(sched, "epoch")
+    >>> stepper.after_step(1.0)  # "epoch": nothing happens after a step
+    >>> stepper.after_epoch(1.0)  # steps every per-parameter scheduler that SVI has created
+    """
+
+    def __init__(self, scheduler, scheduler_step: str = "epoch") -> None:
+        if scheduler_step not in SCHEDULER_STEPS:
+            raise ValueError(f"scheduler_step must be one of {SCHEDULER_STEPS}, got {scheduler_step!r}")
+        if isinstance(scheduler, PyroLRScheduler):
+            self._plateau = issubclass(scheduler.pt_scheduler_constructor, torch.optim.lr_scheduler.ReduceLROnPlateau)
+        elif isinstance(scheduler, _TORCH_SCHEDULERS):
+            self._plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+        else:
+            scheduler, self._plateau = None, False
+        self.scheduler = scheduler
+        self.scheduler_step = scheduler_step
+
+    def _step(self, loss: float) -> None:
+        if self.scheduler is None:
+            return
+        if self._plateau:
+            self.scheduler.step(loss)
+        else:
+            self.scheduler.step()
+
+    def after_step(self, loss: float) -> None:
+        """Call after every optimisation step with its loss."""
+        if self.scheduler_step == "step":
+            self._step(loss)
+
+    def after_epoch(self, loss: float) -> None:
+        """Call after every epoch with its mean loss."""
+        if self.scheduler_step == "epoch":
+            self._step(loss)
+
+
+def make_torch_scheduler(scheduler, optimizer: torch.optim.Optimizer):
+    """Build the scheduler of a plain PyTorch loop: ``scheduler`` is ``None`` or ``optimizer -> LRScheduler``.
+
+    :raises TypeError: for a Pyro scheduler (these loops use a ``torch.optim`` optimiser; pass e.g.
+        ``lambda opt: torch.optim.lr_scheduler.MultiStepLR(opt, [10, 20])``) or a non-callable.
+    """
+    if scheduler is None:
+        return None
+    if isinstance(scheduler, pyro.optim.PyroOptim) or isinstance(scheduler, _TORCH_SCHEDULERS):
+        raise TypeError(
+            "scheduler must be a callable optimizer -> torch.optim.lr_scheduler object (e.g. "
+            f"lambda opt: torch.optim.lr_scheduler.MultiStepLR(opt, [10, 20])), got {type(scheduler).__name__}"
+        )
+    if not callable(scheduler):
+        raise TypeError(f"scheduler must be a callable optimizer -> torch.optim.lr_scheduler object, got {scheduler!r}")
+    built = scheduler(optimizer)
+    if not isinstance(built, _TORCH_SCHEDULERS):
+        raise TypeError(
+            f"scheduler(optimizer) must return a torch.optim.lr_scheduler object, got {type(built).__name__}"
+        )
+    return built
