@@ -31,8 +31,10 @@ from __future__ import annotations
 import math
 import time
 import warnings
+from collections import deque
 from typing import Any, Callable, NamedTuple, Optional, Union
 
+import numpy as np
 import pyro
 import torch
 from pyro import poutine
@@ -48,6 +50,15 @@ __all__ = ["MinibatchPotential", "SGMCMCKernel", "SamplerDivergenceError"]
 
 _BACKENDS = ("auto", "eager", "fx", "compile")
 _ON_DIVERGENCE = ("raise", "continue")
+# thresholds of the energy check (documented in SGMCMCKernel's docstring)
+_MAD_MULTIPLE = 20.0  # robust standard deviations above the reference level
+_HISTORY = 128  # energies kept over the whole run (decimated by two whenever full)
+_RECENT = 32  # the most recent energies
+_MIN_HISTORY = 8  # samples before the spread is estimated
+_EARLY_MULTIPLE = 100.0  # before that: the energy may not exceed its lowest value by 100 (|level| + T (D + 10) + 1)
+_AUTO_MAP_STEPS = 500  # the automatic MAP warm start (map_steps=None): at most that many Adam steps
+_MAP_WINDOW = 50  # ... stopped once the mean potential of a window of that many steps levels off
+_MAX_HALVINGS = 30  # the warm-up step-size search gives up below 2**-30 of the initial step size
 
 
 class SamplerDivergenceError(RuntimeError):
@@ -69,6 +80,15 @@ def _finite_state(state: tuple) -> Tensor:
     still happens to be finite. The bound is the dtype's, not a tuning threshold. ``NaN`` fails the comparison.
     """
     return torch.stack([(t.abs() <= _representable_bound(t.dtype)).all() for t in state]).all()
+
+
+def _chain_finite(state: tuple) -> Tensor:
+    """Per chain, whether its state is finite with a representable square (:func:`_finite_state`): a bool tensor of
+    shape ``(chains,)`` for a ``(chains, D)`` state, ``(1,)`` for a ``(D,)`` one."""
+    chains = state[0].shape[0] if state[0].dim() > 1 else 1
+    return torch.stack(
+        [(t.abs() <= _representable_bound(t.dtype)).reshape(chains, -1).all(-1) for t in state]
+    ).all(0)
 
 
 class SGMCMCKernel(MCMCKernel):
@@ -100,10 +120,11 @@ class SGMCMCKernel(MCMCKernel):
         data_plate: Union[None, str, list[str]] = None,
         temperature: float = 1.0,
         init_strategy: Callable = init_to_sample,
-        map_steps: int = 0,
+        map_steps: Optional[int] = 0,
         map_lr: float = 1e-3,
         vectorized_chains: int = 1,
         on_divergence: str = "raise",
+        adapt_step_size: bool = False,
         backend: str = "auto",
         sample_writer: Any = None,
         transforms: Optional[dict] = None,
@@ -120,8 +141,8 @@ class SGMCMCKernel(MCMCKernel):
         for name, value in (("num_steps", num_steps), ("vectorized_chains", vectorized_chains)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if isinstance(map_steps, bool) or not isinstance(map_steps, int) or map_steps < 0:
-            raise ValueError(f"map_steps must be a non-negative int, got {map_steps!r}")
+        if map_steps is not None and (isinstance(map_steps, bool) or not isinstance(map_steps, int) or map_steps < 0):
+            raise ValueError(f"map_steps must be None (automatic) or a non-negative int, got {map_steps!r}")
         _check_subsample_size(subsample_size)
         if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
             raise ValueError(f"temperature must be a non-negative float, got {temperature!r}")
@@ -129,10 +150,12 @@ class SGMCMCKernel(MCMCKernel):
             raise ValueError(f"map_lr must be positive, got {map_lr!r}")
         if on_divergence not in _ON_DIVERGENCE:
             raise ValueError(f"on_divergence must be one of {_ON_DIVERGENCE}, got {on_divergence!r}")
+        if not isinstance(adapt_step_size, bool):
+            raise TypeError(f"adapt_step_size must be a bool, got {adapt_step_size!r}")
         if backend not in _BACKENDS:
             raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
         if not callable(init_strategy):
-            raise TypeError("init_strategy must be a Pyro init function such as init_to_sample")
+            raise TypeError("init_strategy must be a Pyro init function such as init_to_median")
         self.num_steps = num_steps
         self.subsample_size = subsample_size
         self.data_plate = data_plate
@@ -142,6 +165,7 @@ class SGMCMCKernel(MCMCKernel):
         self.map_lr = float(map_lr)
         self.vectorized_chains = vectorized_chains
         self.on_divergence = on_divergence
+        self.adapt_step_size = adapt_step_size
         self.backend = backend
         self.sample_writer = sample_writer
         self.potential: Optional[MinibatchPotential] = None
@@ -187,6 +211,17 @@ class SGMCMCKernel(MCMCKernel):
         self._batches: Optional[Tensor] = None
         self._batch_pos = 0
         self._eta_tensor: Optional[Tensor] = None
+        # divergence detection (see _check_chains): the last healthy state, the energy history, the records
+        self._healthy: Optional[tuple] = None  # the last state certified by a passing check
+        self._uncertified: Optional[tuple] = None  # the state the last sample returned, certified by the next one
+        self._healthy_energy: Optional[np.ndarray] = None
+        self._energy_all: list[np.ndarray] = []  # every `_energy_stride`-th healthy energy, decimated when full
+        self._energy_stride = 1
+        self._energy_seen = 0
+        self._energy_recent: deque = deque(maxlen=_RECENT)
+        self.divergence_log: list[dict[str, Any]] = []
+        self._step_scale = 1.0  # the warm-up step-size search multiplies the schedule by this
+        self.map_steps_taken = 0  # Adam steps of the MAP warm start in the last setup
 
     @property
     def initial_params(self) -> Optional[dict[str, Tensor]]:
@@ -216,10 +251,11 @@ class SGMCMCKernel(MCMCKernel):
         position = U.pack(self._initial_params).to(U.dtype)
         if self.vectorized_chains > 1 and position.dim() == 1:
             position = position.expand(self.vectorized_chains, -1).clone()
-        if self.map_steps:
+        if self.map_steps is None or self.map_steps > 0:
             position = self._map_fit(position)
             self._initial_params = U.split(position)
         self._state = self._init_state(position)
+        self._healthy = self._uncertified = self._state
         self._last_params = self._initial_params
         # the step graph is built on the first sample(): MCMC's parent process calls setup() only to learn the
         # transforms when the chains ran in worker processes
@@ -408,10 +444,17 @@ class SGMCMCKernel(MCMCKernel):
 
     # ----- warm start from a MAP fit ---------------------------------------------------------------------------
     def _map_fit(self, position: Tensor) -> Tensor:
+        """Adam on the (minibatch) potential from ``position``: ``map_steps`` steps, or with ``map_steps=None`` up to
+        ``_AUTO_MAP_STEPS`` steps, stopped early once the mean potential of the last ``_MAP_WINDOW`` steps is no more
+        than ``0.01 (D + 1)`` below that of the window before (the fit has levelled off)."""
         position = position.detach().clone().requires_grad_()
         optim = torch.optim.Adam([position], lr=self.map_lr)
+        auto = self.map_steps is None
+        tolerance = 0.01 * (self.potential.dim + 1)
+        window: list[Tensor] = []
+        previous: Optional[float] = None
         with pyro.validation_enabled(False):  # a diverging fit is reported below, not as a validation error
-            for _ in range(self.map_steps):
+            for step in range(_AUTO_MAP_STEPS if auto else self.map_steps):
                 idx = self._next_indices()
                 optim.zero_grad()
                 if self.vectorized_chains == 1:
@@ -425,6 +468,15 @@ class SGMCMCKernel(MCMCKernel):
                     )
                 value.backward()
                 optim.step()
+                if auto:
+                    window.append(value.detach())
+                    if len(window) == _MAP_WINDOW:
+                        mean = float(torch.stack(window).mean())  # one synchronisation per window
+                        window = []
+                        if not math.isfinite(mean) or (previous is not None and previous - mean < tolerance):
+                            break
+                        previous = mean
+        self.map_steps_taken = step + 1 if (auto or self.map_steps) else 0
         if not bool(_finite_state((position.detach(),))):
             raise SamplerDivergenceError(f"{self._name}: the MAP warm start diverged; use a smaller map_lr")
         return position.detach()
@@ -436,26 +488,30 @@ class SGMCMCKernel(MCMCKernel):
             self._step_fn = self._make_step_fn()
         return self._step_fn
 
+    def _eta(self, t: int) -> float:
+        """The step size of inner step ``t``: the schedule times the factor of the warm-up step-size search."""
+        return self.step_size(t) * self._step_scale
+
     def sample(self, params: dict[str, Tensor]) -> dict[str, Tensor]:
         U = self.potential
         self.build_step_fn()
         if params is not self._last_params:  # the runner (or a user) handed us other parameters
             position = U.pack(params).to(U.dtype)
             self._state = (position,) + tuple(self._state[1:])
-        start_state, start_t = self._state, self._t
+        start_t = self._t
         state = self._state
         values = []
         constant = self.step_size.is_constant
         eta = self._eta_tensor if constant else None
         if eta is None:
-            eta = self._eta_tensor = torch.tensor(self.step_size(self._t), dtype=U.dtype, device=U.device)
+            eta = self._eta_tensor = torch.tensor(self._eta(self._t), dtype=U.dtype, device=U.device)
         step_fn = self._step_fn
         started = time.perf_counter()
         error: Optional[Exception] = None
         with torch.no_grad():  # the traced graph holds its own backward pass; no autograd across steps
             for _ in range(self.num_steps):
                 if not constant:
-                    eta = torch.tensor(self.step_size(self._t), dtype=U.dtype, device=U.device)
+                    eta = torch.tensor(self._eta(self._t), dtype=U.dtype, device=U.device)
                 try:
                     state, value = step_fn(state, self._next_indices(), eta, *self._potential_and_grad_inputs())
                 except (RuntimeError, ValueError) as e:
@@ -466,41 +522,34 @@ class SGMCMCKernel(MCMCKernel):
                     break
                 values.append(value)
                 self._t += 1
+        failed_at = self._t
+        finite = _chain_finite(state)  # (chains,)
         if error is not None:
-            finite_so_far = torch.isfinite(torch.stack(values)).all() if values else torch.tensor(True, device=U.device)
-            if bool(finite_so_far & _finite_state(state)):
+            if values:
+                finite = finite & torch.isfinite(torch.stack(values)).reshape(len(values), -1).all(0)
+            if bool(finite.all()):
                 raise error
-            failed_at = self._t
-            # the step that produced the non-finite state (the incoming state itself if the first step failed)
-            last_good = max(failed_at - start_t - 1, 0)
             self._t = start_t + self.num_steps  # the schedule moves on as after a completed sample
-            values = values[:last_good]
-            values.extend([torch.full_like(start_state[0][..., 0], float("nan"))] * (self.num_steps - last_good))
-        potentials = torch.stack(values)
-        ok = error is None and bool(torch.isfinite(potentials).all() & _finite_state(state))  # one sync per sample
+            # NaN for the steps not taken: the energy check skips this sample (the step that raised is reported)
+            values.extend([torch.full_like(state[0][..., 0], float("nan"))] * (self.num_steps - len(values)))
+        potentials = torch.stack(values)  # (num_steps,) or (num_steps, chains)
+        if error is None:
+            finite = finite & torch.isfinite(potentials).reshape(self.num_steps, -1).all(0)
+        energy = self._energy(state, potentials[-1]).reshape(-1)
+        # the one host synchronisation per sample: per chain, finite or not, its energy and its potential
+        host = torch.stack([finite.to(energy.dtype), energy, potentials[-1].reshape(-1).to(energy.dtype)])
+        host = host.detach().cpu().double().numpy()
         if self.backend == "auto" and self.backend_used != "eager" and error is None:
             self._auto_switch(time.perf_counter() - started)
         sample_index = self._sample_count - self._warmup_steps
         self._sample_count += 1
-        if not ok:
-            flat = potentials.reshape(self.num_steps, -1)
-            bad = (~torch.isfinite(flat)).any(-1).nonzero()
-            step = start_t + (int(bad[0]) if len(bad) else self.num_steps - 1)
-            if self.on_divergence == "raise":
-                reason = (
-                    f"the step raised {type(error).__name__} on a non-finite state at inner step {failed_at}"
-                    if error is not None
-                    else "the potential or its gradient is not finite, or the state overflowed"
-                )
-                raise SamplerDivergenceError(
-                    f"{self._name} diverged at inner step {step} (step size {self.step_size(step):.3g}): {reason}. "
-                    "Use a smaller step_size (or a decaying schedule), or pass on_divergence='continue' to record a "
-                    "divergence and restart from the last finite state."
-                ) from error
-            if sample_index >= 0:
-                self._divergences.append(sample_index)
-            state = (start_state[0],) + tuple(torch.zeros_like(t) for t in start_state[1:])
+        flagged = self._check_chains(host, potentials, start_t, failed_at, error)
+        if flagged:
+            state = self._handle_divergences(flagged, state, sample_index, error)
+        if error is None:
+            self._record_energy(host[1], flagged)
         self._state = tuple(state)
+        self._certify(flagged)
         self._last_potential = potentials[-1]
         params = U.split(self._state[0])
         self._last_params = params
@@ -508,20 +557,167 @@ class SGMCMCKernel(MCMCKernel):
             self.sample_writer.write({s.name: s.transform(params[s.name]) for s in U.sites})
         return params
 
+    # ----- divergence detection --------------------------------------------------------------------------------
+    def _energy(self, state: tuple, potential: Tensor) -> Tensor:
+        """The energy watched by the divergence check: the potential of the last inner step (SGHMC adds the
+        kinetic energy)."""
+        return potential
+
+    def _energy_threshold(self) -> Optional[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Per chain ``(threshold, level, spread)`` of the energy check, or ``None`` before ``_MIN_HISTORY`` samples.
+
+        The level is the smaller of the medians of the recent and of all healthy energies, the spread the smaller of
+        their median absolute deviations times 1.4826 (a standard deviation for Gaussian fluctuations): the smaller
+        ones, so that neither a slow rise (which drags the recent median up with it) nor the initial descent
+        (which inflates the all-time statistics) hides a divergence.
+        """
+        if not self._energy_recent:
+            return None
+        base = self.temperature * (self.potential.dim + 10)
+        if len(self._energy_recent) < _MIN_HISTORY:  # too few for a spread: a rise by orders of magnitude only
+            level = np.min(np.stack(self._energy_recent), 0)
+            return level + _EARLY_MULTIPLE * (np.abs(level) + base + 1), level, np.full_like(level, np.nan)
+        stats = []
+        for rows in (np.stack(self._energy_all), np.stack(self._energy_recent)):
+            median = np.median(rows, 0)
+            stats.append((median, 1.4826 * np.median(np.abs(rows - median), 0)))
+        level = np.minimum(stats[0][0], stats[1][0])
+        spread = np.minimum(stats[0][1], stats[1][1])
+        allowance = base + 1e-3 * (np.abs(level) + 1)
+        return level + _MAD_MULTIPLE * spread + allowance, level, spread
+
+    def _record_energy(self, energy: np.ndarray, flagged: dict) -> None:
+        row = energy.copy()
+        for k in flagged:  # a restarted chain is back at its last healthy energy
+            row[k] = np.nan if self._healthy_energy is None else self._healthy_energy[k]
+        if not np.isfinite(row).all():
+            return
+        self._healthy_energy = row
+        self._energy_recent.append(row)
+        if self._energy_seen % self._energy_stride == 0:
+            self._energy_all.append(row)
+            if len(self._energy_all) > _HISTORY:
+                self._energy_all = self._energy_all[::2]
+                self._energy_stride *= 2
+        self._energy_seen += 1
+
+    _energy_name = "the potential"
+
+    def _describe_energy(self, energy: float, potential: float, threshold: float, level: float, spread: float) -> str:
+        if np.isnan(spread):
+            rule = f"its lowest value {level:.4g} + 100 (|lowest| + T (D + 10) + 1)"
+        else:
+            rule = f"its running level {level:.4g} + 20 x its spread {spread:.3g} + T (D + 10) + 1e-3 (|level| + 1)"
+        return f"{self._energy_name} {energy:.4g} rose above {threshold:.4g} ({rule}): the chain left the typical set"
+
+    def _check_chains(
+        self, host: np.ndarray, potentials: Tensor, start_t: int, failed_at: int, error: Optional[Exception]
+    ) -> dict[int, tuple[int, str]]:
+        """``{chain: (inner step, cause)}`` of the chains that diverged in this sample (see the class docstring)."""
+        flagged: dict[int, tuple[int, str]] = {}
+        bad = np.flatnonzero(host[0] == 0)
+        if len(bad):
+            nonfinite = (~torch.isfinite(potentials.reshape(self.num_steps, -1))).cpu().numpy()  # only on divergence
+            for k in bad:
+                steps = np.flatnonzero(nonfinite[:, k if nonfinite.shape[1] > 1 else 0])
+                step = start_t + (int(steps[0]) if len(steps) else self.num_steps - 1)
+                if error is not None:  # the step that produced the state the failing op refused
+                    step = max(failed_at - 1, start_t)
+                cause = (
+                    f"the step raised {type(error).__name__} on a non-finite state at inner step {failed_at}"
+                    if error is not None
+                    else "the potential or its gradient is not finite, or the state overflowed"
+                )
+                flagged[int(k)] = (step, cause)
+        if error is None:
+            limits = self._energy_threshold()
+            if limits is not None:
+                threshold, level, spread = limits
+                for k in np.flatnonzero((host[0] > 0) & (host[1] > threshold)):
+                    cause = self._describe_energy(host[1, k], host[2, k], threshold[k], level[k], spread[k])
+                    flagged[int(k)] = (start_t + self.num_steps - 1, cause)
+        return flagged
+
+    def _certify(self, flagged: dict) -> None:
+        """The energy of a sample is the potential at the start of its last inner step, which comes after the state
+        the previous sample returned: a passing check certifies that state (one sample late), not the new one."""
+        if not flagged:
+            self._healthy = self._uncertified
+        elif self.vectorized_chains > 1:
+            keep = torch.zeros(self.vectorized_chains, dtype=torch.bool, device=self._state[0].device)
+            keep[list(flagged)] = True
+            keep = keep.unsqueeze(-1)
+            self._healthy = tuple(torch.where(keep, h, p) for h, p in zip(self._healthy, self._uncertified))
+        self._uncertified = self._state
+
+    def _handle_divergences(
+        self, flagged: dict[int, tuple[int, str]], state: tuple, sample_index: int, error: Optional[Exception]
+    ) -> tuple:
+        """Raise, or restart the flagged chains (only those) from their last healthy state with zero auxiliary
+        state (momentum, RMSprop average), recording each restart; in warm-up with ``adapt_step_size`` also halve
+        the step size."""
+        K = self.vectorized_chains
+        adapting = self.adapt_step_size and sample_index < 0
+        if self.on_divergence == "raise" and not adapting:
+            lines = [
+                (f"chain {k}: " if K > 1 else "")
+                + f"diverged at inner step {step} (step size {self._eta(step):.3g}): {cause}"
+                for k, (step, cause) in sorted(flagged.items())
+            ]
+            raise SamplerDivergenceError(
+                f"{self._name} " + "; ".join(lines) + ". Use a smaller step_size (or a decaying schedule, or "
+                "adapt_step_size=True to search a stable one in warm-up), or pass on_divergence='continue' to "
+                "record a divergence and restart the chain from its last healthy state."
+                + (" A chain that diverges in its first steps often starts at a bad point (e.g. a scale drawn close "
+                   "to 0): start from init_strategy=init_to_median with a MAP warm start (map_steps=None, "
+                   "map_lr=0.1)." if min(step for step, _ in flagged.values()) < 10 else "")
+            ) from error
+        for k, (step, cause) in sorted(flagged.items()):
+            self.divergence_log.append(
+                {"sample": sample_index, "warmup": sample_index < 0, "chain": k, "step": step,
+                 "step_size": self._eta(step), "cause": cause}
+            )
+        if adapting:
+            if len([r for r in self.divergence_log if r.get("halved")]) >= _MAX_HALVINGS:
+                raise SamplerDivergenceError(
+                    f"{self._name}: the warm-up step-size search halved the step size {_MAX_HALVINGS} times (to "
+                    f"{self._eta(self._t):.3g}) and the chain still diverges: " + "; ".join(
+                        c for _, c in flagged.values()
+                    ) + ". Check the model or start from a MAP fit (map_steps)."
+                ) from error
+            self._step_scale *= 0.5
+            self._eta_tensor = None
+            self.divergence_log[-1]["halved"] = True
+        elif sample_index >= 0:
+            self._divergences.append(sample_index)
+        healthy = self._healthy
+        if K == 1:
+            return (healthy[0],) + tuple(torch.zeros_like(t) for t in healthy[1:])
+        mask = torch.zeros(K, dtype=torch.bool, device=state[0].device)
+        mask[list(flagged)] = True
+        mask = mask.unsqueeze(-1)
+        restarted = [torch.where(mask, healthy[0], state[0])]
+        restarted += [torch.where(mask, torch.zeros_like(t), t) for t in state[1:]]
+        return tuple(restarted)
+
     def cleanup(self) -> None:
         if self.sample_writer is not None:
             self.sample_writer.flush()
         self._initial_params = None  # the next chain draws its own initial values
 
     def logging(self) -> dict[str, str]:
-        out = {"step size": f"{self.step_size(max(self._t - 1, 0)):.2e}"}
+        out = {"step size": f"{self._eta(max(self._t - 1, 0)):.2e}"}
         if self._last_potential is not None:
             out["potential"] = f"{float(self._last_potential.mean()):.4g}"
         return out
 
     def diagnostics(self) -> dict[str, Any]:
-        return {
+        out = {
             "divergences": list(self._divergences),
             "acceptance rate": 1.0,  # SG-MCMC has no accept/reject step
             "backend": self.backend_used,
+            "divergence log": [dict(r) for r in self.divergence_log],
         }
+        if self.adapt_step_size:
+            out["step size"] = self._eta(self._t)
+        return out

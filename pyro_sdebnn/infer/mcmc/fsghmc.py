@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Functional SGHMC (fSGHMC): SGHMC with a Gaussian-process prior on the network's outputs (FSGMCMC.md)."""
+"""Functional SGHMC (fSGHMC): SGHMC with a Gaussian-process prior on the network's outputs (Wu, Xuan & Lu, 2024)."""
 
 from __future__ import annotations
 
@@ -38,8 +38,8 @@ class FSGHMC(FunctionalKernelMixin, SGHMC):
 
     **References**
 
-    [1] Z. Wu, Y. Xuan, L. Lu (2024). Functional Stochastic Gradient MCMC for Bayesian Neural Networks.
-        arXiv:2409.16632.
+    [1] Mengjing Wu, Junyu Xuan, Jie Lu (2024). "Functional Stochastic Gradient MCMC for Bayesian Neural
+        Networks". arXiv:2409.16632.
 
     >>> import pyro.contrib.gp as gp
     >>> from pyro.infer import MCMC

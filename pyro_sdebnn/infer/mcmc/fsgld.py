@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Functional SGLD (fSGLD): SGLD with a Gaussian-process prior on the network's outputs (FSGMCMC.md)."""
+"""Functional SGLD (fSGLD): SGLD with a Gaussian-process prior on the network's outputs (Wu, Xuan & Lu, 2024)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ class FSGLD(FunctionalKernelMixin, SGLD):
             pyro.sample("obs", dist.Normal(f, sigma), obs=None if y is None else y[idx])
 
     and the kernel evaluates it at :math:`X_M` in the same pass as the minibatch: the model runs once on the
-    concatenated inputs :math:`[x_B; X_M]` (one forward/backward pass, FSGMCMC.md) when that reproduces the
+    concatenated inputs :math:`[x_B; X_M]` (one forward/backward pass) when that reproduces the
     two-pass potential at set-up; otherwise it runs ``model(X_M)`` (or ``measurement_args(X_M)``) separately, or
     calls a user function ``output_fn(values, X_M)``.
     All options of :class:`~pyro_sdebnn.infer.mcmc.SGLD` apply.
@@ -61,8 +61,8 @@ class FSGLD(FunctionalKernelMixin, SGLD):
 
     **References**
 
-    [1] Z. Wu, Y. Xuan, L. Lu (2024). Functional Stochastic Gradient MCMC for Bayesian Neural Networks.
-        arXiv:2409.16632.
+    [1] Mengjing Wu, Junyu Xuan, Jie Lu (2024). "Functional Stochastic Gradient MCMC for Bayesian Neural
+        Networks". arXiv:2409.16632.
 
     >>> import pyro.contrib.gp as gp
     >>> from pyro.infer import MCMC

@@ -317,7 +317,7 @@ class FunctionalPotential(MinibatchPotential):
     def kernel_matrix(self, points: Tensor) -> Tensor:
         """:math:`k(X_M, X_M)`, evaluated in a private Pyro param-store scope: ``pyro.contrib.gp`` kernels read their
         hyper-parameters from the global store by name, so without the scope a second kernel (e.g. one refitted per
-        data split) would silently take the first one's values (as :class:`GPFunctionalPrior` also guards against)."""
+        data split) would silently take the first one's values (as :class:`~pyro_sdebnn.distributions.GPFunctionalPrior` also guards against)."""
         with pyro.get_param_store().scope():
             return self.gp_kernel(points)
 

@@ -291,7 +291,7 @@ class MinibatchPotential:
     where the subsample of every subsampled data plate :math:`p` is set to its minibatch indices (scale
     :math:`N_p/b_p` on the terms inside it). Observed sites and ``pyro.factor`` terms outside the data plates are
     full-data terms (scale 1). With several subsampled plates, the indices ``idx`` handed to the potential are the
-    concatenation of each plate's indices in the order of :attr:`subsampled_plates` (see :meth:`join_indices`).
+    concatenation of each plate's indices in the order of ``subsampled_plates`` (see :meth:`join_indices`).
 
     :param callable model: a Pyro model; its likelihood must sit in a plate over the data whose indices index
         the data (``with pyro.plate("data", len(x)) as idx: ... obs=y[idx]``), with the network weights
@@ -607,7 +607,7 @@ class MinibatchPotential:
     # ----- minibatch indices -----------------------------------------------------------------------------------
     def join_indices(self, indices: Mapping[str, Tensor]) -> Optional[Tensor]:
         """The ``idx`` argument of the potential from each subsampled plate's minibatch indices ``{plate: (..., b_p)}``
-        (their concatenation along the last dimension, in the order of :attr:`subsampled_plates`)."""
+        (their concatenation along the last dimension, in the order of ``subsampled_plates``)."""
         if not self.subsampled_plates:
             return None
         unknown = set(indices) - set(self.subsampled_plates)

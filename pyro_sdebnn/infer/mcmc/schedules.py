@@ -7,6 +7,7 @@ gradient step, warm-up included). Kernels accept a float (constant step size) or
 **References**
 
 [1] M. Welling, Y. W. Teh (2011). Bayesian Learning via Stochastic Gradient Langevin Dynamics. ICML.
+
 [2] R. Zhang, C. Li, J. Zhang, C. Chen, A. G. Wilson (2020). Cyclical Stochastic Gradient MCMC for
     Bayesian Deep Learning. ICLR.
 """

@@ -23,7 +23,8 @@ class SGHMC(SGMCMCKernel):
         v \\leftarrow (1 - \\eta c) v - \\eta \\hat g + \\sqrt{2 \\eta (c - \\hat B) T}\\, \\xi, \\qquad
         w \\leftarrow w + \\eta v
 
-    (METHODS.md §5), ``num_steps`` inner steps on fresh minibatches per returned sample. The momentum persists
+    (the SGD-with-momentum form of [1], unit mass), ``num_steps`` inner steps on fresh minibatches per returned
+    sample. The momentum persists
     across samples; with ``resample_momentum_every=k`` it is redrawn from :math:`\\mathcal N(0, T I)` every ``k``
     returned samples. All other options (minibatching, schedules, temperature, warm start, vectorised chains,
     divergence handling, backends) are those of :class:`~pyro_sdebnn.infer.mcmc.SGLD`.
@@ -40,6 +41,12 @@ class SGHMC(SGMCMCKernel):
     longer than :math:`1/(\\eta c)` steps, ``resample_momentum_every`` (which resets :math:`v`), or a smaller
     ``step_size``.
 
+    *Divergences.* The divergence check of :class:`~pyro_sdebnn.infer.mcmc.SGLD` watches the total energy
+    :math:`H = U + \\|v\\|^2/2`, which friction dissipates: the oscillations of :math:`U` while the chain descends
+    do not trip it, a step size above the stability limit (:math:`\\eta > 2/\\sqrt{\\lambda_{\\max}}` for small
+    :math:`c`) does;
+    the report gives the kinetic temperature of the diverging chain.
+
     :param callable model: the Pyro model (see :class:`~pyro_sdebnn.infer.mcmc.SGLD` for its form).
     :param step_size: :math:`\\eta` or a schedule.
     :param float friction: :math:`c`, with :math:`0 < \\eta c < 1` for the largest step size.
@@ -50,7 +57,7 @@ class SGHMC(SGMCMCKernel):
 
     **References**
 
-    [1] T. Chen, E. B. Fox, C. Guestrin (2014). Stochastic Gradient Hamiltonian Monte Carlo. ICML.
+    [1] Tianqi Chen, Emily B. Fox, Carlos Guestrin (2014). "Stochastic Gradient Hamiltonian Monte Carlo". ICML 2014.
 
     >>> import pyro.distributions as dist
     >>> from pyro.infer import MCMC
@@ -123,6 +130,19 @@ class SGHMC(SGMCMCKernel):
             self._kinetic_sum = kinetic if self._kinetic_sum is None else self._kinetic_sum + kinetic
             self._kinetic_count += 1
         return params
+
+    def _energy(self, state: tuple, potential: Tensor) -> Tensor:
+        # H = U + |v|^2 / 2: friction dissipates it, so the oscillations of U while the chain descends from its
+        # initial point (energy moving between U and |v|^2 / 2) do not trip the check, a growing oscillation does
+        return potential + 0.5 * state[1].pow(2).sum(-1)
+
+    _energy_name = "the energy U + |v|^2/2"
+
+    def _describe_energy(self, energy: float, potential: float, threshold: float, level: float, spread: float) -> str:
+        kinetic = 2.0 * (energy - potential) / self.potential.dim
+        return super()._describe_energy(energy, potential, threshold, level, spread) + (
+            f" (potential {potential:.4g}, kinetic temperature {kinetic:.3g} for a target {self.temperature:g})"
+        )
 
     def _reset(self) -> None:
         super()._reset()

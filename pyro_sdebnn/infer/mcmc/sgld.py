@@ -25,7 +25,7 @@ class SGLD(SGMCMCKernel):
         w \\leftarrow w - \\frac{\\eta_t}{2} \\hat g + \\sqrt{\\eta_t T}\\, \\xi, \\qquad
         \\hat g = -\\frac{N}{b} \\sum_{i \\in B} \\nabla \\log p(y_i | x_i, w) - \\nabla \\log p(w)
 
-    in the unconstrained space of the latent sites (METHODS.md §5). With ``preconditioned=True`` the step is
+    in the unconstrained space of the latent sites (eq. (4) of [1]). With ``preconditioned=True`` the step is
     scaled per coordinate by an RMSprop estimate :math:`G = 1/(\\epsilon + \\sqrt V)` (pSGLD [2]).
 
     The model is a plain Pyro model over the *full* data: the likelihood sits in a plate over the data whose
@@ -43,15 +43,24 @@ class SGLD(SGMCMCKernel):
     :param bool preconditioned: use the RMSprop preconditioner of [2].
     :param float precond_decay: :math:`\\alpha` of the running average of :math:`\\hat g^2`.
     :param float precond_eps: :math:`\\epsilon` of the preconditioner.
-    :param callable init_strategy: Pyro init strategy for the initial values (default ``init_to_sample``).
-    :param int map_steps: if positive, warm-start with that many Adam steps on the minibatch potential.
-    :param float map_lr: learning rate of the warm start.
+    :param callable init_strategy: Pyro init strategy for the initial values (default ``init_to_sample``). For models
+        with scale priors such as ``Gamma(0.5, 1)`` or ``Uniform(0, 10)``, whose prior draws can lie close to 0 where
+        the first step diverges, use ``init_to_median`` with the automatic warm start below.
+    :param int map_steps: if positive, warm-start with that many Adam steps on the minibatch potential; ``None``:
+        at most 500 steps, stopped once the mean potential over 50 steps improves by less than :math:`0.01 (D + 1)`
+        (``kernel.map_steps_taken`` says how many ran). Default 0 (no warm start).
+    :param float map_lr: learning rate of the warm start (``0.1`` suits the automatic one).
     :param int vectorized_chains: run ``K`` chains at once in this process (a leading chain dimension).
     :param str on_divergence: ``"raise"`` (default) stops with a :class:`~pyro_sdebnn.infer.mcmc.SamplerDivergenceError`
         naming the step when the potential or gradient is not finite, a state coordinate is non-finite or its square
         overflows the dtype, or an op of the step raises on such a state (e.g. a distribution's argument validation,
-        chained as ``__cause__``); ``"continue"`` records a divergence and restarts the sample from the last finite
-        state. Checked once per returned sample.
+        chained as ``__cause__``), or the chain leaves the typical set (below); ``"continue"`` records the divergence
+        (``diagnostics()["divergence log"]``: sample, chain, inner step, step size, measured cause) and restarts that
+        chain only, from its last healthy state with zero momentum / RMSprop average. Checked once per returned
+        sample, per chain, on values the step already computed (one host synchronisation per sample).
+    :param bool adapt_step_size: in warm-up, halve the step size (at most 30 times) whenever a chain diverges and
+        restart it from its last healthy state, instead of raising; the step size found is kept for sampling
+        (``diagnostics()["step size"]``). Default ``False``.
     :param str backend: ``"auto"``, ``"eager"`` (per-step Pyro trace; any model), ``"fx"`` (step traced once into
         an FX graph) or ``"compile"`` (that graph compiled with ``torch.compile``).
     :param sample_writer: optional :class:`~pyro_sdebnn.infer.mcmc.streaming.SampleWriter` streaming the
@@ -70,11 +79,29 @@ class SGLD(SGMCMCKernel):
     about twice the best total time). ``kernel.backend_used`` and ``diagnostics()["backend"]`` say which step ran
     last. Models that cannot be traced fall back to ``"eager"`` with a ``RuntimeWarning``.
 
+    *Leaving the typical set.* A step size above the stability limit (:math:`\\eta > 4/\\lambda_{\\max}` for SGLD on
+    a potential with largest Hessian eigenvalue :math:`\\lambda_{\\max}`) makes the chain grow geometrically, long
+    before it overflows. The kernel therefore watches the energy :math:`E` of each chain (the potential of the last inner
+    step; :math:`U + \\|v\\|^2/2` for SGHMC) and flags a chain when
+
+    .. math::
+
+        E > m + 20\\, s + T (D + 10) + 10^{-3} (|m| + 1),
+
+    with :math:`m` the smaller of the medians of its last 32 and of all its healthy energies (kept decimated to 128)
+    and :math:`s` the smaller of their median absolute deviations times 1.4826; before 8 samples, when
+    :math:`E > m + 100 (|m| + T (D + 10) + 1)` with :math:`m` the lowest energy so far. :math:`T (D + 10)` is twice
+    the mean excess :math:`T D / 2` of the energy over its minimum in a Gaussian posterior of dimension :math:`D`, so
+    a chain in the typical set does not trip it; the test suite's healthy runs (all temperatures, minibatch sizes and
+    functional priors) never do. The energy of a sample is the potential at the start of its last inner step, which
+    certifies the state the *previous* sample returned: a restart goes back to the last certified state.
+
     **References**
 
-    [1] M. Welling, Y. W. Teh (2011). Bayesian Learning via Stochastic Gradient Langevin Dynamics. ICML.
-    [2] C. Li, C. Chen, D. Carlson, L. Carin (2016). Preconditioned Stochastic Gradient Langevin Dynamics for
-        Deep Neural Networks. AAAI.
+    [1] Max Welling, Yee Whye Teh (2011). "Bayesian Learning via Stochastic Gradient Langevin Dynamics". ICML 2011.
+
+    [2] Chunyuan Li, Changyou Chen, David Carlson, Lawrence Carin (2016). "Preconditioned Stochastic Gradient
+        Langevin Dynamics for Deep Neural Networks". AAAI 2016.
 
     >>> import pyro.distributions as dist
     >>> from pyro.infer import MCMC

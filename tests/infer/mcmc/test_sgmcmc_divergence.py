@@ -82,15 +82,21 @@ def test_finite_bound_is_the_dtypes():
 
 def test_fsgld_continue_marks_divergences_and_restarts_from_finite_state(moons):
     kernel = _fsgld("eager", step_size=1.0, on_divergence="continue")
-    mcmc = MCMC(kernel, num_samples=10, warmup_steps=2, disable_progbar=True)
+    kernel.setup(0, *moons)
+    initial = kernel.initial_params
+    mcmc = MCMC(kernel, num_samples=12, warmup_steps=0, initial_params=initial, disable_progbar=True)
     mcmc.run(*moons)
     divergences = mcmc.diagnostics()["divergences"]["chain 0"]
     assert divergences  # step 1 diverges within a few samples
-    flat = torch.cat([v.reshape(10, -1) for v in mcmc.get_samples().values()], -1)
+    samples = mcmc.get_samples()  # constrained values
+    flat = torch.cat([v.reshape(12, -1) for v in samples.values()], -1)
+    init = torch.cat([kernel.transforms[k].inv(initial[k]).reshape(-1) for k in samples])
     assert bool(torch.isfinite(flat).all())
-    for i in divergences:  # a diverged sample restarts from the sample before it
-        if i > 0:
-            assert torch.equal(flat[i], flat[i - 1])
+    for i in divergences:
+        # a diverged sample restarts from the last state a check certified: a sample's check certifies the state the
+        # sample before it returned, so that is the initial state or a sample at least two before it
+        earlier = [init] + [flat[j] for j in range(i - 1)]
+        assert any(torch.equal(flat[i], e) for e in earlier), i
     assert kernel._t == 12 * kernel.num_steps  # the schedule moved on by num_steps per sample, diverged or not
 
 
@@ -195,3 +201,94 @@ def test_diverging_map_warm_start_is_a_divergence(moons):
     kernel = _fsgld("fx", map_steps=5, map_lr=1e30)
     with pytest.raises(SamplerDivergenceError, match="MAP warm start diverged"):
         kernel.setup(0, *moons)
+
+
+# ----- a chain leaving the typical set without overflowing ------------------------------------------------------
+# Conjugate regression with a largest Hessian eigenvalue lambda = 911: SGLD (w <- w - eta/2 g + ...) is stable for
+# eta < 4 / lambda = 4.44e-3, SGHMC for eta < 2 / sqrt(lambda) = 0.066 (at c = 1). Above those limits the chains grow
+# geometrically but stayed finite for the whole run, so an overflow-only check returned |w| up to 7e14 silently.
+def _unstable_problem():
+    from pyro_sdebnn.testing import ConjugateLinearRegression
+
+    problem = ConjugateLinearRegression(dim=2, prior_scale=1.0, noise_scale=0.5)
+    x, y = problem.generate(200, seed=1)
+    lam = torch.linalg.eigvalsh(x.T @ x / 0.25 + torch.eye(2)).max()
+    assert 4.4e-3 < 4 / lam < 4.5e-3
+    return problem.model, x, y
+
+
+@pytest.mark.parametrize("step_size", [5e-3, 4.5e-3])
+def test_sgld_above_stability_limit_raises_before_overflow(step_size):
+    model, x, y = _unstable_problem()
+    pyro.set_rng_seed(0)
+    kernel = SGLD(model, step_size=step_size)
+    mcmc = MCMC(kernel, num_samples=100, warmup_steps=50, disable_progbar=True)
+    with pytest.raises(SamplerDivergenceError, match="rose above .* left the typical set"):
+        mcmc.run(x, y)
+
+
+def test_sghmc_above_stability_limit_reports_its_kinetic_temperature():
+    model, x, y = _unstable_problem()
+    pyro.set_rng_seed(0)
+    kernel = SGHMC(model, step_size=0.067, friction=1.0)
+    mcmc = MCMC(kernel, num_samples=100, warmup_steps=50, disable_progbar=True)
+    with pytest.raises(SamplerDivergenceError, match=r"energy U \+ \|v\|\^2/2 .* kinetic temperature"):
+        mcmc.run(x, y)
+
+
+def test_continue_restarts_from_a_healthy_state_with_a_record():
+    # eta = 1 is 200 times the stability limit: every step diverges; the chain must restart from its initial state,
+    # not from the state that already blew up (|w| ~ 1e18 before)
+    model, x, y = _unstable_problem()
+    pyro.set_rng_seed(0)
+    kernel = SGLD(model, step_size=1.0, on_divergence="continue")
+    mcmc = MCMC(kernel, num_samples=20, warmup_steps=0, disable_progbar=True)
+    mcmc.run(x, y)
+    w = mcmc.get_samples()["w"]
+    divergences = kernel.diagnostics()["divergences"]
+    assert len(divergences) >= 9
+    for i in divergences:
+        assert torch.equal(w[i], w[divergences[0]])  # every restart is the same healthy (initial) state
+    # between restarts the chain takes one step (about lambda / 2 = 455 times the initial |w|) before the next check
+    assert float(w.abs().max()) < 1e4
+    log = kernel.diagnostics()["divergence log"]
+    assert [r["sample"] for r in log] == divergences
+    assert all(r["chain"] == 0 and r["step"] >= 0 and r["cause"] for r in log)
+
+
+def test_one_diverging_chain_restarts_only_itself():
+    model, x, y = _unstable_problem()
+    pyro.set_rng_seed(0)
+    kernel = SGLD(model, step_size=1e-4, vectorized_chains=4, on_divergence="continue")
+    kernel.setup(0, x, y)
+    params = {"w": kernel.initial_params["w"].clone()}
+    params["w"][2] = 1e30  # finite, but its square overflows
+    start = params["w"].clone()
+    out = kernel.sample(params)["w"]
+    assert [r["chain"] for r in kernel.divergence_log] == [2]
+    assert torch.equal(out[2], kernel.initial_params["w"][2])  # back at its last healthy state
+    for k in (0, 1, 3):  # the other chains took their step
+        assert not torch.equal(out[k], start[k]) and bool(torch.isfinite(out[k]).all())
+
+
+def test_warmup_step_size_search_finds_a_stable_step():
+    model, x, y = _unstable_problem()
+    pyro.set_rng_seed(0)
+    kernel = SGLD(model, step_size=2e-2, adapt_step_size=True)
+    mcmc = MCMC(kernel, num_samples=100, warmup_steps=100, disable_progbar=True)
+    mcmc.run(x, y)
+    halvings = [r for r in kernel.divergence_log if r.get("halved")]
+    assert halvings and all(r["warmup"] for r in halvings)
+    assert kernel.diagnostics()["step size"] < 4.44e-3  # below the stability limit
+    assert kernel.diagnostics()["divergences"] == []
+    assert float(mcmc.get_samples()["w"].abs().max()) < 3.0  # posterior sd ~ 0.04 around |w| <= 1
+
+
+def test_healthy_run_never_trips_the_energy_check():
+    # full-batch SGLD well inside the stability limit, T = 1 and a cold T = 0.1: no divergence in 4 chains
+    model, x, y = _unstable_problem()
+    for temperature in (1.0, 0.1):
+        pyro.set_rng_seed(0)
+        kernel = SGLD(model, step_size=2e-3, num_steps=2, temperature=temperature, vectorized_chains=4)
+        MCMC(kernel, num_samples=200, warmup_steps=50, disable_progbar=True).run(x, y)
+        assert kernel.divergence_log == []
