@@ -1,0 +1,118 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Training data as tensors or as a :class:`torch.utils.data.DataLoader`: one way to read both.
+
+Every ``fit`` and ``predict`` of the package accepts either the whole data set as tensors or a
+*loader*: any iterable of ``(x, y)`` batches (``(x,)`` or a bare ``x`` for prediction) whose
+``dataset`` has a length, such as a :class:`~torch.utils.data.DataLoader` over a torchvision data set
+with augmentation. This module holds the three pieces they share:
+
+* :func:`is_loader` tells a loader from a tensor;
+* :func:`dataset_size` is the number of data points :math:`N` (the length of ``loader.dataset``),
+  which scales the likelihood of a minibatch of size :math:`b` by :math:`N/b`, exactly as Pyro's
+  subsampled :class:`~pyro.plate` does;
+* :func:`iter_batches` yields the batches one at a time, each moved to the model's device (and
+  floating-point inputs to its dtype) with ``non_blocking=True`` when the loader pins memory; the
+  whole data set is never copied to the device.
+
+>>> from torch.utils.data import DataLoader, TensorDataset
+>>> loader = DataLoader(TensorDataset(torch.randn(10, 3), torch.arange(10)), batch_size=4)
+>>> is_loader(loader), dataset_size(loader)
+(True, 10)
+>>> [tuple(x.shape) for x, y in iter_batches(loader, device="cpu")]
+[(4, 3), (4, 3), (2, 3)]
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Iterator
+
+import torch
+from torch import Tensor
+
+__all__ = ["dataset_size", "is_loader", "iter_batches", "move_batch"]
+
+
+def is_loader(data) -> bool:
+    """``True`` for a loader (an iterable that is not a tensor, list, tuple or dict), ``False`` for a tensor.
+
+    :raises TypeError: for anything else (a list of tensors, a NumPy array, ``None``...).
+    """
+    if isinstance(data, Tensor):
+        return False
+    if isinstance(data, (list, tuple, dict, str, bytes)) or not isinstance(data, Iterable):
+        raise TypeError(
+            "data must be a torch.Tensor or a loader (an iterable of (x, y) batches whose dataset has a "
+            f"length, e.g. torch.utils.data.DataLoader), got {type(data).__name__}"
+        )
+    return True
+
+
+def dataset_size(loader) -> int:
+    """The number of data points :math:`N` behind ``loader``: ``len(loader.dataset)``.
+
+    A :class:`~torch.utils.data.DataLoader` with a ``DistributedSampler`` still reports the global
+    :math:`N`, which is what the :math:`N/b` likelihood scaling needs.
+
+    :raises TypeError: if the loader has no ``dataset`` with a length (e.g. an ``IterableDataset``
+        of unknown size, or a plain generator): :math:`N` is needed to scale the likelihood.
+    :raises ValueError: if the data set is empty.
+    """
+    dataset = getattr(loader, "dataset", None)
+    try:
+        n = len(dataset)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(
+            f"the loader ({type(loader).__name__}) must have a `dataset` with a length: the number of data "
+            "points N scales the likelihood of each minibatch by N/b; wrap an iterable data set in a "
+            "torch.utils.data.DataLoader over a map-style Dataset, or pass the tensors"
+        ) from None
+    if n < 1:
+        raise ValueError(f"the loader's dataset is empty (len(loader.dataset) = {n})")
+    return int(n)
+
+
+def move_batch(t: Tensor, device=None, dtype: torch.dtype | None = None) -> Tensor:
+    """Move one batch tensor to ``device`` (floating-point tensors also to ``dtype``).
+
+    Uses ``non_blocking=True`` for pinned memory, so a pinned loader overlaps the copy with compute.
+    Integer tensors (labels) keep their dtype.
+    """
+    if not isinstance(t, Tensor):
+        raise TypeError(f"every element of a batch must be a torch.Tensor, got {type(t).__name__}")
+    dtype = dtype if (dtype is not None and t.dtype.is_floating_point) else None
+    return t.to(device=device, dtype=dtype, non_blocking=t.is_pinned())
+
+
+def iter_batches(loader, device=None, dtype: torch.dtype | None = None, *, with_targets: bool = True
+                 ) -> Iterator[tuple[Tensor, Tensor | None]]:
+    """Yield the ``(x, y)`` batches of ``loader`` one at a time, moved to ``device`` / ``dtype``.
+
+    :param loader: an iterable of ``(x, y)`` pairs (lists or tuples of two tensors); with
+        ``with_targets=False``, ``(x,)``, ``(x, y)`` or a bare tensor ``x`` (then ``y`` is ``None``).
+    :param device: where each batch goes (the model's device); ``None`` leaves it where it is.
+    :param dtype: the model's floating-point dtype (inputs only; integer labels are kept).
+    :raises TypeError: if a batch is not an ``(x, y)`` pair of tensors.
+    :raises ValueError: if ``x`` and ``y`` of a batch differ in their first dimension, or a batch is empty.
+    """
+    for i, batch in enumerate(loader):
+        if isinstance(batch, Tensor) and not with_targets:
+            x, y = batch, None
+        elif isinstance(batch, (list, tuple)) and (len(batch) == 2 or (len(batch) == 1 and not with_targets)):
+            x, y = batch[0], (batch[1] if len(batch) == 2 else None)
+        else:
+            what = f"a {type(batch).__name__}" + (f" of length {len(batch)}" if isinstance(batch, (list, tuple)) else "")
+            raise TypeError(
+                f"batch {i} of the loader is {what}; every batch must be an (x, y) pair of tensors"
+                + ("" if with_targets else " (or x alone for prediction)")
+            )
+        x = move_batch(x, device, dtype)
+        if x.dim() == 0 or x.shape[0] == 0:
+            raise ValueError(f"batch {i} of the loader is empty or has no batch dimension (x shape {tuple(x.shape)})")
+        if y is not None:
+            y = move_batch(y, device, dtype)
+            if y.shape[:1] != x.shape[:1]:
+                raise ValueError(
+                    f"batch {i}: x and y must have the same first (batch) dimension, got {tuple(x.shape)} "
+                    f"and {tuple(y.shape)}"
+                )
+        yield x, y
