@@ -23,7 +23,7 @@ TEXT_SUFFIXES = frozenset({".py", ".md", ".txt", ".cfg", ".toml", ".json", ".rst
 SKIPPED_DIRS = frozenset({"_build", "generated", "_autosummary", "__pycache__", ".ipynb_checkpoints", "data_cache"})
 
 #: Directories scanned recursively, and single files, relative to the repository root.
-SCANNED_DIRS = ("pyro_sdebnn", "tutorials", "benchmarks", "docs")
+SCANNED_DIRS = ("pyro_sdebnn", "tutorials", "benchmarks", "docs", "tests")
 SCANNED_FILES = ("README.md", "BENCHMARKS.md", "pyproject.toml", "setup.cfg")
 
 _SEED = "se" + "ed"

@@ -24,7 +24,7 @@ Outputs in ``--output``: ``two_moons_table.md`` / ``.csv``, ``reliability.png`` 
 method), ``heatmaps.png`` (predictive mean and standard deviation of :math:`p(y=1|x)` over the
 posterior samples, per method), ``uncertainty_decomposition.png`` (total / aleatoric / epistemic
 entropy for the deep ensemble), the SG-MCMC chain diagnostics in function space (``sgmcmc_ess.md`` /
-``.csv`` with ESS per second, ArviZ ``sgmcmc_trace.png`` and ``sgmcmc_autocorr.png`` of the class-1
+``.csv`` with ESS per second, ``sgmcmc_trace.png`` and ArviZ ``sgmcmc_autocorr.png`` of the class-1
 probability at a few test points, SGLD vs SGHMC), and ``README.md`` describing the run. Methods that
 are not available in this installation are listed as "not implemented" with the reason, never dropped.
 
@@ -411,7 +411,7 @@ def _plot_reliability(results: list[Result], y_test: Tensor, path: Path) -> None
     ax.set(xlabel="confidence (mean of the bin)", ylabel="accuracy", xlim=(0.45, 1.0),
            title="Two Moons reliability diagram (10 equal-width bins; empty bins omitted)")
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
     fig.savefig(path, dpi=120)
 
 
@@ -437,7 +437,7 @@ def _plot_heatmaps(results: list[Result], data: Data, grid_axes: tuple[Tensor, T
             ax.set_yticks([])
         row[0].set_title(f"{r.name}: mean p(y=1|x)", fontsize=8)
         row[1].set_title("std over posterior samples", fontsize=8)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
     fig.savefig(path, dpi=90)
 
 
@@ -456,7 +456,7 @@ def _plot_decomposition(result: Result, grid_axes: tuple[Tensor, Tensor], path: 
         mesh = ax.pcolormesh(gx, gy, values, cmap="magma", shading="auto")
         fig.colorbar(mesh, ax=ax)
         ax.set_title(f"{result.name}: {title}", fontsize=8)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
     fig.savefig(path, dpi=100)
 
 
@@ -498,16 +498,21 @@ def _write_sgmcmc_diagnostics(results: list[Result], out: Path) -> list[str]:
         name.replace(" ", "_"): diag["probe_probs"].cpu().numpy()[None] for name, diag in chains.items()
     }
     idata = az.from_dict(posterior=posterior)
-    for kind, plot in (("trace", az.plot_trace), ("autocorr", az.plot_autocorr)):
-        with warnings.catch_warnings():
-            # ArviZ 0.23 calls a matplotlib helper that matplotlib 3.11 deprecates; not actionable here.
-            warnings.filterwarnings("ignore", message="Passing a dict or None as alias_mapping",
-                                    category=MatplotlibDeprecationWarning)
-            if kind == "trace":  # one row per sampler, one line per test point
-                axes = plot(idata, compact=True, figsize=(10, 2.2 * len(chains)))
-            else:
-                axes = plot(idata, max_lag=min(50, draws.shape[0] - 1))
-        fig = axes.ravel()[0].figure
+    # Trace: one row per sampler, one line per test point. Drawn directly rather than with az.plot_trace,
+    # whose density panel fails on a probe whose probability saturates (a range of a few float32 ulps).
+    fig, axes = plt.subplots(len(chains), 1, figsize=(10, 2.2 * len(chains)), squeeze=False)
+    for ax, (name, diag) in zip(axes[:, 0], chains.items()):
+        ax.plot(diag["probe_probs"].cpu().numpy(), lw=0.8)
+        ax.set(title=name, xlabel="draw", ylabel="p(y=1|x)", ylim=(-0.02, 1.02))
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    figures = [("trace", fig)]
+    with warnings.catch_warnings():
+        # ArviZ 0.23 calls a matplotlib helper that matplotlib 3.11 deprecates; not actionable here.
+        warnings.filterwarnings("ignore", message="Passing a dict or None as alias_mapping",
+                                category=MatplotlibDeprecationWarning)
+        axes = az.plot_autocorr(idata, max_lag=min(50, draws.shape[0] - 1))
+    figures.append(("autocorr", axes.ravel()[0].figure))
+    for kind, fig in figures:
         fig.suptitle(f"SG-MCMC {kind}: p(y=1|x) at {_NUM_PROBES} test points", fontsize=9)
         fig.savefig(out / f"sgmcmc_{kind}.png", dpi=80)
         plt.close(fig)

@@ -4,7 +4,7 @@
 A :class:`Fixture` knows how to build its distribution from fresh float64 tensors, how to compute the
 log-density independently (scipy or a closed form written without the package's own code path), and, where a
 closed-form KL is registered, the partner distribution to test it against Monte Carlo. A new distribution without
-an entry here fails review (STYLE.md practice 10).
+an entry here fails review.
 """
 
 from __future__ import annotations

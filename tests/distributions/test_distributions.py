@@ -130,7 +130,7 @@ def test_pyro_sample_site(dist):
     torch.testing.assert_close(trace.nodes["x"]["log_prob"], d.log_prob(trace.nodes["x"]["value"]).sum())
 
 
-# p-value threshold of the goodness-of-fit test: below 1 / (number of registry examples), STYLE.md practice 11
+# p-value threshold of the goodness-of-fit test: below 1 / (number of registry examples) (a Bonferroni-style bound)
 GOF_P_VALUE = 1e-3
 
 

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""MultiplicativeNormal specifics: the METHODS.md §4 KL, parameter count, Pyro's mean-field ELBO."""
+"""MultiplicativeNormal specifics: the closed-form KL to a Gaussian prior, parameter count, Pyro's mean-field ELBO."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def test_kl_matches_methods_formula():
     alpha = torch.tensor([0.02, 0.4], dtype=DTYPE)
     sigma_p = 0.9
     kl = kl_divergence(MultiplicativeNormal(m, alpha), dist.Normal(torch.tensor(0.0, dtype=DTYPE), sigma_p))
-    # METHODS.md §4: 1/2 (log(sigma_p^2 / (alpha_j m_ij^2 + 1e-10)) + (1 + alpha_j) m_ij^2 / sigma_p^2 - 1)
+    # KL(q || p) per weight: 1/2 (log(sigma_p^2 / (alpha_j m_ij^2 + 1e-10)) + (1 + alpha_j) m_ij^2 / sigma_p^2 - 1)
     mm, aa = m.numpy(), alpha.numpy()[None, :]
     expected = 0.5 * (np.log(sigma_p**2 / (aa * mm**2 + 1e-10)) + (1 + aa) * mm**2 / sigma_p**2 - 1)
     np.testing.assert_allclose(kl.numpy(), expected, rtol=1e-12)

@@ -25,7 +25,7 @@ def test_exact_transition_moments(theta, sigma):
     times = _t([0.0, 0.05, 0.5, 2.0])
     coef, scale = ou_transition(times, _t(theta), _t(sigma), "exact")
     delta = np.diff(times.numpy())
-    # METHODS.md §1: w_{k+1} | w_k ~ N(w_k e^{-theta delta}, sigma^2 (1 - e^{-2 theta delta}) / (2 theta))
+    # exact OU transition: w_{k+1} | w_k ~ N(w_k e^{-theta delta}, sigma^2 (1 - e^{-2 theta delta}) / (2 theta))
     np.testing.assert_allclose(coef.numpy(), np.exp(-theta * delta), rtol=1e-12)
     expected_var = sigma**2 * (1 - np.exp(-2 * theta * delta)) / (2 * theta)
     np.testing.assert_allclose(scale.numpy() ** 2, expected_var, rtol=1e-12)

@@ -104,7 +104,7 @@ def _mlp_kernel_estimate(x, depth, width, weight_variance, bias_variance, phi, n
 @pytest.mark.slow
 @pytest.mark.parametrize("activation", ["relu", "erf", "tanh"])
 def test_wide_random_mlps_converge_to_nngp(activation):
-    # seed 003 Fig. 9a: the empirical output covariance of random MLPs approaches the NNGP kernel as width grows
+    # Lee et al. (2018), Deep neural networks as Gaussian processes: the empirical output covariance of random MLPs approaches the NNGP kernel as width grows
     x = _inputs()
     depth, wv, bv = 2, 1.8, 0.1
     expected = NNGP(depth, wv, bv, activation)(x).detach()

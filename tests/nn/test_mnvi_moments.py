@@ -106,7 +106,7 @@ def test_two_layer_moments_exact_for_deterministic_input():
     # With a known input, the first pre-activations are exactly Gaussian and independent across
     # units (distinct weight rows), so Linear -> ReLU -> Linear moments are exact. From the second
     # hidden layer on, units share inputs (correlated) and are no longer Gaussian: Assumptions 2-3
-    # of seed 002 then make the propagation approximate, so only this exact case is asserted.
+    # of the MNVI layers (Schmitt & Roth 2021) then make the propagation approximate, so only this exact case is asserted.
     net = MNSequential(MNLinear(3, 5, dtype=torch.float64), MNReLU(), MNLinear(5, 2, dtype=torch.float64))
     with torch.no_grad():
         net[0].rho.fill_(-1.0)

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""SDEBNN: the user-facing API of issue 5, likelihoods, fused solve, bad input, toy and digits smoke tests."""
+"""SDEBNN: the user-facing API, likelihoods, fused solve, bad input, toy and digits smoke tests."""
 
 import pyro
 from pyro import poutine

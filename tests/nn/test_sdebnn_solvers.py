@@ -97,7 +97,7 @@ def _adjoint_gradient_gap(dt):
 @pytest.mark.slow
 def test_adjoint_gradients_agree_with_backprop():
     # float64, same Brownian path. The stochastic adjoint solves a discretised backward SDE, so its
-    # gradient differs from the exact gradient of the discretised forward solve by O(dt): issue 5
+    # gradient differs from the exact gradient of the discretised forward solve by O(dt)
     # measured 1.5-2.8 % at dt = 0.01. Tolerance: 5 % at dt = 0.01, and the gap must shrink with dt.
     coarse, fine = _adjoint_gradient_gap(0.05), _adjoint_gradient_gap(0.01)
     assert fine < 0.05

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Path-KL estimators (METHODS.md §2): values, q = p gradients, agreement in expectation, closed forms."""
+"""Path-KL estimators of the SDE-BNN ELBO (Xu et al. 2022, Sec. 3): values, q = p gradients, agreement in expectation, closed forms."""
 
 import math
 
@@ -136,7 +136,7 @@ def test_ou_to_ou_closed_form(estimator):
 
 def test_stl_variance_vanishes_at_true_posterior():
     # OU observed at t1 (closed-form posterior drift): at the optimum the stl gradient w.r.t. the drift
-    # scale alpha has (near) zero variance while full_mc's does not (seed 000 Fig. 4)
+    # scale alpha has (near) zero variance while full_mc's does not (Xu et al. 2022, Fig. 4)
     problem = OUEndpointProblem(torch.zeros(1, dtype=torch.float64), torch.ones(1, dtype=torch.float64), 0.3, 0.8)
     times = time_grid((0.0, 1.0), 0.01, dtype=torch.float64)
     variances = {}

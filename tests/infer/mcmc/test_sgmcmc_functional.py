@@ -293,7 +293,7 @@ def _bnn_potentials(model, x, y, points, **kwargs):
 
 @pytest.mark.parametrize("subsample_size", [None, 10])
 def test_concatenated_forward_pass_matches_two_traces(subsample_size):
-    # one trace on [x_B; X_M] (FSGMCMC.md) must give the two-trace potential and gradient exactly (float64)
+    # one trace on [x_B; X_M] must give the two-trace potential and gradient exactly (float64)
     x = torch.linspace(-2, 2, 30, dtype=torch.float64).unsqueeze(-1)
     y = torch.sin(2 * x[:, 0])
     points = MeasurementPoints(x, num_data=8, num_box=8)()
