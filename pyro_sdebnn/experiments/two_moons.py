@@ -411,7 +411,7 @@ def _plot_reliability(results: list[Result], y_test: Tensor, path: Path) -> None
     ax.set(xlabel="confidence (mean of the bin)", ylabel="accuracy", xlim=(0.45, 1.0),
            title="Two Moons reliability diagram (10 equal-width bins; empty bins omitted)")
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    fig.tight_layout()
     fig.savefig(path, dpi=120)
 
 
@@ -437,7 +437,7 @@ def _plot_heatmaps(results: list[Result], data: Data, grid_axes: tuple[Tensor, T
             ax.set_yticks([])
         row[0].set_title(f"{r.name}: mean p(y=1|x)", fontsize=8)
         row[1].set_title("std over posterior samples", fontsize=8)
-    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    fig.tight_layout()
     fig.savefig(path, dpi=90)
 
 
@@ -456,7 +456,7 @@ def _plot_decomposition(result: Result, grid_axes: tuple[Tensor, Tensor], path: 
         mesh = ax.pcolormesh(gx, gy, values, cmap="magma", shading="auto")
         fig.colorbar(mesh, ax=ax)
         ax.set_title(f"{result.name}: {title}", fontsize=8)
-    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    fig.tight_layout()
     fig.savefig(path, dpi=100)
 
 
