@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from pyro_sdebnn.infer.methods import (
     BaselineMethod,
     _dropout_layers,
+    _first_inputs,
     _is_loader_arg,
     _iter_inputs,
     _module_device_dtype,
@@ -146,6 +147,12 @@ class MCDropout(BaselineMethod):
         self.net.eval()  # every dropout layer too: the hooks apply the shared masks
         hooks = [layer.register_forward_hook(apply_mask) for layer in self.dropout_layers]
         try:
+            # Draw every mask first (one forward pass of one input per sample), before a loader's
+            # iteration draws its seeds: the masks are then those the concatenated tensors would get.
+            first = _first_inputs(x, device, dtype, self.likelihood)[:1]
+            for t in range(num_samples):
+                current[0] = masks[t]
+                self.net(first)
             chunks = []
             for xb in _iter_inputs(x, device, dtype, self.likelihood):
                 outs = []

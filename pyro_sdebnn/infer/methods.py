@@ -193,6 +193,8 @@ def _is_loader_arg(x, name: str = "x") -> bool:
     from pyro_sdebnn.data.loaders import is_loader
 
     try:
+        if hasattr(x, "__array__") and not isinstance(x, Tensor):  # a NumPy array is iterable, yet no loader
+            raise TypeError
         return is_loader(x)
     except TypeError:
         raise TypeError(
@@ -281,6 +283,21 @@ def _iter_inputs(x, device=None, dtype=None, likelihood: str | None = None) -> I
     for xb, _ in iter_batches(x, device, dtype, with_targets=False):
         _check_data(xb, None, likelihood or "categorical")
         yield xb
+
+
+def _first_inputs(x, device=None, dtype=None, likelihood: str | None = None) -> Tensor:
+    """The first inputs :func:`_iter_inputs` yields, read without changing any random state."""
+    if not _is_loader_arg(x):
+        return next(_iter_inputs(x, device, dtype, likelihood))
+    from pyro_sdebnn.infer.checkpoint import rng_state, set_rng_state
+
+    state = rng_state(x)
+    try:
+        return next(_iter_inputs(x, device, dtype, likelihood))
+    except StopIteration:
+        raise ValueError("the loader yielded no batch") from None
+    finally:
+        set_rng_state(state, x)
 
 
 class _NetworkTrainer:
