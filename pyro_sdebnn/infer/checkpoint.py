@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import os
+from collections import Counter, OrderedDict
 from typing import Any
 
 import torch
@@ -92,8 +93,11 @@ def detached(obj: Any) -> Any:
     """A deep copy of a state (tensors detached and cloned), so later training cannot change it."""
     if isinstance(obj, Tensor):
         return obj.detach().clone()
-    if isinstance(obj, dict):
-        return type(obj)((k, detached(v)) for k, v in obj.items())
+    if isinstance(obj, dict):  # item by item: Counter(pairs) would count the pairs
+        out = Counter() if isinstance(obj, Counter) else OrderedDict() if isinstance(obj, OrderedDict) else {}
+        for key, value in obj.items():
+            out[key] = detached(value)
+        return out
     if isinstance(obj, list):
         return [detached(v) for v in obj]
     if isinstance(obj, tuple):
