@@ -40,7 +40,7 @@ CHECKPOINT_FORMAT = "pyro_sdebnn.baseline/1"
 
 
 def save_checkpoint(state: dict, path) -> None:
-    """Write ``state`` (a baseline's :meth:`state_dict`) to ``path`` with :func:`torch.save`."""
+    """Write ``state`` (a baseline's ``state_dict()``) to ``path`` with :func:`torch.save`."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
     torch.save(state, path)
@@ -129,7 +129,7 @@ def rng_state(loader=None) -> dict:
 
 
 def set_rng_state(state: dict, loader=None) -> None:
-    """Restore what :func:`rng_state` captured (the loader's generators only if it has as many)."""
+    """Restore what ``rng_state`` captured (the loader's generators only if it has as many)."""
     gens = loader_generators(loader) if loader is not None else []
     saved = state.get("loader", [])
     if gens and saved and len(gens) != len(saved):

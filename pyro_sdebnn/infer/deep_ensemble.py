@@ -132,7 +132,7 @@ class DeepEnsemble(BaselineMethod):
             :math:`g \\leftarrow g \\min(1, c/\\|g\\|_\\infty)` (after ``clip_norm`` when both are given).
         :param bool resume: continue the last (or a loaded) run with its optimiser, scheduler and random
             states, in the same mode (vectorised or not), so that ``fit(num_epochs=k)`` then
-            ``fit(num_epochs=K - k, resume=True)`` equals ``fit(num_epochs=K)``. :attr:`losses` holds
+            ``fit(num_epochs=K - k, resume=True)`` equals ``fit(num_epochs=K)``. ``losses`` holds
             the members' mean loss of every epoch.
         """
         from pyro_sdebnn.infer._training import SchedulerStepper, check_clip

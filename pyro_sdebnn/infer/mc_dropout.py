@@ -95,7 +95,7 @@ class MCDropout(BaselineMethod):
         :func:`~pyro_sdebnn.infer.methods.train_network`: a callable ``optimizer -> lr_scheduler``
         stepped per epoch or per step, and clipping of the whole gradient,
         :math:`g \\leftarrow g \\min(1, c/\\|g\\|_2)` and :math:`g \\leftarrow g \\min(1, c/\\|g\\|_\\infty)`.
-        The loss of every epoch is appended to :attr:`losses`.
+        The loss of every epoch is appended to ``losses``.
 
         :param bool resume: continue the last (or a loaded) run: Adam's and the scheduler's state and
             torch's random state are restored, so ``fit(num_epochs=k)`` then ``fit(num_epochs=K - k,

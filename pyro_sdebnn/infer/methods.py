@@ -286,7 +286,7 @@ def _iter_inputs(x, device=None, dtype=None, likelihood: str | None = None) -> I
 
 
 def _first_inputs(x, device=None, dtype=None, likelihood: str | None = None) -> Tensor:
-    """The first inputs :func:`_iter_inputs` yields, read without changing any random state."""
+    """The first inputs ``_iter_inputs`` yields, read without changing any random state."""
     if not _is_loader_arg(x):
         return next(_iter_inputs(x, device, dtype, likelihood))
     from pyro_sdebnn.infer.checkpoint import rng_state, set_rng_state
@@ -303,7 +303,7 @@ def _first_inputs(x, device=None, dtype=None, likelihood: str | None = None) -> 
 class _NetworkTrainer:
     """Adam (with weight decay), an optional scheduler and clipping for one network, one epoch at a time.
 
-    :param state: a :meth:`state_dict` of an interrupted run: the optimiser (and scheduler) continue from it.
+    :param state: a ``state_dict()`` of an interrupted run: the optimiser (and scheduler) continue from it.
     """
 
     def __init__(self, net: nn.Module, likelihood: str, *, lr: float, weight_decay: float, scheduler=None,
@@ -357,7 +357,7 @@ class _NetworkTrainer:
 
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, scheduler, state: dict) -> None:
-    """Load a :meth:`_NetworkTrainer.state_dict` into a freshly built optimiser (and scheduler)."""
+    """Load a ``_NetworkTrainer.state_dict()`` into a freshly built optimiser (and scheduler)."""
     from pyro_sdebnn.infer.checkpoint import detached
 
     try:
@@ -506,7 +506,7 @@ class BaselineMethod:
         containers only, so ``torch.load(path, weights_only=True)`` reads it).
 
         Holds the fitted state (network weights, guide parameters, curvature...), the loss of every epoch
-        (:attr:`losses`; their number is the epoch reached) and the training state of the last ``fit``:
+        (``losses``; their number is the epoch reached) and the training state of the last ``fit``:
         optimiser and scheduler states and torch's random state at its end.
         """
         from pyro_sdebnn.infer.checkpoint import CHECKPOINT_FORMAT, detached
