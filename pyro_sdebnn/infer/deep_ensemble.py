@@ -147,7 +147,9 @@ class DeepEnsemble(BaselineMethod):
         if resume is True and self._train_state is not None:
             saved_vectorized = self._train_state.get("mode") == "vectorized"
             if vectorize is not None and vectorize != saved_vectorized:
-                raise ValueError(f"resume=True continues a run with vectorize={saved_vectorized}, got vectorize={vectorize}")
+                raise ValueError(
+                    f"resume=True continues a run with vectorize={saved_vectorized}, got vectorize={vectorize}"
+                )
             vectorize = saved_vectorized
         forced = vectorize is True
         if vectorize is None:

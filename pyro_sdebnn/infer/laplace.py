@@ -239,7 +239,8 @@ class Laplace(BaselineMethod):
         :param x: inputs ``(N, ...)`` with targets ``y``, or a loader of ``(x, y)`` batches (``y``
             omitted, ``batch_size`` unused): an epoch of MAP training is one pass over the loader and
             the curvature and log-likelihood are accumulated batch by batch over one more pass
-            (:math:`H_{\\mathrm{data}} = \\sum_{\\text{batches}} \\sum_{n \\in \\text{batch}} J_n^\\top \\Lambda_n J_n`),
+            (:math:`H_{\\mathrm{data}} = \\sum_{\\mathcal B} \\sum_{n \\in \\mathcal B} J_n^\\top \\Lambda_n J_n`
+            over the batches :math:`\\mathcal B`),
             each batch moved to the network's device one at a time.
         :param int num_epochs: MAP training epochs (0: use ``net`` as trained).
         :param bool tune_prior_precision: maximise the Laplace evidence over :math:`\\delta`.

@@ -17,6 +17,13 @@ A baseline wraps a network (or, for ensembles, a zero-argument network factory) 
 posterior samples (dropout masks, ensemble members, ...). :data:`METHODS` maps a short name to each
 class, so benchmarks can loop over them.
 
+``fit`` and ``predict`` also take a loader in place of the tensors (any iterable of ``(x, y)`` batches
+whose ``dataset`` has a length, e.g. a :class:`torch.utils.data.DataLoader`; ``y`` omitted): an epoch is
+one pass over it, batches go to the model's device one at a time, and predictions over a loader equal
+those on the concatenated tensors. Every method has ``save(path)`` / ``load(path)`` and
+``state_dict()`` / ``load_state_dict(sd)`` (see :mod:`pyro_sdebnn.infer.checkpoint`), and
+``fit(..., resume=True)`` continues an interrupted run exactly.
+
 **References**
 
 1. B. Lakshminarayanan, A. Pritzel, C. Blundell (2017), *Simple and scalable predictive uncertainty
@@ -531,7 +538,9 @@ class BaselineMethod:
 
         check_header(state, type(self).__name__)
         if state.get("likelihood") != self.likelihood:
-            raise ValueError(f"the checkpoint's likelihood is {state.get('likelihood')!r}, this method's {self.likelihood!r}")
+            raise ValueError(
+                f"the checkpoint's likelihood is {state.get('likelihood')!r}, this method's {self.likelihood!r}"
+            )
         losses = state.get("losses")
         if not isinstance(losses, list) or not all(isinstance(v, float) for v in losses):
             raise ValueError("the checkpoint's losses must be a list of floats")

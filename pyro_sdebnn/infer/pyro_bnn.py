@@ -339,7 +339,9 @@ class SVIBaseline(BaselineMethod):
         check_tensors(saved, fresh, "guide parameters")
         expected = {name: repr(scope["constraints"][name]) for name in fresh}
         if saved_constraints != expected:
-            raise ValueError(f"the checkpoint's guide constraints {saved_constraints} differ from this guide's {expected}")
+            raise ValueError(
+                f"the checkpoint's guide constraints {saved_constraints} differ from this guide's {expected}"
+            )
 
         def apply():
             self.guide = guide
