@@ -473,7 +473,7 @@ class BaselineMethod:
         self.losses: list[float] = []
         self._train_state: dict | None = None
 
-    def fit(self, x: Tensor, y: Tensor, **kwargs) -> "BaselineMethod":  # pragma: no cover - interface
+    def fit(self, x, y: Tensor | None = None, **kwargs) -> "BaselineMethod":  # pragma: no cover - interface
         raise NotImplementedError
 
     # ------------------------------------------------------------------ resume and checkpoints
