@@ -143,7 +143,8 @@ def svi_step(svi: pyro.infer.SVI, *args, clip_norm: float | None = None, clip_in
         return svi.step(*args, **kwargs)
     with poutine.trace(param_only=True) as param_capture:
         loss = svi.loss_and_grads(svi.model, svi.guide, *args, **kwargs)
-    params = set(site["value"].unconstrained() for site in param_capture.trace.nodes.values())
+    # In trace order, not a set: the clipping norm sums over the tensors, and a set's order (by id) varies.
+    params = list(dict.fromkeys(site["value"].unconstrained() for site in param_capture.trace.nodes.values()))
     clip_gradients(params, clip_norm, clip_inf_norm)
     svi.optim(params)
     pyro.infer.util.zero_grads(params)

@@ -26,16 +26,21 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
+from pyro_sdebnn.infer.checkpoint import detached
 from pyro_sdebnn.infer.methods import (
     BaselineMethod,
-    _check_data,
     _check_finite,
     _check_fit_args,
     _dropout_layers,
     _epochs,
+    _is_loader_arg,
+    _iter_inputs,
+    _module_device_dtype,
+    _NetworkTrainer,
+    _TrainingData,
+    load_optimizer_state,
     negative_log_likelihood_terms,
     register_method,
-    train_network,
 )
 
 __all__ = ["DeepEnsemble"]
@@ -90,8 +95,8 @@ class DeepEnsemble(BaselineMethod):
 
     def fit(
         self,
-        x: Tensor,
-        y: Tensor,
+        x,
+        y: Tensor | None = None,
         *,
         num_epochs: int = 200,
         lr: float = 1e-2,
@@ -103,13 +108,19 @@ class DeepEnsemble(BaselineMethod):
         scheduler_step: str = "epoch",
         clip_norm: float | None = None,
         clip_inf_norm: float | None = None,
+        resume: bool = False,
     ) -> "DeepEnsemble":
         """Train every member independently (Adam, mean NLL, weight decay); returns ``self``.
 
+        :param x: inputs ``(N, ...)`` with targets ``y``, or a loader of ``(x, y)`` batches (``y``
+            omitted, ``batch_size`` unused; an epoch is one pass over the loader, batches moved to the
+            members' device one at a time). With tensors every member draws its own minibatch order;
+            with a loader the vectorised members share the loader's order (one pass per epoch) and
+            one-by-one members each make their own pass.
         :param vectorize: train all members at once with :func:`torch.func.vmap` over stacked weights
-            (each member keeps its own minibatch order; Adam acts elementwise, so this is the same
-            optimisation as training them one by one). ``None``: when every member is a
-            ``nn.Module`` without buffers or dropout (e.g. a plain MLP), else one by one.
+            (Adam acts elementwise, so this is the same optimisation as training them one by one).
+            ``None``: when every member is a ``nn.Module`` without buffers or dropout (e.g. a plain
+            MLP), else one by one (epoch by epoch, each member with its own optimiser).
         :param scheduler: ``None`` or a callable ``optimizer -> torch.optim.lr_scheduler`` object, built
             for every member's Adam optimiser (see :func:`~pyro_sdebnn.infer.methods.train_network`).
             ``ReduceLROnPlateau`` needs each member's own loss, so it trains the members one by one
@@ -119,45 +130,52 @@ class DeepEnsemble(BaselineMethod):
             :math:`g \\leftarrow g \\min(1, c/\\|g\\|_2)`.
         :param clip_inf_norm: clip each member's whole gradient by its :math:`L_\\infty` norm,
             :math:`g \\leftarrow g \\min(1, c/\\|g\\|_\\infty)` (after ``clip_norm`` when both are given).
+        :param bool resume: continue the last (or a loaded) run with its optimiser, scheduler and random
+            states, in the same mode (vectorised or not), so that ``fit(num_epochs=k)`` then
+            ``fit(num_epochs=K - k, resume=True)`` equals ``fit(num_epochs=K)``. ``losses`` holds
+            the members' mean loss of every epoch.
         """
         from pyro_sdebnn.infer._training import SchedulerStepper, check_clip
 
-        _check_data(x, y, self.likelihood)
-        size = _check_fit_args(
-            x.shape[0], num_epochs=num_epochs, lr=lr, batch_size=batch_size, weight_decay=weight_decay
-        )
+        loader = x if _is_loader_arg(x) else None
+        data = _TrainingData(x, y, self.likelihood, batch_size)
+        size = _check_fit_args(data.n, num_epochs=num_epochs, lr=lr, batch_size=batch_size, weight_decay=weight_decay)
         clip_norm, clip_inf_norm = check_clip(clip_norm, clip_inf_norm)
         SchedulerStepper(None, scheduler_step)  # validates scheduler_step
+        if vectorize is not None and not isinstance(vectorize, bool):
+            raise TypeError(f"vectorize must be True, False or None, got {vectorize!r}")
+        if resume is True and self._train_state is not None:
+            saved_vectorized = self._train_state.get("mode") == "vectorized"
+            if vectorize is not None and vectorize != saved_vectorized:
+                raise ValueError(
+                    f"resume=True continues a run with vectorize={saved_vectorized}, got vectorize={vectorize}"
+                )
+            vectorize = saved_vectorized
         forced = vectorize is True
         if vectorize is None:
             vectorize = self._vectorizable()
         elif vectorize and not self._vectorizable():
             raise ValueError("vectorize=True needs members with identical parameter shapes and no buffers or dropout")
+        state = self._resume_state(resume, loader)
         clip = {"clip_norm": clip_norm, "clip_inf_norm": clip_inf_norm}
         sched = {"scheduler": scheduler, "scheduler_step": scheduler_step}
-        if vectorize and self._fit_vectorized(
-            x, y, num_epochs, lr, size, weight_decay, progress, forced, **sched, **clip
-        ):
-            return self
-        members = self.members
-        if progress:
-            from tqdm.auto import tqdm
-
-            members = tqdm(members, desc="deep-ensemble", leave=False)
-        for k, member in enumerate(members):
-            train_network(
-                member,
-                x,
-                y,
-                self.likelihood,
-                num_epochs=num_epochs,
-                lr=lr,
-                batch_size=batch_size,
-                weight_decay=weight_decay,
-                desc=f"deep-ensemble member {k}",
-                **sched,
-                **clip,
+        if vectorize:
+            done = self._fit_vectorized(data, num_epochs, lr, size, weight_decay, progress, forced, **sched, **clip,
+                                        state=state)
+            if done is not None:
+                self._end_fit(loader, mode="vectorized", trainer=done)
+                return self
+        trainers = [
+            _NetworkTrainer(
+                member, self.likelihood, lr=lr, weight_decay=weight_decay, desc=f"deep-ensemble member {k}",
+                state=None if state is None else state["trainers"][k], **sched, **clip,
             )
+            for k, member in enumerate(self.members)
+        ]
+        for epoch in _epochs(num_epochs, progress, "deep-ensemble"):
+            losses = [trainer.run_epoch(data, epoch) for trainer in trainers]
+            self.losses.append(sum(losses) / len(losses))
+        self._end_fit(loader, mode="sequential", trainers=[trainer.state_dict() for trainer in trainers])
         return self
 
     def _vectorizable(self) -> bool:
@@ -173,24 +191,27 @@ class DeepEnsemble(BaselineMethod):
         return True
 
     def _fit_vectorized(
-        self, x, y, num_epochs: int, lr: float, batch_size: int, weight_decay: float, progress, forced: bool = True,
-        scheduler=None, scheduler_step: str = "epoch", clip_norm=None, clip_inf_norm=None,
-    ) -> bool:
-        """All members at once (arguments already checked by :meth:`fit`); ``False`` if declined.
+        self, data: _TrainingData, num_epochs: int, lr: float, batch_size: int, weight_decay: float, progress,
+        forced: bool = True, scheduler=None, scheduler_step: str = "epoch", clip_norm=None, clip_inf_norm=None,
+        state: dict | None = None,
+    ) -> dict | None:
+        """All members at once (arguments already checked by :meth:`fit`); the optimiser state, or
+        ``None`` if declined.
 
         One Adam over the stacked weights with one scheduler: every member takes the same number of
         steps, so a schedule gives every member the learning rate it would get alone. The exception is
-        ``ReduceLROnPlateau``, which needs each member's own loss: then nothing is trained and ``False``
+        ``ReduceLROnPlateau``, which needs each member's own loss: then nothing is trained and ``None``
         is returned (or, when ``forced``, a ``ValueError`` raised).
         """
         from torch.func import functional_call, stack_module_state, vmap
 
         from pyro_sdebnn.infer._training import SchedulerStepper, clip_gradients_batched, make_torch_scheduler
 
-        n, k = x.shape[0], self.num_members
+        n, k = data.n, self.num_members
         params, _ = stack_module_state(list(self.members))
         params = {name: p.detach().requires_grad_() for name, p in params.items()}
         base = self.members[0]
+        device, dtype = _module_device_dtype(base)
         optimizer = torch.optim.Adam(params.values(), lr=lr, weight_decay=weight_decay)
         stepper = SchedulerStepper(make_torch_scheduler(scheduler, optimizer), scheduler_step)
         if isinstance(stepper.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
@@ -198,19 +219,32 @@ class DeepEnsemble(BaselineMethod):
                 raise ValueError(
                     "vectorize=True cannot use a ReduceLROnPlateau scheduler (it needs each member's loss)"
                 )
-            return False
+            return None
+        if state is not None:
+            load_optimizer_state(optimizer, stepper.scheduler, state["trainer"])
         clipping = clip_norm is not None or clip_inf_norm is not None
 
         def member_loss(theta, xb, yb):
             return negative_log_likelihood_terms(functional_call(base, theta, (xb,)), yb, self.likelihood).mean()
 
-        batched_loss = vmap(member_loss)
-        for epoch in _epochs(num_epochs, progress, "deep-ensemble (vectorised)"):
+        # Tensors: every member its own minibatch (k, b, ...); a loader: one batch (b, ...) for all.
+        batched_loss = vmap(member_loss) if not data.is_loader else vmap(member_loss, in_dims=(0, None, None))
+
+        def batches():
+            if data.is_loader:
+                yield from data.batches(device, dtype)
+                return
+            x, y = data.x, data.y
             perms = torch.stack([torch.randperm(n, device=x.device) for _ in range(k)])  # own order per member
-            total = torch.zeros((), dtype=torch.float64, device=x.device)
             for start in range(0, n, batch_size):
                 idx = perms[:, start : start + batch_size]
-                losses = batched_loss(params, x[idx], y[idx])
+                yield x[idx], y[idx]
+
+        for epoch in _epochs(num_epochs, progress, "deep-ensemble (vectorised)"):
+            total = torch.zeros((), dtype=torch.float64, device=device)
+            for xb, yb in batches():
+                size = yb.shape[-1]
+                losses = batched_loss(params, xb, yb)
                 optimizer.zero_grad(set_to_none=True)
                 losses.sum().backward()  # member parameters are disjoint: each gets its own gradient
                 if clipping:
@@ -218,23 +252,51 @@ class DeepEnsemble(BaselineMethod):
                 optimizer.step()
                 if stepper.scheduler is not None and scheduler_step == "step":
                     stepper.after_step(float(losses.detach().mean()))
-                total = total + losses.detach().double().sum() * idx.shape[1]
+                total = total + losses.detach().double().sum() * size
             _check_finite(float(total) / (n * k), desc="deep-ensemble", epoch=epoch, lr=lr)
+            self.losses.append(float(total) / (n * k))
             stepper.after_epoch(float(total) / (n * k))
         with torch.no_grad():
             for i, member in enumerate(self.members):
                 for name, p in member.named_parameters():
                     p.copy_(params[name][i])
-        return True
+        return {
+            "optimizer": detached(optimizer.state_dict()),
+            "scheduler": None if stepper.scheduler is None else detached(stepper.scheduler.state_dict()),
+        }
 
     @torch.no_grad()
-    def predict_outputs(self, x: Tensor) -> Tensor:
-        """Raw member outputs, shape ``(K, N, C)`` (members in eval mode)."""
-        _check_data(x, None, self.likelihood)
-        outputs = []
+    def predict_outputs(self, x) -> Tensor:
+        """Raw member outputs, shape ``(K, N, C)`` (members in eval mode); ``x`` may be a loader."""
+        device, dtype = _module_device_dtype(self.members[0])
+        modes = [member.training for member in self.members]
         for member in self.members:
-            was_training = member.training
             member.eval()
-            outputs.append(member(x))
-            member.train(was_training)
-        return torch.stack(outputs)
+        try:
+            chunks = [torch.stack([member(xb) for member in self.members])
+                      for xb in _iter_inputs(x, device, dtype, self.likelihood)]
+        finally:
+            for member, mode in zip(self.members, modes):
+                member.train(mode)
+        return torch.cat(chunks, 1)
+
+    def _fitted_state(self) -> dict:
+        from pyro_sdebnn.infer.checkpoint import detached
+
+        return {"members": [detached(member.state_dict()) for member in self.members]}
+
+    def _prepare_load(self, state: dict):
+        from pyro_sdebnn.infer.checkpoint import check_tensors
+
+        saved = state.get("members")
+        if not isinstance(saved, list) or len(saved) != self.num_members:
+            count = len(saved) if isinstance(saved, list) else type(saved).__name__
+            raise ValueError(f"the checkpoint has {count} ensemble members, this ensemble {self.num_members}")
+        for k, (member_state, member) in enumerate(zip(saved, self.members)):
+            check_tensors(member_state, member.state_dict(), f"member {k} weights")
+
+        def apply():
+            for member_state, member in zip(saved, self.members):
+                member.load_state_dict(member_state)
+
+        return apply

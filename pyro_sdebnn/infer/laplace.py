@@ -61,10 +61,14 @@ from pyro_sdebnn.infer.methods import (
     BaselineMethod,
     Prediction,
     _check_data,
+    _is_loader_arg,
+    _iter_inputs,
+    _module_device_dtype,
+    _train_network,
+    _TrainingData,
     negative_log_likelihood_terms,
     outputs_to_prediction,
     register_method,
-    train_network,
 )
 from pyro_sdebnn.infer.predictive import ClassificationPrediction, RegressionPrediction
 
@@ -215,8 +219,8 @@ class Laplace(BaselineMethod):
     # ------------------------------------------------------------------ fitting
     def fit(
         self,
-        x: Tensor,
-        y: Tensor,
+        x,
+        y: Tensor | None = None,
         *,
         num_epochs: int = 200,
         lr: float = 1e-2,
@@ -228,9 +232,16 @@ class Laplace(BaselineMethod):
         scheduler_step: str = "epoch",
         clip_norm: float | None = None,
         clip_inf_norm: float | None = None,
+        resume: bool = False,
     ) -> "Laplace":
         """Train the MAP (Adam with weight decay), compute the curvature and tune :math:`\\delta`.
 
+        :param x: inputs ``(N, ...)`` with targets ``y``, or a loader of ``(x, y)`` batches (``y``
+            omitted, ``batch_size`` unused): an epoch of MAP training is one pass over the loader and
+            the curvature and log-likelihood are accumulated batch by batch over one more pass
+            (:math:`H_{\\mathrm{data}} = \\sum_{\\mathcal B} \\sum_{n \\in \\mathcal B} J_n^\\top \\Lambda_n J_n`
+            over the batches :math:`\\mathcal B`),
+            each batch moved to the network's device one at a time.
         :param int num_epochs: MAP training epochs (0: use ``net`` as trained).
         :param bool tune_prior_precision: maximise the Laplace evidence over :math:`\\delta`.
         :param scheduler: learning-rate schedule of the MAP training, as in
@@ -240,31 +251,51 @@ class Laplace(BaselineMethod):
             :math:`g \\leftarrow g \\min(1, c/\\|g\\|_2)`.
         :param clip_inf_norm: clip it by its :math:`L_\\infty` norm,
             :math:`g \\leftarrow g \\min(1, c/\\|g\\|_\\infty)`.
+        :param bool resume: continue the MAP training of the last (or a loaded) run from its optimiser,
+            scheduler and random states (then the curvature is recomputed), so that
+            ``fit(num_epochs=k)`` then ``fit(num_epochs=K - k, resume=True)`` equals ``fit(num_epochs=K)``.
         :returns: ``self``.
         """
-        _check_data(x, y, self.likelihood)
-        train_network(
+        loader = x if _is_loader_arg(x) else None
+        data = _TrainingData(x, y, self.likelihood, batch_size)
+        state = self._resume_state(resume, loader)
+        history, trainer_state = _train_network(
             self.net, x, y, self.likelihood, num_epochs=num_epochs, lr=lr, batch_size=batch_size,
             weight_decay=weight_decay, progress=progress, desc="laplace MAP", scheduler=scheduler,
             scheduler_step=scheduler_step, clip_norm=clip_norm, clip_inf_norm=clip_inf_norm,
+            state=None if state is None else state["trainer"],
         )
+        self.losses.extend(history)
+        self._end_fit(loader, trainer=trainer_state)  # before the curvature pass, which reads the loader again
         if self.prior_precision is None:
-            self.prior_precision = max(x.shape[0] * weight_decay, 1e-8)
+            self.prior_precision = max(data.n * weight_decay, 1e-8)
         self.net.eval()  # dropout off (and left off): the approximation is around the deterministic network
         self._theta_hat = self._theta()
         self._frozen = {n: p.detach() for n, p in self.net.named_parameters() if n not in self._theta_hat}
         self._frozen.update(dict(self.net.named_buffers()))
-        with torch.no_grad():
-            outputs = self._outputs(self._theta_hat, x)
-            self._num_outputs = outputs.shape[-1]
-            self._log_likelihood = -negative_log_likelihood_terms(outputs, y, self.likelihood).sum()
-        self._fitted = True
-        if self.hessian_structure == "full":
-            self._fit_full(x, y)
-        elif self.hessian_structure == "diag":
-            self._fit_diag(x)
+        if data.is_loader:
+            from pyro_sdebnn.data.loaders import iter_batches
+
+            device, dtype = _module_device_dtype(self.net)
+            batches = iter_batches(loader, device, dtype)
         else:
-            self._fit_kron(x)
+            batches = iter([(x, y)])  # the whole data set as one batch
+        log_likelihood, curvature, n = None, None, 0
+        for xb, yb in batches:
+            _check_data(xb, yb, self.likelihood)
+            with torch.no_grad():
+                outputs = self._outputs(self._theta_hat, xb)
+                self._num_outputs = outputs.shape[-1]
+                term = -negative_log_likelihood_terms(outputs, yb, self.likelihood).sum()
+            log_likelihood = term if log_likelihood is None else log_likelihood + term
+            part = self._curvature(xb, yb)
+            curvature = part if curvature is None else {k: curvature[k] + v for k, v in part.items()}
+            n += xb.shape[0]
+        if curvature is None:
+            raise ValueError("the loader yielded no batch")
+        self._log_likelihood = log_likelihood
+        self._set_curvature(curvature, n)
+        self._fitted = True
         if tune_prior_precision:
             self.optimize_prior_precision()
         return self
@@ -283,30 +314,54 @@ class Laplace(BaselineMethod):
     def _flat_jacobian(self, jac: dict[str, Tensor]) -> Tensor:
         return torch.cat([jac[name].flatten(2) for name in self._names], -1)
 
-    def _fit_full(self, x: Tensor, y: Tensor) -> None:
+    def _curvature(self, x: Tensor, y: Tensor) -> dict[str, Tensor]:
+        """The additive curvature statistics of one batch (summed over its examples)."""
+        if self.hessian_structure == "full":
+            return {"h": self._curvature_full(x, y)}
+        if self.hessian_structure == "diag":
+            return {"diag": self._curvature_diag(x)}
+        return self._kron_factors(x)
+
+    def _set_curvature(self, curvature: dict[str, Tensor], n: int) -> None:
+        """Eigendecompose the curvature summed over every batch of the ``n`` data points."""
+        if self.hessian_structure == "full":
+            h_data = curvature["h"]
+            evals, evecs = torch.linalg.eigh(_wide(0.5 * (h_data + h_data.T)))
+            self._eig = (evals.clamp(min=0), evecs)
+        elif self.hessian_structure == "diag":
+            self._eig = (_wide(curvature["diag"].clamp(min=0)),)
+        else:
+            self._kron = []
+            for prefix, _ in self._layers:
+                a_factor, g_factor = curvature[f"A:{prefix}"], curvature[f"G:{prefix}"] / n
+                eval_a, evec_a = torch.linalg.eigh(0.5 * (a_factor + a_factor.T))
+                eval_g, evec_g = torch.linalg.eigh(0.5 * (g_factor + g_factor.T))
+                self._kron.append((prefix, eval_g.clamp(min=0), evec_g, eval_a.clamp(min=0), evec_a))
+            self._eig = (torch.cat([torch.outer(eg, ea).reshape(-1) for _, eg, _, ea, _ in self._kron]),)
+
+    def _curvature_full(self, x: Tensor, y: Tensor) -> Tensor:
         if self.curvature == "hessian":
             flat = torch.cat([self._theta_hat[name].reshape(-1) for name in self._names])
 
             def total_nll(vec: Tensor) -> Tensor:
                 return negative_log_likelihood_terms(self._outputs(self._unflatten(vec), x), y, self.likelihood).sum()
 
-            h_data = jacrev(jacrev(total_nll))(flat).detach()  # reverse-over-reverse: no forward-AD warnings
-        else:
-            h_data = torch.zeros(self.num_params, self.num_params, dtype=x.dtype, device=x.device)
-            for jac, sqrt_lam in self._ggn_terms(x):
-                v = (sqrt_lam.transpose(-1, -2) @ self._flat_jacobian(jac)).flatten(0, 1)
-                h_data += v.T @ v
-        evals, evecs = torch.linalg.eigh(_wide(0.5 * (h_data + h_data.T)))
-        self._eig = (evals.clamp(min=0), evecs)
+            return jacrev(jacrev(total_nll))(flat).detach()  # reverse-over-reverse: no forward-AD warnings
+        h_data = torch.zeros(self.num_params, self.num_params, dtype=x.dtype, device=x.device)
+        for jac, sqrt_lam in self._ggn_terms(x):
+            v = (sqrt_lam.transpose(-1, -2) @ self._flat_jacobian(jac)).flatten(0, 1)
+            h_data += v.T @ v
+        return h_data
 
-    def _fit_diag(self, x: Tensor) -> None:
+    def _curvature_diag(self, x: Tensor) -> Tensor:
         diag = torch.zeros(self.num_params, dtype=x.dtype, device=x.device)
         for jac, sqrt_lam in self._ggn_terms(x):
             v = sqrt_lam.transpose(-1, -2) @ self._flat_jacobian(jac)
             diag += v.pow(2).sum((0, 1))
-        self._eig = (_wide(diag.clamp(min=0)),)
+        return diag
 
-    def _fit_kron(self, x: Tensor) -> None:
+    def _kron_factors(self, x: Tensor) -> dict[str, Tensor]:
+        """``A:<layer>`` (sum of input outer products) and ``G:<layer>`` (sum, not yet divided by N)."""
         inputs: dict[str, Tensor] = {}
         hooks = [
             module.register_forward_hook(lambda mod, args, out, key=prefix: inputs.__setitem__(key, args[0].detach()))
@@ -326,16 +381,13 @@ class Laplace(BaselineMethod):
                 # d f / d bias = d f / d pre-activation of the layer: B_n, shape (N, K, out).
                 v = sqrt_lam.transpose(-1, -2) @ jac[_join(prefix, "bias")]
                 g_factors[prefix] = g_factors[prefix] + _wide(torch.einsum("nko,nkp->op", v, v))
-        self._kron = []
-        for prefix, module in self._layers:
+        factors = {}
+        for prefix, _ in self._layers:
             a = inputs[prefix].reshape(n, -1)
             a = torch.cat([a, torch.ones_like(a[:, :1])], -1)
-            a_factor = _wide(a.T @ a)
-            g_factor = g_factors[prefix] / n
-            eval_a, evec_a = torch.linalg.eigh(0.5 * (a_factor + a_factor.T))
-            eval_g, evec_g = torch.linalg.eigh(0.5 * (g_factor + g_factor.T))
-            self._kron.append((prefix, eval_g.clamp(min=0), evec_g, eval_a.clamp(min=0), evec_a))
-        self._eig = (torch.cat([torch.outer(eg, ea).reshape(-1) for _, eg, _, ea, _ in self._kron]),)
+            factors[f"A:{prefix}"] = _wide(a.T @ a)
+            factors[f"G:{prefix}"] = g_factors[prefix]
+        return factors
 
     # ------------------------------------------------------------------ evidence
     def _data_eigenvalues(self) -> Tensor:
@@ -421,7 +473,7 @@ class Laplace(BaselineMethod):
 
     def predict(
         self,
-        x: Tensor,
+        x,
         *,
         pred_type: str = "glm",
         link_approx: str = "probit",
@@ -429,6 +481,9 @@ class Laplace(BaselineMethod):
     ) -> Prediction:
         """The predictive distribution.
 
+        :param x: inputs ``(N, ...)`` or a loader (its batches' ``x`` are used, one batch at a time on
+            the network's device). Sampled predictives draw their ``S`` weights once for all batches,
+            so a loader gives the same prediction as the concatenated tensors.
         :param str pred_type: ``"glm"`` (linearised network) or ``"nn"`` (sampled weights).
         :param str link_approx: for ``"glm"``: ``"probit"`` (closed form, ``S = 1``; for the Gaussian
             likelihood the mean's variance is added to the noise variance) or ``"mc"`` (``S`` weight draws
@@ -436,34 +491,44 @@ class Laplace(BaselineMethod):
         :param int num_samples: ``S`` for Monte Carlo predictives.
         """
         self._check_fitted()
-        _check_data(x, None, self.likelihood)
+        _is_loader_arg(x)
         if pred_type not in ("glm", "nn"):
             raise ValueError(f"pred_type must be 'glm' or 'nn', got {pred_type!r}")
         if link_approx not in ("probit", "mc"):
             raise ValueError(f"link_approx must be 'probit' or 'mc', got {link_approx!r}")
-        if not isinstance(num_samples, int) or num_samples < 1:
+        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
+        device, dtype = _module_device_dtype(self.net)
+        batches = _iter_inputs(x, device, dtype, self.likelihood)
         if pred_type == "nn":
             samples = self.sample_weights(num_samples)
             with torch.no_grad():
-                outputs = torch.stack(
-                    [self._outputs({k: v[s] for k, v in samples.items()}, x) for s in range(num_samples)]
-                )
+                outputs = torch.cat([
+                    torch.stack([self._outputs({k: v[s] for k, v in samples.items()}, xb) for s in range(num_samples)])
+                    for xb in batches
+                ], 1)
             return outputs_to_prediction(outputs, self.likelihood)
-        with torch.no_grad():
-            mean = self._outputs(self._theta_hat, x)
         if link_approx == "probit":
-            var = self.functional_covariance(x).diagonal(dim1=-2, dim2=-1)
+            means, variances = [], []
+            for xb in batches:
+                with torch.no_grad():
+                    means.append(self._outputs(self._theta_hat, xb))
+                variances.append(self.functional_covariance(xb).diagonal(dim1=-2, dim2=-1))
+            mean, var = torch.cat(means), torch.cat(variances)
             if self.likelihood == "categorical":
                 return ClassificationPrediction((mean / torch.sqrt(1 + math.pi / 8 * var)).softmax(-1).unsqueeze(0))
             loc, log_var = mean.unbind(-1)
             return RegressionPrediction(loc.unsqueeze(0), torch.sqrt(torch.exp(log_var) + var[..., 0]).unsqueeze(0))
-        return outputs_to_prediction(self._linearised_samples(x, mean, num_samples), self.likelihood)
+        draws = self.sample_weights(num_samples)
+        outputs = torch.cat([self._linearised_samples(xb, draws) for xb in batches], 1)
+        return outputs_to_prediction(outputs, self.likelihood)
 
-    def _linearised_samples(self, x: Tensor, mean: Tensor, num_samples: int) -> Tensor:
+    def _linearised_samples(self, x: Tensor, draws: dict[str, Tensor]) -> Tensor:
         """Outputs of the linearised network :math:`f_{\\hat w}(x) + J(x)(w_s - \\hat w)` for weight draws
         :math:`w_s`, shape ``(S, N, K)``; the same draws for every input, so each sample is a smooth function."""
-        draws = self.sample_weights(num_samples)
+        with torch.no_grad():
+            mean = self._outputs(self._theta_hat, x)
+        num_samples = next(iter(draws.values())).shape[0]
         outputs = mean.expand(num_samples, *mean.shape).clone()
         for chunk in self._chunks(x.shape[0]):
             jac = self._jacobian(x[chunk])
@@ -472,3 +537,64 @@ class Laplace(BaselineMethod):
                     delta = (draws[name] - self._theta_hat[name]).flatten(1)
                     outputs[:, chunk] += torch.einsum("nkp,sp->snk", jac[name].flatten(2), delta)
         return outputs
+
+    # ------------------------------------------------------------------ checkpoints
+    def _fitted_state(self) -> dict:
+        from pyro_sdebnn.infer.checkpoint import detached
+
+        state = {
+            "config": {"subset": self.subset, "hessian_structure": self.hessian_structure, "curvature": self.curvature},
+            "net": detached(self.net.state_dict()),
+            "fitted": self._fitted,
+            "prior_precision": None if self.prior_precision is None else float(self.prior_precision),
+        }
+        if self._fitted:
+            state["posterior"] = {
+                "log_likelihood": detached(self._log_likelihood),
+                "num_outputs": self._num_outputs,
+                "eig": [detached(t) for t in self._eig],
+                "kron": [[prefix] + [detached(t) for t in rest] for prefix, *rest in getattr(self, "_kron", [])],
+            }
+        return state
+
+    def _prepare_load(self, state: dict):
+        from pyro_sdebnn.infer.checkpoint import check_tensors
+
+        config = {"subset": self.subset, "hessian_structure": self.hessian_structure, "curvature": self.curvature}
+        if state.get("config") != config:
+            raise ValueError(f"the checkpoint is of a Laplace with {state.get('config')}, this one has {config}")
+        check_tensors(state.get("net"), self.net.state_dict(), "network weights")
+        prior = state.get("prior_precision")
+        if prior is not None and not (isinstance(prior, float) and prior > 0):
+            raise ValueError(f"the checkpoint's prior_precision must be a positive float or None, got {prior!r}")
+        fitted = state.get("fitted")
+        posterior = state.get("posterior")
+        if fitted not in (True, False) or (fitted and not isinstance(posterior, dict)):
+            raise ValueError("the checkpoint's Laplace posterior is missing or malformed")
+        if fitted:
+            eig, kron = posterior.get("eig"), posterior.get("kron")
+            num_params = sum(self.net.get_parameter(name).numel() for name in self._names)
+            if (not isinstance(eig, list) or not eig or not all(isinstance(t, Tensor) for t in eig)
+                    or eig[0].shape != (num_params,) or not isinstance(kron, list)
+                    or not isinstance(posterior.get("num_outputs"), int)
+                    or not isinstance(posterior.get("log_likelihood"), Tensor)):
+                raise ValueError(f"the checkpoint's Laplace posterior does not fit this network ({num_params} weights)")
+            if self.hessian_structure == "kron" and [entry[0] if isinstance(entry, list) and entry else None
+                                                     for entry in kron] != [prefix for prefix, _ in self._layers]:
+                raise ValueError("the checkpoint's Kronecker factors do not match this network's layers")
+
+        def apply():
+            self.net.load_state_dict(state["net"])
+            self.prior_precision = prior
+            self._fitted = fitted
+            if fitted:
+                self.net.eval()
+                self._theta_hat = self._theta()
+                self._frozen = {n: p.detach() for n, p in self.net.named_parameters() if n not in self._theta_hat}
+                self._frozen.update(dict(self.net.named_buffers()))
+                self._log_likelihood = posterior["log_likelihood"]
+                self._num_outputs = posterior["num_outputs"]
+                self._eig = tuple(posterior["eig"])
+                self._kron = [tuple(entry) for entry in posterior["kron"]]
+
+        return apply

@@ -22,10 +22,13 @@ from torch import Tensor, nn
 
 from pyro_sdebnn.infer.methods import (
     BaselineMethod,
-    _check_data,
     _dropout_layers,
+    _first_inputs,
+    _is_loader_arg,
+    _iter_inputs,
+    _module_device_dtype,
+    _train_network,
     register_method,
-    train_network,
 )
 
 __all__ = ["MCDropout"]
@@ -70,8 +73,8 @@ class MCDropout(BaselineMethod):
 
     def fit(
         self,
-        x: Tensor,
-        y: Tensor,
+        x,
+        y: Tensor | None = None,
         *,
         num_epochs: int = 200,
         lr: float = 1e-2,
@@ -82,15 +85,25 @@ class MCDropout(BaselineMethod):
         scheduler_step: str = "epoch",
         clip_norm: float | None = None,
         clip_inf_norm: float | None = None,
+        resume: bool = False,
     ) -> "MCDropout":
         """Train with dropout active (Adam, mean NLL, weight decay); returns ``self``.
 
+        ``x`` is the inputs ``(N, ...)`` with targets ``y``, or a loader of ``(x, y)`` batches (``y``
+        omitted, ``batch_size`` unused; an epoch is one pass over the loader).
         ``scheduler``, ``scheduler_step``, ``clip_norm`` and ``clip_inf_norm`` are those of
         :func:`~pyro_sdebnn.infer.methods.train_network`: a callable ``optimizer -> lr_scheduler``
         stepped per epoch or per step, and clipping of the whole gradient,
         :math:`g \\leftarrow g \\min(1, c/\\|g\\|_2)` and :math:`g \\leftarrow g \\min(1, c/\\|g\\|_\\infty)`.
+        The loss of every epoch is appended to ``losses``.
+
+        :param bool resume: continue the last (or a loaded) run: Adam's and the scheduler's state and
+            torch's random state are restored, so ``fit(num_epochs=k)`` then ``fit(num_epochs=K - k,
+            resume=True)`` (with the same other arguments) equals ``fit(num_epochs=K)``.
         """
-        train_network(
+        loader = x if _is_loader_arg(x) else None
+        state = self._resume_state(resume, loader)
+        history, trainer_state = _train_network(
             self.net,
             x,
             y,
@@ -105,19 +118,82 @@ class MCDropout(BaselineMethod):
             scheduler_step=scheduler_step,
             clip_norm=clip_norm,
             clip_inf_norm=clip_inf_norm,
+            state=None if state is None else state["trainer"],
         )
+        self.losses.extend(history)
+        self._end_fit(loader, trainer=trainer_state)
         return self
 
     @torch.no_grad()
-    def predict_outputs(self, x: Tensor, num_samples: int | None = None) -> Tensor:
-        """Raw outputs under ``T`` dropout masks, shape ``(T, N, C)``; other layers in eval mode."""
-        _check_data(x, None, self.likelihood)
+    def predict_outputs(self, x, num_samples: int | None = None) -> Tensor:
+        """Raw outputs under ``T`` dropout masks, shape ``(T, N, C)``; other layers in eval mode.
+
+        Each of the ``T`` samples is one thinned network :math:`\\hat M \\operatorname{diag}(b_t)`: its
+        masks :math:`b_t` are drawn once and shared by every input (and every batch of a loader ``x``),
+        so predictions over a loader equal those on the concatenated tensors. ``nn.Dropout`` masks a
+        layer's features, ``nn.Dropout1d/2d/3d`` its channels.
+        """
         num_samples = self.num_samples if num_samples is None else num_samples
+        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+            raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
+        device, dtype = _module_device_dtype(self.net)
+        masks: list[dict[int, Tensor]] = [{} for _ in range(num_samples)]
+        current: list[dict[int, Tensor]] = [masks[0]]
+
+        def apply_mask(layer, args, output):
+            return _shared_mask_dropout(layer, args[0], current[0])
+
         was_training = self.net.training
-        self.net.eval()
-        for layer in self.dropout_layers:
-            layer.train()
+        self.net.eval()  # every dropout layer too: the hooks apply the shared masks
+        hooks = [layer.register_forward_hook(apply_mask) for layer in self.dropout_layers]
         try:
-            return torch.stack([self.net(x) for _ in range(num_samples)])
+            # Draw every mask first (one forward pass of one input per sample), before a loader's
+            # iteration draws its seeds: the masks are then those the concatenated tensors would get.
+            first = _first_inputs(x, device, dtype, self.likelihood)[:1]
+            for t in range(num_samples):
+                current[0] = masks[t]
+                self.net(first)
+            chunks = []
+            for xb in _iter_inputs(x, device, dtype, self.likelihood):
+                outs = []
+                for t in range(num_samples):
+                    current[0] = masks[t]
+                    outs.append(self.net(xb))
+                chunks.append(torch.stack(outs))
+            return torch.cat(chunks, 1)
         finally:
+            for hook in hooks:
+                hook.remove()
             self.net.train(was_training)
+
+    def _fitted_state(self) -> dict:
+        from pyro_sdebnn.infer.checkpoint import detached
+
+        return {"net": detached(self.net.state_dict()), "num_samples": self.num_samples}
+
+    def _prepare_load(self, state: dict):
+        from pyro_sdebnn.infer.checkpoint import check_tensors
+
+        check_tensors(state.get("net"), self.net.state_dict(), "network weights")
+        return lambda: self.net.load_state_dict(state["net"])
+
+
+def _shared_mask_dropout(layer: nn.Module, inputs: Tensor, masks: dict[int, Tensor]) -> Tensor:
+    """``inputs`` times the mask of ``layer`` kept in ``masks`` (drawn at the first call), over ``1 - p``.
+
+    The mask has the shape of one example (``nn.Dropout``) or one weight per channel
+    (``nn.Dropout1d/2d/3d``), so every input of every batch is thinned the same way.
+    """
+    key = id(layer)
+    if key not in masks:
+        if isinstance(layer, nn.Dropout):
+            shape = inputs.shape[1:]
+        elif isinstance(layer, (nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)):
+            shape = (inputs.shape[1],) + (1,) * (inputs.dim() - 2)
+        else:
+            raise TypeError(
+                f"MC-dropout prediction supports nn.Dropout and nn.Dropout1d/2d/3d layers, got {type(layer).__name__}"
+            )
+        keep = 1.0 - layer.p
+        masks[key] = torch.bernoulli(torch.full(shape, keep, dtype=inputs.dtype, device=inputs.device)) / keep
+    return inputs * masks[key]

@@ -17,6 +17,13 @@ A baseline wraps a network (or, for ensembles, a zero-argument network factory) 
 posterior samples (dropout masks, ensemble members, ...). :data:`METHODS` maps a short name to each
 class, so benchmarks can loop over them.
 
+``fit`` and ``predict`` also take a loader in place of the tensors (any iterable of ``(x, y)`` batches
+whose ``dataset`` has a length, e.g. a :class:`torch.utils.data.DataLoader`; ``y`` omitted): an epoch is
+one pass over it, batches go to the model's device one at a time, and predictions over a loader equal
+those on the concatenated tensors. Every method has ``save(path)`` / ``load(path)`` and
+``state_dict()`` / ``load_state_dict(sd)`` (see :mod:`pyro_sdebnn.infer.checkpoint`), and
+``fit(..., resume=True)`` continues an interrupted run exactly.
+
 **References**
 
 1. B. Lakshminarayanan, A. Pritzel, C. Blundell (2017), *Simple and scalable predictive uncertainty
@@ -188,11 +195,193 @@ def _minibatches(n: int, batch_size: int, device: torch.device, generator=None) 
         yield perm[start : start + batch_size]
 
 
+def _is_loader_arg(x, name: str = "x") -> bool:
+    """:func:`~pyro_sdebnn.data.loaders.is_loader` with an error naming the argument."""
+    from pyro_sdebnn.data.loaders import is_loader
+
+    try:
+        if hasattr(x, "__array__") and not isinstance(x, Tensor):  # a NumPy array is iterable, yet no loader
+            raise TypeError
+        return is_loader(x)
+    except TypeError:
+        raise TypeError(
+            f"{name} must be a torch.Tensor or a loader (an iterable of (x, y) batches whose dataset has a "
+            f"length, e.g. torch.utils.data.DataLoader), got {type(x).__name__}"
+        ) from None
+
+
+def _module_device_dtype(module: nn.Module) -> tuple[torch.device, torch.dtype]:
+    """Device and floating-point dtype of a module's first parameter (where every batch goes)."""
+    param = next(module.parameters(), None)
+    if param is None:
+        return torch.device("cpu"), torch.get_default_dtype()
+    return param.device, param.dtype
+
+
+class _TrainingData:
+    """The training data of ``fit``: tensors ``(x, y)`` or a loader, read one epoch at a time.
+
+    Tensors are split into random minibatches of ``batch_size`` (a fresh ``torch.randperm`` per epoch,
+    from torch's global generator); a loader is read as it is (an epoch is one pass over it, its own
+    batch size and order), every batch moved to the model's device one at a time.
+    """
+
+    def __init__(self, x, y, likelihood: str, batch_size: int | None) -> None:
+        self.likelihood = likelihood
+        if _is_loader_arg(x):
+            from pyro_sdebnn.data.loaders import dataset_size
+
+            if y is not None:
+                raise TypeError("y must be omitted when x is a loader: the loader yields the (x, y) batches")
+            self.loader, self.x, self.y = x, None, None
+            self.n = dataset_size(x)
+            self.batch_size = self.n
+        else:
+            if y is None:
+                raise TypeError("y is required when x is a tensor (or pass a loader of (x, y) batches as x)")
+            _check_data(x, y, likelihood)
+            self.loader, self.x, self.y = None, x, y
+            self.n = x.shape[0]
+            self.batch_size = self.n if batch_size is None else batch_size
+
+    @property
+    def is_loader(self) -> bool:
+        return self.loader is not None
+
+    def batches(self, device=None, dtype=None) -> Iterator[tuple[Tensor, Tensor]]:
+        """One epoch of ``(x, y)`` minibatches (loader batches on ``device`` / ``dtype``)."""
+        if self.loader is None:
+            for idx in _minibatches(self.n, int(self.batch_size), self.x.device):
+                yield self.x[idx], self.y[idx]
+            return
+        from pyro_sdebnn.data.loaders import iter_batches
+
+        for xb, yb in iter_batches(self.loader, device, dtype):
+            _check_data(xb, yb, self.likelihood)
+            yield xb, yb
+
+    def first_batch(self, device=None, dtype=None) -> tuple[Tensor, Tensor]:
+        """A batch to read the input shape from (for tensors: the data themselves).
+
+        Reading a loader's first batch draws from torch's global generator (and the loader's own); both
+        are put back afterwards, so peeking changes no later random draw (and a resumed run stays exact).
+        """
+        if self.loader is None:
+            return self.x, self.y
+        from pyro_sdebnn.infer.checkpoint import rng_state, set_rng_state
+
+        state = rng_state(self.loader)
+        try:
+            return next(iter(self.batches(device, dtype)))
+        except StopIteration:
+            raise ValueError("the loader yielded no batch") from None
+        finally:
+            set_rng_state(state, self.loader)
+
+
+def _iter_inputs(x, device=None, dtype=None, likelihood: str | None = None) -> Iterator[Tensor]:
+    """The inputs to predict on: ``x`` itself (a tensor) or the ``x`` of every batch of a loader."""
+    if not _is_loader_arg(x):
+        _check_data(x, None, likelihood or "categorical")
+        yield x
+        return
+    from pyro_sdebnn.data.loaders import iter_batches
+
+    for xb, _ in iter_batches(x, device, dtype, with_targets=False):
+        _check_data(xb, None, likelihood or "categorical")
+        yield xb
+
+
+def _first_inputs(x, device=None, dtype=None, likelihood: str | None = None) -> Tensor:
+    """The first inputs ``_iter_inputs`` yields, read without changing any random state."""
+    if not _is_loader_arg(x):
+        return next(_iter_inputs(x, device, dtype, likelihood))
+    from pyro_sdebnn.infer.checkpoint import rng_state, set_rng_state
+
+    state = rng_state(x)
+    try:
+        return next(_iter_inputs(x, device, dtype, likelihood))
+    except StopIteration:
+        raise ValueError("the loader yielded no batch") from None
+    finally:
+        set_rng_state(state, x)
+
+
+class _NetworkTrainer:
+    """Adam (with weight decay), an optional scheduler and clipping for one network, one epoch at a time.
+
+    :param state: a ``state_dict()`` of an interrupted run: the optimiser (and scheduler) continue from it.
+    """
+
+    def __init__(self, net: nn.Module, likelihood: str, *, lr: float, weight_decay: float, scheduler=None,
+                 scheduler_step: str = "epoch", clip_norm=None, clip_inf_norm=None, desc: str = "train",
+                 state: dict | None = None) -> None:
+        from pyro_sdebnn.infer._training import SchedulerStepper, make_torch_scheduler
+
+        self.net, self.likelihood, self.lr, self.desc = net, likelihood, lr, desc
+        self.clip_norm, self.clip_inf_norm = clip_norm, clip_inf_norm
+        self.scheduler_step = scheduler_step
+        self.optimizer = torch.optim.Adam(net.parameters(), lr=lr, weight_decay=weight_decay)
+        self.stepper = SchedulerStepper(make_torch_scheduler(scheduler, self.optimizer), scheduler_step)
+        if state is not None:
+            load_optimizer_state(self.optimizer, self.stepper.scheduler, state)
+
+    def run_epoch(self, data: _TrainingData, epoch: int) -> float:
+        """One pass over ``data``; returns the mean loss per data point (checked to be finite)."""
+        from pyro_sdebnn.infer._training import clip_gradients
+
+        net, optimizer, stepper = self.net, self.optimizer, self.stepper
+        clipping = self.clip_norm is not None or self.clip_inf_norm is not None
+        device, dtype = _module_device_dtype(net)
+        net.train()
+        total = None
+        for xb, yb in data.batches(device, dtype):
+            loss = negative_log_likelihood_terms(net(xb), yb, self.likelihood).mean()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if clipping:
+                clip_gradients(net.parameters(), self.clip_norm, self.clip_inf_norm)
+            optimizer.step()
+            if stepper.scheduler is not None and self.scheduler_step == "step":
+                stepper.after_step(float(loss.detach()))
+            term = loss.detach().double() * xb.shape[0]
+            total = term if total is None else total + term
+        if total is None:
+            raise ValueError("the loader yielded no batch in an epoch")
+        mean_loss = float(total) / data.n
+        _check_finite(mean_loss, desc=self.desc, epoch=epoch, lr=self.lr)
+        stepper.after_epoch(mean_loss)
+        return mean_loss
+
+    def state_dict(self) -> dict:
+        from pyro_sdebnn.infer.checkpoint import detached
+
+        scheduler = self.stepper.scheduler
+        return {
+            "optimizer": detached(self.optimizer.state_dict()),
+            "scheduler": None if scheduler is None else detached(scheduler.state_dict()),
+        }
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, scheduler, state: dict) -> None:
+    """Load a ``_NetworkTrainer.state_dict()`` into a freshly built optimiser (and scheduler)."""
+    from pyro_sdebnn.infer.checkpoint import detached
+
+    try:
+        optimizer.load_state_dict(detached(state["optimizer"]))
+    except (KeyError, ValueError, TypeError) as err:
+        raise ValueError(f"the saved optimiser state does not fit this network: {err}") from None
+    if scheduler is not None:
+        if state.get("scheduler") is None:
+            raise ValueError("resume with a scheduler, but the interrupted run had none")
+        scheduler.load_state_dict(detached(state["scheduler"]))
+
+
 def train_network(
     net: nn.Module,
-    x: Tensor,
-    y: Tensor,
-    likelihood: str,
+    x,
+    y: Tensor | None = None,
+    likelihood: str | None = None,
     *,
     num_epochs: int = 200,
     lr: float = 1e-2,
@@ -219,9 +408,12 @@ def train_network(
     1. D. J. C. MacKay (1992), *A practical Bayesian framework for backpropagation networks*,
        Neural Computation 4(3).
 
+    :param x: inputs ``(N, ...)`` with targets ``y``, or a loader of ``(x, y)`` batches (then ``y`` is
+        omitted, ``batch_size`` unused, and an epoch is one pass over the loader; every batch goes to
+        the network's device and dtype one at a time).
     :param scheduler: ``None`` or a callable ``optimizer -> torch.optim.lr_scheduler`` object, e.g.
-        ``lambda opt: torch.optim.lr_scheduler.MultiStepLR(opt, [100, 150], gamma=0.1)``, applied to the
-        Adam optimiser (``ReduceLROnPlateau`` gets the mean loss of the epoch, or of the step).
+        ``lambda opt: torch.optim.lr_scheduler.MultiStepLR(opt, [100, 150])`` (``ReduceLROnPlateau``
+        is stepped with the epoch's mean loss).
     :param str scheduler_step: ``"epoch"`` (step the scheduler after every epoch) or ``"step"`` (after
         every minibatch).
     :param clip_norm: clip the whole gradient (all parameters together) by its :math:`L_2` norm,
@@ -230,36 +422,32 @@ def train_network(
         :math:`g \\leftarrow g \\min(1, c/\\|g\\|_\\infty)` (after ``clip_norm`` when both are given).
     :returns: the mean training loss of every epoch.
     """
-    from pyro_sdebnn.infer._training import SchedulerStepper, check_clip, clip_gradients, make_torch_scheduler
+    history, _ = _train_network(
+        net, x, y, likelihood, num_epochs=num_epochs, lr=lr, batch_size=batch_size, weight_decay=weight_decay,
+        progress=progress, desc=desc, scheduler=scheduler, scheduler_step=scheduler_step, clip_norm=clip_norm,
+        clip_inf_norm=clip_inf_norm,
+    )
+    return history
+
+
+def _train_network(net, x, y, likelihood, *, num_epochs, lr, batch_size, weight_decay, progress=False,
+                   desc="train", scheduler=None, scheduler_step="epoch", clip_norm=None, clip_inf_norm=None,
+                   state: dict | None = None) -> tuple[list[float], dict]:
+    """:func:`train_network` that can resume from a trainer ``state``; returns the history and the new state."""
+    from pyro_sdebnn.infer._training import SchedulerStepper, check_clip
 
     _check_likelihood(likelihood)
-    _check_data(x, y, likelihood)
-    n = x.shape[0]
-    batch_size = _check_fit_args(n, num_epochs=num_epochs, lr=lr, batch_size=batch_size, weight_decay=weight_decay)
+    data = _TrainingData(x, y, likelihood, batch_size)
+    _check_fit_args(data.n, num_epochs=num_epochs, lr=lr, batch_size=batch_size, weight_decay=weight_decay)
     clip_norm, clip_inf_norm = check_clip(clip_norm, clip_inf_norm)
     SchedulerStepper(None, scheduler_step)  # validates scheduler_step before any work
-    optimizer = torch.optim.Adam(net.parameters(), lr=lr, weight_decay=weight_decay)
-    stepper = SchedulerStepper(make_torch_scheduler(scheduler, optimizer), scheduler_step)
-    clipping = clip_norm is not None or clip_inf_norm is not None
+    trainer = _NetworkTrainer(
+        net, likelihood, lr=lr, weight_decay=weight_decay, scheduler=scheduler, scheduler_step=scheduler_step,
+        clip_norm=clip_norm, clip_inf_norm=clip_inf_norm, desc=desc, state=state,
+    )
     net.train()
-    history: list[float] = []
-    for epoch in _epochs(num_epochs, progress, desc):
-        total = torch.zeros((), device=x.device, dtype=torch.float64)
-        for idx in _minibatches(n, batch_size, x.device):
-            loss = negative_log_likelihood_terms(net(x[idx]), y[idx], likelihood).mean()
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if clipping:
-                clip_gradients(net.parameters(), clip_norm, clip_inf_norm)
-            optimizer.step()
-            if stepper.scheduler is not None and scheduler_step == "step":
-                stepper.after_step(float(loss.detach()))
-            total = total + loss.detach().double() * idx.numel()
-        mean_loss = float(total) / n
-        _check_finite(mean_loss, desc=desc, epoch=epoch, lr=lr)
-        history.append(mean_loss)
-        stepper.after_epoch(mean_loss)
-    return history
+    history = [trainer.run_epoch(data, epoch) for epoch in _epochs(num_epochs, progress, desc)]
+    return history, trainer.state_dict()
 
 
 class BaselineMethod:
@@ -282,9 +470,104 @@ class BaselineMethod:
 
     def __init__(self, likelihood: str) -> None:
         self.likelihood = _check_likelihood(likelihood)
+        self.losses: list[float] = []
+        self._train_state: dict | None = None
 
-    def fit(self, x: Tensor, y: Tensor, **kwargs) -> "BaselineMethod":  # pragma: no cover - interface
+    def fit(self, x, y: Tensor | None = None, **kwargs) -> "BaselineMethod":  # pragma: no cover - interface
         raise NotImplementedError
+
+    # ------------------------------------------------------------------ resume and checkpoints
+    @property
+    def epoch(self) -> int:
+        """The number of training epochs run so far (over every call of ``fit``)."""
+        return len(self.losses)
+
+    def _resume_state(self, resume: bool, loader=None) -> dict | None:
+        """For ``fit(..., resume=True)``: the saved training state, with torch's random state restored."""
+        from pyro_sdebnn.infer.checkpoint import set_rng_state
+
+        if not isinstance(resume, bool):
+            raise TypeError(f"resume must be True or False, got {resume!r}")
+        if not resume:
+            return None
+        if self._train_state is None:
+            raise ValueError("resume=True continues an interrupted run: call fit(...) or load(path) first")
+        set_rng_state(self._train_state["rng"], loader)
+        return self._train_state
+
+    def _end_fit(self, loader=None, **training) -> None:
+        """Keep what a resumed ``fit`` needs: ``training`` (optimiser states...) and the random state now."""
+        from pyro_sdebnn.infer.checkpoint import rng_state
+
+        self._train_state = {**training, "rng": rng_state(loader)}
+
+    def _fitted_state(self) -> dict:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def _prepare_load(self, state: dict) -> Callable[[], None]:  # pragma: no cover - interface
+        """Validate the method-specific part of ``state``; return a function that applies it (cannot fail)."""
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        """Everything needed to predict with, and to resume training of, this method (tensors and plain
+        containers only, so ``torch.load(path, weights_only=True)`` reads it).
+
+        Holds the fitted state (network weights, guide parameters, curvature...), the loss of every epoch
+        (``losses``; their number is the epoch reached) and the training state of the last ``fit``:
+        optimiser and scheduler states and torch's random state at its end.
+        """
+        from pyro_sdebnn.infer.checkpoint import CHECKPOINT_FORMAT, detached
+
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "method": type(self).__name__,
+            "likelihood": self.likelihood,
+            "epoch": self.epoch,
+            "losses": [float(v) for v in self.losses],
+            "training": detached(self._train_state),
+            **self._fitted_state(),
+        }
+
+    def load_state_dict(self, state: dict) -> "BaselineMethod":
+        """Load a :meth:`state_dict` of the same method and model.
+
+        :raises ValueError: if ``state`` is of another method, likelihood or network (parameter names or
+            shapes); nothing is changed then.
+        """
+        from pyro_sdebnn.infer.checkpoint import check_header, detached
+
+        check_header(state, type(self).__name__)
+        if state.get("likelihood") != self.likelihood:
+            raise ValueError(
+                f"the checkpoint's likelihood is {state.get('likelihood')!r}, this method's {self.likelihood!r}"
+            )
+        losses = state.get("losses")
+        if not isinstance(losses, list) or not all(isinstance(v, float) for v in losses):
+            raise ValueError("the checkpoint's losses must be a list of floats")
+        training = state.get("training")
+        if training is not None and not (isinstance(training, dict) and isinstance(training.get("rng"), dict)):
+            raise ValueError("the checkpoint's training state is malformed")
+        apply = self._prepare_load(state)
+        apply()
+        self.losses = list(losses)
+        self._train_state = detached(training)
+        return self
+
+    def save(self, path) -> None:
+        """Write :meth:`state_dict` to ``path`` (``torch.load(path, weights_only=True)`` reads it back)."""
+        from pyro_sdebnn.infer.checkpoint import save_checkpoint
+
+        save_checkpoint(self.state_dict(), path)
+
+    def load(self, path, map_location=None) -> "BaselineMethod":
+        """Load a checkpoint written by :meth:`save` into this (freshly constructed) method; returns ``self``.
+
+        :raises ValueError: for a truncated or corrupted file, or a checkpoint of another method or model
+            (the method is left unchanged).
+        """
+        from pyro_sdebnn.infer.checkpoint import load_checkpoint
+
+        return self.load_state_dict(load_checkpoint(path, map_location))
 
     def predict_outputs(self, x: Tensor, *args, **kwargs) -> Tensor:  # pragma: no cover - interface
         raise NotImplementedError

@@ -28,17 +28,20 @@ import math
 import pyro
 import pyro.distributions as dist
 import torch
-from pyro.infer import SVI, Predictive
+from pyro import poutine
+from pyro.infer import SVI
 from pyro.nn import PyroModule, PyroSample
 from torch import Tensor, nn
 
 from pyro_sdebnn.infer.methods import (
     BaselineMethod,
-    _check_data,
     _check_finite,
     _check_fit_args,
     _check_likelihood,
     _epochs,
+    _is_loader_arg,
+    _iter_inputs,
+    _TrainingData,
 )
 
 __all__ = ["PyroBNN", "SVIBaseline"]
@@ -96,18 +99,39 @@ class PyroBNN(PyroModule):
             prior = dist.Normal(loc, torch.full_like(loc, self.prior_scale)).to_event(len(shape))
             setattr(module, leaf, PyroSample(prior))
 
-    def forward(self, x: Tensor, y: Tensor | None = None, *, subsample_size: int | None = None) -> Tensor:
+    def forward(self, x: Tensor, y: Tensor | None = None, *, subsample_size: int | None = None,
+                data_size: int | None = None) -> Tensor:
         """Sample the weights, run the network on a (sub)sample of ``x`` and observe ``y``.
 
-        :param Tensor x: inputs ``(N, ...)`` (the full data; the plate picks the minibatch).
-        :param y: labels ``(N,)`` or ``None`` to sample them.
+        Two ways to train on minibatches, both scaling the likelihood by :math:`N/b` as Pyro's
+        subsampled ``plate`` does:
+
+        * ``model(x, y, subsample_size=b)`` with the full data ``x`` ``(N, ...)``: the plate draws the
+          ``b`` indices of the minibatch;
+        * ``model(x_batch, y_batch, data_size=N)`` with one minibatch (e.g. from a ``DataLoader``):
+          ``pyro.plate("data", N, subsample=torch.arange(b))`` marks the batch as a subsample of a
+          data set of size ``N``.
+
+        :param Tensor x: inputs ``(N, ...)`` (the full data; the plate picks the minibatch), or one
+            minibatch ``(b, ...)`` when ``data_size`` is given.
+        :param y: labels ``(N,)`` (or ``(b,)``) or ``None`` to sample them.
         :param subsample_size: minibatch size ``b`` (``None``: all ``N``).
+        :param data_size: the size :math:`N` of the data set ``x`` is a minibatch of (``None``: ``x`` is
+            the whole data set).
         :returns: the network outputs of the minibatch.
         """
-        plate = pyro.plate("data", x.shape[0], subsample_size=subsample_size, device=x.device)
-        # The plate's indices may also be set from outside (e.g. by an SG-MCMC kernel's minibatching).
-        full = plate.subsample_size == x.shape[0]
-        idx = plate.indices
+        if data_size is not None:
+            if subsample_size is not None:
+                raise ValueError("give either subsample_size (x is the full data) or data_size (x is a minibatch)")
+            if isinstance(data_size, bool) or not isinstance(data_size, int) or data_size < x.shape[0]:
+                raise ValueError(f"data_size must be an integer >= the batch size {x.shape[0]}, got {data_size!r}")
+            plate = pyro.plate("data", data_size, subsample=torch.arange(x.shape[0], device=x.device))
+            full, idx = True, None  # x is the minibatch itself
+        else:
+            plate = pyro.plate("data", x.shape[0], subsample_size=subsample_size, device=x.device)
+            # The plate's indices may also be set from outside (e.g. by an SG-MCMC kernel's minibatching).
+            full = plate.subsample_size == x.shape[0]
+            idx = plate.indices
         x_batch = x if full else x[idx]
         outputs = self.net(x_batch)  # weights sampled here, outside the data plate
         pyro.deterministic("outputs", outputs)
@@ -139,7 +163,7 @@ class SVIBaseline(BaselineMethod):
         self.model = PyroBNN(net, likelihood, prior_scale)
         self.guide = self._make_guide()
         self._store_state: dict | None = None
-        self.losses: list[float] = []
+        self._input_shape: list[int] | None = None  # shape of one input, to rebuild the guide on load
 
     def _make_guide(self):  # pragma: no cover - interface
         raise NotImplementedError
@@ -149,8 +173,8 @@ class SVIBaseline(BaselineMethod):
 
     def fit(
         self,
-        x: Tensor,
-        y: Tensor,
+        x,
+        y: Tensor | None = None,
         *,
         num_epochs: int = 200,
         lr: float = 1e-2,
@@ -162,9 +186,16 @@ class SVIBaseline(BaselineMethod):
         scheduler_step: str = "epoch",
         clip_norm: float | None = None,
         clip_inf_norm: float | None = None,
+        resume: bool = False,
     ) -> "SVIBaseline":
         """Run SVI for ``num_epochs`` passes over the data in minibatches of ``batch_size``.
 
+        :param x: inputs ``(N, ...)`` with targets ``y`` (``ceil(N / batch_size)`` steps per epoch on
+            minibatches drawn by the model's subsampled plate), or a loader of ``(x, y)`` batches
+            (``y`` omitted, ``batch_size`` unused): one step per batch, the model called as
+            ``model(x_batch, y_batch, data_size=N)`` with :math:`N` = ``len(loader.dataset)``, so the
+            likelihood of a batch of size :math:`b` is scaled by :math:`N/b`; batches are moved to the
+            model's device one at a time.
         :param weight_decay: if given, sets the prior to the one weight decay :math:`\\lambda`
             corresponds to, :math:`\\sigma_p^2 = 1/(N\\lambda)`; otherwise the constructor's prior stays.
         :param optim: a Pyro optimiser; default ``pyro.optim.Adam({"lr": lr})`` (``lr`` is then unused).
@@ -176,12 +207,18 @@ class SVIBaseline(BaselineMethod):
             ``clip_args`` clip each parameter tensor separately instead).
         :param clip_inf_norm: clip the whole gradient by its :math:`L_\\infty` norm,
             :math:`g \\leftarrow g \\min(1, c/\\|g\\|_\\infty)` (after ``clip_norm`` when both are given).
+        :param bool resume: continue the last (or a loaded) run: the optimiser's state (Pyro's
+            ``optim.get_state()``) and torch's random state are restored, so ``fit(num_epochs=k)`` then
+            ``fit(num_epochs=K - k, resume=True)`` (same other arguments) equals ``fit(num_epochs=K)``.
+            Without it, a new ``fit`` continues from the current guide parameters with a fresh optimiser.
         :returns: ``self``; the ELBO loss per epoch (per data point) is in :attr:`losses`.
         """
         from pyro_sdebnn.infer._training import SchedulerStepper, check_clip, svi_step
+        from pyro_sdebnn.infer.checkpoint import detached
 
-        _check_data(x, y, self.likelihood)
-        n = x.shape[0]
+        loader = x if _is_loader_arg(x) else None
+        data = _TrainingData(x, y, self.likelihood, batch_size)
+        n = data.n
         if weight_decay is not None and not weight_decay > 0:
             raise ValueError(f"weight_decay must be positive or None, got {weight_decay!r}")
         batch_size = _check_fit_args(n, num_epochs=num_epochs, lr=lr, batch_size=batch_size, weight_decay=weight_decay)
@@ -194,34 +231,123 @@ class SVIBaseline(BaselineMethod):
         optim = pyro.optim.Adam({"lr": lr}) if optim is None else optim
         stepper = SchedulerStepper(optim, scheduler_step)
         elbo = self._make_elbo(num_particles)
+        state = self._resume_state(resume, loader)
+        if state is not None:
+            optim.set_state(detached(state["optim"]))
         if weight_decay is not None:  # only once every argument is valid
             self.model.set_prior_scale(1.0 / math.sqrt(n * weight_decay))
         steps_per_epoch = 1 if batch_size is None else math.ceil(n / batch_size)
+        device = next(iter(self.model.init_values.values())).device
+        dtype = next(iter(self.model.init_values.values())).dtype
+        clip = {"clip_norm": clip_norm, "clip_inf_norm": clip_inf_norm}
         store = pyro.get_param_store()
-        with store.scope(self._store_state) as state:
-            self.guide(x, y, subsample_size=batch_size)  # set up the guide's parameters (also for num_epochs=0)
+        with store.scope(self._store_state) as scope:
+            if self.guide.prototype_trace is None or self._input_shape is None:
+                xb, yb = data.first_batch(device, dtype)  # for a loader: without any random draw
+                self._input_shape = list(xb.shape[1:])
+                if self.guide.prototype_trace is None:  # set up the guide's parameters (also for num_epochs=0)
+                    if loader is None:
+                        self.guide(x, y, subsample_size=batch_size)
+                    else:
+                        self.guide(xb, yb, data_size=n)
             svi = SVI(self.model, self.guide, optim, elbo)
             for epoch in _epochs(num_epochs, progress, type(self).__name__):
-                total = 0.0
-                for _ in range(steps_per_epoch):
-                    step_loss = svi_step(
-                        svi, x, y, subsample_size=batch_size, clip_norm=clip_norm, clip_inf_norm=clip_inf_norm
-                    )
-                    total += step_loss
-                    stepper.after_step(step_loss)
-                loss = total / (steps_per_epoch * n)
+                total, steps = 0.0, 0
+                if loader is None:
+                    for _ in range(steps_per_epoch):
+                        step_loss = svi_step(svi, x, y, subsample_size=batch_size, **clip)
+                        total += step_loss
+                        steps += 1
+                        stepper.after_step(step_loss)
+                else:
+                    for xb, yb in data.batches(device, dtype):
+                        step_loss = svi_step(svi, xb, yb, data_size=n, **clip)
+                        total += step_loss
+                        steps += 1
+                        stepper.after_step(step_loss)
+                loss = total / (max(steps, 1) * n)
                 _check_finite(loss, desc=type(self).__name__, epoch=epoch, lr=lr, what="ELBO loss")
                 self.losses.append(loss)
                 stepper.after_epoch(loss)
-        self._store_state = state
+            optim_state = detached(optim.get_state())
+        self._store_state = scope
+        self._end_fit(loader, optim=optim_state)
         return self
 
+    def _weight_draws(self, num_samples: int) -> list[dict[str, Tensor]]:
+        """``num_samples`` weight draws from the guide (inside this method's parameter-store scope)."""
+        return [{k: v.detach() for k, v in self.guide().items()} for _ in range(num_samples)]
+
     @torch.no_grad()
-    def predict_outputs(self, x: Tensor, num_samples: int = 100) -> Tensor:
-        """Network outputs under ``num_samples`` guide draws, shape ``(S, N, C)``."""
-        _check_data(x, None, self.likelihood)
+    def predict_outputs(self, x, num_samples: int = 100) -> Tensor:
+        """Network outputs under ``num_samples`` guide draws, shape ``(S, N, C)``.
+
+        The ``S`` weight draws are made once and applied to every input, so a loader ``x`` (its
+        batches' inputs, moved to the model's device one at a time) gives the same outputs as the
+        concatenated tensors.
+        """
+        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+            raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
+        _is_loader_arg(x)
+        if self.guide.prototype_trace is None:
+            raise RuntimeError("call fit(...) or load(path) before predicting")
+        ref = next(iter(self.model.init_values.values()))
         with pyro.get_param_store().scope(self._store_state):
-            predictive = Predictive(self.model, guide=self.guide, num_samples=num_samples, return_sites=("outputs",))
-            outputs = predictive(x)["outputs"]
-        # Predictive prepends the (empty) plate dimensions to deterministic sites: (S, 1, N, C).
-        return outputs.reshape(num_samples, *outputs.shape[-2:])
+            draws = self._weight_draws(num_samples)
+            chunks = []
+            for xb in _iter_inputs(x, ref.device, ref.dtype, self.likelihood):
+                outs = []
+                for draw in draws:
+                    with poutine.condition(data=draw):
+                        outs.append(self.model.net(xb))
+                chunks.append(torch.stack(outs))
+        return torch.cat(chunks, 1)
+
+    # ------------------------------------------------------------------ checkpoints
+    def _fitted_state(self) -> dict:
+        if self._store_state is None:
+            raise RuntimeError("call fit(...) before state_dict() or save(path)")
+        params = self._store_state["params"]
+        constraints = self._store_state["constraints"]
+        return {
+            "prior_scale": self.model.prior_scale,
+            "input_shape": list(self._input_shape),
+            "params": {name: value.detach().clone() for name, value in params.items()},
+            "constraints": {name: repr(constraints[name]) for name in params},
+        }
+
+    def _prepare_load(self, state: dict):
+        from pyro_sdebnn.infer.checkpoint import check_tensors
+
+        shape, prior_scale = state.get("input_shape"), state.get("prior_scale")
+        if not isinstance(shape, list) or not all(isinstance(d, int) and d > 0 for d in shape):
+            raise ValueError(f"the checkpoint's input_shape must be a list of positive integers, got {shape!r}")
+        if not isinstance(prior_scale, float) or not prior_scale > 0:
+            raise ValueError(f"the checkpoint's prior_scale must be a positive float, got {prior_scale!r}")
+        saved, saved_constraints = state.get("params"), state.get("constraints")
+        # A fresh guide in a scratch scope: its parameter names, shapes and constraints.
+        guide = self._make_guide()
+        ref = next(iter(self.model.init_values.values()))
+        x = torch.zeros(1, *shape, dtype=ref.dtype, device=ref.device)
+        y = torch.zeros(1, dtype=torch.long if self.likelihood == "categorical" else ref.dtype, device=ref.device)
+        with pyro.get_param_store().scope() as scope:
+            try:
+                guide(x, y, data_size=1)
+            except (RuntimeError, ValueError) as err:
+                raise ValueError(f"the checkpoint's input shape {shape} does not fit this network: {err}") from None
+        fresh = scope["params"]
+        check_tensors(saved, fresh, "guide parameters")
+        expected = {name: repr(scope["constraints"][name]) for name in fresh}
+        if saved_constraints != expected:
+            raise ValueError(
+                f"the checkpoint's guide constraints {saved_constraints} differ from this guide's {expected}"
+            )
+
+        def apply():
+            self.guide = guide
+            self.model.set_prior_scale(prior_scale)
+            self._input_shape = list(shape)
+            params = {name: saved[name].detach().clone().to(fresh[name]).requires_grad_() for name in fresh}
+            self._store_state = {"params": params, "constraints": dict(scope["constraints"])}
+
+        return apply

@@ -1,0 +1,144 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Checkpoints of the baseline methods: plain files that load with ``torch.load(path, weights_only=True)``.
+
+Every fitted baseline (:class:`~pyro_sdebnn.infer.MAPEstimate`, :class:`~pyro_sdebnn.infer.MeanFieldVI`,
+:class:`~pyro_sdebnn.infer.MCDropout`, :class:`~pyro_sdebnn.infer.DeepEnsemble`,
+:class:`~pyro_sdebnn.infer.Laplace`) has ``state_dict()`` / ``load_state_dict(sd)`` and ``save(path)`` /
+``load(path)``. A checkpoint is a dictionary of tensors, numbers, strings, lists and dictionaries only
+(no pickled objects, constraints or closures), holding
+
+* ``"format"`` and ``"method"`` (the class name), checked on load;
+* the fitted state: Pyro guide parameters as *unconstrained* tensors with the names of their constraints
+  (the constraints themselves are rebuilt by the guide), network weights, ensemble members, the Laplace
+  curvature;
+* the training state needed to *resume*: the optimiser (and scheduler) state, the loss of every epoch
+  so far (its length is the epoch reached) and the state of torch's global random number generator
+  (and of any ``torch.Generator`` of the training loader) at the end of the last epoch.
+
+``fit(..., resume=True)`` continues from that state, so ``fit(num_epochs=k)``, ``save``, ``load`` in a
+new object, ``fit(num_epochs=K - k, resume=True)`` ends with the same parameters as ``fit(num_epochs=K)``
+with the same seed (bitwise on CPU).
+
+A file that is not such a checkpoint (truncated, corrupted, another method's or another model's)
+raises ``ValueError`` and leaves the object unchanged.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections import Counter, OrderedDict
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["CHECKPOINT_FORMAT", "load_checkpoint", "save_checkpoint"]
+
+#: Format tag written into every checkpoint of the baselines.
+CHECKPOINT_FORMAT = "pyro_sdebnn.baseline/1"
+
+
+def save_checkpoint(state: dict, path) -> None:
+    """Write ``state`` (a baseline's ``state_dict()``) to ``path`` with :func:`torch.save`."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
+    torch.save(state, path)
+
+
+def load_checkpoint(path, map_location=None) -> dict:
+    """Read a checkpoint written by :func:`save_checkpoint` with ``torch.load(..., weights_only=True)``.
+
+    :raises ValueError: if the file cannot be read as a checkpoint (truncated, corrupted, not a
+        checkpoint of this package).
+    :raises FileNotFoundError: if ``path`` does not exist.
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no checkpoint at {os.fspath(path)!r}")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as err:  # truncated zip, bad pickle, unsupported globals, ...
+        raise ValueError(
+            f"{os.fspath(path)!r} is not a readable checkpoint (truncated or corrupted file?): {err}"
+        ) from None
+    check_header(state, None)
+    return state
+
+
+def check_header(state, method: str | None) -> None:
+    """Check the format tag and, if given, the method name of a checkpoint dictionary."""
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"not a checkpoint of a pyro_sdebnn baseline (expected format {CHECKPOINT_FORMAT!r})")
+    if method is not None and state.get("method") != method:
+        raise ValueError(f"the checkpoint is of a {state.get('method')!r}, not of a {method!r}")
+
+
+def check_tensors(saved, current: dict[str, Tensor], what: str) -> None:
+    """Check that ``saved`` maps the same names to tensors of the same shapes as ``current``."""
+    if not isinstance(saved, dict):
+        raise ValueError(f"the checkpoint's {what} is not a dictionary of tensors")
+    if set(saved) != set(current):
+        missing, extra = sorted(set(current) - set(saved)), sorted(set(saved) - set(current))
+        raise ValueError(f"the checkpoint's {what} do not match this model: missing {missing}, unexpected {extra}")
+    for name, value in current.items():
+        other = saved[name]
+        if not isinstance(other, Tensor) or other.shape != value.shape:
+            shape = tuple(other.shape) if isinstance(other, Tensor) else type(other).__name__
+            raise ValueError(f"the checkpoint's {what} {name!r} has shape {shape}, this model's {tuple(value.shape)}")
+
+
+def detached(obj: Any) -> Any:
+    """A deep copy of a state (tensors detached and cloned), so later training cannot change it."""
+    if isinstance(obj, Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):  # item by item: Counter(pairs) would count the pairs
+        out = Counter() if isinstance(obj, Counter) else OrderedDict() if isinstance(obj, OrderedDict) else {}
+        for key, value in obj.items():
+            out[key] = detached(value)
+        return out
+    if isinstance(obj, list):
+        return [detached(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(detached(v) for v in obj)
+    return copy.deepcopy(obj)
+
+
+def loader_generators(loader) -> list[torch.Generator]:
+    """The distinct ``torch.Generator`` objects a loader shuffles with (``loader.generator``, its samplers')."""
+    found: list[torch.Generator] = []
+    candidates = [
+        getattr(loader, "generator", None),
+        getattr(getattr(loader, "sampler", None), "generator", None),
+        getattr(getattr(getattr(loader, "batch_sampler", None), "sampler", None), "generator", None),
+    ]
+    for gen in candidates:
+        if isinstance(gen, torch.Generator) and all(gen is not g for g in found):
+            found.append(gen)
+    return found
+
+
+def rng_state(loader=None) -> dict:
+    """torch's global generator state (uint8 tensor), the CUDA one if initialised, and the loader's generators."""
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    state["loader"] = [g.get_state() for g in loader_generators(loader)] if loader is not None else []
+    return state
+
+
+def set_rng_state(state: dict, loader=None) -> None:
+    """Restore what ``rng_state`` captured (the loader's generators only if it has as many)."""
+    gens = loader_generators(loader) if loader is not None else []
+    saved = state.get("loader", [])
+    if gens and saved and len(gens) != len(saved):
+        raise ValueError(
+            f"the loader has {len(gens)} torch.Generator(s) but the interrupted run's had {len(saved)}; "
+            "resume with a loader built the same way"
+        )
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    for gen, gen_state in zip(gens, saved):
+        gen.set_state(gen_state)
