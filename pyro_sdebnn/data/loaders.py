@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import Iterable, Iterator
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -33,13 +34,13 @@ __all__ = ["dataset_size", "is_loader", "iter_batches", "move_batch"]
 
 
 def is_loader(data) -> bool:
-    """``True`` for a loader (an iterable that is not a tensor, list, tuple or dict), ``False`` for a tensor.
+    """``True`` for a loader (an iterable that is not a tensor, array, list, tuple or dict), ``False`` for a tensor.
 
     :raises TypeError: for anything else (a list of tensors, a NumPy array, ``None``...).
     """
     if isinstance(data, Tensor):
         return False
-    if isinstance(data, (list, tuple, dict, str, bytes)) or not isinstance(data, Iterable):
+    if isinstance(data, (list, tuple, dict, str, bytes, np.ndarray)) or not isinstance(data, Iterable):
         raise TypeError(
             "data must be a torch.Tensor or a loader (an iterable of (x, y) batches whose dataset has a "
             f"length, e.g. torch.utils.data.DataLoader), got {type(data).__name__}"

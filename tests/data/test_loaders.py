@@ -1,0 +1,60 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The shared DataLoader helpers: loader detection, the data-set size N, batch validation and device moves."""
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+
+from pyro_sdebnn.data import dataset_size, is_loader, iter_batches
+
+
+def _loader(n=10, batch_size=4):
+    return DataLoader(TensorDataset(torch.randn(n, 3), torch.arange(n)), batch_size=batch_size)
+
+
+def test_is_loader_tells_loaders_from_tensors():
+    assert is_loader(_loader()) and not is_loader(torch.zeros(3, 2))
+    for bad in (np.zeros((3, 2)), [torch.zeros(2)], (torch.zeros(2),), None, "x"):
+        with pytest.raises(TypeError, match="data must be a torch.Tensor or a loader"):
+            is_loader(bad)
+
+
+def test_dataset_size_is_the_global_n():
+    assert dataset_size(_loader(n=10)) == 10
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            yield torch.zeros(2), torch.tensor(0)
+
+    with pytest.raises(TypeError, match="must have a `dataset` with a length"):
+        dataset_size(DataLoader(Stream(), batch_size=1))
+    with pytest.raises(TypeError, match="must have a `dataset` with a length"):
+        dataset_size(iter([(torch.zeros(1, 2), torch.zeros(1))]))
+    with pytest.raises(ValueError, match="empty"):
+        dataset_size(DataLoader(TensorDataset(torch.zeros(0, 2)), batch_size=1))
+
+
+def test_iter_batches_moves_dtype_of_inputs_only_and_keeps_order():
+    x, y = torch.randn(10, 3), torch.arange(10)
+    batches = list(iter_batches(DataLoader(TensorDataset(x, y), batch_size=4), "cpu", torch.float64))
+    assert [b[0].shape[0] for b in batches] == [4, 4, 2]
+    assert all(b[0].dtype == torch.float64 and b[1].dtype == torch.int64 for b in batches)
+    assert torch.equal(torch.cat([b[0] for b in batches]), x.double())
+    assert torch.equal(torch.cat([b[1] for b in batches]), y)
+
+
+def test_iter_batches_rejects_bad_batches():
+    with pytest.raises(TypeError, match=r"batch 0 of the loader is a Tensor; every batch must be an \(x, y\) pair"):
+        list(iter_batches([torch.zeros(2, 3)]))
+    with pytest.raises(TypeError, match="of length 3"):
+        list(iter_batches([(torch.zeros(2, 3), torch.zeros(2), torch.zeros(2))]))
+    with pytest.raises(TypeError, match="must be a torch.Tensor"):
+        list(iter_batches([(np.zeros((2, 3)), torch.zeros(2))]))
+    with pytest.raises(ValueError, match="same first"):
+        list(iter_batches([(torch.zeros(2, 3), torch.zeros(3))]))
+    with pytest.raises(ValueError, match="empty"):
+        list(iter_batches([(torch.zeros(0, 3), torch.zeros(0))]))
+    # prediction: x alone is fine
+    (x, y), = iter_batches([torch.ones(2, 3)], with_targets=False)
+    assert y is None and x.shape == (2, 3)
