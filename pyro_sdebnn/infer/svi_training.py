@@ -348,7 +348,7 @@ def train_svi(
     :param clip_norm: clip the whole gradient by its :math:`L_2` norm before every update,
         :math:`g \leftarrow g \min(1, c/\|g\|_2)`.
     :param clip_inf_norm: clip the whole gradient by its :math:`L_\infty` norm (after ``clip_norm``).
-    :param kl_schedule: ``epoch -> kappa`` assigned to ``svi.loss.kl_scale`` at the start of each epoch (for ELBOs
+    :param kl_schedule: ``epoch -> kappa`` assigned to the ELBO's ``kl_scale`` at the start of each epoch (for ELBOs
         with a ``kl_scale``, e.g. :class:`~pyro_sdebnn.infer.TracePathKL_ELBO`, :class:`~pyro_sdebnn.infer.SamplingFree_ELBO`).
     :param bool progress: show a progress bar over epochs.
     :param callback: ``callback(epoch, loss)`` after every epoch (after its checkpoint is written).
@@ -373,8 +373,9 @@ def train_svi(
         if not accepts:
             raise TypeError("num_data was given but the model has no `num_data` parameter to receive it")
     kwargs = {"num_data": n if num_data is None else num_data} if accepts else {}
-    if kl_schedule is not None and not hasattr(svi.loss, "kl_scale"):
-        raise TypeError(f"kl_schedule needs an ELBO with a kl_scale attribute, got {type(svi.loss).__name__}")
+    elbo = getattr(svi.loss_and_grads, "__self__", None)  # SVI keeps the ELBO's bound methods
+    if kl_schedule is not None and not hasattr(elbo, "kl_scale"):
+        raise TypeError(f"kl_schedule needs an ELBO with a kl_scale attribute, got {type(elbo).__name__}")
     clip_norm, clip_inf_norm = check_clip(clip_norm, clip_inf_norm)
     stepper = SchedulerStepper(svi.optim, scheduler_step)
     modules = _find_modules(svi) if modules is None else list(modules)
@@ -406,7 +407,7 @@ def train_svi(
     names: set[str] = set()
     for epoch in trange(start, num_epochs, disable=not progress, desc="train_svi"):
         if kl_schedule is not None:
-            svi.loss.kl_scale = float(kl_schedule(epoch))
+            elbo.kl_scale = float(kl_schedule(epoch))
         total, count = 0.0, 0
         for i, (x, y) in enumerate(batches()):
             loss, seen = _svi_step(svi, (x, y), kwargs, clip_norm, clip_inf_norm, f"epoch {epoch}, batch {i}")
