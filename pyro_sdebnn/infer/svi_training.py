@@ -405,7 +405,7 @@ def train_svi(
         if start > num_epochs:
             raise ValueError(f"resume: the checkpoint is at epoch {start}, past num_epochs={num_epochs}")
     names: set[str] = set()
-    for epoch in trange(start, num_epochs, disable=not progress, desc="train_svi"):
+    for epoch in trange(start, num_epochs, disable=not progress, desc="train_svi", leave=False):
         if kl_schedule is not None:
             elbo.kl_scale = float(kl_schedule(epoch))
         total, count = 0.0, 0
