@@ -168,12 +168,12 @@ def _buffers(modules: Sequence[nn.Module]) -> list[dict]:
 
 
 def _checkpoint_state(svi, names: Sequence[str], modules, epoch: int, losses: list[float], generators) -> dict:
-    store = pyro.get_param_store()
+    params = dict(pyro.get_param_store().named_parameters())  # name -> unconstrained value
     return {
         "format": CHECKPOINT_FORMAT,
         "epoch": int(epoch),
         "losses": [float(v) for v in losses],
-        "params": {name: store._params[name].detach().clone() for name in sorted(names)},
+        "params": {name: params[name].detach().clone() for name in sorted(names)},
         "buffers": _buffers(modules),
         "optim": svi.optim.get_state(),
         "rng": _rng_state(generators),
@@ -191,6 +191,7 @@ def _restore(svi, path, args, kwargs, modules, generators) -> tuple[int, list[fl
         svi.guide(*args, **kwargs)
         svi.model(*args, **kwargs)
     names = {site["name"] for site in capture.trace.nodes.values()}
+    params = dict(store.named_parameters())  # name -> unconstrained value (the tensors themselves)
     try:
         saved = state["params"]
         if set(saved) != names:
@@ -198,11 +199,12 @@ def _restore(svi, path, args, kwargs, modules, generators) -> tuple[int, list[fl
             raise ValueError(f"resume: {str(path)!r} is a checkpoint of another model: parameters missing from it "
                              f"{missing[:5]}, parameters this model does not have {extra[:5]}")
         for name in sorted(names):
-            current = store._params[name]
-            if not isinstance(saved[name], Tensor) or saved[name].shape != current.shape:
-                raise ValueError(f"resume: {str(path)!r} is a checkpoint of another model: parameter {name!r} has "
-                                 f"shape {tuple(getattr(saved[name], 'shape', ()))}, this model "
-                                 f"{tuple(current.shape)}")
+            current = params[name]
+            value = saved[name]
+            if not isinstance(value, Tensor) or value.shape != current.shape or value.dtype != current.dtype:
+                raise ValueError(f"resume: {str(path)!r} is a checkpoint of another model: parameter {name!r} is "
+                                 f"{tuple(getattr(value, 'shape', ()))} {getattr(value, 'dtype', type(value))}, "
+                                 f"in this model {tuple(current.shape)} {current.dtype}")
         buffers = state["buffers"]
         if not isinstance(buffers, list) or len(buffers) != len(modules):
             raise ValueError(f"resume: {str(path)!r} holds the buffers of {len(buffers)} modules, "
@@ -226,7 +228,7 @@ def _restore(svi, path, args, kwargs, modules, generators) -> tuple[int, list[fl
         raise
     with torch.no_grad():
         for name in names:
-            store._params[name].copy_(saved[name])
+            params[name].copy_(saved[name])
         for module, saved_buffers in zip(modules, buffers):
             for name, b in module.named_buffers():
                 b.copy_(saved_buffers[name])
@@ -349,7 +351,8 @@ def train_svi(
         :math:`g \leftarrow g \min(1, c/\|g\|_2)`.
     :param clip_inf_norm: clip the whole gradient by its :math:`L_\infty` norm (after ``clip_norm``).
     :param kl_schedule: ``epoch -> kappa`` assigned to the ELBO's ``kl_scale`` at the start of each epoch (for ELBOs
-        with a ``kl_scale``, e.g. :class:`~pyro_sdebnn.infer.TracePathKL_ELBO`, :class:`~pyro_sdebnn.infer.SamplingFree_ELBO`).
+        with a ``kl_scale``, e.g. :class:`~pyro_sdebnn.infer.TracePathKL_ELBO`,
+        :class:`~pyro_sdebnn.infer.SamplingFree_ELBO`).
     :param bool progress: show a progress bar over epochs.
     :param callback: ``callback(epoch, loss)`` after every epoch (after its checkpoint is written).
     :param checkpoint: write a checkpoint to this path after every epoch.

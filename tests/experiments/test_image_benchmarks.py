@@ -125,7 +125,10 @@ def test_cifar10_and_download_flag_reach_the_loader(tmp_path, monkeypatch, svi_c
     def fake_image_datasets(name, root, *, download=False, augment=True, dtype=torch.float32):
         seen.update(name=name, root=root, download=download)
         g = torch.Generator().manual_seed(0)
-        make = lambda n: TensorDataset(torch.rand(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g))  # noqa: E731,E501
+
+        def make(n):
+            return TensorDataset(torch.rand(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g))
+
         return make(N_TRAIN), make(N_TEST)
 
     monkeypatch.setattr(images, "image_datasets", fake_image_datasets)

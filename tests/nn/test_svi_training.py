@@ -306,3 +306,24 @@ def test_nan_loss_is_a_clear_error_and_keeps_the_parameters():
         train_svi(svi, (x, y_nan), num_epochs=1, batch_size=8, shuffle=False)
     now = _params()
     assert all(torch.isfinite(now[k]).all() for k in now)
+
+
+def test_resume_is_bitwise_with_constrained_guide_parameters(tmp_path):
+    # AutoNormal's scales are positive: the checkpoint holds their unconstrained values
+    x, _ = _data()
+    y = x.sum(-1)
+    path = tmp_path / "auto.pt"
+
+    def run(num_epochs, **kwargs):
+        pyro.clear_param_store()
+        pyro.set_rng_seed(0)
+        svi = SVI(_regression, AutoNormal(_regression), pyro.optim.Adam({"lr": 1e-2}), Trace_ELBO())
+        return train_svi(svi, (x, y), num_epochs=num_epochs, batch_size=8, **kwargs)
+
+    full_losses = run(3)
+    full = _params()
+    run(2, checkpoint=path)
+    assert run(3, resume=path) == full_losses
+    resumed = _params()
+    assert full.keys() == resumed.keys() and all(torch.equal(full[k], resumed[k]) for k in full)
+    assert pyro.get_param_store().get_param("AutoNormal.scales.w").min() > 0
