@@ -139,3 +139,11 @@ def test_cifar10_and_download_flag_reach_the_loader(tmp_path, monkeypatch, svi_c
     assert seen == {"name": "cifar10", "root": tmp_path / "new", "download": True}
     assert len(svi_calls) == 1 and len(svi_calls[0].dataset) == N_TRAIN
     assert "random crop + flip" in (out / "sdebnn_mnist.md").read_text()
+
+
+def test_without_data_dir_the_bundled_subset_is_used(tmp_path, svi_calls):
+    out = tmp_path / "out"
+    code = main(["--output", str(out), "benchmark", "sdebnn-mnist", "--quick", "--methods", "odenet,mf-odenet",
+                 "--hidden", "2", "--dt", "0.5", "--steps", "3", "--samples", "2"])
+    assert code == 0 and svi_calls == []  # tensors of the bundled set, random minibatch indices
+    assert (out / "sdebnn_mnist.md").read_text().startswith("dataset digits, 3 steps x batch 128")
