@@ -270,7 +270,10 @@ def _svi_step(svi, args, kwargs, clip_norm, clip_inf_norm, where: str) -> tuple[
     with poutine.trace(param_only=True) as capture:
         loss = svi.loss_and_grads(svi.model, svi.guide, *args, **kwargs)
     loss = torch_item(loss)
-    params = set(site["value"].unconstrained() for site in capture.trace.nodes.values())
+    # in the order of their names (not of a set, i.e. of memory addresses): the clipping norm sums the gradients
+    # in a fixed order, so the same seed gives bitwise the same run
+    sites = sorted(capture.trace.nodes.values(), key=lambda site: site["name"])
+    params = [site["value"].unconstrained() for site in sites]
     if not math.isfinite(loss):
         zero_grads(params)
         raise FloatingPointError(f"train_svi: the loss became {loss} at {where}; the parameters were not updated "
@@ -278,7 +281,7 @@ def _svi_step(svi, args, kwargs, clip_norm, clip_inf_norm, where: str) -> tuple[
     clip_gradients(params, clip_norm, clip_inf_norm)
     svi.optim(params)
     zero_grads(params)
-    return loss, {site["name"] for site in capture.trace.nodes.values()}
+    return loss, {site["name"] for site in sites}
 
 
 def _tensor_batches(x: Tensor, y: Tensor, batch_size: int, shuffle: bool, device, dtype):

@@ -327,3 +327,23 @@ def test_resume_is_bitwise_with_constrained_guide_parameters(tmp_path):
     resumed = _params()
     assert full.keys() == resumed.keys() and all(torch.equal(full[k], resumed[k]) for k in full)
     assert pyro.get_param_store().get_param("AutoNormal.scales.w").min() > 0
+
+
+def test_gradients_are_clipped_in_the_order_of_parameter_names(monkeypatch):
+    # the whole-gradient norm sums the parameters in a fixed order (by name, not by memory address as a set
+    # would), so that the same seed gives bitwise the same run
+    import pyro_sdebnn.infer.svi_training as svi_training
+
+    orders = []
+    original = svi_training.clip_gradients
+
+    def recording(params, *args):
+        store = pyro.get_param_store()
+        orders.append([store.param_name(p) for p in params])
+        return original(params, *args)
+
+    monkeypatch.setattr(svi_training, "clip_gradients", recording)
+    x, y = _data()
+    _, _, svi = _sdebnn_svi()
+    train_svi(svi, (x, y), num_epochs=1, batch_size=8, clip_norm=0.05)
+    assert len(orders) == 3 and all(order == sorted(pyro.get_param_store().keys()) for order in orders)
