@@ -8,9 +8,16 @@
     pyro-sdebnn datasets                      # list the bundled data sets and their shapes
     pyro-sdebnn benchmark NAME [--quick]      # run one experiment of pyro_sdebnn.experiments
     pyro-sdebnn --quick                       # the main job (the default benchmark) in quick mode
+    pyro-sdebnn --data-dir DIR benchmark sdebnn-mnist --dataset cifar10   # full torchvision data from DIR
 
 The common options may also be given after the sub-command. Without a sub-command the main job
 runs: ``benchmark two-moons`` when that experiment is installed.
+
+``--data-dir DIR`` (before the sub-command, or after an image benchmark's name) points the image
+benchmarks (``sdebnn-mnist``, ``mnvi-mnist``) at the torchvision files of MNIST, Fashion-MNIST or
+CIFAR-10 in ``DIR``; they then train through a :class:`~torch.utils.data.DataLoader` on the full data
+set. Nothing is downloaded unless ``--download`` is given; without ``--data-dir`` they use the small
+bundled subsets.
 
 Errors the user can fix end the program with a one-line message and exit status 2: an unknown
 command, benchmark or option (argparse), an unavailable ``--device``, a data file that is missing
@@ -29,7 +36,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Mapping, Sequence
 
-__all__ = ["build_parser", "end_of_run_report", "format_summary", "main", "resolve_device"]
+__all__ = ["add_data_dir_arguments", "build_parser", "end_of_run_report", "format_summary", "main",
+           "resolve_device"]
 
 DEFAULT_BENCHMARK = "two-moons"
 
@@ -61,6 +69,16 @@ def _add_common(parser: argparse.ArgumentParser, suppress: bool) -> None:
     )
 
 
+def add_data_dir_arguments(parser: argparse.ArgumentParser, suppress: bool = True) -> None:
+    """``--data-dir`` and ``--download``: the global options, repeated (``suppress``: no default, so that the
+    global value stays unless given again) by the image benchmarks that read them."""
+    parser.add_argument("--data-dir", type=Path, default=argparse.SUPPRESS if suppress else None,
+                        help="folder with the torchvision files (MNIST/raw, FashionMNIST/raw or cifar-10-batches-py) "
+                             "for the image benchmarks: train on the full data set through a DataLoader")
+    parser.add_argument("--download", action="store_true", default=argparse.SUPPRESS if suppress else False,
+                        help="allow the image benchmarks to download missing files into --data-dir (off by default)")
+
+
 def build_parser(experiments: dict[str, ModuleType] | None = None) -> argparse.ArgumentParser:
     """The argument parser; ``experiments`` (default: :func:`pyro_sdebnn.experiments.discover`) become
     the ``benchmark`` sub-commands."""
@@ -76,6 +94,7 @@ def build_parser(experiments: dict[str, ModuleType] | None = None) -> argparse.A
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     _add_common(parser, suppress=False)
+    add_data_dir_arguments(parser, suppress=False)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     datasets = commands.add_parser("datasets", help="list the bundled data sets with their shapes")

@@ -160,3 +160,15 @@ def test_format_summary_layouts():
     assert rows[3].split() == ["fsgld", "failed:", "SamplerDivergenceError"]
     nested = format_summary({"split 0": {"mnvi": {"ll": -2.5}}, "note": "paper protocol"})
     assert "split 0" in nested and any(line.split() == ["mnvi", "-2.5"] for line in nested)
+
+
+def test_data_dir_is_global_or_per_image_benchmark():
+    from pathlib import Path
+
+    parser = build_parser()
+    args = parser.parse_args(["benchmark", "sdebnn-mnist"])
+    assert args.data_dir is None and args.download is False  # bundled subsets, no download
+    args = parser.parse_args(["--data-dir", "a", "benchmark", "sdebnn-mnist"])
+    assert args.data_dir == Path("a") and args.download is False
+    args = parser.parse_args(["--data-dir", "a", "benchmark", "mnvi-mnist", "--data-dir", "b", "--download"])
+    assert args.data_dir == Path("b") and args.download is True

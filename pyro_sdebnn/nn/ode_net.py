@@ -50,6 +50,8 @@ from pyro import poutine
 from pyro.nn import pyro_method
 from torch import Tensor, nn
 
+from pyro_sdebnn.data.loaders import is_loader
+from pyro_sdebnn.nn._streaming import stream_predict
 from pyro_sdebnn.nn.continuous_depth import ContinuousDepthNet
 
 __all__ = ["ODENet", "ResNet"]
@@ -147,12 +149,16 @@ class _ConstantWeightNet(ContinuousDepthNet):
     def predict(self, x: Tensor, guide=None, num_samples: int = 100):
         """Predictive at the point estimate (``guide=None``, one sample) or under a guide for site ``"w"``.
 
-        :param Tensor x: inputs ``(N,) + in_shape``.
+        :param x: inputs ``(N,) + in_shape``, or a loader of input batches (``x``, ``(x,)`` or ``(x, y)``;
+            targets are ignored), streamed one batch at a time with the same ``num_samples`` weight draws for
+            every batch (the random state is rewound before each), so the result equals one call on all inputs.
         :param guide: e.g. ``AutoNormal(net.model)`` after training; each of the ``num_samples`` draws of
             ``"w"`` is read from a trace of ``guide(x)``.
         :returns: :class:`~pyro_sdebnn.infer.ClassificationPrediction` with ``probs (S, N, C)`` or
             :class:`~pyro_sdebnn.infer.RegressionPrediction` with ``loc, scale (S, N)`` (scalar regression).
         """
+        if not isinstance(x, Tensor) and is_loader(x):
+            return stream_predict(lambda xb: self.predict(xb, guide, num_samples), x, self)
         if not (isinstance(num_samples, int) and num_samples >= 1):
             raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
         if guide is None:

@@ -41,7 +41,9 @@ import torch
 from pyro.nn import PyroModule, pyro_method
 from torch import Tensor, nn
 
+from pyro_sdebnn.data.loaders import is_loader
 from pyro_sdebnn.distributions import OUPath
+from pyro_sdebnn.nn._streaming import stream_predict
 from pyro_sdebnn.nn.continuous_depth import LIKELIHOODS, ContinuousDepthNet, drop_data_plate_slot
 from pyro_sdebnn.nn.sde_drift import ConvField
 from pyro_sdebnn.ops.path_kl import check_estimator
@@ -198,10 +200,17 @@ class SDEBNN(ContinuousDepthNet):
                 adaptive: bool = False, rtol: float = 1e-3, atol: float = 1e-3, entropy: int | None = None):
         """Posterior (or prior, ``guide=None``) predictive as a prediction container.
 
+        :param x: inputs ``(N,) + in_shape``, or a loader of input batches (``x``, ``(x,)`` or ``(x, y)``;
+            targets are ignored): each batch is moved to the network's device on its own and every batch
+            uses the same ``num_samples`` weight paths (the random state is rewound before each batch), so
+            the result equals one call on the concatenated inputs.
         :returns: :class:`~pyro_sdebnn.infer.ClassificationPrediction` with ``probs (S, N, C)`` or
             :class:`~pyro_sdebnn.infer.RegressionPrediction` with ``loc, scale (S, N)`` (Gaussian
             likelihood; other regression likelihoods report their location and scale parameters).
         """
+        if not isinstance(x, Tensor) and is_loader(x):
+            return stream_predict(lambda xb: self.predict(xb, guide, num_samples, method=method, adaptive=adaptive,
+                                                          rtol=rtol, atol=atol, entropy=entropy), x, self)
         out, _ = self._solve(x, guide, num_samples, estimator="analytic", method=method, adaptive=adaptive,
                              rtol=rtol, atol=atol, entropy=entropy)
         return self._prediction(out)
@@ -303,9 +312,14 @@ class MultiScaleSDEBNN(PyroModule):
 
     @torch.no_grad()
     def predict(self, x: Tensor, guide=None, num_samples: int = 10):
-        """:class:`~pyro_sdebnn.infer.ClassificationPrediction` from ``num_samples`` posterior (or prior) paths."""
+        """:class:`~pyro_sdebnn.infer.ClassificationPrediction` from ``num_samples`` posterior (or prior) paths.
+
+        ``x`` may be a loader of input batches, streamed as in :meth:`SDEBNN.predict` (same paths for every batch).
+        """
         from pyro_sdebnn.infer.predictive import ClassificationPrediction
 
+        if not isinstance(x, Tensor) and is_loader(x):
+            return stream_predict(lambda xb: self.predict(xb, guide, num_samples), x, self)
         if guide is None:
             paths = [p.sample((num_samples,)) for p in self.priors()]
         else:

@@ -44,7 +44,7 @@ Output conventions: regression nets output two columns (mean, log-variance), cla
 
 from __future__ import annotations
 
-import math
+import os
 from collections.abc import Callable
 
 import pyro
@@ -56,7 +56,6 @@ from pyro.infer import SVI, ELBO
 from pyro.optim import PyroOptim
 from torch import Tensor, nn
 from torch.distributions import Distribution, kl_divergence
-from tqdm.auto import trange
 
 from pyro_sdebnn.nn.mnvi._util import checked_network
 from pyro_sdebnn.nn.mnvi.handlers import is_sampling_free
@@ -230,11 +229,19 @@ class SamplingFreeBNN(nn.Module):
           rows are the softmaxes of logits drawn from :math:`\\mathcal N(\\bar h, v_h)`; their mean is the
           predictive of Schmitt & Roth (2021), eq. (20), and the spread across rows gives the epistemic part.
 
-        :param Tensor x: inputs ``(N, ...)``.
+        :param x: inputs ``(N, ...)``, or a loader of input batches (``x``, ``(x,)`` or ``(x, y)``; targets are
+            ignored), each moved to the network's device on its own. Regression gives exactly the result of one
+            call on all inputs; for classification the logit draws of every data point are independent (fresh
+            draws per batch), so the result equals one call's in distribution.
         :param int num_samples: logit draws for classification (ignored for regression).
         """
+        from pyro_sdebnn.data.loaders import is_loader
         from pyro_sdebnn.infer.predictive import ClassificationPrediction, RegressionPrediction
+        from pyro_sdebnn.nn._streaming import stream_predict
 
+        if not isinstance(x, Tensor) and is_loader(x):
+            return stream_predict(lambda xb: self.predict(xb, num_samples=num_samples), x, self.net,
+                                  same_draws=False)
         self._check_data(x, None)
         was_training = self.net.training
         self.net.eval()
@@ -251,8 +258,8 @@ class SamplingFreeBNN(nn.Module):
     # -------------------------------------------------------------------------------------- fitting
     def fit(
         self,
-        x: Tensor,
-        y: Tensor,
+        x,
+        y: Tensor | None = None,
         *,
         num_epochs: int,
         batch_size: int = 128,
@@ -263,15 +270,22 @@ class SamplingFreeBNN(nn.Module):
         scheduler_step: str = "epoch",
         clip_norm: float | None = None,
         clip_inf_norm: float | None = None,
+        checkpoint: str | os.PathLike | None = None,
+        resume: str | os.PathLike | None = None,
     ) -> list[float]:
         r"""Train with :class:`pyro.infer.SVI` on shuffled minibatches; return the loss per epoch.
 
         The model and guide run under ``poutine.scale(1 / N)``, so the reported loss (and the
         gradient) is the negative ELBO *per data point*, the scale at which Schmitt & Roth (2021) quote
-        their learning rates. ``num_data`` is set to ``len(x)`` if it was ``None``.
+        their learning rates. ``num_data`` is set to :math:`N` (``len(x)`` or ``len(loader.dataset)``)
+        if it was ``None``. The epochs are run by :func:`~pyro_sdebnn.infer.svi_training.train_svi`.
 
+        :param x: inputs ``(N, ...)`` with targets ``y``, or a loader of ``(x, y)`` batches (e.g. a
+            :class:`~torch.utils.data.DataLoader`, then ``y`` is ``None`` and ``batch_size`` is not used):
+            every batch is moved to the network's device on its own.
+        :param y: targets ``(N,)`` for tensor inputs.
         :param int num_epochs: passes over the data.
-        :param int batch_size: minibatch size.
+        :param int batch_size: minibatch size (tensor inputs).
         :param optim: a Pyro optimiser (default ``pyro.optim.Adam({"lr": 1e-3})``). A
             :class:`pyro.optim.PyroLRScheduler` (e.g. ``pyro.optim.MultiStepLR``) is stepped once per epoch,
             or once per SVI step with ``scheduler_step="step"``; ``ReduceLROnPlateau`` gets the loss.
@@ -285,42 +299,36 @@ class SamplingFreeBNN(nn.Module):
             each parameter tensor separately instead).
         :param clip_inf_norm: clip the whole gradient by its :math:`L_\infty` norm,
             :math:`g \leftarrow g \min(1, c/\|g\|_\infty)` (after ``clip_norm`` when both are given).
-        :raises RuntimeError: if the loss becomes NaN or infinite.
+        :param checkpoint: write a checkpoint (parameters, batch-norm buffers, optimiser, epoch, random state;
+            loadable with ``torch.load(path, weights_only=True)``) to this path after every epoch.
+        :param resume: continue from such a checkpoint; the result is bitwise that of an uninterrupted run on the CPU.
+        :raises FloatingPointError: if the loss becomes NaN or infinite.
+        :raises ValueError: for a checkpoint of another network or a truncated file (nothing is changed).
         """
-        from pyro_sdebnn.infer._training import SchedulerStepper, check_clip, svi_step
+        from pyro_sdebnn.data.loaders import dataset_size, is_loader
         from pyro_sdebnn.infer.sampling_free_elbo import SamplingFree_ELBO
+        from pyro_sdebnn.infer.svi_training import train_svi
 
-        self._check_data(x, y)
+        if not isinstance(x, Tensor) and is_loader(x):
+            if y is not None:
+                raise ValueError("y must be None when x is a loader (the loader yields the (x, y) batches)")
+            n, data, batch_size = dataset_size(x), x, None
+        else:
+            if y is None:
+                raise TypeError("y is required with tensor inputs x (or pass a loader of (x, y) batches as x)")
+            self._check_data(x, y)
+            if not isinstance(batch_size, int) or batch_size < 1:
+                raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+            n, data = x.shape[0], (x, y)
         if not isinstance(num_epochs, int) or num_epochs < 1:
             raise ValueError(f"num_epochs must be a positive int, got {num_epochs!r}")
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         if self.num_data is None:
-            self.num_data = x.shape[0]
+            self.num_data = n
         loss = SamplingFree_ELBO() if loss is None else loss
-        if kl_schedule is not None and not hasattr(loss, "kl_scale"):
-            raise TypeError(f"kl_schedule needs an ELBO with a kl_scale attribute, got {type(loss).__name__}")
         optim = pyro.optim.Adam({"lr": 1e-3}) if optim is None else optim
-        clip_norm, clip_inf_norm = check_clip(clip_norm, clip_inf_norm)
-        stepper = SchedulerStepper(optim, scheduler_step)
         scale = 1.0 / self.num_data
         svi = SVI(poutine.scale(self.model, scale), poutine.scale(self.guide, scale), optim, loss)
-        n = x.shape[0]
-        history = []
         self.net.train()
-        for epoch in trange(num_epochs, disable=not progress, desc="fit"):
-            if kl_schedule is not None:
-                loss.kl_scale = float(kl_schedule(epoch))
-            perm = torch.randperm(n, device=x.device)
-            total = 0.0
-            for start in range(0, n, batch_size):
-                idx = perm[start:start + batch_size]
-                step_loss = svi_step(svi, x[idx], y[idx], clip_norm=clip_norm, clip_inf_norm=clip_inf_norm)
-                total += step_loss * idx.shape[0]
-                stepper.after_step(step_loss)
-            epoch_loss = total / n
-            if not math.isfinite(epoch_loss):
-                raise RuntimeError(f"SamplingFreeBNN.fit: the loss became {epoch_loss} at epoch {epoch}")
-            history.append(epoch_loss)
-            stepper.after_epoch(epoch_loss)
-        return history
+        return train_svi(svi, data, num_epochs=num_epochs, batch_size=batch_size, kl_schedule=kl_schedule,
+                         progress=progress, scheduler_step=scheduler_step, clip_norm=clip_norm,
+                         clip_inf_norm=clip_inf_norm, checkpoint=checkpoint, resume=resume, modules=[self.net])

@@ -1,0 +1,433 @@
+# SPDX-License-Identifier: Apache-2.0
+r"""SVI over tensors or a :class:`~torch.utils.data.DataLoader`, with checkpoints that resume bitwise.
+
+:func:`train_svi` runs the epochs of an existing :class:`pyro.infer.SVI` object (any model, guide,
+Pyro optimiser and ELBO, e.g. the SDE-BNN's ``SVI(net.model, NeuralSDEGuide(net), Adam(...),
+TracePathKL_ELBO())``) over
+
+* a loader: any iterable of ``(x, y)`` batches whose ``dataset`` has a length, such as a
+  :class:`~torch.utils.data.DataLoader` over a torchvision data set with augmentation; every batch
+  is moved to the model's device on its own (:func:`~pyro_sdebnn.data.loaders.iter_batches`), the
+  data set never is;
+* or tensors ``(x, y)``, cut into (shuffled) minibatches of ``batch_size``.
+
+The model is called as ``model(x_b, y_b, num_data=N)`` when it has a ``num_data`` parameter, with
+:math:`N` the size of the whole data set (``len(loader.dataset)``), so that a model written the
+Pyro way, ``with pyro.plate("data", num_data, subsample=torch.arange(len(x)))``, scales the
+log-likelihood of a minibatch :math:`B` of size :math:`b` by :math:`N/b`:
+
+.. math::
+
+    \widehat{\mathcal L} = \frac{N}{b} \sum_{i \in B} \mathbb E_q[\log p(y_i \mid x_i, w)]
+    - \mathrm{KL}(q \,\|\, p),
+
+an unbiased estimate of the full-data ELBO. (A model that has no ``num_data`` parameter must know
+:math:`N` itself, as :class:`~pyro_sdebnn.nn.mnvi.SamplingFreeBNN` does.)
+
+**Checkpoints.** With ``checkpoint=path``, a file is written after every epoch (atomically: the
+previous one stays valid until the new one is complete). It holds only tensors, numbers, strings,
+lists and dicts, so that ``torch.load(path, weights_only=True)`` reads it:
+
+* ``"params"``: the unconstrained values of the Pyro parameters that the model and guide use
+  (``pyro.get_param_store()``), which include the parameters of ``PyroModule`` networks and of
+  modules registered with ``pyro.module``;
+* ``"buffers"``: the buffers of the ``modules`` (e.g. batch-norm statistics), which are not parameters;
+* ``"optim"``: ``svi.optim.get_state()``, the ``state_dict`` of the optimiser (and of the
+  learning-rate scheduler of a :class:`~pyro.optim.PyroLRScheduler`) of every parameter;
+* ``"epoch"`` (the number of finished epochs), ``"losses"`` (their losses) and ``"rng"`` (the states
+  of PyTorch's CPU and CUDA generators, of NumPy's and of Python's, and of the loader's own
+  ``generator`` if it has one).
+
+``resume=path`` restores all of these before the next epoch, so a run stopped after epoch :math:`k`
+and resumed ends with the same parameters as the run that was never stopped, bit for bit on the CPU,
+provided the model, guide, optimiser, data and loader are rebuilt in the same way. A file that is not
+such a checkpoint, is truncated, or belongs to another model (other parameter names or shapes) raises
+a ``ValueError`` and changes nothing.
+
+>>> import pyro, torch
+>>> from pyro.infer import SVI, Trace_ELBO
+>>> from pyro.infer.autoguide import AutoNormal
+>>> from torch.utils.data import DataLoader, TensorDataset
+>>> def model(x, y=None, num_data=None):
+...     w = pyro.sample("w", pyro.distributions.Normal(0.0, 1.0))
+...     with pyro.plate("data", num_data or len(x), subsample=torch.arange(len(x))):
+...         pyro.sample("obs", pyro.distributions.Normal(w * x, 0.1), obs=y)
+>>> pyro.clear_param_store()
+>>> x = torch.randn(20)
+>>> loader = DataLoader(TensorDataset(x, 2 * x), batch_size=8, shuffle=True)
+>>> svi = SVI(model, AutoNormal(model), pyro.optim.Adam({"lr": 0.05}), Trace_ELBO())
+>>> losses = train_svi(svi, loader, num_epochs=3)
+>>> len(losses)
+3
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+import random
+import tempfile
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+import pyro
+import torch
+from pyro import poutine
+from pyro.infer.util import torch_item, zero_grads
+from torch import Tensor, nn
+from tqdm.auto import trange
+
+from pyro_sdebnn.data.loaders import dataset_size, is_loader, iter_batches, move_batch
+from pyro_sdebnn.infer._training import SchedulerStepper, check_clip, clip_gradients
+
+__all__ = ["CHECKPOINT_FORMAT", "load_svi_checkpoint", "train_svi"]
+
+#: The ``"format"`` entry of a checkpoint written by :func:`train_svi`.
+CHECKPOINT_FORMAT = "pyro_sdebnn.svi_checkpoint/1"
+
+
+# ---------------------------------------------------------------------------------------------- RNG states
+def _rng_state(generators: Sequence[torch.Generator] = ()) -> dict:
+    """Every random state a training run reads, as tensors, numbers and lists (weights_only-loadable)."""
+    version, mt, gauss = random.getstate()
+    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else [],
+        "numpy": {"name": str(np_name), "keys": torch.from_numpy(np.asarray(np_keys, dtype=np.int64)),
+                  "pos": int(np_pos), "has_gauss": int(np_has_gauss), "gauss": float(np_gauss)},
+        "random": {"version": int(version), "state": list(mt), "gauss": gauss},
+        "generators": [g.get_state() for g in generators],
+    }
+    return state
+
+
+def _set_rng_state(state: dict, generators: Sequence[torch.Generator] = ()) -> None:
+    torch.set_rng_state(state["torch"].cpu())
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+    npy = state["numpy"]
+    np.random.set_state((npy["name"], npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"],
+                         npy["gauss"]))
+    rnd = state["random"]
+    random.setstate((rnd["version"], tuple(rnd["state"]), rnd["gauss"]))
+    for g, s in zip(generators, state["generators"]):
+        g.set_state(s.cpu())
+
+
+def _loader_generators(data) -> list[torch.Generator]:
+    """The loader's own random generators (``DataLoader(generator=...)``, a sampler's ``generator``)."""
+    found: list[torch.Generator] = []
+    for obj in (data, getattr(data, "sampler", None), getattr(data, "batch_sampler", None),
+                getattr(getattr(data, "batch_sampler", None), "sampler", None)):
+        g = getattr(obj, "generator", None)
+        if isinstance(g, torch.Generator) and all(g is not f for f in found):
+            found.append(g)
+    return found
+
+
+# ---------------------------------------------------------------------------------------------- checkpoints
+def load_svi_checkpoint(path: str | os.PathLike) -> dict:
+    """Read a checkpoint written by :func:`train_svi` with ``torch.load(path, weights_only=True)``.
+
+    :returns: the checkpoint dictionary (see the module description for its entries).
+    :raises ValueError: if the file is missing, truncated, not loadable with ``weights_only=True`` or
+        not a checkpoint of :func:`train_svi`.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"resume: no checkpoint file at {str(path)!r}")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # truncated or foreign files raise many different errors
+        raise ValueError(f"resume: {str(path)!r} is not a readable checkpoint (truncated or not written by "
+                         f"train_svi?): {type(err).__name__}: {err}") from None
+    keys = {"format", "epoch", "losses", "params", "buffers", "optim", "rng"}
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT or not keys <= set(state):
+        raise ValueError(f"resume: {str(path)!r} is not a checkpoint written by train_svi (expected format "
+                         f"{CHECKPOINT_FORMAT!r})")
+    return state
+
+
+def _save_checkpoint(path: Path, state: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _buffers(modules: Sequence[nn.Module]) -> list[dict]:
+    return [{name: b.detach().clone() for name, b in m.named_buffers()} for m in modules]
+
+
+def _checkpoint_state(svi, names: Sequence[str], modules, epoch: int, losses: list[float], generators) -> dict:
+    params = dict(pyro.get_param_store().named_parameters())  # name -> unconstrained value
+    return {
+        "format": CHECKPOINT_FORMAT,
+        "epoch": int(epoch),
+        "losses": [float(v) for v in losses],
+        "params": {name: params[name].detach().clone() for name in sorted(names)},
+        "buffers": _buffers(modules),
+        "optim": svi.optim.get_state(),
+        "rng": _rng_state(generators),
+    }
+
+
+def _restore(svi, path, args, kwargs, modules, generators) -> tuple[int, list[float]]:
+    """Load ``path`` into the param store, optimiser, modules and RNGs; all checks before any change."""
+    state = load_svi_checkpoint(path)
+    store = pyro.get_param_store()
+    before = set(store.keys())
+    # The parameters of model and guide are created on their first call: trace them once (blocked from
+    # every outer handler); the caller puts the random state back if anything fails.
+    with poutine.block(), poutine.trace(param_only=True) as capture, torch.no_grad():
+        svi.guide(*args, **kwargs)
+        svi.model(*args, **kwargs)
+    names = {site["name"] for site in capture.trace.nodes.values()}
+    params = dict(store.named_parameters())  # name -> unconstrained value (the tensors themselves)
+    try:
+        saved = state["params"]
+        if set(saved) != names:
+            missing, extra = sorted(names - set(saved)), sorted(set(saved) - names)
+            raise ValueError(f"resume: {str(path)!r} is a checkpoint of another model: parameters missing from it "
+                             f"{missing[:5]}, parameters this model does not have {extra[:5]}")
+        for name in sorted(names):
+            current = params[name]
+            value = saved[name]
+            if not isinstance(value, Tensor) or value.shape != current.shape or value.dtype != current.dtype:
+                raise ValueError(f"resume: {str(path)!r} is a checkpoint of another model: parameter {name!r} is "
+                                 f"{tuple(getattr(value, 'shape', ()))} {getattr(value, 'dtype', type(value))}, "
+                                 f"in this model {tuple(current.shape)} {current.dtype}")
+        buffers = state["buffers"]
+        if not isinstance(buffers, list) or len(buffers) != len(modules):
+            raise ValueError(f"resume: {str(path)!r} holds the buffers of {len(buffers)} modules, "
+                             f"expected {len(modules)}")
+        for module, saved_buffers in zip(modules, buffers):
+            own = dict(module.named_buffers())
+            if set(own) != set(saved_buffers) or any(own[k].shape != saved_buffers[k].shape for k in own):
+                raise ValueError(f"resume: {str(path)!r} is a checkpoint of another model: the buffers of "
+                                 f"{type(module).__name__} differ")
+        if not isinstance(state["optim"], dict) or not set(state["optim"]) <= names:
+            raise ValueError(f"resume: {str(path)!r}: the optimiser state names parameters this model does not have")
+        rng_keys = {"torch", "cuda", "numpy", "random", "generators"}
+        if not isinstance(state["rng"], dict) or not rng_keys <= set(state["rng"]):
+            raise ValueError(f"resume: {str(path)!r}: the random state is incomplete (expected {sorted(rng_keys)})")
+        if len(state["rng"]["generators"]) != len(generators):
+            raise ValueError(f"resume: {str(path)!r} holds {len(state['rng']['generators'])} loader generator "
+                             f"states, the loader has {len(generators)}")
+    except BaseException:
+        for name in set(store.keys()) - before:  # leave the param store as it was
+            del store[name]
+        raise
+    with torch.no_grad():
+        for name in names:
+            params[name].copy_(saved[name])
+        for module, saved_buffers in zip(modules, buffers):
+            for name, b in module.named_buffers():
+                b.copy_(saved_buffers[name])
+    svi.optim.set_state(state["optim"])
+    _set_rng_state(state["rng"], generators)
+    return int(state["epoch"]), list(state["losses"])
+
+
+# ---------------------------------------------------------------------------------------------- training
+def _accepts_num_data(fn) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return "num_data" in params and params["num_data"].kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                                   inspect.Parameter.KEYWORD_ONLY)
+
+
+def _find_modules(svi) -> list[nn.Module]:
+    found: list[nn.Module] = []
+    for fn in (svi.model, svi.guide):
+        obj = fn if isinstance(fn, nn.Module) else getattr(fn, "__self__", None)
+        if isinstance(obj, nn.Module) and all(obj is not m for m in found):
+            found.append(obj)
+    return found
+
+
+def _model_device_dtype(modules: Sequence[nn.Module]):
+    for m in modules:
+        for p in m.parameters():
+            if p.dtype.is_floating_point:
+                return p.device, p.dtype
+    return None, None
+
+
+def _svi_step(svi, args, kwargs, clip_norm, clip_inf_norm, where: str) -> tuple[float, set[str]]:
+    """One SVI step (as ``SVI.step``, with optional whole-gradient clipping); a non-finite loss raises
+    before the parameters are updated."""
+    with poutine.trace(param_only=True) as capture:
+        loss = svi.loss_and_grads(svi.model, svi.guide, *args, **kwargs)
+    loss = torch_item(loss)
+    # in the order of their names (not of a set, i.e. of memory addresses): the clipping norm sums the gradients
+    # in a fixed order, so the same seed gives bitwise the same run
+    sites = sorted(capture.trace.nodes.values(), key=lambda site: site["name"])
+    params = [site["value"].unconstrained() for site in sites]
+    if not math.isfinite(loss):
+        zero_grads(params)
+        raise FloatingPointError(f"train_svi: the loss became {loss} at {where}; the parameters were not updated "
+                                 "(try a smaller learning rate, clip_norm, or check the data for NaN)")
+    clip_gradients(params, clip_norm, clip_inf_norm)
+    svi.optim(params)
+    zero_grads(params)
+    return loss, {site["name"] for site in sites}
+
+
+def _tensor_batches(x: Tensor, y: Tensor, batch_size: int, shuffle: bool, device, dtype):
+    n = x.shape[0]
+    perm = torch.randperm(n, device=x.device) if shuffle else torch.arange(n, device=x.device)
+    for start in range(0, n, batch_size):
+        idx = perm[start:start + batch_size]
+        yield move_batch(x[idx], device, dtype), move_batch(y[idx], device, dtype)
+
+
+def _check_data(data, batch_size):
+    if isinstance(data, (tuple, list)):
+        if len(data) != 2 or not all(isinstance(t, Tensor) for t in data):
+            raise TypeError("data must be a loader of (x, y) batches or a pair (x, y) of tensors, got a "
+                            f"{type(data).__name__} of {[type(t).__name__ for t in data]}")
+        x, y = data
+        if x.dim() == 0 or x.shape[0] == 0 or y.shape[:1] != x.shape[:1]:
+            raise ValueError(f"data: x and y must have the same, non-zero first dimension, got {tuple(x.shape)} "
+                             f"and {tuple(y.shape)}")
+        if batch_size is None:
+            batch_size = x.shape[0]
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
+        return False, int(x.shape[0]), batch_size
+    if not is_loader(data):  # raises TypeError for anything else
+        raise TypeError(f"data must be a loader or a pair (x, y) of tensors, got {type(data).__name__}")
+    if batch_size is not None:
+        raise ValueError("batch_size is for tensor data; a loader has its own batch size (got batch_size="
+                         f"{batch_size!r})")
+    return True, dataset_size(data), None
+
+
+def train_svi(
+    svi: pyro.infer.SVI,
+    data,
+    *,
+    num_epochs: int,
+    batch_size: int | None = None,
+    shuffle: bool = True,
+    num_data: int | None = None,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+    scheduler_step: str = "epoch",
+    clip_norm: float | None = None,
+    clip_inf_norm: float | None = None,
+    kl_schedule: Callable[[int], float] | None = None,
+    progress: bool = False,
+    callback: Callable[[int, float], None] | None = None,
+    checkpoint: str | os.PathLike | None = None,
+    resume: str | os.PathLike | None = None,
+    modules: Iterable[nn.Module] | None = None,
+) -> list[float]:
+    r"""Run ``num_epochs`` epochs of :meth:`pyro.infer.SVI.step` over a loader or tensors; return the epoch losses.
+
+    :param svi: a :class:`pyro.infer.SVI` (model, guide, Pyro optimiser or
+        :class:`~pyro.optim.PyroLRScheduler`, ELBO).
+    :param data: a loader (an iterable of ``(x, y)`` batches whose ``dataset`` has a length, e.g. a
+        :class:`~torch.utils.data.DataLoader`) or a pair ``(x, y)`` of tensors.
+    :param int num_epochs: the epoch to train up to (with ``resume``, the epochs already done count).
+    :param int batch_size: minibatch size for tensor data (default: the whole data set); not with a loader.
+    :param bool shuffle: tensor data: a new random order every epoch (``torch.randperm``); else in order.
+    :param int num_data: :math:`N` passed as ``num_data=`` to a model that has that parameter (default: the
+        size of the data set); passing it to a model without that parameter is a ``TypeError``.
+    :param device: where each batch goes (default: the device of the first parameter of ``modules``;
+        ``None`` with no parameter found leaves batches where they are).
+    :param dtype: floating dtype of the inputs (default: that of the same parameter); integer labels keep theirs.
+    :param str scheduler_step: ``"epoch"`` or ``"step"``: when a :class:`~pyro.optim.PyroLRScheduler` is stepped
+        (``ReduceLROnPlateau`` gets the epoch's or the step's loss).
+    :param clip_norm: clip the whole gradient by its :math:`L_2` norm before every update,
+        :math:`g \leftarrow g \min(1, c/\|g\|_2)`.
+    :param clip_inf_norm: clip the whole gradient by its :math:`L_\infty` norm (after ``clip_norm``).
+    :param kl_schedule: ``epoch -> kappa`` assigned to the ELBO's ``kl_scale`` at the start of each epoch (for ELBOs
+        with a ``kl_scale``, e.g. :class:`~pyro_sdebnn.infer.TracePathKL_ELBO`,
+        :class:`~pyro_sdebnn.infer.SamplingFree_ELBO`).
+    :param bool progress: show a progress bar over epochs.
+    :param callback: ``callback(epoch, loss)`` after every epoch (after its checkpoint is written).
+    :param checkpoint: write a checkpoint to this path after every epoch.
+    :param resume: continue from this checkpoint (the same path as ``checkpoint`` is fine).
+    :param modules: the ``nn.Module`` objects whose buffers go into the checkpoint and whose first parameter gives
+        the default device; default: the modules whose methods are the model and guide (or which they are).
+    :returns: the loss of every epoch (including those before ``resume``): the mean of the step losses weighted by
+        the batch sizes.
+    :raises FloatingPointError: if a step's loss is NaN or infinite (the parameters keep their last finite values).
+    :raises ValueError: for a bad ``resume`` file (see :func:`load_svi_checkpoint`) or bad arguments.
+    """
+    if not isinstance(svi, pyro.infer.SVI):
+        raise TypeError(f"svi must be a pyro.infer.SVI, got {type(svi).__name__}")
+    if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
+        raise ValueError(f"num_epochs must be a positive int, got {num_epochs!r}")
+    loader, n, batch_size = _check_data(data, batch_size)
+    accepts = _accepts_num_data(svi.model)
+    if num_data is not None:
+        if isinstance(num_data, bool) or not isinstance(num_data, int) or num_data < 1:
+            raise ValueError(f"num_data must be a positive int or None, got {num_data!r}")
+        if not accepts:
+            raise TypeError("num_data was given but the model has no `num_data` parameter to receive it")
+    kwargs = {"num_data": n if num_data is None else num_data} if accepts else {}
+    elbo = getattr(svi.loss_and_grads, "__self__", None)  # SVI keeps the ELBO's bound methods
+    if kl_schedule is not None and not hasattr(elbo, "kl_scale"):
+        raise TypeError(f"kl_schedule needs an ELBO with a kl_scale attribute, got {type(elbo).__name__}")
+    clip_norm, clip_inf_norm = check_clip(clip_norm, clip_inf_norm)
+    stepper = SchedulerStepper(svi.optim, scheduler_step)
+    modules = _find_modules(svi) if modules is None else list(modules)
+    if not all(isinstance(m, nn.Module) for m in modules):
+        raise TypeError("modules must be nn.Module objects")
+    if device is None and dtype is None:
+        device, dtype = _model_device_dtype(modules)
+    generators = _loader_generators(data) if loader else []
+    checkpoint = None if checkpoint is None else Path(checkpoint)
+
+    def batches():
+        if loader:
+            return iter_batches(data, device, dtype)
+        return _tensor_batches(data[0], data[1], batch_size, shuffle, device, dtype)
+
+    start, history = 0, []
+    if resume is not None:
+        rng = _rng_state(generators)
+        try:
+            first = next(iter(batches()), None)
+            if first is None:
+                raise ValueError("data: the loader yields no batch")
+            start, history = _restore(svi, resume, first, kwargs, modules, generators)
+        except BaseException:
+            _set_rng_state(rng, generators)
+            raise
+        if start > num_epochs:
+            raise ValueError(f"resume: the checkpoint is at epoch {start}, past num_epochs={num_epochs}")
+    names: set[str] = set()
+    for epoch in trange(start, num_epochs, disable=not progress, desc="train_svi", leave=False):
+        if kl_schedule is not None:
+            elbo.kl_scale = float(kl_schedule(epoch))
+        total, count = 0.0, 0
+        for i, (x, y) in enumerate(batches()):
+            loss, seen = _svi_step(svi, (x, y), kwargs, clip_norm, clip_inf_norm, f"epoch {epoch}, batch {i}")
+            names |= seen
+            total += loss * x.shape[0]
+            count += x.shape[0]
+            stepper.after_step(loss)
+        if count == 0:
+            raise ValueError("data: the loader yields no batch")
+        epoch_loss = total / count
+        history.append(epoch_loss)
+        stepper.after_epoch(epoch_loss)
+        if checkpoint is not None:
+            _save_checkpoint(checkpoint, _checkpoint_state(svi, names, modules, epoch + 1, history, generators))
+        if callback is not None:
+            callback(epoch, epoch_loss)
+    return history

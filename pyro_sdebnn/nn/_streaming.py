@@ -1,0 +1,65 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Prediction streamed over a loader: one batch on the device at a time, the same posterior draws for all."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+from pyro_sdebnn.data.loaders import iter_batches
+
+
+def _rng_states(device: torch.device | None):
+    cpu = torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state(device) if device is not None and device.type == "cuda" else None
+    return cpu, cuda
+
+
+def _set_rng_states(states, device: torch.device | None) -> None:
+    torch.set_rng_state(states[0])
+    if states[1] is not None:
+        torch.cuda.set_rng_state(states[1], device)
+
+
+def model_device_dtype(module: nn.Module):
+    """Device and floating dtype of the first floating-point parameter (or buffer) of ``module``."""
+    for t in list(module.parameters()) + list(module.buffers()):
+        if t.dtype.is_floating_point:
+            return t.device, t.dtype
+    return None, None
+
+
+def stream_predict(predict: Callable[[Tensor], object], loader, module: nn.Module, *, same_draws: bool = True):
+    """Apply ``predict`` to every input batch of ``loader`` and concatenate the predictions along ``N``.
+
+    Each batch is moved to ``module``'s device and dtype on its own (targets, if the loader yields
+    ``(x, y)``, are ignored). With ``same_draws`` the random generators are rewound to the same state
+    before every batch, so that every batch sees the same posterior draws (weight samples, paths) as
+    one call on the whole data would; afterwards they are left where one call would leave them.
+
+    :returns: a :class:`~pyro_sdebnn.infer.ClassificationPrediction` (``probs`` concatenated on dim 1)
+        or :class:`~pyro_sdebnn.infer.RegressionPrediction` (``loc`` and ``scale`` concatenated on dim 1).
+    """
+    from pyro_sdebnn.infer.predictive import ClassificationPrediction, RegressionPrediction
+
+    device, dtype = model_device_dtype(module)
+    start = _rng_states(device) if same_draws else None
+    after = None
+    preds = []
+    for x, _ in iter_batches(loader, device, dtype, with_targets=False):
+        if same_draws:
+            _set_rng_states(start, device)
+        preds.append(predict(x))
+        if after is None and same_draws:
+            after = _rng_states(device)
+    if not preds:
+        raise ValueError("the loader yields no batch to predict")
+    if after is not None:
+        _set_rng_states(after, device)
+    if isinstance(preds[0], ClassificationPrediction):
+        return ClassificationPrediction(torch.cat([p.probs for p in preds], 1))
+    if isinstance(preds[0], RegressionPrediction):
+        return RegressionPrediction(torch.cat([p.loc for p in preds], 1), torch.cat([p.scale for p in preds], 1))
+    raise TypeError(f"cannot concatenate predictions of type {type(preds[0]).__name__}")
