@@ -34,6 +34,7 @@ from pyro_sdebnn.infer.mcmc.arviz_utils import (
     posterior_prediction,
 )
 from pyro_sdebnn.infer.mcmc.base import MinibatchPotential, SamplerDivergenceError, SGMCMCKernel
+from pyro_sdebnn.infer.mcmc.checkpoint import load_checkpoint, resume_run, save_run
 from pyro_sdebnn.infer.mcmc.fsghmc import FSGHMC
 from pyro_sdebnn.infer.mcmc.fsgld import FSGLD
 from pyro_sdebnn.infer.mcmc.functional import FunctionalPotential
@@ -73,7 +74,10 @@ __all__ = [
     "from_pyro",
     "function_space_diagnostics",
     "get_samples",
+    "load_checkpoint",
     "load_samples",
+    "resume_run",
+    "save_run",
     "pointwise_log_likelihood",
     "posterior_prediction",
 ]

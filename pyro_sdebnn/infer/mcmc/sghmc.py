@@ -149,6 +149,21 @@ class SGHMC(SGMCMCKernel):
         self._kinetic_sum: Optional[Tensor] = None
         self._kinetic_count = 0
 
+    def state_dict(self) -> dict[str, Any]:
+        """That of :class:`~pyro_sdebnn.infer.mcmc.base.SGMCMCKernel` plus the running kinetic-energy sum of
+        :meth:`diagnostics`."""
+        out = super().state_dict()
+        total = None if self._kinetic_sum is None else self._kinetic_sum.detach().clone()
+        out["kinetic"] = {"sum": total, "count": int(self._kinetic_count)}
+        return out
+
+    def _restore(self, sd: dict[str, Any], warmup_steps: int) -> None:
+        super()._restore(sd, warmup_steps)
+        kinetic = sd.get("kinetic") or {"sum": None, "count": 0}
+        total = kinetic["sum"]
+        self._kinetic_sum = None if total is None else total.to(self.potential.device)
+        self._kinetic_count = int(kinetic["count"])
+
     def diagnostics(self) -> dict[str, Any]:
         """Those of :class:`~pyro_sdebnn.infer.mcmc.SGLD` plus ``"kinetic temperature"``: the mean of
         :math:`\\|v\\|^2 / D` over the returned samples (one float per chain with ``vectorized_chains > 1``;
