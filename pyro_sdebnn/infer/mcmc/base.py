@@ -209,6 +209,7 @@ class SGMCMCKernel(MCMCKernel):
         )
 
     _takes_loader = True  # the functional kernels do not (their measurement points come from the full inputs)
+    _checkpointable = True
 
     def _start_stream(self, args: tuple, kwargs: dict) -> tuple:
         """``mcmc.run(loader)``: the model's arguments become the loader's first ``(x, y)`` batch, moved to the
@@ -807,6 +808,8 @@ class SGMCMCKernel(MCMCKernel):
 
         :raises ValueError: before the kernel was set up (``mcmc.run``).
         """
+        if not self._checkpointable:
+            raise TypeError(f"{self._name} does not support checkpoints (state_dict); SGLD and SGHMC do")
         if self.potential is None or self._state is None:
             raise ValueError("state_dict: the kernel has no chain yet; run it first (mcmc.run)")
 
@@ -861,6 +864,8 @@ class SGMCMCKernel(MCMCKernel):
         :raises TypeError: if ``state_dict`` is not a dict of the expected layout.
         """
         required = ("signature", "state", "t", "sample_count", "warmup_steps", "rng", "energy")
+        if not self._checkpointable:
+            raise TypeError(f"{self._name} does not support checkpoints (load_state_dict); SGLD and SGHMC do")
         if not isinstance(state_dict, dict) or any(k not in state_dict for k in required):
             raise TypeError(
                 "state_dict must be a dict returned by SGMCMCKernel.state_dict() (keys "
@@ -918,6 +923,10 @@ class SGMCMCKernel(MCMCKernel):
         self._energy_recent = deque((array(r) for r in energy["recent"]), maxlen=_RECENT)
         self._energy_stride, self._energy_seen = int(energy["stride"]), int(energy["seen"])
         self._healthy_energy = array(energy["healthy"])
+        # trace the step graph now: tracing runs the step once (drawing noise, peeking at the minibatches), which the
+        # uninterrupted run did at its first sample, before the random state and the minibatch position are restored
+        self._initial_params = U.split(self._state[0])
+        self.build_step_fn()
         batches = sd.get("batches")
         self._batches = None if batches is None else batches.to(U.device)
         self._batch_pos = int(sd["batch_pos"])
