@@ -324,11 +324,17 @@ class MinibatchPotential:
     full-data terms (scale 1). With several subsampled plates, the indices ``idx`` handed to the potential are the
     concatenation of each plate's indices in the order of ``subsampled_plates`` (see :meth:`join_indices`).
 
-    :param callable model: a Pyro model; its likelihood must sit in a plate over the data whose indices index
-        the data (``with pyro.plate("data", len(x)) as idx: ... obs=y[idx]``), with the network weights
+    The model reaches a minibatch in one of three ways (``minibatch_mode``): ``"index"`` when it indexes the data
+    with the plate's indices (the minibatch indices are the plate's subsample); ``"slice"`` for a plain model
+    (``with pyro.plate("data", len(x)): ... obs=y``) under ``subsample_size``: every tensor argument whose leading
+    dimension is the plate's size :math:`N` is sliced by the minibatch indices and the sites of the data plate are
+    scaled by :math:`N/b`; ``"batch"`` with ``data_size=N``: the arguments are one minibatch already (a loader's
+    batch) and the data plate, of size :math:`b` = its batch size, is scaled by :math:`N/b`.
+
+    :param callable model: a Pyro model; its likelihood sits in a plate over the data, with the network weights
         sampled outside that plate. Local latent variables (sampled inside a subsampled data plate) are not
         supported under subsampling.
-    :param tuple model_args: positional arguments of the model (the full data).
+    :param tuple model_args: positional arguments of the model (the full data; one minibatch with ``data_size``).
     :param dict model_kwargs: keyword arguments of the model.
     :param subsample_size: minibatch size :math:`b`: an int for every data plate, a dict
         ``{plate name: size}`` (the plates it names are the subsampled data plates; other plates are not
@@ -339,6 +345,8 @@ class MinibatchPotential:
         accepts (used by the functional kernels, which drop the weight-space prior).
     :param dict transforms: optional ``{site: transform}`` from constrained to unconstrained space (as for Pyro's
         ``HMC``); other sites use ``biject_to(support).inv``.
+    :param int data_size: the number of data points :math:`N` when ``model_args`` are one minibatch of them (a
+        batch of a loader); excludes ``subsample_size``. The model must then have one data plate.
 
     >>> import pyro.distributions as dist
     >>> def model(x, y=None):
@@ -366,6 +374,18 @@ class MinibatchPotential:
     (('first', 'second'), {'first': 10, 'second': 6})
     >>> U2(torch.zeros(1), U2.join_indices({"first": torch.arange(5), "second": torch.tensor([0, 3])})).shape
     torch.Size([])
+
+    A plain model (no plate indices), under subsampling and on one batch of a loader:
+
+    >>> def plain(x, y=None):
+    ...     w = pyro.sample("w", dist.Normal(0.0, 1.0))
+    ...     with pyro.plate("data", len(x)):
+    ...         pyro.sample("y", dist.Normal(w * x, 1.0), obs=y)
+    >>> MinibatchPotential(plain, (x, y), subsample_size=5).minibatch_mode
+    'slice'
+    >>> U3 = MinibatchPotential(plain, (x[:4], y[:4]), data_size=10)
+    >>> U3.minibatch_mode, U3.data_size
+    ('batch', 10)
     """
 
     def __init__(

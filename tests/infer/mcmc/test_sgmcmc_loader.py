@@ -250,3 +250,33 @@ def test_plain_model_without_data_arguments_of_the_plate_size_is_explained():
 
     with pytest.raises(ValueError, match="take the data as arguments whose leading dimension is the plate's size 60"):
         MinibatchPotential(model, (x, y.reshape(1, N)), subsample_size=10)
+
+
+@pytest.mark.parametrize("concatenate_inputs", [None, False])
+def test_functional_kernel_takes_a_plain_model_over_tensors(concatenate_inputs):
+    x = torch.linspace(-1, 1, 20).unsqueeze(-1)
+    y = torch.sin(3 * x[:, 0])
+
+    def model(indexed):
+        def fn(x, y=None):
+            w = pyro.sample("w", dist.Normal(torch.zeros(1, 5), 1.0).to_event(2))
+            with pyro.plate("data", len(x)) as i:
+                xs = x[i] if indexed else x
+                f = pyro.deterministic("f", torch.tanh(xs @ w).sum(-1))
+                pyro.sample("obs", dist.Normal(f, 0.1), obs=None if y is None else (y[i] if indexed else y))
+
+        return fn
+
+    kernels = []
+    for indexed in (True, False):
+        kernel = FSGLD(model(indexed), gp_prior=gp.kernels.RBF(1), subsample_size=10, num_measurement_data=5,
+                       num_measurement_box=5, concatenate_inputs=concatenate_inputs)
+        pyro.set_rng_seed(0)
+        kernel.setup(0, x, y)
+        kernels.append(kernel)
+    assert kernels[1].potential.minibatch_mode == "slice"
+    u = torch.linspace(-1, 1, kernels[0].potential.dim)
+    points, factor = kernels[0]._potential_and_grad_inputs()
+    idx = torch.arange(3, 13)
+    torch.testing.assert_close(kernels[1]._potential_fn(u, idx, points, factor),
+                               kernels[0]._potential_fn(u, idx, points, factor))
