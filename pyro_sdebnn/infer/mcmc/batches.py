@@ -13,6 +13,8 @@ batches (without moving them to the device), so a resumed run sees the same batc
 
 >>> from torch.utils.data import DataLoader, TensorDataset
 >>> loader = DataLoader(TensorDataset(torch.randn(5, 2), torch.randn(5)), batch_size=2)
+>>> is_data_loader(loader), is_data_loader(torch.nn.Sequential()), is_data_loader(torch.zeros(3))
+(True, False, False)
 >>> stream = BatchStream(loader)
 >>> stream.size, [tuple(stream.next()[0].shape) for _ in range(4)]
 (5, [(2, 2), (2, 2), (1, 2), (2, 2)])
@@ -25,6 +27,7 @@ from typing import Any, Iterator, Optional
 import numpy as np
 import torch
 from torch import Tensor
+from torch.utils.data import DataLoader
 
 from pyro_sdebnn.data.loaders import dataset_size, is_loader, iter_batches, move_batch
 
@@ -32,9 +35,13 @@ __all__ = ["BatchStream", "is_data_loader"]
 
 
 def is_data_loader(arg: Any) -> bool:
-    """Whether a model argument handed to ``mcmc.run`` is a loader (an iterable of batches that is not a tensor,
-    a container, a string or a NumPy array)."""
-    if isinstance(arg, np.ndarray):
+    """Whether a model argument handed to ``mcmc.run`` is a loader: an iterable of batches with a ``dataset``
+    (a :class:`~torch.utils.data.DataLoader`), or an iterator such as a generator (refused later for want of a
+    dataset length). Tensors, containers, NumPy arrays and modules (an ``nn.Sequential`` is iterable) are model
+    arguments."""
+    if isinstance(arg, (np.ndarray, torch.nn.Module)):
+        return False
+    if not (isinstance(arg, DataLoader) or hasattr(arg, "dataset") or isinstance(arg, Iterator)):
         return False
     try:
         return is_loader(arg)

@@ -280,3 +280,54 @@ def test_functional_kernel_takes_a_plain_model_over_tensors(concatenate_inputs):
     idx = torch.arange(3, 13)
     torch.testing.assert_close(kernels[1]._potential_fn(u, idx, points, factor),
                                kernels[0]._potential_fn(u, idx, points, factor))
+
+
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_loader_batches_follow_the_module_device(device, tmp_path):
+    from pyro.nn import PyroModule, PyroSample
+
+    from pyro_sdebnn.infer.mcmc import resume_run, save_run
+
+    class OnDevice(PyroModule):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("scale", torch.ones(2, dtype=torch.float64, device=device))
+            self.w = PyroSample(dist.Normal(torch.zeros(2, dtype=torch.float64, device=device), 1.0).to_event(1))
+
+        def forward(self, x, y=None):
+            f = (x * self.scale) @ self.w
+            with pyro.plate("data", len(x)):
+                return pyro.sample("y", dist.Normal(f, 1.0), obs=y)
+
+    x, y = _data()  # on the CPU: the loader pins them and the kernel moves one batch at a time
+    loader = _loader(x, y, pin_memory=device == "cuda")
+    model = OnDevice()
+    mcmc = MCMC(SGHMC(model, step_size=1e-2, num_steps=2, backend="fx"), num_samples=4, warmup_steps=2,
+                disable_progbar=True)
+    mcmc.run(loader)
+    assert mcmc.get_samples()["w"].device.type == device
+    assert from_pyro(mcmc).log_likelihood["y"].shape == (1, 4, N)
+    save_run(mcmc, tmp_path / "run.pt")
+    resumed = resume_run(tmp_path / "run.pt", SGHMC(model, step_size=1e-2, num_steps=2, backend="fx"), loader,
+                         num_samples=2, disable_progbar=True)
+    assert resumed.get_samples()["w"].shape == (6, 2) and resumed.get_samples()["w"].device.type == device
+
+
+def test_iterable_model_arguments_are_not_taken_for_loaders():
+    x, y = _data()
+    net = torch.nn.Sequential(torch.nn.Identity()).double()  # iterable, but a model argument
+
+    def model(x, y, net):
+        w = pyro.sample("w", dist.Normal(x.new_zeros(2), 1.0).to_event(1))
+        with pyro.plate("data", len(x)):
+            pyro.sample("y", dist.Normal(net(x) @ w, 1.0), obs=y)
+
+    kernel = SGLD(model, step_size=1e-3, subsample_size=10, backend="eager")
+    MCMC(kernel, num_samples=2, warmup_steps=0, disable_progbar=True).run(x, y, net)
+    assert kernel._stream is None and kernel.potential.minibatch_mode == "slice"
