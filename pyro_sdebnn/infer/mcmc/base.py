@@ -43,8 +43,8 @@ from pyro.infer.autoguide.initialization import InitMessenger, init_to_sample
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from torch import Tensor
 
-from pyro_sdebnn.infer.mcmc.batches import BatchStream, is_data_loader
 from pyro_sdebnn.data.loaders import move_batch
+from pyro_sdebnn.infer.mcmc.batches import BatchStream, is_data_loader
 from pyro_sdebnn.infer.mcmc.graph import _arg_key, _compile_graph, _graph_is_stale, _lean_graph
 from pyro_sdebnn.infer.mcmc.potential import MinibatchPotential, _check_subsample_size
 from pyro_sdebnn.infer.mcmc.schedules import StepSizeSchedule, as_schedule
@@ -807,6 +807,7 @@ class SGMCMCKernel(MCMCKernel):
         :func:`pyro_sdebnn.infer.mcmc.save_run`.
 
         :raises ValueError: before the kernel was set up (``mcmc.run``).
+        :raises TypeError: for the functional kernels (their measurement-point stream is not part of the state).
         """
         if not self._checkpointable:
             raise TypeError(f"{self._name} does not support checkpoints (state_dict); SGLD and SGHMC do")
@@ -888,6 +889,11 @@ class SGMCMCKernel(MCMCKernel):
                     f"the checkpoint does not belong to this model and data: its {key} {saved.get(key)!r} differ "
                     f"from {here[key]!r}"
                 )
+        if (sd.get("loader") is None) != (self._stream is None):
+            raise ValueError(
+                "the checkpoint was taken on a run over " + ("a loader" if sd.get("loader") is not None else "tensors")
+                + ": resume it on the same kind of data"
+            )
         left = max(0, int(sd["warmup_steps"]) - int(sd["sample_count"]))
         if warmup_steps != left:
             raise ValueError(
@@ -925,16 +931,10 @@ class SGMCMCKernel(MCMCKernel):
         self._healthy_energy = array(energy["healthy"])
         # trace the step graph now: tracing runs the step once (drawing noise, peeking at the minibatches), which the
         # uninterrupted run did at its first sample, before the random state and the minibatch position are restored
-        self._initial_params = U.split(self._state[0])
         self.build_step_fn()
         batches = sd.get("batches")
         self._batches = None if batches is None else batches.to(U.device)
         self._batch_pos = int(sd["batch_pos"])
-        if (sd.get("loader") is None) != (self._stream is None):
-            raise ValueError(
-                "the checkpoint was taken on a run over " + ("a loader" if sd.get("loader") is not None else "tensors")
-                + ": resume it on the same kind of data"
-            )
         if self._stream is not None:
             self._pending_batch = None
             self._stream.restore(sd["loader"])
