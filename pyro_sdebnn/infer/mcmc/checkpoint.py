@@ -17,8 +17,9 @@ default ``"auto"`` may switch to the compiled step at another point of the run):
     kernel = SGHMC(model, step_size=1e-3, subsample_size=64, backend="fx")
     mcmc = resume_run("run.pt", kernel, x, y, num_samples=500)   # 1000 samples in all
 
-The file holds only tensors, numbers, strings, lists and dicts: it loads with ``torch.load(path,
-weights_only=True)``. Runs over a loader (``mcmc.run(loader)``) resume on the same loader: the epoch in progress
+:class:`CheckpointHook` writes the same file periodically while ``MCMC`` runs (as its ``hook_fn``), so that a
+pre-empted run, even in warm-up, can be resumed from its last checkpoint. The file holds only tensors, numbers,
+strings, lists and dicts: it loads with ``torch.load(path, weights_only=True)``. Runs over a loader (``mcmc.run(loader)``) resume on the same loader: the epoch in progress
 is made again from its recorded random state and the batches already used are skipped. A run of several
 sequential chains (``MCMC(num_chains > 1)``) cannot be checkpointed (the kernel holds the last chain only):
 use ``vectorized_chains`` instead.
@@ -54,7 +55,7 @@ from pyro.infer import MCMC
 
 from pyro_sdebnn.infer.mcmc.base import SGMCMCKernel
 
-__all__ = ["load_checkpoint", "resume_run", "save_run"]
+__all__ = ["CheckpointHook", "load_checkpoint", "resume_run", "save_run"]
 
 _FORMAT = "pyro_sdebnn.sgmcmc_checkpoint"
 _VERSION = 1
@@ -80,15 +81,68 @@ def save_run(mcmc: MCMC, path: PathLike) -> None:
     samples = getattr(mcmc, "_samples", None)
     if not samples:
         raise ValueError("save_run: the MCMC has no samples; call mcmc.run first")
+    # constrained samples as MCMC keeps them: (num_chains=1, draws, [vectorized chains,] *site shape)
+    _write(path, mcmc.kernel, {k: v.detach().cpu().clone() for k, v in samples.items()})
+
+
+def _write(path: PathLike, kernel: SGMCMCKernel, samples: dict[str, torch.Tensor]) -> None:
+    """Write the checkpoint to a temporary file and move it into place: an interrupted write leaves the previous
+    checkpoint intact."""
+    num_samples = int(next(iter(samples.values())).shape[1]) if samples else 0
     checkpoint = {
-        "format": _FORMAT,
-        "version": _VERSION,
-        "kernel": mcmc.kernel.state_dict(),
-        # constrained samples as MCMC keeps them: (num_chains=1, draws, [vectorized chains,] *site shape)
-        "samples": {k: v.detach().cpu().clone() for k, v in samples.items()},
-        "num_samples": int(next(iter(samples.values())).shape[1]),
+        "format": _FORMAT, "version": _VERSION, "kernel": kernel.state_dict(), "samples": samples,
+        "num_samples": num_samples,
     }
-    torch.save(checkpoint, path)
+    tmp = f"{os.fspath(path)}.tmp"
+    torch.save(checkpoint, tmp)
+    os.replace(tmp, path)
+
+
+class CheckpointHook:
+    """A ``hook_fn`` for :class:`pyro.infer.MCMC` that checkpoints the run while it goes (for pre-emptible jobs).
+
+    Every ``every`` calls (warm-up and sampling steps of ``MCMC`` alike) it writes the kernel state and the samples
+    returned so far to ``path``, in the format of :func:`save_run`; the file is replaced atomically, so an
+    interrupted write leaves the previous checkpoint. :func:`resume_run` continues from it (the warm-up left, then
+    the samples). ``hook`` (optional) is called first, as ``MCMC``'s own ``hook_fn`` would be.
+
+    :param path: the checkpoint file.
+    :param int every: write every that many steps of ``MCMC`` (default 100).
+    :param callable hook: another ``hook_fn(kernel, params, stage, i)`` to call.
+
+    ::
+
+        hook = CheckpointHook("run.pt", every=200)
+        mcmc = MCMC(kernel, num_samples=5000, warmup_steps=1000, hook_fn=hook)
+        mcmc.run(loader)                     # interrupted? resume_run("run.pt", kernel, loader, num_samples=...)
+    """
+
+    def __init__(self, path: PathLike, every: int = 100, hook: Any = None) -> None:
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"every must be a positive int, got {every!r}")
+        if hook is not None and not callable(hook):
+            raise TypeError(f"hook must be callable or None, got {type(hook).__name__}")
+        self.path = path
+        self.every = every
+        self.hook = hook
+        self.calls = 0
+        self.samples: dict[str, list[torch.Tensor]] = {}
+
+    def __call__(self, kernel: Any, params: dict[str, torch.Tensor], stage: str, i: int) -> None:
+        if self.hook is not None:
+            self.hook(kernel, params, stage, i)
+        if not isinstance(kernel, SGMCMCKernel):
+            raise TypeError(f"CheckpointHook needs an SG-MCMC kernel, got {type(kernel).__name__}")
+        if "[" in stage:  # "Sample [chain]": MCMC runs several sequential chains
+            raise ValueError("CheckpointHook: runs of several sequential chains (num_chains > 1) cannot be "
+                             "checkpointed; use vectorized_chains")
+        if stage.startswith("Sample"):
+            for name, value in params.items():  # constrained, as MCMC returns them
+                self.samples.setdefault(name, []).append(kernel.transforms[name].inv(value).detach().cpu().clone())
+        self.calls += 1
+        if self.calls % self.every == 0:
+            samples = {k: torch.stack(v).unsqueeze(0) for k, v in self.samples.items()}
+            _write(self.path, kernel, samples)
 
 
 def load_checkpoint(path: PathLike) -> dict[str, Any]:
@@ -144,6 +198,8 @@ def resume_run(
     mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=warmup_left, disable_progbar=disable_progbar)
     mcmc.run(*args, **kwargs)
     old = checkpoint["samples"]
+    if not old:  # saved in warm-up: no samples yet
+        return mcmc
     if set(old) != set(mcmc._samples):
         raise ValueError(f"the checkpoint's samples are of sites {sorted(old)}, the run's of {sorted(mcmc._samples)}")
     mcmc._samples = {

@@ -169,3 +169,47 @@ def test_runs_that_cannot_be_checkpointed_say_why(tmp_path):
         kernel.state_dict()
     with pytest.raises(TypeError, match="state_dict must be a dict returned by SGMCMCKernel.state_dict"):
         SGLD(plain_model).load_state_dict({"t": 3})
+
+
+class _Preempted(Exception):
+    pass
+
+
+@pytest.mark.parametrize("stop_at", [6, 23])  # in warm-up (no samples yet), in sampling
+def test_checkpoint_hook_resumes_an_interrupted_run(tmp_path, stop_at):
+    from pyro_sdebnn.infer.mcmc import CheckpointHook
+
+    x, y = _data()
+    make = _kernels()["sghmc"]
+    loader = _args("loader", x, y)[0]
+    pyro.set_rng_seed(0)
+    full = MCMC(make(backend="fx"), num_samples=20, warmup_steps=10, disable_progbar=True)
+    full.run(loader)
+
+    path = tmp_path / "run.pt"
+    checkpointer = CheckpointHook(path, every=4)
+
+    def preempted_at(kernel, params, stage, i):
+        checkpointer(kernel, params, stage, i)
+        if checkpointer.calls == stop_at:
+            raise _Preempted
+
+    pyro.set_rng_seed(0)
+    with pytest.raises(_Preempted):
+        MCMC(make(backend="fx"), num_samples=20, warmup_steps=10, hook_fn=preempted_at, disable_progbar=True).run(
+            loader
+        )
+    saved = load_checkpoint(path)  # the last one before the interruption: after call 4 or call 20
+    assert saved["num_samples"] == max(0, 4 * (stop_at // 4) - 10)
+    left = 20 - saved["num_samples"]
+    resumed = resume_run(path, make(backend="fx"), loader, num_samples=left, disable_progbar=True)
+    torch.testing.assert_close(resumed.get_samples()["w"], full.get_samples()["w"], rtol=0, atol=0)
+
+
+def test_checkpoint_hook_checks_its_arguments(tmp_path):
+    from pyro_sdebnn.infer.mcmc import CheckpointHook
+
+    with pytest.raises(ValueError, match="every must be a positive int"):
+        CheckpointHook(tmp_path / "run.pt", every=0)
+    with pytest.raises(TypeError, match="hook must be callable"):
+        CheckpointHook(tmp_path / "run.pt", hook="print")
