@@ -17,7 +17,9 @@ Pyro's own ``MCMC`` runner (progress bar, chains, ``initial_params``, ``hook_fn`
   :func:`posterior_prediction` (a ``ClassificationPrediction`` / ``RegressionPrediction``),
   :func:`function_space_diagnostics` (ESS / R-hat of the predictions);
 - building blocks: :class:`MinibatchPotential`, :class:`FunctionalPotential`, :class:`MeasurementPoints`,
-  :class:`SampleWriter` / :func:`load_samples` (stream samples to disk), :class:`BayesianMLP` (an example model).
+  :class:`SampleWriter` / :func:`load_samples` (stream samples to disk), :class:`BayesianMLP` (an example model);
+- data: tensors (``mcmc.run(x, y)``) or a loader (``mcmc.run(loader)``), for plain models as written for NUTS;
+- checkpoints: :func:`save_run`, :func:`resume_run`, :class:`CheckpointHook`, :func:`load_checkpoint`.
 
 The pure update rules live in :mod:`pyro_sdebnn.ops.sgmcmc`.
 
@@ -34,6 +36,7 @@ from pyro_sdebnn.infer.mcmc.arviz_utils import (
     posterior_prediction,
 )
 from pyro_sdebnn.infer.mcmc.base import MinibatchPotential, SamplerDivergenceError, SGMCMCKernel
+from pyro_sdebnn.infer.mcmc.checkpoint import CheckpointHook, load_checkpoint, resume_run, save_run
 from pyro_sdebnn.infer.mcmc.fsghmc import FSGHMC
 from pyro_sdebnn.infer.mcmc.fsgld import FSGLD
 from pyro_sdebnn.infer.mcmc.functional import FunctionalPotential
@@ -53,6 +56,7 @@ from pyro_sdebnn.infer.predictive import ClassificationPrediction, RegressionPre
 
 __all__ = [
     "BayesianMLP",
+    "CheckpointHook",
     "ClassificationPrediction",
     "ConstantStepSize",
     "CyclicalStepSize",
@@ -73,7 +77,10 @@ __all__ = [
     "from_pyro",
     "function_space_diagnostics",
     "get_samples",
+    "load_checkpoint",
     "load_samples",
+    "resume_run",
+    "save_run",
     "pointwise_log_likelihood",
     "posterior_prediction",
 ]

@@ -28,6 +28,8 @@ from pyro.poutine.util import site_is_subsample
 from pyro.ops.stats import effective_sample_size, split_gelman_rubin
 from torch import Tensor
 
+from pyro_sdebnn.data.loaders import iter_batches
+from pyro_sdebnn.infer.mcmc.batches import is_data_loader
 from pyro_sdebnn.infer.predictive import ClassificationPrediction, RegressionPrediction
 
 __all__ = [
@@ -97,7 +99,9 @@ def pointwise_log_likelihood(
 
     :param callable model: the Pyro model.
     :param dict samples: constrained posterior samples, each ``(S, *site_shape)``.
-    :param args: model arguments (the full data).
+    :param args: model arguments (the full data), or a loader of ``(x, y)`` batches alone: the model then runs
+        on every batch of one pass over the loader and the log-likelihoods are concatenated along the data
+        dimension (all :math:`N` points; the batches go to the samples' device one at a time).
     :param bool vectorize: ``True`` uses :class:`pyro.infer.Predictive`'s vectorised trace, ``False`` runs the
         model draw by draw, ``None`` (default) tries the former and falls back to the latter.
     :rtype: dict
@@ -111,6 +115,8 @@ def pointwise_log_likelihood(
     >>> ll["y"].shape
     torch.Size([4, 3])
     """
+    if len(args) == 1 and is_data_loader(args[0]):
+        return _loader_log_likelihood(model, samples, args[0], vectorize, kwargs)[1]
     num_draws = next(iter(samples.values())).shape[0]
     if vectorize is not False:
         try:
@@ -140,6 +146,26 @@ def pointwise_log_likelihood(
     if not per_site:
         raise ValueError("the model has no observed sites under these arguments; pass the observations")
     return {k: torch.stack(v) for k, v in per_site.items()}
+
+
+def _loader_log_likelihood(
+    model: Callable, samples: dict[str, Tensor], loader: Any, vectorize: Optional[bool], kwargs: dict
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """The observed values and the pointwise log-likelihood over one pass of ``loader``, batch by batch, both
+    concatenated along the data dimension (in the same order). Torch's random state is left unchanged (a shuffling
+    loader draws its permutation from it)."""
+    like = next(iter(samples.values()))
+    observed: dict[str, list[Tensor]] = {}
+    ll: dict[str, list[Tensor]] = {}
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        for x, y in iter_batches(loader, like.device, like.dtype):
+            with poutine.block():
+                trace = poutine.trace(model).get_trace(x, y, **kwargs)
+            for name in _observed_sites(trace):
+                observed.setdefault(name, []).append(trace.nodes[name]["value"].detach().cpu())
+            for name, value in pointwise_log_likelihood(model, samples, x, y, vectorize=vectorize, **kwargs).items():
+                ll.setdefault(name, []).append(value)
+    return {k: torch.cat(v) for k, v in observed.items()}, {k: torch.cat(v, 1) for k, v in ll.items()}
 
 
 def from_pyro(mcmc: Any, *, log_likelihood: bool = True, **kwargs: Any) -> Any:
@@ -181,14 +207,20 @@ def from_pyro(mcmc: Any, *, log_likelihood: bool = True, **kwargs: Any) -> Any:
     groups: dict[str, Any] = {"posterior": posterior, "sample_stats": {"diverging": diverging.numpy()}}
     args, kw = mcmc._args or (), mcmc._kwargs or {}
     model = mcmc.kernel.model
-    with poutine.block(), torch.no_grad():
-        trace = poutine.trace(model).get_trace(*args, **kw)
-    observed = {n: trace.nodes[n]["value"].detach().cpu().numpy() for n in _observed_sites(trace)}
+    flat = {k: v.flatten(0, 1) for k, v in samples.items()}
+    if len(args) == 1 and is_data_loader(args[0]):  # mcmc.run(loader): one pass over the loader gives all N points
+        observed, ll = _loader_log_likelihood(model, flat, args[0], None, kw)
+        observed = {n: v.numpy() for n, v in observed.items()}
+    else:
+        with poutine.block(), torch.no_grad():
+            trace = poutine.trace(model).get_trace(*args, **kw)
+        observed = {n: trace.nodes[n]["value"].detach().cpu().numpy() for n in _observed_sites(trace)}
+        ll = None
     if observed:
         groups["observed_data"] = observed
     if log_likelihood and observed:
-        flat = {k: v.flatten(0, 1) for k, v in samples.items()}
-        ll = pointwise_log_likelihood(model, flat, *args, **kw)
+        if ll is None:
+            ll = pointwise_log_likelihood(model, flat, *args, **kw)
         groups["log_likelihood"] = {
             n: v.reshape((num_chains, num_draws) + v.shape[1:]).cpu().numpy() for n, v in ll.items()
         }

@@ -28,6 +28,7 @@ per call). On the 2-50-50-1 network this halves the node count (161 -> 77 ATen c
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import warnings
@@ -42,6 +43,8 @@ from pyro.infer.autoguide.initialization import InitMessenger, init_to_sample
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from torch import Tensor
 
+from pyro_sdebnn.data.loaders import move_batch
+from pyro_sdebnn.infer.mcmc.batches import BatchStream, is_data_loader
 from pyro_sdebnn.infer.mcmc.graph import _arg_key, _compile_graph, _graph_is_stale, _lean_graph
 from pyro_sdebnn.infer.mcmc.potential import MinibatchPotential, _check_subsample_size
 from pyro_sdebnn.infer.mcmc.schedules import StepSizeSchedule, as_schedule
@@ -89,6 +92,16 @@ def _chain_finite(state: tuple) -> Tensor:
     return torch.stack(
         [(t.abs() <= _representable_bound(t.dtype)).reshape(chains, -1).all(-1) for t in state]
     ).all(0)
+
+
+def _model_device_dtype(model: Callable) -> tuple[Any, Optional[torch.dtype]]:
+    """The device and floating-point dtype of a model's parameters (a ``PyroModule``), else torch's default device
+    and no dtype (the batches keep theirs)."""
+    if isinstance(model, torch.nn.Module):
+        for t in list(model.parameters()) + list(model.buffers()):
+            if t.is_floating_point():
+                return t.device, t.dtype
+    return torch.get_default_device(), None
 
 
 class SGMCMCKernel(MCMCKernel):
@@ -175,6 +188,11 @@ class SGMCMCKernel(MCMCKernel):
         self._step_fn: Optional[Callable] = None
         self.backend_used: Optional[str] = None
         self._auto: Optional[dict] = None
+        self._stream: Optional[BatchStream] = None
+        self._pending_batch: Optional[tuple] = None
+        self._batch_data: Optional[tuple] = None
+        self._kwarg_tensors: tuple = ()
+        self._resume: Optional[dict] = None
         self._reset()
 
     # ----- subclass interface ------------------------------------------------------------------------------------
@@ -187,8 +205,34 @@ class SGMCMCKernel(MCMCKernel):
     def _build_potential(self, args: tuple, kwargs: dict) -> MinibatchPotential:
         return MinibatchPotential(
             self.model, args, kwargs, subsample_size=self.subsample_size, data_plate=self.data_plate,
-            transforms=self.user_transforms,
+            transforms=self.user_transforms, data_size=None if self._stream is None else self._stream.size,
         )
+
+    _takes_loader = True  # the functional kernels do not (their measurement points come from the full inputs)
+    _checkpointable = True
+
+    def _start_stream(self, args: tuple, kwargs: dict) -> tuple:
+        """``mcmc.run(loader)``: the model's arguments become the loader's first ``(x, y)`` batch, moved to the
+        model's device and dtype (the batch is also the first step's)."""
+        self._stream = None
+        self._pending_batch = None
+        if not any(is_data_loader(a) for a in args) and not any(is_data_loader(v) for v in kwargs.values()):
+            return args
+        if not self._takes_loader:
+            raise TypeError(f"{self._name} does not take a loader: pass the data as tensors (mcmc.run(x, y))")
+        if len(args) != 1 or not is_data_loader(args[0]):
+            raise TypeError(
+                "a loader must be the only positional argument of mcmc.run (mcmc.run(loader), the model being "
+                "called as model(x, y) on each batch); keyword arguments are passed to the model unchanged"
+            )
+        if self.subsample_size is not None:
+            raise ValueError(
+                "subsample_size must be None with a loader: the minibatch size is the loader's batch_size"
+            )
+        device, dtype = _model_device_dtype(self.model)
+        self._stream = BatchStream(args[0], device, dtype)
+        self._pending_batch = self._stream.next()
+        return self._pending_batch
 
     def _potential_and_grad_inputs(self) -> tuple:
         """Extra tensor inputs of the potential for the next step (none for weight-space kernels)."""
@@ -234,7 +278,10 @@ class SGMCMCKernel(MCMCKernel):
     def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
         self._reset()
         self._warmup_steps = warmup_steps
+        args = self._start_stream(args, kwargs)
         key = (tuple(_arg_key(a) for a in args), tuple((k, _arg_key(v)) for k, v in sorted(kwargs.items())))
+        if self._stream is not None:  # the first batch stands for the loader: the key is the loader and its shapes
+            key = ("loader", id(self._stream.loader), tuple(_arg_key(a)[2:4] for a in args), key[1])
         # the key holds the version counters of the tensors: data changed in place also rebuild the potential
         # (validating the data again) and trace the step again
         if self.potential is None or key != self._graph_key:
@@ -246,6 +293,15 @@ class SGMCMCKernel(MCMCKernel):
         elif self._step_fn is not None and _graph_is_stale(getattr(self._step_fn, "graph_module", None)):
             self._step_fn = None  # a tensor the graph folded constants from (not an argument) changed in place
         U = self.potential
+        if self._stream is not None:  # later batches follow the model's device and dtype
+            self._stream.device, self._stream.dtype = U.device, U.dtype
+            self._pending_batch = tuple(move_batch(t, U.device, U.dtype) for t in self._pending_batch)
+            self._kwarg_tensors = U.data_tensors()[len(self._pending_batch):]
+        if self._resume is not None:
+            self._restore(self._resume, warmup_steps)
+            if self.sample_writer is not None:
+                self.sample_writer.start_chain()
+            return
         if self._initial_params is None:
             self._initial_params = self._draw_initial_params()
         position = U.pack(self._initial_params).to(U.dtype)
@@ -287,6 +343,37 @@ class SGMCMCKernel(MCMCKernel):
         idx = self._batches[self._batch_pos]
         self._batch_pos += 1
         return idx
+
+    def _next_data(self) -> Optional[tuple]:
+        """With a loader, the data tensors of the next step (its ``(x, y)`` batch and the tensors among the keyword
+        arguments, in the order of :meth:`MinibatchPotential.data_tensors`); ``None`` with tensors."""
+        if self._stream is None:
+            return None
+        batch, self._pending_batch = self._pending_batch, None
+        if batch is None:
+            batch = self._stream.next()
+        return tuple(batch) + self._kwarg_tensors
+
+    def _bind(self, data: Optional[tuple]) -> Any:
+        """Within the block the model runs on the batch ``data`` (a no-op with tensors)."""
+        return contextlib.nullcontext() if data is None else self.potential.bound_data(data)
+
+    def _take_step(self, step_fn: Callable, state: tuple, eta: Tensor) -> tuple:
+        """One inner step on the next minibatch (indices with tensors, the next batch with a loader)."""
+        idx = self._next_indices()
+        data = self._next_data()
+        extra = self._potential_and_grad_inputs()
+        if data is None:
+            return step_fn(state, idx, eta, *extra)
+        if self.backend_used != "eager" and [t.shape for t in data] == getattr(self, "_graph_shapes", None):
+            self._batch_data = data
+            try:
+                return step_fn(state, idx, eta, *extra)
+            finally:
+                self._batch_data = None
+        # a batch of another shape than the traced one (the last, smaller batch of an epoch): the per-step trace
+        with self._bind(data):
+            return self._eager_step(state, idx, eta, *extra)
 
     # ----- the step function -------------------------------------------------------------------------------------
     def _single_step(self, state: tuple, idx: Optional[Tensor], step_size: Tensor, *extra: Tensor) -> tuple:
@@ -386,6 +473,7 @@ class SGMCMCKernel(MCMCKernel):
             return self._eager_step
         _lean_graph(graph)
         self._graph_module, self._graph_layout, self._graph_data = graph, (num_state, has_idx), data
+        self._graph_shapes = [t.shape for t in data]
         self._auto = {"fx_seconds": 0.0, "fx_steps": 0, "compiled": None, "decided": self.backend != "auto"}
         self.backend_used = backend
         return self._wrap_graph(_compile_graph(graph) if backend == "compile" else graph.forward)
@@ -395,7 +483,8 @@ class SGMCMCKernel(MCMCKernel):
         data = self._graph_data  # the model's data tensors, read afresh by every call
 
         def step_fn(state: tuple, idx: Optional[Tensor], step_size: Tensor, *extra: Tensor) -> tuple:
-            out = run(*state, idx, step_size, *extra, *data) if has_idx else run(*state, step_size, *extra, *data)
+            inputs = data if self._batch_data is None else self._batch_data  # a loader's batch replaces the data
+            out = run(*state, idx, step_size, *extra, *inputs) if has_idx else run(*state, step_size, *extra, *inputs)
             return out[:num_state], out[num_state]
 
         step_fn.graph_module = self._graph_module  # type: ignore[attr-defined]
@@ -456,16 +545,18 @@ class SGMCMCKernel(MCMCKernel):
         with pyro.validation_enabled(False):  # a diverging fit is reported below, not as a validation error
             for step in range(_AUTO_MAP_STEPS if auto else self.map_steps):
                 idx = self._next_indices()
+                data = self._next_data()
                 optim.zero_grad()
-                if self.vectorized_chains == 1:
-                    value = self._potential_fn(position, idx, *self._potential_and_grad_inputs())
-                else:
-                    value = sum(
-                        self._potential_fn(
-                            position[k], None if idx is None else idx[k], *self._potential_and_grad_inputs()
+                with self._bind(data):
+                    if self.vectorized_chains == 1:
+                        value = self._potential_fn(position, idx, *self._potential_and_grad_inputs())
+                    else:
+                        value = sum(
+                            self._potential_fn(
+                                position[k], None if idx is None else idx[k], *self._potential_and_grad_inputs()
+                            )
+                            for k in range(self.vectorized_chains)
                         )
-                        for k in range(self.vectorized_chains)
-                    )
                 value.backward()
                 optim.step()
                 if auto:
@@ -513,7 +604,7 @@ class SGMCMCKernel(MCMCKernel):
                 if not constant:
                     eta = torch.tensor(self._eta(self._t), dtype=U.dtype, device=U.device)
                 try:
-                    state, value = step_fn(state, self._next_indices(), eta, *self._potential_and_grad_inputs())
+                    state, value = self._take_step(step_fn, state, eta)
                 except (RuntimeError, ValueError) as e:
                     # an op that refuses non-finite input (a distribution's argument validation in the eager
                     # step, torch.bernoulli or a Cholesky factorisation in the model ...): a divergence if the
@@ -699,6 +790,167 @@ class SGMCMCKernel(MCMCKernel):
         restarted = [torch.where(mask, healthy[0], state[0])]
         restarted += [torch.where(mask, torch.zeros_like(t), t) for t in state[1:]]
         return tuple(restarted)
+
+    # ----- checkpoints ------------------------------------------------------------------------------------------
+    def _signature(self) -> dict[str, Any]:
+        """What a checkpoint must match: the kernel, its latent sites and the data sizes."""
+        return {"kernel": type(self).__name__, **self._signature_of_model()}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state of the chain after the last :meth:`sample`, enough to continue it exactly.
+
+        The position and auxiliary state (momentum, RMSprop average; unconstrained, flat), the inner step count
+        (the position in the step-size schedule), the sample count, the warm-up step-size factor and divergence
+        records, the energy history of the divergence check, the minibatch position (the index pass, or the loader's
+        epoch and batch) and torch's random state. It holds only tensors, numbers, strings, lists and dicts, so
+        ``torch.save`` / ``torch.load(path, weights_only=True)`` round-trip it. See
+        :func:`pyro_sdebnn.infer.mcmc.save_run`.
+
+        :raises ValueError: before the kernel was set up (``mcmc.run``).
+        :raises TypeError: for the functional kernels (their measurement-point stream is not part of the state).
+        """
+        if not self._checkpointable:
+            raise TypeError(f"{self._name} does not support checkpoints (state_dict); SGLD and SGHMC do")
+        if self.potential is None or self._state is None:
+            raise ValueError("state_dict: the kernel has no chain yet; run it first (mcmc.run)")
+
+        def tensors(state: Optional[tuple]) -> Optional[list[Tensor]]:
+            return None if state is None else [t.detach().clone() for t in state]
+
+        def array(a: Optional[np.ndarray]) -> Optional[Tensor]:
+            return None if a is None else torch.as_tensor(np.asarray(a, dtype=np.float64).copy())
+
+        batch_pos = self._batch_pos
+        stream = None
+        if self._stream is not None:
+            stream = self._stream.state_dict()
+            if self._pending_batch is not None:  # the first batch was drawn but not used yet
+                stream["position"] -= 1
+        rng = {"cpu": torch.get_rng_state()}
+        if self.potential.device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state(self.potential.device)
+        return {
+            "signature": self._signature(),
+            "state": tensors(self._state),
+            "healthy": tensors(self._healthy),
+            "uncertified": tensors(self._uncertified),
+            "last_potential": None if self._last_potential is None else self._last_potential.detach().clone(),
+            "t": int(self._t),
+            "sample_count": int(self._sample_count),
+            "warmup_steps": int(self._warmup_steps),
+            "step_scale": float(self._step_scale),
+            "divergences": [int(i) for i in self._divergences],
+            "divergence_log": [dict(r) for r in self.divergence_log],
+            "map_steps_taken": int(self.map_steps_taken),
+            "energy": {
+                "all": [array(r) for r in self._energy_all],
+                "recent": [array(r) for r in self._energy_recent],
+                "stride": int(self._energy_stride),
+                "seen": int(self._energy_seen),
+                "healthy": array(self._healthy_energy),
+            },
+            "batches": None if self._batches is None else self._batches.clone(),
+            "batch_pos": int(batch_pos),
+            "loader": stream,
+            "rng": rng,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict` on the next ``setup`` (the next ``mcmc.run``), which must get the same
+        model and data (the same loader for a run over a loader): it restores the chain instead of drawing initial
+        values, and torch's random state, so the continued chain is the one an uninterrupted run would have given
+        (bitwise on CPU with a fixed ``backend``). The ``warmup_steps`` of that run must be the warm-up left in the
+        checkpoint (0 once sampling began); :func:`pyro_sdebnn.infer.mcmc.resume_run` does all this.
+
+        :raises TypeError: if ``state_dict`` is not a dict of the expected layout.
+        """
+        required = ("signature", "state", "t", "sample_count", "warmup_steps", "rng", "energy")
+        if not self._checkpointable:
+            raise TypeError(f"{self._name} does not support checkpoints (load_state_dict); SGLD and SGHMC do")
+        if not isinstance(state_dict, dict) or any(k not in state_dict for k in required):
+            raise TypeError(
+                "state_dict must be a dict returned by SGMCMCKernel.state_dict() (keys "
+                f"{list(required)}), got {type(state_dict).__name__}"
+            )
+        if state_dict["signature"].get("kernel") != type(self).__name__:
+            raise ValueError(
+                f"the checkpoint is of a {state_dict['signature'].get('kernel')} kernel, not of {type(self).__name__}"
+            )
+        self._resume = state_dict
+
+    def _restore(self, sd: dict[str, Any], warmup_steps: int) -> None:
+        """Restore the chain saved by :meth:`state_dict` (called by ``setup``)."""
+        self._resume = None
+        U = self.potential
+        saved, here = sd["signature"], self._signature_of_model()
+        for key in ("sites", "data_sizes", "vectorized_chains"):
+            if saved.get(key) != here[key]:
+                raise ValueError(
+                    f"the checkpoint does not belong to this model and data: its {key} {saved.get(key)!r} differ "
+                    f"from {here[key]!r}"
+                )
+        if (sd.get("loader") is None) != (self._stream is None):
+            raise ValueError(
+                "the checkpoint was taken on a run over " + ("a loader" if sd.get("loader") is not None else "tensors")
+                + ": resume it on the same kind of data"
+            )
+        left = max(0, int(sd["warmup_steps"]) - int(sd["sample_count"]))
+        if warmup_steps != left:
+            raise ValueError(
+                f"warmup_steps={warmup_steps} on resuming, but the checkpoint has {left} warm-up step(s) left: "
+                f"run MCMC(..., warmup_steps={left}) (resume_run does)"
+            )
+
+        def tensors(ts: Optional[list]) -> Optional[tuple]:
+            return None if ts is None else tuple(t.to(device=U.device, dtype=U.dtype) for t in ts)
+
+        state = tensors(sd["state"])
+        if len(state) != len(self._state_type._fields):
+            raise ValueError("the checkpoint's chain state does not match this kernel's (e.g. preconditioned or not)")
+        self._state = state
+        self._healthy = tensors(sd["healthy"])
+        self._uncertified = tensors(sd["uncertified"])
+        last = sd.get("last_potential")
+        self._last_potential = None if last is None else last.to(U.device)
+        self._t = int(sd["t"])
+        self._sample_count = int(sd["sample_count"])
+        self._warmup_steps = int(sd["warmup_steps"])
+        self._step_scale = float(sd["step_scale"])
+        self._eta_tensor = None
+        self._divergences = [int(i) for i in sd["divergences"]]
+        self.divergence_log = [dict(r) for r in sd["divergence_log"]]
+        self.map_steps_taken = int(sd["map_steps_taken"])
+        energy = sd["energy"]
+
+        def array(t: Optional[Tensor]) -> Optional[np.ndarray]:
+            return None if t is None else t.numpy().copy()
+
+        self._energy_all = [array(r) for r in energy["all"]]
+        self._energy_recent = deque((array(r) for r in energy["recent"]), maxlen=_RECENT)
+        self._energy_stride, self._energy_seen = int(energy["stride"]), int(energy["seen"])
+        self._healthy_energy = array(energy["healthy"])
+        # trace the step graph now: tracing runs the step once (drawing noise, peeking at the minibatches), which the
+        # uninterrupted run did at its first sample, before the random state and the minibatch position are restored
+        self.build_step_fn()
+        batches = sd.get("batches")
+        self._batches = None if batches is None else batches.to(U.device)
+        self._batch_pos = int(sd["batch_pos"])
+        if self._stream is not None:
+            self._pending_batch = None
+            self._stream.restore(sd["loader"])
+        torch.set_rng_state(sd["rng"]["cpu"])
+        if "cuda" in sd["rng"] and U.device.type == "cuda":
+            torch.cuda.set_rng_state(sd["rng"]["cuda"], U.device)
+        self._initial_params = U.split(self._state[0])
+        self._last_params = self._initial_params
+
+    def _signature_of_model(self) -> dict[str, Any]:
+        U = self.potential
+        return {
+            "sites": [[site.name, list(site.shape)] for site in U.sites],
+            "data_sizes": {p: int(n) for p, n in U.data_sizes.items()},
+            "vectorized_chains": int(self.vectorized_chains),
+        }
 
     def cleanup(self) -> None:
         if self.sample_writer is not None:

@@ -55,6 +55,10 @@ class FSGHMC(FunctionalKernelMixin, SGHMC):
     """
 
     _name = "fSGHMC"
+    # the measurement points are drawn from the full training inputs, and their random stream (and background
+    # prefetch) is not part of the kernel state: no loader and no checkpoints for the functional kernels
+    _takes_loader = False
+    _checkpointable = False
 
     def __init__(self, model: Callable, *, step_size: Union[float, StepSizeSchedule] = 1e-4, **kwargs: Any) -> None:
         super().__init__(model, step_size=step_size, **kwargs)

@@ -45,6 +45,7 @@ from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Seque
 import pyro
 import torch
 from pyro import poutine
+from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import site_is_subsample
 from torch import Tensor
 from torch.distributions import biject_to
@@ -281,6 +282,36 @@ def _check_latents_outside_plate(
         )
 
 
+class _DataScale(Messenger):
+    """Scale every site inside a data plate ``p`` by :math:`N_p / b`, :math:`b` being the plate's size in this run.
+
+    Used when the model is run on a minibatch itself (a batch of a loader, or the data arguments sliced by the
+    minibatch indices): its plate ``pyro.plate("data", len(x))`` then has the minibatch size :math:`b`, and this
+    handler restores the :math:`N/b` scaling that a subsampled ``pyro.plate`` would apply.
+    """
+
+    def __init__(self, sizes: Mapping[str, int]) -> None:
+        super().__init__()
+        self.sizes = dict(sizes)
+
+    def _process_message(self, msg: dict) -> None:
+        if msg["type"] != "sample" or site_is_subsample(msg):
+            return
+        for frame in msg["cond_indep_stack"]:
+            n = self.sizes.get(frame.name)
+            if n is not None and frame.vectorized and frame.size != n:
+                msg["scale"] = msg["scale"] * (n / frame.size)
+
+
+def _slice_data(tree: Any, size: int, idx: Tensor) -> Any:
+    """Every tensor of ``tree`` whose leading dimension is ``size`` (a data argument) gathered at ``idx``."""
+    leaves, spec = tree_flatten(tree)
+    leaves = [
+        leaf[idx] if torch.is_tensor(leaf) and leaf.dim() >= 1 and leaf.shape[0] == size else leaf for leaf in leaves
+    ]
+    return tree_unflatten(leaves, spec)
+
+
 class MinibatchPotential:
     """The minibatch potential :math:`\\tilde U(u)` of a Pyro model as a function of a flat unconstrained vector.
 
@@ -293,11 +324,17 @@ class MinibatchPotential:
     full-data terms (scale 1). With several subsampled plates, the indices ``idx`` handed to the potential are the
     concatenation of each plate's indices in the order of ``subsampled_plates`` (see :meth:`join_indices`).
 
-    :param callable model: a Pyro model; its likelihood must sit in a plate over the data whose indices index
-        the data (``with pyro.plate("data", len(x)) as idx: ... obs=y[idx]``), with the network weights
+    The model reaches a minibatch in one of three ways (``minibatch_mode``): ``"index"`` when it indexes the data
+    with the plate's indices (the minibatch indices are the plate's subsample); ``"slice"`` for a plain model
+    (``with pyro.plate("data", len(x)): ... obs=y``) under ``subsample_size``: every tensor argument whose leading
+    dimension is the plate's size :math:`N` is sliced by the minibatch indices and the sites of the data plate are
+    scaled by :math:`N/b`; ``"batch"`` with ``data_size=N``: the arguments are one minibatch already (a loader's
+    batch) and the data plate, of size :math:`b` = its batch size, is scaled by :math:`N/b`.
+
+    :param callable model: a Pyro model; its likelihood sits in a plate over the data, with the network weights
         sampled outside that plate. Local latent variables (sampled inside a subsampled data plate) are not
         supported under subsampling.
-    :param tuple model_args: positional arguments of the model (the full data).
+    :param tuple model_args: positional arguments of the model (the full data; one minibatch with ``data_size``).
     :param dict model_kwargs: keyword arguments of the model.
     :param subsample_size: minibatch size :math:`b`: an int for every data plate, a dict
         ``{plate name: size}`` (the plates it names are the subsampled data plates; other plates are not
@@ -308,6 +345,8 @@ class MinibatchPotential:
         accepts (used by the functional kernels, which drop the weight-space prior).
     :param dict transforms: optional ``{site: transform}`` from constrained to unconstrained space (as for Pyro's
         ``HMC``); other sites use ``biject_to(support).inv``.
+    :param int data_size: the number of data points :math:`N` when ``model_args`` are one minibatch of them (a
+        batch of a loader); excludes ``subsample_size``. The model must then have one data plate.
 
     >>> import pyro.distributions as dist
     >>> def model(x, y=None):
@@ -335,6 +374,18 @@ class MinibatchPotential:
     (('first', 'second'), {'first': 10, 'second': 6})
     >>> U2(torch.zeros(1), U2.join_indices({"first": torch.arange(5), "second": torch.tensor([0, 3])})).shape
     torch.Size([])
+
+    A plain model (no plate indices), under subsampling and on one batch of a loader:
+
+    >>> def plain(x, y=None):
+    ...     w = pyro.sample("w", dist.Normal(0.0, 1.0))
+    ...     with pyro.plate("data", len(x)):
+    ...         pyro.sample("y", dist.Normal(w * x, 1.0), obs=y)
+    >>> MinibatchPotential(plain, (x, y), subsample_size=5).minibatch_mode
+    'slice'
+    >>> U3 = MinibatchPotential(plain, (x[:4], y[:4]), data_size=10)
+    >>> U3.minibatch_mode, U3.data_size
+    ('batch', 10)
     """
 
     def __init__(
@@ -347,11 +398,24 @@ class MinibatchPotential:
         data_plate: Union[None, str, Sequence[str]] = None,
         prior_filter: Optional[Callable[[str, dict], bool]] = None,
         transforms: Optional[dict] = None,
+        data_size: Optional[int] = None,
     ) -> None:
         if not callable(model):
             raise TypeError(f"model must be callable, got {type(model).__name__}")
         _check_subsample_size(subsample_size)
         data_plates = _data_plate_names(data_plate)
+        if data_size is not None:
+            if isinstance(data_size, bool) or not isinstance(data_size, int) or data_size < 1:
+                raise ValueError(f"data_size must be a positive int (the number of data points N), got {data_size!r}")
+            if subsample_size is not None:
+                raise ValueError(
+                    "data_size= (the model arguments are one minibatch of N data points) excludes subsample_size=: "
+                    "the minibatch size is the size of the batch the model is run on"
+                )
+        # how a minibatch reaches the model: "index" (the subsample of the data plate indexes the full data),
+        # "slice" (the data arguments are sliced by the minibatch indices and the data plate scaled by N/b) or
+        # "batch" (the arguments are a minibatch already, e.g. a loader's batch; the data plate scaled by N/b)
+        self.minibatch_mode = "batch" if data_size is not None else "index"
         self.model = model
         self.model_args = tuple(model_args)
         self.model_kwargs = dict(model_kwargs or {})
@@ -364,6 +428,8 @@ class MinibatchPotential:
         self._find_sites(trace)
         _check_observed_values(trace, self.observed_sites)
         self._find_data_plates(trace, data_plates, subsample_size)
+        if data_size is not None:
+            self._use_batch_data_size(data_size)
         self._constant_normal_priors = self._find_constant_normal_priors(trace)
         self._build_gaussian_prior(trace)
         self.subsample_size = subsample_size
@@ -371,6 +437,28 @@ class MinibatchPotential:
             # local latent variables are fine with full-batch gradients, not with a subsampled plate
             _check_latents_outside_plate(trace, self.subsampled_plates)
             self._check_subsampling()
+        elif data_size is not None:
+            _check_latents_outside_plate(trace, self.data_plates)
+
+    def _use_batch_data_size(self, data_size: int) -> None:
+        """The model arguments are one minibatch of ``data_size`` points: the data plate is scaled by ``N/b``."""
+        if len(self.data_plates) != 1:
+            raise ValueError(
+                "with a loader the model must have exactly one plate over the data (found "
+                f"{list(self.data_plates) or 'none'}): put the likelihood in `with pyro.plate('data', len(x)):`, or "
+                "name the plate with data_plate="
+            )
+        self.data_sizes = {self.data_plate: data_size}
+        self.data_size = data_size
+        self.subsample_sizes = {}
+        self.subsampled_plates = ()
+        self.batch_size = None
+
+    @property
+    def scales_data_plate(self) -> bool:
+        """Whether the model runs on a minibatch itself (``minibatch_mode`` ``"slice"`` or ``"batch"``), its data
+        plate being scaled by :math:`N/b`."""
+        return self.minibatch_mode != "index"
 
     # ----- structure -------------------------------------------------------------------------------------------
     def _find_sites(self, trace: Any) -> None:
@@ -574,24 +662,48 @@ class MinibatchPotential:
         return tuple(sorted(names, key=order.__getitem__))
 
     def _check_subsampling(self) -> None:
+        """Run the model once on a minibatch, as the model indexing the data with the plate's indices
+        (``minibatch_mode="index"``); if that fails and one plate is subsampled, as a plain model run on the data
+        arguments sliced by the minibatch indices (``minibatch_mode="slice"``)."""
+        plates = ", ".join(f"'{p}' (size {b})" for p, b in self.subsample_sizes.items())
+        error = self._try_minibatch()
+        if error is None:
+            return
+        if len(self.subsampled_plates) == 1:
+            self.minibatch_mode = "slice"
+            leaves, _ = tree_flatten((self.model_args, self.model_kwargs))
+            sliced = any(torch.is_tensor(t) and t.dim() >= 1 and t.shape[0] == self.data_size for t in leaves)
+            second = self._try_minibatch() if sliced else None
+            if sliced and second is None:
+                return
+            self.minibatch_mode = "index"
+        e = error
+        first_line = str(e).splitlines()[0] if str(e) else ""
+        p = self.subsampled_plates[0]
+        raise ValueError(
+            f"running the model with a minibatch of plate {plates} failed ({type(e).__name__}: {first_line}). "
+            "The likelihood must either index the data with the plate's indices "
+            f"(`with pyro.plate('{p}', len(x)) as idx: pyro.sample(..., obs=y[idx])`, f(x[idx])) or, for a plain "
+            f"model (`with pyro.plate('{p}', len(x)): pyro.sample(..., obs=y)`), take the data as arguments whose "
+            f"leading dimension is the plate's size {self.data_sizes[p]} (they are then sliced by the minibatch "
+            "indices)."
+        ) from e
+
+    def _try_minibatch(self) -> Optional[Exception]:
+        """Trace the model on a minibatch in the current ``minibatch_mode``: the error, or ``None`` if it worked."""
         idx = self.join_indices(
             {p: torch.arange(b, device=self.device) for p, b in self.subsample_sizes.items()}
         )
         values = self.unpack(torch.zeros(self.dim, dtype=self.dtype, device=self.device))[0]
-        plates = ", ".join(f"'{p}' (size {b})" for p, b in self.subsample_sizes.items())
         try:
             with pyro.validation_enabled(True), poutine.block():
                 trace = self._trace(values, idx)
                 trace.log_prob_sum()
-        except Exception as e:  # noqa: BLE001 - re-raised with an explanation
-            first_line = str(e).splitlines()[0] if str(e) else ""
-            p = self.subsampled_plates[0]
-            raise ValueError(
-                f"running the model with a minibatch of plate {plates} failed ({type(e).__name__}: {first_line}). "
-                "The likelihood must index the data with the plate's indices: "
-                f"`with pyro.plate('{p}', len(x)) as idx: pyro.sample(..., obs=y[idx])` (f(x[idx]))."
-            ) from e
+        except Exception as e:  # noqa: BLE001 - reported by the caller
+            return e
         for name in self.observed_sites:
+            if name not in trace.nodes:
+                return ValueError(f"observed site '{name}' is missing from the trace of a minibatch")
             site = trace.nodes[name]
             shape = site["fn"].batch_shape
             for frame in site["cond_indep_stack"]:
@@ -599,10 +711,11 @@ class MinibatchPotential:
                 if b is None or not frame.vectorized:
                     continue
                 if len(shape) >= -frame.dim and shape[frame.dim] != b:
-                    raise ValueError(
+                    return ValueError(
                         f"observed site '{name}' has batch size {shape[frame.dim]} on plate '{frame.name}' under a "
                         f"minibatch of {b}: index the data with the plate's indices (obs=y[idx])."
                     )
+        return None
 
     # ----- minibatch indices -----------------------------------------------------------------------------------
     def join_indices(self, indices: Mapping[str, Tensor]) -> Optional[Tensor]:
@@ -729,11 +842,17 @@ class MinibatchPotential:
         kwargs: Optional[dict] = None,
     ) -> Any:
         data = dict(values)
-        if idx is not None:
-            data.update(self.split_indices(idx))
-        conditioned = poutine.condition(self.model, data=data)
         args = self.model_args if args is None else args
         kwargs = self.model_kwargs if kwargs is None else kwargs
+        model: Callable = self.model
+        if self.minibatch_mode == "slice" and idx is not None:
+            args, kwargs = _slice_data((args, kwargs), self.data_size, idx)
+            model = _DataScale(self.data_sizes)(model)
+        elif self.minibatch_mode == "batch":
+            model = _DataScale(self.data_sizes)(model)
+        elif idx is not None:
+            data.update(self.split_indices(idx))
+        conditioned = poutine.condition(model, data=data)
         return poutine.trace(conditioned).get_trace(*args, **kwargs)
 
     def log_density(

@@ -26,8 +26,9 @@ class SGHMC(SGMCMCKernel):
     (the SGD-with-momentum form of [1], unit mass), ``num_steps`` inner steps on fresh minibatches per returned
     sample. The momentum persists
     across samples; with ``resample_momentum_every=k`` it is redrawn from :math:`\\mathcal N(0, T I)` every ``k``
-    returned samples. All other options (minibatching, schedules, temperature, warm start, vectorised chains,
-    divergence handling, backends) are those of :class:`~pyro_sdebnn.infer.mcmc.SGLD`.
+    returned samples. All other options (minibatching over tensors or a loader, plain models, schedules,
+    temperature, warm start, vectorised chains, divergence handling, backends, checkpoints) are those of
+    :class:`~pyro_sdebnn.infer.mcmc.SGLD`.
 
     *Kinetic temperature.* At stationarity :math:`v \\sim \\mathcal N(0, T I)`, so the kinetic temperature
     :math:`\\hat T_{\\text{kin}} = \\|v\\|^2 / D` must be close to :math:`T` (standard deviation
@@ -52,7 +53,7 @@ class SGHMC(SGMCMCKernel):
     :param float friction: :math:`c`, with :math:`0 < \\eta c < 1` for the largest step size.
     :param float noise_estimate: :math:`\\hat B \\in [0, c]` (default 0).
     :param int num_steps: inner steps per returned sample.
-    :param int subsample_size: minibatch size.
+    :param int subsample_size: minibatch size with tensors (``None`` with a loader).
     :param int resample_momentum_every: redraw the momentum every that many returned samples (default never).
 
     **References**
@@ -148,6 +149,21 @@ class SGHMC(SGMCMCKernel):
         super()._reset()
         self._kinetic_sum: Optional[Tensor] = None
         self._kinetic_count = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """That of :class:`~pyro_sdebnn.infer.mcmc.base.SGMCMCKernel` plus the running kinetic-energy sum of
+        :meth:`diagnostics`."""
+        out = super().state_dict()
+        total = None if self._kinetic_sum is None else self._kinetic_sum.detach().clone()
+        out["kinetic"] = {"sum": total, "count": int(self._kinetic_count)}
+        return out
+
+    def _restore(self, sd: dict[str, Any], warmup_steps: int) -> None:
+        super()._restore(sd, warmup_steps)
+        kinetic = sd.get("kinetic") or {"sum": None, "count": 0}
+        total = kinetic["sum"]
+        self._kinetic_sum = None if total is None else total.to(self.potential.device)
+        self._kinetic_count = int(kinetic["count"])
 
     def diagnostics(self) -> dict[str, Any]:
         """Those of :class:`~pyro_sdebnn.infer.mcmc.SGLD` plus ``"kinetic temperature"``: the mean of

@@ -28,16 +28,29 @@ class SGLD(SGMCMCKernel):
     in the unconstrained space of the latent sites (eq. (4) of [1]). With ``preconditioned=True`` the step is
     scaled per coordinate by an RMSprop estimate :math:`G = 1/(\\epsilon + \\sqrt V)` (pSGLD [2]).
 
-    The model is a plain Pyro model over the *full* data: the likelihood sits in a plate over the data whose
-    indices index the data (``with pyro.plate("data", len(x)) as idx: ... obs=y[idx]``), and the weights are
-    sampled outside that plate. The kernel sets the plate's subsample to its minibatch, so that
-    ``MCMC.run(x, y)``, :class:`~pyro.infer.Predictive` and ``arviz.from_pyro`` all see the full data.
+    The model is a plain Pyro model over the *full* data, as written for NUTS: the likelihood sits in a plate over
+    the data (``with pyro.plate("data", len(x)): ... obs=y``) and the weights are sampled outside that plate, so that
+    ``MCMC.run(x, y)``, :class:`~pyro.infer.Predictive` and :func:`~pyro_sdebnn.infer.mcmc.from_pyro` all see the
+    full data. The data come in one of two ways:
+
+    - *tensors*, ``mcmc.run(x, y)`` with ``subsample_size=b``: each inner step slices every argument whose leading
+      dimension is the plate's size :math:`N` by the minibatch indices and scales the data plate by :math:`N/b` (a
+      model that indexes the data with the plate's indices, ``with pyro.plate("data", len(x)) as idx: ...
+      obs=y[idx]``, gets the indices as the plate's subsample instead);
+    - *a loader*, ``mcmc.run(loader)`` (e.g. a :class:`~torch.utils.data.DataLoader` of ``(x, y)`` batches; keep
+      ``subsample_size=None``): each inner step calls ``model(x_b, y_b)`` on the next batch, moved to the model's
+      device one batch at a time, with the data plate scaled by :math:`N/b`, :math:`N` = ``len(loader.dataset)``;
+      the loader is iterated afresh at each epoch (shuffling and augmentation apply).
+
+    The kernel state can be saved and a run resumed: :func:`~pyro_sdebnn.infer.mcmc.save_run`,
+    :func:`~pyro_sdebnn.infer.mcmc.resume_run` (built on :meth:`state_dict` / :meth:`load_state_dict`).
 
     :param callable model: the Pyro model.
     :param step_size: :math:`\\eta` (float) or a :class:`~pyro_sdebnn.infer.mcmc.schedules.StepSizeSchedule`
         over inner steps (e.g. :class:`~pyro_sdebnn.infer.mcmc.schedules.PolynomialDecay`).
     :param int num_steps: inner gradient steps per returned sample (thinning), default 1.
-    :param int subsample_size: minibatch size :math:`b`; ``None`` for full-batch gradients.
+    :param int subsample_size: minibatch size :math:`b` with tensors; ``None`` for full-batch gradients, and with a
+        loader (whose batch size is :math:`b`).
     :param str data_plate: name of the plate over the data (default: the plate containing all observed sites).
     :param float temperature: :math:`T`; samples :math:`\\propto \\exp(-U/T)` (cold posterior for ``T < 1``).
     :param bool preconditioned: use the RMSprop preconditioner of [2].
@@ -113,6 +126,19 @@ class SGLD(SGMCMCKernel):
     >>> kernel = SGLD(model, step_size=1e-2, num_steps=5, subsample_size=10)
     >>> mcmc = MCMC(kernel, num_samples=20, warmup_steps=10, disable_progbar=True)
     >>> mcmc.run(x, y)
+    >>> mcmc.get_samples()["w"].shape
+    torch.Size([20])
+
+    The same model written without plate indices, over a loader:
+
+    >>> from torch.utils.data import DataLoader, TensorDataset
+    >>> def plain(x, y=None):
+    ...     w = pyro.sample("w", dist.Normal(0.0, 1.0))
+    ...     with pyro.plate("data", len(x)):
+    ...         pyro.sample("y", dist.Normal(w * x, 1.0), obs=y)
+    >>> loader = DataLoader(TensorDataset(x, y), batch_size=10, shuffle=True)
+    >>> mcmc = MCMC(SGLD(plain, step_size=1e-2, num_steps=5), num_samples=20, warmup_steps=10, disable_progbar=True)
+    >>> mcmc.run(loader)
     >>> mcmc.get_samples()["w"].shape
     torch.Size([20])
     """

@@ -255,14 +255,24 @@ def test_model_that_subsamples_itself_raises():
         _setup(model, subsample_size=10)
 
 
-def test_model_not_indexing_the_data_raises():
+def test_model_not_indexing_the_data_gets_its_data_sliced():
     def model(x, y=None):
         w = pyro.sample("w", dist.Normal(0.0, 1.0))
         with pyro.plate("data", x.shape[0]):
             pyro.sample("y", dist.Normal(w * x, 1.0), obs=y)
 
+    x, y = _data()
+    kernel = SGLD(model, step_size=1e-3, subsample_size=10)
+    kernel.setup(0, x, y)  # a plain model: its data arguments are sliced by the minibatch indices
+    assert kernel.potential.minibatch_mode == "slice"
+
+    def reshaped(x, y=None):  # no argument has the plate's leading size: neither way applies
+        w = pyro.sample("w", dist.Normal(0.0, 1.0))
+        with pyro.plate("data", x.shape[-1]):
+            pyro.sample("y", dist.Normal(w * x, 1.0), obs=y)
+
     with pytest.raises(ValueError, match="index the data"):
-        _setup(model, subsample_size=10)
+        SGLD(reshaped, step_size=1e-3, subsample_size=10).setup(0, x[None], y[None])
 
 
 def test_subsample_larger_than_data_raises():

@@ -1,0 +1,215 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Checkpoints of SG-MCMC runs: kernel state round trip, resumed run equal to an uninterrupted one, bad files."""
+
+import pyro
+import pyro.contrib.gp as gp
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro.infer import MCMC
+from torch.utils.data import DataLoader, TensorDataset
+
+from pyro_sdebnn.infer.mcmc import FSGLD, SGHMC, SGLD, PolynomialDecay, load_checkpoint, resume_run, save_run
+from pyro_sdebnn.testing import ConjugateLinearRegression
+
+PROBLEM = ConjugateLinearRegression(dim=2, prior_scale=1.0, noise_scale=1.0)
+N = 50
+
+
+def plain_model(x, y=None):
+    w = pyro.sample("w", dist.Normal(x.new_zeros(2), 1.0).to_event(1))
+    with pyro.plate("data", len(x)):
+        return pyro.sample("y", dist.Normal(x @ w, 1.0), obs=y)
+
+
+def other_model(x, y=None):
+    w = pyro.sample("w", dist.Normal(x.new_zeros(3), 1.0).to_event(1))
+    with pyro.plate("data", len(x)):
+        return pyro.sample("y", dist.Normal(x @ w[:2] + w[2], 1.0), obs=y)
+
+
+def _data():
+    return PROBLEM.generate(N, seed=1, dtype=torch.float64)
+
+
+def _kernels():
+    """Each with a decaying schedule (its position is part of the state), subsampling and two vectorised chains."""
+    schedule = PolynomialDecay(a=2e-2, b=10.0, gamma=0.55)
+    return {
+        "sgld": lambda **kw: SGLD(plain_model, step_size=schedule, num_steps=3, vectorized_chains=2, **kw),
+        "psgld": lambda **kw: SGLD(plain_model, step_size=schedule, num_steps=3, vectorized_chains=2,
+                                   preconditioned=True, **kw),
+        "sghmc": lambda **kw: SGHMC(plain_model, step_size=schedule, friction=10.0, num_steps=3,
+                                    vectorized_chains=2, resample_momentum_every=7, **kw),
+    }
+
+
+def _args(through, x, y):
+    if through == "tensors":
+        return (x, y)
+    # a shuffling loader whose last batch is smaller (50 = 3 x 15 + 5): the checkpoint after 21 samples of 3 steps
+    # falls after batch 3 of the 4 of the 16th epoch
+    return (DataLoader(TensorDataset(x, y), batch_size=15, shuffle=True),)
+
+
+@pytest.mark.parametrize("through", ["tensors", "loader"])
+@pytest.mark.parametrize("name", ["sgld", "psgld", "sghmc"])
+def test_resumed_run_equals_the_uninterrupted_run(tmp_path, name, through):
+    x, y = _data()
+    make = _kernels()[name]
+    options = {"backend": "fx"} if through == "loader" else {"backend": "fx", "subsample_size": 20}
+    pyro.set_rng_seed(0)
+    full = MCMC(make(**options), num_samples=25, warmup_steps=10, disable_progbar=True)
+    full.run(*_args(through, x, y))
+    pyro.set_rng_seed(0)
+    first = MCMC(make(**options), num_samples=11, warmup_steps=10, disable_progbar=True)
+    first.run(*_args(through, x, y))
+    path = tmp_path / "run.pt"
+    save_run(first, path)
+    torch.randn(7)  # whatever runs in between does not matter: the random state is in the checkpoint
+    resumed = resume_run(path, make(**options), *_args(through, x, y), num_samples=14, disable_progbar=True)
+    assert resumed.num_samples == 25
+    if through == "loader":
+        assert first.kernel.state_dict()["loader"]["position"] == 3
+    torch.testing.assert_close(resumed.get_samples()["w"], full.get_samples()["w"], rtol=0, atol=0)
+    # divergence records, step size and SGHMC's kinetic temperature (a running sum) continue as well
+    assert resumed.kernel.diagnostics() == full.kernel.diagnostics()
+
+
+def test_checkpoint_loads_with_weights_only_and_restores_the_adapted_step_size(tmp_path):
+    x, y = _data()
+    # a step size far above the stability limit (about 4 / 50): the warm-up search halves it several times
+    make = lambda: SGLD(plain_model, step_size=2.0, num_steps=2, subsample_size=25, adapt_step_size=True,  # noqa
+                        backend="fx")
+    pyro.set_rng_seed(0)
+    full = MCMC(make(), num_samples=12, warmup_steps=15, disable_progbar=True)
+    full.run(x, y)
+    pyro.set_rng_seed(0)
+    first = MCMC(make(), num_samples=5, warmup_steps=15, disable_progbar=True)
+    first.run(x, y)
+    halvings = [r for r in first.kernel.divergence_log if r.get("halved")]
+    assert halvings, "the test needs a warm-up that adapts the step size"
+    path = tmp_path / "run.pt"
+    save_run(first, path)
+    raw = torch.load(path, weights_only=True)  # only tensors, numbers, strings, lists and dicts
+    assert raw["kernel"]["step_scale"] == 0.5 ** len(halvings)
+    assert raw["kernel"]["signature"]["kernel"] == "SGLD"
+    assert raw["samples"]["w"].shape == (1, 5, 2)
+    kernel = make()
+    resumed = resume_run(path, kernel, x, y, num_samples=7, disable_progbar=True)
+    assert kernel.diagnostics()["step size"] == full.kernel.diagnostics()["step size"]
+    assert kernel.divergence_log == full.kernel.divergence_log
+    torch.testing.assert_close(resumed.get_samples()["w"], full.get_samples()["w"], rtol=0, atol=0)
+
+
+def test_state_dict_round_trip(tmp_path):
+    x, y = _data()
+    kernel = SGHMC(plain_model, step_size=1e-2, num_steps=2, subsample_size=10, backend="fx")
+    MCMC(kernel, num_samples=3, warmup_steps=2, disable_progbar=True).run(x, y)
+    state = kernel.state_dict()
+    torch.save(state, tmp_path / "state.pt")
+    loaded = torch.load(tmp_path / "state.pt", weights_only=True)
+    assert loaded["t"] == 10 and loaded["sample_count"] == 5 and loaded["warmup_steps"] == 2
+    torch.testing.assert_close(loaded["state"][0], kernel._state[0])
+    torch.testing.assert_close(loaded["state"][1], kernel._state[1])  # the momentum
+    assert torch.equal(loaded["rng"]["cpu"], torch.get_rng_state())
+    assert loaded["kinetic"]["count"] == 3
+
+
+def test_bad_checkpoints_are_clear_errors(tmp_path):
+    x, y = _data()
+    mcmc = MCMC(SGLD(plain_model, step_size=1e-3, subsample_size=10, backend="fx"), num_samples=3, warmup_steps=0,
+                disable_progbar=True)
+    mcmc.run(x, y)
+    path = tmp_path / "run.pt"
+    save_run(mcmc, path)
+    data = path.read_bytes()
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="truncated or not a checkpoint"):
+        load_checkpoint(truncated)
+    with pytest.raises(ValueError, match="truncated or not a checkpoint"):
+        resume_run(truncated, SGLD(plain_model, subsample_size=10), x, y, num_samples=2)
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"weights": torch.zeros(2)}, foreign)
+    with pytest.raises(ValueError, match="not an SG-MCMC checkpoint written by save_run"):
+        load_checkpoint(foreign)
+    with pytest.raises(ValueError, match="does not belong to this model and data: its sites"):
+        resume_run(path, SGLD(other_model, step_size=1e-3, subsample_size=10), x, y, num_samples=2,
+                   disable_progbar=True)
+    with pytest.raises(ValueError, match="does not belong to this model and data: its data_sizes"):
+        resume_run(path, SGLD(plain_model, step_size=1e-3, subsample_size=10), x[:40], y[:40], num_samples=2,
+                   disable_progbar=True)
+    with pytest.raises(ValueError, match="checkpoint is of a SGLD kernel, not of SGHMC"):
+        resume_run(path, SGHMC(plain_model, subsample_size=10), x, y, num_samples=2)
+    with pytest.raises(ValueError, match="taken on a run over tensors: resume it on the same kind of data"):
+        resume_run(path, SGLD(plain_model), DataLoader(TensorDataset(x, y), batch_size=10), num_samples=2,
+                   disable_progbar=True)
+    with pytest.raises(ValueError, match="chain state does not match this kernel"):
+        resume_run(path, SGLD(plain_model, subsample_size=10, preconditioned=True), x, y, num_samples=2,
+                   disable_progbar=True)
+    with pytest.raises(ValueError, match="num_samples must be a positive int"):
+        resume_run(path, SGLD(plain_model, subsample_size=10), x, y, num_samples=0)
+
+
+def test_runs_that_cannot_be_checkpointed_say_why(tmp_path):
+    x, y = _data()
+    with pytest.raises(ValueError, match="the kernel has no chain yet"):
+        SGLD(plain_model).state_dict()
+    with pytest.warns(UserWarning, match="drawn sequentially"):
+        two = MCMC(SGLD(plain_model, step_size=1e-3, backend="fx"), num_samples=2, warmup_steps=0, num_chains=2,
+                   disable_progbar=True)
+    two.run(x, y)
+    with pytest.raises(ValueError, match="num_chains=2 sequential chains"):
+        save_run(two, tmp_path / "two.pt")
+    with pytest.raises(TypeError, match="mcmc must be a pyro.infer.MCMC of an SG-MCMC kernel"):
+        save_run(object(), tmp_path / "none.pt")
+    kernel = FSGLD(plain_model, gp_prior=gp.kernels.RBF(2), output_site="y")
+    with pytest.raises(TypeError, match="fSGLD does not support checkpoints"):
+        kernel.state_dict()
+    with pytest.raises(TypeError, match="state_dict must be a dict returned by SGMCMCKernel.state_dict"):
+        SGLD(plain_model).load_state_dict({"t": 3})
+
+
+class _Preempted(Exception):
+    pass
+
+
+@pytest.mark.parametrize("stop_at", [6, 23])  # in warm-up (no samples yet), in sampling
+def test_checkpoint_hook_resumes_an_interrupted_run(tmp_path, stop_at):
+    from pyro_sdebnn.infer.mcmc import CheckpointHook
+
+    x, y = _data()
+    make = _kernels()["sghmc"]
+    loader = _args("loader", x, y)[0]
+    pyro.set_rng_seed(0)
+    full = MCMC(make(backend="fx"), num_samples=20, warmup_steps=10, disable_progbar=True)
+    full.run(loader)
+
+    path = tmp_path / "run.pt"
+    checkpointer = CheckpointHook(path, every=4)
+
+    def preempted_at(kernel, params, stage, i):
+        checkpointer(kernel, params, stage, i)
+        if checkpointer.calls == stop_at:
+            raise _Preempted
+
+    pyro.set_rng_seed(0)
+    with pytest.raises(_Preempted):
+        MCMC(make(backend="fx"), num_samples=20, warmup_steps=10, hook_fn=preempted_at, disable_progbar=True).run(
+            loader
+        )
+    saved = load_checkpoint(path)  # the last one before the interruption: after call 4 or call 20
+    assert saved["num_samples"] == max(0, 4 * (stop_at // 4) - 10)
+    left = 20 - saved["num_samples"]
+    resumed = resume_run(path, make(backend="fx"), loader, num_samples=left, disable_progbar=True)
+    torch.testing.assert_close(resumed.get_samples()["w"], full.get_samples()["w"], rtol=0, atol=0)
+
+
+def test_checkpoint_hook_checks_its_arguments(tmp_path):
+    from pyro_sdebnn.infer.mcmc import CheckpointHook
+
+    with pytest.raises(ValueError, match="every must be a positive int"):
+        CheckpointHook(tmp_path / "run.pt", every=0)
+    with pytest.raises(TypeError, match="hook must be callable"):
+        CheckpointHook(tmp_path / "run.pt", hook="print")
