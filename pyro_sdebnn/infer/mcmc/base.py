@@ -42,6 +42,7 @@ from pyro.infer.autoguide.initialization import InitMessenger, init_to_sample
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from torch import Tensor
 
+from pyro_sdebnn.infer.mcmc._chains import chain_transforms
 from pyro_sdebnn.infer.mcmc.graph import _arg_key, _compile_graph, _graph_is_stale, _lean_graph
 from pyro_sdebnn.infer.mcmc.potential import MinibatchPotential, _check_subsample_size
 from pyro_sdebnn.infer.mcmc.schedules import StepSizeSchedule, as_schedule
@@ -239,12 +240,13 @@ class SGMCMCKernel(MCMCKernel):
         # (validating the data again) and trace the step again
         if self.potential is None or key != self._graph_key:
             self.potential = self._build_potential(args, kwargs)
-            self.transforms = dict(self.potential.transforms)
             self._step_fn = None
             self._graph_key = key
             self._args = (args, kwargs)  # keep the arguments alive: ids are only meaningful while they are
         elif self._step_fn is not None and _graph_is_stale(getattr(self._step_fn, "graph_module", None)):
             self._step_fn = None  # a tensor the graph folded constants from (not an argument) changed in place
+        # vectorised chains: MCMC stores them as chains, (num_chains * K, num_samples, *shape) (see _chains.py)
+        self.transforms = chain_transforms(self.potential, self.vectorized_chains)
         U = self.potential
         if self._initial_params is None:
             self._initial_params = self._draw_initial_params()
