@@ -1,8 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """From SG-MCMC samples to ArviZ, predictions and function-space diagnostics.
 
-- :func:`get_samples`: samples of a finished :class:`pyro.infer.MCMC` run with vectorised chains moved to the
-  chain dimension (``(chains, draws, ...)``) or flattened (``(chains * draws, ...)``).
+- :func:`get_samples`: samples of a finished :class:`pyro.infer.MCMC` run with vectorised chains as chains
+  (``(chains, draws, ...)``) or flattened (``(chains * draws, ...)``). ``MCMC`` itself stores a kernel's
+  ``vectorized_chains=K`` as ``K`` chains, so ``mcmc.get_samples()``, ``Predictive`` and ``mcmc.summary()`` (R-hat
+  over the chains) work on them unchanged.
 - :func:`pointwise_log_likelihood`: :math:`\\log p(y_i | \\theta_s)` on the *full* data for every draw, vectorised
   over draws when the model allows it, else draw by draw (models built from ``nn.Linear`` inside a
   ``PyroModule`` do not vectorise, and ``arviz.from_pyro`` then silently drops the log-likelihood).
@@ -178,9 +180,12 @@ def pointwise_log_likelihood(
 def from_pyro(mcmc: Any, *, log_likelihood: bool = True, **kwargs: Any) -> Any:
     """``arviz.InferenceData`` of a finished ``MCMC`` run of an SG-MCMC kernel.
 
-    Posterior (vectorised chains as ArviZ chains), ``sample_stats.diverging``, ``observed_data`` and the
-    pointwise log-likelihood on the full data passed to ``mcmc.run`` (for ``az.loo``/``az.waic``), computed
-    draw by draw when the model does not vectorise.
+    Posterior (vectorised chains as ArviZ chains), ``sample_stats.diverging`` (each divergence on the chain that
+    diverged, vectorised chains included), ``observed_data`` and the pointwise log-likelihood on the full data
+    passed to ``mcmc.run`` (for ``az.loo``/``az.waic``), computed draw by draw when the model does not vectorise.
+    Prefer it to ``arviz.from_pyro``, which drops the log-likelihood of models that do not vectorise over draws,
+    sizes ``sample_stats`` by ``MCMC``'s ``num_chains`` (not the vectorised chains) and orders 11 or more chains'
+    divergences as strings (``"chain 10"`` before ``"chain 2"``).
 
     :param mcmc: a :class:`pyro.infer.MCMC` that has run.
     :param bool log_likelihood: include the ``log_likelihood`` group.

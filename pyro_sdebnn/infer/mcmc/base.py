@@ -100,8 +100,9 @@ class SGMCMCKernel(MCMCKernel):
 
     Returned ``params`` are unconstrained, as for Pyro's ``HMC``: ``MCMC`` maps them back through
     ``kernel.transforms``. With ``vectorized_chains=K > 1`` every site carries a leading chain dimension
-    ``(K, *shape)``; use :func:`pyro_sdebnn.infer.mcmc.get_samples` or :func:`pyro_sdebnn.infer.mcmc.from_pyro`
-    to move it to ArviZ's chain dimension.
+    ``(K, *shape)``, and ``MCMC`` stores the ``K`` chains as chains: ``mcmc.get_samples(group_by_chain=True)`` is
+    ``(num_chains * K, num_samples, *shape)``, so ``Predictive``, ``mcmc.summary()`` and
+    :func:`pyro_sdebnn.infer.mcmc.from_pyro` see them as chains.
 
     >>> from pyro_sdebnn.infer.mcmc import SGLD, SGHMC
     >>> issubclass(SGLD, SGMCMCKernel) and issubclass(SGHMC, SGMCMCKernel)
