@@ -79,7 +79,8 @@ def test_summary_and_diagnostics_see_k_chains_and_their_r_hat(capsys):
     pyro.set_rng_seed(2)
     # chains started far apart with a tiny step have not mixed: R-hat over the 4 chains is large; run long enough
     # with a reasonable step, they agree (R-hat close to 1)
-    start = {"w": torch.tensor([-3.0, -1.0, 1.0, 3.0], dtype=torch.float64), "sigma": torch.zeros(4, dtype=torch.float64)}
+    start = {"w": torch.tensor([-3.0, -1.0, 1.0, 3.0], dtype=torch.float64),
+             "sigma": torch.zeros(4, dtype=torch.float64)}
     stuck = SGLD(model, step_size=1e-6, vectorized_chains=4)
     stuck.initial_params = dict(start)
     mcmc = MCMC(stuck, num_samples=20, warmup_steps=0, disable_progbar=True)
