@@ -3,6 +3,7 @@
 
 import multiprocessing
 
+import arviz as az
 import pyro
 import pyro.distributions as dist
 import pytest
@@ -92,12 +93,15 @@ def test_summary_and_diagnostics_see_k_chains_and_their_r_hat(capsys):
     rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip().startswith(("w", "sigma"))]
     assert [row[0] for row in rows] == ["sigma", "w"]  # one row per site, not one per vectorised chain
     assert float(rows[1][-1]) > 10
+    idata = from_pyro(mcmc, log_likelihood=False)
+    assert idata.posterior.sizes["chain"] == 4 and float(az.rhat(idata)["w"]) > 2  # rank-normalised: bounded
 
     mixing = SGLD(model, step_size=2e-3, num_steps=5, vectorized_chains=4)
     mixing.initial_params = dict(start)
     mcmc = MCMC(mixing, num_samples=200, warmup_steps=50, disable_progbar=True)
     mcmc.run(x, y)
     assert float(mcmc.diagnostics()["w"]["r_hat"]) < 1.1
+    assert float(az.rhat(from_pyro(mcmc, log_likelihood=False))["w"]) < 1.1
 
 
 def test_from_pyro_chains_of_sequential_and_vectorised_chains(monkeypatch):
