@@ -11,6 +11,10 @@ Pyro's own ``MCMC`` runner (progress bar, chains, ``initial_params``, ``hook_fn`
     idata = from_pyro(mcmc)                          # posterior, divergences, full-data log-likelihood
     az.summary(idata); az.loo(idata)
 
+With ``vectorized_chains=K`` the kernel runs ``K`` chains at once and ``MCMC`` stores them as ``K`` chains:
+``mcmc.get_samples()`` holds ``K * num_samples`` draws (chain after chain) for ``Predictive``, ``mcmc.summary()``
+gives R-hat over the ``K`` chains, and :func:`from_pyro` puts each divergence on the chain that diverged.
+
 - kernels: :class:`SGLD` (optionally RMSprop-preconditioned), :class:`SGHMC`, :class:`FSGLD`, :class:`FSGHMC`;
 - step sizes: :class:`ConstantStepSize`, :class:`PolynomialDecay`, :class:`CyclicalStepSize`;
 - analysis: :func:`get_samples`, :func:`from_pyro`, :func:`pointwise_log_likelihood`,

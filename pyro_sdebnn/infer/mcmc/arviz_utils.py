@@ -1,8 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """From SG-MCMC samples to ArviZ, predictions and function-space diagnostics.
 
-- :func:`get_samples`: samples of a finished :class:`pyro.infer.MCMC` run with vectorised chains moved to the
-  chain dimension (``(chains, draws, ...)``) or flattened (``(chains * draws, ...)``).
+- :func:`get_samples`: samples of a finished :class:`pyro.infer.MCMC` run with vectorised chains as chains
+  (``(chains, draws, ...)``) or flattened (``(chains * draws, ...)``). ``MCMC`` itself stores a kernel's
+  ``vectorized_chains=K`` as ``K`` chains, so ``mcmc.get_samples()``, ``Predictive`` and ``mcmc.summary()`` (R-hat
+  over the chains) work on them unchanged.
 - :func:`pointwise_log_likelihood`: :math:`\\log p(y_i | \\theta_s)` on the *full* data for every draw, vectorised
   over draws when the model allows it, else draw by draw (models built from ``nn.Linear`` inside a
   ``PyroModule`` do not vectorise, and ``arviz.from_pyro`` then silently drops the log-likelihood).
@@ -48,6 +50,12 @@ def _vectorized_chains(mcmc: Any) -> int:
 def get_samples(mcmc: Any, *, group_by_chain: bool = False) -> dict[str, Tensor]:
     """Posterior samples of a finished ``MCMC`` run, with vectorised chains treated as chains.
 
+    With ``vectorized_chains=K``, ``MCMC`` already stores the ``num_chains * K`` chains as chains (the kernel's
+    ``transforms`` lay them out so), and this is ``mcmc.get_samples(group_by_chain=group_by_chain)``; samples stored
+    with the vectorised chains as a site dimension ``(num_chains, num_samples, K, *shape)`` (``MCMC`` given its own
+    ``transforms=``) are laid out the same way. Chain ``c * K + k`` is vectorised chain ``k`` of ``MCMC``'s chain
+    ``c``; flattened, the draws come chain after chain.
+
     :param mcmc: a :class:`pyro.infer.MCMC` that has run.
     :param bool group_by_chain: return ``(chains, draws, *shape)`` instead of ``(chains * draws, *shape)``.
     :rtype: dict
@@ -62,13 +70,40 @@ def get_samples(mcmc: Any, *, group_by_chain: bool = False) -> dict[str, Tensor]
     >>> mcmc.run()
     >>> get_samples(mcmc, group_by_chain=True)["z"].shape
     torch.Size([3, 5])
+    >>> mcmc.get_samples()["z"].shape  # what Predictive(model, mcmc.get_samples()) reads: 3 x 5 draws
+    torch.Size([15])
     """
-    samples = mcmc.get_samples(group_by_chain=True)  # (C, S, [K,] *shape)
-    if _vectorized_chains(mcmc) > 1:
-        samples = {k: v.transpose(1, 2).flatten(0, 1) for k, v in samples.items()}  # (C * K, S, *shape)
+    samples = mcmc.get_samples(group_by_chain=True)  # (C * K, S, *shape), or (C, S, K, *shape)
+    k = _vectorized_chains(mcmc)
+    if k > 1 and samples and next(iter(samples.values())).shape[0] == mcmc.num_chains:
+        samples = {name: v.transpose(1, 2).flatten(0, 1) for name, v in samples.items()}  # (C * K, S, *shape)
     if not group_by_chain:
-        samples = {k: v.flatten(0, 1) for k, v in samples.items()}
+        samples = {name: v.flatten(0, 1) for name, v in samples.items()}
     return samples
+
+
+def _diverging(mcmc: Any, num_chains: int, num_draws: int) -> Tensor:
+    """``(chains, draws)`` bool: which post-warm-up draw of which chain (vectorised chains included) diverged.
+
+    ``mcmc.diagnostics()`` keys its per-chain entries ``"chain 0"``, ..., ``"chain 10"``: they are read in numeric
+    order (a string sort puts ``"chain 10"`` before ``"chain 2"``). The kernel's ``"divergence log"`` names the
+    vectorised chain of every divergence; without it (another kernel) a divergence marks the draw of all the
+    vectorised chains of that ``MCMC`` chain.
+    """
+    diverging = torch.zeros(num_chains, num_draws, dtype=torch.bool)
+    diag = mcmc.diagnostics()
+    k = num_chains // mcmc.num_chains
+    divergences, logs = diag.get("divergences", {}), diag.get("divergence log", {})
+    for c in range(mcmc.num_chains):
+        key = f"chain {c}"
+        if key in logs:
+            for record in logs[key]:
+                if not record.get("warmup", False) and 0 <= record["sample"] < num_draws:
+                    diverging[c * k + int(record["chain"]), record["sample"]] = True
+        else:
+            for j in divergences.get(key, []):
+                diverging[c * k : (c + 1) * k, j] = True
+    return diverging
 
 
 def _observed_sites(trace: Any, exclude: Any = ()) -> list[str]:
@@ -171,9 +206,12 @@ def _loader_log_likelihood(
 def from_pyro(mcmc: Any, *, log_likelihood: bool = True, **kwargs: Any) -> Any:
     """``arviz.InferenceData`` of a finished ``MCMC`` run of an SG-MCMC kernel.
 
-    Posterior (vectorised chains as ArviZ chains), ``sample_stats.diverging``, ``observed_data`` and the
-    pointwise log-likelihood on the full data passed to ``mcmc.run`` (for ``az.loo``/``az.waic``), computed
-    draw by draw when the model does not vectorise.
+    Posterior (vectorised chains as ArviZ chains), ``sample_stats.diverging`` (each divergence on the chain that
+    diverged, vectorised chains included), ``observed_data`` and the pointwise log-likelihood on the full data
+    passed to ``mcmc.run`` (for ``az.loo``/``az.waic``), computed draw by draw when the model does not vectorise.
+    Prefer it to ``arviz.from_pyro``, which drops the log-likelihood of models that do not vectorise over draws,
+    sizes ``sample_stats`` by ``MCMC``'s ``num_chains`` (not the vectorised chains) and orders 11 or more chains'
+    divergences as strings (``"chain 10"`` before ``"chain 2"``).
 
     :param mcmc: a :class:`pyro.infer.MCMC` that has run.
     :param bool log_likelihood: include the ``log_likelihood`` group.
@@ -198,12 +236,7 @@ def from_pyro(mcmc: Any, *, log_likelihood: bool = True, **kwargs: Any) -> Any:
     samples = get_samples(mcmc, group_by_chain=True)
     num_chains, num_draws = next(iter(samples.values())).shape[:2]
     posterior = {k: v.detach().cpu().numpy() for k, v in samples.items()}
-    diverging = torch.zeros(num_chains, num_draws, dtype=torch.bool)
-    diag = mcmc.diagnostics().get("divergences", {})
-    k = _vectorized_chains(mcmc)
-    for i, chain in enumerate(sorted(diag)):
-        for j in diag[chain]:
-            diverging[i * k : (i + 1) * k, j] = True
+    diverging = _diverging(mcmc, num_chains, num_draws)
     groups: dict[str, Any] = {"posterior": posterior, "sample_stats": {"diverging": diverging.numpy()}}
     args, kw = mcmc._args or (), mcmc._kwargs or {}
     model = mcmc.kernel.model

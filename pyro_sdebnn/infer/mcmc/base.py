@@ -22,7 +22,7 @@ The graph is therefore kept lean: constant-Normal weight priors are taken out of
 in closed form on the flat vector (:meth:`MinibatchPotential.gaussian_prior`), constants are folded, identity
 operations, aliases and dead nodes are removed, and the graph takes and returns flat tensors (no pytree handling
 per call). On the 2-50-50-1 network this halves the node count (161 -> 77 ATen calls per step).
-``backend="auto"`` runs this graph eagerly and compiles it once it has cost ``compile_after`` seconds
+``backend="auto"`` runs this graph eagerly and compiles it after ``compile_after`` inner steps
 (see :meth:`SGMCMCKernel._auto_switch`).
 """
 
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
 import warnings
 from collections import deque
 from typing import Any, Callable, NamedTuple, Optional, Union
@@ -44,6 +43,7 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from torch import Tensor
 
 from pyro_sdebnn.data.loaders import move_batch
+from pyro_sdebnn.infer.mcmc._chains import chain_transforms
 from pyro_sdebnn.infer.mcmc.batches import BatchStream, is_data_loader
 from pyro_sdebnn.infer.mcmc.graph import _arg_key, _compile_graph, _graph_is_stale, _lean_graph
 from pyro_sdebnn.infer.mcmc.potential import MinibatchPotential, _check_subsample_size
@@ -112,8 +112,9 @@ class SGMCMCKernel(MCMCKernel):
 
     Returned ``params`` are unconstrained, as for Pyro's ``HMC``: ``MCMC`` maps them back through
     ``kernel.transforms``. With ``vectorized_chains=K > 1`` every site carries a leading chain dimension
-    ``(K, *shape)``; use :func:`pyro_sdebnn.infer.mcmc.get_samples` or :func:`pyro_sdebnn.infer.mcmc.from_pyro`
-    to move it to ArviZ's chain dimension.
+    ``(K, *shape)``, and ``MCMC`` stores the ``K`` chains as chains: ``mcmc.get_samples(group_by_chain=True)`` is
+    ``(num_chains * K, num_samples, *shape)``, so ``Predictive``, ``mcmc.summary()`` and
+    :func:`pyro_sdebnn.infer.mcmc.from_pyro` see them as chains.
 
     >>> from pyro_sdebnn.infer.mcmc import SGLD, SGHMC
     >>> issubclass(SGLD, SGMCMCKernel) and issubclass(SGHMC, SGMCMCKernel)
@@ -141,13 +142,13 @@ class SGMCMCKernel(MCMCKernel):
         backend: str = "auto",
         sample_writer: Any = None,
         transforms: Optional[dict] = None,
-        compile_after: float = 2.0,
+        compile_after: int = 10_000,
     ) -> None:
         if not callable(model):
             raise TypeError(f"model must be callable, got {type(model).__name__}")
-        if isinstance(compile_after, bool) or not isinstance(compile_after, (int, float)) or not compile_after >= 0:
-            raise ValueError(f"compile_after must be a non-negative number of seconds, got {compile_after!r}")
-        self.compile_after = float(compile_after)
+        if isinstance(compile_after, bool) or not isinstance(compile_after, int) or compile_after < 0:
+            raise ValueError(f"compile_after must be a non-negative int (inner steps), got {compile_after!r}")
+        self.compile_after = compile_after
         self.model = model
         self.user_transforms = transforms
         self.step_size = as_schedule(step_size)
@@ -286,12 +287,13 @@ class SGMCMCKernel(MCMCKernel):
         # (validating the data again) and trace the step again
         if self.potential is None or key != self._graph_key:
             self.potential = self._build_potential(args, kwargs)
-            self.transforms = dict(self.potential.transforms)
             self._step_fn = None
             self._graph_key = key
             self._args = (args, kwargs)  # keep the arguments alive: ids are only meaningful while they are
         elif self._step_fn is not None and _graph_is_stale(getattr(self._step_fn, "graph_module", None)):
             self._step_fn = None  # a tensor the graph folded constants from (not an argument) changed in place
+        # vectorised chains: MCMC stores them as chains, (num_chains * K, num_samples, *shape) (see _chains.py)
+        self.transforms = chain_transforms(self.potential, self.vectorized_chains)
         U = self.potential
         if self._stream is not None:  # later batches follow the model's device and dtype
             self._stream.device, self._stream.dtype = U.device, U.dtype
@@ -474,7 +476,7 @@ class SGMCMCKernel(MCMCKernel):
         _lean_graph(graph)
         self._graph_module, self._graph_layout, self._graph_data = graph, (num_state, has_idx), data
         self._graph_shapes = [t.shape for t in data]
-        self._auto = {"fx_seconds": 0.0, "fx_steps": 0, "compiled": None, "decided": self.backend != "auto"}
+        self._auto = {"fx_steps": 0, "decided": self.backend != "auto"}
         self.backend_used = backend
         return self._wrap_graph(_compile_graph(graph) if backend == "compile" else graph.forward)
 
@@ -503,33 +505,23 @@ class SGMCMCKernel(MCMCKernel):
         self._step_fn = self._wrap_graph(self._graph_module.forward)
         return self._graph_module.forward
 
-    def _auto_switch(self, seconds: float) -> None:
-        """``backend="auto"``: compile the step graph once the eager graph has cost ``compile_after`` seconds, then
-        keep the compiled step only if it is measured faster.
+    def _auto_switch(self) -> None:
+        """``backend="auto"``: compile the step graph once the chain has taken ``compile_after`` inner steps with the
+        eager graph.
 
-        The kernel does not know how many samples ``MCMC`` will ask for, so this is the ski-rental rule: run the
-        (cheap to build) eager graph until the time spent in it equals the (unknown in advance, few seconds) cost
-        of compiling, then compile. A short run never pays the compilation; a long run pays at most about twice the
-        best total time of either choice. The second compiled ``sample()`` call (the first includes compiling) is
-        timed against the eager steps; a compiled step that is not faster is dropped.
+        The kernel does not know how many samples ``MCMC`` will ask for: a short run never pays the compilation (a
+        few seconds), a long one runs compiled (2-3x faster per step on CPU). The switch point is a number of steps,
+        not a measured time: the compiled step rounds differently from the eager graph, so a switch at a time-dependent
+        step would give different chains for the same seed (two runs of fSGLD on two moons differed in their ECE).
         """
         auto = self._auto
         if auto["decided"]:
             return
-        if auto["compiled"] is None:
-            auto["fx_seconds"] += seconds
-            auto["fx_steps"] += self.num_steps
-            if auto["fx_seconds"] >= self.compile_after:
-                auto["compiled"] = "compiling"
-                self._step_fn = self._wrap_graph(_compile_graph(self._graph_module, self._compile_failed))
-                self.backend_used = "compile"
-        elif auto["compiled"] == "compiling":  # this call included the compilation: time the next one
-            auto["compiled"] = "timing"
-        else:
+        auto["fx_steps"] += self.num_steps
+        if auto["fx_steps"] >= self.compile_after:
             auto["decided"] = True
-            if seconds / self.num_steps >= auto["fx_seconds"] / auto["fx_steps"]:
-                self._step_fn = self._wrap_graph(self._graph_module.forward)
-                self.backend_used = "fx"
+            self._step_fn = self._wrap_graph(_compile_graph(self._graph_module, self._compile_failed))
+            self.backend_used = "compile"
 
     # ----- warm start from a MAP fit ---------------------------------------------------------------------------
     def _map_fit(self, position: Tensor) -> Tensor:
@@ -597,7 +589,6 @@ class SGMCMCKernel(MCMCKernel):
         if eta is None:
             eta = self._eta_tensor = torch.tensor(self._eta(self._t), dtype=U.dtype, device=U.device)
         step_fn = self._step_fn
-        started = time.perf_counter()
         error: Optional[Exception] = None
         with torch.no_grad():  # the traced graph holds its own backward pass; no autograd across steps
             for _ in range(self.num_steps):
@@ -631,7 +622,7 @@ class SGMCMCKernel(MCMCKernel):
         host = torch.stack([finite.to(energy.dtype), energy, potentials[-1].reshape(-1).to(energy.dtype)])
         host = host.detach().cpu().double().numpy()
         if self.backend == "auto" and self.backend_used != "eager" and error is None:
-            self._auto_switch(time.perf_counter() - started)
+            self._auto_switch()
         sample_index = self._sample_count - self._warmup_steps
         self._sample_count += 1
         flagged = self._check_chains(host, potentials, start_t, failed_at, error)

@@ -81,16 +81,16 @@ class SGLD(SGMCMCKernel):
     :param dict transforms: optional ``{site: transform}`` from constrained to unconstrained space (as for
         ``HMC``); the kernel samples in that space and exposes it as ``kernel.transforms`` for ``MCMC``.
 
-    :param float compile_after: with ``backend="auto"``, seconds of eager graph steps after which the step graph is
-        compiled (default 2).
+    :param int compile_after: with ``backend="auto"``, inner steps with the eager graph after which the step graph is
+        compiled (default 10000; a number of steps, not seconds, so that the same seed gives the same chain).
 
     ``backend="compile"`` sets ``torch._inductor.config.fallback_random = True`` (on CPU the compiler's own
     random-number generation is very slow). ``backend="auto"`` (default) runs the traced graph eagerly (built in
-    well under a second) and compiles it once the chain has spent ``compile_after`` seconds in eager steps, keeping
-    the compiled step only if it is measured faster on the next returned sample (a ski-rental rule: short runs never
-    pay the compilation, which takes a few seconds to a minute; long runs get the compiled step and pay at most
-    about twice the best total time). ``kernel.backend_used`` and ``diagnostics()["backend"]`` say which step ran
-    last. Models that cannot be traced fall back to ``"eager"`` with a ``RuntimeWarning``.
+    well under a second) and compiles it once the chain has taken ``compile_after`` inner steps with it (short runs
+    never pay the compilation, which takes a few seconds to a minute; long runs get the compiled step). The switch
+    depends on the step count only, never on measured time, so the same seed gives the same chain.
+    ``kernel.backend_used`` and ``diagnostics()["backend"]`` say which step ran last. Models that cannot be traced
+    fall back to ``"eager"`` with a ``RuntimeWarning``.
 
     *Leaving the typical set.* A step size above the stability limit (:math:`\\eta > 4/\\lambda_{\\max}` for SGLD on
     a potential with largest Hessian eigenvalue :math:`\\lambda_{\\max}`) makes the chain grow geometrically, long

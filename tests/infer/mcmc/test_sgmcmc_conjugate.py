@@ -20,10 +20,7 @@ def _data():
 def _run(kernel, num_samples, warmup_steps, x, y):
     mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=warmup_steps, disable_progbar=True)
     mcmc.run(x, y)
-    w = mcmc.get_samples()["w"]  # (S, D) or (S, K, D) with vectorised chains
-    if w.dim() == 2:
-        w = w.unsqueeze(1)
-    return w.transpose(0, 1)  # (chains, draws, D)
+    return mcmc.get_samples(group_by_chain=True)["w"]  # (chains, draws, D): vectorised chains are chains
 
 
 def _assert_matches(w, mean, var, *, var_rtol=0.2, k_sigma=4.0, extra_se=None):

@@ -50,8 +50,8 @@ def _gp_posterior(prior, x, y):
 
 
 def _f_samples(mcmc, chains):
-    w = mcmc.get_samples()["w"]  # (S, K, 3)
-    return (w @ features(POINTS).T).transpose(0, 1)  # (K, S, M) function values at X_M
+    w = mcmc.get_samples(group_by_chain=True)["w"]  # (K, S, 3): vectorised chains are chains
+    return w @ features(POINTS).T  # (K, S, M) function values at X_M
 
 
 @pytest.mark.parametrize("kernel_cls, kwargs", [

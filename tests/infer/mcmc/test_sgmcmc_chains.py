@@ -1,0 +1,160 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Vectorised chains are chains for Pyro's MCMC, Predictive and ArviZ; divergences land on the chain that diverged."""
+
+import multiprocessing
+
+import arviz as az
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro.infer import MCMC, Predictive
+from pyro.ops.stats import split_gelman_rubin
+
+from pyro_sdebnn.infer.mcmc import SGHMC, SGLD, from_pyro, get_samples
+
+N = 30
+
+
+def model(x, y=None):
+    w = pyro.sample("w", dist.Normal(0.0, 1.0))
+    sigma = pyro.sample("sigma", dist.LogNormal(0.0, 1.0))
+    with pyro.plate("data", x.shape[0]) as idx:
+        return pyro.sample("y", dist.Normal(w * x[idx], sigma), obs=None if y is None else y[idx])
+
+
+def _data():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(N, generator=g, dtype=torch.float64)
+    return x, 1.5 * x + 0.5 * torch.randn(N, generator=g, dtype=torch.float64)
+
+
+def test_mcmc_stores_vectorised_chains_as_chains_in_the_kernels_order():
+    # what MCMC stores for chain c * K + k, draw i is exactly what the kernel returned for vectorised chain k of
+    # MCMC chain c at draw i (read through hook_fn, unconstrained), mapped to the constrained space
+    x, y = _data()
+    seen = {}
+
+    def hook(kernel, params, stage, i):
+        if stage.startswith("Sample"):
+            seen.setdefault(stage, []).append({k: v.clone() for k, v in params.items()})
+
+    pyro.set_rng_seed(0)
+    kernel = SGLD(model, step_size=1e-3, subsample_size=10, vectorized_chains=3)
+    mcmc = MCMC(kernel, num_samples=7, warmup_steps=5, hook_fn=hook, disable_progbar=True)
+    mcmc.run(x, y)
+    grouped = mcmc.get_samples(group_by_chain=True)
+    assert grouped["w"].shape == (3, 7) and grouped["sigma"].shape == (3, 7)
+    (draws,) = seen.values()
+    for i, params in enumerate(draws):
+        for k in range(3):
+            assert grouped["w"][k, i] == params["w"][k]
+            torch.testing.assert_close(grouped["sigma"][k, i], params["sigma"][k].exp(), rtol=1e-12, atol=0)
+    flat = mcmc.get_samples()
+    assert flat["w"].shape == (21,)
+    torch.testing.assert_close(flat["w"], grouped["w"].reshape(-1), rtol=0, atol=0)  # chain after chain
+    for name, value in get_samples(mcmc).items():
+        assert torch.equal(value, flat[name])
+
+
+def test_predictive_on_plain_get_samples_of_vectorised_chains():
+    x, y = _data()
+    pyro.set_rng_seed(1)
+    kernel = SGHMC(model, step_size=1e-3, friction=1.0, num_steps=2, subsample_size=10, vectorized_chains=4)
+    mcmc = MCMC(kernel, num_samples=6, warmup_steps=3, disable_progbar=True)
+    mcmc.run(x, y)
+    samples = mcmc.get_samples()
+    x_new = torch.linspace(-1.0, 1.0, 5, dtype=torch.float64)
+    predictive = Predictive(model, samples, return_sites=["y", "_RETURN"])
+    out = predictive(x_new)
+    assert out["y"].shape == (24, 5)  # 4 chains x 6 draws, one prediction per draw
+    # each draw's prediction uses that draw's w and sigma: the residual over sigma is standard normal (24 x 5 values,
+    # so its mean is within 4 standard errors of 0 and its variance within 4 standard errors of 1)
+    z = (out["y"] - samples["w"][:, None] * x_new) / samples["sigma"][:, None]
+    assert abs(float(z.mean())) < 4 / 120**0.5
+    assert abs(float(z.var()) - 1) < 4 * (2 / 119) ** 0.5
+
+
+def test_summary_and_diagnostics_see_k_chains_and_their_r_hat(capsys):
+    x, y = _data()
+    pyro.set_rng_seed(2)
+    # chains started far apart with a tiny step have not mixed: R-hat over the 4 chains is large; run long enough
+    # with a reasonable step, they agree (R-hat close to 1)
+    start = {"w": torch.tensor([-3.0, -1.0, 1.0, 3.0], dtype=torch.float64),
+             "sigma": torch.zeros(4, dtype=torch.float64)}
+    stuck = SGLD(model, step_size=1e-6, vectorized_chains=4)
+    stuck.initial_params = dict(start)
+    mcmc = MCMC(stuck, num_samples=20, warmup_steps=0, disable_progbar=True)
+    mcmc.run(x, y)
+    r_hat = mcmc.diagnostics()["w"]["r_hat"]
+    assert r_hat.shape == () and float(r_hat) > 10
+    torch.testing.assert_close(r_hat, split_gelman_rubin(get_samples(mcmc, group_by_chain=True)["w"]))
+    mcmc.summary()
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip().startswith(("w", "sigma"))]
+    assert [row[0] for row in rows] == ["sigma", "w"]  # one row per site, not one per vectorised chain
+    assert float(rows[1][-1]) > 10
+    idata = from_pyro(mcmc, log_likelihood=False)
+    assert idata.posterior.sizes["chain"] == 4 and float(az.rhat(idata)["w"]) > 2  # rank-normalised: bounded
+
+    mixing = SGLD(model, step_size=2e-3, num_steps=5, vectorized_chains=4)
+    mixing.initial_params = dict(start)
+    mcmc = MCMC(mixing, num_samples=200, warmup_steps=50, disable_progbar=True)
+    mcmc.run(x, y)
+    assert float(mcmc.diagnostics()["w"]["r_hat"]) < 1.1
+    assert float(az.rhat(from_pyro(mcmc, log_likelihood=False))["w"]) < 1.1
+
+
+def test_from_pyro_chains_of_sequential_and_vectorised_chains(monkeypatch):
+    x, y = _data()
+    monkeypatch.setattr(multiprocessing, "cpu_count", lambda: 1)  # chains in this process on any machine
+    pyro.set_rng_seed(3)
+    kernel = SGLD(model, step_size=1e-3, subsample_size=10, vectorized_chains=3)
+    with pytest.warns(UserWarning, match="drawn sequentially"):
+        mcmc = MCMC(kernel, num_samples=8, warmup_steps=4, num_chains=2, disable_progbar=True)
+    mcmc.run(x, y)
+    grouped = mcmc.get_samples(group_by_chain=True)
+    assert grouped["w"].shape == (6, 8)
+    idata = from_pyro(mcmc)
+    assert idata.posterior["w"].shape == (6, 8)
+    assert idata.sample_stats["diverging"].shape == (6, 8)
+    assert idata.log_likelihood["y"].shape == (6, 8, N)
+    torch.testing.assert_close(torch.from_numpy(idata.posterior["w"].values), grouped["w"], rtol=0, atol=0)
+
+
+def _diverging_rows(idata):
+    return [int(c) for c in torch.from_numpy(idata.sample_stats["diverging"].values).any(1).nonzero()]
+
+
+def test_divergence_of_one_vectorised_chain_marks_that_chain_only():
+    x, y = _data()
+    pyro.set_rng_seed(4)
+    K = 12
+    kernel = SGLD(model, step_size=1e-3, vectorized_chains=K, on_divergence="continue")
+    w0 = torch.zeros(K, dtype=torch.float64)
+    w0[10] = 1e30  # finite, but its square overflows: chain 10 diverges (and restarts there) at every sample
+    kernel.initial_params = {"w": w0, "sigma": torch.zeros(K, dtype=torch.float64)}
+    mcmc = MCMC(kernel, num_samples=15, warmup_steps=2, disable_progbar=True)
+    mcmc.run(x, y)
+    assert {r["chain"] for r in kernel.divergence_log} == {10}
+    idata = from_pyro(mcmc, log_likelihood=False)
+    assert idata.sample_stats["diverging"].shape == (K, 15)
+    assert _diverging_rows(idata) == [10]
+    assert bool(idata.sample_stats["diverging"].values[10].all())
+
+
+def test_divergences_of_eleven_sequential_chains_in_numeric_order(monkeypatch):
+    # diagnostics() keys the chains "chain 0" ... "chain 10"; a string sort would put "chain 10" third
+    x, y = _data()
+    monkeypatch.setattr(multiprocessing, "cpu_count", lambda: 1)
+    pyro.set_rng_seed(5)
+    C = 11
+    w0 = torch.zeros(C, dtype=torch.float64)
+    w0[2] = 1e30
+    kernel = SGLD(model, step_size=1e-3, on_divergence="continue")
+    with pytest.warns(UserWarning, match="drawn sequentially"):
+        mcmc = MCMC(kernel, num_samples=12, warmup_steps=1, num_chains=C, disable_progbar=True,
+                    initial_params={"w": w0, "sigma": torch.zeros(C, dtype=torch.float64)})
+    mcmc.run(x, y)
+    assert [len(mcmc.diagnostics()["divergences"][f"chain {c}"]) > 0 for c in range(C)] == [c == 2 for c in range(C)]
+    idata = from_pyro(mcmc, log_likelihood=False)
+    assert _diverging_rows(idata) == [2]
