@@ -81,7 +81,7 @@ def save_run(mcmc: MCMC, path: PathLike) -> None:
     samples = getattr(mcmc, "_samples", None)
     if not samples:
         raise ValueError("save_run: the MCMC has no samples; call mcmc.run first")
-    # constrained samples as MCMC keeps them: (num_chains=1, draws, [vectorized chains,] *site shape)
+    # constrained samples as MCMC keeps them: (chains, draws, *site shape), the vectorised chains as chains
     _write(path, mcmc.kernel, {k: v.detach().cpu().clone() for k, v in samples.items()})
 
 
@@ -141,7 +141,12 @@ class CheckpointHook:
                 self.samples.setdefault(name, []).append(kernel.transforms[name].inv(value).detach().cpu().clone())
         self.calls += 1
         if self.calls % self.every == 0:
-            samples = {k: torch.stack(v).unsqueeze(0) for k, v in self.samples.items()}
+            # the layout MCMC stores: (chains, draws, *shape), vectorised chains as chains (draws, K, ...) -> (K, draws, ...)
+            vectorized = kernel.vectorized_chains > 1
+            samples = {
+                k: torch.stack(v).transpose(0, 1) if vectorized else torch.stack(v).unsqueeze(0)
+                for k, v in self.samples.items()
+            }
             _write(self.path, kernel, samples)
 
 
