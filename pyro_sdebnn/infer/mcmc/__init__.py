@@ -44,6 +44,7 @@ from pyro_sdebnn.infer.mcmc.checkpoint import CheckpointHook, load_checkpoint, r
 from pyro_sdebnn.infer.mcmc.fsghmc import FSGHMC
 from pyro_sdebnn.infer.mcmc.fsgld import FSGLD
 from pyro_sdebnn.infer.mcmc.functional import FunctionalPotential
+from pyro_sdebnn.infer.mcmc.initialization import init_to_robust
 from pyro_sdebnn.infer.mcmc.measurement_points import MeasurementPoints
 from pyro_sdebnn.infer.mcmc.models import BayesianMLP
 from pyro_sdebnn.infer.mcmc.schedules import (
@@ -81,6 +82,7 @@ __all__ = [
     "from_pyro",
     "function_space_diagnostics",
     "get_samples",
+    "init_to_robust",
     "load_checkpoint",
     "load_samples",
     "resume_run",

@@ -38,13 +38,14 @@ import numpy as np
 import pyro
 import torch
 from pyro import poutine
-from pyro.infer.autoguide.initialization import InitMessenger, init_to_sample
+from pyro.infer.autoguide.initialization import InitMessenger
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from torch import Tensor
 
 from pyro_sdebnn.data.loaders import move_batch
 from pyro_sdebnn.infer.mcmc._chains import chain_transforms
 from pyro_sdebnn.infer.mcmc.batches import BatchStream, is_data_loader
+from pyro_sdebnn.infer.mcmc.initialization import init_to_robust
 from pyro_sdebnn.infer.mcmc.graph import _arg_key, _compile_graph, _graph_is_stale, _lean_graph
 from pyro_sdebnn.infer.mcmc.potential import MinibatchPotential, _check_subsample_size
 from pyro_sdebnn.infer.mcmc.schedules import StepSizeSchedule, as_schedule
@@ -133,9 +134,9 @@ class SGMCMCKernel(MCMCKernel):
         subsample_size: Union[None, int, dict[str, int]] = None,
         data_plate: Union[None, str, list[str]] = None,
         temperature: float = 1.0,
-        init_strategy: Callable = init_to_sample,
-        map_steps: Optional[int] = 0,
-        map_lr: float = 1e-3,
+        init_strategy: Callable = init_to_robust,
+        map_steps: Optional[int] = None,
+        map_lr: float = 0.1,
         vectorized_chains: int = 1,
         on_divergence: str = "raise",
         adapt_step_size: bool = False,
@@ -304,12 +305,13 @@ class SGMCMCKernel(MCMCKernel):
             if self.sample_writer is not None:
                 self.sample_writer.start_chain()
             return
-        if self._initial_params is None:
+        drawn = self._initial_params is None  # the automatic warm start leaves a user's initial_params alone
+        if drawn:
             self._initial_params = self._draw_initial_params()
         position = U.pack(self._initial_params).to(U.dtype)
         if self.vectorized_chains > 1 and position.dim() == 1:
             position = position.expand(self.vectorized_chains, -1).clone()
-        if self.map_steps is None or self.map_steps > 0:
+        if (self.map_steps is None and drawn) or (self.map_steps is not None and self.map_steps > 0):
             position = self._map_fit(position)
             self._initial_params = U.split(position)
         self._state = self._init_state(position)
@@ -539,14 +541,15 @@ class SGMCMCKernel(MCMCKernel):
                 idx = self._next_indices()
                 data = self._next_data()
                 optim.zero_grad()
+                # the step's other inputs (e.g. a measurement set's precision) are constants of the fit: a graph
+                # they carry (a GP kernel's hyper-parameters) must not be back-propagated through, step after step
+                extra = tuple(t.detach() if isinstance(t, Tensor) else t for t in self._potential_and_grad_inputs())
                 with self._bind(data):
                     if self.vectorized_chains == 1:
-                        value = self._potential_fn(position, idx, *self._potential_and_grad_inputs())
+                        value = self._potential_fn(position, idx, *extra)
                     else:
                         value = sum(
-                            self._potential_fn(
-                                position[k], None if idx is None else idx[k], *self._potential_and_grad_inputs()
-                            )
+                            self._potential_fn(position[k], None if idx is None else idx[k], *extra)
                             for k in range(self.vectorized_chains)
                         )
                 value.backward()
@@ -751,8 +754,9 @@ class SGMCMCKernel(MCMCKernel):
                 "adapt_step_size=True to search a stable one in warm-up), or pass on_divergence='continue' to "
                 "record a divergence and restart the chain from its last healthy state."
                 + (" A chain that diverges in its first steps often starts at a bad point (e.g. a scale drawn close "
-                   "to 0): start from init_strategy=init_to_median with a MAP warm start (map_steps=None, "
-                   "map_lr=0.1)." if min(step for step, _ in flagged.values()) < 10 else "")
+                   "to 0): keep the default start (init_strategy=init_to_robust with the automatic MAP warm start, "
+                   "map_steps=None) and let adapt_step_size=True find a stable step."
+                   if min(step for step, _ in flagged.values()) < 10 else "")
             ) from error
         for k, (step, cause) in sorted(flagged.items()):
             self.divergence_log.append(

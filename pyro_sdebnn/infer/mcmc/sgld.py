@@ -56,13 +56,16 @@ class SGLD(SGMCMCKernel):
     :param bool preconditioned: use the RMSprop preconditioner of [2].
     :param float precond_decay: :math:`\\alpha` of the running average of :math:`\\hat g^2`.
     :param float precond_eps: :math:`\\epsilon` of the preconditioner.
-    :param callable init_strategy: Pyro init strategy for the initial values (default ``init_to_sample``). For models
-        with scale priors such as ``Gamma(0.5, 1)`` or ``Uniform(0, 10)``, whose prior draws can lie close to 0 where
-        the first step diverges, use ``init_to_median`` with the automatic warm start below.
-    :param int map_steps: if positive, warm-start with that many Adam steps on the minibatch potential; ``None``:
-        at most 500 steps, stopped once the mean potential over 50 steps improves by less than :math:`0.01 (D + 1)`
-        (``kernel.map_steps_taken`` says how many ran). Default 0 (no warm start).
-    :param float map_lr: learning rate of the warm start (``0.1`` suits the automatic one).
+    :param callable init_strategy: Pyro init strategy for the initial values. Default
+        :func:`~pyro_sdebnn.infer.mcmc.init_to_robust`: real-valued sites (weights) start at a prior draw,
+        constrained ones (scales such as ``Gamma(0.5, 1)`` or ``Uniform(0, 10)``, whose prior draws can lie close to 0
+        where the first step diverges) at their prior median.
+    :param int map_steps: ``None`` (default): an automatic warm start of at most 500 Adam steps on the minibatch
+        potential, stopped once the mean potential over 50 steps improves by less than :math:`0.01 (D + 1)`
+        (``kernel.map_steps_taken`` says how many ran), run only when the kernel draws the initial values itself
+        (``MCMC(..., initial_params=...)`` is left where it is); a positive int: that many Adam steps, always;
+        ``0``: no warm start (the chain starts at the initial values).
+    :param float map_lr: learning rate of the warm start (default ``0.1``).
     :param int vectorized_chains: run ``K`` chains at once in this process (a leading chain dimension).
     :param str on_divergence: ``"raise"`` (default) stops with a :class:`~pyro_sdebnn.infer.mcmc.SamplerDivergenceError`
         naming the step when the potential or gradient is not finite, a state coordinate is non-finite or its square

@@ -148,7 +148,8 @@ def test_error_on_finite_state_is_not_masked(moons):
             raise RuntimeError("a bug in the model")
         return stochastic_unit_model(x, y)
 
-    kernel = SGLD(buggy_model, step_size=1e-3, num_steps=2, subsample_size=16, backend="eager")
+    # no warm start: the model must fail inside a sampling step
+    kernel = SGLD(buggy_model, step_size=1e-3, num_steps=2, subsample_size=16, backend="eager", map_steps=0)
     kernel.setup(0, *moons)
     with pytest.raises(RuntimeError, match="a bug in the model") as info:
         kernel.sample(kernel.initial_params)
@@ -172,19 +173,20 @@ def test_sghmc_kinetic_temperature_matches_target_on_gaussian():
     assert abs(kinetic - T) < 4 * T * math.sqrt(2 / D) + 0.05 * T
 
 
-def _fsghmc(friction, step_size):
+def _fsghmc(friction, step_size, **kwargs):
     model = BayesianMLP([2, 16, 16, 1], likelihood="bernoulli", activation="relu")
     rbf = gp.kernels.RBF(2, variance=torch.tensor(4.0), lengthscale=torch.tensor(0.5))
     return FSGHMC(model, gp_prior=rbf, step_size=step_size, friction=friction, num_steps=10, subsample_size=16,
-                  num_measurement_data=8, num_measurement_box=8, backend="fx")
+                  num_measurement_data=8, num_measurement_box=8, backend="fx", **kwargs)
 
 
 def test_fsghmc_too_little_friction_is_finite_but_hot(moons):
     # the Two Moons collapse (step 3e-4, friction 0.1): no divergence, but the kinetic temperature stays far above
     # T = 1 (the potential energy released from the initial point is damped only over 1/(eta c) ~ 33000 steps).
     # With friction 10 at step 1e-3 (eta c = 0.01: damped over ~100 steps, 400 warm-up steps) it is back at T. The
-    # per-sample sd of |v|^2 / D is sqrt(2 / D) = 0.077 here (D = 337); the mean over samples is at least as precise
-    hot = _fsghmc(0.1, 3e-4)
+    # per-sample sd of |v|^2 / D is sqrt(2 / D) = 0.077 here (D = 337); the mean over samples is at least as precise.
+    # Started at a prior draw (map_steps=0): the automatic MAP warm start removes most of that energy
+    hot = _fsghmc(0.1, 3e-4, map_steps=0)
     mcmc = MCMC(hot, num_samples=10, warmup_steps=20, disable_progbar=True)
     mcmc.run(*moons)
     sd = math.sqrt(2 / hot.potential.dim)

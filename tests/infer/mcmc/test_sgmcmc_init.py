@@ -4,8 +4,9 @@
 With ``init_to_sample`` a scale prior such as ``Gamma(0.5, 1)`` or ``Uniform(0, 10)`` can put the noise scale close to
 0, where the gradient with respect to the unconstrained scale grows like ``1 / sigma^2`` and the first step diverges
 for any usable step size; from a prior draw far from the data, SGLD at step 1e-3 also needs far more than a thousand
-steps to reach the posterior. The robust start is ``init_to_median`` with the automatic MAP warm start
-(``map_steps=None``, Adam at ``map_lr=0.1``, stopped once the potential levels off).
+steps to reach the posterior. The kernels' default start is ``init_to_robust`` (prior draws for real-valued
+sites, prior medians for constrained ones) with the automatic MAP warm start (``map_steps=None``, Adam at
+``map_lr=0.1``, stopped once the potential levels off).
 """
 
 import pyro
@@ -17,7 +18,7 @@ from pyro.infer import MCMC, NUTS, Predictive
 from pyro.infer.autoguide.initialization import init_to_median
 from pyro.nn import PyroModule, PyroSample
 
-from pyro_sdebnn.infer.mcmc import SGLD
+from pyro_sdebnn.infer.mcmc import SGHMC, SGLD, init_to_robust
 
 ROBUST_START = dict(init_strategy=init_to_median, map_steps=None, map_lr=0.1)
 
@@ -78,12 +79,18 @@ def _predictive_std(model, samples, grid):
     return Predictive(model, posterior_samples=samples, return_sites=["obs"])(grid)["obs"].std(0)
 
 
+def test_default_start_is_robust_init_with_automatic_warm_start():
+    kernel = SGLD(BayesianRegression(3, 1))
+    assert kernel.init_strategy is init_to_robust and kernel.map_steps is None and kernel.map_lr == 0.1
+
+
 @pytest.mark.slow
-def test_tutorial_regression_matches_nuts_in_every_seed():
-    # Measured over seeds 0-4: init_to_sample reaches the posterior in 2 of 5 (sigma stuck near its upper bound 10 in
-    # the others), init_to_median alone in 3 of 5, init_to_median + MAP warm start in 5 of 5 with predictive sd
-    # ratios 0.90-1.11. The ratio of two sd estimates from S draws with effective size n has a relative standard
-    # error of about 1 / sqrt(2 n) ~ 0.05 here (n >= 200): 0.8-1.25 is over four standard errors.
+@pytest.mark.parametrize("kernel_cls", [SGLD, SGHMC])
+def test_tutorial_regression_matches_nuts_in_every_seed_with_the_defaults(kernel_cls):
+    # Measured over seeds 0-4: init_to_sample without a warm start reaches the posterior in 2 of 5 (sigma stuck near
+    # its upper bound 10 in the others), init_to_median alone in 3 of 5; the kernels' defaults (init_to_robust + the
+    # automatic MAP warm start) in 5 of 5. The ratio of two sd estimates from S draws with effective size n has a
+    # relative standard error of about 1 / sqrt(2 n) ~ 0.05 here (n >= 200): 0.8-1.25 is over four standard errors.
     x, y, grid = _rugged_like()
     pyro.set_rng_seed(0)
     nuts = MCMC(NUTS(BayesianRegression(3, 1)), num_samples=300, warmup_steps=200, disable_progbar=True)
@@ -92,8 +99,8 @@ def test_tutorial_regression_matches_nuts_in_every_seed():
     for seed in range(5):
         pyro.set_rng_seed(seed)
         model = BayesianRegression(3, 1)
-        kernel = SGLD(model, **ROBUST_START)
-        mcmc = MCMC(kernel, num_samples=500, warmup_steps=500, disable_progbar=True)
+        kernel = kernel_cls(model)  # the defaults
+        mcmc = MCMC(kernel, num_samples=1000, warmup_steps=500, disable_progbar=True)
         mcmc.run(x, y)
         assert kernel.diagnostics()["divergences"] == []
         assert 0 < kernel.map_steps_taken <= 500
