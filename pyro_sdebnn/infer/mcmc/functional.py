@@ -461,6 +461,11 @@ class FunctionalKernelMixin:
                     raise ValueError("pass measurement_points= (the model's first argument is not the input tensor)")
                 self._sampler = MeasurementPoints(args[0], self.num_measurement_data, self.num_measurement_box)
             example = self._sampler()
+            if args and torch.is_tensor(args[0]) and example.device != args[0].device:
+                raise ValueError(
+                    f"measurement_points: the sampler's inputs are on {example.device} but the data reach the model "
+                    f"on {args[0].device}; build the MeasurementPoints from inputs on the model's device"
+                )
         potential = FunctionalPotential(
             self.model,
             args,
@@ -629,7 +634,8 @@ class FunctionalKernelMixin:
         """The state of :meth:`SGMCMCKernel.state_dict <pyro_sdebnn.infer.mcmc.base.SGMCMCKernel.state_dict>` plus,
         under ``"functional"``, the measurement-set stream: the current set and its factor and how many more steps
         use it, the sets (and factors) of the current prefetched batch not used yet, the seed of the next batch and
-        the state of the sampler's own generator (if it has one). The remaining sets are stored rather than drawn
+        the state of the sampler's own generator (if it has one), and the jitter :math:`\\delta` chosen at set-up.
+        The remaining sets are stored rather than drawn
         again, so a resumed run uses bitwise the same sets whichever code path factorised them (at most one batch
         of ``prefetch`` factors, about 8 MiB by the sampler's default ``prefetch``).
         """
@@ -637,6 +643,7 @@ class FunctionalKernelMixin:
         generator = None if self._sampler is None else self._sampler.generator
         cache = self._points_cache
         sd["functional"] = {
+            "jitter": float(self.potential.jitter),
             "factor_kind": str(self._factor_kind),
             "current": None if cache is None else [cache[0].clone(), cache[1].clone()],
             "uses_left": int(self._set_uses_left),
@@ -654,8 +661,17 @@ class FunctionalKernelMixin:
             raise ValueError(
                 f"the checkpoint has no measurement-set state: it was not written by an {self._name} kernel"
             )
-        if saved["factor_kind"] != self._factor_kind:  # the step is traced for the factor the saved sets carry
+        current = saved["current"]
+        if current is not None and self._sampler is not None and current[0].shape[0] != self._sampler.num_points:
+            raise ValueError(
+                f"the checkpoint's measurement sets have {current[0].shape[0]} points but measurement_points draws "
+                f"{self._sampler.num_points}: resume with the sampler settings of the saved run"
+            )
+        # the jitter (raised at set-up if an example set needed it) and the kind of factor the saved sets carry
+        # enter the step graph: restore them before it is traced
+        if saved["factor_kind"] != self._factor_kind or float(saved["jitter"]) != self.potential.jitter:
             self._factor_kind = saved["factor_kind"]
+            self.potential.jitter = float(saved["jitter"])
             self._step_fn = None
         super()._restore(sd, warmup_steps)  # type: ignore[misc]
         U = self.potential
@@ -664,7 +680,7 @@ class FunctionalKernelMixin:
         def pair(p: Optional[list]) -> Optional[tuple[Tensor, Tensor]]:
             return None if p is None else (p[0].to(device), p[1].to(device))
 
-        self._points_cache = pair(saved["current"])
+        self._points_cache = pair(current)
         self._set_uses_left = int(saved["uses_left"])
         self._set_queue = deque(pair(p) for p in saved["queue"])
         if saved["generator"] is not None:

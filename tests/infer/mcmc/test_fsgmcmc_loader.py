@@ -9,7 +9,7 @@ import torch
 from pyro.infer import MCMC
 from torch.utils.data import DataLoader, TensorDataset
 
-from pyro_sdebnn.infer.mcmc import FSGHMC, FSGLD, MeasurementPoints, from_pyro, resume_run, save_run
+from pyro_sdebnn.infer.mcmc import FSGHMC, FSGLD, MeasurementPoints, pointwise_log_likelihood, resume_run, save_run
 
 N = 60
 BATCH = 20
@@ -106,7 +106,8 @@ def test_plain_model_over_a_loader_potential_is_the_scaled_batch_likelihood_plus
     assert kernel.potential.minibatch_mode == "batch" and kernel.potential.concatenated
     samples = mcmc.get_samples()
     assert samples["w1"].shape == (8, 1, HIDDEN) and torch.isfinite(samples["w2"]).all()
-    assert from_pyro(mcmc).log_likelihood["obs"].shape == (2, 4, N)  # every data point, not a batch
+    ll = pointwise_log_likelihood(plain_net, samples, _loader(x, y, shuffle=False))["obs"]
+    torch.testing.assert_close(ll, pointwise_log_likelihood(plain_net, samples, x, y)["obs"])  # every data point
 
     w1, w2 = samples["w1"][0], samples["w2"][0]
     u = torch.cat([w1.reshape(-1), w2])
@@ -189,3 +190,52 @@ def test_resuming_a_seeded_measurement_stream_without_its_generator_is_a_clear_e
     with pytest.raises(ValueError, match="sampler with its own generator: pass measurement_points="):
         resume_run(tmp_path / "run.pt", _kernel("fsgld", measurement_points=_points(x, seeded=False), backend="fx"),
                    _loader(x, y, shuffle=True), num_samples=1, disable_progbar=True)
+
+
+class _Preempted(Exception):
+    pass
+
+
+def test_checkpoint_hook_mid_run_with_the_background_thread_resumes_bitwise(tmp_path):
+    # a checkpoint written while the next batch of sets is being factorised in the background thread
+    from pyro_sdebnn.infer.mcmc import CheckpointHook, load_checkpoint
+
+    x, y = _data()
+
+    def make():
+        points = _points(x, background=True, redraw_every=2, prefetch=3)
+        return _kernel("fsghmc", measurement_points=points, backend="fx")
+
+    loader = _loader(x, y, shuffle=True, batch_size=25)
+    pyro.set_rng_seed(0)
+    full = MCMC(make(), num_samples=10, warmup_steps=4, disable_progbar=True)
+    full.run(loader)
+    path = tmp_path / "run.pt"
+    checkpointer = CheckpointHook(path, every=3)
+
+    def preempted_at(kernel, params, stage, i):
+        checkpointer(kernel, params, stage, i)
+        if checkpointer.calls == 10:
+            raise _Preempted
+
+    pyro.set_rng_seed(0)
+    with pytest.raises(_Preempted):
+        MCMC(make(), num_samples=10, warmup_steps=4, hook_fn=preempted_at, disable_progbar=True).run(loader)
+    saved = load_checkpoint(path)  # written after call 9: 4 warm-up calls and 5 samples
+    assert saved["num_samples"] == 5 and saved["kernel"]["functional"]["next_seed"] is not None
+    resumed = resume_run(path, make(), loader, num_samples=5, disable_progbar=True)
+    assert resumed.kernel._factor_kind == "precision" and resumed.kernel._in_background()
+    for site in ("w1", "w2"):
+        torch.testing.assert_close(resumed.get_samples()[site], full.get_samples()[site], rtol=0, atol=0)
+
+
+def test_resuming_with_another_number_of_measurement_points_is_a_clear_error(tmp_path):
+    x, y = _data()
+    first = MCMC(_kernel("fsgld", measurement_points=_points(x), backend="fx"), num_samples=2, warmup_steps=0,
+                 disable_progbar=True)
+    first.run(x, y)
+    save_run(first, tmp_path / "run.pt")
+    other = MeasurementPoints(x, num_data=4, num_box=6, generator=torch.Generator().manual_seed(5), background=False)
+    with pytest.raises(ValueError, match="measurement sets have 8 points but measurement_points draws 10"):
+        resume_run(tmp_path / "run.pt", _kernel("fsgld", measurement_points=other, backend="fx"), x, y,
+                   num_samples=1, disable_progbar=True)
