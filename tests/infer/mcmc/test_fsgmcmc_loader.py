@@ -239,3 +239,12 @@ def test_resuming_with_another_number_of_measurement_points_is_a_clear_error(tmp
     with pytest.raises(ValueError, match="measurement sets have 8 points but measurement_points draws 10"):
         resume_run(tmp_path / "run.pt", _kernel("fsgld", measurement_points=other, backend="fx"), x, y,
                    num_samples=1, disable_progbar=True)
+
+
+def test_measurement_points_on_another_device_than_the_batches_is_a_clear_error():
+    x, y = _data()
+    points = MeasurementPoints(x.to("meta"), num_data=4, num_box=4, background=False)  # stands for another device
+    kernel = FSGLD(plain_net, gp_prior=gp.kernels.RBF(1), measurement_points=points, map_steps=0)
+    with pytest.raises(ValueError, match="measurement_points: the sampler's inputs are on meta but the data reach "
+                                         "the model on cpu"):
+        MCMC(kernel, num_samples=1, warmup_steps=0, disable_progbar=True).run(_loader(x, y, shuffle=True))
