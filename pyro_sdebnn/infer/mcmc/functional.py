@@ -213,7 +213,10 @@ class FunctionalPotential(MinibatchPotential):
         m_args, m_kwargs = self.measurement_args(points)
         num_points = points.shape[0]
         on_batch = self.minibatch_mode == "batch"
-        batch_size = self.model_args[0].shape[0] if on_batch else self.data_size if idx is None else idx.shape[-1]
+        if on_batch:
+            batch_size = self.model_args[0].shape[0]
+        else:
+            batch_size = self.data_size if idx is None else idx.shape[-1]
 
         def is_data(value: Any, positional: bool) -> bool:
             if not (torch.is_tensor(value) and value.dim() >= 1):
@@ -453,8 +456,8 @@ class FunctionalKernelMixin:
                 if self._stream is not None:
                     raise ValueError(
                         f"{self._name} over a loader needs measurement_points=: the default draws them from the full "
-                        "training inputs, which a loader does not hold in memory. Pass a MeasurementPoints sampler over "
-                        "a subset of the inputs on the model's device, e.g. measurement_points=MeasurementPoints("
+                        "training inputs, which a loader does not hold in memory. Pass a MeasurementPoints sampler "
+                        "over a subset of the inputs on the model's device, e.g. measurement_points=MeasurementPoints("
                         "next(iter(loader))[0]) (or a GPFunctionalPrior on fixed points as gp_prior=)"
                     )
                 if not args or not torch.is_tensor(args[0]):
@@ -635,9 +638,9 @@ class FunctionalKernelMixin:
         under ``"functional"``, the measurement-set stream: the current set and its factor and how many more steps
         use it, the sets (and factors) of the current prefetched batch not used yet, the seed of the next batch and
         the state of the sampler's own generator (if it has one), and the jitter :math:`\\delta` chosen at set-up.
-        The remaining sets are stored rather than drawn
-        again, so a resumed run uses bitwise the same sets whichever code path factorised them (at most one batch
-        of ``prefetch`` factors, about 8 MiB by the sampler's default ``prefetch``).
+        The unused sets are stored rather than drawn again, so a resumed run uses bitwise the same sets whichever
+        code path factorised them (at most one batch of ``prefetch`` factors, about 8 MiB with the sampler's
+        default ``prefetch``).
         """
         sd = super().state_dict()  # type: ignore[misc]
         generator = None if self._sampler is None else self._sampler.generator
@@ -667,6 +670,11 @@ class FunctionalKernelMixin:
                 f"the checkpoint's measurement sets have {current[0].shape[0]} points but measurement_points draws "
                 f"{self._sampler.num_points}: resume with the sampler settings of the saved run"
             )
+        if saved["generator"] is not None and (self._sampler is None or self._sampler.generator is None):
+            raise ValueError(
+                "the checkpoint's measurement points came from a sampler with its own generator: pass "
+                "measurement_points=MeasurementPoints(..., generator=...) on resuming, as in the saved run"
+            )
         # the jitter (raised at set-up if an example set needed it) and the kind of factor the saved sets carry
         # enter the step graph: restore them before it is traced
         if saved["factor_kind"] != self._factor_kind or float(saved["jitter"]) != self.potential.jitter:
@@ -684,11 +692,6 @@ class FunctionalKernelMixin:
         self._set_uses_left = int(saved["uses_left"])
         self._set_queue = deque(pair(p) for p in saved["queue"])
         if saved["generator"] is not None:
-            if self._sampler is None or self._sampler.generator is None:
-                raise ValueError(
-                    "the checkpoint's measurement points came from a sampler with its own generator: pass "
-                    "measurement_points=MeasurementPoints(..., generator=...) on resuming, as in the saved run"
-                )
             self._sampler.generator.set_state(saved["generator"])
         seed = saved["next_seed"]
         if seed is None:
