@@ -121,22 +121,35 @@ def test_plain_model_over_a_loader_potential_is_the_scaled_batch_likelihood_plus
         torch.testing.assert_close(kernel._potential_fn(u, None, points, factor), expected, rtol=1e-9, atol=1e-9)
 
 
-@pytest.mark.parametrize("gp_prior", ["kernel", "fixed prior"])
-def test_loader_without_measurement_points_is_a_clear_error_unless_the_prior_has_fixed_points(gp_prior):
+def test_loader_without_measurement_points_is_a_clear_error():
     x, y = _data()
-    if gp_prior == "kernel":
-        kernel = FSGLD(plain_net, gp_prior=gp.kernels.RBF(1), step_size=1e-5, map_steps=0)
-        with pytest.raises(ValueError, match="fSGLD over a loader needs measurement_points=.*MeasurementPoints"):
-            MCMC(kernel, num_samples=1, warmup_steps=0, disable_progbar=True).run(_loader(x, y, shuffle=True))
-        return
+    kernel = FSGLD(plain_net, gp_prior=gp.kernels.RBF(1), step_size=1e-5, map_steps=0)
+    with pytest.raises(ValueError, match="fSGLD over a loader needs measurement_points=.*MeasurementPoints"):
+        MCMC(kernel, num_samples=1, warmup_steps=0, disable_progbar=True).run(_loader(x, y, shuffle=True))
+
+
+def test_gp_prior_on_fixed_points_over_a_loader_needs_no_measurement_points_and_resumes(tmp_path):
     from pyro_sdebnn.distributions import GPFunctionalPrior
 
+    x, y = _data()
     prior = GPFunctionalPrior(gp.kernels.RBF(1), torch.linspace(-2, 2, 6, dtype=torch.float64).unsqueeze(-1))
-    kernel = FSGHMC(plain_net, gp_prior=prior, step_size=1e-4, friction=10.0, num_steps=2, map_steps=0,
-                    backend="fx")
-    mcmc = MCMC(kernel, num_samples=3, warmup_steps=1, disable_progbar=True)
-    mcmc.run(_loader(x, y, shuffle=True))
-    assert torch.isfinite(mcmc.get_samples()["w1"]).all()
+
+    def make():
+        return FSGHMC(plain_net, gp_prior=prior, step_size=1e-4, friction=10.0, num_steps=2, map_steps=0,
+                      backend="fx")
+
+    loader = _loader(x, y, shuffle=True, batch_size=25)
+    pyro.set_rng_seed(0)
+    full = MCMC(make(), num_samples=6, warmup_steps=1, disable_progbar=True)
+    full.run(loader)
+    pyro.set_rng_seed(0)
+    first = MCMC(make(), num_samples=3, warmup_steps=1, disable_progbar=True)
+    first.run(loader)
+    save_run(first, tmp_path / "run.pt")
+    resumed = resume_run(tmp_path / "run.pt", make(), loader, num_samples=3, disable_progbar=True)
+    assert not torch.equal(full.get_samples()["w1"][0], full.get_samples()["w1"][-1])
+    for site in ("w1", "w2"):
+        torch.testing.assert_close(resumed.get_samples()[site], full.get_samples()[site], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize(
