@@ -210,7 +210,8 @@ class SGMCMCKernel(MCMCKernel):
             transforms=self.user_transforms, data_size=None if self._stream is None else self._stream.size,
         )
 
-    _takes_loader = True  # the functional kernels do not (their measurement points come from the full inputs)
+    # every kernel here takes a loader and has checkpoints; a subclass that cannot sets these to False
+    _takes_loader = True
     _checkpointable = True
 
     def _start_stream(self, args: tuple, kwargs: dict) -> tuple:
@@ -802,10 +803,10 @@ class SGMCMCKernel(MCMCKernel):
         :func:`pyro_sdebnn.infer.mcmc.save_run`.
 
         :raises ValueError: before the kernel was set up (``mcmc.run``).
-        :raises TypeError: for the functional kernels (their measurement-point stream is not part of the state).
+        :raises TypeError: for a kernel class without checkpoints (``_checkpointable = False``).
         """
         if not self._checkpointable:
-            raise TypeError(f"{self._name} does not support checkpoints (state_dict); SGLD and SGHMC do")
+            raise TypeError(f"{self._name} does not support checkpoints (state_dict)")
         if self.potential is None or self._state is None:
             raise ValueError("state_dict: the kernel has no chain yet; run it first (mcmc.run)")
 
@@ -861,7 +862,7 @@ class SGMCMCKernel(MCMCKernel):
         """
         required = ("signature", "state", "t", "sample_count", "warmup_steps", "rng", "energy")
         if not self._checkpointable:
-            raise TypeError(f"{self._name} does not support checkpoints (load_state_dict); SGLD and SGHMC do")
+            raise TypeError(f"{self._name} does not support checkpoints (load_state_dict)")
         if not isinstance(state_dict, dict) or any(k not in state_dict for k in required):
             raise TypeError(
                 "state_dict must be a dict returned by SGMCMCKernel.state_dict() (keys "

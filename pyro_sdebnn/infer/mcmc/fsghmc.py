@@ -24,7 +24,8 @@ class FSGHMC(FunctionalKernelMixin, SGHMC):
     Momentum resampling every ``resample_momentum_every`` returned samples follows the paper's Alg. 2 (which
     resamples at each outer iteration). Arguments: those of :class:`~pyro_sdebnn.infer.mcmc.FSGLD` (functional
     prior, measurement points, output site) and of :class:`~pyro_sdebnn.infer.mcmc.SGHMC` (friction, noise
-    estimate).
+    estimate). Loaders (``mcmc.run(loader)``, with ``measurement_points=``) and checkpoints work as for
+    :class:`~pyro_sdebnn.infer.mcmc.FSGLD`.
 
     *A collapsed chain is not a divergence.* With too little friction for the step size the chain can stay finite
     and still be useless: on Two Moons (2-50-50-1 ReLU network, RBF prior, 3000 steps) step 3e-4 with friction 0.1
@@ -55,10 +56,6 @@ class FSGHMC(FunctionalKernelMixin, SGHMC):
     """
 
     _name = "fSGHMC"
-    # the measurement points are drawn from the full training inputs, and their random stream (and background
-    # prefetch) is not part of the kernel state: no loader and no checkpoints for the functional kernels
-    _takes_loader = False
-    _checkpointable = False
 
     def __init__(self, model: Callable, *, step_size: Union[float, StepSizeSchedule] = 1e-4, **kwargs: Any) -> None:
         super().__init__(model, step_size=step_size, **kwargs)

@@ -38,6 +38,16 @@ class FSGLD(FunctionalKernelMixin, SGLD):
     calls a user function ``output_fn(values, X_M)``.
     All options of :class:`~pyro_sdebnn.infer.mcmc.SGLD` apply.
 
+    *Loaders and checkpoints.* ``mcmc.run(loader)`` takes the likelihood term of each inner step from the loader's
+    next ``(x, y)`` batch (scaled by :math:`N/b`, as for SGLD) and the prior term from the measurement points; the
+    concatenated pass then runs on :math:`[x_B; X_M]`. A loader does not hold the training inputs, so it needs
+    ``measurement_points=`` (a :class:`~pyro_sdebnn.infer.mcmc.MeasurementPoints` over a subset of the inputs on the
+    model's device, e.g. ``MeasurementPoints(next(iter(loader))[0])``) or a
+    :class:`~pyro_sdebnn.distributions.GPFunctionalPrior` as ``gp_prior``; without either it is a ``ValueError``.
+    :meth:`state_dict` holds the measurement-set stream as well (current set, unused prefetched sets, the next
+    batch's seed, the sampler's generator), so :func:`~pyro_sdebnn.infer.mcmc.resume_run` continues a run bitwise
+    on CPU (with a fixed ``backend``), with or without the background thread.
+
     :param callable model: the Pyro model.
     :param gp_prior: a ``pyro.contrib.gp`` kernel (``RBF``, ``Matern52``, :class:`~pyro_sdebnn.kernels.NNGP`, ...;
         fit it with :func:`pyro_sdebnn.distributions.fit_gp_kernel`), or a
@@ -45,7 +55,7 @@ class FSGLD(FunctionalKernelMixin, SGLD):
         factor is reused).
     :param measurement_points: a :class:`~pyro_sdebnn.infer.mcmc.MeasurementPoints` sampler; by default
         ``num_measurement_data`` training inputs (the model's first argument) plus ``num_measurement_box`` box points,
-        redrawn every step.
+        redrawn every step. Required over a loader (unless ``gp_prior`` is a ``GPFunctionalPrior``).
     :param gp_mean: GP mean: ``None`` (zero), a tensor or a callable of :math:`X_M`.
     :param float jitter: relative jitter :math:`\\delta/\\sigma_f^2` (default 1e-4, raised at set-up if needed).
     :param str output_site: deterministic site with the network outputs.
@@ -78,10 +88,6 @@ class FSGLD(FunctionalKernelMixin, SGLD):
     """
 
     _name = "fSGLD"
-    # the measurement points are drawn from the full training inputs, and their random stream (and background
-    # prefetch) is not part of the kernel state: no loader and no checkpoints for the functional kernels
-    _takes_loader = False
-    _checkpointable = False
 
     def __init__(self, model: Callable, *, step_size: Union[float, StepSizeSchedule] = 1e-5, **kwargs: Any) -> None:
         super().__init__(model, step_size=step_size, **kwargs)

@@ -103,6 +103,9 @@ class FunctionalPotential(MinibatchPotential):
     :param concatenate_inputs: ``None`` (default): trace the model once on :math:`[x_B; X_M]` when that reproduces
         the two-trace potential and gradient at a random point, else trace twice; ``True``: require the
         concatenated path (``ValueError`` if the model does not allow it); ``False``: always trace twice.
+    :param int data_size: :math:`N` when ``model_args`` are one batch of a loader (``minibatch_mode="batch"``, see
+        :class:`~pyro_sdebnn.infer.mcmc.potential.MinibatchPotential`): the positional arguments are the batch
+        :math:`(x_B, y_B)`, concatenated with the measurement arguments on the concatenated path.
 
     >>> import pyro.contrib.gp as gp
     >>> from pyro_sdebnn.infer.mcmc import BayesianMLP
@@ -132,6 +135,7 @@ class FunctionalPotential(MinibatchPotential):
         subsample_size: Optional[int] = None,
         data_plate: Optional[str] = None,
         transforms: Optional[dict] = None,
+        data_size: Optional[int] = None,
     ) -> None:
         if not isinstance(gp_kernel, Kernel):
             raise TypeError(f"gp_kernel must be a pyro.contrib.gp.kernels.Kernel, got {type(gp_kernel).__name__}")
@@ -148,6 +152,7 @@ class FunctionalPotential(MinibatchPotential):
             data_plate=data_plate,
             prior_filter=lambda name, site: name in prior_sites,
             transforms=transforms,
+            data_size=data_size,
         )
         unknown = prior_sites - {s.name for s in self.sites}
         if unknown:
@@ -202,12 +207,24 @@ class FunctionalPotential(MinibatchPotential):
     def _concatenated_args(self, idx: Optional[Tensor], points: Tensor) -> tuple[tuple, dict, int]:
         """Model arguments with every data argument (leading size N) gathered at ``idx`` and extended by its
         measurement-point counterpart (``measurement_args(X_M)``; a missing/``None`` counterpart, e.g. the
-        targets, is padded with copies of the first minibatch row, masked out of the likelihood)."""
+        targets, is padded with copies of the first minibatch row, masked out of the likelihood). On a loader's
+        batch (``minibatch_mode="batch"``) the data arguments are the positional ones, the batch :math:`(x_B, y_B)`
+        of size :math:`b` = ``len(x_B)``."""
         m_args, m_kwargs = self.measurement_args(points)
         num_points = points.shape[0]
+        on_batch = self.minibatch_mode == "batch"
+        if on_batch:
+            batch_size = self.model_args[0].shape[0]
+        else:
+            batch_size = self.data_size if idx is None else idx.shape[-1]
 
-        def extend(value: Any, counterpart: Any, present: bool) -> Any:
-            if not (torch.is_tensor(value) and value.dim() >= 1 and value.shape[0] == self.data_size):
+        def is_data(value: Any, positional: bool) -> bool:
+            if not (torch.is_tensor(value) and value.dim() >= 1):
+                return False
+            return positional if on_batch else value.shape[0] == self.data_size
+
+        def extend(value: Any, counterpart: Any, present: bool, positional: bool = False) -> Any:
+            if not is_data(value, positional):
                 if present and counterpart is not value and counterpart is not self._original(value):
                     raise ValueError("a non-data argument differs between the data and measurement calls")
                 return value
@@ -222,10 +239,10 @@ class FunctionalPotential(MinibatchPotential):
             return torch.cat([batch, pad], -value.dim())
 
         args = tuple(
-            extend(a, m_args[i] if i < len(m_args) else None, i < len(m_args)) for i, a in enumerate(self.model_args)
+            extend(a, m_args[i] if i < len(m_args) else None, i < len(m_args), True)
+            for i, a in enumerate(self.model_args)
         )
         kwargs = {k: extend(v, m_kwargs.get(k), k in m_kwargs) for k, v in self.model_kwargs.items()}
-        batch_size = self.data_size if idx is None else idx.shape[-1]
         return args, kwargs, batch_size
 
     def _concatenated_terms(
@@ -233,7 +250,8 @@ class FunctionalPotential(MinibatchPotential):
     ) -> tuple[Tensor, Tensor]:
         """:math:`\\frac{N}{b}\\sum_B \\log p(y|f) + \\log p(\\text{kept priors})` and :math:`f_M` from one trace."""
         args, kwargs, b = self._concatenated_args(idx, points)
-        trace = self._trace(values, None, args, kwargs)
+        # the data plate spans b + M entries: the N/b scaling is applied below to the first b (not by _DataScale)
+        trace = poutine.trace(poutine.condition(self.model, data=values)).get_trace(*args, **kwargs)
         total: Tensor | float = 0.0
         full_data: Tensor | float = 0.0  # observed sites and factors outside the data plate: not subsampled
         for name in self.observed_sites:
@@ -435,10 +453,22 @@ class FunctionalKernelMixin:
             example = self._fixed_prior.inputs
         else:
             if self._sampler is None:
+                if self._stream is not None:
+                    raise ValueError(
+                        f"{self._name} over a loader needs measurement_points=: the default draws them from the full "
+                        "training inputs, which a loader does not hold in memory. Pass a MeasurementPoints sampler "
+                        "over a subset of the inputs on the model's device, e.g. measurement_points=MeasurementPoints("
+                        "next(iter(loader))[0]) (or a GPFunctionalPrior on fixed points as gp_prior=)"
+                    )
                 if not args or not torch.is_tensor(args[0]):
                     raise ValueError("pass measurement_points= (the model's first argument is not the input tensor)")
                 self._sampler = MeasurementPoints(args[0], self.num_measurement_data, self.num_measurement_box)
             example = self._sampler()
+            if args and torch.is_tensor(args[0]) and example.device != args[0].device:
+                raise ValueError(
+                    f"measurement_points: the sampler's inputs are on {example.device} but the data reach the model "
+                    f"on {args[0].device}; build the MeasurementPoints from inputs on the model's device"
+                )
         potential = FunctionalPotential(
             self.model,
             args,
@@ -456,6 +486,7 @@ class FunctionalKernelMixin:
             subsample_size=self.subsample_size,
             data_plate=self.data_plate,
             transforms=self.user_transforms,
+            data_size=None if self._stream is None else self._stream.size,
         )
         self._points_cache = None
         self._set_queue.clear()
@@ -589,14 +620,86 @@ class FunctionalKernelMixin:
         return self._worker[1]
 
     def cleanup(self) -> None:
-        """Finish the pending background batch and stop the thread (the next run starts a fresh one)."""
-        self._pending = None
+        """Finish the pending background batch and stop the thread (the next run starts a fresh one). The seed of
+        the pending batch is kept (its sets are drawn in the calling thread if needed), so a checkpoint written after
+        the run continues the measurement-set stream."""
+        if self._pending is not None:
+            self._pending = (self._pending[0], None)
         if self._worker is not None:
             pid, executor = self._worker
             self._worker = None
             if pid == os.getpid():
                 executor.shutdown(wait=True)
         super().cleanup()  # type: ignore[misc]
+
+    # ----- checkpoints ------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The state of :meth:`SGMCMCKernel.state_dict <pyro_sdebnn.infer.mcmc.base.SGMCMCKernel.state_dict>` plus,
+        under ``"functional"``, the measurement-set stream: the current set and its factor and how many more steps
+        use it, the sets (and factors) of the current prefetched batch not used yet, the seed of the next batch and
+        the state of the sampler's own generator (if it has one), and the jitter :math:`\\delta` chosen at set-up.
+        The unused sets are stored rather than drawn again, so a resumed run uses bitwise the same sets whichever
+        code path factorised them (at most one batch of ``prefetch`` factors, about 8 MiB with the sampler's
+        default ``prefetch``).
+        """
+        sd = super().state_dict()  # type: ignore[misc]
+        generator = None if self._sampler is None else self._sampler.generator
+        cache = self._points_cache
+        sd["functional"] = {
+            "jitter": float(self.potential.jitter),
+            "factor_kind": str(self._factor_kind),
+            "current": None if cache is None else [cache[0].clone(), cache[1].clone()],
+            "uses_left": int(self._set_uses_left),
+            "queue": [[points.clone(), factor.clone()] for points, factor in self._set_queue],
+            "next_seed": None if self._pending is None else int(self._pending[0]),
+            "generator": None if generator is None else generator.get_state(),
+        }
+        return sd
+
+    def _restore(self, sd: dict[str, Any], warmup_steps: int) -> None:
+        """Restore the chain (:meth:`SGMCMCKernel._restore`), then the measurement-set stream of
+        :meth:`state_dict`, after the step graph was traced (tracing draws a set, as the uninterrupted run did)."""
+        saved = sd.get("functional")
+        if not isinstance(saved, dict):
+            raise ValueError(
+                f"the checkpoint has no measurement-set state: it was not written by an {self._name} kernel"
+            )
+        current = saved["current"]
+        if current is not None and self._sampler is not None and current[0].shape[0] != self._sampler.num_points:
+            raise ValueError(
+                f"the checkpoint's measurement sets have {current[0].shape[0]} points but measurement_points draws "
+                f"{self._sampler.num_points}: resume with the sampler settings of the saved run"
+            )
+        if saved["generator"] is not None and (self._sampler is None or self._sampler.generator is None):
+            raise ValueError(
+                "the checkpoint's measurement points came from a sampler with its own generator: pass "
+                "measurement_points=MeasurementPoints(..., generator=...) on resuming, as in the saved run"
+            )
+        # the jitter (raised at set-up if an example set needed it) and the kind of factor the saved sets carry
+        # enter the step graph: restore them before it is traced
+        if saved["factor_kind"] != self._factor_kind or float(saved["jitter"]) != self.potential.jitter:
+            self._factor_kind = saved["factor_kind"]
+            self.potential.jitter = float(saved["jitter"])
+            self._step_fn = None
+        super()._restore(sd, warmup_steps)  # type: ignore[misc]
+        U = self.potential
+        device = self._sampler.inputs.device if self._sampler is not None else U.device
+
+        def pair(p: Optional[list]) -> Optional[tuple[Tensor, Tensor]]:
+            return None if p is None else (p[0].to(device), p[1].to(device))
+
+        self._points_cache = pair(current)
+        self._set_uses_left = int(saved["uses_left"])
+        self._set_queue = deque(pair(p) for p in saved["queue"])
+        if saved["generator"] is not None:
+            self._sampler.generator.set_state(saved["generator"])
+        seed = saved["next_seed"]
+        if seed is None:
+            self._pending = None
+        elif self._in_background():
+            self._pending = (seed, self._executor().submit(self._draw_and_factorise, self._batch_fn(True), seed))
+        else:
+            self._pending = (seed, None)
 
     def _potential_fn(
         self, flat: Tensor, idx: Optional[Tensor], points: Tensor, factor: Tensor, exclude_gaussian_prior: bool = False

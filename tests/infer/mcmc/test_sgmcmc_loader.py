@@ -236,7 +236,7 @@ def test_bad_loaders_and_arguments_are_named():
         run(SGLD(plain_model, subsample_size=10), _loader(x, y))
     with pytest.raises(TypeError, match="a loader must be the only positional argument"):
         run(SGLD(plain_model), _loader(x, y), y)
-    with pytest.raises(TypeError, match="fSGLD does not take a loader"):
+    with pytest.raises(ValueError, match="fSGLD over a loader needs measurement_points="):
         run(FSGLD(plain_model, gp_prior=gp.kernels.RBF(2)), _loader(x, y))
 
 
