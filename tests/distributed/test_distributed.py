@@ -17,7 +17,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from pyro_sdebnn import distributed
 from pyro_sdebnn.infer import train_svi
-from pyro_sdebnn.infer.mcmc import SGLD
+from pyro_sdebnn.infer.mcmc import SGHMC, SGLD
 
 import _workers as W  # noqa: E402  (tests/distributed is on sys.path: pytest's rootdir-relative import)
 
@@ -85,7 +85,7 @@ def test_data_parallel_svi_equals_one_process_on_the_combined_batches(group, flo
     assert (results[0]["svi_params"]["AutoDelta.w"] - torch.zeros(W.D)).abs().max() > 0.1
     ckpt = torch.load(os.path.join(out, "svi.pt"), weights_only=True)
     assert ckpt["epoch"] == 2
-    assert sorted(os.listdir(out)) == ["rank0.pt", "rank1.pt", "svi.pt"]  # one checkpoint, written by rank 0
+    assert sorted(f for f in os.listdir(out) if f.endswith(".pt")) == ["rank0.pt", "rank1.pt", "svi.pt"]  # one checkpoint, written by rank 0
 
 
 def test_chains_over_ranks_equal_one_process_runs_with_the_rank_seeds(group, float64):
@@ -123,6 +123,21 @@ def test_data_parallel_chain_equals_the_single_process_chain(group, float64):
     assert expected.std(0).min() > 0  # the chain moved
 
 
+def test_data_parallel_sghmc_with_vectorised_chains_equals_the_single_process_run(group, float64):
+    results, _ = group
+    x, y = W.data()
+    pyro.set_rng_seed(W.DP_SEED)
+    loader = DataLoader(TensorDataset(x, y), batch_size=W.BATCH, shuffle=False)
+    mcmc = MCMC(SGHMC(W.plain, backend="eager", vectorized_chains=2, **W.sghmc_kwargs()), num_samples=4,
+                warmup_steps=1, disable_progbar=True)
+    mcmc.run(loader)
+    expected = mcmc.get_samples(group_by_chain=True)["w"]
+    assert expected.shape == (2, 4, W.D)
+    for res in results:
+        torch.testing.assert_close(res["dp_sghmc"], expected, rtol=0, atol=1e-10)
+    assert (expected[0] - expected[1]).abs().min() > 0  # two different chains
+
+
 def test_bad_setups_raise_clear_errors_on_every_rank(group):
     results, _ = group
     for res in results:
@@ -133,14 +148,14 @@ def test_bad_setups_raise_clear_errors_on_every_rank(group):
 
 
 def test_a_stalled_rank_gives_a_timeout_error_not_a_hang(tmp_path):
-    results = _ok(W.launch("stalled_rank", str(tmp_path), timeout=40.0))
+    results = _ok(W.launch("stalled_rank", str(tmp_path), timeout=60.0))
     assert results[0]["error"] is not None and "rank 0 of 2" in results[0]["error"]
-    assert results[0]["seconds"] < 5.9  # raised by the 2 s timeout, before rank 1 woke up at 6 s
+    assert 1.0 < results[0]["seconds"] < 10.0  # the 1.5 s timeout fired; rank 1 would have waited 15 s
 
 
-def test_a_dead_rank_gives_an_error_not_a_hang(tmp_path):
-    results = W.launch("dead_rank", str(tmp_path), timeout=40.0)
-    assert not results[1]["ok"] and "crashed on purpose" in results[1]["traceback"]
-    assert results[0]["ok"], results[0].get("traceback")
-    assert results[0]["error"] is not None and "another rank died" in results[0]["error"]
-    assert results[0]["seconds"] < 10.0
+def test_a_dead_rank_gives_an_error_not_a_hang(group):
+    results, _ = group
+    dead = results[0]["dead"]  # rank 1 left after the scenarios; rank 0 started a data-parallel SVI
+    assert "another rank died" in dead["error"]
+    assert dead["seconds"] < 20.0  # at the latest the 20 s timeout of the group
+    assert "dead" not in results[1]
