@@ -12,7 +12,9 @@ with plain ``python`` is a world of one and behaves as without this module.
   ``loss_and_grads`` and the optimiser step, checkpoints on rank 0), :func:`distributed_loader`,
   :class:`AveragedGradients`;
 - SG-MCMC: :func:`gather_samples` and :func:`gather_inference_data` (every rank's chains as chains of one run),
-  :class:`DataParallelSGLD` and :class:`DataParallelSGHMC` (one chain, gradients averaged across ranks).
+  :class:`DataParallelSGLD` and :class:`DataParallelSGHMC` (one chain, gradients averaged across ranks);
+- deep ensembles: :func:`local_members` (this rank's share of the members), :func:`gather_prediction` and
+  :func:`gather_predict_outputs` (the members of all the ranks in one predictive).
 
 >>> from pyro_sdebnn import distributed
 >>> device = distributed.init()  # no torchrun: a world of one
@@ -36,6 +38,7 @@ from pyro_sdebnn.distributed.comm import (
     shutdown,
     world_size,
 )
+from pyro_sdebnn.distributed.ensembles import gather_predict_outputs, gather_prediction, local_members
 from pyro_sdebnn.distributed.svi import AveragedGradients, distributed_loader, train_svi
 
 __all__ = [
@@ -50,10 +53,13 @@ __all__ = [
     "distributed_loader",
     "gather_inference_data",
     "gather_objects",
+    "gather_predict_outputs",
+    "gather_prediction",
     "gather_samples",
     "init",
     "is_initialized",
     "is_main",
+    "local_members",
     "local_rank",
     "rank",
     "shutdown",

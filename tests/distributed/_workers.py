@@ -18,7 +18,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 N, D = 16, 3
 BATCH = 8
-SVI_SEED, CHAIN_SEED, DP_SEED = 3, 11, 5
+SVI_SEED, CHAIN_SEED, DP_SEED, ENS_SEED = 3, 11, 5, 7
+ENS_FIT = {"num_epochs": 3, "batch_size": 8}
 
 
 # ---------------------------------------------------------------------------------------------- shared set-up
@@ -54,6 +55,13 @@ def svi_params() -> dict:
 
 def sgld_kwargs() -> dict:
     return {"step_size": 2e-3, "num_steps": 2}
+
+
+def make_ensemble(num_members: int):
+    from pyro_sdebnn.infer import DeepEnsemble
+    from pyro_sdebnn.nn import make_mlp
+
+    return DeepEnsemble(lambda: make_mlp([D, 8, 2]), "gaussian", num_members=num_members)
 
 
 def sghmc_kwargs() -> dict:
@@ -117,8 +125,14 @@ def scenarios(out: str) -> dict:
     except ValueError as err:
         errors["seeds"] = str(err)
     res["errors"] = errors
+    # 5. a deep ensemble with one member per rank (seeds ENS_SEED + rank), gathered for prediction
+    distributed.init(seed=ENS_SEED)
+    ens = make_ensemble(distributed.local_members(2)).fit(x, y, **ENS_FIT)
+    res["ens_outputs"] = distributed.gather_predict_outputs(ens, x)
+    pred = distributed.gather_prediction(ens, x)
+    res["ens_loc"] = None if pred is None else pred.loc
     distributed.barrier()
-    # 5. a rank that dies: rank 1 leaves (its process ends, as a crashed rank's does), rank 0 must raise, not hang
+    # 6. a rank that dies: rank 1 leaves (its process ends, as a crashed rank's does), rank 0 must raise, not hang
     if distributed.rank() == 1:
         return res
     start = time.perf_counter()

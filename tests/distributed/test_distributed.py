@@ -138,6 +138,22 @@ def test_data_parallel_sghmc_with_vectorised_chains_equals_the_single_process_ru
     assert (expected[0] - expected[1]).abs().min() > 0  # two different chains
 
 
+def test_ensemble_members_over_ranks_gather_into_one_predictive(group, float64):
+    results, _ = group
+    x, y = W.data()
+    outputs = []
+    for r in range(2):  # one single-member ensemble per rank seed
+        pyro.set_rng_seed(W.ENS_SEED + r)
+        outputs.append(W.make_ensemble(1).fit(x, y, **W.ENS_FIT).predict_outputs(x))
+    expected = torch.cat(outputs)  # (2, N, 2)
+    torch.testing.assert_close(results[0]["ens_outputs"], expected, rtol=0, atol=1e-12)
+    torch.testing.assert_close(results[0]["ens_loc"], expected[..., 0], rtol=0, atol=1e-12)
+    assert (expected[0] - expected[1]).abs().max() > 1e-3  # the members differ
+    assert results[1]["ens_outputs"] is None and results[1]["ens_loc"] is None
+    with pytest.raises(ValueError, match="num_members"):
+        distributed.local_members(0)
+
+
 def test_bad_setups_raise_clear_errors_on_every_rank(group):
     results, _ = group
     for res in results:
