@@ -108,7 +108,8 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    print(f"points={args.points} dim={args.dim} hidden={args.hidden} global batch={args.batch} threads/process={args.threads}")
+    print(f"points={args.points} dim={args.dim} hidden={args.hidden} global batch={args.batch} "
+          f"threads/process={args.threads}")
     print(f"{'procs':>5} {'steps/epoch':>11} {'epoch s':>8} {'samples/s':>10} {'comm %':>7}")
     for procs in args.procs:
         with tempfile.TemporaryDirectory() as tmp:

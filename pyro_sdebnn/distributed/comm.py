@@ -90,11 +90,14 @@ def _env_int(name: str) -> int:
     try:
         return int(value)
     except ValueError:
-        raise ValueError(f"the environment variable {name} must be an integer (as torchrun sets it), got {value!r}") from None
+        raise ValueError(f"the environment variable {name} must be an integer (as torchrun sets it), "
+                         f"got {value!r}") from None
 
 
 def _check_timeout(timeout) -> float:
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (math.isfinite(timeout) and timeout > 0):
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (
+        math.isfinite(timeout) and timeout > 0
+    ):
         raise ValueError(f"timeout must be a positive finite number of seconds, got {timeout!r}")
     return float(timeout)
 

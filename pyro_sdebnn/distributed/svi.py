@@ -141,7 +141,8 @@ class AveragedGradients:
         for r, other in enumerate(others):
             if other != layout:
                 raise ValueError(f"the Pyro parameters of rank {r} differ from those of rank {rank()} (names or "
-                                 f"shapes: {other[:5]} vs {layout[:5]}): every rank must build the same model and guide")
+                                 f"shapes: {other[:5]} vs {layout[:5]}): every rank must build the same model and "
+                                 "guide")
         for name in names:
             broadcast_(store[name], src=0)
         self._layout = layout

@@ -77,10 +77,14 @@ def scenarios(out: str) -> dict:
     res: dict = {}
     distributed.init(backend="gloo", timeout=20.0, seed=SVI_SEED)
     x, y = data()
-    # 1. data-parallel SVI (MAP: a deterministic gradient), shuffled shards, checkpoint by rank 0 only
+    # 1. data-parallel SVI (MAP: a deterministic gradient), shuffled shards, checkpoint by rank 0 only, resumed
     pyro.clear_param_store()
     loader = distributed.distributed_loader(TensorDataset(x, y), BATCH, shuffle=True, seed=0)
-    losses = distributed.train_svi(make_svi(), loader, num_epochs=2, checkpoint=os.path.join(out, "svi.pt"))
+    ckpt = os.path.join(out, "svi.pt")
+    distributed.train_svi(make_svi(), loader, num_epochs=1, checkpoint=ckpt)
+    distributed.barrier()  # rank 0 has written the checkpoint of epoch 1
+    pyro.clear_param_store()  # a new run, resumed from it by every rank
+    losses = distributed.train_svi(make_svi(), loader, num_epochs=2, checkpoint=ckpt, resume=ckpt)
     res["svi_params"], res["svi_losses"] = svi_params(), losses
     # 2. two vectorised chains on each rank, seeds CHAIN_SEED + rank
     distributed.init(seed=CHAIN_SEED)
