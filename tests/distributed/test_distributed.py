@@ -11,12 +11,13 @@ import os
 import pyro
 import pytest
 import torch
-from pyro.infer import MCMC
+from pyro.infer import MCMC, SVI, Trace_ELBO
+from pyro.infer.autoguide import AutoDelta
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 from pyro_sdebnn import distributed
-from pyro_sdebnn.infer import train_svi
+from pyro_sdebnn.infer import TracePathKL_ELBO, train_svi
 from pyro_sdebnn.infer.mcmc import SGHMC, SGLD
 
 import _workers as W  # noqa: E402  (tests/distributed is on sys.path: pytest's rootdir-relative import)
@@ -51,6 +52,33 @@ def test_single_process_is_a_world_of_one():
     distributed.barrier()
     loader = distributed.distributed_loader(TensorDataset(torch.arange(6.0), torch.zeros(6)), 4, shuffle=False)
     assert isinstance(loader.sampler, torch.utils.data.SequentialSampler) and loader.batch_size == 4
+
+
+def test_averaged_gradients_in_svi_step_is_plain_svi_on_one_process(float64):
+    x, y = W.data()
+    runs = []
+    for averaged in (False, True):
+        pyro.clear_param_store()
+        pyro.set_rng_seed(0)
+        guide = AutoDelta(W.regression)
+        elbo = Trace_ELBO()
+        if averaged:
+            svi = SVI(W.regression, guide, pyro.optim.Adam({"lr": 0.05}), loss=elbo.loss,
+                      loss_and_grads=distributed.AveragedGradients(elbo).loss_and_grads)
+        else:
+            svi = SVI(W.regression, guide, pyro.optim.Adam({"lr": 0.05}), elbo)
+        losses = [svi.step(x[i:i + 4], y[i:i + 4], num_data=W.N) for i in range(0, W.N, 4)]
+        runs.append((losses, W.svi_params()))
+    assert runs[0][0] == runs[1][0]
+    for name, value in runs[0][1].items():
+        torch.testing.assert_close(runs[1][1][name], value, rtol=0, atol=0)
+    with pytest.raises(TypeError, match="ELBO"):
+        distributed.AveragedGradients(lambda *args: 0.0)
+    assert not hasattr(distributed.AveragedGradients(Trace_ELBO()), "kl_scale")  # follows the ELBO
+    path_kl = TracePathKL_ELBO()
+    averaged = distributed.AveragedGradients(path_kl)
+    averaged.kl_scale = 0.25  # what train_svi's kl_schedule assigns
+    assert path_kl.kl_scale == 0.25 and averaged.kl_scale == 0.25
 
 
 def test_init_rejects_bad_arguments(monkeypatch):
