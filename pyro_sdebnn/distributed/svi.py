@@ -103,7 +103,7 @@ def distributed_loader(
 class AveragedGradients:
     """An ELBO's ``loss_and_grads`` followed by the averaging of the gradients and of the loss across the ranks.
 
-    Used as ``pyro.infer.SVI(model, guide, optim, loss=elbo.loss, loss_and_grads=AveragedGradients(elbo))``: after
+    Used as ``SVI(model, guide, optim, loss=elbo.loss, loss_and_grads=AveragedGradients(elbo).loss_and_grads)``: after
     ``elbo.loss_and_grads`` has filled the ``.grad`` of the unconstrained parameters it touched, the gradients (in
     the order of the parameter names) and the loss are concatenated into one buffer, all-reduced and divided by the
     world size. A parameter without a gradient on a rank counts as a zero gradient. The loss returned is the mean
@@ -112,13 +112,15 @@ class AveragedGradients:
     On its first call it creates the parameters (one evaluation of the loss without gradients) and copies their
     values from rank 0 to the other ranks.
 
-    :param elbo: a :class:`pyro.infer.ELBO` (any object with ``loss_and_grads(model, guide, *args, **kwargs)``).
+    :param elbo: a :class:`pyro.infer.ELBO` (any object with ``loss`` and ``loss_and_grads(model, guide, *args,
+        **kwargs)`` methods).
     :raises ValueError: (when called) if the ranks' parameters differ in names or shapes.
     """
 
     def __init__(self, elbo) -> None:
-        if not callable(getattr(elbo, "loss_and_grads", None)):
-            raise TypeError(f"elbo must be a Pyro ELBO with a loss_and_grads method, got {type(elbo).__name__}")
+        if not (callable(getattr(elbo, "loss_and_grads", None)) and callable(getattr(elbo, "loss", None))):
+            raise TypeError(f"elbo must be a Pyro ELBO (with loss and loss_and_grads methods), got "
+                            f"{type(elbo).__name__}")
         self.elbo = elbo
         self._layout: list | None = None  # [(name, shape)] agreed by all ranks
 
