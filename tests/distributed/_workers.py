@@ -128,6 +128,13 @@ def scenarios(out: str) -> dict:
              disable_progbar=True).run(shard)
     except ValueError as err:
         errors["seeds"] = str(err)
+    short = MCMC(SGLD(plain, **sgld_kwargs()), num_samples=2 + distributed.rank(), warmup_steps=0,
+                 disable_progbar=True)
+    short.run(x, y)
+    try:
+        distributed.gather_samples(short)
+    except ValueError as err:
+        errors["gather"] = str(err)
     res["errors"] = errors
     # 5. a deep ensemble with one member per rank (seeds ENS_SEED + rank), gathered for prediction
     distributed.init(seed=ENS_SEED)

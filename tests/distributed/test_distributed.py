@@ -191,6 +191,7 @@ def test_bad_setups_raise_clear_errors_on_every_rank(group):
         assert "multiple of the world size 2" in errors["batch"]
         assert "DistributedSampler" in errors["sampler"]
         assert "seed them alike" in errors["seeds"]
+        assert "sample sites and shapes differ" in errors["gather"]  # 2 vs 3 samples
 
 
 def test_a_stalled_rank_gives_a_timeout_error_not_a_hang(tmp_path):
