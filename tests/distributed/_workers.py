@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, TensorDataset
 N, D = 16, 3
 BATCH = 8
 SVI_SEED, CHAIN_SEED, DP_SEED, ENS_SEED = 3, 11, 5, 7
+DP_BATCH = 5
 ENS_FIT = {"num_epochs": 3, "batch_size": 8}
 
 
@@ -100,14 +101,16 @@ def scenarios(out: str) -> dict:
         res["idata_w"] = torch.from_numpy(idata.posterior["w"].values.copy())
         res["idata_ll_shape"] = tuple(idata.log_likelihood["obs"].shape)
         res["rhat_rows"] = len(az.summary(idata, kind="diagnostics"))
-    # 3. one chain, data-parallel gradients: the same seed on every rank, sharded in-order batches
+    # 3. one chain, data-parallel gradients: the same seed on every rank; each rank slices the shared shuffled
+    # batches (of 5: slices of 3 and 2, and of 1 and 0 for the last batch of an epoch) ...
     distributed.init(seed=DP_SEED, seed_per_rank=False)
-    shard = distributed.distributed_loader(TensorDataset(x, y), BATCH, shuffle=False)
     mcmc = MCMC(distributed.DataParallelSGLD(plain, **sgld_kwargs()), num_samples=6, warmup_steps=2,
                 disable_progbar=True)
-    mcmc.run(shard)
+    mcmc.run(DataLoader(TensorDataset(x, y), batch_size=DP_BATCH, shuffle=True))
     res["dp_chain"] = mcmc.get_samples()["w"]
+    # ... or reads its own shard of in-order batches
     distributed.init(seed=DP_SEED, seed_per_rank=False)
+    shard = distributed.distributed_loader(TensorDataset(x, y), BATCH, shuffle=False)
     mcmc = MCMC(distributed.DataParallelSGHMC(plain, vectorized_chains=2, **sghmc_kwargs()), num_samples=4,
                 warmup_steps=1, disable_progbar=True)
     mcmc.run(shard)
