@@ -1,0 +1,68 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Beyond one machine: data-parallel SVI and distributed SG-MCMC chains on :mod:`torch.distributed`.
+
+Launch a script with ``torchrun --nproc_per_node=K script.py`` (gloo on CPUs, NCCL on GPUs); the same script run
+with plain ``python`` is a world of one and behaves as without this module.
+
+- set-up: :func:`init` (reads ``torchrun``'s environment, picks the backend and the device, seeds, sets a
+  timeout on every collective), :func:`rank`, :func:`world_size`, :func:`local_rank`, :func:`is_main`,
+  :func:`barrier`, :func:`shutdown`, and the collectives :func:`all_reduce_mean`, :func:`broadcast_`,
+  :func:`gather_objects`, which raise :class:`DistributedError` instead of hanging;
+- data-parallel SVI: :func:`train_svi` (gradients of the Pyro param store averaged across ranks between
+  ``loss_and_grads`` and the optimiser step, checkpoints on rank 0), :func:`distributed_loader`,
+  :class:`AveragedGradients`;
+- SG-MCMC: :func:`gather_samples` and :func:`gather_inference_data` (every rank's chains as chains of one run),
+  :class:`DataParallelSGLD` and :class:`DataParallelSGHMC` (one chain, gradients averaged across ranks);
+- deep ensembles: :func:`local_members` (this rank's share of the members), :func:`gather_prediction` and
+  :func:`gather_predict_outputs` (the members of all the ranks in one predictive).
+
+>>> from pyro_sdebnn import distributed
+>>> device = distributed.init()  # no torchrun: a world of one
+>>> distributed.world_size(), distributed.is_main()
+(1, True)
+"""
+
+from pyro_sdebnn.distributed.chains import DataParallelSGHMC, DataParallelSGLD, gather_inference_data, gather_samples
+from pyro_sdebnn.distributed.comm import (
+    DistributedError,
+    all_gather_objects,
+    all_reduce_mean,
+    barrier,
+    broadcast_,
+    gather_objects,
+    init,
+    is_initialized,
+    is_main,
+    local_rank,
+    rank,
+    shutdown,
+    world_size,
+)
+from pyro_sdebnn.distributed.ensembles import gather_predict_outputs, gather_prediction, local_members
+from pyro_sdebnn.distributed.svi import AveragedGradients, distributed_loader, train_svi
+
+__all__ = [
+    "AveragedGradients",
+    "DataParallelSGHMC",
+    "DataParallelSGLD",
+    "DistributedError",
+    "all_gather_objects",
+    "all_reduce_mean",
+    "barrier",
+    "broadcast_",
+    "distributed_loader",
+    "gather_inference_data",
+    "gather_objects",
+    "gather_predict_outputs",
+    "gather_prediction",
+    "gather_samples",
+    "init",
+    "is_initialized",
+    "is_main",
+    "local_members",
+    "local_rank",
+    "rank",
+    "shutdown",
+    "train_svi",
+    "world_size",
+]

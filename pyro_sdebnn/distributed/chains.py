@@ -1,0 +1,233 @@
+# SPDX-License-Identifier: Apache-2.0
+r"""SG-MCMC across ranks: independent chains on every rank, or one chain with data-parallel gradients.
+
+**Distributed chains.** Every rank runs its own :class:`pyro.infer.MCMC` of an SG-MCMC kernel (e.g.
+``SGLD(model, vectorized_chains=K)``) on the full data or a loader, seeded by :func:`~pyro_sdebnn.distributed.init`
+with ``seed + rank`` (``seed_per_rank=True``), so rank :math:`r` runs exactly the chains that one process seeded
+with ``seed + r`` would run. :func:`gather_samples` puts them together on rank 0 in the layout of
+``mcmc.get_samples(group_by_chain=True)``, ``(W * K, num_samples, *shape)`` with chain ``r * K + k`` the chain
+``k`` of rank ``r``, and :func:`gather_inference_data` does the same for the ArviZ data of
+:func:`~pyro_sdebnn.infer.mcmc.from_pyro` (each rank computes the pointwise log-likelihood of its own chains), so
+that ``az.summary`` gives R-hat over all :math:`W K` chains.
+
+**One chain, data-parallel gradients.** :class:`DataParallelSGLD` and :class:`DataParallelSGHMC` run one chain (or
+``K`` vectorised chains) held identically by all the ranks, after ``init(seed=s, seed_per_rank=False)``. At every
+inner step rank :math:`r` evaluates the minibatch potential :math:`\tilde U_r` on its part :math:`B_r` of the global
+batch :math:`B`, scaled by :math:`N/b_r` (:math:`b_r = |B_r|`), and one all-reduce combines the ranks weighted by
+their batch sizes,
+
+.. math::
+
+    \frac{\sum_r b_r \nabla \tilde U_r(w)}{\sum_r b_r}
+    = -\frac{N}{b} \sum_{i \in B} \nabla \log p(y_i \mid x_i, w) - \nabla \log p(w), \qquad b = \sum_r b_r,
+
+the gradient one process computes on the combined batch, for any split (the potentials likewise). The parts come
+from the loader given to ``mcmc.run``:
+
+- a plain loader (e.g. ``DataLoader(data, batch_size=b, shuffle=True)``): every rank draws the same batch (the
+  ranks share their random state) and takes its contiguous slice of it, of :math:`\lfloor b/W \rfloor` or
+  :math:`\lceil b/W \rceil` points (a rank left without points adds nothing);
+- a loader sharded by a :class:`~torch.utils.data.distributed.DistributedSampler`
+  (:func:`~pyro_sdebnn.distributed.distributed_loader`): every rank reads only its own part.
+
+The injected noise is drawn from the generator that all the ranks seeded alike, so every rank takes the same step
+and holds the same chain as one process with the same seed and batches, up to rounding.
+
+**References**
+
+[1] Max Welling, Yee Whye Teh (2011). "Bayesian Learning via Stochastic Gradient Langevin Dynamics". ICML 2011.
+
+[2] Tianqi Chen, Emily B. Fox, Carlos Guestrin (2014). "Stochastic Gradient Hamiltonian Monte Carlo". ICML 2014.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Optional
+
+import pyro
+import torch
+from torch import Tensor
+from torch.utils.data.distributed import DistributedSampler
+
+from pyro_sdebnn.distributed.comm import (
+    all_gather_objects,
+    all_reduce_mean,
+    broadcast_,
+    gather_objects,
+    rank,
+    world_size,
+)
+from pyro_sdebnn.infer.mcmc.arviz_utils import from_pyro, get_samples
+from pyro_sdebnn.infer.mcmc.sghmc import SGHMC
+from pyro_sdebnn.infer.mcmc.sgld import SGLD
+
+__all__ = ["DataParallelSGHMC", "DataParallelSGLD", "gather_inference_data", "gather_samples"]
+
+
+def _check_same(what: str, value: Any) -> None:
+    values = all_gather_objects(value)
+    if any(v != values[0] for v in values):
+        raise ValueError(f"the ranks' {what} differ ({values}): every rank must run the same MCMC set-up")
+
+
+def gather_samples(mcmc: Any, dst: int = 0) -> Optional[dict[str, Tensor]]:
+    """The samples of every rank's chains, on rank ``dst``, as one ``MCMC`` run with all those chains would give.
+
+    :param mcmc: a finished :class:`pyro.infer.MCMC` run of an SG-MCMC kernel on this rank (the same number of
+        chains and samples on every rank).
+    :param int dst: the rank that receives the samples.
+    :returns: on rank ``dst``, ``{site: (W * K, num_samples, *shape)}`` (chain ``r * K + k`` is chain ``k`` of rank
+        ``r``; the layout of ``mcmc.get_samples(group_by_chain=True)``); ``None`` on the other ranks.
+    :raises ValueError: if the ranks' sites, chain counts or sample counts differ.
+    :raises DistributedError: if a rank dies or does not arrive within the timeout.
+    """
+    local = {k: v.detach().cpu() for k, v in get_samples(mcmc, group_by_chain=True).items()}
+    _check_same("sample sites and shapes", sorted((k, tuple(v.shape)) for k, v in local.items()))
+    gathered = gather_objects(local, dst=dst)
+    if gathered is None:
+        return None
+    return {k: torch.cat([g[k] for g in gathered]) for k in local}
+
+
+def gather_inference_data(mcmc: Any, dst: int = 0, **kwargs: Any) -> Any:
+    """:func:`~pyro_sdebnn.infer.mcmc.from_pyro` over the chains of all the ranks, on rank ``dst``.
+
+    Every rank builds the ArviZ data of its own chains (posterior, divergences, observed data and the pointwise
+    log-likelihood, computed in parallel); rank ``dst`` concatenates them along ``chain``, rank after rank.
+
+    :param mcmc: a finished :class:`pyro.infer.MCMC` run on this rank.
+    :param int dst: the rank that receives the data.
+    :param kwargs: passed to :func:`~pyro_sdebnn.infer.mcmc.from_pyro` (``log_likelihood``, ``coords``, ``dims``).
+    :returns: an ``arviz.InferenceData`` with ``W * K`` chains on rank ``dst``; ``None`` on the other ranks.
+    :raises ValueError: if the ranks' sites, chain counts or sample counts differ.
+    """
+    import arviz as az
+
+    local = get_samples(mcmc, group_by_chain=True)
+    _check_same("sample sites and shapes", sorted((k, tuple(v.shape)) for k, v in local.items()))
+    gathered = gather_objects(from_pyro(mcmc, **kwargs), dst=dst)
+    if gathered is None:
+        return None
+    if len(gathered) == 1:
+        return gathered[0]
+    return az.concat(*gathered, dim="chain", reset_dim=True)
+
+
+def _rng_digest() -> str:
+    return hashlib.sha256(torch.get_rng_state().numpy().tobytes()).hexdigest()[:16]
+
+
+class _DataParallelMixin:
+    """The data-parallel step of :class:`DataParallelSGLD` / :class:`DataParallelSGHMC` (see the module)."""
+
+    def __init__(self, model, **kwargs: Any) -> None:
+        backend = kwargs.pop("backend", "eager")
+        if backend != "eager":
+            raise ValueError(f"backend must be 'eager' for a data-parallel kernel (the all-reduce runs between the "
+                             f"gradient and the update), got {backend!r}")
+        if kwargs.get("map_steps", 0) != 0:
+            raise ValueError("map_steps must be 0 for a data-parallel kernel (the MAP warm start uses local "
+                             f"gradients), got {kwargs['map_steps']!r}")
+        if kwargs.get("subsample_size") is not None:
+            raise ValueError("subsample_size must be None for a data-parallel kernel: run it on a loader "
+                             "(mcmc.run(loader)), whose batches the ranks split")
+        super().__init__(model, backend="eager", **kwargs)
+
+    def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
+        super().setup(warmup_steps, *args, **kwargs)
+        if self._stream is None:
+            raise TypeError(f"{type(self).__name__} runs on a loader (mcmc.run(loader)), not on tensors")
+        # a loader sharded by a DistributedSampler gives every rank its own batch; any other loader gives every rank
+        # the same batch (the same seed), of which each rank takes its slice
+        self._sharded = isinstance(getattr(self._stream.loader, "sampler", None), DistributedSampler)
+        self._local_size = 0
+        if self._resume is None:
+            digests = all_gather_objects(_rng_digest())
+            if len(set(digests)) != 1:
+                raise ValueError("the ranks' random generators differ: a data-parallel chain draws the same noise on "
+                                 "every rank; seed them alike with pyro_sdebnn.distributed.init(seed=s, "
+                                 "seed_per_rank=False) before MCMC.run")
+            # the initial values come from that shared generator; copy rank 0's anyway (user initial_params)
+            for t in self._state:
+                broadcast_(t, src=0)
+            _check_same("loader steps per epoch", len(self._stream.loader))
+
+    def _next_data(self) -> Optional[tuple]:
+        data = super()._next_data()
+        if self._sharded:
+            self._local_size = int(data[0].shape[0])
+            return data
+        # this rank's slice of the shared batch: contiguous, sizes differing by at most one
+        lo, hi = _slice_bounds(int(data[0].shape[0]), world_size(), rank())
+        self._local_size = hi - lo
+        return (data[0][lo:hi], data[1][lo:hi]) + tuple(data[2:])
+
+    def _eager_step(self, state: tuple, idx: Optional[Tensor], step_size: Tensor, *extra: Tensor) -> tuple:
+        num_chains = self.vectorized_chains
+        chains = [state] if num_chains == 1 else [tuple(t[k] for t in state) for k in range(num_chains)]
+        b = self._local_size
+        grads, values = [], []
+        for chain_state in chains:
+            if b == 0:  # a batch smaller than the world size leaves this rank without data: it adds nothing
+                grads.append(chain_state[0].new_zeros(chain_state[0].numel()))
+                values.append(chain_state[0].new_zeros(1))
+                continue
+            # as SGMCMCKernel._eager_step: no argument validation in the hot loop (a non-finite state is a divergence)
+            with torch.enable_grad(), pyro.validation_enabled(False):
+                position = chain_state[0].detach().requires_grad_()
+                value = self._potential_fn(position, None, *extra)
+                (grad,) = torch.autograd.grad(value, position)
+            grads.append(b * grad.reshape(-1))
+            values.append(b * value.detach().reshape(1))
+        # one all-reduce for the gradients and potentials of all the chains, weighted by the local batch sizes
+        # b_r: sum_r b_r (N / b_r) sum_{B_r} + b_r prior = N sum_B + b prior, the combined batch's estimate times b
+        ref = chains[0][0]
+        mean = all_reduce_mean(torch.cat(grads + values + [ref.new_full((1,), float(b))]))
+        mean = mean[:-1] / mean[-1]
+        dim = ref.numel()
+        outs = []
+        with torch.no_grad():
+            for k, chain_state in enumerate(chains):
+                grad = mean[k * dim:(k + 1) * dim].view_as(chain_state[0])
+                new_state = self._update(torch.randn_like(chain_state[0]), self._state_type(*chain_state), grad,
+                                         step_size)
+                outs.append((tuple(new_state), mean[num_chains * dim + k]))
+        if num_chains == 1:
+            return outs[0]
+        new_state = tuple(torch.stack([o[0][j] for o in outs]) for j in range(len(state)))
+        return new_state, torch.stack([o[1] for o in outs])
+
+
+def _slice_bounds(n: int, size: int, index: int) -> tuple[int, int]:
+    """``[lo, hi)`` of part ``index`` of ``size`` contiguous parts of ``range(n)`` (the first ``n % size`` parts one
+    longer), as :func:`torch.tensor_split` cuts.
+
+    >>> [_slice_bounds(5, 2, r) for r in range(2)]
+    [(0, 3), (3, 5)]
+    """
+    q, m = divmod(n, size)
+    lo = index * q + min(index, m)
+    return lo, lo + q + (index < m)
+
+
+class DataParallelSGLD(_DataParallelMixin, SGLD):
+    """:class:`~pyro_sdebnn.infer.mcmc.SGLD` [1] with the minibatch gradient split over the ranks (see the module).
+
+    Takes the arguments of :class:`~pyro_sdebnn.infer.mcmc.SGLD` except ``backend`` (always ``"eager"``: the
+    all-reduce sits between the gradient and the update), ``map_steps`` (0) and ``subsample_size`` (``None``: the
+    batches come from a loader). Run it with ``mcmc.run(loader)`` after ``init(seed=s, seed_per_rank=False)``. On
+    one process it is SGLD with ``backend="eager"``.
+
+    :raises ValueError: at ``MCMC.run`` if the ranks' random generators differ or their loaders take different
+        numbers of steps; at construction for another ``backend``, ``map_steps`` or a ``subsample_size``.
+    :raises TypeError: at ``MCMC.run`` if the data are tensors instead of a loader.
+    """
+
+
+class DataParallelSGHMC(_DataParallelMixin, SGHMC):
+    """:class:`~pyro_sdebnn.infer.mcmc.SGHMC` [2] with the minibatch gradient split over the ranks (see the module).
+
+    Same arguments and requirements as :class:`DataParallelSGLD`, with those of
+    :class:`~pyro_sdebnn.infer.mcmc.SGHMC` (``friction``, ...).
+    """

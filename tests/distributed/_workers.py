@@ -1,0 +1,234 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What the ranks of the distributed tests run (spawned processes import this module by name)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import traceback
+
+import pyro
+import pyro.distributions as dist
+import torch
+import torch.multiprocessing as mp
+from pyro.infer import MCMC, SVI, Trace_ELBO
+from pyro.infer.autoguide import AutoDelta
+from torch.utils.data import DataLoader, TensorDataset
+
+N, D = 16, 3
+BATCH = 8
+SVI_SEED, CHAIN_SEED, DP_SEED, ENS_SEED = 3, 11, 5, 7
+DP_BATCH = 5
+ENS_FIT = {"num_epochs": 3, "batch_size": 8}
+
+
+# ---------------------------------------------------------------------------------------------- shared set-up
+def data() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(N, D, generator=g, dtype=torch.float64)
+    y = x @ torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64) + 0.3 * torch.randn(N, generator=g, dtype=torch.float64)
+    return x, y
+
+
+def regression(x, y=None, num_data=None):
+    """Bayesian linear regression written the Pyro way (plate with subsample, N from num_data)."""
+    w = pyro.sample("w", dist.Normal(torch.zeros(D, dtype=x.dtype), 1.0).to_event(1))
+    with pyro.plate("data", num_data or len(x), subsample=torch.arange(len(x))):
+        pyro.sample("obs", dist.Normal(x @ w, 0.5), obs=y)
+
+
+def plain(x, y=None):
+    """The same model as written for NUTS (no num_data): SG-MCMC scales the plate by N/b."""
+    w = pyro.sample("w", dist.Normal(torch.zeros(D, dtype=x.dtype), 1.0).to_event(1))
+    with pyro.plate("data", len(x)):
+        pyro.sample("obs", dist.Normal(x @ w, 0.5), obs=y)
+
+
+def make_svi():
+    guide = AutoDelta(regression)
+    return SVI(regression, guide, pyro.optim.Adam({"lr": 0.05}), Trace_ELBO())
+
+
+def svi_params() -> dict:
+    return {k: v.detach().clone() for k, v in pyro.get_param_store().items()}
+
+
+def sgld_kwargs() -> dict:
+    return {"step_size": 2e-3, "num_steps": 2}
+
+
+def make_ensemble(num_members: int):
+    from pyro_sdebnn.infer import DeepEnsemble
+    from pyro_sdebnn.nn import make_mlp
+
+    return DeepEnsemble(lambda: make_mlp([D, 8, 2]), "gaussian", num_members=num_members)
+
+
+def sghmc_kwargs() -> dict:
+    return {"step_size": 1e-2, "friction": 5.0, "num_steps": 2}
+
+
+# ---------------------------------------------------------------------------------------------- rank programs
+def scenarios(out: str) -> dict:
+    """Data-parallel SVI, chains over ranks, a data-parallel chain and the bad set-ups, in one process group."""
+    from pyro_sdebnn import distributed
+    from pyro_sdebnn.infer.mcmc import SGLD
+
+    res: dict = {}
+    distributed.init(backend="gloo", timeout=20.0, seed=SVI_SEED)
+    x, y = data()
+    # 1. data-parallel SVI (MAP: a deterministic gradient), shuffled shards, checkpoint by rank 0 only, resumed
+    pyro.clear_param_store()
+    loader = distributed.distributed_loader(TensorDataset(x, y), BATCH, shuffle=True, seed=0)
+    ckpt = os.path.join(out, "svi.pt")
+    distributed.train_svi(make_svi(), loader, num_epochs=1, checkpoint=ckpt)
+    distributed.barrier()  # rank 0 has written the checkpoint of epoch 1
+    pyro.clear_param_store()  # a new run, resumed from it by every rank
+    losses = distributed.train_svi(make_svi(), loader, num_epochs=2, checkpoint=ckpt, resume=ckpt)
+    res["svi_params"], res["svi_losses"] = svi_params(), losses
+    # 2. two vectorised chains on each rank, seeds CHAIN_SEED + rank
+    distributed.init(seed=CHAIN_SEED)
+    mcmc = MCMC(SGLD(plain, vectorized_chains=2, **sgld_kwargs()), num_samples=6, warmup_steps=2,
+                disable_progbar=True)
+    mcmc.run(x, y)
+    res["chains"] = distributed.gather_samples(mcmc)
+    idata = distributed.gather_inference_data(mcmc)
+    if idata is not None:
+        import arviz as az
+
+        res["idata_chains"] = int(idata.posterior.sizes["chain"])
+        res["idata_w"] = torch.from_numpy(idata.posterior["w"].values.copy())
+        res["idata_ll_shape"] = tuple(idata.log_likelihood["obs"].shape)
+        res["rhat_rows"] = len(az.summary(idata, kind="diagnostics"))
+    # 3. one chain, data-parallel gradients: the same seed on every rank; each rank slices the shared shuffled
+    # batches (of 5: slices of 3 and 2, and of 1 and 0 for the last batch of an epoch) ...
+    distributed.init(seed=DP_SEED, seed_per_rank=False)
+    mcmc = MCMC(distributed.DataParallelSGLD(plain, **sgld_kwargs()), num_samples=6, warmup_steps=2,
+                disable_progbar=True)
+    mcmc.run(DataLoader(TensorDataset(x, y), batch_size=DP_BATCH, shuffle=True))
+    res["dp_chain"] = mcmc.get_samples()["w"]
+    # ... or reads its own shard of in-order batches
+    distributed.init(seed=DP_SEED, seed_per_rank=False)
+    shard = distributed.distributed_loader(TensorDataset(x, y), BATCH, shuffle=False)
+    mcmc = MCMC(distributed.DataParallelSGHMC(plain, vectorized_chains=2, **sghmc_kwargs()), num_samples=4,
+                warmup_steps=1, disable_progbar=True)
+    mcmc.run(shard)
+    res["dp_sghmc"] = mcmc.get_samples(group_by_chain=True)["w"]
+    # 4. bad set-ups: clear errors on every rank, and the group still works afterwards
+    errors = {}
+    try:
+        distributed.distributed_loader(TensorDataset(x, y), 7)
+    except ValueError as err:
+        errors["batch"] = str(err)
+    try:
+        distributed.train_svi(make_svi(), DataLoader(TensorDataset(x, y), batch_size=4), num_epochs=1)
+    except ValueError as err:
+        errors["sampler"] = str(err)
+    distributed.init(seed=DP_SEED)  # seeds differ across ranks
+    try:
+        MCMC(distributed.DataParallelSGLD(plain, **sgld_kwargs()), num_samples=2, warmup_steps=0,
+             disable_progbar=True).run(shard)
+    except ValueError as err:
+        errors["seeds"] = str(err)
+    short = MCMC(SGLD(plain, **sgld_kwargs()), num_samples=2 + distributed.rank(), warmup_steps=0,
+                 disable_progbar=True)
+    short.run(x, y)
+    try:
+        distributed.gather_samples(short)
+    except ValueError as err:
+        errors["gather"] = str(err)
+    res["errors"] = errors
+    # 5. a deep ensemble with one member per rank (seeds ENS_SEED + rank), gathered for prediction
+    distributed.init(seed=ENS_SEED)
+    ens = make_ensemble(distributed.local_members(2)).fit(x, y, **ENS_FIT)
+    res["ens_outputs"] = distributed.gather_predict_outputs(ens, x)
+    pred = distributed.gather_prediction(ens, x)
+    res["ens_loc"] = None if pred is None else pred.loc
+    distributed.barrier()
+    # 6. a rank that dies: rank 1 leaves (its process ends, as a crashed rank's does), rank 0 must raise, not hang
+    if distributed.rank() == 1:
+        return res
+    start = time.perf_counter()
+    try:
+        distributed.train_svi(make_svi(), loader, num_epochs=1)
+    except distributed.DistributedError as err:
+        res["dead"] = {"error": str(err), "seconds": time.perf_counter() - start}
+    distributed.shutdown()
+    return res
+
+
+def stalled_rank(out: str) -> dict:
+    """Rank 1 does not reach the all-reduce (it waits for rank 0's result): rank 0 must raise within the timeout."""
+    from pyro_sdebnn import distributed
+
+    distributed.init(backend="gloo", timeout=1.5)
+    if distributed.rank() == 1:
+        deadline = time.monotonic() + 15.0
+        while not os.path.exists(os.path.join(out, "rank0.pt")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return {}
+    start = time.perf_counter()
+    try:
+        distributed.all_reduce_mean(torch.ones(3))
+    except distributed.DistributedError as err:
+        return {"error": str(err), "seconds": time.perf_counter() - start}
+    return {"error": None, "seconds": time.perf_counter() - start}
+
+
+PROGRAMS = {"scenarios": scenarios, "stalled_rank": stalled_rank}
+
+
+# ---------------------------------------------------------------------------------------------- launcher
+def _entry(local: int, program: str, world: int, port: int, out: str) -> None:
+    os.environ.update(RANK=str(local), LOCAL_RANK=str(local), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    torch.set_default_dtype(torch.float64)
+    import pyro_sdebnn.distributed  # noqa: F401  (the slow imports, before the start line below)
+
+    # start together: the ranks' imports take seconds on a loaded machine, longer than the short timeouts tested
+    open(os.path.join(out, f"ready{local}"), "w").close()
+    deadline = time.monotonic() + 60.0
+    while not all(os.path.exists(os.path.join(out, f"ready{r}")) for r in range(world)):
+        if time.monotonic() > deadline:
+            raise SystemExit("the other ranks never started")
+        time.sleep(0.02)
+    try:
+        result = {"ok": True, **PROGRAMS[program](out)}
+    except BaseException:  # reported to the test, which fails with the traceback
+        result = {"ok": False, "traceback": traceback.format_exc()}
+    tmp = os.path.join(out, f"rank{local}.pt.tmp")
+    torch.save(result, tmp)
+    os.replace(tmp, os.path.join(out, f"rank{local}.pt"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(program: str, out: str, world: int = 2, timeout: float = 60.0) -> list[dict]:
+    """Run ``program`` on ``world`` spawned processes (the environment ``torchrun`` would set); their results."""
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    procs = [ctx.Process(target=_entry, args=(r, program, world, port, out)) for r in range(world)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    hung = [r for r, p in enumerate(procs) if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
+    if hung:
+        raise AssertionError(f"ranks {hung} of {program!r} still ran after {timeout} s")
+    results = []
+    for r in range(world):
+        path = os.path.join(out, f"rank{r}.pt")
+        results.append(torch.load(path, weights_only=True) if os.path.exists(path) else {"ok": False,
+                                                                                          "traceback": "no result"})
+    return results

@@ -1,0 +1,208 @@
+# SPDX-License-Identifier: Apache-2.0
+"""torch.distributed on 2 gloo processes: data-parallel SVI, chains over ranks, a data-parallel chain, failures.
+
+One group of 2 spawned processes runs all the healthy scenarios (a process start costs seconds); the tests compare
+its results with single-process runs in this process. Every collective has a timeout of seconds, and the launcher
+kills a rank still running after its deadline, so a failure cannot hang the suite.
+"""
+
+import os
+
+import pyro
+import pytest
+import torch
+from pyro.infer import MCMC, SVI, Trace_ELBO
+from pyro.infer.autoguide import AutoDelta
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+from pyro_sdebnn import distributed
+from pyro_sdebnn.infer import TracePathKL_ELBO, train_svi
+from pyro_sdebnn.infer.mcmc import SGHMC, SGLD
+
+import _workers as W  # noqa: E402  (tests/distributed is on sys.path: pytest's rootdir-relative import)
+
+
+def _ok(results):
+    for r, res in enumerate(results):
+        assert res["ok"], f"rank {r} failed:\n{res['traceback']}"
+    return results
+
+
+@pytest.fixture(scope="module")
+def group(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("dist"))
+    return _ok(W.launch("scenarios", out, timeout=120.0)), out
+
+
+@pytest.fixture
+def float64():
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)
+
+
+def test_single_process_is_a_world_of_one():
+    assert distributed.init(seed=0).type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert (distributed.world_size(), distributed.rank(), distributed.is_main()) == (1, 0, True)
+    t = torch.tensor([1.0, 2.0])
+    assert distributed.all_reduce_mean(t) is t
+    assert distributed.gather_objects("a") == ["a"]
+    distributed.barrier()
+    loader = distributed.distributed_loader(TensorDataset(torch.arange(6.0), torch.zeros(6)), 4, shuffle=False)
+    assert isinstance(loader.sampler, torch.utils.data.SequentialSampler) and loader.batch_size == 4
+
+
+def test_averaged_gradients_in_svi_step_is_plain_svi_on_one_process(float64):
+    x, y = W.data()
+    runs = []
+    for averaged in (False, True):
+        pyro.clear_param_store()
+        pyro.set_rng_seed(0)
+        guide = AutoDelta(W.regression)
+        elbo = Trace_ELBO()
+        if averaged:
+            svi = SVI(W.regression, guide, pyro.optim.Adam({"lr": 0.05}), loss=elbo.loss,
+                      loss_and_grads=distributed.AveragedGradients(elbo).loss_and_grads)
+        else:
+            svi = SVI(W.regression, guide, pyro.optim.Adam({"lr": 0.05}), elbo)
+        losses = [svi.step(x[i:i + 4], y[i:i + 4], num_data=W.N) for i in range(0, W.N, 4)]
+        runs.append((losses, W.svi_params()))
+    assert runs[0][0] == runs[1][0]
+    for name, value in runs[0][1].items():
+        torch.testing.assert_close(runs[1][1][name], value, rtol=0, atol=0)
+    with pytest.raises(TypeError, match="ELBO"):
+        distributed.AveragedGradients(lambda *args: 0.0)
+    assert not hasattr(distributed.AveragedGradients(Trace_ELBO()), "kl_scale")  # follows the ELBO
+    path_kl = TracePathKL_ELBO()
+    averaged = distributed.AveragedGradients(path_kl)
+    averaged.kl_scale = 0.25  # what train_svi's kl_schedule assigns
+    assert path_kl.kl_scale == 0.25 and averaged.kl_scale == 0.25
+
+
+def test_init_rejects_bad_arguments(monkeypatch):
+    with pytest.raises(ValueError, match="timeout"):
+        distributed.init(timeout=0)
+    with pytest.raises(ValueError, match="backend"):
+        distributed.init(backend="mpi")
+    with pytest.raises(TypeError, match="seed"):
+        distributed.init(seed=1.5)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    with pytest.raises(ValueError, match="MASTER_ADDR"):
+        distributed.init()
+
+
+def test_data_parallel_svi_equals_one_process_on_the_combined_batches(group, float64):
+    # the 2-rank run stopped after epoch 1 and resumed from rank 0's checkpoint; the reference runs 2 epochs at once
+    results, out = group
+    x, y = W.data()
+    pyro.clear_param_store()
+    pyro.set_rng_seed(W.SVI_SEED)  # rank 0's seed: the initial parameters are rank 0's
+    # one process: the same permutations (seed + epoch) in global batches of BATCH
+    sampler = DistributedSampler(TensorDataset(x, y), num_replicas=1, rank=0, shuffle=True, seed=0)
+    loader = DataLoader(TensorDataset(x, y), batch_size=W.BATCH, sampler=sampler)
+    losses = train_svi(W.make_svi(), loader, num_epochs=2, callback=lambda e, _: sampler.set_epoch(e + 1))
+    expected = W.svi_params()
+    for res in results:  # both ranks hold the single-process parameters
+        assert set(res["svi_params"]) == set(expected)
+        for name, value in expected.items():
+            torch.testing.assert_close(res["svi_params"][name], value, rtol=0, atol=1e-5)
+        torch.testing.assert_close(torch.tensor(res["svi_losses"]), torch.tensor(losses), rtol=1e-8, atol=0)
+    # and they moved: the comparison is not between two untouched initialisations
+    assert (results[0]["svi_params"]["AutoDelta.w"] - torch.zeros(W.D)).abs().max() > 0.1
+    ckpt = torch.load(os.path.join(out, "svi.pt"), weights_only=True)
+    assert ckpt["epoch"] == 2
+    # one checkpoint, written by rank 0
+    assert sorted(f for f in os.listdir(out) if f.endswith(".pt")) == ["rank0.pt", "rank1.pt", "svi.pt"]
+
+
+def test_chains_over_ranks_equal_one_process_runs_with_the_rank_seeds(group, float64):
+    results, _ = group
+    x, y = W.data()
+    runs = []
+    for r in range(2):
+        pyro.set_rng_seed(W.CHAIN_SEED + r)
+        mcmc = MCMC(SGLD(W.plain, vectorized_chains=2, **W.sgld_kwargs()), num_samples=6, warmup_steps=2,
+                    disable_progbar=True)
+        mcmc.run(x, y)
+        runs.append(mcmc.get_samples(group_by_chain=True)["w"])
+    expected = torch.cat(runs)  # (4, 6, D): chain r * 2 + k is chain k of rank r
+    got = results[0]["chains"]["w"]
+    assert got.shape == (4, 6, W.D)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+    assert results[1]["chains"] is None  # gathered on rank 0 only
+    assert results[0]["idata_chains"] == 4
+    torch.testing.assert_close(results[0]["idata_w"], expected, rtol=0, atol=1e-12)
+    assert results[0]["idata_ll_shape"] == (4, 6, W.N)
+    assert results[0]["rhat_rows"] == W.D
+
+
+def test_data_parallel_chain_equals_the_single_process_chain(group, float64):
+    results, _ = group
+    x, y = W.data()
+    pyro.set_rng_seed(W.DP_SEED)
+    loader = DataLoader(TensorDataset(x, y), batch_size=W.DP_BATCH, shuffle=True)  # batches of 5, 5, 5, 1
+    mcmc = MCMC(SGLD(W.plain, backend="eager", **W.sgld_kwargs()), num_samples=6, warmup_steps=2,
+                disable_progbar=True)
+    mcmc.run(loader)
+    expected = mcmc.get_samples()["w"]
+    for res in results:  # every rank holds the same chain
+        torch.testing.assert_close(res["dp_chain"], expected, rtol=0, atol=1e-10)
+    assert expected.std(0).min() > 0  # the chain moved
+
+
+def test_data_parallel_sghmc_with_vectorised_chains_equals_the_single_process_run(group, float64):
+    results, _ = group
+    x, y = W.data()
+    pyro.set_rng_seed(W.DP_SEED)
+    loader = DataLoader(TensorDataset(x, y), batch_size=W.BATCH, shuffle=False)
+    mcmc = MCMC(SGHMC(W.plain, backend="eager", vectorized_chains=2, **W.sghmc_kwargs()), num_samples=4,
+                warmup_steps=1, disable_progbar=True)
+    mcmc.run(loader)
+    expected = mcmc.get_samples(group_by_chain=True)["w"]
+    assert expected.shape == (2, 4, W.D)
+    for res in results:
+        torch.testing.assert_close(res["dp_sghmc"], expected, rtol=0, atol=1e-10)
+    assert (expected[0] - expected[1]).abs().min() > 0  # two different chains
+
+
+def test_ensemble_members_over_ranks_gather_into_one_predictive(group, float64):
+    results, _ = group
+    x, y = W.data()
+    outputs = []
+    for r in range(2):  # one single-member ensemble per rank seed
+        pyro.set_rng_seed(W.ENS_SEED + r)
+        outputs.append(W.make_ensemble(1).fit(x, y, **W.ENS_FIT).predict_outputs(x))
+    expected = torch.cat(outputs)  # (2, N, 2)
+    torch.testing.assert_close(results[0]["ens_outputs"], expected, rtol=0, atol=1e-12)
+    torch.testing.assert_close(results[0]["ens_loc"], expected[..., 0], rtol=0, atol=1e-12)
+    assert (expected[0] - expected[1]).abs().max() > 1e-3  # the members differ
+    assert results[1]["ens_outputs"] is None and results[1]["ens_loc"] is None
+    with pytest.raises(ValueError, match="num_members"):
+        distributed.local_members(0)
+
+
+def test_bad_setups_raise_clear_errors_on_every_rank(group):
+    results, _ = group
+    for res in results:
+        errors = res["errors"]
+        assert "multiple of the world size 2" in errors["batch"]
+        assert "DistributedSampler" in errors["sampler"]
+        assert "seed them alike" in errors["seeds"]
+        assert "sample sites and shapes differ" in errors["gather"]  # 2 vs 3 samples
+
+
+def test_a_stalled_rank_gives_a_timeout_error_not_a_hang(tmp_path):
+    results = _ok(W.launch("stalled_rank", str(tmp_path), timeout=60.0))
+    assert results[0]["error"] is not None and "rank 0 of 2" in results[0]["error"]
+    assert 1.0 < results[0]["seconds"] < 10.0  # the 1.5 s timeout fired; rank 1 would have waited 15 s
+
+
+def test_a_dead_rank_gives_an_error_not_a_hang(group):
+    results, _ = group
+    dead = results[0]["dead"]  # rank 1 left after the scenarios; rank 0 started a data-parallel SVI
+    assert "another rank died" in dead["error"]
+    assert dead["seconds"] < 20.0  # at the latest the 20 s timeout of the group
+    assert "dead" not in results[1]
