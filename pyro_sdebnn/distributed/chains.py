@@ -126,7 +126,8 @@ class _DataParallelMixin:
         if backend != "eager":
             raise ValueError(f"backend must be 'eager' for a data-parallel kernel (the all-reduce runs between the "
                              f"gradient and the update), got {backend!r}")
-        if kwargs.get("map_steps", 0) != 0:
+        kwargs.setdefault("map_steps", 0)  # no automatic warm start: it would follow each rank's local gradient
+        if kwargs["map_steps"] != 0:
             raise ValueError("map_steps must be 0 for a data-parallel kernel (the MAP warm start uses local "
                              f"gradients), got {kwargs['map_steps']!r}")
         if kwargs.get("subsample_size") is not None:

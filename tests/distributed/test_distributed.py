@@ -144,7 +144,7 @@ def test_data_parallel_chain_equals_the_single_process_chain(group, float64):
     x, y = W.data()
     pyro.set_rng_seed(W.DP_SEED)
     loader = DataLoader(TensorDataset(x, y), batch_size=W.DP_BATCH, shuffle=True)  # batches of 5, 5, 5, 1
-    mcmc = MCMC(SGLD(W.plain, backend="eager", **W.sgld_kwargs()), num_samples=6, warmup_steps=2,
+    mcmc = MCMC(SGLD(W.plain, backend="eager", map_steps=0, **W.sgld_kwargs()), num_samples=6, warmup_steps=2,
                 disable_progbar=True)
     mcmc.run(loader)
     expected = mcmc.get_samples()["w"]
@@ -158,7 +158,7 @@ def test_data_parallel_sghmc_with_vectorised_chains_equals_the_single_process_ru
     x, y = W.data()
     pyro.set_rng_seed(W.DP_SEED)
     loader = DataLoader(TensorDataset(x, y), batch_size=W.BATCH, shuffle=False)
-    mcmc = MCMC(SGHMC(W.plain, backend="eager", vectorized_chains=2, **W.sghmc_kwargs()), num_samples=4,
+    mcmc = MCMC(SGHMC(W.plain, backend="eager", map_steps=0, vectorized_chains=2, **W.sghmc_kwargs()), num_samples=4,
                 warmup_steps=1, disable_progbar=True)
     mcmc.run(loader)
     expected = mcmc.get_samples(group_by_chain=True)["w"]
