@@ -200,8 +200,6 @@ def _is_loader_arg(x, name: str = "x") -> bool:
     from pyro_sdebnn.data.loaders import is_loader
 
     try:
-        if hasattr(x, "__array__") and not isinstance(x, Tensor):  # a NumPy array is iterable, yet no loader
-            raise TypeError
         return is_loader(x)
     except TypeError:
         raise TypeError(
