@@ -55,6 +55,26 @@ def test_single_process_is_a_world_of_one():
     assert isinstance(loader.sampler, torch.utils.data.SequentialSampler) and loader.batch_size == 4
 
 
+def test_data_parallel_helpers_do_nothing_on_one_process():
+    x, y = W.data()
+    sharded = DataLoader(TensorDataset(x, y), batch_size=4,
+                         sampler=DistributedSampler(TensorDataset(x, y), num_replicas=1, rank=0))
+    assert distributed.data_parallel_sampler(sharded) is None  # no group: a plain single-process fit
+    net = torch.nn.Linear(2, 1)
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    distributed.broadcast_module_(net)
+    net(torch.ones(3, 2)).sum().backward()
+    grads = [p.grad.clone() for p in net.parameters()]
+    values = distributed.average_gradients_(net.parameters(), torch.tensor(2.5))
+    assert values.tolist() == [2.5]
+    for p, g in zip(net.parameters(), grads):
+        assert torch.equal(p.grad, g)
+    for k, v in net.state_dict().items():
+        assert torch.equal(v, before[k])
+    with pytest.raises(ValueError, match="params"):
+        distributed.average_gradients_([])
+
+
 def test_averaged_gradients_in_svi_step_is_plain_svi_on_one_process(float64):
     x, y = W.data()
     runs = []
@@ -116,7 +136,7 @@ def test_data_parallel_svi_equals_one_process_on_the_combined_batches(group, flo
     ckpt = torch.load(os.path.join(out, "svi.pt"), weights_only=True)
     assert ckpt["epoch"] == 2
     # one checkpoint of each run, written by rank 0
-    assert sorted(f for f in os.listdir(out) if f.endswith(".pt")) == ["map.pt", "mnvi.pt", "rank0.pt", "rank1.pt",
+    assert sorted(f for f in os.listdir(out) if f.endswith(".pt")) == ["map0.pt", "mnvi.pt", "rank0.pt", "rank1.pt",
                                                                        "svi.pt"]
 
 
@@ -148,7 +168,7 @@ def test_data_parallel_map_fit_equals_one_process_on_the_combined_batches(group,
     for res in results:
         _assert_same_params(res["map_params"], expected, start)
         torch.testing.assert_close(torch.tensor(res["map_losses"]), torch.tensor(method.losses), rtol=1e-8, atol=0)
-    saved = torch.load(os.path.join(out, "map.pt"), weights_only=True)  # rank 0's save
+    saved = torch.load(os.path.join(out, "map0.pt"), weights_only=True)  # rank 0's save (rank 1 wrote no map1.pt)
     _assert_same_params(saved["params"], expected)
 
 
