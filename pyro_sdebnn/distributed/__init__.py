@@ -11,6 +11,10 @@ with plain ``python`` is a world of one and behaves as without this module.
 - data-parallel SVI: :func:`train_svi` (gradients of the Pyro param store averaged across ranks between
   ``loss_and_grads`` and the optimiser step, checkpoints on rank 0), :func:`distributed_loader`,
   :class:`AveragedGradients`;
+- data-parallel ``fit`` of the baselines: with a loader sharded by a ``DistributedSampler`` on several ranks,
+  :func:`pyro_sdebnn.infer.train_svi`, ``MAPEstimate.fit``, ``MeanFieldVI.fit``, ``SamplingFreeBNN.fit``,
+  :func:`~pyro_sdebnn.infer.methods.train_network` and ``MCDropout.fit`` average their gradients across the ranks
+  by themselves (:func:`data_parallel_sampler`, :func:`broadcast_module_`, :func:`average_gradients_`);
 - SG-MCMC: :func:`gather_samples` and :func:`gather_inference_data` (every rank's chains as chains of one run),
   :class:`DataParallelSGLD` and :class:`DataParallelSGHMC` (one chain, gradients averaged across ranks);
 - deep ensembles: :func:`local_members` (this rank's share of the members), :func:`gather_prediction` and
@@ -38,6 +42,7 @@ from pyro_sdebnn.distributed.comm import (
     shutdown,
     world_size,
 )
+from pyro_sdebnn.distributed.data_parallel import average_gradients_, broadcast_module_, data_parallel_sampler
 from pyro_sdebnn.distributed.ensembles import gather_predict_outputs, gather_prediction, local_members
 from pyro_sdebnn.distributed.svi import AveragedGradients, distributed_loader, train_svi
 
@@ -48,8 +53,11 @@ __all__ = [
     "DistributedError",
     "all_gather_objects",
     "all_reduce_mean",
+    "average_gradients_",
     "barrier",
     "broadcast_",
+    "broadcast_module_",
+    "data_parallel_sampler",
     "distributed_loader",
     "gather_inference_data",
     "gather_objects",

@@ -1,7 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 r"""Data-parallel SVI: every rank reads its shard of the data, the gradients are averaged across ranks.
 
-:func:`train_svi` runs :func:`pyro_sdebnn.infer.train_svi` on every rank with one change: between
+:func:`pyro_sdebnn.infer.train_svi` (and every ``fit`` built on it or on
+:meth:`~pyro_sdebnn.infer.pyro_bnn.SVIBaseline.fit`) is data-parallel by itself when it is given a loader sharded by a
+:class:`~torch.utils.data.distributed.DistributedSampler` in a group of several ranks
+(:mod:`pyro_sdebnn.distributed.data_parallel`); :func:`train_svi` is that function with the additional check that
+the loader is sharded (on several ranks a plain loader is an error rather than independent runs). The one change
+from a single-process run: between
 ``loss_and_grads`` and the optimiser step, the gradients of all the Pyro parameters of the step (model and guide,
 ``pyro.get_param_store()``, which includes the weights of ``PyroModule`` networks and of modules registered with
 ``pyro.module``) are averaged across the ranks by one all-reduce (:class:`AveragedGradients`). Every rank therefore
@@ -44,8 +49,7 @@ from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
 from pyro_sdebnn.data.loaders import is_loader
-from pyro_sdebnn.distributed.comm import all_gather_objects, all_reduce_mean, broadcast_, is_main, rank, world_size
-from pyro_sdebnn.infer.svi_training import load_svi_checkpoint
+from pyro_sdebnn.distributed.comm import all_gather_objects, all_reduce_mean, broadcast_, rank, world_size
 from pyro_sdebnn.infer.svi_training import train_svi as _train_svi
 
 __all__ = ["AveragedGradients", "distributed_loader", "train_svi"]
@@ -226,26 +230,7 @@ def train_svi(
         raise ValueError("loader: with several ranks the loader must shard the data with a "
                          "torch.utils.data.distributed.DistributedSampler (see distributed_loader), otherwise every "
                          f"rank reads the whole data set; got sampler {type(sampler).__name__}")
-    if sampler.num_replicas != world_size() or sampler.rank != rank():
-        raise ValueError(f"loader: the DistributedSampler is for rank {sampler.rank} of {sampler.num_replicas}, this "
-                         f"process is rank {rank()} of {world_size()}")
-    steps = all_gather_objects(len(loader))
-    if len(set(steps)) != 1:
-        raise ValueError(f"loader: the ranks take different numbers of steps per epoch {steps}; they must be equal "
-                         "(a DistributedSampler over the same data set on every rank)")
-    elbo = getattr(svi.loss_and_grads, "__self__", None)
-    if not isinstance(elbo, pyro.infer.ELBO):
-        raise TypeError("svi: data-parallel training needs an SVI built with a pyro.infer.ELBO as its loss, got "
-                        f"{type(elbo).__name__}")
-    averaged = AveragedGradients(elbo)
-    dp_svi = pyro.infer.SVI(svi.model, svi.guide, svi.optim, loss=elbo.loss, loss_and_grads=averaged.loss_and_grads)
-    start = 0 if resume is None else int(load_svi_checkpoint(resume)["epoch"])
-    sampler.set_epoch(start)
-
-    def on_epoch(epoch: int, loss: float) -> None:
-        sampler.set_epoch(epoch + 1)
-        if callback is not None:
-            callback(epoch, loss)
-
-    return _train_svi(dp_svi, loader, num_epochs=num_epochs, checkpoint=checkpoint if is_main() else None,
-                      resume=resume, callback=on_epoch, progress=progress and is_main(), **kwargs)
+    # the data-parallel loop itself is pyro_sdebnn.infer.train_svi's: it sees the sharded loader, checks that the
+    # ranks take the same number of steps, averages the gradients, sets the sampler's epoch, checkpoints on rank 0
+    return _train_svi(svi, loader, num_epochs=num_epochs, checkpoint=checkpoint, resume=resume, callback=callback,
+                      progress=progress, **kwargs)

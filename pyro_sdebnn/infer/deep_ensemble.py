@@ -34,6 +34,7 @@ from pyro_sdebnn.infer.methods import (
     _dropout_layers,
     _epochs,
     _is_loader_arg,
+    _is_sharded,
     _iter_inputs,
     _module_device_dtype,
     _NetworkTrainer,
@@ -134,10 +135,18 @@ class DeepEnsemble(BaselineMethod):
             states, in the same mode (vectorised or not), so that ``fit(num_epochs=k)`` then
             ``fit(num_epochs=K - k, resume=True)`` equals ``fit(num_epochs=K)``. ``losses`` holds
             the members' mean loss of every epoch.
+        :raises ValueError: for a loader sharded by a ``DistributedSampler`` over several ranks: the members, not
+            the data, are split over the ranks (:func:`pyro_sdebnn.distributed.local_members`).
         """
         from pyro_sdebnn.infer._training import SchedulerStepper, check_clip
 
         loader = x if _is_loader_arg(x) else None
+        if _is_sharded(loader):
+            raise ValueError(
+                "x: a deep ensemble is distributed by members, not by data: give every rank its share of the members "
+                "(num_members=pyro_sdebnn.distributed.local_members(K)) and the whole data (tensors or a loader "
+                "without a DistributedSampler), then gather them with pyro_sdebnn.distributed.gather_prediction"
+            )
         data = _TrainingData(x, y, self.likelihood, batch_size)
         size = _check_fit_args(data.n, num_epochs=num_epochs, lr=lr, batch_size=batch_size, weight_decay=weight_decay)
         clip_norm, clip_inf_norm = check_clip(clip_norm, clip_inf_norm)

@@ -100,9 +100,18 @@ class MCDropout(BaselineMethod):
         :param bool resume: continue the last (or a loaded) run: Adam's and the scheduler's state and
             torch's random state are restored, so ``fit(num_epochs=k)`` then ``fit(num_epochs=K - k,
             resume=True)`` (with the same other arguments) equals ``fit(num_epochs=K)``.
+
+        **Data-parallel.** Under ``torchrun`` (:func:`pyro_sdebnn.distributed.init`, more than one rank), a loader
+        ``x`` sharded by a :class:`~torch.utils.data.distributed.DistributedSampler` (e.g.
+        :func:`pyro_sdebnn.distributed.distributed_loader`) makes the training data-parallel as in
+        :func:`~pyro_sdebnn.infer.methods.train_network` (rank 0's weights copied to every rank, gradients averaged
+        before every step, ``x.sampler.set_epoch(epoch)`` with the epochs counted as :attr:`epoch`), and
+        :meth:`save` writes on rank 0 only. Each rank draws its own dropout masks for its shard (seed the ranks
+        differently, e.g. ``init(seed=s)``), so the ranks together thin the global batch as one process would.
         """
         loader = x if _is_loader_arg(x) else None
         state = self._resume_state(resume, loader)
+        self._note_data_parallel(loader)
         history, trainer_state = _train_network(
             self.net,
             x,
@@ -119,6 +128,7 @@ class MCDropout(BaselineMethod):
             clip_norm=clip_norm,
             clip_inf_norm=clip_inf_norm,
             state=None if state is None else state["trainer"],
+            first_epoch=self.epoch,
         )
         self.losses.extend(history)
         self._end_fit(loader, trainer=trainer_state)

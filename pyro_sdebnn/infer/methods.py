@@ -277,6 +277,27 @@ class _TrainingData:
             set_rng_state(state, self.loader)
 
 
+def _is_sharded(loader) -> bool:
+    """Whether ``loader`` is sharded by a ``DistributedSampler`` over several running ranks (no collective)."""
+    if loader is None or not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return False
+    from pyro_sdebnn.distributed.data_parallel import is_sharded
+
+    return is_sharded(loader)
+
+
+def _data_parallel_sampler(loader):
+    """The ``DistributedSampler`` of a data-parallel fit (several ranks, a sharded loader), else ``None``.
+
+    See :mod:`pyro_sdebnn.distributed.data_parallel`. On one process this returns ``None`` without importing it.
+    """
+    if loader is None or not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return None
+    from pyro_sdebnn.distributed.data_parallel import data_parallel_sampler
+
+    return data_parallel_sampler(loader)
+
+
 def _iter_inputs(x, device=None, dtype=None, likelihood: str | None = None) -> Iterator[Tensor]:
     """The inputs to predict on: ``x`` itself (a tensor) or the ``x`` of every batch of a loader."""
     if not _is_loader_arg(x):
@@ -309,13 +330,22 @@ class _NetworkTrainer:
     """Adam (with weight decay), an optional scheduler and clipping for one network, one epoch at a time.
 
     :param state: a ``state_dict()`` of an interrupted run: the optimiser (and scheduler) continue from it.
+    :param sampler: the ``DistributedSampler`` of a data-parallel run (:func:`_data_parallel_sampler`): rank 0's
+        parameters and buffers are copied to every rank now, the buffers again before every step, the gradients and
+        losses are averaged across the ranks, and ``run_epoch(data, epoch)`` sets the sampler's epoch to
+        ``first_epoch + epoch``.
     """
 
     def __init__(self, net: nn.Module, likelihood: str, *, lr: float, weight_decay: float, scheduler=None,
                  scheduler_step: str = "epoch", clip_norm=None, clip_inf_norm=None, desc: str = "train",
-                 state: dict | None = None) -> None:
+                 state: dict | None = None, sampler=None, first_epoch: int = 0) -> None:
         from pyro_sdebnn.infer._training import SchedulerStepper, make_torch_scheduler
 
+        self.sampler, self.first_epoch = sampler, first_epoch
+        if sampler is not None:
+            from pyro_sdebnn.distributed.data_parallel import broadcast_module_
+
+            broadcast_module_(net)
         self.net, self.likelihood, self.lr, self.desc = net, likelihood, lr, desc
         self.clip_norm, self.clip_inf_norm = clip_norm, clip_inf_norm
         self.scheduler_step = scheduler_step
@@ -331,22 +361,41 @@ class _NetworkTrainer:
         net, optimizer, stepper = self.net, self.optimizer, self.stepper
         clipping = self.clip_norm is not None or self.clip_inf_norm is not None
         device, dtype = _module_device_dtype(net)
+        parallel = self.sampler is not None
+        if parallel:
+            from pyro_sdebnn.distributed.data_parallel import average_gradients_, broadcast_buffers_
+
+            self.sampler.set_epoch(self.first_epoch + epoch)
+            params = list(net.parameters())
+            count = 0
         net.train()
         total = None
         for xb, yb in data.batches(device, dtype):
+            if parallel:
+                broadcast_buffers_(net)  # as DistributedDataParallel: rank 0's buffers (batch-norm statistics)
             loss = negative_log_likelihood_terms(net(xb), yb, self.likelihood).mean()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            step_loss = loss.detach()
+            if parallel:  # the gradient (and loss) of the combined batch, before clipping
+                step_loss = average_gradients_(params, step_loss)[0]
+                count += xb.shape[0]
             if clipping:
                 clip_gradients(net.parameters(), self.clip_norm, self.clip_inf_norm)
             optimizer.step()
             if stepper.scheduler is not None and self.scheduler_step == "step":
-                stepper.after_step(float(loss.detach()))
+                stepper.after_step(float(step_loss))
             term = loss.detach().double() * xb.shape[0]
             total = term if total is None else total + term
         if total is None:
             raise ValueError("the loader yielded no batch in an epoch")
-        mean_loss = float(total) / data.n
+        if parallel:  # sum over the ranks' points / number of points (the shards may repeat up to W - 1 points)
+            from pyro_sdebnn.distributed.comm import all_reduce_mean
+
+            total_and_count = all_reduce_mean(torch.stack([total, total.new_tensor(float(count))]))
+            mean_loss = float(total_and_count[0]) / float(total_and_count[1])
+        else:
+            mean_loss = float(total) / data.n
         _check_finite(mean_loss, desc=self.desc, epoch=epoch, lr=self.lr)
         stepper.after_epoch(mean_loss)
         return mean_loss
@@ -419,6 +468,16 @@ def train_network(
     :param clip_inf_norm: clip the whole gradient by its :math:`L_\\infty` norm,
         :math:`g \\leftarrow g \\min(1, c/\\|g\\|_\\infty)` (after ``clip_norm`` when both are given).
     :returns: the mean training loss of every epoch.
+    :raises ValueError: if data-parallel (below) and the ranks' loaders take different numbers of steps.
+
+    **Data-parallel.** Under ``torchrun`` (:func:`pyro_sdebnn.distributed.init`, :math:`W > 1` ranks), a loader
+    ``x`` sharded by a :class:`~torch.utils.data.distributed.DistributedSampler` (e.g.
+    :func:`pyro_sdebnn.distributed.distributed_loader`) makes the training data-parallel, as
+    :class:`~torch.nn.parallel.DistributedDataParallel` would: rank 0's parameters and buffers are copied to
+    every rank first, its buffers again before every step, the gradients are averaged across the ranks before
+    every Adam step (and before clipping), ``x.sampler.set_epoch(epoch)`` is called before every epoch (from 0 at
+    every call) and the losses are over all the ranks' points. The ranks then hold the parameters of one process
+    on the combined batches. See :mod:`pyro_sdebnn.distributed.data_parallel`.
     """
     history, _ = _train_network(
         net, x, y, likelihood, num_epochs=num_epochs, lr=lr, batch_size=batch_size, weight_decay=weight_decay,
@@ -430,8 +489,9 @@ def train_network(
 
 def _train_network(net, x, y, likelihood, *, num_epochs, lr, batch_size, weight_decay, progress=False,
                    desc="train", scheduler=None, scheduler_step="epoch", clip_norm=None, clip_inf_norm=None,
-                   state: dict | None = None) -> tuple[list[float], dict]:
-    """:func:`train_network` that can resume from a trainer ``state``; returns the history and the new state."""
+                   state: dict | None = None, first_epoch: int = 0) -> tuple[list[float], dict]:
+    """:func:`train_network` that can resume from a trainer ``state``; returns the history and the new state.
+    ``first_epoch``: the epochs done before (a data-parallel run's ``loader.sampler.set_epoch``)."""
     from pyro_sdebnn.infer._training import SchedulerStepper, check_clip
 
     _check_likelihood(likelihood)
@@ -439,11 +499,17 @@ def _train_network(net, x, y, likelihood, *, num_epochs, lr, batch_size, weight_
     _check_fit_args(data.n, num_epochs=num_epochs, lr=lr, batch_size=batch_size, weight_decay=weight_decay)
     clip_norm, clip_inf_norm = check_clip(clip_norm, clip_inf_norm)
     SchedulerStepper(None, scheduler_step)  # validates scheduler_step before any work
+    sampler = _data_parallel_sampler(data.loader)
     trainer = _NetworkTrainer(
         net, likelihood, lr=lr, weight_decay=weight_decay, scheduler=scheduler, scheduler_step=scheduler_step,
-        clip_norm=clip_norm, clip_inf_norm=clip_inf_norm, desc=desc, state=state,
+        clip_norm=clip_norm, clip_inf_norm=clip_inf_norm, desc=desc, state=state, sampler=sampler,
+        first_epoch=first_epoch,
     )
     net.train()
+    if sampler is not None:
+        from pyro_sdebnn.distributed.comm import is_main
+
+        progress = progress and is_main()
     history = [trainer.run_epoch(data, epoch) for epoch in _epochs(num_epochs, progress, desc)]
     return history, trainer.state_dict()
 
@@ -492,6 +558,23 @@ class BaselineMethod:
             raise ValueError("resume=True continues an interrupted run: call fit(...) or load(path) first")
         set_rng_state(self._train_state["rng"], loader)
         return self._train_state
+
+    def _data_parallel_sampler(self, loader):
+        """The ``DistributedSampler`` of a data-parallel ``fit`` on ``loader`` (else ``None``); remembered, so
+        that :meth:`save` then writes on rank 0 only. Every rank must call it."""
+        sampler = _data_parallel_sampler(loader)
+        self._data_parallel = sampler is not None
+        return sampler
+
+    def _note_data_parallel(self, loader) -> None:
+        """Remember whether a ``fit`` on ``loader`` is data-parallel (no collective), for :meth:`save`."""
+        self._data_parallel = _is_sharded(loader)
+
+    @staticmethod
+    def _is_main() -> bool:
+        from pyro_sdebnn.distributed.comm import is_main
+
+        return is_main()
 
     def _end_fit(self, loader=None, **training) -> None:
         """Keep what a resumed ``fit`` needs: ``training`` (optimiser states...) and the random state now."""
@@ -552,9 +635,15 @@ class BaselineMethod:
         return self
 
     def save(self, path) -> None:
-        """Write :meth:`state_dict` to ``path`` (``torch.load(path, weights_only=True)`` reads it back)."""
+        """Write :meth:`state_dict` to ``path`` (``torch.load(path, weights_only=True)`` reads it back).
+
+        After a data-parallel ``fit`` (every rank holds the same parameters) only rank 0 writes; on the other ranks
+        this does nothing (call :func:`pyro_sdebnn.distributed.barrier` before they read the file).
+        """
         from pyro_sdebnn.infer.checkpoint import save_checkpoint
 
+        if getattr(self, "_data_parallel", False) and not self._is_main():
+            return
         save_checkpoint(self.state_dict(), path)
 
     def load(self, path, map_location=None) -> "BaselineMethod":

@@ -212,6 +212,17 @@ class SVIBaseline(BaselineMethod):
             ``fit(num_epochs=K - k, resume=True)`` (same other arguments) equals ``fit(num_epochs=K)``.
             Without it, a new ``fit`` continues from the current guide parameters with a fresh optimiser.
         :returns: ``self``; the ELBO loss per epoch (per data point) is in :attr:`losses`.
+        :raises ValueError: if data-parallel (below) and the ranks' loaders take different numbers of steps.
+
+        **Data-parallel.** Under ``torchrun`` (:func:`pyro_sdebnn.distributed.init`, :math:`W > 1` ranks), a loader
+        ``x`` sharded by a :class:`~torch.utils.data.distributed.DistributedSampler` (e.g.
+        :func:`pyro_sdebnn.distributed.distributed_loader`) makes the fit data-parallel: the guide parameters of
+        rank 0 are copied to the other ranks before the first step, the gradients are averaged across the ranks
+        before every update (and before clipping), the likelihood is scaled by the global :math:`N`
+        (``len(x.dataset)``), ``x.sampler.set_epoch(epoch)`` is called before every epoch (counted as
+        :attr:`epoch`), the losses are means over the ranks and :meth:`save` writes on rank 0 only. Every rank
+        holds the same parameters: for MAP those of one process on the combined batches. See
+        :mod:`pyro_sdebnn.distributed.data_parallel`.
         """
         from pyro_sdebnn.infer._training import SchedulerStepper, check_clip, svi_step
         from pyro_sdebnn.infer.checkpoint import detached
@@ -250,9 +261,19 @@ class SVIBaseline(BaselineMethod):
                         self.guide(x, y, subsample_size=batch_size)
                     else:
                         self.guide(xb, yb, data_size=n)
-            svi = SVI(self.model, self.guide, optim, elbo)
+            sampler = self._data_parallel_sampler(loader)
+            if sampler is None:
+                svi = SVI(self.model, self.guide, optim, elbo)
+            else:  # several ranks, a sharded loader: the param store's gradients averaged (rank 0's start values)
+                from pyro_sdebnn.distributed.svi import AveragedGradients
+
+                svi = SVI(self.model, self.guide, optim, loss=elbo.loss,
+                          loss_and_grads=AveragedGradients(elbo).loss_and_grads)
+                progress = progress and self._is_main()
             for epoch in _epochs(num_epochs, progress, type(self).__name__):
                 total, steps = 0.0, 0
+                if sampler is not None:
+                    sampler.set_epoch(self.epoch)
                 if loader is None:
                     for _ in range(steps_per_epoch):
                         step_loss = svi_step(svi, x, y, subsample_size=batch_size, **clip)

@@ -284,6 +284,15 @@ def _svi_step(svi, args, kwargs, clip_norm, clip_inf_norm, where: str) -> tuple[
     return loss, {site["name"] for site in sites}
 
 
+def _data_parallel_sampler(data):
+    """The ``DistributedSampler`` of a data-parallel run (several ranks, a sharded loader), else ``None``."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return None  # one process: not even the import
+    from pyro_sdebnn.distributed.data_parallel import data_parallel_sampler
+
+    return data_parallel_sampler(data)
+
+
 def _tensor_batches(x: Tensor, y: Tensor, batch_size: int, shuffle: bool, device, dtype):
     n = x.shape[0]
     perm = torch.randperm(n, device=x.device) if shuffle else torch.arange(n, device=x.device)
@@ -356,16 +365,26 @@ def train_svi(
     :param kl_schedule: ``epoch -> kappa`` assigned to the ELBO's ``kl_scale`` at the start of each epoch (for ELBOs
         with a ``kl_scale``, e.g. :class:`~pyro_sdebnn.infer.TracePathKL_ELBO`,
         :class:`~pyro_sdebnn.infer.SamplingFree_ELBO`).
-    :param bool progress: show a progress bar over epochs.
+    :param bool progress: show a progress bar over epochs (on rank 0 only when data-parallel).
     :param callback: ``callback(epoch, loss)`` after every epoch (after its checkpoint is written).
-    :param checkpoint: write a checkpoint to this path after every epoch.
+    :param checkpoint: write a checkpoint to this path after every epoch (by rank 0 only when data-parallel).
     :param resume: continue from this checkpoint (the same path as ``checkpoint`` is fine).
     :param modules: the ``nn.Module`` objects whose buffers go into the checkpoint and whose first parameter gives
         the default device; default: the modules whose methods are the model and guide (or which they are).
     :returns: the loss of every epoch (including those before ``resume``): the mean of the step losses weighted by
         the batch sizes.
     :raises FloatingPointError: if a step's loss is NaN or infinite (the parameters keep their last finite values).
-    :raises ValueError: for a bad ``resume`` file (see :func:`load_svi_checkpoint`) or bad arguments.
+    :raises ValueError: for a bad ``resume`` file (see :func:`load_svi_checkpoint`) or bad arguments; when
+        data-parallel, if the ranks' loaders take different numbers of steps per epoch.
+
+    **Data-parallel.** Under ``torchrun`` (a process group of :math:`W > 1` ranks) with a loader sharded by a
+    :class:`~torch.utils.data.distributed.DistributedSampler` (e.g.
+    :func:`pyro_sdebnn.distributed.distributed_loader`), the gradients of the Pyro parameters are averaged across
+    the ranks before every update (:class:`~pyro_sdebnn.distributed.AveragedGradients`, which also copies rank 0's
+    parameters to the others before the first step), ``loader.sampler.set_epoch(epoch)`` is called at the start of
+    every epoch, the losses are the means over the ranks, and only rank 0 writes the ``checkpoint``; ``svi``'s loss
+    must then be a :class:`pyro.infer.ELBO`. See :mod:`pyro_sdebnn.distributed.data_parallel`. On one process, or
+    with tensors or a loader without a ``DistributedSampler``, nothing changes.
     """
     if not isinstance(svi, pyro.infer.SVI):
         raise TypeError(f"svi must be a pyro.infer.SVI, got {type(svi).__name__}")
@@ -390,6 +409,18 @@ def train_svi(
     if device is None and dtype is None:
         device, dtype = _model_device_dtype(modules)
     generators = _loader_generators(data) if loader else []
+    sampler = _data_parallel_sampler(data) if loader else None
+    if sampler is not None:  # several ranks, a sharded loader: gradients averaged, checkpoints on rank 0
+        from pyro_sdebnn.distributed.comm import is_main
+        from pyro_sdebnn.distributed.svi import AveragedGradients
+
+        if not isinstance(elbo, pyro.infer.ELBO):
+            raise TypeError("svi: data-parallel training needs an SVI built with a pyro.infer.ELBO as its loss, got "
+                            f"{type(elbo).__name__}")
+        svi = pyro.infer.SVI(svi.model, svi.guide, svi.optim, loss=elbo.loss,
+                             loss_and_grads=AveragedGradients(elbo).loss_and_grads)
+        if not is_main():
+            checkpoint, progress = None, False
     checkpoint = None if checkpoint is None else Path(checkpoint)
 
     def batches():
@@ -415,6 +446,8 @@ def train_svi(
         if kl_schedule is not None:
             elbo.kl_scale = float(kl_schedule(epoch))
         total, count = 0.0, 0
+        if sampler is not None:
+            sampler.set_epoch(epoch)  # the ranks' shards of a new shared permutation
         for i, (x, y) in enumerate(batches()):
             loss, seen = _svi_step(svi, (x, y), kwargs, clip_norm, clip_inf_norm, f"epoch {epoch}, batch {i}")
             names |= seen

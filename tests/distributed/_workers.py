@@ -21,6 +21,8 @@ BATCH = 8
 SVI_SEED, CHAIN_SEED, DP_SEED, ENS_SEED = 3, 11, 5, 7
 DP_BATCH = 5
 ENS_FIT = {"num_epochs": 3, "batch_size": 8}
+FIT_SEED = 13  # the data-parallel fits of the baselines: rank r seeded FIT_SEED + r (rank 0's weights win)
+NET_FIT = {"num_epochs": 2, "lr": 0.02, "weight_decay": 1e-3}
 
 
 # ---------------------------------------------------------------------------------------------- shared set-up
@@ -65,6 +67,33 @@ def make_ensemble(num_members: int):
     return DeepEnsemble(lambda: make_mlp([D, 8, 2]), "gaussian", num_members=num_members)
 
 
+def make_map():
+    from pyro_sdebnn.infer import MAPEstimate
+    from pyro_sdebnn.nn import make_mlp
+
+    return MAPEstimate(make_mlp([D, 8, 2]), "gaussian")
+
+
+def make_net(dropout: float = 0.0):
+    from pyro_sdebnn.nn import make_mlp
+
+    return make_mlp([D, 8, 2], dropout=dropout)
+
+
+def make_mnvi():
+    from pyro_sdebnn.nn.mnvi import MNLinear, MNReLU, MNSequential, SamplingFreeBNN
+
+    return SamplingFreeBNN(MNSequential(MNLinear(D, 8), MNReLU(), MNLinear(8, 2)), "gaussian")
+
+
+def mnvi_fit_kwargs() -> dict:
+    return {"num_epochs": 2, "optim": pyro.optim.Adam({"lr": 0.05})}
+
+
+def net_params(net) -> dict:
+    return {k: v.detach().clone() for k, v in net.state_dict().items()}
+
+
 def sghmc_kwargs() -> dict:
     return {"step_size": 1e-2, "friction": 5.0, "num_steps": 2}
 
@@ -87,6 +116,28 @@ def scenarios(out: str) -> dict:
     pyro.clear_param_store()  # a new run, resumed from it by every rank
     losses = distributed.train_svi(make_svi(), loader, num_epochs=2, checkpoint=ckpt, resume=ckpt)
     res["svi_params"], res["svi_losses"] = svi_params(), losses
+    # 1b. the baselines' own fit loops on a sharded loader, data-parallel by themselves; each rank starts from its
+    # own random weights (seeds FIT_SEED + rank), rank 0's are copied to the other ranks
+    distributed.init(seed=FIT_SEED)
+    method = make_map().fit(loader, num_epochs=2)  # shuffled shards: sampler.set_epoch(epoch) by fit
+    res["map_params"] = {k: v.detach().clone() for k, v in method._store_state["params"].items()}
+    res["map_losses"] = list(method.losses)
+    method.save(os.path.join(out, f"map{distributed.rank()}.pt"))  # a no-op on rank 1
+    distributed.init(seed=FIT_SEED)
+    in_order = distributed.distributed_loader(TensorDataset(x, y), BATCH, shuffle=False)
+    from pyro_sdebnn.infer import MCDropout
+    from pyro_sdebnn.infer.methods import train_network
+
+    net = make_net()
+    res["net_losses"] = train_network(net, in_order, likelihood="gaussian", **NET_FIT)
+    res["net_params"] = net_params(net)
+    distributed.init(seed=FIT_SEED)
+    dropout = MCDropout(make_net(dropout=0.2), "gaussian").fit(loader, **NET_FIT)
+    res["dropout_params"], res["dropout_losses"] = net_params(dropout.net), list(dropout.losses)
+    distributed.init(seed=FIT_SEED)
+    bnn = make_mnvi()
+    res["mnvi_losses"] = bnn.fit(in_order, checkpoint=os.path.join(out, "mnvi.pt"), **mnvi_fit_kwargs())
+    res["mnvi_params"] = net_params(bnn.net)
     # 2. two vectorised chains on each rank, seeds CHAIN_SEED + rank
     distributed.init(seed=CHAIN_SEED)
     mcmc = MCMC(SGLD(plain, vectorized_chains=2, **sgld_kwargs()), num_samples=6, warmup_steps=2,
@@ -138,6 +189,15 @@ def scenarios(out: str) -> dict:
         distributed.gather_samples(short)
     except ValueError as err:
         errors["gather"] = str(err)
+    uneven = TensorDataset(x[:N - 4 * distributed.rank()], y[:N - 4 * distributed.rank()])  # 16 and 12 points
+    try:
+        make_map().fit(distributed.distributed_loader(uneven, BATCH), num_epochs=1)
+    except ValueError as err:
+        errors["steps"] = str(err)
+    try:
+        make_ensemble(1).fit(shard, num_epochs=1)
+    except ValueError as err:
+        errors["ensemble"] = str(err)
     res["errors"] = errors
     # 5. a deep ensemble with one member per rank (seeds ENS_SEED + rank), gathered for prediction
     distributed.init(seed=ENS_SEED)

@@ -18,6 +18,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from pyro_sdebnn import distributed
 from pyro_sdebnn.infer import TracePathKL_ELBO, train_svi
+from pyro_sdebnn.infer.methods import train_network
 from pyro_sdebnn.infer.mcmc import SGHMC, SGLD
 
 import _workers as W  # noqa: E402  (tests/distributed is on sys.path: pytest's rootdir-relative import)
@@ -52,6 +53,26 @@ def test_single_process_is_a_world_of_one():
     distributed.barrier()
     loader = distributed.distributed_loader(TensorDataset(torch.arange(6.0), torch.zeros(6)), 4, shuffle=False)
     assert isinstance(loader.sampler, torch.utils.data.SequentialSampler) and loader.batch_size == 4
+
+
+def test_data_parallel_helpers_do_nothing_on_one_process():
+    x, y = W.data()
+    sharded = DataLoader(TensorDataset(x, y), batch_size=4,
+                         sampler=DistributedSampler(TensorDataset(x, y), num_replicas=1, rank=0))
+    assert distributed.data_parallel_sampler(sharded) is None  # no group: a plain single-process fit
+    net = torch.nn.Linear(2, 1)
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    distributed.broadcast_module_(net)
+    net(torch.ones(3, 2)).sum().backward()
+    grads = [p.grad.clone() for p in net.parameters()]
+    values = distributed.average_gradients_(net.parameters(), torch.tensor(2.5))
+    assert values.tolist() == [2.5]
+    for p, g in zip(net.parameters(), grads):
+        assert torch.equal(p.grad, g)
+    for k, v in net.state_dict().items():
+        assert torch.equal(v, before[k])
+    with pytest.raises(ValueError, match="params"):
+        distributed.average_gradients_([])
 
 
 def test_averaged_gradients_in_svi_step_is_plain_svi_on_one_process(float64):
@@ -114,8 +135,72 @@ def test_data_parallel_svi_equals_one_process_on_the_combined_batches(group, flo
     assert (results[0]["svi_params"]["AutoDelta.w"] - torch.zeros(W.D)).abs().max() > 0.1
     ckpt = torch.load(os.path.join(out, "svi.pt"), weights_only=True)
     assert ckpt["epoch"] == 2
-    # one checkpoint, written by rank 0
-    assert sorted(f for f in os.listdir(out) if f.endswith(".pt")) == ["rank0.pt", "rank1.pt", "svi.pt"]
+    # one checkpoint of each run, written by rank 0
+    assert sorted(f for f in os.listdir(out) if f.endswith(".pt")) == ["map0.pt", "mnvi.pt", "rank0.pt", "rank1.pt",
+                                                                       "svi.pt"]
+
+
+def _single_process_loader(shuffle: bool):
+    """One process reading the global batches of the 2 ranks' sharded loader (the same permutations)."""
+    x, y = W.data()
+    sampler = DistributedSampler(TensorDataset(x, y), num_replicas=1, rank=0, shuffle=shuffle, seed=0)
+    return DataLoader(TensorDataset(x, y), batch_size=W.BATCH, sampler=sampler)
+
+
+def _assert_same_params(got: dict, expected: dict, moved_from: dict | None = None) -> None:
+    assert set(got) == set(expected)
+    for name, value in expected.items():
+        torch.testing.assert_close(got[name], value, rtol=0, atol=1e-5)
+    if moved_from is not None:  # the parameters moved: not a comparison of two untouched initialisations
+        assert max((expected[k] - moved_from[k]).abs().max() for k in expected) > 1e-2
+
+
+def test_data_parallel_map_fit_equals_one_process_on_the_combined_batches(group, float64):
+    results, out = group
+    pyro.set_rng_seed(W.FIT_SEED)  # rank 0's seed: its initial weights are copied to rank 1
+    method = W.make_map()
+    start = {f"AutoDelta.{k}": v.clone() for k, v in method.model.init_values.items()}
+    loader = _single_process_loader(shuffle=True)
+    method.fit(loader, num_epochs=1)
+    loader.sampler.set_epoch(1)  # what the data-parallel fit does before its second epoch
+    method.fit(loader, num_epochs=1, resume=True)
+    expected = method._store_state["params"]
+    for res in results:
+        _assert_same_params(res["map_params"], expected, start)
+        torch.testing.assert_close(torch.tensor(res["map_losses"]), torch.tensor(method.losses), rtol=1e-8, atol=0)
+    saved = torch.load(os.path.join(out, "map0.pt"), weights_only=True)  # rank 0's save (rank 1 wrote no map1.pt)
+    _assert_same_params(saved["params"], expected)
+
+
+def test_data_parallel_train_network_equals_one_process_and_mc_dropout_stays_in_sync(group, float64):
+    results, _ = group
+    pyro.set_rng_seed(W.FIT_SEED)
+    net = W.make_net()
+    start = W.net_params(net)
+    losses = train_network(net, _single_process_loader(shuffle=False), likelihood="gaussian", **W.NET_FIT)
+    for res in results:
+        _assert_same_params(res["net_params"], W.net_params(net), start)
+        torch.testing.assert_close(torch.tensor(res["net_losses"]), torch.tensor(losses), rtol=1e-8, atol=0)
+    # MC-dropout: the ranks draw their own masks, so no single-process twin, but one set of weights on both ranks
+    pyro.set_rng_seed(W.FIT_SEED)
+    dropout_start = W.net_params(W.make_net(dropout=0.2))
+    _assert_same_params(results[1]["dropout_params"], results[0]["dropout_params"], None)
+    assert max((results[0]["dropout_params"][k] - v).abs().max() for k, v in dropout_start.items()) > 1e-2
+    assert results[0]["dropout_losses"] == results[1]["dropout_losses"] and len(results[0]["dropout_losses"]) == 2
+
+
+def test_data_parallel_sampling_free_bnn_equals_one_process(group, float64):
+    results, out = group
+    pyro.clear_param_store()
+    pyro.set_rng_seed(W.FIT_SEED)
+    bnn = W.make_mnvi()
+    start = W.net_params(bnn.net)
+    losses = bnn.fit(_single_process_loader(shuffle=False), **W.mnvi_fit_kwargs())
+    for res in results:
+        _assert_same_params(res["mnvi_params"], W.net_params(bnn.net), start)
+        torch.testing.assert_close(torch.tensor(res["mnvi_losses"]), torch.tensor(losses), rtol=1e-8, atol=0)
+    ckpt = torch.load(os.path.join(out, "mnvi.pt"), weights_only=True)  # rank 0's checkpoint
+    assert ckpt["epoch"] == 2 and ckpt["losses"] == results[0]["mnvi_losses"]
 
 
 def test_chains_over_ranks_equal_one_process_runs_with_the_rank_seeds(group, float64):
@@ -192,6 +277,8 @@ def test_bad_setups_raise_clear_errors_on_every_rank(group):
         assert "DistributedSampler" in errors["sampler"]
         assert "seed them alike" in errors["seeds"]
         assert "sample sites and shapes differ" in errors["gather"]  # 2 vs 3 samples
+        assert "differ in (steps per epoch, data set size)" in errors["steps"]  # 16 vs 12 points
+        assert "distributed by members" in errors["ensemble"]
 
 
 def test_a_stalled_rank_gives_a_timeout_error_not_a_hang(tmp_path):
