@@ -9,7 +9,7 @@ for a deterministic input) and act as ordinary layers on plain tensors:
 - Moment layers: :class:`MNReLU` (exact), :class:`MNActivation` (first-order Taylor),
   :class:`MNBatchNorm1d`, :class:`MNBatchNorm2d`, :class:`MNMaxPool2d`, :class:`MNAvgPool2d`,
   :class:`MNAdaptiveAvgPool2d`, :class:`MNFlatten`, :class:`MNDropout` (no-op), :class:`MNIdentity`.
-- Containers: :class:`MNSequential`, :class:`MNResidualBlock`; converters :func:`to_mnvi`,
+- Containers: :class:`MNSequential`, :class:`MNResidualBlock`, :class:`MNConcat`; converters :func:`to_mnvi`,
   :func:`to_mean_field` from plain ``torch.nn`` networks (extend them with :func:`register_converter`).
 - Pyro: :class:`SamplingFreeBNN` (model/guide pair, one-pass predictive), the :func:`sampling_free`
   handler and the expected-likelihood distributions :class:`SamplingFreeNormal`,
@@ -24,7 +24,7 @@ for a deterministic input) and act as ordinary layers on plain tensors:
 
 from pyro_sdebnn.nn.mnvi.activations import MNActivation, MNReLU
 from pyro_sdebnn.nn.mnvi.bnn import SamplingFreeBNN
-from pyro_sdebnn.nn.mnvi.container import MNResidualBlock, MNSequential
+from pyro_sdebnn.nn.mnvi.container import MNConcat, MNResidualBlock, MNSequential
 from pyro_sdebnn.nn.mnvi.convert import register_converter, to_mean_field, to_mnvi
 from pyro_sdebnn.nn.mnvi.handlers import is_sampling_free, sampling_free
 from pyro_sdebnn.nn.mnvi.layers import BayesianLayer, MNConv2d, MNLinear
@@ -50,6 +50,7 @@ __all__ = [
     "MNAvgPool2d",
     "MNBatchNorm1d",
     "MNBatchNorm2d",
+    "MNConcat",
     "MNConv2d",
     "MNDropout",
     "MNFlatten",
