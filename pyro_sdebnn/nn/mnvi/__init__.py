@@ -13,7 +13,8 @@ for a deterministic input) and act as ordinary layers on plain tensors:
   :func:`to_mean_field` from plain ``torch.nn`` networks (extend them with :func:`register_converter`).
 - Pyro: :class:`SamplingFreeBNN` (model/guide pair, one-pass predictive), the :func:`sampling_free`
   handler and the expected-likelihood distributions :class:`SamplingFreeNormal`,
-  :class:`SamplingFreeCategorical`; train with :class:`pyro_sdebnn.infer.SamplingFree_ELBO`.
+  :class:`SamplingFreeCategorical`, and :func:`probit_softmax` (the deterministic classification
+  predictive); train with :class:`pyro_sdebnn.infer.SamplingFree_ELBO`.
 
 **References**
 
@@ -28,7 +29,7 @@ from pyro_sdebnn.nn.mnvi.container import MNConcat, MNResidualBlock, MNSequentia
 from pyro_sdebnn.nn.mnvi.convert import register_converter, to_mean_field, to_mnvi
 from pyro_sdebnn.nn.mnvi.handlers import is_sampling_free, sampling_free
 from pyro_sdebnn.nn.mnvi.layers import BayesianLayer, MNConv2d, MNLinear
-from pyro_sdebnn.nn.mnvi.likelihoods import SamplingFreeCategorical, SamplingFreeNormal
+from pyro_sdebnn.nn.mnvi.likelihoods import SamplingFreeCategorical, SamplingFreeNormal, probit_softmax
 from pyro_sdebnn.nn.mnvi.mean_field import MFConv2d, MFLinear
 from pyro_sdebnn.nn.mnvi.normalization import MNBatchNorm1d, MNBatchNorm2d
 from pyro_sdebnn.nn.mnvi.pooling import (
@@ -65,6 +66,7 @@ __all__ = [
     "SamplingFreeCategorical",
     "SamplingFreeNormal",
     "is_sampling_free",
+    "probit_softmax",
     "register_converter",
     "sampling_free",
     "to_mean_field",
