@@ -34,7 +34,8 @@ machine they slow every step down by an order of magnitude.
 ``--quick`` runs 1 run on 2 of the 10 folds (``--protocol splits``: 2 splits) for 20 epochs with a
 2-member ensemble (a smoke test, not a result). ``--folds`` evaluates only the first folds of the
 partition (a quick look; the paper's protocol uses all 10).
-Outputs: ``mnvi_uci_table.md`` / ``.csv`` (summary), ``mnvi_uci_splits.csv`` (per fold or split),
+Outputs: ``mnvi_uci_table.md`` / ``.csv`` (summary), ``mnvi_uci_splits.csv`` (per fold or split; rewritten
+after every fit, so an interrupted run keeps what it finished),
 ``mnvi_uci_loglik.png``.
 
 Reference ([1], Table 1, 10-fold CV, 20 runs): boston test log-likelihood MNVI -2.43 ± 0.02,
@@ -289,13 +290,12 @@ def _run(args: argparse.Namespace) -> dict:
             ll, err = _evaluate(method, data)
             rows.append({"protocol": protocol, "run": run, "fold": k, "method": kind, "test_loglik": ll, "rmse": err,
                          "fit_seconds": seconds})
+            with open(output / "mnvi_uci_splits.csv", "w", newline="") as f:  # rewritten as the run goes
+                writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+                writer.writeheader()
+                writer.writerows(rows)
             progress.update()
     progress.close()
-
-    with open(output / "mnvi_uci_splits.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
     runs = len({r for r, _ in units})
     folds = len({k for _, k in units})
     if protocol == "paper":
