@@ -168,8 +168,16 @@ def fit_sampling_free(kind: str, x: torch.Tensor, y: torch.Tensor, *, epochs: in
     at each milestone; the whole gradient is clipped by its infinity norm at 1.
 
     :param str kind: ``"mnvi"`` or ``"mfvi"``.
-    :param Tensor x: standardised inputs ``(N, D)``. :param Tensor y: standardised targets ``(N,)``.
+    :param Tensor x: standardised inputs ``(N, D)``; the network follows their device and dtype.
+    :param Tensor y: standardised targets ``(N,)``.
+    :param int epochs: training epochs (200 in the authors' code).
+    :param float kl_final: KL weight of the last phase (1: the ELBO; < 1: a cold posterior).
+    :return: the fitted :class:`~pyro_sdebnn.nn.mnvi.SamplingFreeBNN`.
     """
+    if not isinstance(epochs, int) or epochs < 1:
+        raise ValueError(f"epochs must be a positive int, got {epochs!r}")
+    if not kl_final >= 0:
+        raise ValueError(f"kl_final must be >= 0, got {kl_final!r}")
     from pyro_sdebnn.infer import PiecewiseKLSchedule
     from pyro_sdebnn.nn.mnvi import SamplingFreeBNN
 
