@@ -172,16 +172,21 @@ class SamplingFree_ELBO(Trace_ELBO):
     @staticmethod
     def _check_finite(loss: float) -> float:
         if not math.isfinite(loss):
-            raise RuntimeError(f"SamplingFree_ELBO: the loss is {loss}; lower the learning rate or check the data")
+            raise FloatingPointError(f"SamplingFree_ELBO: the loss is {loss}; lower the learning rate or check the data")
         return loss
 
     def loss(self, model, guide, *args, **kwargs) -> float:
         """Estimate of the sampling-free loss (negative ELBO with the KL weighted by ``kl_scale``).
 
-        :raises RuntimeError: if the loss is NaN or infinite.
+        No side effects: batch-norm layers (:class:`~pyro_sdebnn.nn.mnvi.MNBatchNorm1d`, ``2d``) in training mode
+        use the batch statistics, as in a training step, but their running statistics are not updated.
+
+        :raises FloatingPointError: if the loss is NaN or infinite.
         """
+        from pyro_sdebnn.nn.mnvi.normalization import frozen_running_stats
+
         loss = 0.0
-        with torch.no_grad():
+        with torch.no_grad(), frozen_running_stats():
             for model_trace, guide_trace in self._get_traces(model, guide, args, kwargs):
                 loss += self._differentiable_loss_particle(model_trace, guide_trace)[0] / self.num_particles
         return self._check_finite(loss)
@@ -189,7 +194,7 @@ class SamplingFree_ELBO(Trace_ELBO):
     def loss_and_grads(self, model, guide, *args, **kwargs) -> float:
         """Compute the loss and back-propagate its gradient into the parameters.
 
-        :raises RuntimeError: if the loss is NaN or infinite (before any gradient is written).
+        :raises FloatingPointError: if the loss is NaN or infinite (before any gradient is written).
         """
         loss = 0.0
         for model_trace, guide_trace in self._get_traces(model, guide, args, kwargs):

@@ -206,9 +206,12 @@ def test_classification_elbo_and_predictive():
     x, y = torch.randn(40, 2), torch.randint(0, 3, (40,))
     history = bnn.fit(x, y, num_epochs=3, batch_size=20)
     assert all(math.isfinite(h) for h in history)
-    pred = bnn.predict(x, num_samples=6)
+    pred = bnn.predict(x, predictive="mc", num_samples=6)
     assert isinstance(pred, ClassificationPrediction) and pred.probs.shape == (6, 40, 3)
     assert torch.allclose(pred.probs.sum(-1), torch.ones(6, 40))
+    pred = bnn.predict(x)  # default: the deterministic probit approximation, one row
+    assert isinstance(pred, ClassificationPrediction) and pred.probs.shape == (1, 40, 3)
+    assert torch.allclose(pred.probs.sum(-1), torch.ones(1, 40))
 
 
 def test_regression_predictive_is_one_pass_gaussian():
@@ -226,7 +229,7 @@ def test_nan_loss_raises():
     x, y = torch.randn(4, 2, dtype=torch.float64), torch.full((4,), float("nan"), dtype=torch.float64)
     pyro.enable_validation(False)  # with validation, the NaN target is already rejected as out of support
     try:
-        with pytest.raises(RuntimeError, match="loss is nan"):
+        with pytest.raises(FloatingPointError, match="loss is nan"):
             SamplingFree_ELBO().loss_and_grads(bnn.model, bnn.guide, x, y)
     finally:
         pyro.enable_validation(True)

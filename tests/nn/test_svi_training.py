@@ -135,8 +135,8 @@ def test_sampling_free_bnn_streamed_prediction():
     pyro.set_rng_seed(0)
     cat = SamplingFreeBNN(MNSequential(MNLinear(2, 8), MNReLU(), MNLinear(8, 3)), "categorical")
     s = 4000
-    a = cat.predict(x, num_samples=s).probs
-    b = cat.predict(DataLoader(TensorDataset(x), batch_size=5), num_samples=s).probs
+    a = cat.predict(x, predictive="mc", num_samples=s).probs
+    b = cat.predict(DataLoader(TensorDataset(x), batch_size=5), predictive="mc", num_samples=s).probs
     assert b.shape == a.shape
     se = (a.var(0) / s + b.var(0) / s).sqrt()
     assert ((a.mean(0) - b.mean(0)).abs() <= 5 * se + 1e-7).all()

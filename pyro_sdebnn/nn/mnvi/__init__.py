@@ -9,11 +9,12 @@ for a deterministic input) and act as ordinary layers on plain tensors:
 - Moment layers: :class:`MNReLU` (exact), :class:`MNActivation` (first-order Taylor),
   :class:`MNBatchNorm1d`, :class:`MNBatchNorm2d`, :class:`MNMaxPool2d`, :class:`MNAvgPool2d`,
   :class:`MNAdaptiveAvgPool2d`, :class:`MNFlatten`, :class:`MNDropout` (no-op), :class:`MNIdentity`.
-- Containers: :class:`MNSequential`, :class:`MNResidualBlock`; converters :func:`to_mnvi`,
+- Containers: :class:`MNSequential`, :class:`MNResidualBlock`, :class:`MNConcat`; converters :func:`to_mnvi`,
   :func:`to_mean_field` from plain ``torch.nn`` networks (extend them with :func:`register_converter`).
 - Pyro: :class:`SamplingFreeBNN` (model/guide pair, one-pass predictive), the :func:`sampling_free`
   handler and the expected-likelihood distributions :class:`SamplingFreeNormal`,
-  :class:`SamplingFreeCategorical`; train with :class:`pyro_sdebnn.infer.SamplingFree_ELBO`.
+  :class:`SamplingFreeCategorical`, and :func:`probit_softmax` (the deterministic classification
+  predictive); train with :class:`pyro_sdebnn.infer.SamplingFree_ELBO`.
 
 **References**
 
@@ -24,11 +25,11 @@ for a deterministic input) and act as ordinary layers on plain tensors:
 
 from pyro_sdebnn.nn.mnvi.activations import MNActivation, MNReLU
 from pyro_sdebnn.nn.mnvi.bnn import SamplingFreeBNN
-from pyro_sdebnn.nn.mnvi.container import MNResidualBlock, MNSequential
+from pyro_sdebnn.nn.mnvi.container import MNConcat, MNResidualBlock, MNSequential
 from pyro_sdebnn.nn.mnvi.convert import register_converter, to_mean_field, to_mnvi
 from pyro_sdebnn.nn.mnvi.handlers import is_sampling_free, sampling_free
 from pyro_sdebnn.nn.mnvi.layers import BayesianLayer, MNConv2d, MNLinear
-from pyro_sdebnn.nn.mnvi.likelihoods import SamplingFreeCategorical, SamplingFreeNormal
+from pyro_sdebnn.nn.mnvi.likelihoods import SamplingFreeCategorical, SamplingFreeNormal, probit_softmax
 from pyro_sdebnn.nn.mnvi.mean_field import MFConv2d, MFLinear
 from pyro_sdebnn.nn.mnvi.normalization import MNBatchNorm1d, MNBatchNorm2d
 from pyro_sdebnn.nn.mnvi.pooling import (
@@ -50,6 +51,7 @@ __all__ = [
     "MNAvgPool2d",
     "MNBatchNorm1d",
     "MNBatchNorm2d",
+    "MNConcat",
     "MNConv2d",
     "MNDropout",
     "MNFlatten",
@@ -64,6 +66,7 @@ __all__ = [
     "SamplingFreeCategorical",
     "SamplingFreeNormal",
     "is_sampling_free",
+    "probit_softmax",
     "register_converter",
     "sampling_free",
     "to_mean_field",

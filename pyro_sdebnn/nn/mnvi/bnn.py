@@ -53,6 +53,7 @@ import pyro.poutine as poutine
 import torch
 from pyro.distributions import Categorical, Normal
 from pyro.infer import SVI, ELBO
+from pyro.infer.util import is_validation_enabled
 from pyro.optim import PyroOptim
 from torch import Tensor, nn
 from torch.distributions import Distribution, kl_divergence
@@ -60,12 +61,13 @@ from torch.distributions import Distribution, kl_divergence
 from pyro_sdebnn.nn.mnvi._util import checked_network
 from pyro_sdebnn.nn.mnvi.handlers import is_sampling_free
 from pyro_sdebnn.nn.mnvi.layers import BayesianLayer
-from pyro_sdebnn.nn.mnvi.likelihoods import SamplingFreeCategorical, SamplingFreeNormal
+from pyro_sdebnn.nn.mnvi.likelihoods import SamplingFreeCategorical, SamplingFreeNormal, probit_softmax
 from pyro_sdebnn.ops.moments import Moments, gaussian_predictive_variance
 
 __all__ = ["SamplingFreeBNN"]
 
 _LIKELIHOODS = ("gaussian", "categorical")
+_PREDICTIVES = ("probit", "mc")
 
 
 class SamplingFreeBNN(nn.Module):
@@ -201,7 +203,12 @@ class SamplingFreeBNN(nn.Module):
         subsample = torch.arange(x.shape[0], device=x.device)
         with pyro.plate("data", size, subsample=subsample):
             if is_sampling_free():
-                fn = self._moment_likelihood(self.moments(x))
+                out = self.moments(x)
+                if is_validation_enabled() and not bool(torch.isfinite(out.mean).all() & (~out.var.isnan()).all()):
+                    raise FloatingPointError(f"{self.name}: the network's output moments are NaN or infinite: "
+                                             "training diverged (lower the learning rate or clip the gradients) "
+                                             "or the inputs are not finite")
+                fn = self._moment_likelihood(out)
             else:
                 fn = self._sampled_likelihood(torch.func.functional_call(self.net, weights, (x,), strict=False))
             return pyro.sample("obs", fn, obs=y)
@@ -210,7 +217,14 @@ class SamplingFreeBNN(nn.Module):
         """Pyro guide: the layers' variational posteriors over their weights."""
         pyro.module(self.name, self.net)
         for layer_name, layer in self.bayesian_layers():
-            pyro.sample(self._site(layer_name), layer.weight_distribution().to_event())
+            try:
+                q = layer.weight_distribution()
+            except ValueError as err:  # argument validation: NaN weights, or alpha = softplus(rho) underflowed to 0
+                raise FloatingPointError(
+                    f"{self.name}: the variational parameters of layer {layer_name!r} are invalid (NaN, or a noise "
+                    "variance that underflowed to 0): training diverged; lower the learning rate or clip the "
+                    "gradients (clip_norm / clip_inf_norm)") from err
+            pyro.sample(self._site(layer_name), q.to_event())
 
     # ---------------------------------------------------------------------------------- prediction
     def expected_log_likelihood(self, x: Tensor, y: Tensor) -> Tensor:
@@ -219,29 +233,42 @@ class SamplingFreeBNN(nn.Module):
         return self._moment_likelihood(self.moments(x)).log_prob(y)
 
     @torch.no_grad()
-    def predict(self, x: Tensor, *, num_samples: int = 32):
+    def predict(self, x, *, predictive: str = "probit", num_samples: int = 32):
         """Predictive distribution from **one** sampling-free forward pass (``net`` in eval mode).
 
         - ``"gaussian"``: :class:`~pyro_sdebnn.infer.RegressionPrediction` with ``S = 1``,
           ``loc`` :math:`\\bar\\mu`, ``scale`` :math:`\\sqrt{v_\\mu + e^{\\bar c + v_c/2}}`
-          (Schmitt & Roth (2021), eq. (19)).
-        - ``"categorical"``: :class:`~pyro_sdebnn.infer.ClassificationPrediction` whose ``S = num_samples``
-          rows are the softmaxes of logits drawn from :math:`\\mathcal N(\\bar h, v_h)`; their mean is the
-          predictive of Schmitt & Roth (2021), eq. (20), and the spread across rows gives the epistemic part.
+          (Schmitt & Roth (2021), eq. (19)); ``predictive`` and ``num_samples`` are not used.
+        - ``"categorical"``: :class:`~pyro_sdebnn.infer.ClassificationPrediction` approximating the predictive
+          :math:`\\mathbb E[\\operatorname{softmax}(h)]`, :math:`h\\sim\\mathcal N(\\bar h, v_h)`
+          (Schmitt & Roth (2021), eq. (20)):
+
+          - ``predictive="probit"`` (default): deterministic, ``S = 1`` row
+            :func:`~pyro_sdebnn.nn.mnvi.probit_softmax` :math:`(\\bar h, v_h)`, the probit approximation
+            (MacKay (1992), "The evidence framework applied to classification networks", Neural Computation).
+            The same input gives the same probabilities on every call, with no random numbers drawn.
+          - ``predictive="mc"``: ``S = num_samples`` rows, the softmaxes of :math:`\\bar h + \\sqrt{v_h}\\,\\xi^s`
+            with **common random numbers**: one draw :math:`\\xi^s\\sim\\mathcal N(0, I_C)` per row, shared by
+            all inputs, so the predictive varies smoothly with the input, and the spread across rows gives the
+            epistemic part. Draws come from torch's generator (``pyro.set_rng_seed``).
 
         :param x: inputs ``(N, ...)``, or a loader of input batches (``x``, ``(x,)`` or ``(x, y)``; targets are
-            ignored), each moved to the network's device on its own. Regression gives exactly the result of one
-            call on all inputs; for classification the logit draws of every data point are independent (fresh
-            draws per batch), so the result equals one call's in distribution.
-        :param int num_samples: logit draws for classification (ignored for regression).
+            ignored), each moved to the network's device on its own; the result is that of one call on all
+            inputs (with ``"mc"`` every batch uses the same draws).
+        :param str predictive: ``"probit"`` or ``"mc"`` (classification only).
+        :param int num_samples: logit draws per input for ``predictive="mc"``.
         """
         from pyro_sdebnn.data.loaders import is_loader
         from pyro_sdebnn.infer.predictive import ClassificationPrediction, RegressionPrediction
         from pyro_sdebnn.nn._streaming import stream_predict
 
+        if predictive not in _PREDICTIVES:
+            raise ValueError(f"predictive must be one of {_PREDICTIVES}, got {predictive!r}")
+        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+            raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
         if not isinstance(x, Tensor) and is_loader(x):
-            return stream_predict(lambda xb: self.predict(xb, num_samples=num_samples), x, self.net,
-                                  same_draws=False)
+            return stream_predict(lambda xb: self.predict(xb, predictive=predictive, num_samples=num_samples), x,
+                                  self.net, same_draws=True)
         self._check_data(x, None)
         was_training = self.net.training
         self.net.eval()
@@ -252,8 +279,10 @@ class SamplingFreeBNN(nn.Module):
         if self.likelihood == "gaussian":
             var = gaussian_predictive_variance(out.var[:, 0], out.mean[:, 1], out.var[:, 1])
             return RegressionPrediction(out.mean[:, 0].unsqueeze(0), var.sqrt().unsqueeze(0))
-        logits = SamplingFreeCategorical(out.mean, out.var, num_samples)._sample_logits()  # (S, N, C)
-        return ClassificationPrediction(torch.softmax(logits, dim=-1))
+        if predictive == "probit":
+            return ClassificationPrediction(probit_softmax(out.mean, out.var).unsqueeze(0))
+        noise = torch.randn((num_samples, 1, out.mean.shape[-1]), dtype=out.mean.dtype, device=out.mean.device)
+        return ClassificationPrediction(torch.softmax(out.mean + out.var.sqrt() * noise, dim=-1))
 
     # -------------------------------------------------------------------------------------- fitting
     def fit(
@@ -302,7 +331,7 @@ class SamplingFreeBNN(nn.Module):
         :param checkpoint: write a checkpoint (parameters, batch-norm buffers, optimiser, epoch, random state;
             loadable with ``torch.load(path, weights_only=True)``) to this path after every epoch.
         :param resume: continue from such a checkpoint; the result is bitwise that of an uninterrupted run on the CPU.
-        :raises FloatingPointError: if the loss becomes NaN or infinite.
+        :raises FloatingPointError: if the loss or a parameter becomes NaN or infinite (a diverging fit).
         :raises ValueError: for a checkpoint of another network or a truncated file (nothing is changed).
         """
         from pyro_sdebnn.data.loaders import dataset_size, is_loader

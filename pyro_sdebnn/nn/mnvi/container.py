@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 r"""Containers for building moment-propagating networks (LeNet, All-CNN, ResNet-style).
 
-:class:`MNSequential` chains layers; :class:`MNResidualBlock` adds a main branch and a shortcut.
-Both pass plain tensors (the deterministic / sampled-weight network) or
+:class:`MNSequential` chains layers; :class:`MNResidualBlock` adds a main branch and a shortcut;
+:class:`MNConcat` runs branches side by side on the same input (e.g. separate mean and log-variance heads).
+All pass plain tensors (the deterministic / sampled-weight network) or
 :class:`~pyro_sdebnn.ops.moments.Moments` (sampling-free propagation) through unchanged in kind.
 
 .. warning:: In a residual block the two branches see the same input, so their outputs are
@@ -18,12 +19,13 @@ Both pass plain tensors (the deterministic / sampled-weight network) or
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from pyro_sdebnn.nn.mnvi._util import as_moments, checked_network
 from pyro_sdebnn.ops.moments import Moments
 
-__all__ = ["MNResidualBlock", "MNSequential"]
+__all__ = ["MNConcat", "MNResidualBlock", "MNSequential"]
 
 
 class MNSequential(nn.Sequential):
@@ -93,3 +95,53 @@ class MNResidualBlock(nn.Module):
             skip = input if self.shortcut is None else self.shortcut(input)
             out = _add(self.main(input), skip)
             return out if self.activation is None else self.activation(out)
+
+
+class MNConcat(nn.Module):
+    r"""Branches applied to the same input, outputs concatenated along the feature dimension ``dim``.
+
+    .. math::
+
+        \mathbb E[y] = [\mathbb E[f_1(x)], \dots, \mathbb E[f_K(x)]],\qquad
+        \mathbb V[y] = [\mathbb V[f_1(x)], \dots, \mathbb V[f_K(x)]].
+
+    With one :class:`~pyro_sdebnn.nn.mnvi.MNLinear` per output (``MNConcat(MNLinear(50, 1), MNLinear(50, 1))``)
+    every head has its own noise variances :math:`\alpha`, as the regression networks of Schmitt & Roth (2021)
+    have for the mean and the log-variance. A branch whose output has no variance contributes zeros.
+
+    :param nn.Module branches: one or more modules that accept tensors or :class:`Moments`.
+    :param int dim: the dimension to concatenate along (default ``-1``, the features of a dense layer).
+
+    >>> from pyro_sdebnn.nn.mnvi import MNLinear
+    >>> heads = MNConcat(MNLinear(4, 1), MNLinear(4, 1))
+    >>> out = heads(Moments(torch.randn(3, 4), None))
+    >>> out.mean.shape, out.var.shape, heads(torch.randn(3, 4)).shape
+    (torch.Size([3, 2]), torch.Size([3, 2]), torch.Size([3, 2]))
+    """
+
+    def __init__(self, *branches: nn.Module, dim: int = -1) -> None:
+        super().__init__()
+        if not branches:
+            raise ValueError("MNConcat needs at least one branch")
+        for i, branch in enumerate(branches):
+            if not isinstance(branch, nn.Module):
+                raise TypeError(f"branch {i} must be an nn.Module, got {type(branch).__name__}")
+        if isinstance(dim, bool) or not isinstance(dim, int):
+            raise TypeError(f"dim must be an int, got {type(dim).__name__}")
+        self.branches = nn.ModuleList(branches)
+        self.dim = dim
+
+    def forward(self, input: Tensor | Moments) -> Tensor | Moments:
+        as_moments(input)  # the input's variance is value-checked once here, not again in the branches
+        with checked_network():
+            outs = [branch(input) for branch in self.branches]
+        kinds = {isinstance(out, Moments) for out in outs}
+        if len(kinds) > 1:
+            raise TypeError("MNConcat: every branch must return the same kind (tensor or Moments)")
+        if not isinstance(outs[0], Moments):
+            return torch.cat(outs, dim=self.dim)
+        mean = torch.cat([out.mean for out in outs], dim=self.dim)
+        if all(out.var is None for out in outs):
+            return Moments(mean, None)
+        var = torch.cat([torch.zeros_like(out.mean) if out.var is None else out.var for out in outs], dim=self.dim)
+        return Moments(mean, var)

@@ -15,9 +15,15 @@ density in :math:`y`; ``sample`` draws from the predictive distribution.
 2. Anqi Wu, Sebastian Nowozin, Edward Meeds, Richard E. Turner, José Miguel Hernández-Lobato,
    Alexander L. Gaunt (2019). "Deterministic Variational Inference for Robust Bayesian Neural Networks".
    ICLR 2019. arXiv:1810.03958.
+3. David J. C. MacKay (1992). "The Evidence Framework Applied to Classification Networks".
+   Neural Computation 4(5), 720-736.
+4. Erik Daxberger, Agustinus Kristiadi, Alexander Immer, Runa Eschenhagen, Matthias Bauer, Philipp Hennig
+   (2021). "Laplace Redux -- Effortless Bayesian Deep Learning". NeurIPS 2021.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from pyro.distributions import Categorical, Normal
@@ -28,7 +34,45 @@ from torch.distributions.utils import broadcast_all, lazy_property
 
 from pyro_sdebnn.ops.moments import gaussian_expected_log_likelihood, gaussian_predictive_variance
 
-__all__ = ["SamplingFreeCategorical", "SamplingFreeNormal"]
+__all__ = ["SamplingFreeCategorical", "SamplingFreeNormal", "probit_softmax"]
+
+
+def probit_softmax(logits_loc: Tensor, logits_var: Tensor) -> Tensor:
+    r"""Deterministic approximation of :math:`\mathbb E[\operatorname{softmax}(h)]`, :math:`h\sim\mathcal N(\bar h, \operatorname{diag} v_h)`.
+
+    MacKay's probit approximation [3] :math:`\mathbb E[\sigma(d)] \approx \sigma\big(\bar d/\sqrt{1 + \pi v_d/8}\big)`
+    for :math:`d\sim\mathcal N(\bar d, v_d)`:
+
+    - two classes: applied to the logit difference :math:`d = h_1 - h_0` (:math:`v_d = v_0 + v_1`), since
+      :math:`\operatorname{softmax}(h)_1 = \sigma(h_1 - h_0)`; the only error is that of the probit approximation;
+    - :math:`C > 2` classes: applied to every logit, the "probit" link approximation of Daxberger et al. [4],
+
+      .. math::
+
+          \mathbb E[\operatorname{softmax}(h)]_k \approx
+          \operatorname{softmax}\Big(\frac{\bar h}{\sqrt{1 + \pi v_h / 8}}\Big)_k,
+
+      which ignores the coupling of the classes through the normaliser (its error grows with :math:`v_h`).
+
+    The result sums to one over the classes; no random numbers, so it is the same on every call.
+
+    :param Tensor logits_loc: :math:`\bar h`, shape ``(..., C)``.
+    :param Tensor logits_var: :math:`v_h \ge 0`, same shape.
+    :return: class probabilities, shape ``(..., C)``.
+
+    >>> probit_softmax(torch.tensor([[2.0, 0.0]]), torch.tensor([[0.0, 0.0]]))
+    tensor([[0.8808, 0.1192]])
+    """
+    if not isinstance(logits_loc, Tensor) or not isinstance(logits_var, Tensor):
+        raise TypeError("logits_loc and logits_var must be torch.Tensors")
+    if logits_loc.dim() < 1 or logits_loc.shape != logits_var.shape:
+        raise ValueError(f"logits_loc and logits_var must have the same shape (..., C), got "
+                         f"{tuple(logits_loc.shape)} and {tuple(logits_var.shape)}")
+    if logits_loc.shape[-1] == 2:
+        d = logits_loc[..., 1] - logits_loc[..., 0]
+        p1 = torch.sigmoid(d * torch.rsqrt(1.0 + (math.pi / 8.0) * logits_var.sum(-1)))
+        return torch.stack([1.0 - p1, p1], dim=-1)
+    return torch.softmax(logits_loc * torch.rsqrt(1.0 + (math.pi / 8.0) * logits_var), dim=-1)
 
 
 class SamplingFreeNormal(TorchDistribution):

@@ -22,12 +22,40 @@ running variance in evaluation. ``gamma``/``beta`` are point estimates.
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pyro_sdebnn.nn.mnvi._util import as_moments
 from pyro_sdebnn.ops.moments import Moments
 
-__all__ = ["MNBatchNorm1d", "MNBatchNorm2d"]
+__all__ = ["MNBatchNorm1d", "MNBatchNorm2d", "frozen_running_stats"]
+
+_STATE = threading.local()
+
+
+@contextlib.contextmanager
+def frozen_running_stats():
+    """Inside this context, batch-norm layers in training mode normalise with the batch statistics as usual
+    but leave their running statistics (and ``num_batches_tracked``) unchanged.
+
+    Used by :meth:`pyro_sdebnn.infer.SamplingFree_ELBO.loss`, so that evaluating the loss has no side effect.
+
+    >>> import torch
+    >>> bn = MNBatchNorm1d(2)
+    >>> with frozen_running_stats():
+    ...     _ = bn(torch.randn(8, 2))
+    >>> bn.running_mean, int(bn.num_batches_tracked)
+    (tensor([0., 0.]), 0)
+    """
+    previous = getattr(_STATE, "frozen", False)
+    _STATE.frozen = True
+    try:
+        yield
+    finally:
+        _STATE.frozen = previous
 
 
 class _MomentBatchNorm:
@@ -46,11 +74,16 @@ class _MomentBatchNorm:
         shape[1] = -1
         return scale.reshape(shape)
 
+    def _normalise(self, x: Tensor) -> Tensor:
+        if self.training and getattr(_STATE, "frozen", False):  # batch statistics, running statistics untouched
+            return F.batch_norm(x, None, None, self.weight, self.bias, True, 0.0, self.eps)
+        return super().forward(x)
+
     def forward(self, input: Tensor | Moments) -> Tensor | Moments:
         moments = as_moments(input)
         if moments is None:
-            return super().forward(input)
-        out_mean = super().forward(moments.mean)
+            return self._normalise(input)
+        out_mean = self._normalise(moments.mean)
         if moments.var is None:
             return Moments(out_mean, None)
         return Moments(out_mean, moments.var * self._variance_scale(moments.mean))
