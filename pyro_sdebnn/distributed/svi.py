@@ -206,8 +206,8 @@ def train_svi(
     :param checkpoint: path of the checkpoint written after every epoch, by rank 0 only.
     :param resume: a checkpoint to continue from, read by every rank (it must be visible to all of them). Every rank
         then continues from rank 0's random state, so the ranks draw the same guide samples after a resume.
-    :param callback: ``callback(epoch, loss)`` after every epoch, on every rank (test :func:`is_main` to write
-        outputs once); ``loss`` is the mean over the ranks.
+    :param callback: ``callback(epoch, loss)`` after every epoch, on every rank (test
+        :func:`~pyro_sdebnn.distributed.comm.is_main` to write outputs once); ``loss`` is the mean over the ranks.
     :param bool progress: a progress bar on rank 0.
     :param kwargs: the other arguments of :func:`pyro_sdebnn.infer.train_svi` (``clip_norm``, ``kl_schedule``,
         ``device``, ``scheduler_step``, ``modules``, ...); not ``batch_size`` (the loader's) nor tensor data.

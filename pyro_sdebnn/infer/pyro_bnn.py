@@ -211,7 +211,7 @@ class SVIBaseline(BaselineMethod):
             ``optim.get_state()``) and torch's random state are restored, so ``fit(num_epochs=k)`` then
             ``fit(num_epochs=K - k, resume=True)`` (same other arguments) equals ``fit(num_epochs=K)``.
             Without it, a new ``fit`` continues from the current guide parameters with a fresh optimiser.
-        :returns: ``self``; the ELBO loss per epoch (per data point) is in :attr:`losses`.
+        :returns: ``self``; the ELBO loss per epoch (per data point) is in ``self.losses``.
         :raises ValueError: if data-parallel (below) and the ranks' loaders take different numbers of steps.
 
         **Data-parallel.** Under ``torchrun`` (:func:`pyro_sdebnn.distributed.init`, :math:`W > 1` ranks), a loader
