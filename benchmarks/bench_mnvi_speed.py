@@ -150,15 +150,15 @@ def main(argv=None) -> dict:
         "deterministic": det_predict,
         "deterministic-strided-pool": det_strided_predict,
         "mnvi-moments": mnvi_moments,
-        "mnvi-predict": lambda: mnvi.predict(x, num_samples=8),
+        "mnvi-predict": lambda: mnvi.predict(x, predictive="mc", num_samples=8),
         "mc-dropout-8": lambda: mcd.predict(x, num_samples=8),
-        "mfvi-predict": lambda: mfvi.predict(x, num_samples=8),
+        "mfvi-predict": lambda: mfvi.predict(x, predictive="mc", num_samples=8),
         "deterministic-step": det_step,
         "mnvi-torch-step": mnvi_torch_step,
         "mnvi-svi-step": lambda: svi.step(x, y),
     }
     if args.compile:
-        items["mnvi-predict-fused"] = lambda: fused.predict(x, num_samples=8)
+        items["mnvi-predict-fused"] = lambda: fused.predict(x, predictive="mc", num_samples=8)
         items["deterministic-compiled"] = det_compiled_predict
     for fn in items.values():  # warm-up
         for _ in range(3):
