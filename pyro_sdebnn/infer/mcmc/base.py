@@ -65,6 +65,34 @@ _MAP_WINDOW = 50  # ... stopped once the mean potential of a window of that many
 _MAX_HALVINGS = 30  # the warm-up step-size search gives up below 2**-30 of the initial step size
 
 
+class _ModelOverLoader:
+    """The model as ``kernel.model`` shows it: the user's model, which also accepts the loader of ``mcmc.run(loader)``.
+
+    Tools that call ``kernel.model(*mcmc._args)`` (ArviZ's ``az.from_pyro`` does, for the observed data and the
+    pointwise log-likelihood) then run the model once on the whole data set: the loader's ``(x, y)`` batches are
+    concatenated, moved to the model's device, and torch's random state is left as it was (a shuffling loader draws
+    from it). This holds the whole data set in memory once; :func:`pyro_sdebnn.infer.mcmc.from_pyro` streams it instead.
+    Any other call is passed to the model unchanged.
+    """
+
+    def __init__(self, model: Callable) -> None:
+        self.model = model
+        self.device: Any = None
+        self.dtype: Optional[torch.dtype] = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if args and is_data_loader(args[0]):
+            from pyro_sdebnn.data.loaders import iter_batches
+
+            state = torch.get_rng_state()
+            try:
+                xs, ys = zip(*iter_batches(args[0], self.device, self.dtype))
+            finally:
+                torch.set_rng_state(state)
+            args = (torch.cat(xs), torch.cat(ys)) + args[1:]
+        return self.model(*args, **kwargs)
+
+
 class SamplerDivergenceError(RuntimeError):
     """Raised when an SG-MCMC chain produces a non-finite potential, gradient or position (or one whose square
     overflows), or when an op of the step raises on such a state (chained as ``__cause__``)."""
@@ -150,7 +178,8 @@ class SGMCMCKernel(MCMCKernel):
         if isinstance(compile_after, bool) or not isinstance(compile_after, int) or compile_after < 0:
             raise ValueError(f"compile_after must be a non-negative int (inner steps), got {compile_after!r}")
         self.compile_after = compile_after
-        self.model = model
+        self._model = model
+        self._model_view = _ModelOverLoader(model)
         self.user_transforms = transforms
         self.step_size = as_schedule(step_size)
         for name, value in (("num_steps", num_steps), ("vectorized_chains", vectorized_chains)):
@@ -206,7 +235,7 @@ class SGMCMCKernel(MCMCKernel):
 
     def _build_potential(self, args: tuple, kwargs: dict) -> MinibatchPotential:
         return MinibatchPotential(
-            self.model, args, kwargs, subsample_size=self.subsample_size, data_plate=self.data_plate,
+            self._model, args, kwargs, subsample_size=self.subsample_size, data_plate=self.data_plate,
             transforms=self.user_transforms, data_size=None if self._stream is None else self._stream.size,
         )
 
@@ -232,7 +261,7 @@ class SGMCMCKernel(MCMCKernel):
             raise ValueError(
                 "subsample_size must be None with a loader: the minibatch size is the loader's batch_size"
             )
-        device, dtype = _model_device_dtype(self.model)
+        device, dtype = _model_device_dtype(self._model)
         self._stream = BatchStream(args[0], device, dtype)
         self._pending_batch = self._stream.next()
         return self._pending_batch
@@ -271,6 +300,13 @@ class SGMCMCKernel(MCMCKernel):
         self.map_steps_taken = 0  # Adam steps of the MAP warm start in the last setup
 
     @property
+    def model(self) -> Callable:
+        """The model, as tools outside the kernel call it: with ``mcmc.run(loader)``, ``kernel.model(loader)`` runs
+        the model on the loader's whole data set (so that ArviZ's ``az.from_pyro(mcmc)`` reads the observed data and
+        the pointwise log-likelihood of all N points); any other call goes to the model unchanged."""
+        return self._model_view
+
+    @property
     def initial_params(self) -> Optional[dict[str, Tensor]]:
         return self._initial_params
 
@@ -297,6 +333,7 @@ class SGMCMCKernel(MCMCKernel):
         # vectorised chains: MCMC stores them as chains, (num_chains * K, num_samples, *shape) (see _chains.py)
         self.transforms = chain_transforms(self.potential, self.vectorized_chains)
         U = self.potential
+        self._model_view.device, self._model_view.dtype = U.device, U.dtype
         if self._stream is not None:  # later batches follow the model's device and dtype
             self._stream.device, self._stream.dtype = U.device, U.dtype
             self._pending_batch = tuple(move_batch(t, U.device, U.dtype) for t in self._pending_batch)
@@ -328,7 +365,7 @@ class SGMCMCKernel(MCMCKernel):
         draws = []
         for _ in range(self.vectorized_chains):
             with poutine.block(), pyro.validation_enabled(False), torch.no_grad():
-                trace = poutine.trace(InitMessenger(self.init_strategy)(self.model)).get_trace(
+                trace = poutine.trace(InitMessenger(self.init_strategy)(self._model)).get_trace(
                     *U.model_args, **U.model_kwargs
                 )
             draws.append({s.name: s.transform.inv(trace.nodes[s.name]["value"]).detach() for s in U.sites})

@@ -470,7 +470,7 @@ class FunctionalKernelMixin:
                     f"on {args[0].device}; build the MeasurementPoints from inputs on the model's device"
                 )
         potential = FunctionalPotential(
-            self.model,
+            self._model,
             args,
             kwargs,
             gp_kernel=self.gp_kernel,

@@ -161,6 +161,35 @@ def test_loader_run_gives_full_data_log_likelihood_loo_and_predictive():
     assert Predictive(plain_model, samples)(x_new)["y"].shape == (160, 7)
 
 
+def test_arviz_from_pyro_reads_the_whole_loader():
+    # ArviZ's own converter calls kernel.model(*mcmc._args), i.e. with the loader: the kernel's model view runs the
+    # model once on all N points (the loader's batches concatenated)
+    def model(x, y=None):  # plain_model written so that ArviZ's vectorised log-likelihood can batch the draws
+        w = pyro.sample("w", dist.Normal(x.new_zeros(2), 1.0).to_event(1))
+        with pyro.plate("data", len(x)):
+            return pyro.sample("y", dist.Normal((x * w.unsqueeze(-2)).sum(-1), 1.0), obs=y)
+
+    x, y = _data()
+    pyro.set_rng_seed(0)
+    mcmc = MCMC(SGLD(model, step_size=1e-3, num_steps=2, backend="fx"), num_samples=10, warmup_steps=5,
+                disable_progbar=True)
+    mcmc.run(_loader(x, y))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        idata = az.from_pyro(mcmc)
+    ll = idata.log_likelihood["y"].values  # (chains, draws, N)
+    assert ll.shape == (1, 10, N)
+    ours = from_pyro(mcmc).log_likelihood["y"].values
+    # the same points, possibly in another order (a shuffling loader): compare each draw's sorted values
+    torch.testing.assert_close(torch.as_tensor(ll).sort(-1).values, torch.as_tensor(ours).sort(-1).values)
+    assert sorted(idata.observed_data["y"].values.tolist()) == sorted(y.tolist())
+    assert mcmc.kernel.model(x[:5], y[:5]).shape == (5,)  # tensors go to the model unchanged
+    state = torch.get_rng_state()  # reading a shuffling loader leaves torch's random state alone
+    with pyro.poutine.condition(data={"w": x.new_zeros(2)}):
+        trace = pyro.poutine.trace(mcmc.kernel.model).get_trace(_loader(x, y))
+    assert torch.equal(torch.get_rng_state(), state) and trace.nodes["y"]["value"].shape == (N,)
+
+
 def test_vectorised_chains_over_a_loader_are_distinct_chains():
     x, y = _data()
     kernel = SGLD(plain_model, step_size=1e-3, num_steps=2, vectorized_chains=3, backend="fx")
