@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import copy
 import os
+import random
 from collections import Counter, OrderedDict
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -108,10 +110,12 @@ def detached(obj: Any) -> Any:
 def loader_generators(loader) -> list[torch.Generator]:
     """The distinct ``torch.Generator`` objects a loader shuffles with (``loader.generator``, its samplers')."""
     found: list[torch.Generator] = []
+    batch_sampler = getattr(loader, "batch_sampler", None)
     candidates = [
         getattr(loader, "generator", None),
         getattr(getattr(loader, "sampler", None), "generator", None),
-        getattr(getattr(getattr(loader, "batch_sampler", None), "sampler", None), "generator", None),
+        getattr(batch_sampler, "generator", None),
+        getattr(getattr(batch_sampler, "sampler", None), "generator", None),
     ]
     for gen in candidates:
         if isinstance(gen, torch.Generator) and all(gen is not g for g in found):
@@ -120,16 +124,24 @@ def loader_generators(loader) -> list[torch.Generator]:
 
 
 def rng_state(loader=None) -> dict:
-    """torch's global generator state (uint8 tensor), the CUDA one if initialised, and the loader's generators."""
-    state = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    state["loader"] = [g.get_state() for g in loader_generators(loader)] if loader is not None else []
-    return state
+    """Every random state a training run reads, as tensors, numbers and lists (``weights_only``-loadable): torch's
+    CPU generator (uint8 tensor), the CUDA ones if initialised, NumPy's and Python's, and the loader's own
+    generators (``DataLoader(generator=...)``, a sampler's)."""
+    version, mt, gauss = random.getstate()
+    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if cuda else [],
+        "numpy": {"name": str(np_name), "keys": torch.from_numpy(np.asarray(np_keys, dtype=np.int64)),
+                  "pos": int(np_pos), "has_gauss": int(np_has_gauss), "gauss": float(np_gauss)},
+        "random": {"version": int(version), "state": list(mt), "gauss": gauss},
+        "loader": [g.get_state() for g in loader_generators(loader)] if loader is not None else [],
+    }
 
 
 def set_rng_state(state: dict, loader=None) -> None:
-    """Restore what ``rng_state`` captured (the loader's generators only if it has as many)."""
+    """Restore what :func:`rng_state` captured (the loader's generators only if it has as many)."""
     gens = loader_generators(loader) if loader is not None else []
     saved = state.get("loader", [])
     if gens and saved and len(gens) != len(saved):
@@ -137,8 +149,15 @@ def set_rng_state(state: dict, loader=None) -> None:
             f"the loader has {len(gens)} torch.Generator(s) but the interrupted run's had {len(saved)}; "
             "resume with a loader built the same way"
         )
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    torch.set_rng_state(state["torch"].cpu())
+    if state.get("cuda") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+    if "numpy" in state:
+        npy = state["numpy"]
+        np.random.set_state((npy["name"], npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"],
+                             npy["gauss"]))
+    if "random" in state:
+        rnd = state["random"]
+        random.setstate((rnd["version"], tuple(rnd["state"]), rnd["gauss"]))
     for gen, gen_state in zip(gens, saved):
-        gen.set_state(gen_state)
+        gen.set_state(gen_state.cpu())

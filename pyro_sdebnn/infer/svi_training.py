@@ -66,12 +66,10 @@ from __future__ import annotations
 import inspect
 import math
 import os
-import random
 import tempfile
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-import numpy as np
 import pyro
 import torch
 from pyro import poutine
@@ -81,51 +79,12 @@ from tqdm.auto import trange
 
 from pyro_sdebnn.data.loaders import dataset_size, is_loader, iter_batches, move_batch
 from pyro_sdebnn.infer._training import SchedulerStepper, check_clip, clip_gradients
+from pyro_sdebnn.infer.checkpoint import loader_generators, rng_state, set_rng_state
 
 __all__ = ["CHECKPOINT_FORMAT", "load_svi_checkpoint", "train_svi"]
 
 #: The ``"format"`` entry of a checkpoint written by :func:`train_svi`.
 CHECKPOINT_FORMAT = "pyro_sdebnn.svi_checkpoint/1"
-
-
-# ---------------------------------------------------------------------------------------------- RNG states
-def _rng_state(generators: Sequence[torch.Generator] = ()) -> dict:
-    """Every random state a training run reads, as tensors, numbers and lists (weights_only-loadable)."""
-    version, mt, gauss = random.getstate()
-    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
-    state = {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else [],
-        "numpy": {"name": str(np_name), "keys": torch.from_numpy(np.asarray(np_keys, dtype=np.int64)),
-                  "pos": int(np_pos), "has_gauss": int(np_has_gauss), "gauss": float(np_gauss)},
-        "random": {"version": int(version), "state": list(mt), "gauss": gauss},
-        "generators": [g.get_state() for g in generators],
-    }
-    return state
-
-
-def _set_rng_state(state: dict, generators: Sequence[torch.Generator] = ()) -> None:
-    torch.set_rng_state(state["torch"].cpu())
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
-    npy = state["numpy"]
-    np.random.set_state((npy["name"], npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"],
-                         npy["gauss"]))
-    rnd = state["random"]
-    random.setstate((rnd["version"], tuple(rnd["state"]), rnd["gauss"]))
-    for g, s in zip(generators, state["generators"]):
-        g.set_state(s.cpu())
-
-
-def _loader_generators(data) -> list[torch.Generator]:
-    """The loader's own random generators (``DataLoader(generator=...)``, a sampler's ``generator``)."""
-    found: list[torch.Generator] = []
-    for obj in (data, getattr(data, "sampler", None), getattr(data, "batch_sampler", None),
-                getattr(getattr(data, "batch_sampler", None), "sampler", None)):
-        g = getattr(obj, "generator", None)
-        if isinstance(g, torch.Generator) and all(g is not f for f in found):
-            found.append(g)
-    return found
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints
@@ -167,7 +126,7 @@ def _buffers(modules: Sequence[nn.Module]) -> list[dict]:
     return [{name: b.detach().clone() for name, b in m.named_buffers()} for m in modules]
 
 
-def _checkpoint_state(svi, names: Sequence[str], modules, epoch: int, losses: list[float], generators) -> dict:
+def _checkpoint_state(svi, names: Sequence[str], modules, epoch: int, losses: list[float], loader) -> dict:
     params = dict(pyro.get_param_store().named_parameters())  # name -> unconstrained value
     return {
         "format": CHECKPOINT_FORMAT,
@@ -176,11 +135,11 @@ def _checkpoint_state(svi, names: Sequence[str], modules, epoch: int, losses: li
         "params": {name: params[name].detach().clone() for name in sorted(names)},
         "buffers": _buffers(modules),
         "optim": svi.optim.get_state(),
-        "rng": _rng_state(generators),
+        "rng": rng_state(loader),
     }
 
 
-def _restore(svi, path, args, kwargs, modules, generators) -> tuple[int, list[float]]:
+def _restore(svi, path, args, kwargs, modules, loader) -> tuple[int, list[float]]:
     """Load ``path`` into the param store, optimiser, modules and RNGs; all checks before any change."""
     state = load_svi_checkpoint(path)
     store = pyro.get_param_store()
@@ -216,11 +175,12 @@ def _restore(svi, path, args, kwargs, modules, generators) -> tuple[int, list[fl
                                  f"{type(module).__name__} differ")
         if not isinstance(state["optim"], dict) or not set(state["optim"]) <= names:
             raise ValueError(f"resume: {str(path)!r}: the optimiser state names parameters this model does not have")
-        rng_keys = {"torch", "cuda", "numpy", "random", "generators"}
+        rng_keys = {"torch", "cuda", "numpy", "random", "loader"}
         if not isinstance(state["rng"], dict) or not rng_keys <= set(state["rng"]):
             raise ValueError(f"resume: {str(path)!r}: the random state is incomplete (expected {sorted(rng_keys)})")
-        if len(state["rng"]["generators"]) != len(generators):
-            raise ValueError(f"resume: {str(path)!r} holds {len(state['rng']['generators'])} loader generator "
+        generators = loader_generators(loader) if loader is not None else []
+        if len(state["rng"]["loader"]) != len(generators):
+            raise ValueError(f"resume: {str(path)!r} holds {len(state['rng']['loader'])} loader generator "
                              f"states, the loader has {len(generators)}")
     except BaseException:
         for name in set(store.keys()) - before:  # leave the param store as it was
@@ -233,7 +193,7 @@ def _restore(svi, path, args, kwargs, modules, generators) -> tuple[int, list[fl
             for name, b in module.named_buffers():
                 b.copy_(saved_buffers[name])
     svi.optim.set_state(state["optim"])
-    _set_rng_state(state["rng"], generators)
+    set_rng_state(state["rng"], loader)
     return int(state["epoch"]), list(state["losses"])
 
 
@@ -408,7 +368,7 @@ def train_svi(
         raise TypeError("modules must be nn.Module objects")
     if device is None and dtype is None:
         device, dtype = _model_device_dtype(modules)
-    generators = _loader_generators(data) if loader else []
+    loader_obj = data if loader else None  # whose own generators are part of the random state
     sampler = _data_parallel_sampler(data) if loader else None
     if sampler is not None:  # several ranks, a sharded loader: gradients averaged, checkpoints on rank 0
         from pyro_sdebnn.distributed.comm import is_main
@@ -430,14 +390,14 @@ def train_svi(
 
     start, history = 0, []
     if resume is not None:
-        rng = _rng_state(generators)
+        rng = rng_state(loader_obj)
         try:
             first = next(iter(batches()), None)
             if first is None:
                 raise ValueError("data: the loader yields no batch")
-            start, history = _restore(svi, resume, first, kwargs, modules, generators)
+            start, history = _restore(svi, resume, first, kwargs, modules, loader_obj)
         except BaseException:
-            _set_rng_state(rng, generators)
+            set_rng_state(rng, loader_obj)
             raise
         if start > num_epochs:
             raise ValueError(f"resume: the checkpoint is at epoch {start}, past num_epochs={num_epochs}")
@@ -460,7 +420,7 @@ def train_svi(
         history.append(epoch_loss)
         stepper.after_epoch(epoch_loss)
         if checkpoint is not None:
-            _save_checkpoint(checkpoint, _checkpoint_state(svi, names, modules, epoch + 1, history, generators))
+            _save_checkpoint(checkpoint, _checkpoint_state(svi, names, modules, epoch + 1, history, loader_obj))
         if callback is not None:
             callback(epoch, epoch_loss)
     return history
