@@ -28,7 +28,9 @@ from __future__ import annotations
 import copy
 import os
 import random
+import tempfile
 from collections import Counter, OrderedDict
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -42,10 +44,20 @@ CHECKPOINT_FORMAT = "pyro_sdebnn.baseline/1"
 
 
 def save_checkpoint(state: dict, path) -> None:
-    """Write ``state`` (a baseline's ``state_dict()``) to ``path`` with :func:`torch.save`."""
+    """Write ``state`` to ``path`` with :func:`torch.save`, atomically: it goes to a temporary file in the same
+    folder first and replaces ``path`` only once complete, so an interrupted write leaves the previous checkpoint."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
-    torch.save(state, path)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def load_checkpoint(path, map_location=None) -> dict:

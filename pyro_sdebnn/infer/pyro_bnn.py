@@ -286,7 +286,9 @@ class SVIBaseline(BaselineMethod):
                         total += step_loss
                         steps += 1
                         stepper.after_step(step_loss)
-                loss = total / (max(steps, 1) * n)
+                if steps == 0:
+                    raise ValueError("x: the loader yielded no batch in an epoch")
+                loss = total / (steps * n)
                 _check_finite(loss, desc=type(self).__name__, epoch=epoch, lr=lr, what="ELBO loss")
                 self.losses.append(loss)
                 stepper.after_epoch(loss)

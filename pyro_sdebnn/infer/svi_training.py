@@ -66,7 +66,6 @@ from __future__ import annotations
 import inspect
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
@@ -79,7 +78,7 @@ from tqdm.auto import trange
 
 from pyro_sdebnn.data.loaders import dataset_size, is_loader, iter_batches, move_batch
 from pyro_sdebnn.infer._training import SchedulerStepper, check_clip, clip_gradients
-from pyro_sdebnn.infer.checkpoint import loader_generators, rng_state, set_rng_state
+from pyro_sdebnn.infer.checkpoint import loader_generators, rng_state, save_checkpoint, set_rng_state
 
 __all__ = ["CHECKPOINT_FORMAT", "load_svi_checkpoint", "train_svi"]
 
@@ -108,18 +107,6 @@ def load_svi_checkpoint(path: str | os.PathLike) -> dict:
         raise ValueError(f"resume: {str(path)!r} is not a checkpoint written by train_svi (expected format "
                          f"{CHECKPOINT_FORMAT!r})")
     return state
-
-
-def _save_checkpoint(path: Path, state: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        torch.save(state, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _buffers(modules: Sequence[nn.Module]) -> list[dict]:
@@ -420,7 +407,7 @@ def train_svi(
         history.append(epoch_loss)
         stepper.after_epoch(epoch_loss)
         if checkpoint is not None:
-            _save_checkpoint(checkpoint, _checkpoint_state(svi, names, modules, epoch + 1, history, loader_obj))
+            save_checkpoint(_checkpoint_state(svi, names, modules, epoch + 1, history, loader_obj), checkpoint)
         if callback is not None:
             callback(epoch, epoch_loss)
     return history

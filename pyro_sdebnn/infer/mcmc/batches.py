@@ -113,10 +113,7 @@ class BatchStream:
         if state["epoch_rng"] is None:
             self._batches, self.position, self.epoch_rng = None, 0, None
             return
-        current = torch.get_rng_state()
-        try:
+        with torch.random.fork_rng(devices=[]):  # torch's random state is put back on exit
             torch.set_rng_state(state["epoch_rng"])
             self._start_epoch(skip=int(state["position"]))
             self.epoch_rng = state["epoch_rng"].clone()
-        finally:
-            torch.set_rng_state(current)

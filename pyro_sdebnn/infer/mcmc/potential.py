@@ -454,11 +454,6 @@ class MinibatchPotential:
         self.subsampled_plates = ()
         self.batch_size = None
 
-    @property
-    def scales_data_plate(self) -> bool:
-        """Whether the model runs on a minibatch itself (``minibatch_mode`` ``"slice"`` or ``"batch"``), its data
-        plate being scaled by :math:`N/b`."""
-        return self.minibatch_mode != "index"
 
     # ----- structure -------------------------------------------------------------------------------------------
     def _find_sites(self, trace: Any) -> None:
