@@ -162,20 +162,24 @@ def calibrated_metrics(test_probs: Tensor, y_test: Tensor, val_probs: Tensor, y_
     return metrics
 
 
-def regression_metrics(pred, y: Tensor, y_scale: float = 1.0) -> dict:
+def regression_metrics(pred, y: Tensor, y_scale: float = 1.0, mask: Tensor | None = None) -> dict:
     """Test log-likelihood (mean per point) and RMSE of a Gaussian-mixture predictive, in original units.
 
     :param pred: a :class:`~pyro_sdebnn.infer.predictive.RegressionPrediction` (``loc``/``scale`` ``(S, N)``).
     :param Tensor y: standardised targets ``(N,)``.
     :param float y_scale: the standard deviation used to standardise the targets (1: already original units).
+    :param mask: optional ``(N,)`` boolean mask: score only these points (e.g. a region of the inputs).
     :return: ``{"test_ll": ..., "rmse": ...}``, see :func:`~pyro_sdebnn.metrics.gaussian_mixture_log_likelihood`
         and :func:`~pyro_sdebnn.metrics.rmse`.
     """
     from pyro_sdebnn.metrics import gaussian_mixture_log_likelihood, rmse
 
+    loc, scale, mean = pred.loc, pred.scale, pred.mean
+    if mask is not None:
+        loc, scale, mean, y = loc[:, mask], scale[:, mask], mean[mask], y[mask]
     return {
-        "test_ll": float(gaussian_mixture_log_likelihood(pred.loc, pred.scale, y, y_scale=y_scale)),
-        "rmse": float(rmse(pred.mean, y, y_scale=y_scale)),
+        "test_ll": float(gaussian_mixture_log_likelihood(loc, scale, y, y_scale=y_scale)),
+        "rmse": float(rmse(mean, y, y_scale=y_scale)),
     }
 
 
