@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import math
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -279,7 +278,7 @@ def _sdebnn(data: Data, s: Settings) -> Predictor:
     import pyro.optim
     from pyro.infer import SVI
 
-    from pyro_sdebnn.infer import NeuralSDEGuide, TracePathKL_ELBO
+    from pyro_sdebnn.infer import NeuralSDEGuide, TracePathKL_ELBO, train_svi
     from pyro_sdebnn.nn import SDEBNN
 
     # Diffusion sigma 0.2 (one of the values Xu et al. 2022, "Infinitely Deep Bayesian Neural Networks with
@@ -290,14 +289,7 @@ def _sdebnn(data: Data, s: Settings) -> Predictor:
     ).to(s.device)
     guide = NeuralSDEGuide(net, drift_hidden=s.hidden[0]).to(s.device)
     svi = SVI(net.model, guide, pyro.optim.Adam({"lr": s.lr}), TracePathKL_ELBO(estimator="stl"))
-    n = len(data.y_train)
-    for epoch in range(s.sde_epochs):
-        perm = torch.randperm(n, device=data.x_train.device)
-        for start in range(0, n, s.batch_size):
-            idx = perm[start : start + s.batch_size]
-            loss = svi.step(data.x_train[idx], data.y_train[idx], num_data=n)
-        if not math.isfinite(loss):
-            raise FloatingPointError(f"SDE-BNN: non-finite ELBO loss in epoch {epoch}")
+    train_svi(svi, (data.x_train, data.y_train), num_epochs=s.sde_epochs, batch_size=s.batch_size)  # NaN: raises
     return lambda x: net.predict(x, guide, num_samples=s.num_samples)
 
 

@@ -76,7 +76,14 @@ from pyro.infer.util import torch_item, zero_grads
 from torch import Tensor, nn
 from tqdm.auto import trange
 
-from pyro_sdebnn.data.loaders import dataset_size, is_loader, iter_batches, move_batch
+from pyro_sdebnn.data.loaders import (
+    dataset_size,
+    is_loader,
+    iter_batches,
+    minibatch_indices,
+    module_device_dtype,
+    move_batch,
+)
 from pyro_sdebnn.infer._training import SchedulerStepper, check_clip, clip_gradients
 from pyro_sdebnn.infer.checkpoint import loader_generators, rng_state, save_checkpoint, set_rng_state
 
@@ -203,14 +210,6 @@ def _find_modules(svi) -> list[nn.Module]:
     return found
 
 
-def _model_device_dtype(modules: Sequence[nn.Module]):
-    for m in modules:
-        for p in m.parameters():
-            if p.dtype.is_floating_point:
-                return p.device, p.dtype
-    return None, None
-
-
 def _svi_step(svi, args, kwargs, clip_norm, clip_inf_norm, where: str) -> tuple[float, set[str]]:
     """One SVI step (as ``SVI.step``, with optional whole-gradient clipping); a non-finite loss raises
     before the parameters are updated."""
@@ -241,10 +240,7 @@ def _data_parallel_sampler(data):
 
 
 def _tensor_batches(x: Tensor, y: Tensor, batch_size: int, shuffle: bool, device, dtype):
-    n = x.shape[0]
-    perm = torch.randperm(n, device=x.device) if shuffle else torch.arange(n, device=x.device)
-    for start in range(0, n, batch_size):
-        idx = perm[start:start + batch_size]
+    for idx in minibatch_indices(x.shape[0], batch_size, x.device, shuffle=shuffle):
         yield move_batch(x[idx], device, dtype), move_batch(y[idx], device, dtype)
 
 
@@ -354,7 +350,7 @@ def train_svi(
     if not all(isinstance(m, nn.Module) for m in modules):
         raise TypeError("modules must be nn.Module objects")
     if device is None and dtype is None:
-        device, dtype = _model_device_dtype(modules)
+        device, dtype = module_device_dtype(*modules)
     loader_obj = data if loader else None  # whose own generators are part of the random state
     sampler = _data_parallel_sampler(data) if loader else None
     if sampler is not None:  # several ranks, a sharded loader: gradients averaged, checkpoints on rank 0
