@@ -64,7 +64,6 @@ a ``ValueError`` and changes nothing.
 from __future__ import annotations
 
 import inspect
-import math
 import os
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -72,7 +71,6 @@ from typing import Callable, Iterable, Sequence
 import pyro
 import torch
 from pyro import poutine
-from pyro.infer.util import torch_item, zero_grads
 from torch import Tensor, nn
 from tqdm.auto import trange
 
@@ -84,7 +82,7 @@ from pyro_sdebnn.data.loaders import (
     module_device_dtype,
     move_batch,
 )
-from pyro_sdebnn.infer._training import SchedulerStepper, check_clip, clip_gradients
+from pyro_sdebnn.infer._training import SchedulerStepper, check_clip, svi_update
 from pyro_sdebnn.infer.checkpoint import loader_generators, rng_state, save_checkpoint, set_rng_state
 
 __all__ = ["CHECKPOINT_FORMAT", "load_svi_checkpoint", "train_svi"]
@@ -208,26 +206,6 @@ def _find_modules(svi) -> list[nn.Module]:
         if isinstance(obj, nn.Module) and all(obj is not m for m in found):
             found.append(obj)
     return found
-
-
-def _svi_step(svi, args, kwargs, clip_norm, clip_inf_norm, where: str) -> tuple[float, set[str]]:
-    """One SVI step (as ``SVI.step``, with optional whole-gradient clipping); a non-finite loss raises
-    before the parameters are updated."""
-    with poutine.trace(param_only=True) as capture:
-        loss = svi.loss_and_grads(svi.model, svi.guide, *args, **kwargs)
-    loss = torch_item(loss)
-    # in the order of their names (not of a set, i.e. of memory addresses): the clipping norm sums the gradients
-    # in a fixed order, so the same seed gives bitwise the same run
-    sites = sorted(capture.trace.nodes.values(), key=lambda site: site["name"])
-    params = [site["value"].unconstrained() for site in sites]
-    if not math.isfinite(loss):
-        zero_grads(params)
-        raise FloatingPointError(f"train_svi: the loss became {loss} at {where}; the parameters were not updated "
-                                 "(try a smaller learning rate, clip_norm, or check the data for NaN)")
-    clip_gradients(params, clip_norm, clip_inf_norm)
-    svi.optim(params)
-    zero_grads(params)
-    return loss, {site["name"] for site in sites}
 
 
 def _data_parallel_sampler(data):
@@ -392,8 +370,9 @@ def train_svi(
         if sampler is not None:
             sampler.set_epoch(epoch)  # the ranks' shards of a new shared permutation
         for i, (x, y) in enumerate(batches()):
-            loss, seen = _svi_step(svi, (x, y), kwargs, clip_norm, clip_inf_norm, f"epoch {epoch}, batch {i}")
-            names |= seen
+            loss, seen = svi_update(svi, (x, y), kwargs, clip_norm=clip_norm, clip_inf_norm=clip_inf_norm,
+                                    where=f"epoch {epoch}, batch {i} of train_svi")
+            names.update(seen)
             total += loss * x.shape[0]
             count += x.shape[0]
             stepper.after_step(loss)
