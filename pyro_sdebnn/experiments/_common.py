@@ -97,7 +97,7 @@ def fresh_start(seed: int) -> None:
 
 
 class Timer:
-    """Wall time of a ``with`` block (:func:`time.perf_counter`): ``with Timer() as t: ...``, then ``t.seconds``.
+    """Wall time of a ``with`` block (``time.perf_counter``): ``with Timer() as t: ...``, then ``t.seconds``.
 
     ``seconds`` is NaN until the block ends (also when it raises, so a failed fit is not timed).
     """
