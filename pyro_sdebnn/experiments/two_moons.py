@@ -302,8 +302,7 @@ class Result:
     seconds: float = float("nan")
     metrics: dict[str, float] = field(default_factory=dict)
     test_probs: Tensor | None = None
-    grid_probs: Tensor | None = None  # (S, grid points), p(y=1|x) per posterior draw
-    grid_class_probs: Tensor | None = None  # (S, grid points, 2)
+    grid_probs: Tensor | None = None  # (S, grid points, 2): class probabilities per posterior draw
     diagnostics: dict | None = None
 
 
@@ -320,10 +319,10 @@ def _evaluate(key: str, name: str, adapter: Callable, data: Data, s: Settings, g
     except (NotImplementedError, ImportError) as err:
         return Result(key, name, f"not implemented: {err}")
     val_probs = predict(data.x_val).mean_probs.detach()
-    grid_class_probs = predict(grid).probs.detach()
+    grid_probs = predict(grid).probs.detach()
     metrics = common.calibrated_metrics(test_probs, data.y_test, val_probs, data.y_val)
-    return Result(key, name, "ok", timer.seconds, metrics, test_probs, grid_class_probs[..., 1], grid_class_probs,
-                  getattr(predict, "diagnostics", None))
+    diagnostics = getattr(predict, "diagnostics", None)
+    return Result(key, name, "ok", timer.seconds, metrics, test_probs, grid_probs, diagnostics)
 
 
 def _write_tables(results: list[Result], out: Path) -> None:
@@ -428,11 +427,12 @@ def run(args: argparse.Namespace) -> dict:
     common.plot_reliability_curves({r.name: r.test_probs for r in ok}, data.y_test, out / "reliability.png",
                                    title="Two Moons reliability diagram (10 equal-width bins; empty bins omitted)",
                                    xlim=(0.45, 1.0))
-    common.plot_grid_heatmaps({r.name: (r.grid_probs.mean(0), r.grid_probs.std(0, unbiased=False)) for r in ok},
-                              grid_axes, data.x_train, data.y_train, out / "heatmaps.png")
+    p1 = {r.name: r.grid_probs[..., 1] for r in ok}  # p(y=1|x) per posterior draw
+    common.plot_grid_heatmaps({name: (p.mean(0), p.std(0, unbiased=False)) for name, p in p1.items()}, grid_axes,
+                              data.x_train, data.y_train, out / "heatmaps.png")
     ensemble = next((r for r in ok if r.key == "deep-ensemble"), ok[0] if ok else None)
     if ensemble is not None:
-        common.plot_uncertainty_decomposition(ensemble.name, ensemble.grid_class_probs, grid_axes,
+        common.plot_uncertainty_decomposition(ensemble.name, ensemble.grid_probs, grid_axes,
                                               out / "uncertainty_decomposition.png")
     chains = {r.name: (r.diagnostics["probe_probs"], r.diagnostics["sampling_seconds"]) for r in ok if r.diagnostics}
     extra_files = common.write_chain_diagnostics(chains, out) if chains else []
