@@ -348,7 +348,7 @@ def write_chain_diagnostics(chains: Mapping[str, tuple[Tensor, float]], out: Pat
     (:func:`~pyro_sdebnn.infer.mcmc.function_space_diagnostics`); the autocorrelation plot ArviZ's
     (``az.plot_autocorr``).
 
-    :param chains: ``{sampler name: (draws (S, P) of P scalar predictions, sampling seconds)}``.
+    :param chains: ``{sampler name: (draws (S, P) of P scalar predictions, sampling seconds)}``, not empty.
     :param out: the output folder.
     :param str quantity: what the draws are, for the figures (the prediction at each of the ``P`` test points).
     :param str label: the samplers' family, for the figures' titles.
@@ -357,6 +357,8 @@ def write_chain_diagnostics(chains: Mapping[str, tuple[Tensor, float]], out: Pat
     :return: the names of the files written: ``{prefix}_ess.md`` / ``.csv``, ``{prefix}_trace.png``,
         ``{prefix}_autocorr.png``.
     """
+    if not chains:
+        raise ValueError("write_chain_diagnostics: chains is empty")
     import matplotlib.pyplot as plt
     from matplotlib import MatplotlibDeprecationWarning
 
