@@ -14,6 +14,9 @@ with augmentation. This module holds the three pieces they share:
   floating-point inputs to its dtype) with ``non_blocking=True`` when the loader pins memory; the
   whole data set is never copied to the device.
 
+Tensors are read in random minibatches (:func:`minibatch_indices`), and :func:`module_device_dtype` says where
+the batches go: the model's device and dtype.
+
 >>> from torch.utils.data import DataLoader, TensorDataset
 >>> loader = DataLoader(TensorDataset(torch.randn(10, 3), torch.arange(10)), batch_size=4)
 >>> is_loader(loader), dataset_size(loader)
@@ -28,9 +31,9 @@ from typing import Iterable, Iterator
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-__all__ = ["dataset_size", "is_loader", "iter_batches", "move_batch"]
+__all__ = ["dataset_size", "is_loader", "iter_batches", "minibatch_indices", "module_device_dtype", "move_batch"]
 
 
 def is_loader(data) -> bool:
@@ -117,3 +120,40 @@ def iter_batches(loader, device=None, dtype: torch.dtype | None = None, *, with_
                     f"and {tuple(y.shape)}"
                 )
         yield x, y
+
+
+def minibatch_indices(n: int, batch_size: int, device=None, *, shuffle: bool = True,
+                      generator: torch.Generator | None = None) -> Iterator[Tensor]:
+    """The indices of one epoch of minibatches of ``n`` data points: ``batch_size`` at a time, the last maybe fewer.
+
+    With ``shuffle`` the order is a fresh ``torch.randperm(n)`` (from ``generator``, default torch's global one),
+    else ``0, 1, ..., n - 1``. The indices live on ``device``, the data's device, so indexing stays there.
+
+    >>> [idx.tolist() for idx in minibatch_indices(5, 2, shuffle=False)]
+    [[0, 1], [2, 3], [4]]
+    """
+    if shuffle:
+        order = torch.randperm(n, device=device, generator=generator)
+    else:
+        order = torch.arange(n, device=device)
+    for start in range(0, n, batch_size):
+        yield order[start : start + batch_size]
+
+
+def module_device_dtype(*modules: nn.Module, buffers: bool = False) -> tuple[torch.device | None, torch.dtype | None]:
+    """Device and dtype of the first floating-point parameter of ``modules``: where the model's batches go.
+
+    :param bool buffers: look at the modules' buffers too, after all parameters (for a model without parameters).
+    :return: ``(device, dtype)``, or ``(None, None)`` if there is no floating-point tensor to follow (then
+        :func:`move_batch` leaves a batch where it is).
+
+    >>> module_device_dtype(torch.nn.Linear(2, 1).double())
+    (device(type='cpu'), torch.float64)
+    """
+    tensors = [p for m in modules for p in m.parameters()]
+    if buffers:
+        tensors += [b for m in modules for b in m.buffers()]
+    for t in tensors:
+        if t.dtype.is_floating_point:
+            return t.device, t.dtype
+    return None, None

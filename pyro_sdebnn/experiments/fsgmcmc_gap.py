@@ -37,12 +37,12 @@ bands), ``fsgmcmc_gap.md`` / ``.csv``.
 from __future__ import annotations
 
 import argparse
-import csv
-import time
 
 import pyro
 import torch
 from tqdm.auto import tqdm
+
+from pyro_sdebnn.experiments import _common as common
 
 NAME = "fsgmcmc-gap"
 DESCRIPTION = "1-D gap toy: predictive bands and coverage of SGLD, SGHMC, fSGLD, fSGHMC (Wu et al. 2024, Sec. 5.1)"
@@ -74,81 +74,60 @@ def _kernel(method, model, gp_kernel, x, steps, backend):
 
 
 def run(args: argparse.Namespace) -> dict:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import pyro.contrib.gp as gp
     from pyro.infer import MCMC
 
     from pyro_sdebnn.data import gap_regression_1d
     from pyro_sdebnn.distributions import fit_gp_kernel
     from pyro_sdebnn.infer.mcmc import BayesianMLP, posterior_prediction
-    from pyro_sdebnn.metrics import gaussian_mixture_log_likelihood, interval_coverage, rmse
+    from pyro_sdebnn.metrics import interval_coverage
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny network: intra-op threads only add synchronisation
-    try:
-        pyro.set_rng_seed(args.seed)
-        split = gap_regression_1d(args.n_train, 200, args.seed, standardize=True)
-        device = torch.device(args.device)
-        x, y = split.x_train.to(device), split.y_train.to(device)
-        x_test, y_test = split.x_test.to(device), split.y_test.to(device)
-        noise = 3.0 / split.y_scale
+    device = torch.device(args.device)
+    pyro.set_rng_seed(args.seed)
+    split = gap_regression_1d(args.n_train, 200, args.seed, standardize=True)
+    x, y = split.x_train.to(device), split.y_train.to(device)
+    x_test, y_test = split.x_test.to(device), split.y_test.to(device)
+    noise = 3.0 / split.y_scale
+    warmup, samples, thin = (200, 40, 20) if args.quick else (2000, 80, 100)
+    xt = x_test[:, 0]
+    regions = {"train": (xt.abs() >= 1) & (xt.abs() <= 4), "gap": xt.abs() < 1, "extrapolation": xt.abs() > 4}
+    rows, predictions = [], {}
+    with common.cpu_threads(1):  # tiny network: intra-op threads only add synchronisation
         gp_kernel = fit_gp_kernel(gp.kernels.RBF(1), x.cpu(), y.cpu(), num_steps=300).to(device)
-        warmup, samples, thin = (200, 40, 20) if args.quick else (2000, 80, 100)
-        xt = x_test[:, 0]
-        regions = {"train": (xt.abs() >= 1) & (xt.abs() <= 4), "gap": xt.abs() < 1, "extrapolation": xt.abs() > 4}
-        rows, predictions = [], {}
         for method in tqdm(args.methods, desc="fsgmcmc-gap"):
-            pyro.set_rng_seed(args.seed)
+            common.fresh_start(args.seed)
             model = BayesianMLP([1, 50, 50, 1], noise_scale=noise)
             kernel = _kernel(method, model, gp_kernel, x, thin, args.backend)
-            start = time.perf_counter()
-            mcmc = MCMC(kernel, num_samples=samples, warmup_steps=warmup // thin, disable_progbar=True)
-            mcmc.run(x, y)
-            seconds = time.perf_counter() - start
-            pred = posterior_prediction(model, mcmc.get_samples(), x_test)
-            predictions[method] = pred
-            divergences = len(mcmc.diagnostics()["divergences"]["chain 0"])
-            row = {"method": method, "seconds": seconds, "divergences": divergences}
+            with common.Timer() as timer:
+                mcmc = MCMC(kernel, num_samples=samples, warmup_steps=warmup // thin, disable_progbar=True)
+                mcmc.run(x, y)
+            pred = predictions[method] = posterior_prediction(model, mcmc.get_samples(), x_test)
+            row = {"method": method, "seconds": timer.seconds,
+                   "divergences": len(mcmc.diagnostics()["divergences"]["chain 0"])}
             for region, mask in regions.items():
                 row[f"std_{region}"] = float(pred.variance[mask].sqrt().mean() * split.y_scale)
-                coverage = interval_coverage(pred.loc[:, mask], pred.scale[:, mask], y_test[mask])
-                row[f"coverage95_{region}"] = float(coverage)
-            mask = regions["train"]
-            row["rmse_train_range"] = float(rmse(pred.mean[mask], y_test[mask], y_scale=split.y_scale))
-            row["test_ll_train_range"] = float(gaussian_mixture_log_likelihood(
-                pred.loc[:, mask], pred.scale[:, mask], y_test[mask], y_scale=split.y_scale))
+                row[f"coverage95_{region}"] = float(interval_coverage(pred.loc[:, mask], pred.scale[:, mask],
+                                                                      y_test[mask]))
+            train_range = common.regression_metrics(pred, y_test, split.y_scale, mask=regions["train"])
+            row["rmse_train_range"], row["test_ll_train_range"] = train_range["rmse"], train_range["test_ll"]
             rows.append(row)
-    finally:
-        torch.set_num_threads(threads)
 
-    out = args.output
-    fig, axes = plt.subplots(1, len(rows), figsize=(4 * len(rows), 3.5), sharey=True, squeeze=False)
+    fig = common.figure(figsize=(4 * len(rows), 3.5))
+    axes = fig.subplots(1, len(rows), sharey=True, squeeze=False)[0]
     to_orig = lambda t: (t * split.y_scale + split.y_loc).cpu()  # noqa: E731
-    for ax, row in zip(axes[0], rows):
+    for ax, row in zip(axes, rows):
         pred = predictions[row["method"]]
         mean, std = to_orig(pred.mean), pred.variance.sqrt().cpu() * split.y_scale
         ax.fill_between(xt.cpu(), mean - 2 * std, mean + 2 * std, alpha=0.3, label="±2 sd")
         ax.plot(xt.cpu(), mean, lw=1.5, label="predictive mean")
         ax.plot(xt.cpu(), xt.cpu() ** 3, "k--", lw=1, label="x³")
         ax.scatter(x[:, 0].cpu(), to_orig(y), s=12, c="k", zorder=3)
-        ax.set_title(f"{row['method']}  (gap cov. {row['coverage95_gap']:.2f})")
-        ax.set_ylim(-250, 250)
-        ax.set_xlabel("x")
-    axes[0][0].legend(loc="upper left", fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "fsgmcmc_gap.png", dpi=120)
-    plt.close(fig)
-    keys = list(rows[0])
-    with open(out / "fsgmcmc_gap.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=keys)
-        writer.writeheader()
-        writer.writerows(rows)
-    with open(out / "fsgmcmc_gap.md", "w") as f:
-        f.write(f"# fsgmcmc-gap ({'quick smoke test' if args.quick else 'full schedule'}, seed {args.seed})\n\n")
-        f.write("| " + " | ".join(keys) + " |\n|" + "---|" * len(keys) + "\n")
-        for row in rows:
-            f.write("| " + " | ".join(f"{v:.3g}" if isinstance(v, float) else str(v) for v in row.values()) + " |\n")
+        ax.set(title=f"{row['method']}  (gap cov. {row['coverage95_gap']:.2f})", ylim=(-250, 250), xlabel="x")
+    axes[0].legend(loc="upper left", fontsize=7)
+    common.save_figure(fig, args.output / "fsgmcmc_gap.png", dpi=120)
+    common.write_csv(args.output / "fsgmcmc_gap.csv", rows)
+    cells = [[f"{v:.3g}" if isinstance(v, float) else v for v in row.values()] for row in rows]
+    (args.output / "fsgmcmc_gap.md").write_text(
+        f"# fsgmcmc-gap ({'quick smoke test' if args.quick else 'full schedule'}, seed {args.seed})\n\n"
+        + common.markdown_table(list(rows[0]), cells))
     return {row["method"]: {k: v for k, v in row.items() if k != "method"} for row in rows}

@@ -61,14 +61,14 @@ MC-dropout -2.46 ± 0.25, ensemble -2.41 ± 0.25.
 from __future__ import annotations
 
 import argparse
-import csv
 import math
-import time
 from pathlib import Path
 
 import pyro
 import torch
 from tqdm.auto import tqdm
+
+from pyro_sdebnn.experiments import _common as common
 
 NAME = "mnvi-uci"
 DESCRIPTION = "MNVI vs MFVI vs MC-dropout vs deep ensemble on UCI Boston (Schmitt & Roth 2021, Table 1)"
@@ -204,32 +204,15 @@ def _fit_baseline(kind: str, split, epochs: int, quick: bool, device, dtype) -> 
 
 
 def _evaluate(method, split) -> tuple[float, float]:
-    from pyro_sdebnn.metrics import gaussian_mixture_log_likelihood, rmse
-
-    pred = method.predict(split.x_test)
-    ll = gaussian_mixture_log_likelihood(pred.loc, pred.scale, split.y_test, y_scale=float(split.y_scale))
-    err = rmse(pred.mean, split.y_test, y_scale=float(split.y_scale))
-    return float(ll), float(err)
-
-
-def _mean_se(values: list[float]) -> tuple[float, float]:
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return mean, float("nan")
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    return mean, sd / math.sqrt(n)
+    """(test log-likelihood, RMSE) of a fitted method on ``split``'s test part, in original units."""
+    scores = common.regression_metrics(method.predict(split.x_test), split.y_test, float(split.y_scale))
+    return scores["test_ll"], scores["rmse"]
 
 
 def run(args: argparse.Namespace) -> dict:
     """Train every method on every split and write the tables and the figure."""
-    threads = torch.get_num_threads()
-    if torch.device(args.device).type == "cpu":
-        torch.set_num_threads(1)
-    try:
+    with common.cpu_threads(1, args.device):
         return _run(args)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _units(args: argparse.Namespace) -> tuple[str, list[tuple[int, int]]]:
@@ -262,7 +245,7 @@ def _summarise(rows: list[dict], key: str, protocol: str) -> tuple[float, float,
         values = [sum(r[key] for r in rows if r["run"] == i) / sum(r["run"] == i for r in rows) for i in runs]
         if len(values) == 1:  # one run: the spread over its folds
             values = [r[key] for r in rows]
-    mean, se = _mean_se(values)
+    mean, se = common.mean_se(values)
     return mean, se, se * math.sqrt(len(values))
 
 
@@ -287,21 +270,16 @@ def _run(args: argparse.Namespace) -> dict:
             data = paper_fold(k, dtype=dtype) if protocol == "paper" else uci_boston(split=k, dtype=dtype)
             data, loaded = type(data)(*(t.to(device) if torch.is_tensor(t) else t for t in data)), k
         for kind in methods:
-            pyro.set_rng_seed(args.seed + run * NUM_FOLDS + k)
-            pyro.clear_param_store()
-            start = time.perf_counter()
-            if kind in ("mnvi", "mfvi"):
-                method = fit_sampling_free(kind, data.x_train, data.y_train, epochs=epochs, kl_final=kl_final)
-            else:
-                method = _fit_baseline(kind, data, epochs, args.quick, device, dtype)
-            seconds = time.perf_counter() - start
+            common.fresh_start(args.seed + run * NUM_FOLDS + k)
+            with common.Timer() as timer:
+                if kind in ("mnvi", "mfvi"):
+                    method = fit_sampling_free(kind, data.x_train, data.y_train, epochs=epochs, kl_final=kl_final)
+                else:
+                    method = _fit_baseline(kind, data, epochs, args.quick, device, dtype)
             ll, err = _evaluate(method, data)
             rows.append({"protocol": protocol, "run": run, "fold": k, "method": kind, "test_loglik": ll, "rmse": err,
-                         "fit_seconds": seconds})
-            with open(output / "mnvi_uci_splits.csv", "w", newline="") as f:  # rewritten as the run goes
-                writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-                writer.writeheader()
-                writer.writerows(rows)
+                         "fit_seconds": timer.seconds})
+            common.write_csv(output / "mnvi_uci_splits.csv", rows)  # rewritten as the run goes
             progress.update()
     progress.close()
     runs = len({r for r, _ in units})
@@ -312,15 +290,7 @@ def _run(args: argparse.Namespace) -> dict:
         spread = "over runs (a run: the mean over its folds)" if runs > 1 else "over folds (1 run)"
     else:
         setting, spread = f"{folds} random 90/10 splits", "over splits"
-    summary = {}
-    lines = [
-        f"UCI Boston, {setting}, {epochs} epochs, 13-50-2 ReLU network, seed {args.seed}, "
-        f"final KL weight {kl_final:g}" + (" -- QUICK smoke run, not a result" if args.quick else ""),
-        "",
-        "| method | test log-likelihood | sd | RMSE | fit time / fit [s] |",
-        "|---|---|---|---|---|",
-    ]
-    table_rows = []
+    summary, table_rows, cells = {}, [], []
     for kind in methods:
         mine = [r for r in rows if r["method"] == kind]
         ll, ll_se, ll_sd = _summarise(mine, "test_loglik", protocol)
@@ -328,25 +298,22 @@ def _run(args: argparse.Namespace) -> dict:
         secs = sum(r["fit_seconds"] for r in mine) / len(mine)
         summary[kind] = {"test_loglik": ll, "test_loglik_se": ll_se, "test_loglik_sd": ll_sd, "rmse": err,
                          "rmse_se": err_se, "fit_seconds": secs}
-        lines.append(f"| {kind} | {ll:.3f} ± {ll_se:.3f} | {ll_sd:.3f} | {err:.3f} ± {err_se:.3f} | {secs:.1f} |")
+        cells.append([kind, f"{ll:.3f} ± {ll_se:.3f}", f"{ll_sd:.3f}", f"{err:.3f} ± {err_se:.3f}", f"{secs:.1f}"])
         table_rows.append({"method": kind, **summary[kind], "protocol": protocol, "runs": runs, "folds": folds,
                            "epochs": epochs, "kl_final": kl_final})
-    lines += ["", f"mean ± standard error {spread}; sd: the standard deviation {spread}. Reference (J. Schmitt, "
-              "S. Roth (2021), \"Sampling-free Variational Inference for Neural Networks with Multiplicative "
-              "Activation Noise\", GCPR 2021, Table 1, 10-fold CV, 20 runs): MNVI -2.43 ± 0.02, "
-              "MC-dropout -2.46 ± 0.25, ensemble -2.41 ± 0.25."]
-    (output / "mnvi_uci_table.md").write_text("\n".join(lines) + "\n")
-    with open(output / "mnvi_uci_table.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(table_rows[0]))
-        writer.writeheader()
-        writer.writerows(table_rows)
+    (output / "mnvi_uci_table.md").write_text("\n\n".join([
+        f"UCI Boston, {setting}, {epochs} epochs, 13-50-2 ReLU network, seed {args.seed}, "
+        f"final KL weight {kl_final:g}" + (" -- QUICK smoke run, not a result" if args.quick else ""),
+        common.markdown_table(["method", "test log-likelihood", "sd", "RMSE", "fit time / fit [s]"], cells).rstrip(),
+        f"mean ± standard error {spread}; sd: the standard deviation {spread}. Reference (J. Schmitt, "
+        "S. Roth (2021), \"Sampling-free Variational Inference for Neural Networks with Multiplicative "
+        "Activation Noise\", GCPR 2021, Table 1, 10-fold CV, 20 runs): MNVI -2.43 ± 0.02, "
+        "MC-dropout -2.46 ± 0.25, ensemble -2.41 ± 0.25.",
+    ]) + "\n")
+    common.write_csv(output / "mnvi_uci_table.csv", table_rows)
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 3.2))
+    fig = common.figure(figsize=(5, 3.2))
+    ax = fig.add_subplot()
     for i, kind in enumerate(methods):
         lls = [r["test_loglik"] for r in rows if r["method"] == kind]
         ax.scatter([i] * len(lls), lls, alpha=0.5, s=14)
@@ -355,7 +322,5 @@ def _run(args: argparse.Namespace) -> dict:
     ax.set_xticks(range(len(methods)), methods)
     ax.set_ylabel("test log-likelihood")
     ax.set_title(f"UCI Boston ({setting.split(' (')[0]})", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(output / "mnvi_uci_loglik.png", dpi=120)
-    plt.close(fig)
+    common.save_figure(fig, output / "mnvi_uci_loglik.png", dpi=120)
     return summary

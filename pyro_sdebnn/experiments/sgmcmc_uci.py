@@ -1,16 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """UCI Boston with a 2-hidden-layer MLP: RMSE and test log-likelihood of SGLD, SGHMC, fSGLD and fSGHMC.
 
-fSGLD and fSGHMC ([1]) run the SGLD [2] and SGHMC [3] updates on a potential whose prior term is a
-Gaussian process :math:`\\mathcal{GP}(m, k)` evaluated at the network outputs :math:`f_M = f(X_M; w)` on
-measurement points :math:`X_M`, instead of a weight prior:
-
-.. math::
-
-    \\tilde U(w) = \\frac{N}{n} \\sum_{i \\in B} -\\log p(y_i \\mid f(x_i; w))
-    + \\tfrac12 (f_M - m_M)^\\top \\big(k(X_M, X_M) + \\delta I\\big)^{-1} (f_M - m_M),
-
-with :math:`B` a minibatch of size :math:`n` and :math:`\\delta` a small jitter.
+fSGLD and fSGHMC ([1], :class:`~pyro_sdebnn.infer.mcmc.FSGLD`, :class:`~pyro_sdebnn.infer.mcmc.FSGHMC`) run the
+SGLD [2] and SGHMC [3] updates on a potential whose prior term is a Gaussian process evaluated at the network
+outputs on measurement points, instead of a weight prior (the potential is written out in
+:mod:`pyro_sdebnn.experiments.fsgmcmc_gap`).
 
 Protocol (after Wu et al. [1], Sec. 5.2): 10 random 90/10 splits of :func:`pyro_sdebnn.data.uci_boston` (Boston
 housing, Harrison & Rubinfeld [4]; standardised on the training split), a 13-50-50-1 tanh
@@ -40,14 +34,11 @@ every 10. Outputs: ``sgmcmc_uci.md`` / ``.csv`` (summary), ``sgmcmc_uci_splits.c
 from __future__ import annotations
 
 import argparse
-import csv
-import math
-import statistics
-import time
 
-import pyro
 import torch
 from tqdm.auto import tqdm
+
+from pyro_sdebnn.experiments import _common as common
 
 NAME = "sgmcmc-uci"
 DESCRIPTION = "UCI Boston: RMSE and test log-likelihood of SGLD, SGHMC, fSGLD, fSGHMC (Wu et al. 2024, Sec. 5.2)"
@@ -81,12 +72,6 @@ def _kernel(method, model, gp_kernel, x, thin, backend):
     return FSGHMC(model, friction=FRICTION, **functional, **common)
 
 
-def _mean_se(values):
-    mean = statistics.fmean(values)
-    se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else float("nan")
-    return mean, se
-
-
 def run(args: argparse.Namespace) -> dict:
     import pyro.contrib.gp as gp
     from pyro.infer import MCMC
@@ -94,15 +79,12 @@ def run(args: argparse.Namespace) -> dict:
     from pyro_sdebnn.data import uci_boston
     from pyro_sdebnn.distributions import fit_gp_kernel
     from pyro_sdebnn.infer.mcmc import BayesianMLP, posterior_prediction
-    from pyro_sdebnn.metrics import gaussian_mixture_log_likelihood, rmse
 
     num_splits = args.splits or (2 if args.quick else 10)
     warmup, samples, thin = (100, 5, 10) if args.quick else (500, 15, 50)
     device = torch.device(args.device)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # small network: intra-op threads only add synchronisation on a shared CPU
     per_split = []
-    try:
+    with common.cpu_threads(1):  # small network: intra-op threads only add synchronisation on a shared CPU
         for k in tqdm(range(num_splits), desc="sgmcmc-uci splits"):
             split = uci_boston(split=k)
             x, y = split.x_train.to(device), split.y_train.to(device)
@@ -111,45 +93,32 @@ def run(args: argparse.Namespace) -> dict:
                 kernel = gp.kernels.RBF(x.shape[1], lengthscale=torch.ones(x.shape[1]))
                 gp_kernel = fit_gp_kernel(kernel, x.cpu(), y.cpu(), num_steps=100 if args.quick else 300).to(device)
             for method in args.methods:
-                pyro.set_rng_seed(args.seed + k)
+                common.fresh_start(args.seed + k)
                 model = BayesianMLP([x.shape[1], 50, 50, 1], noise_scale=None, fan_in_scaling=True)
-                start = time.perf_counter()
-                mcmc = MCMC(_kernel(method, model, gp_kernel, x, thin, args.backend), num_samples=samples,
-                            warmup_steps=warmup // thin, disable_progbar=True)
-                mcmc.run(x, y)
-                seconds = time.perf_counter() - start
+                with common.Timer() as timer:
+                    mcmc = MCMC(_kernel(method, model, gp_kernel, x, thin, args.backend), num_samples=samples,
+                                warmup_steps=warmup // thin, disable_progbar=True)
+                    mcmc.run(x, y)
                 pred = posterior_prediction(model, mcmc.get_samples(), split.x_test.to(device))
-                y_test = split.y_test.to(device)
-                per_split.append({
-                    "split": k,
-                    "method": method,
-                    "rmse": float(rmse(pred.mean, y_test, y_scale=split.y_scale)),
-                    "test_ll": float(gaussian_mixture_log_likelihood(pred.loc, pred.scale, y_test,
-                                                                     y_scale=split.y_scale)),
-                    "seconds": seconds,
-                })
-    finally:
-        torch.set_num_threads(threads)
+                scores = common.regression_metrics(pred, split.y_test.to(device), split.y_scale)
+                per_split.append({"split": k, "method": method, "rmse": scores["rmse"], "test_ll": scores["test_ll"],
+                                  "seconds": timer.seconds})
 
     out = args.output
-    with open(out / "sgmcmc_uci_splits.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(per_split[0]))
-        writer.writeheader()
-        writer.writerows(per_split)
+    common.write_csv(out / "sgmcmc_uci_splits.csv", per_split)
     summary = {}
     for method in args.methods:
         rows = [r for r in per_split if r["method"] == method]
-        summary[method] = {key: _mean_se([r[key] for r in rows]) for key in ("rmse", "test_ll", "seconds")}
-    with open(out / "sgmcmc_uci.csv", "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["method", "rmse_mean", "rmse_se", "test_ll_mean", "test_ll_se", "seconds_mean"])
-        for method, s in summary.items():
-            writer.writerow([method, *s["rmse"], *s["test_ll"], s["seconds"][0]])
-    with open(out / "sgmcmc_uci.md", "w") as f:
-        f.write(f"# sgmcmc-uci: Boston, {num_splits} splits ({'quick smoke test' if args.quick else 'full'})\n\n")
-        f.write("| method | test RMSE | test log-likelihood | seconds / split |\n|---|---|---|---|\n")
-        for method, s in summary.items():
-            f.write(f"| {method} | {s['rmse'][0]:.2f} ± {s['rmse'][1]:.2f} | {s['test_ll'][0]:.2f} ± "
-                    f"{s['test_ll'][1]:.2f} | {s['seconds'][0]:.1f} |\n")
+        summary[method] = {key: common.mean_se([r[key] for r in rows]) for key in ("rmse", "test_ll", "seconds")}
+    common.write_csv(out / "sgmcmc_uci.csv", [
+        {"method": method, "rmse_mean": s["rmse"][0], "rmse_se": s["rmse"][1], "test_ll_mean": s["test_ll"][0],
+         "test_ll_se": s["test_ll"][1], "seconds_mean": s["seconds"][0]} for method, s in summary.items()
+    ])
+    header = ("method", "test RMSE", "test log-likelihood", "seconds / split")
+    cells = [[method, f"{s['rmse'][0]:.2f} ± {s['rmse'][1]:.2f}", f"{s['test_ll'][0]:.2f} ± {s['test_ll'][1]:.2f}",
+              f"{s['seconds'][0]:.1f}"] for method, s in summary.items()]
+    (out / "sgmcmc_uci.md").write_text(
+        f"# sgmcmc-uci: Boston, {num_splits} splits ({'quick smoke test' if args.quick else 'full'})\n\n"
+        + common.markdown_table(header, cells))
     return {m: {"rmse": s["rmse"][0], "rmse_se": s["rmse"][1], "test_ll": s["test_ll"][0],
                 "test_ll_se": s["test_ll"][1]} for m, s in summary.items()}

@@ -44,17 +44,15 @@ from __future__ import annotations
 
 import argparse
 import copy
-import csv
-import math
-import time
 import traceback
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import torch
 from torch import Tensor
+
+from pyro_sdebnn.experiments import _common as common
 
 NAME = "two-moons"
 DESCRIPTION = "Head-to-head calibration of every BNN method on Two Moons: the main job"
@@ -201,9 +199,8 @@ def _sgmcmc(kernel_name: str):
             kwargs["friction"] = 0.1
         kernel = kernel_cls(model, **kwargs)
         mcmc = MCMC(kernel, num_samples=s.mcmc_samples, warmup_steps=s.mcmc_warmup, disable_progbar=True)
-        start = time.perf_counter()
-        mcmc.run(data.x_train, data.y_train)
-        sampling_seconds = time.perf_counter() - start
+        with common.Timer() as sampling:
+            mcmc.run(data.x_train, data.y_train)
         samples = mcmc.get_samples()
         predictive = Predictive(model, posterior_samples=samples, return_sites=("outputs",))
 
@@ -217,7 +214,7 @@ def _sgmcmc(kernel_name: str):
         # probability at a few test inputs, per draw.
         predict.diagnostics = {
             "probe_probs": predict(data.x_test[:_NUM_PROBES]).probs[..., 1].detach(),
-            "sampling_seconds": sampling_seconds,
+            "sampling_seconds": sampling.seconds,
         }
         return predict
 
@@ -281,7 +278,7 @@ def _sdebnn(data: Data, s: Settings) -> Predictor:
     import pyro.optim
     from pyro.infer import SVI
 
-    from pyro_sdebnn.infer import NeuralSDEGuide, TracePathKL_ELBO
+    from pyro_sdebnn.infer import NeuralSDEGuide, TracePathKL_ELBO, train_svi
     from pyro_sdebnn.nn import SDEBNN
 
     # Diffusion sigma 0.2 (one of the values Xu et al. 2022, "Infinitely Deep Bayesian Neural Networks with
@@ -292,14 +289,7 @@ def _sdebnn(data: Data, s: Settings) -> Predictor:
     ).to(s.device)
     guide = NeuralSDEGuide(net, drift_hidden=s.hidden[0]).to(s.device)
     svi = SVI(net.model, guide, pyro.optim.Adam({"lr": s.lr}), TracePathKL_ELBO(estimator="stl"))
-    n = len(data.y_train)
-    for epoch in range(s.sde_epochs):
-        perm = torch.randperm(n, device=data.x_train.device)
-        for start in range(0, n, s.batch_size):
-            idx = perm[start : start + s.batch_size]
-            loss = svi.step(data.x_train[idx], data.y_train[idx], num_data=n)
-        if not math.isfinite(loss):
-            raise FloatingPointError(f"SDE-BNN: non-finite ELBO loss in epoch {epoch}")
+    train_svi(svi, (data.x_train, data.y_train), num_epochs=s.sde_epochs, batch_size=s.batch_size)  # NaN: raises
     return lambda x: net.predict(x, guide, num_samples=s.num_samples)
 
 
@@ -312,254 +302,73 @@ class Result:
     seconds: float = float("nan")
     metrics: dict[str, float] = field(default_factory=dict)
     test_probs: Tensor | None = None
-    grid_mean: Tensor | None = None
-    grid_std: Tensor | None = None
-    grid_probs: Tensor | None = None
+    grid_probs: Tensor | None = None  # (S, grid points, 2): class probabilities per posterior draw
     diagnostics: dict | None = None
 
 
+# ECE with 10 bins in the table, also with 15 (Guo et al. 2017) and 20 bins (Schmitt & Roth 2021) in the CSV.
 _METRIC_COLUMNS = ("accuracy", "ece", "brier", "nll", "ece_ts", "brier_ts", "nll_ts", "temperature")
-_CSV_ONLY_COLUMNS = ("ece15", "ece20")  # ECE also with 15 bins (Guo et al. 2017) and 20 bins (Schmitt & Roth 2021)
-
-
-def _metrics(probs: Tensor, labels: Tensor) -> dict[str, float]:
-    from pyro_sdebnn.metrics import accuracy, brier_score, expected_calibration_error, negative_log_likelihood
-
-    return {
-        "accuracy": float(accuracy(probs, labels)),
-        "ece": float(expected_calibration_error(probs, labels, num_bins=10)),
-        "ece15": float(expected_calibration_error(probs, labels, num_bins=15)),
-        "ece20": float(expected_calibration_error(probs, labels, num_bins=20)),
-        "brier": float(brier_score(probs, labels)),
-        "nll": float(negative_log_likelihood(probs, labels)),
-    }
-
-
-def _log_probs(probs: Tensor) -> Tensor:
-    return probs.double().clamp_min(1e-12).log()
+_CSV_COLUMNS = ("method", "status", *_METRIC_COLUMNS, "ece15", "ece20", "seconds")
 
 
 def _evaluate(key: str, name: str, adapter: Callable, data: Data, s: Settings, grid: Tensor) -> Result:
-    from pyro_sdebnn.metrics import fit_temperature, temperature_scale
-
-    start = time.perf_counter()
     try:
-        predict = adapter(data, s)
-        test_pred = predict(data.x_test)
+        with common.Timer() as timer:
+            predict = adapter(data, s)
+            test_probs = predict(data.x_test).mean_probs.detach()
     except (NotImplementedError, ImportError) as err:
         return Result(key, name, f"not implemented: {err}")
-    seconds = time.perf_counter() - start
-    test_probs = test_pred.mean_probs.detach()
     val_probs = predict(data.x_val).mean_probs.detach()
-    grid_probs = predict(grid).probs.detach()[..., 1]
-    metrics = _metrics(test_probs, data.y_test)
-    temperature = fit_temperature(_log_probs(val_probs), data.y_val)
-    scaled = temperature_scale(_log_probs(test_probs), temperature).to(test_probs.dtype)
-    scaled_metrics = _metrics(scaled, data.y_test)
-    metrics.update({f"{k}_ts": scaled_metrics[k] for k in ("ece", "brier", "nll")})
-    metrics["temperature"] = float(temperature)
-    return Result(
-        key, name, "ok", seconds, metrics, test_probs, grid_probs.mean(0),
-        grid_probs.std(0, unbiased=False), grid_probs, getattr(predict, "diagnostics", None),
-    )
-
-
-# --------------------------------------------------------------------------- outputs
-def _fmt(value: float, digits: int = 3) -> str:
-    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+    grid_probs = predict(grid).probs.detach()
+    metrics = common.calibrated_metrics(test_probs, data.y_test, val_probs, data.y_val)
+    diagnostics = getattr(predict, "diagnostics", None)
+    return Result(key, name, "ok", timer.seconds, metrics, test_probs, grid_probs, diagnostics)
 
 
 def _write_tables(results: list[Result], out: Path) -> None:
-    columns = (*_METRIC_COLUMNS, *_CSV_ONLY_COLUMNS)
-    with open(out / "two_moons_table.csv", "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["method", "status", *columns, "seconds"])
-        for r in results:
-            writer.writerow([r.name, r.status, *(r.metrics.get(c, "") for c in columns), _fmt(r.seconds, 2)])
-    lines = [
-        "| method | accuracy | ECE | Brier | NLL | ECE (TS) | Brier (TS) | NLL (TS) | T | seconds |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+    common.write_csv(out / "two_moons_table.csv", [
+        {"method": r.name, "status": r.status, **r.metrics, "seconds": common.fmt(r.seconds, 2)} for r in results
+    ], _CSV_COLUMNS)
+    header = ("method", "accuracy", "ECE", "Brier", "NLL", "ECE (TS)", "Brier (TS)", "NLL (TS)", "T", "seconds")
+    rows = [
+        [r.name, *(common.fmt(r.metrics[c]) for c in _METRIC_COLUMNS[:-1]), common.fmt(r.metrics["temperature"], 2),
+         common.fmt(r.seconds, 1)] if r.status == "ok" else [r.name, r.status, *[""] * (len(header) - 2)]
+        for r in results
     ]
-    for r in results:
-        if r.status != "ok":
-            lines.append(f"| {r.name} | {r.status} | | | | | | | | |")
-            continue
-        m = r.metrics
-        cells = [_fmt(m[c]) for c in _METRIC_COLUMNS[:-1]] + [_fmt(m["temperature"], 2), _fmt(r.seconds, 1)]
-        lines.append(f"| {r.name} | " + " | ".join(cells) + " |")
-    (out / "two_moons_table.md").write_text("\n".join(lines) + "\n")
+    (out / "two_moons_table.md").write_text(common.markdown_table(header, rows))
 
 
-def _plot_reliability(results: list[Result], y_test: Tensor, path: Path) -> None:
-    import matplotlib
-    from matplotlib.figure import Figure
-
-    from pyro_sdebnn.metrics import calibration_bins
-
-    fig = Figure(figsize=(9.5, 5.5))
-    ax = fig.add_subplot()
-    ax.plot([0, 1], [0, 1], "k--", lw=1, label="perfect calibration")
-    colors = matplotlib.colormaps["tab20"].colors
-    for i, r in enumerate(x for x in results if x.status == "ok"):
-        bins = calibration_bins(r.test_probs, y_test, num_bins=10)
-        keep = bins.count > 0
-        ax.plot(
-            bins.confidence[keep].cpu().numpy(), bins.accuracy[keep].cpu().numpy(), marker="o", ms=3,
-            color=colors[(2 * i) % 20 + (2 * i) // 20], ls=("-", "--", ":")[i % 3],
-            label=f"{r.name} (ECE {r.metrics['ece']:.3f})",
-        )
-    ax.set(xlabel="confidence (mean of the bin)", ylabel="accuracy", xlim=(0.45, 1.0),
-           title="Two Moons reliability diagram (10 equal-width bins; empty bins omitted)")
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-
-
-def _plot_heatmaps(results: list[Result], data: Data, grid_axes: tuple[Tensor, Tensor], path: Path) -> None:
-    from matplotlib.figure import Figure
-
-    ok = [r for r in results if r.status == "ok"]
-    gx, gy = (g.cpu().numpy() for g in grid_axes)
-    fig = Figure(figsize=(6.5, 2.6 * max(1, len(ok))))
-    axes = fig.subplots(max(1, len(ok)), 2, squeeze=False)
-    xt, yt = data.x_train.cpu().numpy(), data.y_train.cpu().numpy()
-    for row, r in zip(axes, ok):
-        shape = (gy.shape[0], gx.shape[0])
-        mean = r.grid_mean.reshape(shape).cpu().numpy()
-        m = row[0].pcolormesh(gx, gy, mean, cmap="RdBu_r", vmin=0, vmax=1, shading="auto")
-        fig.colorbar(m, ax=row[0])
-        v = row[1].pcolormesh(gx, gy, r.grid_std.reshape(shape).cpu().numpy(), cmap="viridis", vmin=0,
-                               vmax=max(float(r.grid_std.max()), 0.05), shading="auto")
-        fig.colorbar(v, ax=row[1])
-        for ax in row:
-            ax.scatter(xt[:, 0], xt[:, 1], c=yt, cmap="coolwarm", s=4, edgecolors="k", linewidths=0.2)
-            ax.set_xticks([])
-            ax.set_yticks([])
-        row[0].set_title(f"{r.name}: mean p(y=1|x)", fontsize=8)
-        row[1].set_title("std over posterior samples", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-
-
-def _plot_decomposition(result: Result, grid_axes: tuple[Tensor, Tensor], path: Path) -> None:
-    from matplotlib.figure import Figure
-
-    from pyro_sdebnn.metrics import uncertainty_decomposition
-
-    decomposition = uncertainty_decomposition(result.grid_probs)
-    gx, gy = (g.cpu().numpy() for g in grid_axes)
-    fig = Figure(figsize=(11, 3.2))
-    axes = fig.subplots(1, 3)
-    for ax, title, values in zip(axes, ("total (predictive entropy)", "aleatoric (expected entropy)",
-                                       "epistemic (mutual information)"), decomposition):
-        values = values.reshape(gy.shape[0], gx.shape[0]).cpu().numpy()
-        mesh = ax.pcolormesh(gx, gy, values, cmap="magma", shading="auto")
-        fig.colorbar(mesh, ax=ax)
-        ax.set_title(f"{result.name}: {title}", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-
-
-def _write_sgmcmc_diagnostics(results: list[Result], out: Path) -> list[str]:
-    """Trace and autocorrelation plots (ArviZ) and ESS per second of the SG-MCMC chains, in function space."""
-    chains = {r.name: r.diagnostics for r in results if r.status == "ok" and r.diagnostics}
-    if not chains:
-        return []
-    import matplotlib.pyplot as plt
-    from matplotlib import MatplotlibDeprecationWarning
-
-    from pyro_sdebnn.infer.mcmc import function_space_diagnostics
-
-    with warnings.catch_warnings():
-        # ArviZ announces its refactor once per day with a FutureWarning whose message starts with a newline.
-        warnings.filterwarnings("ignore", message=r"\s*ArviZ is undergoing a major refactor", category=FutureWarning)
-        import arviz as az
-    lines = [
-        "| sampler | draws | ESS min | ESS median | sampling seconds | ESS median / s |",
-        "|---|---|---|---|---|---|",
-    ]
-    rows = []
-    for name, diag in chains.items():
-        draws = diag["probe_probs"].double()  # (S, probes)
-        ess = function_space_diagnostics(draws, num_chains=1)["ess"]
-        ess_min, ess_median = float(ess.min()), float(ess.median())
-        per_second = ess_median / diag["sampling_seconds"]
-        lines.append(
-            f"| {name} | {draws.shape[0]} | {ess_min:.1f} | {ess_median:.1f} | {diag['sampling_seconds']:.1f} | "
-            f"{per_second:.2f} |"
-        )
-        rows.append([name, draws.shape[0], ess_min, ess_median, diag["sampling_seconds"], per_second])
-    (out / "sgmcmc_ess.md").write_text("\n".join(lines) + "\n")
-    with open(out / "sgmcmc_ess.csv", "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["sampler", "draws", "ess_min", "ess_median", "sampling_seconds", "ess_median_per_second"])
-        writer.writerows(rows)
-    posterior = {
-        name.replace(" ", "_"): diag["probe_probs"].cpu().numpy()[None] for name, diag in chains.items()
-    }
-    idata = az.from_dict(posterior=posterior)
-    # Trace: one row per sampler, one line per test point. Drawn directly rather than with az.plot_trace,
-    # whose density panel fails on a probe whose probability saturates (a range of a few float32 ulps).
-    fig, axes = plt.subplots(len(chains), 1, figsize=(10, 2.2 * len(chains)), squeeze=False)
-    for ax, (name, diag) in zip(axes[:, 0], chains.items()):
-        ax.plot(diag["probe_probs"].cpu().numpy(), lw=0.8)
-        ax.set(title=name, xlabel="draw", ylabel="p(y=1|x)", ylim=(-0.02, 1.02))
-    fig.tight_layout(rect=(0, 0, 1, 0.95))
-    figures = [("trace", fig)]
-    with warnings.catch_warnings():
-        # ArviZ 0.23 calls a matplotlib helper that matplotlib 3.11 deprecates; not actionable here.
-        warnings.filterwarnings("ignore", message="Passing a dict or None as alias_mapping",
-                                category=MatplotlibDeprecationWarning)
-        axes = az.plot_autocorr(idata, max_lag=min(50, draws.shape[0] - 1))
-    figures.append(("autocorr", axes.ravel()[0].figure))
-    for kind, fig in figures:
-        fig.suptitle(f"SG-MCMC {kind}: p(y=1|x) at {_NUM_PROBES} test points", fontsize=9)
-        fig.savefig(out / f"sgmcmc_{kind}.png", dpi=80)
-        plt.close(fig)
-    return ["sgmcmc_ess.md", "sgmcmc_ess.csv", "sgmcmc_trace.png", "sgmcmc_autocorr.png"]
-
-
-def _write_readme(
-    results: list[Result], args: argparse.Namespace, s: Settings, data: Data, total: float, extra_files: list[str]
-) -> None:
+def _write_readme(results: list[Result], args, s: Settings, data: Data, total: float, extra_files: list[str]) -> None:
     command = "pyro-sdebnn benchmark two-moons" + (" --quick" if args.quick else "") + f" --seed {args.seed}"
-    missing = [r for r in results if r.status != "ok"]
-    text = [
-        "# Two Moons head-to-head",
-        "",
+    hidden = "-".join(map(str, s.hidden))
+    blocks = [
         f"Command: `{command} --output {args.output}`; total wall time {total:.1f} s on {args.device}.",
-        "",
         f"Data: `pyro_sdebnn.data.two_moons(n_train={len(data.y_train)}, n_test={len(data.y_test)}, noise=0.2, "
         f"seed={args.seed})`; validation set for temperature scaling: {len(data.y_val)} points from another "
-        "random state. Network: 2-" + "-".join(map(str, s.hidden)) + "-2 ReLU MLP (logits for 2 classes); "
-        "fSGLD/fSGHMC: 2-" + "-".join(map(str, s.hidden)) + "-1 (Bernoulli logit); SDE-BNN: width-"
-        f"{s.hidden[0]} time-conditioned MLP field, sigma 0.2.",
-        "",
+        f"random state. Network: 2-{hidden}-2 ReLU MLP (logits for 2 classes); fSGLD/fSGHMC: 2-{hidden}-1 "
+        f"(Bernoulli logit); SDE-BNN: width-{s.hidden[0]} time-conditioned MLP field, sigma 0.2.",
         f"Settings: {s.epochs} epochs Adam (lr {s.lr}, batch {s.batch_size}, weight decay {s.weight_decay}) for "
         f"torch-trained methods; {s.svi_epochs} SVI epochs (batch {s.svi_batch_size}) for Pyro SVI methods (MAP, "
         f"MFVI, MNVI); SDE-BNN {s.sde_epochs} epochs with Euler step {s.sde_dt}; {s.num_samples} predictive samples; "
         f"{s.num_members} ensemble members; dropout {s.dropout}; SG-MCMC step 1e-3 (fSGLD 1e-4), SGHMC friction "
         f"0.1 (fSGHMC 10), batch {s.batch_size}, {s.mcmc_warmup} warm-up + {s.mcmc_samples} samples thinned by "
         f"{s.mcmc_thinning}; functional priors: RBF GP on the class-1 logit (variance 4, length scale 0.5).",
-        "",
-        "Metrics on the 500 test points: accuracy, ECE (10 equal-width bins), Brier score, NLL (nats) of the "
-        "predictive mean; `(TS)` after temperature scaling of the predictive log-probabilities (T fitted on the "
-        "validation set); seconds = fit + test prediction. The CSV also has ECE with 15 and 20 bins.",
-        "",
+        f"Metrics on the {len(data.y_test)} test points: accuracy, ECE (10 equal-width bins), Brier score, NLL (nats) "
+        "of the predictive mean; `(TS)` after temperature scaling of the predictive log-probabilities (T fitted on "
+        "the validation set); seconds = fit + test prediction. The CSV also has ECE with 15 and 20 bins.",
         "Files: `two_moons_table.md` / `.csv`, `reliability.png`, `heatmaps.png`, `uncertainty_decomposition.png`.",
-        "",
     ]
     if extra_files:
-        text += [
+        blocks += [
             "SG-MCMC chain diagnostics in function space (class-1 probability at the first "
             f"{_NUM_PROBES} test points; one chain each, Pyro's ESS): " + ", ".join(f"`{f}`" for f in extra_files),
-            "",
             (args.output / "sgmcmc_ess.md").read_text(),
         ]
+    missing = [r for r in results if r.status != "ok"]
     if missing:
-        text += ["Not run in this installation:", ""] + [f"- {r.name}: {r.status}" for r in missing] + [""]
-    text.append((args.output / "two_moons_table.md").read_text())
-    (args.output / "README.md").write_text("\n".join(text))
+        blocks.append("Not run in this installation:\n\n" + "\n".join(f"- {r.name}: {r.status}" for r in missing))
+    blocks.append((args.output / "two_moons_table.md").read_text())
+    common.write_readme(args.output / "README.md", "Two Moons head-to-head", blocks)
 
 
 # --------------------------------------------------------------------------- entry points
@@ -579,10 +388,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> dict:
     """Train every method, write the table and figures, return ``{method: metrics}``."""
+    from tqdm.auto import tqdm
+
     from pyro_sdebnn.data import two_moons
 
     device = torch.device(getattr(args, "device", "cpu"))
-    quick = bool(getattr(args, "quick", False))
     seed = int(getattr(args, "seed", 0))
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
@@ -590,54 +400,41 @@ def run(args: argparse.Namespace) -> dict:
     unknown = sorted(set(methods) - set(ADAPTERS))
     if unknown:
         raise ValueError(f"--methods: unknown {unknown}; choose from {list(ADAPTERS)}")
-    s = Settings.quick(device) if quick else Settings(device=device)
-    n_train = getattr(args, "n_train", 200)
-    n_test = getattr(args, "n_test", 500)
-    n_val = getattr(args, "n_val", 200)
-    split = two_moons(n_train=n_train, n_test=n_test, noise=0.2, seed=seed)
-    val = two_moons(n_train=n_val, n_test=1, noise=0.2, seed=seed + 1)
+    s = Settings.quick(device) if getattr(args, "quick", False) else Settings(device=device)
+    split = two_moons(n_train=getattr(args, "n_train", 200), n_test=getattr(args, "n_test", 500), noise=0.2, seed=seed)
+    val = two_moons(n_train=getattr(args, "n_val", 200), n_test=1, noise=0.2, seed=seed + 1)
     data = Data(*(t.to(device) for t in (split.x_train, split.y_train, val.x_train, val.y_train,
                                          split.x_test, split.y_test)))
-    gx = torch.linspace(-2.5, 3.5, s.grid_size, device=device)
-    gy = torch.linspace(-2.0, 2.5, s.grid_size, device=device)
-    grid = torch.stack(torch.meshgrid(gx, gy, indexing="xy"), -1).reshape(-1, 2)
+    grid_axes = (torch.linspace(-2.5, 3.5, s.grid_size, device=device),
+                 torch.linspace(-2.0, 2.5, s.grid_size, device=device))
+    grid = torch.stack(torch.meshgrid(*grid_axes, indexing="xy"), -1).reshape(-1, 2)
 
-    threads = torch.get_num_threads()
-    try:
-        if device.type == "cpu":
-            torch.set_num_threads(max(1, int(getattr(args, "threads", 1))))
-        return _run(args, s, data, methods, (gx, gy), grid, seed, out)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _run(args, s: Settings, data: Data, methods: list[str], grid_axes, grid: Tensor, seed: int, out: Path) -> dict:
-    import pyro
-    from tqdm.auto import tqdm
-
-    gx, gy = grid_axes
-    start = time.perf_counter()
     results: list[Result] = []
-    bar = tqdm(methods, desc="two-moons", unit="method")
-    for key in bar:
-        name, adapter = ADAPTERS[key]
-        bar.set_postfix_str(key)
-        pyro.set_rng_seed(seed)  # seeds torch as well
-        pyro.clear_param_store()  # methods that keep Pyro params globally must not see each other's
-        try:
-            results.append(_evaluate(key, name, adapter, data, copy.copy(s), grid))
-        except Exception as err:  # a failing method is reported in the table, not hidden
-            traceback.print_exc()
-            results.append(Result(key, name, f"failed: {type(err).__name__}: {str(err)[:120]}"))
-    total = time.perf_counter() - start
+    with common.cpu_threads(getattr(args, "threads", 1), device), common.Timer() as timer:
+        bar = tqdm(methods, desc="two-moons", unit="method")
+        for key in bar:
+            name, adapter = ADAPTERS[key]
+            bar.set_postfix_str(key)
+            common.fresh_start(seed)  # the same random state for every method, no Pyro params left by another
+            try:
+                results.append(_evaluate(key, name, adapter, data, copy.copy(s), grid))
+            except Exception as err:  # a failing method is reported in the table, not hidden
+                traceback.print_exc()
+                results.append(Result(key, name, f"failed: {type(err).__name__}: {str(err)[:120]}"))
 
-    _write_tables(results, out)
     ok = [r for r in results if r.status == "ok"]
-    _plot_reliability(results, data.y_test, out / "reliability.png")
-    _plot_heatmaps(results, data, (gx, gy), out / "heatmaps.png")
+    _write_tables(results, out)
+    common.plot_reliability_curves({r.name: r.test_probs for r in ok}, data.y_test, out / "reliability.png",
+                                   title="Two Moons reliability diagram (10 equal-width bins; empty bins omitted)",
+                                   xlim=(0.45, 1.0))
+    p1 = {r.name: r.grid_probs[..., 1] for r in ok}  # p(y=1|x) per posterior draw
+    common.plot_grid_heatmaps({name: (p.mean(0), p.std(0, unbiased=False)) for name, p in p1.items()}, grid_axes,
+                              data.x_train, data.y_train, out / "heatmaps.png")
     ensemble = next((r for r in ok if r.key == "deep-ensemble"), ok[0] if ok else None)
     if ensemble is not None:
-        _plot_decomposition(ensemble, (gx, gy), out / "uncertainty_decomposition.png")
-    extra_files = _write_sgmcmc_diagnostics(results, out)
-    _write_readme(results, args, s, data, total, extra_files)
+        common.plot_uncertainty_decomposition(ensemble.name, ensemble.grid_probs, grid_axes,
+                                              out / "uncertainty_decomposition.png")
+    chains = {r.name: (r.diagnostics["probe_probs"], r.diagnostics["sampling_seconds"]) for r in ok if r.diagnostics}
+    extra_files = common.write_chain_diagnostics(chains, out) if chains else []
+    _write_readme(results, args, s, data, timer.seconds, extra_files)
     return {r.key: ({**r.metrics, "seconds": r.seconds} if r.status == "ok" else r.status) for r in results}

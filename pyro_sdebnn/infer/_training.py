@@ -24,8 +24,9 @@ Two pieces, used by the SVI loops (:meth:`~pyro_sdebnn.infer.pyro_bnn.SVIBaselin
   ``clip_args={"clip_norm": c}`` instead clips every parameter tensor separately, which changes the
   direction whenever only some tensors exceed :math:`c`. When both thresholds are given, the
   :math:`L_2` clipping is applied first and the :math:`L_\\infty` one second (the result satisfies
-  both bounds, since the second only shrinks the gradient further). :func:`svi_step` does one
-  :meth:`pyro.infer.SVI.step` with this clipping inserted between ``loss_and_grads`` and the optimiser.
+  both bounds, since the second only shrinks the gradient further). :func:`svi_update` does one
+  :meth:`pyro.infer.SVI.step` with this clipping inserted between ``loss_and_grads`` and the optimiser (and
+  no update on a NaN loss); :func:`svi_step` is ``SVI.step`` itself when there is nothing to clip.
 
 **References**
 
@@ -53,6 +54,7 @@ __all__ = [
     "clip_gradients_batched",
     "make_torch_scheduler",
     "svi_step",
+    "svi_update",
 ]
 
 SCHEDULER_STEPS = ("epoch", "step")
@@ -127,30 +129,49 @@ def clip_gradients_batched(params: Iterable[Tensor], clip_norm: float | None = N
                 g.mul_(coef.reshape(-1, *([1] * (g.dim() - 1))).to(g.dtype))
 
 
+def svi_update(svi: pyro.infer.SVI, args: tuple = (), kwargs: dict | None = None, *, clip_norm: float | None = None,
+               clip_inf_norm: float | None = None, where: str = "this step") -> tuple[float, list[str]]:
+    """One :meth:`pyro.infer.SVI.step` with :func:`clip_gradients` between the gradient and the update; a NaN or
+    infinite loss raises before any parameter changes.
+
+    Mirrors ``SVI.step``: the loss and gradients come from ``svi.loss_and_grads`` under a
+    ``poutine.trace(param_only=True)``; the unconstrained parameters of that trace, in the order of their names
+    (a fixed order: the clipping norm sums the gradients the same way every run, so the same seed gives bitwise
+    the same run), are clipped together, updated by ``svi.optim`` and their gradients zeroed. ``args`` and
+    ``kwargs`` go to the model and guide.
+
+    :param str where: where in the run this step is, for the error message (e.g. ``"epoch 3, batch 7"``).
+    :returns: the loss estimate and the names of the parameters updated.
+    :raises FloatingPointError: if the loss is NaN or infinite (the gradients are zeroed, nothing is updated).
+    """
+    with poutine.trace(param_only=True) as capture:
+        loss = svi.loss_and_grads(svi.model, svi.guide, *args, **(kwargs or {}))
+    loss = type(loss)(map(torch_item, loss)) if isinstance(loss, tuple) else torch_item(loss)
+    sites = sorted(capture.trace.nodes.values(), key=lambda site: site["name"])
+    params = [site["value"].unconstrained() for site in sites]
+    if not all(math.isfinite(value) for value in (loss if isinstance(loss, tuple) else (loss,))):
+        pyro.infer.util.zero_grads(params)
+        raise FloatingPointError(f"the SVI loss became {loss} at {where}; the parameters were not updated "
+                                 "(try a smaller learning rate, clip_norm, or check the data for NaN)")
+    clip_gradients(params, clip_norm, clip_inf_norm)
+    svi.optim(params)
+    pyro.infer.util.zero_grads(params)
+    return loss, [site["name"] for site in sites]
+
+
 def svi_step(svi: pyro.infer.SVI, *args, clip_norm: float | None = None, clip_inf_norm: float | None = None,
              **kwargs) -> float:
     """One :meth:`pyro.infer.SVI.step` with :func:`clip_gradients` between the gradient and the update.
 
-    Mirrors ``SVI.step``: the loss and gradients come from ``svi.loss_and_grads`` under a
-    ``poutine.trace(param_only=True)``, the unconstrained parameters of that trace are clipped
-    together, updated by ``svi.optim`` and their gradients zeroed. Without clipping this is exactly
-    ``svi.step(*args, **kwargs)``. Any ``args`` and ``kwargs`` go to the model and guide.
+    Without clipping this is exactly ``svi.step(*args, **kwargs)``; with it, :func:`svi_update` (which also
+    refuses to update on a NaN or infinite loss). Any ``args`` and ``kwargs`` go to the model and guide.
 
     :returns: the loss estimate.
     """
     clip_norm, clip_inf_norm = check_clip(clip_norm, clip_inf_norm)
     if clip_norm is None and clip_inf_norm is None:
         return svi.step(*args, **kwargs)
-    with poutine.trace(param_only=True) as param_capture:
-        loss = svi.loss_and_grads(svi.model, svi.guide, *args, **kwargs)
-    # In trace order, not a set: the clipping norm sums over the tensors, and a set's order (by id) varies.
-    params = list(dict.fromkeys(site["value"].unconstrained() for site in param_capture.trace.nodes.values()))
-    clip_gradients(params, clip_norm, clip_inf_norm)
-    svi.optim(params)
-    pyro.infer.util.zero_grads(params)
-    if isinstance(loss, tuple):
-        return type(loss)(map(torch_item, loss))
-    return torch_item(loss)
+    return svi_update(svi, args, kwargs, clip_norm=clip_norm, clip_inf_norm=clip_inf_norm)[0]
 
 
 class SchedulerStepper:

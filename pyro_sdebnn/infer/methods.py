@@ -189,12 +189,6 @@ def _dropout_layers(net: nn.Module) -> list[nn.Module]:
     return [m for m in net.modules() if isinstance(m, _DROPOUT_TYPES)]
 
 
-def _minibatches(n: int, batch_size: int, device: torch.device, generator=None) -> Iterator[Tensor]:
-    perm = torch.randperm(n, device=device, generator=generator)
-    for start in range(0, n, batch_size):
-        yield perm[start : start + batch_size]
-
-
 def _is_loader_arg(x, name: str = "x") -> bool:
     """:func:`~pyro_sdebnn.data.loaders.is_loader` with an error naming the argument."""
     from pyro_sdebnn.data.loaders import is_loader
@@ -209,11 +203,12 @@ def _is_loader_arg(x, name: str = "x") -> bool:
 
 
 def _module_device_dtype(module: nn.Module) -> tuple[torch.device, torch.dtype]:
-    """Device and floating-point dtype of a module's first parameter (where every batch goes)."""
-    param = next(module.parameters(), None)
-    if param is None:
-        return torch.device("cpu"), torch.get_default_dtype()
-    return param.device, param.dtype
+    """Device and floating-point dtype of a module's first parameter (where every batch goes); without one, the
+    CPU and torch's default dtype."""
+    from pyro_sdebnn.data.loaders import module_device_dtype
+
+    device, dtype = module_device_dtype(module)
+    return (torch.device("cpu"), torch.get_default_dtype()) if device is None else (device, dtype)
 
 
 class _TrainingData:
@@ -249,7 +244,9 @@ class _TrainingData:
     def batches(self, device=None, dtype=None) -> Iterator[tuple[Tensor, Tensor]]:
         """One epoch of ``(x, y)`` minibatches (loader batches on ``device`` / ``dtype``)."""
         if self.loader is None:
-            for idx in _minibatches(self.n, int(self.batch_size), self.x.device):
+            from pyro_sdebnn.data.loaders import minibatch_indices
+
+            for idx in minibatch_indices(self.n, int(self.batch_size), self.x.device):
                 yield self.x[idx], self.y[idx]
             return
         from pyro_sdebnn.data.loaders import iter_batches

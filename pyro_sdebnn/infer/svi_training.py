@@ -64,7 +64,6 @@ a ``ValueError`` and changes nothing.
 from __future__ import annotations
 
 import inspect
-import math
 import os
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -72,12 +71,18 @@ from typing import Callable, Iterable, Sequence
 import pyro
 import torch
 from pyro import poutine
-from pyro.infer.util import torch_item, zero_grads
 from torch import Tensor, nn
 from tqdm.auto import trange
 
-from pyro_sdebnn.data.loaders import dataset_size, is_loader, iter_batches, move_batch
-from pyro_sdebnn.infer._training import SchedulerStepper, check_clip, clip_gradients
+from pyro_sdebnn.data.loaders import (
+    dataset_size,
+    is_loader,
+    iter_batches,
+    minibatch_indices,
+    module_device_dtype,
+    move_batch,
+)
+from pyro_sdebnn.infer._training import SchedulerStepper, check_clip, svi_update
 from pyro_sdebnn.infer.checkpoint import loader_generators, rng_state, save_checkpoint, set_rng_state
 
 __all__ = ["CHECKPOINT_FORMAT", "load_svi_checkpoint", "train_svi"]
@@ -203,34 +208,6 @@ def _find_modules(svi) -> list[nn.Module]:
     return found
 
 
-def _model_device_dtype(modules: Sequence[nn.Module]):
-    for m in modules:
-        for p in m.parameters():
-            if p.dtype.is_floating_point:
-                return p.device, p.dtype
-    return None, None
-
-
-def _svi_step(svi, args, kwargs, clip_norm, clip_inf_norm, where: str) -> tuple[float, set[str]]:
-    """One SVI step (as ``SVI.step``, with optional whole-gradient clipping); a non-finite loss raises
-    before the parameters are updated."""
-    with poutine.trace(param_only=True) as capture:
-        loss = svi.loss_and_grads(svi.model, svi.guide, *args, **kwargs)
-    loss = torch_item(loss)
-    # in the order of their names (not of a set, i.e. of memory addresses): the clipping norm sums the gradients
-    # in a fixed order, so the same seed gives bitwise the same run
-    sites = sorted(capture.trace.nodes.values(), key=lambda site: site["name"])
-    params = [site["value"].unconstrained() for site in sites]
-    if not math.isfinite(loss):
-        zero_grads(params)
-        raise FloatingPointError(f"train_svi: the loss became {loss} at {where}; the parameters were not updated "
-                                 "(try a smaller learning rate, clip_norm, or check the data for NaN)")
-    clip_gradients(params, clip_norm, clip_inf_norm)
-    svi.optim(params)
-    zero_grads(params)
-    return loss, {site["name"] for site in sites}
-
-
 def _data_parallel_sampler(data):
     """The ``DistributedSampler`` of a data-parallel run (several ranks, a sharded loader), else ``None``."""
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
@@ -241,10 +218,7 @@ def _data_parallel_sampler(data):
 
 
 def _tensor_batches(x: Tensor, y: Tensor, batch_size: int, shuffle: bool, device, dtype):
-    n = x.shape[0]
-    perm = torch.randperm(n, device=x.device) if shuffle else torch.arange(n, device=x.device)
-    for start in range(0, n, batch_size):
-        idx = perm[start:start + batch_size]
+    for idx in minibatch_indices(x.shape[0], batch_size, x.device, shuffle=shuffle):
         yield move_batch(x[idx], device, dtype), move_batch(y[idx], device, dtype)
 
 
@@ -354,7 +328,7 @@ def train_svi(
     if not all(isinstance(m, nn.Module) for m in modules):
         raise TypeError("modules must be nn.Module objects")
     if device is None and dtype is None:
-        device, dtype = _model_device_dtype(modules)
+        device, dtype = module_device_dtype(*modules)
     loader_obj = data if loader else None  # whose own generators are part of the random state
     sampler = _data_parallel_sampler(data) if loader else None
     if sampler is not None:  # several ranks, a sharded loader: gradients averaged, checkpoints on rank 0
@@ -396,8 +370,9 @@ def train_svi(
         if sampler is not None:
             sampler.set_epoch(epoch)  # the ranks' shards of a new shared permutation
         for i, (x, y) in enumerate(batches()):
-            loss, seen = _svi_step(svi, (x, y), kwargs, clip_norm, clip_inf_norm, f"epoch {epoch}, batch {i}")
-            names |= seen
+            loss, seen = svi_update(svi, (x, y), kwargs, clip_norm=clip_norm, clip_inf_norm=clip_inf_norm,
+                                    where=f"epoch {epoch}, batch {i} of train_svi")
+            names.update(seen)
             total += loss * x.shape[0]
             count += x.shape[0]
             stepper.after_step(loss)

@@ -56,27 +56,37 @@ def _check_probabilities(name: str, probs: Tensor) -> None:
         )
 
 
-def _check_probs(probs, name: str = "probs") -> tuple[Tensor, bool]:
-    """Validate predictive probabilities; return them as ``(N, C)`` and whether the input was binary ``(N,)``."""
+def _check_class_probs(probs, name: str, lead: str) -> tuple[Tensor, bool]:
+    """Validate class probabilities of shape ``(*lead, C)`` (or binary ``(*lead,)``), ``lead`` being ``"N"`` or
+    ``"S, N"``; return them with a class dimension and whether the input was binary."""
+    num_lead = lead.count(",") + 1
     if _is_prediction(probs, "ClassificationPrediction"):
-        probs = probs.mean_probs
+        probs = probs.mean_probs if num_lead == 1 else probs.probs
     probs = _float_tensor(name, probs)
-    if probs.dim() == 1:
-        binary = True
-    elif probs.dim() == 2 and probs.shape[-1] >= 2:
-        binary = False
-    else:
+    binary = probs.dim() == num_lead
+    if not binary and not (probs.dim() == num_lead + 1 and probs.shape[-1] >= 2):
         raise ValueError(
-            f"{name} must have shape (N, C) with C >= 2 classes, or (N,) positive-class probabilities, "
+            f"{name} must have shape ({lead}, C) with C >= 2 classes, or ({lead},) positive-class probabilities, "
             f"got {tuple(probs.shape)}"
         )
-    if probs.shape[0] == 0:
-        raise ValueError(f"{name} is empty: need at least one prediction")
+    if 0 in probs.shape[:num_lead]:
+        what = "one sample and one prediction" if num_lead == 2 else "one prediction"
+        raise ValueError(f"{name} is empty: need at least {what}, got {tuple(probs.shape)}")
     _check_probabilities(name, probs)
     if binary:
         return torch.stack([1 - probs, probs], dim=-1), True
     _check_rows_sum_to_one(name, probs)
     return probs, False
+
+
+def _check_probs(probs, name: str = "probs") -> tuple[Tensor, bool]:
+    """Validate predictive probabilities; return them as ``(N, C)`` and whether the input was binary ``(N,)``."""
+    return _check_class_probs(probs, name, "N")
+
+
+def _check_sample_probs(sample_probs, name: str = "sample_probs") -> Tensor:
+    """Validate per-sample probabilities ``(S, N, C)`` (or binary ``(S, N)``); return ``(S, N, C)``."""
+    return _check_class_probs(sample_probs, name, "S, N")[0]
 
 
 def _check_rows_sum_to_one(name: str, probs: Tensor) -> None:
@@ -87,31 +97,6 @@ def _check_rows_sum_to_one(name: str, probs: Tensor) -> None:
             f"{name} rows must sum to 1 over the last (class) dimension within {tol:.2g}, "
             f"got a deviation of {float(error.max()):.4g}"
         )
-
-
-def _check_sample_probs(sample_probs, name: str = "sample_probs") -> Tensor:
-    """Validate per-sample probabilities ``(S, N, C)`` (or binary ``(S, N)``); return ``(S, N, C)``."""
-    if _is_prediction(sample_probs, "ClassificationPrediction"):
-        sample_probs = sample_probs.probs
-    sample_probs = _float_tensor(name, sample_probs)
-    if sample_probs.dim() == 2:
-        binary = True
-    elif sample_probs.dim() == 3 and sample_probs.shape[-1] >= 2:
-        binary = False
-    else:
-        raise ValueError(
-            f"{name} must have shape (S, N, C) with C >= 2, or (S, N) positive-class probabilities, "
-            f"got {tuple(sample_probs.shape)}"
-        )
-    if sample_probs.shape[0] == 0 or sample_probs.shape[1] == 0:
-        raise ValueError(
-            f"{name} is empty: need at least one sample and one prediction, got {tuple(sample_probs.shape)}"
-        )
-    _check_probabilities(name, sample_probs)
-    if binary:
-        return torch.stack([1 - sample_probs, sample_probs], dim=-1)
-    _check_rows_sum_to_one(name, sample_probs)
-    return sample_probs
 
 
 def _check_labels(labels, num_items: int, num_classes: int, device: torch.device, name: str = "labels") -> Tensor:

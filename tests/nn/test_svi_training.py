@@ -332,17 +332,17 @@ def test_resume_is_bitwise_with_constrained_guide_parameters(tmp_path):
 def test_gradients_are_clipped_in_the_order_of_parameter_names(monkeypatch):
     # the whole-gradient norm sums the parameters in a fixed order (by name, not by memory address as a set
     # would), so that the same seed gives bitwise the same run
-    import pyro_sdebnn.infer.svi_training as svi_training
+    import pyro_sdebnn.infer._training as training  # train_svi's step: _training.svi_update
 
     orders = []
-    original = svi_training.clip_gradients
+    original = training.clip_gradients
 
     def recording(params, *args):
         store = pyro.get_param_store()
         orders.append([store.param_name(p) for p in params])
         return original(params, *args)
 
-    monkeypatch.setattr(svi_training, "clip_gradients", recording)
+    monkeypatch.setattr(training, "clip_gradients", recording)
     x, y = _data()
     _, _, svi = _sdebnn_svi()
     train_svi(svi, (x, y), num_epochs=1, batch_size=8, clip_norm=0.05)

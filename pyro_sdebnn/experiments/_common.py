@@ -1,0 +1,403 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Evaluation and report code shared by the experiments, so that each experiment file is a script of its protocol.
+
+An experiment (see :mod:`pyro_sdebnn.experiments`) builds its data, trains its methods and calls these for the
+rest. The module's name starts with an underscore, so :func:`~pyro_sdebnn.experiments.discover` does not take it
+for a benchmark.
+
+**Running**
+
+- :func:`cpu_threads`: ``with cpu_threads(1, device):`` -- torch's intra-op CPU threads for the block, restored
+  afterwards (small networks on a shared CPU only lose time to synchronisation between threads).
+- :func:`fresh_start`: seed torch, NumPy and Python (``pyro.set_rng_seed``) and clear Pyro's parameter store
+  before each method, so that methods neither see each other's parameters nor depend on the order they run in.
+- :class:`Timer`: ``with Timer() as timer: ...``; then ``timer.seconds`` is the block's wall time.
+
+**Evaluation**
+
+- :func:`classification_metrics`: accuracy, ECE (several bin counts), Brier score and NLL of class probabilities.
+- :func:`calibrated_metrics`: the same, plus the scores after temperature scaling fitted on a validation set.
+- :func:`regression_metrics`: test log-likelihood and RMSE of a Gaussian-mixture predictive, in original units.
+- :func:`mean_se`: mean and standard error over splits or runs.
+
+**Reports**
+
+- :func:`write_csv`, :func:`markdown_table`, :func:`fmt`: result tables as CSV and Markdown.
+- :func:`write_readme`: a result folder's ``README.md`` (title, paragraphs, tables).
+- :func:`figure`, :func:`save_figure`: a pyplot-free :class:`matplotlib.figure.Figure` (any backend, no global
+  state) and saving it.
+- :func:`plot_reliability_curves`: one reliability curve per method on one set of axes.
+- :func:`plot_grid_heatmaps`, :func:`plot_uncertainty_decomposition`: predictive maps over a 2-D input grid.
+- :func:`write_chain_diagnostics`: ESS per second, trace and ArviZ autocorrelation plots of MCMC draws of a few
+  scalar predictions (function-space diagnostics).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import math
+import statistics
+import time
+import warnings
+from pathlib import Path
+from typing import Iterator, Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "Timer",
+    "calibrated_metrics",
+    "classification_metrics",
+    "cpu_threads",
+    "figure",
+    "fmt",
+    "fresh_start",
+    "markdown_table",
+    "mean_se",
+    "plot_grid_heatmaps",
+    "plot_reliability_curves",
+    "plot_uncertainty_decomposition",
+    "regression_metrics",
+    "save_figure",
+    "write_chain_diagnostics",
+    "write_csv",
+    "write_readme",
+]
+
+
+# --------------------------------------------------------------------------- running
+@contextlib.contextmanager
+def cpu_threads(num_threads: int = 1, device=None) -> Iterator[None]:
+    """Run the block with ``num_threads`` torch intra-op threads on the CPU; restore the previous number after.
+
+    :param int num_threads: threads for the block (at least 1).
+    :param device: the experiment's device; for a non-CPU device the thread count is left alone.
+    """
+    threads = torch.get_num_threads()
+    if device is None or torch.device(device).type == "cpu":
+        torch.set_num_threads(max(1, int(num_threads)))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def fresh_start(seed: int) -> None:
+    """Seed torch, NumPy and Python with ``seed`` (``pyro.set_rng_seed``) and clear Pyro's parameter store.
+
+    Called before each method of an experiment, so that every method starts from the same random state whatever
+    ran before it.
+    """
+    import pyro
+
+    pyro.set_rng_seed(seed)
+    pyro.clear_param_store()
+
+
+class Timer:
+    """Wall time of a ``with`` block (``time.perf_counter``): ``with Timer() as t: ...``, then ``t.seconds``.
+
+    ``seconds`` is NaN until the block ends (also when it raises, so a failed fit is not timed).
+    """
+
+    def __init__(self) -> None:
+        self.seconds = float("nan")
+        self._start = 0.0
+
+    def __enter__(self) -> "Timer":
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.seconds = time.perf_counter() - self._start
+
+
+# --------------------------------------------------------------------------- evaluation
+def classification_metrics(probs: Tensor, labels: Tensor, *, ece_bins: Sequence[int] = (10, 15, 20)) -> dict:
+    """Accuracy, ECE, Brier score and NLL (nats) of class probabilities ``probs`` ``(N, C)`` for ``labels``.
+
+    The ECE (:func:`~pyro_sdebnn.metrics.expected_calibration_error`, equal-width bins) is computed for each bin
+    count of ``ece_bins``: the first is ``"ece"``, the others ``"ece{bins}"`` (e.g. 10 bins as in Naeini et al.
+    2015, 15 as in Guo et al. 2017, "On Calibration of Modern Neural Networks", ICML; 20 as in Schmitt & Roth
+    2021, GCPR).
+
+    :return: ``{"accuracy", "ece", "ece15", "ece20", "brier", "nll"}`` (with the default ``ece_bins``) as floats.
+    """
+    from pyro_sdebnn.metrics import accuracy, brier_score, expected_calibration_error, negative_log_likelihood
+
+    if not ece_bins:
+        raise ValueError("ece_bins must name at least one bin count")
+    metrics = {"accuracy": float(accuracy(probs, labels))}
+    for i, bins in enumerate(ece_bins):
+        metrics["ece" if i == 0 else f"ece{bins}"] = float(expected_calibration_error(probs, labels, num_bins=bins))
+    metrics["brier"] = float(brier_score(probs, labels))
+    metrics["nll"] = float(negative_log_likelihood(probs, labels))
+    return metrics
+
+
+def calibrated_metrics(test_probs: Tensor, y_test: Tensor, val_probs: Tensor, y_val: Tensor) -> dict:
+    """:func:`classification_metrics` of the test predictive, before and after temperature scaling.
+
+    Temperature scaling (Guo et al. 2017, "On Calibration of Modern Neural Networks", ICML) divides the
+    predictive log-probabilities by :math:`T` fitted by NLL on the validation set
+    (:func:`~pyro_sdebnn.metrics.fit_temperature`), :math:`p_T \\propto \\bar p^{1/T}`.
+
+    :return: the metrics of :func:`classification_metrics`, plus ``"ece_ts"``, ``"brier_ts"``, ``"nll_ts"``
+        after scaling and ``"temperature"``.
+    """
+    from pyro_sdebnn.metrics import fit_temperature, temperature_scale
+
+    def log_probs(probs: Tensor) -> Tensor:
+        return probs.double().clamp_min(1e-12).log()
+
+    metrics = classification_metrics(test_probs, y_test)
+    temperature = fit_temperature(log_probs(val_probs), y_val)
+    scaled = temperature_scale(log_probs(test_probs), temperature).to(test_probs.dtype)
+    scaled_metrics = classification_metrics(scaled, y_test)
+    metrics.update({f"{k}_ts": scaled_metrics[k] for k in ("ece", "brier", "nll")})
+    metrics["temperature"] = float(temperature)
+    return metrics
+
+
+def regression_metrics(pred, y: Tensor, y_scale: float = 1.0, mask: Tensor | None = None) -> dict:
+    """Test log-likelihood (mean per point) and RMSE of a Gaussian-mixture predictive, in original units.
+
+    :param pred: a :class:`~pyro_sdebnn.infer.predictive.RegressionPrediction` (``loc``/``scale`` ``(S, N)``).
+    :param Tensor y: standardised targets ``(N,)``.
+    :param float y_scale: the standard deviation used to standardise the targets (1: already original units).
+    :param mask: optional ``(N,)`` boolean mask: score only these points (e.g. a region of the inputs).
+    :return: ``{"test_ll": ..., "rmse": ...}``, see :func:`~pyro_sdebnn.metrics.gaussian_mixture_log_likelihood`
+        and :func:`~pyro_sdebnn.metrics.rmse`.
+    """
+    from pyro_sdebnn.metrics import gaussian_mixture_log_likelihood, rmse
+
+    loc, scale, mean = pred.loc, pred.scale, pred.mean
+    if mask is not None:
+        loc, scale, mean, y = loc[:, mask], scale[:, mask], mean[mask], y[mask]
+    return {
+        "test_ll": float(gaussian_mixture_log_likelihood(loc, scale, y, y_scale=y_scale)),
+        "rmse": float(rmse(mean, y, y_scale=y_scale)),
+    }
+
+
+def mean_se(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and standard error :math:`s / \\sqrt n` (sample standard deviation :math:`s`) of ``values``.
+
+    The standard error is NaN for a single value.
+    """
+    values = list(values)
+    if not values:
+        raise ValueError("mean_se needs at least one value")
+    mean = statistics.fmean(values)
+    se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else float("nan")
+    return mean, se
+
+
+# --------------------------------------------------------------------------- tables
+def fmt(value, digits: int = 3) -> str:
+    """``value`` with ``digits`` decimals; ``""`` for ``None`` and NaN (an empty table cell)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return f"{value:.{digits}f}"
+
+
+def write_csv(path, rows: Sequence[Mapping], fieldnames: Sequence[str] | None = None) -> None:
+    """Write ``rows`` (dicts) as a CSV file with a header; ``fieldnames`` defaults to the first row's keys.
+
+    Keys missing from a row give empty cells; floats are written in full precision (``repr``).
+    """
+    rows = list(rows)
+    if fieldnames is None:
+        if not rows:
+            raise ValueError("write_csv: no rows and no fieldnames")
+        fieldnames = list(rows[0])
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(fieldnames))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
+    """A Markdown (GitHub) table of ``rows`` of cells, already formatted (``str`` is applied); ends with a newline.
+
+    >>> print(markdown_table(["method", "ECE"], [["MAP", "0.043"]]), end="")
+    | method | ECE |
+    |---|---|
+    | MAP | 0.043 |
+    """
+    lines = ["| " + " | ".join(map(str, header)) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(map(str, row)) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def write_readme(path, title: str, blocks: Sequence[str]) -> None:
+    """Write a result folder's ``README.md``: ``# title`` then each block (paragraph, table, list) in turn."""
+    text = [f"# {title}", ""]
+    for block in blocks:
+        text += [block.rstrip("\n"), ""]
+    Path(path).write_text("\n".join(text))
+
+
+# --------------------------------------------------------------------------- figures
+def figure(**kwargs):
+    """A :class:`matplotlib.figure.Figure` (keyword arguments as there), without pyplot: no global state, no
+    backend switch, nothing to close; draw with ``fig.subplots(...)`` and write with :func:`save_figure`."""
+    from matplotlib.figure import Figure
+
+    return Figure(**kwargs)
+
+
+def save_figure(fig, path, dpi: int = 120) -> None:
+    """Lay ``fig`` out tightly and save it as ``path`` (PNG by the suffix)."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+
+
+def plot_reliability_curves(curves: Mapping[str, Tensor], labels: Tensor, path, *, num_bins: int = 10,
+                            title: str = "reliability diagram", xlim=(0.0, 1.0)) -> None:
+    """Accuracy against mean confidence per equal-width confidence bin, one line per method (empty bins omitted).
+
+    See :func:`~pyro_sdebnn.metrics.calibration_bins`; the legend gives each method's
+    :func:`~pyro_sdebnn.metrics.expected_calibration_error` with the same bins. For one method with a confidence
+    histogram, use :func:`~pyro_sdebnn.metrics.reliability_diagram`.
+
+    :param curves: ``{method name: class probabilities (N, C)}``.
+    :param Tensor labels: ``(N,)`` integer labels.
+    """
+    import matplotlib
+
+    from pyro_sdebnn.metrics import calibration_bins, expected_calibration_error
+
+    fig = figure(figsize=(9.5, 5.5))
+    ax = fig.add_subplot()
+    ax.plot([0, 1], [0, 1], "k--", lw=1, label="perfect calibration")
+    colors = matplotlib.colormaps["tab20"].colors
+    for i, (name, probs) in enumerate(curves.items()):
+        bins = calibration_bins(probs, labels, num_bins=num_bins)
+        keep = bins.count > 0
+        ece = float(expected_calibration_error(probs, labels, num_bins=num_bins))
+        ax.plot(
+            bins.confidence[keep].cpu().numpy(), bins.accuracy[keep].cpu().numpy(), marker="o", ms=3,
+            color=colors[(2 * i) % 20 + (2 * i) // 20], ls=("-", "--", ":")[i % 3], label=f"{name} (ECE {ece:.3f})",
+        )
+    ax.set(xlabel="confidence (mean of the bin)", ylabel="accuracy", xlim=xlim, title=title)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    save_figure(fig, path, dpi=120)
+
+
+def plot_grid_heatmaps(maps: Mapping[str, tuple[Tensor, Tensor]], grid_axes: tuple[Tensor, Tensor],
+                       x_train: Tensor, y_train: Tensor, path) -> None:
+    """Predictive mean and standard deviation of :math:`p(y=1 \\mid x)` over a 2-D input grid, one row per method.
+
+    :param maps: ``{method name: (mean, std)}``, each flattened over the grid ``(len(gy) * len(gx),)`` in the
+        ``meshgrid(gx, gy, indexing="xy")`` order.
+    :param grid_axes: ``(gx, gy)``, the grid's coordinates along each input dimension.
+    :param x_train: ``(N, 2)`` training inputs, drawn over the maps coloured by ``y_train``.
+    """
+    gx, gy = (g.cpu().numpy() for g in grid_axes)
+    shape = (gy.shape[0], gx.shape[0])
+    fig = figure(figsize=(6.5, 2.6 * max(1, len(maps))))
+    axes = fig.subplots(max(1, len(maps)), 2, squeeze=False)
+    xt, yt = x_train.cpu().numpy(), y_train.cpu().numpy()
+    for row, (name, (mean, std)) in zip(axes, maps.items()):
+        m = row[0].pcolormesh(gx, gy, mean.reshape(shape).cpu().numpy(), cmap="RdBu_r", vmin=0, vmax=1,
+                              shading="auto")
+        fig.colorbar(m, ax=row[0])
+        v = row[1].pcolormesh(gx, gy, std.reshape(shape).cpu().numpy(), cmap="viridis", vmin=0,
+                              vmax=max(float(std.max()), 0.05), shading="auto")
+        fig.colorbar(v, ax=row[1])
+        for ax in row:
+            ax.scatter(xt[:, 0], xt[:, 1], c=yt, cmap="coolwarm", s=4, edgecolors="k", linewidths=0.2)
+            ax.set_xticks([])
+            ax.set_yticks([])
+        row[0].set_title(f"{name}: mean p(y=1|x)", fontsize=8)
+        row[1].set_title("std over posterior samples", fontsize=8)
+    save_figure(fig, path, dpi=90)
+
+
+def plot_uncertainty_decomposition(name: str, grid_probs: Tensor, grid_axes: tuple[Tensor, Tensor], path) -> None:
+    """Total, aleatoric and epistemic entropy (:func:`~pyro_sdebnn.metrics.uncertainty_decomposition`) over a
+    2-D input grid.
+
+    :param grid_probs: ``(S, len(gy) * len(gx), C)`` class probabilities per posterior draw over the grid.
+    :param grid_axes: ``(gx, gy)`` as in :func:`plot_grid_heatmaps`.
+    """
+    from pyro_sdebnn.metrics import uncertainty_decomposition
+
+    decomposition = uncertainty_decomposition(grid_probs)
+    gx, gy = (g.cpu().numpy() for g in grid_axes)
+    fig = figure(figsize=(11, 3.2))
+    titles = ("total (predictive entropy)", "aleatoric (expected entropy)", "epistemic (mutual information)")
+    for ax, title, values in zip(fig.subplots(1, 3), titles, decomposition):
+        mesh = ax.pcolormesh(gx, gy, values.reshape(gy.shape[0], gx.shape[0]).cpu().numpy(), cmap="magma",
+                             shading="auto")
+        fig.colorbar(mesh, ax=ax)
+        ax.set_title(f"{name}: {title}", fontsize=8)
+    save_figure(fig, path, dpi=100)
+
+
+def write_chain_diagnostics(chains: Mapping[str, tuple[Tensor, float]], out: Path, *, quantity: str = "p(y=1|x)",
+                            label: str = "SG-MCMC", prefix: str = "sgmcmc", ylim=(-0.02, 1.02)) -> list[str]:
+    """Function-space chain diagnostics of one chain per sampler: ESS per second, trace and autocorrelation.
+
+    Weight-space ESS says little for networks (symmetries), so the diagnostics follow a few scalar predictions
+    per draw, e.g. the class-1 probability at a few test inputs. The ESS is Pyro's
+    (:func:`~pyro_sdebnn.infer.mcmc.function_space_diagnostics`); the autocorrelation plot ArviZ's
+    (``az.plot_autocorr``).
+
+    :param chains: ``{sampler name: (draws (S, P) of P scalar predictions, sampling seconds)}``, not empty.
+    :param out: the output folder.
+    :param str quantity: what the draws are, for the figures (the prediction at each of the ``P`` test points).
+    :param str label: the samplers' family, for the figures' titles.
+    :param str prefix: file name prefix.
+    :param ylim: the trace plot's value range (``None``: matplotlib's choice; the default suits probabilities).
+    :return: the names of the files written: ``{prefix}_ess.md`` / ``.csv``, ``{prefix}_trace.png``,
+        ``{prefix}_autocorr.png``.
+    """
+    if not chains:
+        raise ValueError("write_chain_diagnostics: chains is empty")
+    import matplotlib.pyplot as plt
+    from matplotlib import MatplotlibDeprecationWarning
+
+    from pyro_sdebnn.infer.mcmc import function_space_diagnostics
+
+    with warnings.catch_warnings():
+        # ArviZ announces its refactor once per day with a FutureWarning whose message starts with a newline.
+        warnings.filterwarnings("ignore", message=r"\s*ArviZ is undergoing a major refactor", category=FutureWarning)
+        import arviz as az
+    rows = []
+    for name, (draws, seconds) in chains.items():
+        ess = function_space_diagnostics(draws.double(), num_chains=1)["ess"]
+        ess_min, ess_median = float(ess.min()), float(ess.median())
+        rows.append({"sampler": name, "draws": draws.shape[0], "ess_min": ess_min, "ess_median": ess_median,
+                     "sampling_seconds": seconds, "ess_median_per_second": ess_median / seconds})
+    header = ("sampler", "draws", "ESS min", "ESS median", "sampling seconds", "ESS median / s")
+    cells = [[r["sampler"], r["draws"], fmt(r["ess_min"], 1), fmt(r["ess_median"], 1), fmt(r["sampling_seconds"], 1),
+              fmt(r["ess_median_per_second"], 2)] for r in rows]
+    (out / f"{prefix}_ess.md").write_text(markdown_table(header, cells))
+    write_csv(out / f"{prefix}_ess.csv", rows)
+    # Trace: one row per sampler, one line per prediction. Drawn directly rather than with az.plot_trace, whose
+    # density panel fails on a prediction that saturates (a range of a few float32 ulps).
+    fig, axes = plt.subplots(len(chains), 1, figsize=(10, 2.2 * len(chains)), squeeze=False)
+    for ax, (name, (draws, _)) in zip(axes[:, 0], chains.items()):
+        ax.plot(draws.cpu().numpy(), lw=0.8)
+        ax.set(title=name, xlabel="draw", ylabel=quantity, ylim=ylim)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    figures = [("trace", fig)]
+    idata = az.from_dict(posterior={name.replace(" ", "_"): d.cpu().numpy()[None] for name, (d, _) in chains.items()})
+    num_draws = min(d.shape[0] for d, _ in chains.values())
+    num_points = next(iter(chains.values()))[0].shape[1]
+    with warnings.catch_warnings():
+        # ArviZ 0.23 calls a matplotlib helper that matplotlib 3.11 deprecates; not actionable here.
+        warnings.filterwarnings("ignore", message="Passing a dict or None as alias_mapping",
+                                category=MatplotlibDeprecationWarning)
+        axes = az.plot_autocorr(idata, max_lag=min(50, num_draws - 1))
+    figures.append(("autocorr", axes.ravel()[0].figure))
+    for kind, fig in figures:
+        fig.suptitle(f"{label} {kind}: {quantity} at {num_points} test points", fontsize=9)
+        fig.savefig(out / f"{prefix}_{kind}.png", dpi=80)
+        plt.close(fig)
+    return [f"{prefix}_ess.md", f"{prefix}_ess.csv", f"{prefix}_trace.png", f"{prefix}_autocorr.png"]
