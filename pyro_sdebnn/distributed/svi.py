@@ -118,8 +118,8 @@ class AveragedGradients:
     non-finite on all of them and every rank raises.
 
     On its first call it creates the parameters (one evaluation of the loss without gradients, after which the
-    buffers of ``modules`` are put back as they were) and copies the parameters and the buffers of ``modules`` from
-    rank 0 to the other ranks.
+    buffers of ``modules`` are put back as they were) and copies the parameters and the buffers of ``modules`` other
+    than the running statistics from rank 0 to the other ranks.
 
     :param elbo: a :class:`pyro.infer.ELBO` (any object with ``loss`` and ``loss_and_grads(model, guide, *args,
         **kwargs)`` methods).
@@ -173,8 +173,10 @@ class AveragedGradients:
                                  "the same model and guide")
         for name in names:
             broadcast_(store[name], src=0)
+        averaged = {id(t) for t in self._stats}  # not copied: they hold this rank's share of the first update
         for b in buffers:
-            broadcast_(b, src=0)
+            if id(b) not in averaged:
+                broadcast_(b, src=0)
         self._layout = layout
 
     def loss_and_grads(self, model, guide, *args, **kwargs) -> float:
