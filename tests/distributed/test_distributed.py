@@ -386,3 +386,19 @@ def test_benchmark_command_under_torchrun_runs_one_replicate_per_rank(group, flo
         with open(os.path.join(folder, "draw.txt")) as f:
             assert f.read().strip() == expected[r][0]
     assert sorted(os.listdir(cli_out)) == ["draw.txt", "rank1", "summary.json"]
+
+
+def test_benchmark_command_with_distributed_on_one_process_is_the_plain_run(tmp_path, capsys):
+    from pyro_sdebnn import cli
+
+    fake = {"fake": W.FAKE_BENCHMARK}
+    for name, extra in (("plain", []), ("dist", ["--distributed"])):
+        assert cli.main(extra + ["--output", str(tmp_path / name), "--seed", str(W.CLI_SEED), "benchmark", "fake"],
+                        experiments=fake) == 0
+    assert sorted(os.listdir(tmp_path / "dist")) == ["draw.txt", "summary.json"]  # no rank folders
+    for file in ("draw.txt", "summary.json"):
+        assert (tmp_path / "dist" / file).read_text() == (tmp_path / "plain" / file).read_text()
+    assert not distributed.is_initialized()
+    capsys.readouterr()
+    assert cli.main(["--distributed", "--dist-timeout", "0", "benchmark", "fake"], experiments=fake) == 2
+    assert "--distributed: timeout must be a positive finite number" in capsys.readouterr().err
