@@ -139,6 +139,7 @@ def scenarios(out: str) -> dict:
     command line, and the failures, in one process group (and a second one with a short timeout)."""
     from pyro_sdebnn import distributed
     from pyro_sdebnn.infer.mcmc import SGLD
+    from pyro_sdebnn.infer import train_svi
     from pyro_sdebnn.infer.methods import train_network
 
     res: dict = {}
@@ -174,6 +175,20 @@ def scenarios(out: str) -> dict:
     bnn = make_mnvi()
     res["mnvi_losses"] = bnn.fit(in_order, checkpoint=os.path.join(out, "mnvi.pt"), **mnvi_fit_kwargs())
     res["mnvi_params"] = net_params(bnn.net)
+    # sampled ELBOs (each rank draws its own guide samples): no single-process twin, one set of parameters
+    from pyro_sdebnn.infer import MeanFieldVI, NeuralSDEGuide, TracePathKL_ELBO
+    from pyro_sdebnn.nn import SDEBNN
+
+    distributed.init(seed=FIT_SEED)
+    mfvi = MeanFieldVI(make_net(), "gaussian").fit(loader, num_epochs=2)
+    res["mfvi_params"] = {k: v.detach().clone() for k, v in mfvi._store_state["params"].items()}
+    res["mfvi_losses"] = list(mfvi.losses)
+    distributed.init(seed=FIT_SEED)
+    pyro.clear_param_store()
+    sde = SDEBNN(D, 1, hidden=4, dt=0.25)
+    svi = SVI(sde.model, NeuralSDEGuide(sde, drift_hidden=4), pyro.optim.Adam({"lr": 1e-2}), TracePathKL_ELBO())
+    res["sdebnn_losses"] = train_svi(svi, loader, num_epochs=2, kl_schedule=lambda epoch: 0.5)
+    res["sdebnn_params"] = svi_params()
     # 2. two vectorised chains on each rank, seeds CHAIN_SEED + rank
     distributed.init(seed=CHAIN_SEED)
     mcmc = MCMC(SGLD(plain, vectorized_chains=2, **sgld_kwargs()), num_samples=6, warmup_steps=2,

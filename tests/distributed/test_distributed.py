@@ -205,6 +205,19 @@ def test_data_parallel_sampling_free_bnn_equals_one_process(group, float64):
     assert ckpt["epoch"] == 2 and ckpt["losses"] == results[0]["mnvi_losses"]
 
 
+@pytest.mark.parametrize("method", ["mfvi", "sdebnn"])
+def test_data_parallel_sampled_elbos_keep_one_set_of_parameters(group, float64, method):
+    # mean-field VI (fit) and an SDE-BNN (train_svi with a KL schedule): each rank draws its own guide samples, so
+    # there is no single-process twin, but the averaged gradients keep the ranks' parameters identical
+    results, _ = group
+    got, other = results[0][f"{method}_params"], results[1][f"{method}_params"]
+    assert set(got) == set(other) and len(got) > 0
+    for name, value in got.items():
+        assert torch.equal(other[name], value), name
+    assert results[0][f"{method}_losses"] == results[1][f"{method}_losses"]
+    assert all(torch.isfinite(torch.tensor(results[0][f"{method}_losses"])))
+
+
 def test_chains_over_ranks_equal_one_process_runs_with_the_rank_seeds(group, float64):
     results, _ = group
     x, y = W.data()
