@@ -8,6 +8,7 @@ import socket
 import time
 import traceback
 import types
+import warnings
 
 import pyro
 import pyro.distributions as dist
@@ -203,6 +204,9 @@ def scenarios(out: str) -> dict:
         res["idata_w"] = torch.from_numpy(idata.posterior["w"].values.copy())
         res["idata_ll_shape"] = tuple(idata.log_likelihood["obs"].shape)
         res["rhat_rows"] = len(az.summary(idata, kind="diagnostics"))
+        with warnings.catch_warnings():  # 24 draws: ArviZ warns about the Pareto k of so short a run
+            warnings.simplefilter("ignore")
+            res["loo_elpd"] = float(az.loo(idata).elpd_loo)
     # 3. one chain, data-parallel gradients: the same seed on every rank; each rank slices the shared shuffled
     # batches (of 5: slices of 3 and 2, and of 1 and 0 for the last batch of an epoch) ...
     distributed.init(seed=DP_SEED, seed_per_rank=False)

@@ -9,7 +9,9 @@ kills a rank still running after its deadline, so a failure cannot hang the suit
 
 import json
 import os
+import warnings
 
+import arviz as az
 import pyro
 import pytest
 import torch
@@ -21,7 +23,7 @@ from torch.utils.data.distributed import DistributedSampler
 from pyro_sdebnn import distributed
 from pyro_sdebnn.infer import MAPEstimate, TracePathKL_ELBO, train_svi
 from pyro_sdebnn.infer.methods import train_network
-from pyro_sdebnn.infer.mcmc import SGHMC, SGLD
+from pyro_sdebnn.infer.mcmc import SGHMC, SGLD, from_pyro
 
 import _workers as W  # noqa: E402  (tests/distributed is on sys.path: pytest's rootdir-relative import)
 
@@ -221,13 +223,14 @@ def test_data_parallel_sampled_elbos_keep_one_set_of_parameters(group, float64, 
 def test_chains_over_ranks_equal_one_process_runs_with_the_rank_seeds(group, float64):
     results, _ = group
     x, y = W.data()
-    runs = []
+    runs, idatas = [], []
     for r in range(2):
         pyro.set_rng_seed(W.CHAIN_SEED + r)
         mcmc = MCMC(SGLD(W.plain, vectorized_chains=2, **W.sgld_kwargs()), num_samples=6, warmup_steps=2,
                     disable_progbar=True)
         mcmc.run(x, y)
         runs.append(mcmc.get_samples(group_by_chain=True)["w"])
+        idatas.append(from_pyro(mcmc))
     expected = torch.cat(runs)  # (4, 6, D): chain r * 2 + k is chain k of rank r
     got = results[0]["chains"]["w"]
     assert got.shape == (4, 6, W.D)
@@ -237,6 +240,11 @@ def test_chains_over_ranks_equal_one_process_runs_with_the_rank_seeds(group, flo
     torch.testing.assert_close(results[0]["idata_w"], expected, rtol=0, atol=1e-12)
     assert results[0]["idata_ll_shape"] == (4, 6, W.N)
     assert results[0]["rhat_rows"] == W.D
+    # PSIS-LOO over the 4 gathered chains is that of the 4 chains of the two single-process runs
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected_elpd = float(az.loo(az.concat(*idatas, dim="chain", reset_dim=True)).elpd_loo)
+    assert results[0]["loo_elpd"] == pytest.approx(expected_elpd, rel=1e-10)
 
 
 def test_data_parallel_chain_equals_the_single_process_chain(group, float64):
