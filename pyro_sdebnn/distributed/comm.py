@@ -9,9 +9,9 @@ makes the others raise instead of hanging. Run without ``torchrun`` (no ``WORLD_
 starts no process group: :func:`world_size` is 1, :func:`rank` is 0 and every collective is the identity, so the
 same script runs unchanged on one process.
 
-The collectives (:func:`all_reduce_mean`, :func:`all_reduce_sum`, :func:`broadcast_`, :func:`gather_objects`, :func:`barrier`) move their
-tensors to the device the backend needs (the GPU for NCCL, the CPU for gloo) and back, and turn a failed or timed-out
-collective into a :class:`DistributedError` that says which collective failed.
+The collectives (:func:`all_reduce_mean`, :func:`all_reduce_sum`, :func:`broadcast_`, :func:`gather_objects`,
+:func:`barrier`) move their tensors to the device the backend needs (the GPU for NCCL, the CPU for gloo) and back, and
+turn a failed or timed-out collective into a :class:`DistributedError` that says which collective failed.
 
 >>> from pyro_sdebnn import distributed
 >>> device = distributed.init(seed=0)  # no torchrun: nothing to set up
