@@ -40,7 +40,7 @@ def worker(args) -> None:
     from pyro.nn import PyroModule, PyroSample
     from torch.utils.data import TensorDataset
 
-    import pyro_sdebnn.distributed.svi as dsvi
+    import pyro_sdebnn.distributed.data_parallel as dp
     from pyro_sdebnn import distributed
 
     torch.set_num_threads(args.threads)
@@ -66,7 +66,7 @@ def worker(args) -> None:
     svi = SVI(model, AutoNormal(model), pyro.optim.Adam({"lr": 1e-3}), Trace_ELBO())
     loader = distributed.distributed_loader(TensorDataset(x, y), args.batch, seed=0)
     comm = [0.0]
-    reduce = dsvi.all_reduce_mean
+    reduce = dp.all_reduce_mean
 
     def timed(t):
         start = time.perf_counter()
@@ -74,7 +74,7 @@ def worker(args) -> None:
         comm[0] += time.perf_counter() - start
         return out
 
-    dsvi.all_reduce_mean = timed  # time the gradient all-reduce of AveragedGradients
+    dp.all_reduce_mean = timed  # time the gradient all-reduce of average_gradients_ (AveragedGradients calls it)
     epochs, ticks = [], [time.perf_counter()]
 
     def on_epoch(epoch, loss):

@@ -10,6 +10,15 @@
     pyro-sdebnn --quick                       # the main job (the default benchmark) in quick mode
     pyro-sdebnn --data-dir DIR benchmark sdebnn-mnist --dataset cifar10   # full torchvision data from DIR
 
+Several processes (``torchrun``, see :mod:`pyro_sdebnn.distributed`)::
+
+    torchrun --standalone --nproc_per_node=4 -m pyro_sdebnn --distributed benchmark two-moons --quick
+
+runs the benchmark once per rank, with seed ``--seed + rank`` (and GPU ``LOCAL_RANK`` with ``--device cuda``): four
+replicates in the time of one. Rank 0 writes the outputs: its own run's under ``--output``, and the files of rank
+``r`` (gathered to it, its ``summary.json`` included) under ``OUTPUT/rank<r>/``. The experiments themselves are not
+data-parallel; ``--dist-timeout`` (default one day) bounds how long rank 0 waits for the slowest rank.
+
 The common options may also be given after the sub-command. Without a sub-command the main job
 runs: ``benchmark two-moons`` when that experiment is installed.
 
@@ -66,6 +75,15 @@ def _add_common(parser: argparse.ArgumentParser, suppress: bool) -> None:
     )
     parser.add_argument(
         "--quick", action="store_true", default=default(False), help="small, fast settings (the CI smoke mode)"
+    )
+    parser.add_argument(
+        "--distributed", action="store_true", default=default(False),
+        help="under torchrun: every rank runs the benchmark with seed --seed + rank (GPU LOCAL_RANK with --device "
+             "cuda), rank 0 writes the outputs, those of rank r under OUTPUT/rank<r>",
+    )
+    parser.add_argument(
+        "--dist-timeout", type=float, default=default(86400.0),
+        help="with --distributed: seconds rank 0 waits for the slowest rank at the end (default one day)",
     )
 
 
@@ -131,12 +149,65 @@ def _usage_error(err: Exception) -> int:
 
 
 def _run_benchmark(args: argparse.Namespace, experiment: ModuleType) -> int:
-    import pyro
-
     try:
         args.device = resolve_device(args.device)
     except ValueError as err:
         return _usage_error(err)
+    if args.distributed:
+        return _run_distributed(args, experiment)
+    return _run_once(args, experiment)
+
+
+def _run_distributed(args: argparse.Namespace, experiment: ModuleType) -> int:
+    """``--distributed``: rank ``r`` runs the benchmark with seed ``--seed + r``; rank 0 writes every rank's files.
+
+    Rank 0 runs into ``--output``; every other rank runs into a temporary folder, and its files (its
+    ``summary.json`` among them) travel to rank 0, which writes them under ``OUTPUT/rank<r>/``. Only rank 0 prints
+    the end-of-run report. Launched without ``torchrun`` this is the plain run (a world of one).
+    """
+    import contextlib
+    import io
+    import tempfile
+
+    from pyro_sdebnn import distributed
+
+    started = not distributed.is_initialized()  # leave a group the caller started as it is
+    try:  # a bad --dist-timeout, or an incomplete torchrun environment
+        device = distributed.init("nccl" if args.device.type == "cuda" else "gloo", timeout=args.dist_timeout)
+    except ValueError as err:
+        return _usage_error(ValueError(f"--distributed: {err}"))
+    rank = distributed.rank()
+    if args.device.type == "cuda":
+        args.device = device  # one GPU per process: cuda:LOCAL_RANK
+    args.seed += rank
+    try:
+        if rank == 0:
+            status, files = _run_once(args, experiment), {}
+        else:
+            with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()):
+                args.output = Path(tmp)
+                status = _run_once(args, experiment)
+                files = {p.relative_to(tmp).as_posix(): p.read_bytes() for p in sorted(Path(tmp).rglob("*"))
+                         if p.is_file()}
+        gathered = distributed.gather_objects({"seed": args.seed, "status": status, "files": files})
+        if gathered is None:
+            return status
+        for r, got in enumerate(gathered[1:], start=1):
+            folder = args.output / f"rank{r}"
+            for name, data in got["files"].items():
+                (folder / name).parent.mkdir(parents=True, exist_ok=True)
+                (folder / name).write_bytes(data)
+            print(f"rank {r} (seed {got['seed']}): {len(got['files'])} files under {folder}"
+                  + ("" if got["status"] == 0 else f", exit status {got['status']}"))
+        return max(got["status"] for got in gathered)
+    finally:
+        if started:
+            distributed.shutdown()
+
+
+def _run_once(args: argparse.Namespace, experiment: ModuleType) -> int:
+    import pyro
+
     args.output.mkdir(parents=True, exist_ok=True)  # argparse made it a Path
     pyro.set_rng_seed(args.seed)  # seeds torch, numpy and random
     start, wall_start = time.perf_counter(), time.time() - 1.0  # mtime resolution margin
@@ -227,11 +298,16 @@ def end_of_run_report(name: str, summary: Mapping[str, Any], output: Path, secon
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``pyro-sdebnn``; returns the process exit code."""
-    from pyro_sdebnn.experiments import discover
+def main(argv: Sequence[str] | None = None, experiments: dict[str, ModuleType] | None = None) -> int:
+    """Entry point of ``pyro-sdebnn``; returns the process exit code.
 
-    experiments = discover()
+    :param argv: the arguments (default ``sys.argv[1:]``).
+    :param experiments: the ``benchmark`` sub-commands (default: :func:`pyro_sdebnn.experiments.discover`).
+    """
+    if experiments is None:
+        from pyro_sdebnn.experiments import discover
+
+        experiments = discover()
     parser = build_parser(experiments)
     args = parser.parse_args(argv)
     if args.command == "datasets":
@@ -245,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     default_args = parser.parse_args(["benchmark", DEFAULT_BENCHMARK])
-    for key in ("device", "seed", "output", "quick"):
+    for key in ("device", "seed", "output", "quick", "distributed", "dist_timeout"):
         setattr(default_args, key, getattr(args, key))
     return _run_benchmark(default_args, experiments[DEFAULT_BENCHMARK])
 

@@ -6,15 +6,17 @@ with plain ``python`` is a world of one and behaves as without this module.
 
 - set-up: :func:`init` (reads ``torchrun``'s environment, picks the backend and the device, seeds, sets a
   timeout on every collective), :func:`rank`, :func:`world_size`, :func:`local_rank`, :func:`is_main`,
-  :func:`barrier`, :func:`shutdown`, and the collectives :func:`all_reduce_mean`, :func:`broadcast_`,
-  :func:`gather_objects`, which raise :class:`DistributedError` instead of hanging;
+  :func:`barrier`, :func:`shutdown`, and the collectives :func:`all_reduce_mean`, :func:`all_reduce_sum`,
+  :func:`broadcast_`, :func:`gather_objects`, which raise :class:`DistributedError` instead of hanging;
 - data-parallel SVI: :func:`train_svi` (gradients of the Pyro param store averaged across ranks between
   ``loss_and_grads`` and the optimiser step, checkpoints on rank 0), :func:`distributed_loader`,
   :class:`AveragedGradients`;
 - data-parallel ``fit`` of the baselines: with a loader sharded by a ``DistributedSampler`` on several ranks,
   :func:`pyro_sdebnn.infer.train_svi`, ``MAPEstimate.fit``, ``MeanFieldVI.fit``, ``SamplingFreeBNN.fit``,
-  :func:`~pyro_sdebnn.infer.methods.train_network` and ``MCDropout.fit`` average their gradients across the ranks
-  by themselves (:func:`data_parallel_sampler`, :func:`broadcast_module_`, :func:`average_gradients_`);
+  :func:`~pyro_sdebnn.infer.methods.train_network` and ``MCDropout.fit`` average their gradients (and batch-norm
+  running statistics) across the ranks by themselves (:func:`data_parallel_sampler`, :func:`broadcast_module_`,
+  :func:`average_gradients_`, :func:`running_stats`), and ``Laplace.fit`` sums its curvature over the shards;
+- the benchmarks under ``torchrun``: ``pyro-sdebnn --distributed benchmark NAME`` (:mod:`pyro_sdebnn.cli`);
 - SG-MCMC: :func:`gather_samples` and :func:`gather_inference_data` (every rank's chains as chains of one run),
   :class:`DataParallelSGLD` and :class:`DataParallelSGHMC` (one chain, gradients averaged across ranks);
 - deep ensembles: :func:`local_members` (this rank's share of the members), :func:`gather_prediction` and
@@ -31,6 +33,7 @@ from pyro_sdebnn.distributed.comm import (
     DistributedError,
     all_gather_objects,
     all_reduce_mean,
+    all_reduce_sum,
     barrier,
     broadcast_,
     gather_objects,
@@ -42,7 +45,12 @@ from pyro_sdebnn.distributed.comm import (
     shutdown,
     world_size,
 )
-from pyro_sdebnn.distributed.data_parallel import average_gradients_, broadcast_module_, data_parallel_sampler
+from pyro_sdebnn.distributed.data_parallel import (
+    average_gradients_,
+    broadcast_module_,
+    data_parallel_sampler,
+    running_stats,
+)
 from pyro_sdebnn.distributed.ensembles import gather_predict_outputs, gather_prediction, local_members
 from pyro_sdebnn.distributed.svi import AveragedGradients, distributed_loader, train_svi
 
@@ -53,6 +61,7 @@ __all__ = [
     "DistributedError",
     "all_gather_objects",
     "all_reduce_mean",
+    "all_reduce_sum",
     "average_gradients_",
     "barrier",
     "broadcast_",
@@ -70,6 +79,7 @@ __all__ = [
     "local_members",
     "local_rank",
     "rank",
+    "running_stats",
     "shutdown",
     "train_svi",
     "world_size",

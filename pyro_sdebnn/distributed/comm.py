@@ -9,9 +9,9 @@ makes the others raise instead of hanging. Run without ``torchrun`` (no ``WORLD_
 starts no process group: :func:`world_size` is 1, :func:`rank` is 0 and every collective is the identity, so the
 same script runs unchanged on one process.
 
-The collectives (:func:`all_reduce_mean`, :func:`broadcast_`, :func:`gather_objects`, :func:`barrier`) move their
-tensors to the device the backend needs (the GPU for NCCL, the CPU for gloo) and back, and turn a failed or timed-out
-collective into a :class:`DistributedError` that says which collective failed.
+The collectives (:func:`all_reduce_mean`, :func:`all_reduce_sum`, :func:`broadcast_`, :func:`gather_objects`,
+:func:`barrier`) move their tensors to the device the backend needs (the GPU for NCCL, the CPU for gloo) and back, and
+turn a failed or timed-out collective into a :class:`DistributedError` that says which collective failed.
 
 >>> from pyro_sdebnn import distributed
 >>> device = distributed.init(seed=0)  # no torchrun: nothing to set up
@@ -38,6 +38,7 @@ __all__ = [
     "DistributedError",
     "all_gather_objects",
     "all_reduce_mean",
+    "all_reduce_sum",
     "barrier",
     "broadcast_",
     "gather_objects",
@@ -189,6 +190,20 @@ def barrier() -> None:
         raise _fail("barrier", err) from err
 
 
+def _all_reduce(tensor: Tensor, what: str) -> Tensor:
+    """The sum of ``tensor`` over the ranks, a copy on the device and dtype of ``tensor`` (``tensor`` on one rank)."""
+    if not isinstance(tensor, Tensor):
+        raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
+    if world_size() == 1:
+        return tensor
+    buf = tensor.detach().to(_comm_device(), copy=True)
+    try:
+        dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+    except (RuntimeError, ValueError) as err:
+        raise _fail(f"{what} of a {tuple(tensor.shape)} tensor", err) from err
+    return buf
+
+
 def all_reduce_mean(tensor: Tensor) -> Tensor:
     """The mean of ``tensor`` over the ranks, returned on the device and dtype of ``tensor`` (identity on one rank).
 
@@ -197,17 +212,19 @@ def all_reduce_mean(tensor: Tensor) -> Tensor:
     :raises TypeError: if ``tensor`` is not a tensor.
     :raises DistributedError: if a rank dies or does not arrive within the timeout.
     """
-    if not isinstance(tensor, Tensor):
-        raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
-    size = world_size()
-    if size == 1:
-        return tensor
-    buf = tensor.detach().to(_comm_device(), copy=True)
-    try:
-        dist.all_reduce(buf, op=dist.ReduceOp.SUM)
-    except (RuntimeError, ValueError) as err:
-        raise _fail(f"all_reduce of a {tuple(tensor.shape)} tensor", err) from err
-    return (buf / size).to(tensor.device)
+    total = _all_reduce(tensor, "all_reduce")
+    return total if world_size() == 1 else (total / world_size()).to(tensor.device)
+
+
+def all_reduce_sum(tensor: Tensor) -> Tensor:
+    """The sum of ``tensor`` over the ranks, returned on the device and dtype of ``tensor`` (identity on one rank).
+
+    Every rank must call it with a tensor of the same shape and dtype.
+
+    :raises TypeError: if ``tensor`` is not a tensor.
+    :raises DistributedError: if a rank dies or does not arrive within the timeout.
+    """
+    return _all_reduce(tensor, "all_reduce").to(tensor.device)
 
 
 def broadcast_(tensor: Tensor, src: int = 0) -> Tensor:

@@ -14,9 +14,10 @@ of :func:`pyro_sdebnn.infer.train_svi` (hence :meth:`~pyro_sdebnn.nn.mnvi.Sampli
   takes the same number of steps per epoch over a data set of the same size);
 - copy the parameters of rank 0 to the other ranks before the first step (:func:`broadcast_module_` for
   ``nn.Module`` parameters, :class:`~pyro_sdebnn.distributed.AveragedGradients` for the Pyro param store);
-- average the gradients over the ranks before every optimiser step (:func:`average_gradients_`, or
-  :class:`~pyro_sdebnn.distributed.AveragedGradients`), before gradient clipping, so that every rank applies the
-  same update and holds the same parameters;
+- average the gradients over the ranks before every optimiser step (:func:`average_gradients_`, which
+  :class:`~pyro_sdebnn.distributed.AveragedGradients` calls for the Pyro param store), before gradient clipping, so
+  that every rank applies the same update and holds the same parameters, and average the batch-norm running
+  statistics in the same all-reduce (below);
 - call ``loader.sampler.set_epoch(e)`` at the start of epoch ``e`` (a new shared permutation every epoch);
 - report the epoch loss over all the ranks, and write checkpoints (``save``, ``checkpoint=``) on rank 0 only.
 
@@ -30,8 +31,22 @@ rank the same number of points), the mean of the ranks' gradients of the mean lo
 
 the gradient of one process on the combined batch; for an ELBO scaled by the global :math:`N` the same holds (see
 :mod:`pyro_sdebnn.distributed.svi`). A deterministic loss therefore gives the parameters of the single-process run on
-the combined batches, up to rounding. Buffers (batch-norm statistics) are copied from rank 0 before every step of a
-``torch`` loop, as :class:`~torch.nn.parallel.DistributedDataParallel` does by default.
+the combined batches, up to rounding.
+
+**Batch-norm statistics.** The running statistics of the normalisation layers (:func:`running_stats`: the
+``running_mean`` and ``running_var`` buffers of ``BatchNorm`` layers) are *averaged* over the ranks after every step,
+in the all-reduce of the gradients, in the PyTorch loops and in the SVI loops alike. A layer in training mode
+updates them from its local batch, :math:`\mu \leftarrow (1 - m)\mu + m\,\bar x_{B_r}`, an affine map of the batch
+mean, so with equal local batches the average over the ranks is the update by the mean of the combined batch: the
+running mean of a layer on the inputs is that of one process on the combined batches, and every rank ends with the
+same statistics. The running variance becomes the mean of the ranks' unbiased batch variances: an unbiased estimate
+of the same variance as that of the combined batch, but not equal to it (it leaves out the spread of the ranks' batch
+means). Averaging was chosen over copying rank 0's buffers
+before every step (the default of :class:`~torch.nn.parallel.DistributedDataParallel`) because the latter keeps the
+statistics of rank 0's shard only and leaves every rank with its own last update at the end of training, and it
+costs no collective of its own. The forward pass in training mode still normalises by the local batch's statistics,
+as under ``DistributedDataParallel`` without :class:`~torch.nn.SyncBatchNorm`; a network with batch norm therefore
+follows the single-process run only approximately.
 
 On one process, or with tensor data or a loader without a ``DistributedSampler``, nothing of this happens: the
 loops run exactly as they do without :mod:`torch.distributed` (with several ranks, each rank then trains on the data
@@ -53,7 +68,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from pyro_sdebnn.distributed.comm import all_gather_objects, all_reduce_mean, broadcast_, rank, world_size
 
-__all__ = ["average_gradients_", "broadcast_module_", "data_parallel_sampler", "is_sharded"]
+__all__ = ["average_gradients_", "broadcast_module_", "data_parallel_sampler", "is_sharded", "running_stats"]
 
 
 def is_sharded(data) -> bool:
@@ -112,34 +127,44 @@ def broadcast_module_(module: nn.Module) -> None:
         broadcast_(t.data, src=0)
 
 
-def broadcast_buffers_(module: nn.Module) -> None:
-    """Copy the buffers of ``module`` on rank 0 to every rank (no-op without buffers or on one process)."""
-    if world_size() == 1:
-        return
-    for b in module.buffers():
-        broadcast_(b, src=0)
+def running_stats(modules: Iterable[nn.Module]) -> list[Tensor]:
+    """The running statistics of the normalisation layers of ``modules``: the floating ``running_mean`` and
+    ``running_var`` buffers of every ``BatchNorm`` (and ``InstanceNorm`` with ``track_running_stats``), each once."""
+    stats: dict[int, Tensor] = {}
+    for module in modules:
+        for m in module.modules():
+            for name in ("running_mean", "running_var"):
+                t = getattr(m, name, None)
+                if isinstance(t, Tensor) and t.is_floating_point():
+                    stats.setdefault(id(t), t)
+    return list(stats.values())
 
 
-def average_gradients_(params: Iterable[Tensor], *values: Tensor) -> Tensor:
-    """Average the ``.grad`` of ``params`` over the ranks, in place, with ``values`` in the same all-reduce.
+def average_gradients_(params: Iterable[Tensor], *values: Tensor, buffers: Iterable[Tensor] = ()) -> Tensor:
+    """Average the ``.grad`` of ``params`` over the ranks, in place, with ``values`` and ``buffers`` in the same
+    all-reduce (the one gradient averaging of the package: the PyTorch loops and
+    :class:`~pyro_sdebnn.distributed.AveragedGradients` both call it).
 
     A parameter without a gradient on a rank counts as a zero gradient there; it gets the average if another rank
     has a gradient for it, and keeps no gradient if no rank has one (an optimiser then skips it, as on one process).
-    Every rank must pass the same parameters, in the same order.
+    Every rank must pass the same parameters and buffers, in the same order.
 
     :param params: the parameters whose gradients are averaged.
     :param values: scalars (e.g. the step's loss) averaged in the same collective.
+    :param buffers: floating tensors replaced in place by their mean over the ranks (the running statistics of
+        the normalisation layers, :func:`running_stats`).
     :returns: the averaged ``values`` as one 1-D tensor (empty if none), on the device of the first parameter.
     :raises ValueError: if ``params`` is empty.
     """
-    params = list(params)
+    params, buffers = list(params), list(buffers)
     if not params:
         raise ValueError("params: no parameter to average the gradients of")
     ref = params[0]
     flat = [p.grad.reshape(-1) if p.grad is not None else p.new_zeros(p.numel()) for p in params]
     has_grad = ref.new_tensor([float(p.grad is not None) for p in params])
     extra = [v.detach().reshape(-1).to(ref) for v in values]
-    buf = all_reduce_mean(torch.cat(flat + [has_grad] + extra))
+    stats = [b.detach().reshape(-1).to(ref) for b in buffers]
+    buf = all_reduce_mean(torch.cat(flat + [has_grad] + extra + stats))
     offset = sum(p.numel() for p in params)
     # only a rank that lacks a gradient reads the flags (a host sync)
     flags = buf[offset:offset + len(params)].tolist() if any(p.grad is None for p in params) else [1.0] * len(params)
@@ -152,4 +177,11 @@ def average_gradients_(params: Iterable[Tensor], *values: Tensor) -> Tensor:
                 p.grad.copy_(mean)
             elif flag > 0:
                 p.grad = mean.clone()
-    return buf[offset + len(params):]
+        offset += len(params)
+        num_values = sum(e.numel() for e in extra)
+        averaged = buf[offset:offset + num_values]
+        offset += num_values
+        for b in buffers:
+            b.copy_(buf[offset:offset + b.numel()].view_as(b))
+            offset += b.numel()
+    return averaged

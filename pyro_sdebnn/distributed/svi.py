@@ -39,17 +39,20 @@ the averaging placed *before* gradient clipping and the non-finite loss check, s
 from __future__ import annotations
 
 import os
-from typing import Callable
+from typing import Callable, Iterable
 
 import pyro
 import torch
 from pyro import poutine
 from pyro.infer.util import torch_item
+from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
 from pyro_sdebnn.data.loaders import is_loader
-from pyro_sdebnn.distributed.comm import all_gather_objects, all_reduce_mean, broadcast_, rank, world_size
+from pyro_sdebnn.distributed.comm import all_gather_objects, broadcast_, rank, world_size
+from pyro_sdebnn.distributed.data_parallel import average_gradients_, running_stats
+from pyro_sdebnn.infer.svi_training import _find_modules
 from pyro_sdebnn.infer.svi_training import train_svi as _train_svi
 
 __all__ = ["AveragedGradients", "distributed_loader", "train_svi"]
@@ -108,25 +111,36 @@ class AveragedGradients:
     """An ELBO's ``loss_and_grads`` followed by the averaging of the gradients and of the loss across the ranks.
 
     Used as ``SVI(model, guide, optim, loss=elbo.loss, loss_and_grads=AveragedGradients(elbo).loss_and_grads)``: after
-    ``elbo.loss_and_grads`` has filled the ``.grad`` of the unconstrained parameters it touched, the gradients (in
-    the order of the parameter names) and the loss are concatenated into one buffer, all-reduced and divided by the
-    world size. A parameter without a gradient on a rank counts as a zero gradient. The loss returned is the mean
-    over the ranks, so that a non-finite loss on one rank is non-finite on all of them and every rank raises.
+    ``elbo.loss_and_grads`` has filled the ``.grad`` of the unconstrained parameters it touched, their gradients (in
+    the order of the parameter names), the loss and the batch-norm running statistics of ``modules`` are averaged by
+    one all-reduce (:func:`~pyro_sdebnn.distributed.average_gradients_`). A parameter without a gradient on a rank
+    counts as a zero gradient. The loss returned is the mean over the ranks, so that a non-finite loss on one rank is
+    non-finite on all of them and every rank raises.
 
-    On its first call it creates the parameters (one evaluation of the loss without gradients) and copies their
-    values from rank 0 to the other ranks.
+    On its first call it creates the parameters (one evaluation of the loss without gradients, after which the
+    buffers of ``modules`` are put back as they were) and copies the parameters and the buffers of ``modules`` other
+    than the running statistics from rank 0 to the other ranks.
 
     :param elbo: a :class:`pyro.infer.ELBO` (any object with ``loss`` and ``loss_and_grads(model, guide, *args,
         **kwargs)`` methods).
+    :param modules: the ``nn.Module`` objects whose batch-norm statistics are averaged (see
+        :mod:`pyro_sdebnn.distributed.data_parallel`); default: the model and the guide when they are modules or
+        methods of modules (a ``PyroModule`` network, an autoguide), found at the first call.
     :raises ValueError: (when called) if the ranks' parameters differ in names or shapes.
     """
 
-    def __init__(self, elbo) -> None:
+    def __init__(self, elbo, modules: Iterable[nn.Module] | None = None) -> None:
         if not (callable(getattr(elbo, "loss_and_grads", None)) and callable(getattr(elbo, "loss", None))):
             raise TypeError(f"elbo must be a Pyro ELBO (with loss and loss_and_grads methods), got "
                             f"{type(elbo).__name__}")
+        if modules is not None:
+            modules = list(modules)
+            if not all(isinstance(m, nn.Module) for m in modules):
+                raise TypeError("modules must be nn.Module objects")
         self.elbo = elbo
+        self.modules = modules
         self._layout: list | None = None  # [(name, shape)] agreed by all ranks
+        self._stats: list[Tensor] = []
 
     # kl_schedule in train_svi assigns the ELBO's kl_scale through the object that owns loss_and_grads
     @property
@@ -138,23 +152,36 @@ class AveragedGradients:
         self.elbo.kl_scale = value
 
     def _agree(self, model, guide, args, kwargs) -> None:
+        if self.modules is None:
+            self.modules = _find_modules(model, guide)
+        buffers = [b for m in self.modules for b in m.buffers()]
+        saved = [b.clone() for b in buffers]
         with torch.no_grad(), poutine.trace(param_only=True) as capture:
             self.elbo.loss(model, guide, *args, **kwargs)  # creates the parameters
+        with torch.no_grad():  # a step of one process would not have run this forward pass
+            for b, value in zip(buffers, saved):
+                b.copy_(value)
         store = dict(pyro.get_param_store().named_parameters())
         names = sorted({site["name"] for site in capture.trace.nodes.values()})
+        self._stats = running_stats(self.modules)
         layout = [(name, tuple(store[name].shape)) for name in names]
-        others = all_gather_objects(layout)
-        for r, other in enumerate(others):
-            if other != layout:
-                raise ValueError(f"the Pyro parameters of rank {r} differ from those of rank {rank()} (names or "
-                                 f"shapes: {other[:5]} vs {layout[:5]}): every rank must build the same model and "
-                                 "guide")
+        stats_layout = [tuple(t.shape) for t in self._stats]
+        for r, other in enumerate(all_gather_objects((layout, stats_layout))):
+            if other != (layout, stats_layout):
+                raise ValueError(f"the Pyro parameters or batch-norm statistics of rank {r} differ from those of rank "
+                                 f"{rank()} (names or shapes: {other[0][:5]} vs {layout[:5]}): every rank must build "
+                                 "the same model and guide")
         for name in names:
             broadcast_(store[name], src=0)
+        averaged = {id(t) for t in self._stats}  # not copied: they hold this rank's share of the first update
+        for b in buffers:
+            if id(b) not in averaged:
+                broadcast_(b, src=0)
         self._layout = layout
 
     def loss_and_grads(self, model, guide, *args, **kwargs) -> float:
-        """``elbo.loss_and_grads`` and the average of the gradients and the loss over the ranks."""
+        """``elbo.loss_and_grads`` and the average of the gradients, the loss and the batch-norm statistics over
+        the ranks."""
         if self._layout is None:
             self._agree(model, guide, args, kwargs)
         with poutine.trace(param_only=True) as capture:
@@ -166,19 +193,12 @@ class AveragedGradients:
                              "SVI needs every parameter to exist from the first step on every rank")
         store = dict(pyro.get_param_store().named_parameters())
         params = [store[name] for name in names]
-        grads = [p.grad.reshape(-1) if p.grad is not None else p.new_zeros(p.numel()) for p in params]
-        ref = params[0] if params else torch.zeros(())
-        buf = torch.cat(grads + [torch.tensor([torch_item(loss)], dtype=ref.dtype, device=ref.device)])
-        buf = all_reduce_mean(buf)
-        offset = 0
+        mean_loss = average_gradients_(params, torch.tensor(torch_item(loss), dtype=torch.float64),
+                                       buffers=self._stats)
         for name, p in zip(names, params):
-            mean_grad = buf[offset:offset + p.numel()].view_as(p)
-            offset += p.numel()
-            if p.grad is not None:
-                p.grad.copy_(mean_grad)
-            elif name in seen:  # used in this step but without a gradient here: the other ranks' average
-                p.grad = mean_grad.clone()
-        return float(buf[-1])
+            if name not in seen:  # not updated by this rank's step (the optimiser sees the trace's parameters)
+                p.grad = None
+        return float(mean_loss[0])
 
 
 def train_svi(

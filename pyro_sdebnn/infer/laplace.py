@@ -88,6 +88,22 @@ def _join(prefix: str, leaf: str) -> str:
     return f"{prefix}.{leaf}" if prefix else leaf
 
 
+def _sum_over_ranks(curvature: dict[str, Tensor], log_likelihood: Tensor, n: int):
+    """The sums over the ranks of the shards' curvature statistics, log-likelihoods and point counts (one
+    all-reduce, in float64 where the device has it)."""
+    from pyro_sdebnn.distributed.comm import all_reduce_sum
+
+    keys = sorted(curvature)
+    parts = [curvature[k] for k in keys] + [log_likelihood.reshape(1)]
+    flat = torch.cat([_wide(t).reshape(-1) for t in parts] + [_wide(log_likelihood.new_tensor([float(n)]))])
+    total = all_reduce_sum(flat)
+    out, offset = {}, 0
+    for k, t in zip(keys, parts):
+        out[k] = total[offset:offset + t.numel()].view_as(t).to(t.dtype)
+        offset += t.numel()
+    return out, total[offset].to(log_likelihood.dtype), int(total[offset + 1])
+
+
 @register_method("laplace")
 class Laplace(BaselineMethod):
     """Laplace approximation around the MAP of ``net``, with a GGN curvature of a chosen structure.
@@ -255,6 +271,19 @@ class Laplace(BaselineMethod):
             scheduler and random states (then the curvature is recomputed), so that
             ``fit(num_epochs=k)`` then ``fit(num_epochs=K - k, resume=True)`` equals ``fit(num_epochs=K)``.
         :returns: ``self``.
+        :raises ValueError: if data-parallel (below) and the ranks' loaders take different numbers of steps, or
+            the data set has fewer points than ranks.
+
+        **Data-parallel.** Under ``torchrun`` (:math:`W > 1` ranks) a loader sharded by a
+        :class:`~torch.utils.data.distributed.DistributedSampler` (e.g.
+        :func:`pyro_sdebnn.distributed.distributed_loader`) trains the MAP data-parallel (as
+        :func:`~pyro_sdebnn.infer.methods.train_network`), copies rank 0's network to every rank, and sums the
+        curvature statistics, the log-likelihood and the number of points of the ranks' shards by one all-reduce,
+        leaving out the up to :math:`W - 1` points the sampler repeats to even out the shards. The curvature is
+        additive over the data (:math:`H_{\\mathrm{data}} = \\sum_r \\sum_{n \\in \\mathcal D_r}
+        J_n^\\top \\Lambda_n J_n`, likewise the Kronecker factors' sums), so every rank then holds the posterior
+        of one process on the whole data set (with ``drop_last=True``: without the dropped tail), and
+        :meth:`save` writes on rank 0 only.
         """
         loader = x if _is_loader_arg(x) else None
         data = _TrainingData(x, y, self.likelihood, batch_size)
@@ -263,10 +292,21 @@ class Laplace(BaselineMethod):
             self.net, x, y, self.likelihood, num_epochs=num_epochs, lr=lr, batch_size=batch_size,
             weight_decay=weight_decay, progress=progress, desc="laplace MAP", scheduler=scheduler,
             scheduler_step=scheduler_step, clip_norm=clip_norm, clip_inf_norm=clip_inf_norm,
-            state=None if state is None else state["trainer"],
+            state=None if state is None else state["trainer"], first_epoch=self.epoch,
         )
         self.losses.extend(history)
         self._end_fit(loader, trainer=trainer_state)  # before the curvature pass, which reads the loader again
+        sampler = self._data_parallel_sampler(loader)  # several ranks, a sharded loader: the shards' sums add up
+        keep = None
+        if sampler is not None:
+            from pyro_sdebnn.distributed.data_parallel import broadcast_module_
+
+            broadcast_module_(self.net)  # the same network on every rank (already so after a data-parallel MAP)
+            # this rank's points without the ones the sampler repeats to even out the shards (positions >= N)
+            keep = len(range(sampler.rank, min(data.n, sampler.total_size), sampler.num_replicas))
+            if keep == 0:
+                raise ValueError(f"x: {data.n} points cannot give every one of the {sampler.num_replicas} ranks "
+                                 "a point for the curvature")
         if self.prior_precision is None:
             self.prior_precision = max(data.n * weight_decay, 1e-8)
         self.net.eval()  # dropout off (and left off): the approximation is around the deterministic network
@@ -282,6 +322,10 @@ class Laplace(BaselineMethod):
             batches = iter([(x, y)])  # the whole data set as one batch
         log_likelihood, curvature, n = None, None, 0
         for xb, yb in batches:
+            if keep is not None:
+                if n >= keep:
+                    break
+                xb, yb = xb[:keep - n], yb[:keep - n]
             _check_data(xb, yb, self.likelihood)
             with torch.no_grad():
                 outputs = self._outputs(self._theta_hat, xb)
@@ -293,6 +337,8 @@ class Laplace(BaselineMethod):
             n += xb.shape[0]
         if curvature is None:
             raise ValueError("the loader yielded no batch")
+        if sampler is not None:
+            curvature, log_likelihood, n = _sum_over_ranks(curvature, log_likelihood, n)
         self._log_likelihood = log_likelihood
         self._set_curvature(curvature, n)
         self._fitted = True

@@ -328,8 +328,8 @@ class _NetworkTrainer:
 
     :param state: a ``state_dict()`` of an interrupted run: the optimiser (and scheduler) continue from it.
     :param sampler: the ``DistributedSampler`` of a data-parallel run (:func:`_data_parallel_sampler`): rank 0's
-        parameters and buffers are copied to every rank now, the buffers again before every step, the gradients and
-        losses are averaged across the ranks, and ``run_epoch(data, epoch)`` sets the sampler's epoch to
+        parameters and buffers are copied to every rank now, the gradients, losses and batch-norm running statistics
+        are averaged across the ranks at every step, and ``run_epoch(data, epoch)`` sets the sampler's epoch to
         ``first_epoch + epoch``.
     """
 
@@ -360,22 +360,20 @@ class _NetworkTrainer:
         device, dtype = _module_device_dtype(net)
         parallel = self.sampler is not None
         if parallel:
-            from pyro_sdebnn.distributed.data_parallel import average_gradients_, broadcast_buffers_
+            from pyro_sdebnn.distributed.data_parallel import average_gradients_, running_stats
 
             self.sampler.set_epoch(self.first_epoch + epoch)
-            params = list(net.parameters())
+            params, stats = list(net.parameters()), running_stats([net])
             count = 0
         net.train()
         total = None
         for xb, yb in data.batches(device, dtype):
-            if parallel:
-                broadcast_buffers_(net)  # as DistributedDataParallel: rank 0's buffers (batch-norm statistics)
             loss = negative_log_likelihood_terms(net(xb), yb, self.likelihood).mean()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             step_loss = loss.detach()
-            if parallel:  # the gradient (and loss) of the combined batch, before clipping
-                step_loss = average_gradients_(params, step_loss)[0]
+            if parallel:  # the gradient (and loss) of the combined batch, before clipping; batch-norm statistics
+                step_loss = average_gradients_(params, step_loss, buffers=stats)[0]
                 count += xb.shape[0]
             if clipping:
                 clip_gradients(net.parameters(), self.clip_norm, self.clip_inf_norm)
@@ -471,10 +469,10 @@ def train_network(
     ``x`` sharded by a :class:`~torch.utils.data.distributed.DistributedSampler` (e.g.
     :func:`pyro_sdebnn.distributed.distributed_loader`) makes the training data-parallel, as
     :class:`~torch.nn.parallel.DistributedDataParallel` would: rank 0's parameters and buffers are copied to
-    every rank first, its buffers again before every step, the gradients are averaged across the ranks before
-    every Adam step (and before clipping), ``x.sampler.set_epoch(epoch)`` is called before every epoch (from 0 at
-    every call) and the losses are over all the ranks' points. The ranks then hold the parameters of one process
-    on the combined batches. See :mod:`pyro_sdebnn.distributed.data_parallel`.
+    every rank first, the gradients are averaged across the ranks before every Adam step (and before clipping),
+    the batch-norm running statistics after every step, ``x.sampler.set_epoch(epoch)`` is called before every
+    epoch (from 0 at every call) and the losses are over all the ranks' points. The ranks then hold the parameters
+    of one process on the combined batches (without batch norm). See :mod:`pyro_sdebnn.distributed.data_parallel`.
     """
     history, _ = _train_network(
         net, x, y, likelihood, num_epochs=num_epochs, lr=lr, batch_size=batch_size, weight_decay=weight_decay,

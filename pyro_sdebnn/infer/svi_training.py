@@ -199,9 +199,10 @@ def _accepts_num_data(fn) -> bool:
                                                                    inspect.Parameter.KEYWORD_ONLY)
 
 
-def _find_modules(svi) -> list[nn.Module]:
+def _find_modules(model, guide) -> list[nn.Module]:
+    """The modules that are (or whose methods are) the model and the guide."""
     found: list[nn.Module] = []
-    for fn in (svi.model, svi.guide):
+    for fn in (model, guide):
         obj = fn if isinstance(fn, nn.Module) else getattr(fn, "__self__", None)
         if isinstance(obj, nn.Module) and all(obj is not m for m in found):
             found.append(obj)
@@ -302,9 +303,9 @@ def train_svi(
     :class:`~torch.utils.data.distributed.DistributedSampler` (e.g.
     :func:`pyro_sdebnn.distributed.distributed_loader`), the gradients of the Pyro parameters are averaged across
     the ranks before every update (:class:`~pyro_sdebnn.distributed.AveragedGradients`, which also copies rank 0's
-    parameters to the others before the first step), ``loader.sampler.set_epoch(epoch)`` is called at the start of
-    every epoch, the losses are the means over the ranks, and only rank 0 writes the ``checkpoint``; ``svi``'s loss
-    must then be a :class:`pyro.infer.ELBO`. See :mod:`pyro_sdebnn.distributed.data_parallel`. On one process, or
+    parameters to the others before the first step and averages the batch-norm running statistics of ``modules``),
+    ``loader.sampler.set_epoch(epoch)`` is called at the start of every epoch, the losses are the means over the
+    ranks, and only rank 0 writes the ``checkpoint``; ``svi``'s loss must then be a :class:`pyro.infer.ELBO`. See :mod:`pyro_sdebnn.distributed.data_parallel`. On one process, or
     with tensors or a loader without a ``DistributedSampler``, nothing changes.
     """
     if not isinstance(svi, pyro.infer.SVI):
@@ -324,7 +325,7 @@ def train_svi(
         raise TypeError(f"kl_schedule needs an ELBO with a kl_scale attribute, got {type(elbo).__name__}")
     clip_norm, clip_inf_norm = check_clip(clip_norm, clip_inf_norm)
     stepper = SchedulerStepper(svi.optim, scheduler_step)
-    modules = _find_modules(svi) if modules is None else list(modules)
+    modules = _find_modules(svi.model, svi.guide) if modules is None else list(modules)
     if not all(isinstance(m, nn.Module) for m in modules):
         raise TypeError("modules must be nn.Module objects")
     if device is None and dtype is None:
@@ -339,7 +340,7 @@ def train_svi(
             raise TypeError("svi: data-parallel training needs an SVI built with a pyro.infer.ELBO as its loss, got "
                             f"{type(elbo).__name__}")
         svi = pyro.infer.SVI(svi.model, svi.guide, svi.optim, loss=elbo.loss,
-                             loss_and_grads=AveragedGradients(elbo).loss_and_grads)
+                             loss_and_grads=AveragedGradients(elbo, modules).loss_and_grads)
         if not is_main():
             checkpoint, progress = None, False
     checkpoint = None if checkpoint is None else Path(checkpoint)

@@ -7,6 +7,8 @@ import os
 import socket
 import time
 import traceback
+import types
+import warnings
 
 import pyro
 import pyro.distributions as dist
@@ -98,11 +100,48 @@ def sghmc_kwargs() -> dict:
     return {"step_size": 1e-2, "friction": 5.0, "num_steps": 2}
 
 
+LAPLACE_FIT = {"num_epochs": 2, "lr": 0.02, "weight_decay": 1e-3}
+ODD_N, ODD_BATCH = 15, 2  # 15 points over 2 ranks: the sampler repeats one point on rank 1
+
+
+def make_laplace(structure: str):
+    from pyro_sdebnn.infer import Laplace
+
+    return Laplace(make_net(), "gaussian", hessian_structure=structure)
+
+
+def laplace_summary(la, x) -> dict:
+    """What a Laplace posterior predicts: the functional covariance, the evidence on a grid, the tuned prior."""
+    grid = torch.logspace(-2, 3, 11, dtype=torch.float64)
+    return {"cov": la.functional_covariance(x).detach(), "evidence": la.log_marginal_likelihood(grid).detach(),
+            "prior": la.prior_precision, "params": net_params(la.net)}
+
+
+def make_bn_net():
+    """A network with batch norm on its inputs (its running mean is linear in the batch means)."""
+    return torch.nn.Sequential(torch.nn.BatchNorm1d(D), torch.nn.Linear(D, 8), torch.nn.Tanh(),
+                               torch.nn.Linear(8, 2))
+
+
+def _fake_run(args) -> dict:
+    """A benchmark for the CLI test: one file and one draw of the seeded generator."""
+    (args.output / "draw.txt").write_text(f"{float(torch.rand(())):.17g}\n")
+    return {"seed": args.seed, "draw": float(torch.rand(()))}
+
+
+FAKE_BENCHMARK = types.SimpleNamespace(DESCRIPTION="a fake benchmark", add_arguments=lambda parser: None,
+                                       run=_fake_run)
+CLI_SEED = 21
+
+
 # ---------------------------------------------------------------------------------------------- rank programs
 def scenarios(out: str) -> dict:
-    """Data-parallel SVI, chains over ranks, a data-parallel chain and the bad set-ups, in one process group."""
+    """Data-parallel SVI and fits, chains over ranks, a data-parallel chain, ensembles, Laplace, batch norm, the
+    command line, and the failures, in one process group (and a second one with a short timeout)."""
     from pyro_sdebnn import distributed
     from pyro_sdebnn.infer.mcmc import SGLD
+    from pyro_sdebnn.infer import train_svi
+    from pyro_sdebnn.infer.methods import train_network
 
     res: dict = {}
     distributed.init(backend="gloo", timeout=20.0, seed=SVI_SEED)
@@ -126,7 +165,6 @@ def scenarios(out: str) -> dict:
     distributed.init(seed=FIT_SEED)
     in_order = distributed.distributed_loader(TensorDataset(x, y), BATCH, shuffle=False)
     from pyro_sdebnn.infer import MCDropout
-    from pyro_sdebnn.infer.methods import train_network
 
     net = make_net()
     res["net_losses"] = train_network(net, in_order, likelihood="gaussian", **NET_FIT)
@@ -138,6 +176,20 @@ def scenarios(out: str) -> dict:
     bnn = make_mnvi()
     res["mnvi_losses"] = bnn.fit(in_order, checkpoint=os.path.join(out, "mnvi.pt"), **mnvi_fit_kwargs())
     res["mnvi_params"] = net_params(bnn.net)
+    # sampled ELBOs (each rank draws its own guide samples): no single-process twin, one set of parameters
+    from pyro_sdebnn.infer import MeanFieldVI, NeuralSDEGuide, TracePathKL_ELBO
+    from pyro_sdebnn.nn import SDEBNN
+
+    distributed.init(seed=FIT_SEED)
+    mfvi = MeanFieldVI(make_net(), "gaussian").fit(loader, num_epochs=2)
+    res["mfvi_params"] = {k: v.detach().clone() for k, v in mfvi._store_state["params"].items()}
+    res["mfvi_losses"] = list(mfvi.losses)
+    distributed.init(seed=FIT_SEED)
+    pyro.clear_param_store()
+    sde = SDEBNN(D, 1, hidden=4, dt=0.25)
+    svi = SVI(sde.model, NeuralSDEGuide(sde, drift_hidden=4), pyro.optim.Adam({"lr": 1e-2}), TracePathKL_ELBO())
+    res["sdebnn_losses"] = train_svi(svi, loader, num_epochs=2, kl_schedule=lambda epoch: 0.5)
+    res["sdebnn_params"] = svi_params()
     # 2. two vectorised chains on each rank, seeds CHAIN_SEED + rank
     distributed.init(seed=CHAIN_SEED)
     mcmc = MCMC(SGLD(plain, vectorized_chains=2, **sgld_kwargs()), num_samples=6, warmup_steps=2,
@@ -152,6 +204,9 @@ def scenarios(out: str) -> dict:
         res["idata_w"] = torch.from_numpy(idata.posterior["w"].values.copy())
         res["idata_ll_shape"] = tuple(idata.log_likelihood["obs"].shape)
         res["rhat_rows"] = len(az.summary(idata, kind="diagnostics"))
+        with warnings.catch_warnings():  # 24 draws: ArviZ warns about the Pareto k of so short a run
+            warnings.simplefilter("ignore")
+            res["loo_elpd"] = float(az.loo(idata).elpd_loo)
     # 3. one chain, data-parallel gradients: the same seed on every rank; each rank slices the shared shuffled
     # batches (of 5: slices of 3 and 2, and of 1 and 0 for the last batch of an epoch) ...
     distributed.init(seed=DP_SEED, seed_per_rank=False)
@@ -206,9 +261,52 @@ def scenarios(out: str) -> dict:
     pred = distributed.gather_prediction(ens, x)
     res["ens_loc"] = None if pred is None else pred.loc
     distributed.barrier()
-    # 6. a rank that dies: rank 1 leaves (its process ends, as a crashed rank's does), rank 0 must raise, not hang
+    # 6. Laplace on the shards: a data-parallel MAP, then the curvature summed over the ranks
+    from pyro_sdebnn.infer import MAPEstimate
+
+    res["laplace"] = {}
+    for structure in ("full", "kron"):
+        distributed.init(seed=FIT_SEED)
+        res["laplace"][structure] = laplace_summary(make_laplace(structure).fit(in_order, **LAPLACE_FIT), x)
+    # ... and on 15 shuffled points (rank 1 reads one point twice), the network given (rank 1's differs before the
+    # copy of rank 0's)
+    distributed.init(seed=FIT_SEED)
+    odd = distributed.distributed_loader(TensorDataset(x[:ODD_N], y[:ODD_N]), ODD_BATCH, shuffle=True)
+    res["laplace"]["diag_odd"] = laplace_summary(make_laplace("diag").fit(odd, num_epochs=0), x)
+    # 7. batch norm: the running statistics averaged over the ranks, in a PyTorch loop and in an SVI loop
+    distributed.init(seed=FIT_SEED)
+    net = make_bn_net()
+    train_network(net, in_order, likelihood="gaussian", **NET_FIT)
+    res["bn_net"] = net_params(net)
+    distributed.init(seed=FIT_SEED)
+    bn_map = MAPEstimate(make_bn_net(), "gaussian").fit(in_order, num_epochs=2)
+    res["bn_map_buffers"] = {k: v.detach().clone() for k, v in bn_map.model.named_buffers()}
+    res["bn_map_params"] = {k: v.detach().clone() for k, v in bn_map._store_state["params"].items()}
+    # 8. the command line under torchrun: one replicate per rank, rank 0 writes the outputs
+    from pyro_sdebnn import cli
+
+    port = distributed.all_gather_objects(_free_port())[0]  # for the group of 9, agreed while one runs
+    res["cli_status"] = cli.main(["--distributed", "--output", os.path.join(out, "cli"), "--seed", str(CLI_SEED),
+                                  "benchmark", "fake"], experiments={"fake": FAKE_BENCHMARK})
+    res["cli_group_kept"] = distributed.is_initialized()  # main leaves a group it did not start
+    # 9. a new group with a 1.5 s timeout: rank 1 does not reach the all-reduce (it waits for rank 0's result), rank 0
+    # must raise within the timeout; then rank 1 leaves (its process ends, as a crashed rank's does) and rank 0's
+    # next collective must raise, not hang
+    distributed.shutdown()
+    os.environ["MASTER_PORT"] = str(port)
+    distributed.init(backend="gloo", timeout=1.5)
+    signal = os.path.join(out, "stalled_done")
     if distributed.rank() == 1:
+        deadline = time.monotonic() + 15.0
+        while not os.path.exists(signal) and time.monotonic() < deadline:
+            time.sleep(0.05)
         return res
+    start = time.perf_counter()
+    try:
+        distributed.all_reduce_mean(torch.ones(3))
+    except distributed.DistributedError as err:
+        res["stalled"] = {"error": str(err), "seconds": time.perf_counter() - start}
+    open(signal, "w").close()
     start = time.perf_counter()
     try:
         distributed.train_svi(make_svi(), loader, num_epochs=1)
@@ -218,25 +316,7 @@ def scenarios(out: str) -> dict:
     return res
 
 
-def stalled_rank(out: str) -> dict:
-    """Rank 1 does not reach the all-reduce (it waits for rank 0's result): rank 0 must raise within the timeout."""
-    from pyro_sdebnn import distributed
-
-    distributed.init(backend="gloo", timeout=1.5)
-    if distributed.rank() == 1:
-        deadline = time.monotonic() + 15.0
-        while not os.path.exists(os.path.join(out, "rank0.pt")) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return {}
-    start = time.perf_counter()
-    try:
-        distributed.all_reduce_mean(torch.ones(3))
-    except distributed.DistributedError as err:
-        return {"error": str(err), "seconds": time.perf_counter() - start}
-    return {"error": None, "seconds": time.perf_counter() - start}
-
-
-PROGRAMS = {"scenarios": scenarios, "stalled_rank": stalled_rank}
+PROGRAMS = {"scenarios": scenarios}
 
 
 # ---------------------------------------------------------------------------------------------- launcher
