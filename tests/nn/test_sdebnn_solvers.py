@@ -50,8 +50,8 @@ def test_euler_loop_matches_torchsde_euler_on_the_same_brownian_path():
     # by O(1e-8) (Brownian bridge over 1e-16-long pieces); hence 1e-6 rather than bitwise equality
     times, sde, drift, w0, h0, flat_field = _problem(0.05)
     batch = 2
-    bm = brownian_interval(times, (batch, sde.weight_dim + sde.hidden_dim + 1), entropy=11)
-    dB = increments_from_brownian(bm, times)[..., : sde.weight_dim].transpose(0, 1)
+    bm = brownian_interval(times, (batch, sde.weight_dim), entropy=11)
+    dB = increments_from_brownian(bm, times).transpose(0, 1)
     ours = euler_maruyama_kl(w0.detach(), times, dB, SIGMA, 1.0, drift, estimator="analytic", field=flat_field,
                              hidden_init=h0.reshape(1, -1).expand(batch, -1))
     ref = sdeint_augmented(sde, w0.detach().expand(batch, -1), h0.reshape(1, -1).expand(batch, -1), times,
@@ -63,7 +63,7 @@ def test_euler_loop_matches_torchsde_euler_on_the_same_brownian_path():
 
 def _torchsde_hidden(method, dt=0.05):
     times, sde, drift, w0, h0, _ = _problem(dt)
-    bm = brownian_interval(times, (2, sde.weight_dim + sde.hidden_dim + 1), entropy=3,
+    bm = brownian_interval(times, (2, sde.weight_dim), entropy=3,
                            levy_area_approximation="space-time")
     return sdeint_augmented(sde, w0.detach().expand(2, -1), h0.reshape(1, -1).expand(2, -1), times, method=method,
                             bm=bm, return_path=False).hidden
@@ -82,7 +82,7 @@ def test_srk_close_to_euler():
 
 def _adjoint_gradient_gap(dt):
     times, sde, drift, w0, h0, _ = _problem(dt)
-    bm = brownian_interval(times, (2, sde.weight_dim + sde.hidden_dim + 1), entropy=5)
+    bm = brownian_interval(times, (2, sde.weight_dim), entropy=5)
     grads = []
     for adjoint in (False, True):
         w0.grad = None
@@ -112,7 +112,7 @@ def _saved_bytes(steps, adjoint):
     :func:`torch.autograd.graph.saved_tensors_hooks`, deduplicated by storage pointer).
     """
     times, sde, drift, w0, h0, _ = _problem(1.0 / steps)
-    bm = brownian_interval(times, (2, sde.weight_dim + sde.hidden_dim + 1), entropy=5)
+    bm = brownian_interval(times, (2, sde.weight_dim), entropy=5)
     storages = {}
 
     def pack(t):
