@@ -12,7 +12,7 @@ from pyro_sdebnn.ops import (AugmentedPathSDE, brownian_interval, euler_maruyama
 N, STATE, HIDDEN, SIGMA = 3, 3, 4, 0.5
 
 
-def _problem(dt, seed=0):
+def _problem(dt, seed=0, n=N):
     torch.manual_seed(seed)
     times = time_grid((0.0, 1.0), dt, dtype=torch.float64)
     field = TimeMLPField(STATE, HIDDEN)
@@ -21,13 +21,13 @@ def _problem(dt, seed=0):
     with torch.no_grad():
         for p in drift.out.parameters():
             p.normal_(0, 0.1)
-    h0 = torch.randn(N, STATE, dtype=torch.float64)
+    h0 = torch.randn(n, STATE, dtype=torch.float64)
     w0 = field.init_weights().double().requires_grad_()
 
     def flat_field(t, h, w):
-        return field(t, h.reshape(h.shape[0], N, STATE), w).reshape(h.shape[0], -1)
+        return field(t, h.reshape(h.shape[0], n, STATE), w).reshape(h.shape[0], -1)
 
-    sde = AugmentedPathSDE(dim, N * STATE, SIGMA, 1.0, drift, flat_field)
+    sde = AugmentedPathSDE(dim, n * STATE, SIGMA, 1.0, drift, flat_field)
     return times, sde, drift, w0, h0, flat_field
 
 
@@ -105,14 +105,14 @@ def test_adjoint_gradients_agree_with_backprop():
     assert fine < coarse
 
 
-def _saved_bytes(steps, adjoint):
+def _saved_bytes(steps, adjoint, estimator="analytic", n=N):
     """Bytes of distinct tensor storages that autograd saves for backward during one forward solve.
 
     This is the memory held between forward and backward, the part that grows with the number of
     steps under backprop (CPU has no ``torch.cuda.max_memory_allocated``; counted with
     :func:`torch.autograd.graph.saved_tensors_hooks`, deduplicated by storage pointer).
     """
-    times, sde, drift, w0, h0, _ = _problem(1.0 / steps)
+    times, sde, drift, w0, h0, _ = _problem(1.0 / steps, n=n)
     bm = brownian_interval(times, (2, sde.weight_dim), entropy=5)
     storages = {}
 
@@ -123,7 +123,7 @@ def _saved_bytes(steps, adjoint):
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         sol = sdeint_augmented(sde, w0.expand(2, -1), h0.reshape(1, -1).expand(2, -1), times, method="euler",
-                               bm=bm, adjoint=adjoint, return_path=False)
+                               bm=bm, adjoint=adjoint, return_path=False, estimator=estimator)
 
     assert sol.hidden.requires_grad
     return sum(storages.values())
@@ -166,3 +166,15 @@ def test_stl_gradient_variance_through_torchsde(method, adjoint):
         # same expectation: the mean paired difference is within 4 standard errors of zero
         diff = grads["stl"] - grads[other]
         assert diff.mean().abs() < 4 * diff.std() / n ** 0.5
+
+
+@pytest.mark.parametrize("estimator", ["stl", "full_mc"])
+def test_adjoint_memory_of_the_hidden_state_constant_in_steps(estimator):
+    # the Itô KL term is backpropagated along the weights only: what the adjoint stores per step does not grow
+    # with the hidden state (here 100x larger), while backprop's does
+    def per_step(n, adjoint):
+        return (_saved_bytes(200, adjoint, estimator, n) - _saved_bytes(20, adjoint, estimator, n)) / 180
+
+    small, large = per_step(3, True), per_step(300, True)
+    assert large <= 1.01 * small
+    assert per_step(300, False) > 10 * large
