@@ -241,15 +241,14 @@ class _PathSites(Messenger):
         self.names, self.upstream, self.posterior, self.offset = set(names), upstream, posterior, offset
         self.found: dict[str, OUPath] = {}
         self.values: dict[str, Tensor] = {}
-        self.upstream_sites: list[str] = []
 
     def _process_message(self, msg) -> None:
         if msg["type"] != "sample" or msg["is_observed"] or site_is_subsample(msg):
             return
         name, fn = msg["name"], msg["fn"]
         if name not in self.names:
-            self.upstream_sites.append(name)
-            msg["value"], msg["done"] = self.upstream(name, msg), True
+            if msg["value"] is None:  # a value set inside the model (e.g. by poutine.replay) is kept
+                msg["value"], msg["done"] = self.upstream(name, msg), True
             return
         self.found[name] = fn
         if self.posterior is not None:
