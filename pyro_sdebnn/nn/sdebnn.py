@@ -191,9 +191,9 @@ class SDEBNN(ContinuousDepthNet):
             the solver. The adjoint gradient is exact only as ``dt -> 0``: it differs from the gradient
             of the discretised solve by :math:`O(\\Delta t)` (measured 2-5 % at ``dt = 0.05`` and
             0.7-1.6 % at 0.01 on a small network; the constant depends on the network).
-        :param float dt: solver step; default the network's ``dt``, or ``min(dt,``
-            :data:`~pyro_sdebnn.ops.sde_solve.ADJOINT_DT` ``)`` (0.01) with ``adjoint=True``, where the
-            adjoint gradient is within a few percent.
+        :param float dt: solver step; default the network's ``dt``, and with ``adjoint=True`` the smaller
+            of it and :data:`~pyro_sdebnn.ops.sde_solve.ADJOINT_DT` (0.01), where the adjoint gradient is
+            within a few percent.
         """
         if y.shape[0] != x.shape[0]:
             raise ValueError(f"y must have {x.shape[0]} rows like x, got shape {tuple(y.shape)}")
