@@ -21,14 +21,27 @@ call over the full augmented state ``[w, h, KL]`` (torchsde: Milstein/SRK/adapti
 offered by :meth:`pyro_sdebnn.nn.SDEBNN.fused_loss` and :meth:`pyro_sdebnn.nn.SDEBNN.predict`, which
 use the same guide object.
 
-The guide must start its path where the prior starts. It finds the prior's current ``init``,
-``sigma``, ``theta`` and ``times`` by running the model *up to its last* ``OUPath`` *site* (hidden
-from all outer handlers with :func:`pyro.poutine.block`; later sites are never reached), so the
-initial weights may be learnable parameters of the model. They must not be random variables of
-other sample sites. Sites that are not ``OUPath`` are not guided (they are sampled from the model,
-as observation sites are under :class:`~pyro.infer.Predictive`); real latent variables among them need
-another guide (combine with :class:`~pyro.infer.autoguide.AutoGuideList` and
-:func:`pyro.poutine.block`) -- :class:`~pyro_sdebnn.infer.TracePathKL_ELBO` raises otherwise.
+The guide must start its path where the prior starts. :class:`NeuralSDEGuide` runs the model *up to
+its last* ``OUPath`` *site* (hidden from all outer handlers with :func:`pyro.poutine.block`; later
+sites are never reached) and at each ``OUPath`` site samples the posterior path from the prior's
+current ``init``, ``sigma``, ``theta`` and ``times``, and gives that path back to the model, so that:
+
+- the initial weights may be learnable parameters of the model;
+- an ``OUPath`` whose ``init`` depends on an earlier ``OUPath`` (e.g. ``init=a[-1]``) starts from the
+  guide's own sample of the earlier path;
+- an ``init`` drawn at another sample site (``w0 = pyro.sample("w0", ...)``) is taken from the
+  enclosing guide trace, i.e. from the guide of ``w0`` (e.g. an ``AutoNormal`` placed *before* the
+  :class:`NeuralSDEGuide` in an :class:`~pyro.infer.autoguide.AutoGuideList`). If that value is not
+  there (no enclosing trace, or the other guide runs later), a ``ValueError`` names the site: a path
+  started from a fresh prior draw of ``w0`` would make the ELBO silently wrong.
+
+Randomness hidden from the guide (a ``pyro.sample`` blocked with :func:`pyro.poutine.block` inside the
+model given to the guide) cannot be matched; when the start of a path depends on it (checked once, when
+the guide is set up, by running the model prefix twice) a ``ValueError`` is raised. Sites that are not
+``OUPath`` are not guided (they are sampled from the model, as observation sites are under
+:class:`~pyro.infer.Predictive`); real latent variables among them need another guide (combine with
+:class:`~pyro.infer.autoguide.AutoGuideList` and :func:`pyro.poutine.block`) --
+:class:`~pyro_sdebnn.infer.TracePathKL_ELBO` raises otherwise.
 
 **References**
 
@@ -49,6 +62,9 @@ from pyro import poutine
 from pyro.distributions import TorchDistribution, constraints
 from pyro.infer.autoguide import AutoGuide
 from pyro.poutine.messenger import Messenger
+from pyro.poutine.runtime import _PYRO_STACK
+from pyro.poutine.trace_messenger import TraceMessenger
+from pyro.poutine.util import site_is_subsample
 from torch import Tensor, nn
 
 from pyro_sdebnn.distributions import OUPath
@@ -198,27 +214,75 @@ class NeuralSDEPath(TorchDistribution):
         return lp.sum((-2, -1))
 
 
-class _PriorCollector(Messenger):
-    """Records the ``fn`` of the named sample sites and stops the model after the last of them."""
+def _enclosing_sample_value(name: str) -> Tensor | None:
+    """The value of sample site ``name`` in the innermost enclosing :class:`~pyro.poutine.trace_messenger.TraceMessenger`."""
+    for frame in reversed(_PYRO_STACK):
+        if isinstance(frame, TraceMessenger) and name in frame.trace.nodes:
+            node = frame.trace.nodes[name]
+            if node["type"] == "sample":
+                return node["value"]
+    return None
+
+
+class _PathSites(Messenger):
+    """Runs a model up to its last ``OUPath`` site for :class:`NeuralSDEGuide`, then stops it.
+
+    At each ``OUPath`` site the prior is recorded; with ``posterior`` given, the site's distribution is
+    replaced by ``posterior(name, prior)`` and the site is let through to the outer handlers (it is the
+    guide's site; its value goes back to the model); otherwise a placeholder path (``init`` repeated, plus
+    ``offset``) is filled in. Other latent sample sites before the last path site take ``upstream(name, msg)``.
+    """
 
     class Stop(Exception):
         pass
 
-    def __init__(self, names: set[str]) -> None:
+    def __init__(self, names, upstream, posterior=None, offset: float = 0.0) -> None:
         super().__init__()
-        self.names = set(names)
+        self.names, self.upstream, self.posterior, self.offset = set(names), upstream, posterior, offset
         self.found: dict[str, OUPath] = {}
+        self.values: dict[str, Tensor] = {}
 
     def _process_message(self, msg) -> None:
-        if msg["type"] != "sample" or msg["name"] not in self.names:
+        if msg["type"] != "sample" or msg["is_observed"] or site_is_subsample(msg):
             return
-        fn = msg["fn"]
-        self.found[msg["name"]] = fn
-        if len(self.found) == len(self.names):
-            raise _PriorCollector.Stop()
-        # a cheap placeholder value so that the model can go on to the next OUPath site
-        msg["value"] = fn.init.unsqueeze(-2).expand(fn.batch_shape + fn.event_shape)
-        msg["done"] = True
+        name, fn = msg["name"], msg["fn"]
+        if name not in self.names:
+            if msg["value"] is None:  # a value set inside the model (e.g. by poutine.replay) is kept
+                msg["value"], msg["done"] = self.upstream(name, msg), True
+            return
+        self.found[name] = fn
+        if self.posterior is not None:
+            msg["fn"] = self.posterior(name, fn)
+        else:
+            msg["value"] = fn.init.unsqueeze(-2).expand(fn.batch_shape + fn.event_shape) + self.offset
+            msg["done"] = True
+
+    def _postprocess_message(self, msg) -> None:
+        if msg["type"] == "sample" and msg["name"] in self.found and msg["name"] not in self.values:
+            self.values[msg["name"]] = msg["value"]
+            if len(self.values) == len(self.names):
+                raise _PathSites.Stop()
+
+
+def _guided_value(name: str, msg) -> Tensor:
+    value = _enclosing_sample_value(name)
+    if value is None:
+        raise ValueError(f"NeuralSDEGuide: the model samples site {name!r} before its OUPath sites, and the guide "
+                         f"trace holds no value for it: the path would start from a fresh prior draw of {name!r}. "
+                         f"Guide {name!r} with a guide that runs before NeuralSDEGuide (e.g. first in an "
+                         "AutoGuideList), or make the initial state a parameter")
+    return value
+
+
+class _FunctionDrift(nn.Module):
+    """A plain ``(t, w) -> R^D`` function as a drift module (it has no parameters of its own)."""
+
+    def __init__(self, fn: Callable[[Tensor, Tensor], Tensor]) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, t: Tensor, w: Tensor) -> Tensor:
+        return self.fn(t, w)
 
 
 class NeuralSDEGuide(AutoGuide):
@@ -234,8 +298,11 @@ class NeuralSDEGuide(AutoGuide):
     :param int drift_hidden: width of the default drift MLP.
     :param int drift_layers: hidden layers of the default drift MLP.
     :param int bottleneck: optional bottleneck width (parameters linear in D with a small constant).
-    :param drift: user drift corrections instead of the MLP: an ``nn.Module`` ``(t, w) -> R^D`` (one
-        site), a dict ``{site: module}``, or a factory ``(site_name, D) -> nn.Module``.
+    :param drift: user drift corrections instead of the MLP: an ``nn.Module`` or a plain function
+        ``(t, w) -> R^D`` (one site), a dict ``{site: module or function}``, or a factory
+        ``(site_name, D) -> nn.Module``. A callable that returns a tensor of ``w``'s shape when called
+        as ``(t0, init)`` is a drift, otherwise a factory. A plain function has no parameters of its
+        own (tensors it captures are not treated as drift parameters by ``"stl"``).
     :param str activation: activation of the default MLP.
 
     >>> from pyro_sdebnn.distributions import OUPath
@@ -254,26 +321,47 @@ class NeuralSDEGuide(AutoGuide):
         super().__init__(model)
         self.drift_hidden, self.drift_layers, self.bottleneck = drift_hidden, drift_layers, bottleneck
         self.activation = activation
-        self._user_drift = drift
+        self._user_drift = (drift,)  # in a tuple: registered once, under ``drifts``, not also as ``_user_drift``
         self.drifts = nn.ModuleDict()
         self.path_sites: list[str] = []
+        self._chained = False
 
-    def _make_drift(self, name: str, dim: int) -> nn.Module:
-        user = self._user_drift
+    @staticmethod
+    def _as_module(drift) -> nn.Module:
+        return drift if isinstance(drift, nn.Module) else _FunctionDrift(drift)
+
+    def _make_drift(self, name: str, prior: OUPath) -> nn.Module:
+        user, dim = self._user_drift[0], prior.event_shape[-1]
         if user is None:
             return DriftMLP(dim, self.drift_hidden, self.drift_layers, self.bottleneck, self.activation)
-        if isinstance(user, nn.Module):
-            if len(self.path_sites) > 1:
-                raise ValueError("NeuralSDEGuide: one `drift` module given but the model has several OUPath "
-                                 f"sites {self.path_sites}; pass a dict or a factory")
-            return user
         if isinstance(user, dict):
             if name not in user:
                 raise ValueError(f"NeuralSDEGuide: `drift` dict has no entry for OUPath site {name!r}")
-            return user[name]
-        if callable(user):
-            return user(name, dim)
-        raise TypeError(f"NeuralSDEGuide: `drift` must be an nn.Module, dict or callable, got {type(user)}")
+            return self._as_module(user[name])
+        if not (isinstance(user, nn.Module) or callable(user)):
+            raise TypeError(f"NeuralSDEGuide: `drift` must be an nn.Module, function, dict or factory, got {type(user)}")
+        if isinstance(user, nn.Module) or self._is_drift_function(user, prior):
+            if len(self.path_sites) > 1:
+                raise ValueError("NeuralSDEGuide: one `drift` given but the model has several OUPath "
+                                 f"sites {self.path_sites}; pass a dict or a factory")
+            return self._as_module(user)
+        try:
+            module = user(name, dim)
+        except Exception as error:
+            raise TypeError("NeuralSDEGuide: `drift` is neither a drift (t, w) -> tensor of w's shape nor a factory "
+                            f"(site_name, D) -> nn.Module (called as a factory it raised {error!r})") from error
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"NeuralSDEGuide: the `drift` factory must return an nn.Module, got {type(module)}")
+        return module
+
+    @staticmethod
+    def _is_drift_function(fn, prior: OUPath) -> bool:
+        w = prior.init.detach()
+        try:
+            out = fn(prior.times[0], w)
+        except Exception:
+            return False
+        return isinstance(out, Tensor) and out.shape == w.shape
 
     def _setup_prototype(self, *args, **kwargs) -> None:
         super()._setup_prototype(*args, **kwargs)
@@ -290,34 +378,79 @@ class NeuralSDEGuide(AutoGuide):
         self.unguided_sites = others
         for name in self.path_sites:
             fn = self.prototype_trace.nodes[name]["fn"]
-            module = self._make_drift(name, fn.event_shape[-1])
+            module = self._make_drift(name, fn)
             self.drifts[name] = module.to(dtype=fn.init.dtype, device=fn.init.device)
+        self._check_starts(*args, **kwargs)
 
-    def priors(self, *args, **kwargs) -> dict[str, OUPath]:
-        """The model's ``OUPath`` prior at each path site, read by running the model up to its last one."""
-        collector = _PriorCollector(set(self.path_sites))
+    def _check_starts(self, *args, **kwargs) -> None:
+        """Run the model prefix three times: twice alike (a difference is randomness hidden from the guide),
+        once with other placeholder paths (a difference: a path starts from an earlier path)."""
+        def fixed(name, msg):  # visible upstream sites: their prototype values, the same in every run
+            return self.prototype_trace.nodes[name]["value"]
+
+        runs = [self._run_prefix(args, kwargs, fixed, offset=offset)[0] for offset in (0.0, 0.0, 1.0)]
+        inits = [{name: prior.init.detach() for name, prior in run.items()} for run in runs]
+        for name in self.path_sites:
+            if not torch.equal(inits[0][name], inits[1][name]):
+                raise ValueError(f"NeuralSDEGuide: the initial state of OUPath site {name!r} changes from one run of "
+                                 "the model to the next: it depends on a sample site hidden from the guide (e.g. by "
+                                 "poutine.block). Give NeuralSDEGuide the model with that site visible, and guide "
+                                 "the site with a guide that runs before it")
+        self._chained = any(not torch.equal(inits[0][n], inits[2][n]) for n in self.path_sites)
+
+    def _run_prefix(self, args, kwargs, upstream, posterior=None, offset: float = 0.0):
+        runner = _PathSites(self.path_sites, upstream, posterior, offset)
+        hide = None if posterior is None else (lambda msg: not isinstance(msg["fn"], NeuralSDEPath))
         try:
-            with poutine.block(), collector:
+            with poutine.block(hide_fn=hide), runner:
                 self.model(*args, **kwargs)
-        except _PriorCollector.Stop:
+        except _PathSites.Stop:
             pass
-        missing = set(self.path_sites) - set(collector.found)
+        missing = set(self.path_sites) - set(runner.found)
         if missing:
             raise ValueError(f"NeuralSDEGuide: the model did not reach OUPath sites {sorted(missing)}")
-        return collector.found
+        return runner.found, runner.values
+
+    def _posterior(self, name: str, prior: OUPath, drifts: nn.ModuleDict | None = None) -> NeuralSDEPath:
+        # ``drifts`` read outside the model run: reading ``self.drifts`` registers its parameters with Pyro,
+        # which must not happen inside the blocked model run (SVI would not see them)
+        drifts = self.drifts if drifts is None else drifts
+        if not isinstance(prior, OUPath):
+            raise ValueError(f"NeuralSDEGuide: site {name!r} is no longer an OUPath (got {type(prior).__name__})")
+        if prior.method != "euler":
+            raise ValueError(f"NeuralSDEGuide: OUPath site {name!r} must use method='euler' (the path KL is "
+                             f"that of the simulated Euler chain), got {prior.method!r}")
+        return NeuralSDEPath(prior.init, prior.sigma, prior.times, prior.theta, correction=drifts[name])
+
+    def priors(self, *args, **kwargs) -> dict[str, OUPath]:
+        """The model's ``OUPath`` prior at each path site, read by running the model up to its last one.
+
+        Values of sample sites before them are taken from the enclosing guide trace (``ValueError`` if
+        absent); a prior whose ``init`` depends on an earlier path is read with a placeholder for that
+        path, see :meth:`get_posterior`.
+        """
+        return self._run_prefix(args, kwargs, _guided_value)[0]
 
     def get_posterior(self, *args, **kwargs) -> dict[str, NeuralSDEPath]:
-        """``{site: NeuralSDEPath}`` for the given model arguments (no sampling, no Pyro site)."""
+        """``{site: NeuralSDEPath}`` for the given model arguments (no sampling, no Pyro site).
+
+        These are the marginal posteriors of the paths, so a model where an ``OUPath`` starts from an
+        earlier path has none: ``ValueError`` (sample with the guide itself instead).
+        """
         if self.prototype_trace is None:
             self._setup_prototype(*args, **kwargs)
-        out = {}
-        for name, prior in self.priors(*args, **kwargs).items():
-            if prior.method != "euler":
-                raise ValueError(f"NeuralSDEGuide: OUPath site {name!r} must use method='euler' (the path KL is "
-                                 f"that of the simulated Euler chain), got {prior.method!r}")
-            out[name] = NeuralSDEPath(prior.init, prior.sigma, prior.times, prior.theta, correction=self.drifts[name])
-        return out
+        if self._chained:
+            raise ValueError("NeuralSDEGuide.get_posterior: an OUPath site starts from an earlier path, so its "
+                             "posterior is conditional on that path's sample; call the guide to sample the paths")
+        return {name: self._posterior(name, prior) for name, prior in self.priors(*args, **kwargs).items()}
 
     def forward(self, *args, **kwargs) -> dict[str, Tensor]:
-        posteriors = self.get_posterior(*args, **kwargs)
-        return {name: pyro.sample(name, q) for name, q in posteriors.items()}
+        """Sample every ``OUPath`` site from its posterior, in the model's order (see the module docstring)."""
+        if self.prototype_trace is None:
+            self._setup_prototype(*args, **kwargs)
+        drifts = self.drifts
+
+        def posterior(name, prior):
+            return self._posterior(name, prior, drifts)
+
+        return self._run_prefix(args, kwargs, _guided_value, posterior=posterior)[1]

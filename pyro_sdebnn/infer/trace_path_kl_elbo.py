@@ -52,8 +52,9 @@ class TracePathKL_ELBO(Trace_ELBO):
     the :math:`N/b` scaling of subsampled :class:`~pyro.plate`). :math:`\\kappa` = ``kl_scale``
     (KL annealing, tempered posteriors); it also scales any site-level ``poutine.scale``.
 
-    .. warning:: The ``OUPath`` prior must use ``method="euler"`` on the same grid as the guide: the
-        estimators are KLs between the Euler chains the solver simulates. Checked under validation.
+    .. warning:: The ``OUPath`` prior must use ``method="euler"`` on the same grid as the guide, and the
+        guide path must start at the prior's ``init``: the estimators are KLs between Euler chains with
+        the same initial state. Checked under validation.
 
     A non-finite loss raises ``ValueError`` naming the call number and the offending term.
 
@@ -122,6 +123,10 @@ class TracePathKL_ELBO(Trace_ELBO):
                             prior.times, q.times):
                         raise ValueError(f"TracePathKL_ELBO: site {name!r}: the OUPath prior must use method='euler' "
                                          "on the guide's time grid")
+                    if not torch.equal(*torch.broadcast_tensors(prior.init.detach(), q.init.detach())):
+                        raise ValueError(f"TracePathKL_ELBO: site {name!r}: the guide path does not start where the "
+                                         "prior's path starts (init differs): the path KL would be that of two "
+                                         "processes with different initial states")
                 names.add(name)
         return names
 

@@ -180,15 +180,17 @@ class ContinuousDepthNet(PyroModule):
 
     # ------------------------------------------------------------------ likelihood
     def _observe(self, x: Tensor, y: Tensor | None, out: Tensor, num_data: int | None) -> Tensor:
-        """Records ``"f"`` and observes ``y`` at site ``"obs"`` in ``plate("data", num_data)`` (this batch).
+        """Records ``"f"`` (head output, event dim 1) and observes ``y`` at site ``"obs"``, both in ``plate("data",
+        num_data)`` (this batch), so that :class:`~pyro.infer.Predictive` returns them as ``(num_samples, b[, out])``.
 
         Weights sampled inside an outer plate (vectorised ELBO particles, ``Predictive(parallel=True)``) get a batch
         shape ``(..., S, 1)`` whose last ``1`` is the data plate's slot, so the output is ``(..., S, 1, b, out)``; that
         slot is dropped for the likelihood, which must have batch shape ``(..., S, b)`` (not ``(..., S, S, b)``)."""
-        pyro.deterministic("f", out, event_dim=2)
         obs_out = drop_data_plate_slot(out)
         size = x.shape[0] if num_data is None else int(num_data)
         with pyro.plate("data", size, subsample=torch.arange(x.shape[0], device=x.device)):
+            # "f" in the data plate like "obs": Predictive gives both the leading (num_samples,) and the data dim
+            pyro.deterministic("f", obs_out, event_dim=1)
             pyro.sample("obs", self.likelihood_dist(obs_out), obs=y)
         return out
 

@@ -3,6 +3,7 @@
 
 import pyro
 import pyro.distributions as dist
+from pyro import poutine
 import pytest
 import torch
 from torch import nn
@@ -128,13 +129,89 @@ def test_elbo_rejects_unguided_latent_sites():
     from pyro_sdebnn.infer import TracePathKL_ELBO
 
     def model():
-        pyro.sample("z", dist.Normal(0.0, 1.0))
         pyro.sample("w", OUPath(torch.zeros(2), 0.5, TIMES.float(), method="euler"))
+        pyro.sample("z", dist.Normal(0.0, 1.0))
 
     guide = NeuralSDEGuide(model)
     assert set(guide()) == {"w"} and guide.unguided_sites == ["z"]
     with pytest.warns(UserWarning, match="not guide"), pytest.raises(ValueError, match="'z' has no guide site"):
         TracePathKL_ELBO().loss(model, guide)
+
+
+def _sampled_start_model():
+    w0 = pyro.sample("w0", dist.Normal(torch.zeros(2), 1.0).to_event(1))
+    w = pyro.sample("w", OUPath(w0, 0.5, TIMES.float(), method="euler"))
+    pyro.sample("y", dist.Normal(w[-1].sum(), 0.5), obs=torch.tensor(1.0))
+
+
+def test_path_starts_at_the_guide_sample_of_an_upstream_site():
+    from pyro.infer.autoguide import AutoGuideList, AutoNormal
+
+    from pyro_sdebnn.infer import TracePathKL_ELBO
+
+    guide = AutoGuideList(_sampled_start_model)
+    guide.append(AutoNormal(poutine.block(_sampled_start_model, hide=["w"]), init_scale=1e-3))
+    guide.append(NeuralSDEGuide(_sampled_start_model, drift_hidden=4))
+    trace = poutine.trace(guide).get_trace()
+    assert torch.equal(trace.nodes["w"]["fn"].init, trace.nodes["w0"]["value"])
+    # and the ELBO's model replays that w0: the prior and the guide path start at the same point
+    elbo = TracePathKL_ELBO()
+    model_trace, guide_trace = next(elbo._get_traces(_sampled_start_model, guide, (), {}))
+    assert torch.equal(model_trace.nodes["w"]["fn"].init, guide_trace.nodes["w"]["fn"].init)
+    svi = pyro.infer.SVI(_sampled_start_model, guide, pyro.optim.Adam({"lr": 0.01}), elbo)
+    assert all(torch.isfinite(torch.tensor(svi.step())) for _ in range(3))
+
+
+def test_upstream_site_without_a_guide_value_raises():
+    from pyro.infer.autoguide import AutoGuideList, AutoNormal
+
+    with pytest.raises(ValueError, match="'w0'.*fresh prior draw"):
+        NeuralSDEGuide(_sampled_start_model)()
+    # the guide of w0 runs after NeuralSDEGuide: no value yet
+    guide = AutoGuideList(_sampled_start_model)
+    guide.append(NeuralSDEGuide(_sampled_start_model, drift_hidden=4))
+    guide.append(AutoNormal(poutine.block(_sampled_start_model, hide=["w"])))
+    with pytest.raises(ValueError, match="'w0'"):
+        poutine.trace(guide).get_trace()
+    # w0 hidden from NeuralSDEGuide by poutine.block: its fresh draws are detected when the guide is set up
+    with pytest.raises(ValueError, match="hidden from the guide"):
+        poutine.trace(NeuralSDEGuide(poutine.block(_sampled_start_model, expose=["w"]))).get_trace()
+
+
+def test_path_started_from_an_earlier_path():
+    def model():
+        a = pyro.sample("a", OUPath(torch.ones(2), 0.5, TIMES.float(), method="euler"))
+        b = pyro.sample("b", OUPath(a[-1], 0.5, TIMES.float(), method="euler"))
+        pyro.sample("y", dist.Normal(b[-1].sum(), 0.5), obs=torch.tensor(1.0))
+
+    guide = NeuralSDEGuide(model, drift_hidden=4)
+    trace = poutine.trace(guide).get_trace()
+    assert torch.equal(trace.nodes["b"]["fn"].init, trace.nodes["a"]["value"][-1])
+    with pytest.raises(ValueError, match="earlier path"):
+        guide.get_posterior()
+
+
+def test_user_drift_registered_once_and_plain_function_drift():
+    from pyro_sdebnn.infer import TracePathKL_ELBO
+
+    def model():
+        w = pyro.sample("w", OUPath(torch.zeros(2), 0.5, TIMES.float(), method="euler"))
+        pyro.sample("y", dist.Normal(w[-1].sum(), 0.5), obs=torch.tensor(1.0))
+
+    pyro.clear_param_store()
+    guide = NeuralSDEGuide(model, drift=_Structured(2))
+    svi = pyro.infer.SVI(model, guide, pyro.optim.Adam({"lr": 0.05}), TracePathKL_ELBO())
+    svi.step()
+    names = sorted(pyro.get_param_store().keys())
+    assert len(names) == 2 and names[0].endswith("drifts$$$w.rate") and names[1].endswith("drifts$$$w.target")
+    # a plain (t, w) function: used as the drift (here the closed-form pull towards 1), no parameters
+    guide = NeuralSDEGuide(model, drift=lambda t, w: 0.5 * (1.0 - w))
+    out = guide()["w"]
+    assert out.shape == (8, 2) and list(guide.parameters()) == []
+    q = guide.get_posterior()["w"]
+    assert torch.equal(q.correction(torch.tensor(0.0), torch.zeros(3, 2)), torch.full((3, 2), 0.5))
+    for estimator in ("analytic", "full_mc", "stl"):
+        assert torch.isfinite(torch.tensor(TracePathKL_ELBO(estimator=estimator).loss(model, guide)))
 
 
 def test_guide_requires_euler_prior():

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pyro_sdebnn.distributions import OUPath
-from pyro_sdebnn.infer import NeuralSDEGuide, TracePathKL_ELBO
+from pyro_sdebnn.infer import NeuralSDEGuide, NeuralSDEPath, TracePathKL_ELBO
 from pyro_sdebnn.ops import time_grid
 
 
@@ -170,3 +170,14 @@ def test_errors():
     svi = pyro.infer.SVI(nan_model, guide, pyro.optim.Adam({"lr": 0.01}), TracePathKL_ELBO())
     with pyro.validation_enabled(False), pytest.raises(ValueError, match="non-finite loss .* call 1"):
         svi.step()
+
+
+def test_guide_path_starting_elsewhere_is_an_error():
+    from pyro_sdebnn.nn import DriftMLP
+
+    def guide(y, num_data=None):  # a hand-made guide whose path starts at 1 while the prior's starts at 0
+        q = NeuralSDEPath(torch.ones(2, dtype=torch.float64), 0.5, TIMES, correction=DriftMLP(2, 4).double())
+        pyro.sample("w", q)
+
+    with pytest.raises(ValueError, match="does not start where"):
+        TracePathKL_ELBO().loss(observed_model, guide, torch.tensor([1.0], dtype=torch.float64))

@@ -5,13 +5,14 @@ import pytest
 import torch
 
 from pyro_sdebnn.nn import DriftMLP, TimeMLPField
+from pyro_sdebnn.testing import OUEndpointProblem
 from pyro_sdebnn.ops import (AugmentedPathSDE, brownian_interval, euler_maruyama_kl, increments_from_brownian,
                              sdeint_augmented, time_grid)
 
 N, STATE, HIDDEN, SIGMA = 3, 3, 4, 0.5
 
 
-def _problem(dt, seed=0):
+def _problem(dt, seed=0, n=N):
     torch.manual_seed(seed)
     times = time_grid((0.0, 1.0), dt, dtype=torch.float64)
     field = TimeMLPField(STATE, HIDDEN)
@@ -20,13 +21,13 @@ def _problem(dt, seed=0):
     with torch.no_grad():
         for p in drift.out.parameters():
             p.normal_(0, 0.1)
-    h0 = torch.randn(N, STATE, dtype=torch.float64)
+    h0 = torch.randn(n, STATE, dtype=torch.float64)
     w0 = field.init_weights().double().requires_grad_()
 
     def flat_field(t, h, w):
-        return field(t, h.reshape(h.shape[0], N, STATE), w).reshape(h.shape[0], -1)
+        return field(t, h.reshape(h.shape[0], n, STATE), w).reshape(h.shape[0], -1)
 
-    sde = AugmentedPathSDE(dim, N * STATE, SIGMA, 1.0, drift, flat_field)
+    sde = AugmentedPathSDE(dim, n * STATE, SIGMA, 1.0, drift, flat_field)
     return times, sde, drift, w0, h0, flat_field
 
 
@@ -50,8 +51,8 @@ def test_euler_loop_matches_torchsde_euler_on_the_same_brownian_path():
     # by O(1e-8) (Brownian bridge over 1e-16-long pieces); hence 1e-6 rather than bitwise equality
     times, sde, drift, w0, h0, flat_field = _problem(0.05)
     batch = 2
-    bm = brownian_interval(times, (batch, sde.weight_dim + sde.hidden_dim + 1), entropy=11)
-    dB = increments_from_brownian(bm, times)[..., : sde.weight_dim].transpose(0, 1)
+    bm = brownian_interval(times, (batch, sde.weight_dim), entropy=11)
+    dB = increments_from_brownian(bm, times).transpose(0, 1)
     ours = euler_maruyama_kl(w0.detach(), times, dB, SIGMA, 1.0, drift, estimator="analytic", field=flat_field,
                              hidden_init=h0.reshape(1, -1).expand(batch, -1))
     ref = sdeint_augmented(sde, w0.detach().expand(batch, -1), h0.reshape(1, -1).expand(batch, -1), times,
@@ -63,7 +64,7 @@ def test_euler_loop_matches_torchsde_euler_on_the_same_brownian_path():
 
 def _torchsde_hidden(method, dt=0.05):
     times, sde, drift, w0, h0, _ = _problem(dt)
-    bm = brownian_interval(times, (2, sde.weight_dim + sde.hidden_dim + 1), entropy=3,
+    bm = brownian_interval(times, (2, sde.weight_dim), entropy=3,
                            levy_area_approximation="space-time")
     return sdeint_augmented(sde, w0.detach().expand(2, -1), h0.reshape(1, -1).expand(2, -1), times, method=method,
                             bm=bm, return_path=False).hidden
@@ -82,7 +83,7 @@ def test_srk_close_to_euler():
 
 def _adjoint_gradient_gap(dt):
     times, sde, drift, w0, h0, _ = _problem(dt)
-    bm = brownian_interval(times, (2, sde.weight_dim + sde.hidden_dim + 1), entropy=5)
+    bm = brownian_interval(times, (2, sde.weight_dim), entropy=5)
     grads = []
     for adjoint in (False, True):
         w0.grad = None
@@ -104,15 +105,15 @@ def test_adjoint_gradients_agree_with_backprop():
     assert fine < coarse
 
 
-def _saved_bytes(steps, adjoint):
+def _saved_bytes(steps, adjoint, estimator="analytic", n=N):
     """Bytes of distinct tensor storages that autograd saves for backward during one forward solve.
 
     This is the memory held between forward and backward, the part that grows with the number of
     steps under backprop (CPU has no ``torch.cuda.max_memory_allocated``; counted with
     :func:`torch.autograd.graph.saved_tensors_hooks`, deduplicated by storage pointer).
     """
-    times, sde, drift, w0, h0, _ = _problem(1.0 / steps)
-    bm = brownian_interval(times, (2, sde.weight_dim + sde.hidden_dim + 1), entropy=5)
+    times, sde, drift, w0, h0, _ = _problem(1.0 / steps, n=n)
+    bm = brownian_interval(times, (2, sde.weight_dim), entropy=5)
     storages = {}
 
     def pack(t):
@@ -122,7 +123,7 @@ def _saved_bytes(steps, adjoint):
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         sol = sdeint_augmented(sde, w0.expand(2, -1), h0.reshape(1, -1).expand(2, -1), times, method="euler",
-                               bm=bm, adjoint=adjoint, return_path=False)
+                               bm=bm, adjoint=adjoint, return_path=False, estimator=estimator)
 
     assert sol.hidden.requires_grad
     return sum(storages.values())
@@ -134,3 +135,59 @@ def test_adjoint_memory_constant_in_steps():
     backprop_1000 = _saved_bytes(1000, False)
     assert adjoint_1000 <= 2 * adjoint_10
     assert adjoint_1000 <= 0.15 * backprop_1000
+
+
+def _ou_gradients(estimator, method, adjoint, samples=256, dt=0.02):
+    """Per-sample gradients of the negative ELBO w.r.t. the drift scale alpha at the true posterior (alpha = 1) of
+    the OU end-point problem, through torchsde: alpha has one entry per sample, so one backward pass gives them all."""
+    problem = OUEndpointProblem(torch.zeros(1, dtype=torch.float64), torch.ones(1, dtype=torch.float64), 0.3, 0.8)
+    times = time_grid((0.0, 1.0), dt, dtype=torch.float64)
+    drift = problem.drift(alpha=1.0)
+    drift.alpha = torch.nn.Parameter(torch.ones(samples, 1, dtype=torch.float64))
+    sde = AugmentedPathSDE(1, 0, problem.sigma, problem.theta, drift)
+    bm = brownian_interval(times, (samples, 1), entropy=7, levy_area_approximation="space-time")
+    sol = sdeint_augmented(sde, problem.init.expand(samples, 1), None, times, method=method, adjoint=adjoint, bm=bm,
+                           estimator=estimator)
+    loss = sol.kl - problem.log_likelihood(sol.path[:, -1])
+    return torch.autograd.grad(loss.sum(), drift.alpha)[0].squeeze(-1)
+
+
+@pytest.mark.parametrize("method, adjoint", [("euler", False), ("euler", True), ("srk", False)])
+def test_stl_gradient_variance_through_torchsde(method, adjoint):
+    # at the true posterior the stl gradient variance is far below analytic's and full_mc's (Xu et al. 2022,
+    # App. A.2, Fig. 4); measured variances stl / analytic / full_mc at dt = 0.02, 256 paths:
+    # 0.015 / 1.01 / 2.60 (Euler), 0.031 / 0.95 / 2.55 (Euler adjoint), 0.005 / 0.86 / 2.35 (SRK)
+    grads = {e: _ou_gradients(e, method, adjoint) for e in ("stl", "analytic", "full_mc")}
+    n = grads["stl"].numel()
+    var = {e: g.var() for e, g in grads.items()}
+    se = {e: v * (2 / (n - 1)) ** 0.5 for e, v in var.items()}  # standard error of a sample variance
+    for other in ("analytic", "full_mc"):
+        assert var["stl"] + 4 * se["stl"] < var[other] - 4 * se[other]
+        # same expectation: the mean paired difference is within 4 standard errors of zero
+        diff = grads["stl"] - grads[other]
+        assert diff.mean().abs() < 4 * diff.std() / n ** 0.5
+
+
+@pytest.mark.parametrize("estimator", ["stl", "full_mc"])
+def test_adjoint_memory_of_the_hidden_state_constant_in_steps(estimator):
+    # the Itô KL term is backpropagated along the weights only: what the adjoint stores per step does not grow
+    # with the hidden state (here 100x larger), while backprop's does
+    def per_step(n, adjoint):
+        return (_saved_bytes(200, adjoint, estimator, n) - _saved_bytes(20, adjoint, estimator, n)) / 180
+
+    small, large = per_step(3, True), per_step(300, True)
+    assert large <= 1.01 * small
+    assert per_step(300, False) > 10 * large
+
+
+def test_former_brownian_size_still_accepted():
+    # a Brownian motion of the former size (batch, D + H + 1): its first D channels drive the weights, as before
+    times, sde, drift, w0, h0, _ = _problem(0.1)
+    wide = brownian_interval(times, (2, sde.weight_dim + sde.hidden_dim + 1), entropy=2)
+    with pytest.warns(FutureWarning, match="deprecated"):
+        old = sdeint_augmented(sde, w0.detach().expand(2, -1), h0.reshape(1, -1).expand(2, -1), times, bm=wide)
+    dB = increments_from_brownian(wide, times)[..., : sde.weight_dim].transpose(0, 1)
+    ours = euler_maruyama_kl(w0.detach(), times, dB, SIGMA, 1.0, drift, estimator="analytic")
+    assert torch.allclose(old.path, ours.path, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="bm must have size"):
+        sdeint_augmented(sde, w0.detach().expand(2, -1), None, times, bm=brownian_interval(times, (2, 5)))
