@@ -47,7 +47,7 @@ def _measure(steps: int, adjoint: bool, device: torch.device, batch: int = 8, n:
         return field(t, h.reshape(h.shape[0], n, 3), w).reshape(h.shape[0], -1)
 
     sde = AugmentedPathSDE(field.num_weights, n * 3, 0.2, 1.0, drift, flat_field)
-    bm = brownian_interval(times, (batch, sde.weight_dim + sde.hidden_dim + 1), entropy=0)
+    bm = brownian_interval(times, (batch, sde.weight_dim), entropy=0)
     storages = {}
 
     def pack(t):
