@@ -27,18 +27,20 @@ import torch
 from torch import Tensor, nn
 
 from pyro_sdebnn.infer.checkpoint import detached
-from pyro_sdebnn.infer.methods import (
-    BaselineMethod,
-    _check_finite,
+from pyro_sdebnn.infer._data import (
     _check_fit_args,
-    _dropout_layers,
-    _epochs,
     _is_loader_arg,
     _is_sharded,
     _iter_inputs,
     _module_device_dtype,
-    _NetworkTrainer,
     _TrainingData,
+)
+from pyro_sdebnn.infer.methods import (
+    BaselineMethod,
+    _check_finite,
+    _dropout_layers,
+    _epochs,
+    _NetworkTrainer,
     load_optimizer_state,
     negative_log_likelihood_terms,
     register_method,

@@ -57,15 +57,17 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, jacrev, vmap
 
-from pyro_sdebnn.infer.methods import (
-    BaselineMethod,
-    Prediction,
+from pyro_sdebnn.infer._data import (
     _check_data,
     _is_loader_arg,
     _iter_inputs,
     _module_device_dtype,
-    _train_network,
     _TrainingData,
+)
+from pyro_sdebnn.infer.methods import (
+    BaselineMethod,
+    Prediction,
+    _train_network,
     negative_log_likelihood_terms,
     outputs_to_prediction,
     register_method,

@@ -20,13 +20,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from pyro_sdebnn.infer.methods import (
-    BaselineMethod,
-    _dropout_layers,
+from pyro_sdebnn.infer._data import (
     _first_inputs,
     _is_loader_arg,
     _iter_inputs,
     _module_device_dtype,
+)
+from pyro_sdebnn.infer.methods import (
+    BaselineMethod,
+    _dropout_layers,
     _train_network,
     register_method,
 )

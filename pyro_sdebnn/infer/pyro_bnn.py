@@ -33,15 +33,17 @@ from pyro.infer import SVI
 from pyro.nn import PyroModule, PyroSample
 from torch import Tensor, nn
 
-from pyro_sdebnn.infer.methods import (
-    BaselineMethod,
-    _check_finite,
+from pyro_sdebnn.infer._data import (
     _check_fit_args,
-    _check_likelihood,
-    _epochs,
     _is_loader_arg,
     _iter_inputs,
     _TrainingData,
+)
+from pyro_sdebnn.infer.methods import (
+    BaselineMethod,
+    _check_finite,
+    _check_likelihood,
+    _epochs,
 )
 
 __all__ = ["PyroBNN", "SVIBaseline"]
