@@ -67,7 +67,6 @@ from pyro_sdebnn.infer._data import (
 from pyro_sdebnn.infer.methods import (
     BaselineMethod,
     Prediction,
-    _train_network,
     negative_log_likelihood_terms,
     outputs_to_prediction,
     register_method,
@@ -289,15 +288,12 @@ class Laplace(BaselineMethod):
         """
         loader = x if _is_loader_arg(x) else None
         data = _TrainingData(x, y, self.likelihood, batch_size)
-        state = self._resume_state(resume, loader)
-        history, trainer_state = _train_network(
-            self.net, x, y, self.likelihood, num_epochs=num_epochs, lr=lr, batch_size=batch_size,
-            weight_decay=weight_decay, progress=progress, desc="laplace MAP", scheduler=scheduler,
-            scheduler_step=scheduler_step, clip_norm=clip_norm, clip_inf_norm=clip_inf_norm,
-            state=None if state is None else state["trainer"], first_epoch=self.epoch,
+        # the training state is kept before the curvature pass, which reads the loader again
+        self._fit_network(
+            self.net, x, y, desc="laplace MAP", resume=resume, num_epochs=num_epochs, lr=lr, batch_size=batch_size,
+            weight_decay=weight_decay, progress=progress, scheduler=scheduler, scheduler_step=scheduler_step,
+            clip_norm=clip_norm, clip_inf_norm=clip_inf_norm,
         )
-        self.losses.extend(history)
-        self._end_fit(loader, trainer=trainer_state)  # before the curvature pass, which reads the loader again
         sampler = self._data_parallel_sampler(loader)  # several ranks, a sharded loader: the shards' sums add up
         keep = None
         if sampler is not None:

@@ -39,13 +39,10 @@ import torch
 from torch import Tensor, nn
 
 from pyro_sdebnn.infer._data import (
-    _check_data,
     _check_fit_args,
     _data_parallel_sampler,
-    _first_inputs,
     _is_loader_arg,
     _is_sharded,
-    _iter_inputs,
     _module_device_dtype,
     _TrainingData,
 )
@@ -412,6 +409,20 @@ class BaselineMethod:
         from pyro_sdebnn.distributed.comm import is_main
 
         return is_main()
+
+    def _fit_network(self, net: nn.Module, x, y, *, desc: str, resume: bool, **training) -> None:
+        """``fit`` by :func:`train_network` of ``net`` (continuing the last run when ``resume``): the losses are
+        appended to :attr:`losses` and the training state is kept for the next ``resume``. ``training`` holds
+        :func:`train_network`'s keyword arguments (``num_epochs``, ``lr``, ...)."""
+        loader = x if _is_loader_arg(x) else None
+        state = self._resume_state(resume, loader)
+        self._note_data_parallel(loader)
+        history, trainer_state = _train_network(
+            net, x, y, self.likelihood, desc=desc, state=None if state is None else state["trainer"],
+            first_epoch=self.epoch, **training,
+        )
+        self.losses.extend(history)
+        self._end_fit(loader, trainer=trainer_state)
 
     def _end_fit(self, loader=None, **training) -> None:
         """Keep what a resumed ``fit`` needs: ``training`` (optimiser states...) and the random state now."""
