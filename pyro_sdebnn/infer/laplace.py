@@ -1,4 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
+# Longer than ~500 lines on purpose: the Laplace approximation is one object. Its fit, the three curvature
+# structures, the evidence, the predictives and the checkpoint all read one representation of the posterior
+# (the eigendecomposition ``_eig`` and the Kronecker factors ``_kron``), so they stay side by side, in the
+# order of the section comments below; split over files, every change of that representation would touch each.
 """The Laplace approximation of a network's weight posterior (MacKay [2]; Daxberger et al. [1]).
 
 Around the MAP :math:`\\hat w` the posterior is approximated by :math:`\\mathcal N(\\hat w, H^{-1})` with
@@ -192,6 +196,12 @@ class Laplace(BaselineMethod):
         params = dict(self.net.named_parameters())
         return {name: params[name].detach() for name in self._names}
 
+    def _hold_map(self) -> None:
+        """Keep the network's current weights as the MAP :math:`\\hat w` (the selected ones) and the rest as constants."""
+        self._theta_hat = self._theta()
+        self._frozen = {n: p.detach() for n, p in self.net.named_parameters() if n not in self._theta_hat}
+        self._frozen.update(dict(self.net.named_buffers()))
+
     def _outputs(self, theta: dict[str, Tensor], x: Tensor) -> Tensor:
         return functional_call(self.net, {**self._frozen, **theta}, (x,))
 
@@ -308,9 +318,7 @@ class Laplace(BaselineMethod):
         if self.prior_precision is None:
             self.prior_precision = max(data.n * weight_decay, 1e-8)
         self.net.eval()  # dropout off (and left off): the approximation is around the deterministic network
-        self._theta_hat = self._theta()
-        self._frozen = {n: p.detach() for n, p in self.net.named_parameters() if n not in self._theta_hat}
-        self._frozen.update(dict(self.net.named_buffers()))
+        self._hold_map()
         if data.is_loader:
             from pyro_sdebnn.data.loaders import iter_batches
 
@@ -633,9 +641,7 @@ class Laplace(BaselineMethod):
             self._fitted = fitted
             if fitted:
                 self.net.eval()
-                self._theta_hat = self._theta()
-                self._frozen = {n: p.detach() for n, p in self.net.named_parameters() if n not in self._theta_hat}
-                self._frozen.update(dict(self.net.named_buffers()))
+                self._hold_map()
                 self._log_likelihood = posterior["log_likelihood"]
                 self._num_outputs = posterior["num_outputs"]
                 self._eig = tuple(posterior["eig"])
