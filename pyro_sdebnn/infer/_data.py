@@ -55,6 +55,18 @@ def _check_fit_args(n: int, *, num_epochs: int, lr: float, batch_size: int | Non
     return size
 
 
+def _network_training_data(x, y, likelihood: str, *, num_epochs: int, lr: float, batch_size: int | None,
+                           weight_decay: float, scheduler_step: str, clip_norm, clip_inf_norm):
+    """Check what every ``fit`` of a plain network shares (before any work); return the :class:`_TrainingData`, the
+    minibatch size and the checked clipping thresholds ``(clip_norm, clip_inf_norm)``."""
+    from pyro_sdebnn.infer._training import SchedulerStepper, check_clip
+
+    data = _TrainingData(x, y, likelihood, batch_size)
+    size = _check_fit_args(data.n, num_epochs=num_epochs, lr=lr, batch_size=batch_size, weight_decay=weight_decay)
+    clip_norm, clip_inf_norm = check_clip(clip_norm, clip_inf_norm)
+    SchedulerStepper(None, scheduler_step)  # validates scheduler_step
+    return data, size, (clip_norm, clip_inf_norm)
+
 def _is_loader_arg(x, name: str = "x") -> bool:
     """:func:`~pyro_sdebnn.data.loaders.is_loader` with an error naming the argument."""
     from pyro_sdebnn.data.loaders import is_loader

@@ -197,7 +197,7 @@ class Laplace(BaselineMethod):
         return {name: params[name].detach() for name in self._names}
 
     def _hold_map(self) -> None:
-        """Keep the network's current weights as the MAP :math:`\\hat w` (the selected ones) and the rest as constants."""
+        """Hold the current weights as the MAP :math:`\\hat w` (the selected ones) and the others as constants."""
         self._theta_hat = self._theta()
         self._frozen = {n: p.detach() for n, p in self.net.named_parameters() if n not in self._theta_hat}
         self._frozen.update(dict(self.net.named_buffers()))

@@ -39,11 +39,11 @@ import torch
 from torch import Tensor, nn
 
 from pyro_sdebnn.infer._data import (
-    _check_fit_args,
     _data_parallel_sampler,
     _is_loader_arg,
     _is_sharded,
     _module_device_dtype,
+    _network_training_data,
     _TrainingData,
 )
 from pyro_sdebnn.infer.predictive import ClassificationPrediction, RegressionPrediction
@@ -326,13 +326,11 @@ def _train_network(net, x, y, likelihood, *, num_epochs, lr, batch_size, weight_
                    state: dict | None = None, first_epoch: int = 0) -> tuple[list[float], dict]:
     """:func:`train_network` that can resume from a trainer ``state``; returns the history and the new state.
     ``first_epoch``: the epochs done before (a data-parallel run's ``loader.sampler.set_epoch``)."""
-    from pyro_sdebnn.infer._training import SchedulerStepper, check_clip
-
     _check_likelihood(likelihood)
-    data = _TrainingData(x, y, likelihood, batch_size)
-    _check_fit_args(data.n, num_epochs=num_epochs, lr=lr, batch_size=batch_size, weight_decay=weight_decay)
-    clip_norm, clip_inf_norm = check_clip(clip_norm, clip_inf_norm)
-    SchedulerStepper(None, scheduler_step)  # validates scheduler_step before any work
+    data, _, (clip_norm, clip_inf_norm) = _network_training_data(
+        x, y, likelihood, num_epochs=num_epochs, lr=lr, batch_size=batch_size, weight_decay=weight_decay,
+        scheduler_step=scheduler_step, clip_norm=clip_norm, clip_inf_norm=clip_inf_norm,
+    )
     sampler = _data_parallel_sampler(data.loader)
     trainer = _NetworkTrainer(
         net, likelihood, lr=lr, weight_decay=weight_decay, scheduler=scheduler, scheduler_step=scheduler_step,
