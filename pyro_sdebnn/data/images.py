@@ -126,6 +126,13 @@ def _torchvision_dataset(cls, name: str, func: str, folder: Path, how: str, root
         ) from err
 
 
+def _idx_dataset(cls, name: str, func: str, root, train, download, transform, dtype):
+    """An MNIST-format data set (``cls``: ``MNIST`` or ``FashionMNIST``), read from ``root/<cls name>/raw``."""
+    folder = Path(root).expanduser() / cls.__name__ / "raw"
+    how = "the files " + ", ".join(file for file, _ in cls.resources)
+    return _torchvision_dataset(cls, name, func, folder, how, root, train, download, transform, dtype)
+
+
 def mnist(
     root: str | Path,
     train: bool = True,
@@ -154,10 +161,7 @@ def mnist(
     """
     from torchvision.datasets import MNIST
 
-    folder = Path(root).expanduser() / "MNIST" / "raw"
-    files = ", ".join(name for name, _ in MNIST.resources)
-    how = f"the files {files}"
-    return _torchvision_dataset(MNIST, "MNIST", "mnist", folder, how, root, train, download, transform, dtype)
+    return _idx_dataset(MNIST, "MNIST", "mnist", root, train, download, transform, dtype)
 
 
 def fashion_mnist(
@@ -187,12 +191,7 @@ def fashion_mnist(
     """
     from torchvision.datasets import FashionMNIST
 
-    folder = Path(root).expanduser() / "FashionMNIST" / "raw"
-    files = ", ".join(name for name, _ in FashionMNIST.resources)
-    how = f"the files {files}"
-    return _torchvision_dataset(
-        FashionMNIST, "Fashion-MNIST", "fashion_mnist", folder, how, root, train, download, transform, dtype
-    )
+    return _idx_dataset(FashionMNIST, "Fashion-MNIST", "fashion_mnist", root, train, download, transform, dtype)
 
 
 def cifar10(

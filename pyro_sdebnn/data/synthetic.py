@@ -16,6 +16,16 @@ from .split import DataSplit, _check_dtype, _check_positive_int, _child_seeds, _
 __all__ = ["gap_regression_1d", "toy_regression_1d", "two_moons"]
 
 
+def _check_args(n_train, n_test, seed, dtype, noise=0.0) -> tuple[int, int, torch.dtype, int, int]:
+    """The checked sizes and dtype, and the child seeds of the training and test sets."""
+    n_train = _check_positive_int("n_train", n_train)
+    n_test = _check_positive_int("n_test", n_test)
+    if not noise >= 0:
+        raise ValueError(f"noise must be a non-negative number, got {noise!r}")
+    dtype = _check_dtype(dtype)
+    train_seed, test_seed = _child_seeds(seed, 2)
+    return n_train, n_test, dtype, train_seed, test_seed
+
 def two_moons(
     n_train: int = 200, n_test: int = 500, noise: float = 0.2, seed: int = 0, *, dtype: torch.dtype = torch.float32
 ) -> DataSplit:
@@ -44,12 +54,7 @@ def two_moons(
     """
     from sklearn.datasets import make_moons
 
-    n_train = _check_positive_int("n_train", n_train)
-    n_test = _check_positive_int("n_test", n_test)
-    if not noise >= 0:
-        raise ValueError(f"noise must be a non-negative number, got {noise!r}")
-    dtype = _check_dtype(dtype)
-    train_seed, test_seed = _child_seeds(seed, 2)
+    n_train, n_test, dtype, train_seed, test_seed = _check_args(n_train, n_test, seed, dtype, noise)
     x_train, y_train = make_moons(n_samples=n_train, noise=noise, random_state=train_seed)
     x_test, y_test = make_moons(n_samples=n_test, noise=noise, random_state=test_seed)
     return _to_split(x_train, y_train, x_test, y_test, dtype=dtype, classification=True)
@@ -99,12 +104,7 @@ def toy_regression_1d(
     >>> split.x_train.shape, split.y_train.shape, split.x_test[:, 0]
     (torch.Size([8, 1]), torch.Size([8]), tensor([-3.0000, -1.5000,  0.0000,  1.5000,  3.0000]))
     """
-    n_train = _check_positive_int("n_train", n_train)
-    n_test = _check_positive_int("n_test", n_test)
-    if not noise >= 0:
-        raise ValueError(f"noise must be a non-negative number, got {noise!r}")
-    dtype = _check_dtype(dtype)
-    train_seed, test_seed = _child_seeds(seed, 2)
+    n_train, n_test, dtype, train_seed, test_seed = _check_args(n_train, n_test, seed, dtype, noise)
     rng = np.random.default_rng(train_seed)
     x_train = rng.uniform(-2.0, 2.0, size=n_train)
     y_train = _toy_function(x_train) + noise * rng.standard_normal(n_train)
@@ -146,10 +146,7 @@ def gap_regression_1d(
     >>> bool((split.x_train.abs() >= 1).all() and (split.x_train.abs() <= 4).all())
     True
     """
-    n_train = _check_positive_int("n_train", n_train)
-    n_test = _check_positive_int("n_test", n_test)
-    dtype = _check_dtype(dtype)
-    train_seed, test_seed = _child_seeds(seed, 2)
+    n_train, n_test, dtype, train_seed, test_seed = _check_args(n_train, n_test, seed, dtype)
     rng = np.random.default_rng(train_seed)
     n_left = n_train // 2
     magnitude = rng.uniform(1.0, 4.0, size=n_train)

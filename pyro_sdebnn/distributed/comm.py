@@ -27,7 +27,7 @@ from __future__ import annotations
 import datetime
 import math
 import os
-from typing import Any
+from typing import Any, Callable
 
 import pyro
 import torch
@@ -190,18 +190,23 @@ def barrier() -> None:
         raise _fail("barrier", err) from err
 
 
-def _all_reduce(tensor: Tensor, what: str) -> Tensor:
-    """The sum of ``tensor`` over the ranks, a copy on the device and dtype of ``tensor`` (``tensor`` on one rank)."""
+def _collective(tensor: Tensor, what: str, op: Callable[[Tensor], Any]) -> Tensor:
+    """``op`` run on a copy of ``tensor`` on the communication device, returned (``tensor`` itself on one rank)."""
     if not isinstance(tensor, Tensor):
         raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
     if world_size() == 1:
         return tensor
     buf = tensor.detach().to(_comm_device(), copy=True)
     try:
-        dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+        op(buf)
     except (RuntimeError, ValueError) as err:
         raise _fail(f"{what} of a {tuple(tensor.shape)} tensor", err) from err
     return buf
+
+
+def _all_reduce(tensor: Tensor) -> Tensor:
+    """The sum of ``tensor`` over the ranks, a copy on the communication device (``tensor`` on one rank)."""
+    return _collective(tensor, "all_reduce", lambda buf: dist.all_reduce(buf, op=dist.ReduceOp.SUM))
 
 
 def all_reduce_mean(tensor: Tensor) -> Tensor:
@@ -212,7 +217,7 @@ def all_reduce_mean(tensor: Tensor) -> Tensor:
     :raises TypeError: if ``tensor`` is not a tensor.
     :raises DistributedError: if a rank dies or does not arrive within the timeout.
     """
-    total = _all_reduce(tensor, "all_reduce")
+    total = _all_reduce(tensor)
     return total if world_size() == 1 else (total / world_size()).to(tensor.device)
 
 
@@ -224,7 +229,7 @@ def all_reduce_sum(tensor: Tensor) -> Tensor:
     :raises TypeError: if ``tensor`` is not a tensor.
     :raises DistributedError: if a rank dies or does not arrive within the timeout.
     """
-    return _all_reduce(tensor, "all_reduce").to(tensor.device)
+    return _all_reduce(tensor).to(tensor.device)
 
 
 def broadcast_(tensor: Tensor, src: int = 0) -> Tensor:
@@ -232,17 +237,10 @@ def broadcast_(tensor: Tensor, src: int = 0) -> Tensor:
 
     :raises DistributedError: if a rank dies or does not arrive within the timeout.
     """
-    if not isinstance(tensor, Tensor):
-        raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
-    if world_size() == 1:
-        return tensor
-    buf = tensor.detach().to(_comm_device(), copy=True)
-    try:
-        dist.broadcast(buf, src=src)
-    except (RuntimeError, ValueError) as err:
-        raise _fail(f"broadcast of a {tuple(tensor.shape)} tensor", err) from err
-    with torch.no_grad():
-        tensor.copy_(buf)
+    buf = _collective(tensor, "broadcast", lambda buf: dist.broadcast(buf, src=src))
+    if buf is not tensor:
+        with torch.no_grad():
+            tensor.copy_(buf)
     return tensor
 
 

@@ -26,19 +26,21 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from pyro_sdebnn.infer.checkpoint import detached
-from pyro_sdebnn.infer.methods import (
-    BaselineMethod,
-    _check_finite,
-    _check_fit_args,
-    _dropout_layers,
-    _epochs,
+from pyro_sdebnn.infer._data import (
     _is_loader_arg,
     _is_sharded,
     _iter_inputs,
     _module_device_dtype,
-    _NetworkTrainer,
+    _network_training_data,
     _TrainingData,
+)
+from pyro_sdebnn.infer.checkpoint import detached
+from pyro_sdebnn.infer.methods import (
+    BaselineMethod,
+    _check_finite,
+    _dropout_layers,
+    _epochs,
+    _NetworkTrainer,
     load_optimizer_state,
     negative_log_likelihood_terms,
     register_method,
@@ -138,8 +140,6 @@ class DeepEnsemble(BaselineMethod):
         :raises ValueError: for a loader sharded by a ``DistributedSampler`` over several ranks: the members, not
             the data, are split over the ranks (:func:`pyro_sdebnn.distributed.local_members`).
         """
-        from pyro_sdebnn.infer._training import SchedulerStepper, check_clip
-
         loader = x if _is_loader_arg(x) else None
         if _is_sharded(loader):
             raise ValueError(
@@ -147,10 +147,10 @@ class DeepEnsemble(BaselineMethod):
                 "(num_members=pyro_sdebnn.distributed.local_members(K)) and the whole data (tensors or a loader "
                 "without a DistributedSampler), then gather them with pyro_sdebnn.distributed.gather_prediction"
             )
-        data = _TrainingData(x, y, self.likelihood, batch_size)
-        size = _check_fit_args(data.n, num_epochs=num_epochs, lr=lr, batch_size=batch_size, weight_decay=weight_decay)
-        clip_norm, clip_inf_norm = check_clip(clip_norm, clip_inf_norm)
-        SchedulerStepper(None, scheduler_step)  # validates scheduler_step
+        data, size, (clip_norm, clip_inf_norm) = _network_training_data(
+            x, y, self.likelihood, num_epochs=num_epochs, lr=lr, batch_size=batch_size, weight_decay=weight_decay,
+            scheduler_step=scheduler_step, clip_norm=clip_norm, clip_inf_norm=clip_inf_norm,
+        )
         if vectorize is not None and not isinstance(vectorize, bool):
             raise TypeError(f"vectorize must be True, False or None, got {vectorize!r}")
         if resume is True and self._train_state is not None:

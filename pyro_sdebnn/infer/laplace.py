@@ -1,4 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
+# Longer than ~500 lines on purpose: the Laplace approximation is one object. Its fit, the three curvature
+# structures, the evidence, the predictives and the checkpoint all read one representation of the posterior
+# (the eigendecomposition ``_eig`` and the Kronecker factors ``_kron``), so they stay side by side, in the
+# order of the section comments below; split over files, every change of that representation would touch each.
 """The Laplace approximation of a network's weight posterior (MacKay [2]; Daxberger et al. [1]).
 
 Around the MAP :math:`\\hat w` the posterior is approximated by :math:`\\mathcal N(\\hat w, H^{-1})` with
@@ -57,15 +61,16 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, jacrev, vmap
 
-from pyro_sdebnn.infer.methods import (
-    BaselineMethod,
-    Prediction,
+from pyro_sdebnn.infer._data import (
     _check_data,
     _is_loader_arg,
     _iter_inputs,
     _module_device_dtype,
-    _train_network,
     _TrainingData,
+)
+from pyro_sdebnn.infer.methods import (
+    BaselineMethod,
+    Prediction,
     negative_log_likelihood_terms,
     outputs_to_prediction,
     register_method,
@@ -191,6 +196,12 @@ class Laplace(BaselineMethod):
         params = dict(self.net.named_parameters())
         return {name: params[name].detach() for name in self._names}
 
+    def _hold_map(self) -> None:
+        """Hold the current weights as the MAP :math:`\\hat w` (the selected ones) and the others as constants."""
+        self._theta_hat = self._theta()
+        self._frozen = {n: p.detach() for n, p in self.net.named_parameters() if n not in self._theta_hat}
+        self._frozen.update(dict(self.net.named_buffers()))
+
     def _outputs(self, theta: dict[str, Tensor], x: Tensor) -> Tensor:
         return functional_call(self.net, {**self._frozen, **theta}, (x,))
 
@@ -287,15 +298,12 @@ class Laplace(BaselineMethod):
         """
         loader = x if _is_loader_arg(x) else None
         data = _TrainingData(x, y, self.likelihood, batch_size)
-        state = self._resume_state(resume, loader)
-        history, trainer_state = _train_network(
-            self.net, x, y, self.likelihood, num_epochs=num_epochs, lr=lr, batch_size=batch_size,
-            weight_decay=weight_decay, progress=progress, desc="laplace MAP", scheduler=scheduler,
-            scheduler_step=scheduler_step, clip_norm=clip_norm, clip_inf_norm=clip_inf_norm,
-            state=None if state is None else state["trainer"], first_epoch=self.epoch,
+        # the training state is kept before the curvature pass, which reads the loader again
+        self._fit_network(
+            self.net, x, y, desc="laplace MAP", resume=resume, num_epochs=num_epochs, lr=lr, batch_size=batch_size,
+            weight_decay=weight_decay, progress=progress, scheduler=scheduler, scheduler_step=scheduler_step,
+            clip_norm=clip_norm, clip_inf_norm=clip_inf_norm,
         )
-        self.losses.extend(history)
-        self._end_fit(loader, trainer=trainer_state)  # before the curvature pass, which reads the loader again
         sampler = self._data_parallel_sampler(loader)  # several ranks, a sharded loader: the shards' sums add up
         keep = None
         if sampler is not None:
@@ -310,9 +318,7 @@ class Laplace(BaselineMethod):
         if self.prior_precision is None:
             self.prior_precision = max(data.n * weight_decay, 1e-8)
         self.net.eval()  # dropout off (and left off): the approximation is around the deterministic network
-        self._theta_hat = self._theta()
-        self._frozen = {n: p.detach() for n, p in self.net.named_parameters() if n not in self._theta_hat}
-        self._frozen.update(dict(self.net.named_buffers()))
+        self._hold_map()
         if data.is_loader:
             from pyro_sdebnn.data.loaders import iter_batches
 
@@ -635,9 +641,7 @@ class Laplace(BaselineMethod):
             self._fitted = fitted
             if fitted:
                 self.net.eval()
-                self._theta_hat = self._theta()
-                self._frozen = {n: p.detach() for n, p in self.net.named_parameters() if n not in self._theta_hat}
-                self._frozen.update(dict(self.net.named_buffers()))
+                self._hold_map()
                 self._log_likelihood = posterior["log_likelihood"]
                 self._num_outputs = posterior["num_outputs"]
                 self._eig = tuple(posterior["eig"])

@@ -20,14 +20,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from pyro_sdebnn.infer._data import (
+    _first_inputs,
+    _iter_inputs,
+    _module_device_dtype,
+)
 from pyro_sdebnn.infer.methods import (
     BaselineMethod,
     _dropout_layers,
-    _first_inputs,
-    _is_loader_arg,
-    _iter_inputs,
-    _module_device_dtype,
-    _train_network,
     register_method,
 )
 
@@ -109,29 +109,11 @@ class MCDropout(BaselineMethod):
         :meth:`save` writes on rank 0 only. Each rank draws its own dropout masks for its shard (seed the ranks
         differently, e.g. ``init(seed=s)``), so the ranks together thin the global batch as one process would.
         """
-        loader = x if _is_loader_arg(x) else None
-        state = self._resume_state(resume, loader)
-        self._note_data_parallel(loader)
-        history, trainer_state = _train_network(
-            self.net,
-            x,
-            y,
-            self.likelihood,
-            num_epochs=num_epochs,
-            lr=lr,
-            batch_size=batch_size,
-            weight_decay=weight_decay,
-            progress=progress,
-            desc="mc-dropout",
-            scheduler=scheduler,
-            scheduler_step=scheduler_step,
-            clip_norm=clip_norm,
-            clip_inf_norm=clip_inf_norm,
-            state=None if state is None else state["trainer"],
-            first_epoch=self.epoch,
+        self._fit_network(
+            self.net, x, y, desc="mc-dropout", resume=resume, num_epochs=num_epochs, lr=lr, batch_size=batch_size,
+            weight_decay=weight_decay, progress=progress, scheduler=scheduler, scheduler_step=scheduler_step,
+            clip_norm=clip_norm, clip_inf_norm=clip_inf_norm,
         )
-        self.losses.extend(history)
-        self._end_fit(loader, trainer=trainer_state)
         return self
 
     @torch.no_grad()

@@ -33,15 +33,17 @@ from pyro.infer import SVI
 from pyro.nn import PyroModule, PyroSample
 from torch import Tensor, nn
 
-from pyro_sdebnn.infer.methods import (
-    BaselineMethod,
-    _check_finite,
+from pyro_sdebnn.infer._data import (
     _check_fit_args,
-    _check_likelihood,
-    _epochs,
     _is_loader_arg,
     _iter_inputs,
     _TrainingData,
+)
+from pyro_sdebnn.infer.methods import (
+    BaselineMethod,
+    _check_finite,
+    _check_likelihood,
+    _epochs,
 )
 
 __all__ = ["PyroBNN", "SVIBaseline"]
@@ -274,18 +276,15 @@ class SVIBaseline(BaselineMethod):
                 total, steps = 0.0, 0
                 if sampler is not None:
                     sampler.set_epoch(self.epoch)
-                if loader is None:
-                    for _ in range(steps_per_epoch):
-                        step_loss = svi_step(svi, x, y, subsample_size=batch_size, **clip)
-                        total += step_loss
-                        steps += 1
-                        stepper.after_step(step_loss)
+                if loader is None:  # the model's plate draws every minibatch from the whole data
+                    batches = ((x, y, {"subsample_size": batch_size}) for _ in range(steps_per_epoch))
                 else:
-                    for xb, yb in data.batches(device, dtype):
-                        step_loss = svi_step(svi, xb, yb, data_size=n, **clip)
-                        total += step_loss
-                        steps += 1
-                        stepper.after_step(step_loss)
+                    batches = ((xb, yb, {"data_size": n}) for xb, yb in data.batches(device, dtype))
+                for xb, yb, scale in batches:
+                    step_loss = svi_step(svi, xb, yb, **scale, **clip)
+                    total += step_loss
+                    steps += 1
+                    stepper.after_step(step_loss)
                 if steps == 0:
                     raise ValueError("x: the loader yielded no batch in an epoch")
                 loss = total / (steps * n)

@@ -82,6 +82,7 @@ from pyro_sdebnn.data.loaders import (
     module_device_dtype,
     move_batch,
 )
+from pyro_sdebnn.infer._data import _data_parallel_sampler
 from pyro_sdebnn.infer._training import SchedulerStepper, check_clip, svi_update
 from pyro_sdebnn.infer.checkpoint import loader_generators, rng_state, save_checkpoint, set_rng_state
 
@@ -209,15 +210,6 @@ def _find_modules(model, guide) -> list[nn.Module]:
     return found
 
 
-def _data_parallel_sampler(data):
-    """The ``DistributedSampler`` of a data-parallel run (several ranks, a sharded loader), else ``None``."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return None  # one process: not even the import
-    from pyro_sdebnn.distributed.data_parallel import data_parallel_sampler
-
-    return data_parallel_sampler(data)
-
-
 def _tensor_batches(x: Tensor, y: Tensor, batch_size: int, shuffle: bool, device, dtype):
     for idx in minibatch_indices(x.shape[0], batch_size, x.device, shuffle=shuffle):
         yield move_batch(x[idx], device, dtype), move_batch(y[idx], device, dtype)
@@ -305,8 +297,9 @@ def train_svi(
     the ranks before every update (:class:`~pyro_sdebnn.distributed.AveragedGradients`, which also copies rank 0's
     parameters to the others before the first step and averages the batch-norm running statistics of ``modules``),
     ``loader.sampler.set_epoch(epoch)`` is called at the start of every epoch, the losses are the means over the
-    ranks, and only rank 0 writes the ``checkpoint``; ``svi``'s loss must then be a :class:`pyro.infer.ELBO`. See :mod:`pyro_sdebnn.distributed.data_parallel`. On one process, or
-    with tensors or a loader without a ``DistributedSampler``, nothing changes.
+    ranks, and only rank 0 writes the ``checkpoint``; ``svi``'s loss must then be a :class:`pyro.infer.ELBO`. See
+    :mod:`pyro_sdebnn.distributed.data_parallel`. On one process, or with tensors or a loader without a
+    ``DistributedSampler``, nothing changes.
     """
     if not isinstance(svi, pyro.infer.SVI):
         raise TypeError(f"svi must be a pyro.infer.SVI, got {type(svi).__name__}")
@@ -331,7 +324,7 @@ def train_svi(
     if device is None and dtype is None:
         device, dtype = module_device_dtype(*modules)
     loader_obj = data if loader else None  # whose own generators are part of the random state
-    sampler = _data_parallel_sampler(data) if loader else None
+    sampler = _data_parallel_sampler(loader_obj)
     if sampler is not None:  # several ranks, a sharded loader: gradients averaged, checkpoints on rank 0
         from pyro_sdebnn.distributed.comm import is_main
         from pyro_sdebnn.distributed.svi import AveragedGradients

@@ -1,0 +1,201 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The data every baseline's ``fit`` and ``predict`` read: tensors or a loader, checked, on the model's device.
+
+- :func:`_check_data` and :func:`_check_fit_args` validate the inputs, targets and training arguments;
+- :class:`_TrainingData` is the training data of one ``fit``, read one epoch at a time (random minibatches of
+  tensors, or one pass over a loader);
+- :func:`_iter_inputs` / :func:`_first_inputs` read the inputs to predict on;
+- :func:`_data_parallel_sampler` / :func:`_is_sharded` tell whether a loader is sharded over several ranks
+  (:mod:`pyro_sdebnn.distributed.data_parallel`).
+
+Loaders are handled by :mod:`pyro_sdebnn.data.loaders`; this module adds the error messages naming the
+argument and the random-state bookkeeping that keeps a peek at a loader from changing any later draw.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+from torch import Tensor, nn
+
+
+def _check_data(x: Tensor, y: Tensor | None, likelihood: str) -> None:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() < 2:
+        raise ValueError(f"x must have shape (N, ...) with a feature dimension, got {tuple(x.shape)}")
+    if y is None:
+        return
+    if not isinstance(y, Tensor):
+        raise TypeError(f"y must be a torch.Tensor, got {type(y).__name__}")
+    if y.shape != x.shape[:1]:
+        raise ValueError(f"y must have shape (N,) = {tuple(x.shape[:1])}, got {tuple(y.shape)}")
+    if likelihood == "categorical" and (y.dtype.is_floating_point or y.dtype == torch.bool):
+        raise TypeError(f"categorical labels y must be an integer tensor, got {y.dtype}")
+    if likelihood == "gaussian" and not y.dtype.is_floating_point:
+        raise TypeError(f"gaussian targets y must be a floating-point tensor, got {y.dtype}")
+
+
+def _check_fit_args(n: int, *, num_epochs: int, lr: float, batch_size: int | None, weight_decay: float | None) -> int:
+    """Validate the arguments every ``fit`` shares; return the minibatch size (``n`` for ``batch_size=None``).
+
+    ``weight_decay=None`` is accepted (the SVI baselines then keep their prior); otherwise it must be
+    non-negative.
+    """
+    if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 0:
+        raise ValueError(f"num_epochs must be a non-negative integer, got {num_epochs!r}")
+    if not lr > 0:
+        raise ValueError(f"lr must be positive, got {lr!r}")
+    if weight_decay is not None and not weight_decay >= 0:
+        raise ValueError(f"weight_decay must be non-negative, got {weight_decay!r}")
+    size = n if batch_size is None else int(batch_size)
+    if size < 1:
+        raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+    return size
+
+
+def _network_training_data(x, y, likelihood: str, *, num_epochs: int, lr: float, batch_size: int | None,
+                           weight_decay: float, scheduler_step: str, clip_norm, clip_inf_norm):
+    """Check what every ``fit`` of a plain network shares (before any work); return the :class:`_TrainingData`, the
+    minibatch size and the checked clipping thresholds ``(clip_norm, clip_inf_norm)``."""
+    from pyro_sdebnn.infer._training import SchedulerStepper, check_clip
+
+    data = _TrainingData(x, y, likelihood, batch_size)
+    size = _check_fit_args(data.n, num_epochs=num_epochs, lr=lr, batch_size=batch_size, weight_decay=weight_decay)
+    clip_norm, clip_inf_norm = check_clip(clip_norm, clip_inf_norm)
+    SchedulerStepper(None, scheduler_step)  # validates scheduler_step
+    return data, size, (clip_norm, clip_inf_norm)
+
+def _is_loader_arg(x, name: str = "x") -> bool:
+    """:func:`~pyro_sdebnn.data.loaders.is_loader` with an error naming the argument."""
+    from pyro_sdebnn.data.loaders import is_loader
+
+    try:
+        return is_loader(x)
+    except TypeError:
+        raise TypeError(
+            f"{name} must be a torch.Tensor or a loader (an iterable of (x, y) batches whose dataset has a "
+            f"length, e.g. torch.utils.data.DataLoader), got {type(x).__name__}"
+        ) from None
+
+
+def _module_device_dtype(module: nn.Module) -> tuple[torch.device, torch.dtype]:
+    """Device and floating-point dtype of a module's first parameter (where every batch goes); without one, the
+    CPU and torch's default dtype."""
+    from pyro_sdebnn.data.loaders import module_device_dtype
+
+    device, dtype = module_device_dtype(module)
+    return (torch.device("cpu"), torch.get_default_dtype()) if device is None else (device, dtype)
+
+
+class _TrainingData:
+    """The training data of ``fit``: tensors ``(x, y)`` or a loader, read one epoch at a time.
+
+    Tensors are split into random minibatches of ``batch_size`` (a fresh ``torch.randperm`` per epoch,
+    from torch's global generator); a loader is read as it is (an epoch is one pass over it, its own
+    batch size and order), every batch moved to the model's device one at a time.
+    """
+
+    def __init__(self, x, y, likelihood: str, batch_size: int | None) -> None:
+        self.likelihood = likelihood
+        if _is_loader_arg(x):
+            from pyro_sdebnn.data.loaders import dataset_size
+
+            if y is not None:
+                raise TypeError("y must be omitted when x is a loader: the loader yields the (x, y) batches")
+            self.loader, self.x, self.y = x, None, None
+            self.n = dataset_size(x)
+            self.batch_size = self.n
+        else:
+            if y is None:
+                raise TypeError("y is required when x is a tensor (or pass a loader of (x, y) batches as x)")
+            _check_data(x, y, likelihood)
+            self.loader, self.x, self.y = None, x, y
+            self.n = x.shape[0]
+            self.batch_size = self.n if batch_size is None else batch_size
+
+    @property
+    def is_loader(self) -> bool:
+        return self.loader is not None
+
+    def batches(self, device=None, dtype=None) -> Iterator[tuple[Tensor, Tensor]]:
+        """One epoch of ``(x, y)`` minibatches (loader batches on ``device`` / ``dtype``)."""
+        if self.loader is None:
+            from pyro_sdebnn.data.loaders import minibatch_indices
+
+            for idx in minibatch_indices(self.n, int(self.batch_size), self.x.device):
+                yield self.x[idx], self.y[idx]
+            return
+        from pyro_sdebnn.data.loaders import iter_batches
+
+        for xb, yb in iter_batches(self.loader, device, dtype):
+            _check_data(xb, yb, self.likelihood)
+            yield xb, yb
+
+    def first_batch(self, device=None, dtype=None) -> tuple[Tensor, Tensor]:
+        """A batch to read the input shape from (for tensors: the data themselves).
+
+        Reading a loader's first batch draws from torch's global generator (and the loader's own); both
+        are put back afterwards, so peeking changes no later random draw (and a resumed run stays exact).
+        """
+        if self.loader is None:
+            return self.x, self.y
+        from pyro_sdebnn.infer.checkpoint import rng_state, set_rng_state
+
+        state = rng_state(self.loader)
+        try:
+            return next(iter(self.batches(device, dtype)))
+        except StopIteration:
+            raise ValueError("the loader yielded no batch") from None
+        finally:
+            set_rng_state(state, self.loader)
+
+
+def _is_sharded(loader) -> bool:
+    """Whether ``loader`` is sharded by a ``DistributedSampler`` over several running ranks (no collective)."""
+    if loader is None or not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return False
+    from pyro_sdebnn.distributed.data_parallel import is_sharded
+
+    return is_sharded(loader)
+
+
+def _data_parallel_sampler(loader):
+    """The ``DistributedSampler`` of a data-parallel fit (several ranks, a sharded loader), else ``None``.
+
+    See :mod:`pyro_sdebnn.distributed.data_parallel`. On one process this returns ``None`` without importing it.
+    """
+    if loader is None or not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return None
+    from pyro_sdebnn.distributed.data_parallel import data_parallel_sampler
+
+    return data_parallel_sampler(loader)
+
+
+def _iter_inputs(x, device=None, dtype=None, likelihood: str | None = None) -> Iterator[Tensor]:
+    """The inputs to predict on: ``x`` itself (a tensor) or the ``x`` of every batch of a loader."""
+    if not _is_loader_arg(x):
+        _check_data(x, None, likelihood or "categorical")
+        yield x
+        return
+    from pyro_sdebnn.data.loaders import iter_batches
+
+    for xb, _ in iter_batches(x, device, dtype, with_targets=False):
+        _check_data(xb, None, likelihood or "categorical")
+        yield xb
+
+
+def _first_inputs(x, device=None, dtype=None, likelihood: str | None = None) -> Tensor:
+    """The first inputs ``_iter_inputs`` yields, read without changing any random state."""
+    if not _is_loader_arg(x):
+        return next(_iter_inputs(x, device, dtype, likelihood))
+    from pyro_sdebnn.infer.checkpoint import rng_state, set_rng_state
+
+    state = rng_state(x)
+    try:
+        return next(_iter_inputs(x, device, dtype, likelihood))
+    except StopIteration:
+        raise ValueError("the loader yielded no batch") from None
+    finally:
+        set_rng_state(state, x)
