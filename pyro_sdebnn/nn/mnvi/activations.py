@@ -74,9 +74,7 @@ class MNReLU(nn.Module):
 
 @functools.cache
 def _compiled_relu_moments():
-    from pyro_sdebnn.ops.moments import _relu_moments_fusable
-
-    return torch.compile(_relu_moments_fusable, dynamic=True)
+    return torch.compile(relu_moments, dynamic=True)
 
 
 class MNActivation(nn.Module):
