@@ -321,6 +321,22 @@ def test_relu_moments_single_erf_equals_ndtr_reference_float64(requires_grad):
     assert ((out.var.detach() - ref.var).abs() / s2f).max() < 1e-13
 
 
+def test_relu_moments_gradients_are_exact():
+    # one function for training and prediction, with in-place operations on its temporaries: autograd's gradients
+    # must be those of the closed form, checked against finite differences in float64 on both sides of 0, in the
+    # tails and at the variance floor; and against the analytic dE/dmu = Phi(r) (Frey & Hinton 1999)
+    g = torch.Generator().manual_seed(2)
+    mean = torch.cat([torch.randn(20, generator=g, dtype=torch.float64) * 2, torch.tensor([-9.0, 9.0, 0.0],
+                      dtype=torch.float64)]).requires_grad_()
+    var = torch.cat([torch.rand(20, generator=g, dtype=torch.float64) + 0.1, torch.tensor([1.0, 1.0, 1e-7],
+                     dtype=torch.float64)]).requires_grad_()
+    assert torch.autograd.gradcheck(lambda m, v: tuple(relu_moments(m, v)), (mean[:22], var[:22]))
+    out = relu_moments(mean, var)
+    (grad,) = torch.autograd.grad(out.mean.sum(), mean)
+    expected = torch.special.ndtr(mean / var.clamp_min(1e-5).sqrt()).detach()
+    assert torch.allclose(grad, expected, rtol=1e-12, atol=1e-15)
+
+
 def test_relu_moments_single_erf_float32_error_bound():
     # float32 against the float64 reference, on every point of the wide input set. The erf tails carry an absolute
     # error of ~1 ulp, which enters the variance multiplied by ~r^2 where 2 < |r| < 6 (erf not yet rounded to +-1).
