@@ -89,7 +89,7 @@ class _MomentLayer(BayesianLayer):
     _feature_dim: int
     _rho_init: float
 
-    def _init_noise(self, rho_init: float | None) -> None:
+    def _init_noise(self, rho_init: float) -> None:
         raise NotImplementedError
 
     def _propagate(self, mean: Tensor, var: Tensor | None) -> Moments:
