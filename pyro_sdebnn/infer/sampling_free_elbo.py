@@ -1,30 +1,26 @@
 # SPDX-License-Identifier: Apache-2.0
 r"""The sampling-free ELBO of MNVI / sampling-free MFVI (Schmitt & Roth [1], Sec. 3).
 
-:class:`SamplingFree_ELBO` is a :class:`pyro.infer.Trace_ELBO` subclass that overrides only the
-trace construction and the per-particle loss. It runs the model and guide under the
-:func:`~pyro_sdebnn.nn.mnvi.sampling_free` effect handler, under which
-
-- no weight is sampled (latent sites take their variational mean; only the *distributions* matter),
-- a :class:`~pyro_sdebnn.nn.mnvi.SamplingFreeBNN` model propagates means and variances through its
-  network and observes an expected-likelihood distribution
-  (:class:`~pyro_sdebnn.nn.mnvi.SamplingFreeNormal`: closed form; :class:`~pyro_sdebnn.nn.mnvi.SamplingFreeCategorical`:
-  sampled logits in output space),
-
-and returns
+:class:`SamplingFree_ELBO` is Pyro's :class:`~pyro.infer.TraceMeanField_ELBO` (observed sites: their
+``log_prob``; latent sites: the analytic KL) run under the :func:`~pyro_sdebnn.nn.mnvi.sampling_free` effect
+handler, under which no weight is sampled (latent sites take their variational mean; only the *distributions*
+matter) and a :class:`~pyro_sdebnn.nn.mnvi.SamplingFreeBNN` model propagates means and variances through its
+network, observing an expected-likelihood distribution (:class:`~pyro_sdebnn.nn.mnvi.SamplingFreeNormal`:
+closed form; :class:`~pyro_sdebnn.nn.mnvi.SamplingFreeCategorical`: sampled logits in output space). The loss
+is (eq. (18) of [1])
 
 .. math::
 
     \mathcal L = -\sum_{\text{obs sites}} \text{scale}\cdot\mathbb E_q[\log p(y\mid x, w)]
-                 + \kappa \sum_{\text{latent sites}} \text{scale}\cdot\mathrm{KL}\big(q(w)\,\|\,p(w)\big)
+                 + \kappa \sum_{\text{latent sites}} \text{scale}\cdot\mathrm{KL}\big(q(w)\,\|\,p(w)\big).
 
-(eq. (18) of [1]). Pyro's minibatch convention carries over unchanged: an observation inside
-``pyro.plate("data", N, subsample=...)`` of size ``b`` is scaled by :math:`N/b`, and ``poutine.scale``
-scales both terms. The KL is the registered analytic one (``MultiplicativeNormal`` → ``Normal``,
-``Normal`` → ``Normal``); a site without one falls back to the one-sample Monte Carlo estimate
-:math:`\log q(w) - \log p(w)`, :math:`w\sim q`. ``kl_scale`` (:math:`\kappa`) may be changed between steps,
-e.g. from one of the schedules below (:class:`PiecewiseKLSchedule` is the UCI schedule of [1], App. B:
-:math:`\kappa` = 0.01 for epochs 0-99, 0.1 for epochs 100-149 and 1 afterwards).
+Pyro's minibatch convention carries over unchanged: an observation inside ``pyro.plate("data", N,
+subsample=...)`` of size ``b`` is scaled by :math:`N/b`, and ``poutine.scale`` scales both terms. The KL is
+the registered analytic one (``MultiplicativeNormal`` → ``Normal``, ``Normal`` → ``Normal``); a site without
+one falls back to the one-sample Monte Carlo estimate :math:`\log q(w) - \log p(w)`, :math:`w\sim q`.
+``kl_scale`` (:math:`\kappa`) may be changed between steps, e.g. from one of the schedules below
+(:class:`PiecewiseKLSchedule` is the UCI schedule of [1], App. B: :math:`\kappa` = 0.01 for epochs 0-99, 0.1
+for epochs 100-149 and 1 afterwards).
 
 **References**
 
@@ -40,12 +36,9 @@ import math
 from collections.abc import Sequence
 
 import torch
-from pyro import poutine
 from pyro.distributions.util import scale_and_mask
-from pyro.infer import Trace_ELBO
-from pyro.infer.util import is_validation_enabled, torch_item
-from pyro.poutine.util import prune_subsample_sites
-from pyro.util import check_model_guide_match
+from pyro.infer import TraceMeanField_ELBO
+from pyro.infer.util import torch_item
 from torch import Tensor
 from torch.distributions import kl_divergence
 
@@ -54,7 +47,7 @@ from pyro_sdebnn.nn.mnvi.handlers import sampling_free
 __all__ = ["ConstantKLSchedule", "LinearKLWarmup", "PiecewiseKLSchedule", "SamplingFree_ELBO"]
 
 
-class SamplingFree_ELBO(Trace_ELBO):
+class SamplingFree_ELBO(TraceMeanField_ELBO):
     r"""ELBO with the expected log-likelihood from moment propagation and the closed-form KL.
 
     .. math::
@@ -68,6 +61,8 @@ class SamplingFree_ELBO(Trace_ELBO):
         classification is random, so 1 is usually enough).
     :param int max_plate_nesting: as in :class:`~pyro.infer.Trace_ELBO`.
     :param float kl_scale: :math:`\kappa \ge 0` (``1`` is the ELBO; ``< 1`` a cold posterior). Mutable.
+    :raises FloatingPointError: from ``loss``, ``loss_and_grads`` and ``differentiable_loss`` if the loss is
+        NaN or infinite (before any gradient is written).
 
     .. warning:: Vectorised particles are not supported. Every guide site must be present in the model
         (guide-only sites raise ``ValueError``), and a site without a registered KL (estimated by Monte Carlo)
@@ -95,16 +90,9 @@ class SamplingFree_ELBO(Trace_ELBO):
     ) -> None:
         if vectorize_particles:
             raise ValueError("SamplingFree_ELBO does not support vectorize_particles=True")
-        super().__init__(
-            num_particles=num_particles,
-            max_plate_nesting=max_plate_nesting,
-            vectorize_particles=False,
-            strict_enumeration_warning=strict_enumeration_warning,
-            ignore_jit_warnings=ignore_jit_warnings,
-            jit_options=jit_options,
-            retain_graph=retain_graph,
-            tail_adaptive_beta=tail_adaptive_beta,
-        )
+        super().__init__(num_particles=num_particles, max_plate_nesting=max_plate_nesting,
+                         strict_enumeration_warning=strict_enumeration_warning, ignore_jit_warnings=ignore_jit_warnings,
+                         jit_options=jit_options, retain_graph=retain_graph, tail_adaptive_beta=tail_adaptive_beta)
         self.kl_scale = kl_scale
 
     @property
@@ -120,91 +108,59 @@ class SamplingFree_ELBO(Trace_ELBO):
 
     def _get_trace(self, model, guide, args, kwargs):
         with sampling_free():
-            guide_trace = poutine.trace(guide).get_trace(*args, **kwargs)
-            model_trace = poutine.trace(poutine.replay(model, trace=guide_trace)).get_trace(*args, **kwargs)
-        if is_validation_enabled():
-            check_model_guide_match(model_trace, guide_trace, self.max_plate_nesting)
-        guide_trace = prune_subsample_sites(guide_trace)
-        model_trace = prune_subsample_sites(model_trace)
-        # Only observed sites need log-probabilities (the expected log-likelihood); latent sites
-        # enter through the analytic KL, so their log-densities are never evaluated.
-        for site in model_trace.nodes.values():
-            if site["type"] == "sample" and site["is_observed"]:
-                log_p = site["fn"].log_prob(site["value"], *site["args"], **site["kwargs"])
-                site["log_prob"] = scale_and_mask(log_p, site["scale"], site["mask"])
-                site["log_prob_sum"] = site["log_prob"].sum()
-        return model_trace, guide_trace
+            return super()._get_trace(model, guide, args, kwargs)
 
-    def _kl_term(self, model_trace, guide_trace) -> Tensor | float:
-        kl = 0.0
+    def _differentiable_loss_particle(self, model_trace, guide_trace):
+        expected_log_lik, kl = 0.0, 0.0
         for name, model_site in model_trace.nodes.items():
-            if model_site["type"] != "sample" or model_site["is_observed"]:
+            if model_site["type"] != "sample":
                 continue
-            guide_site = guide_trace.nodes[name]
-            q, p = guide_site["fn"], model_site["fn"]
-            try:
-                kl_qp = kl_divergence(q, p)
-            except NotImplementedError:  # no registered KL: one-sample Monte Carlo, which needs a reparametrised q
-                if not q.has_rsample:
-                    raise ValueError(f"SamplingFree_ELBO: guide site {name!r} has no registered KL to its prior "
-                                     f"({type(q).__name__} -> {type(p).__name__}) and is not reparametrised "
-                                     "(has_rsample), so its KL cannot be estimated") from None
-                value = q.rsample()
-                kl_qp = q.log_prob(value) - p.log_prob(value)
-            kl_qp = scale_and_mask(kl_qp, scale=guide_site["scale"], mask=guide_site["mask"])
-            if is_validation_enabled() and torch.is_tensor(kl_qp) and kl_qp.shape != q.batch_shape:
-                raise ValueError(f"SamplingFree_ELBO: KL of site {name!r} has shape {tuple(kl_qp.shape)}, "
-                                 f"expected the batch shape {tuple(q.batch_shape)}")
-            kl = kl + kl_qp.sum()
+            if model_site["is_observed"]:
+                expected_log_lik = expected_log_lik + model_site["log_prob_sum"]
+            else:
+                kl = kl + _kl_sum(name, guide_trace.nodes[name], model_site["fn"])
         for name, guide_site in guide_trace.nodes.items():
             if guide_site["type"] == "sample" and name not in model_trace.nodes:
                 raise ValueError(f"SamplingFree_ELBO: guide site {name!r} is not in the model")
-        return kl
-
-    def _differentiable_loss_particle(self, model_trace, guide_trace):
-        expected_log_lik = 0.0
-        for site in model_trace.nodes.values():
-            if site["type"] == "sample" and site["is_observed"]:
-                expected_log_lik = expected_log_lik + site["log_prob_sum"]
-        surrogate = -expected_log_lik + self.kl_scale * self._kl_term(model_trace, guide_trace)
-        return torch_item(surrogate), surrogate
-
-    @staticmethod
-    def _check_finite(loss: float) -> float:
+        surrogate = -expected_log_lik + self.kl_scale * kl
+        loss = torch_item(surrogate)
         if not math.isfinite(loss):
             raise FloatingPointError(f"SamplingFree_ELBO: the loss is {loss}; lower the learning rate or check the data")
-        return loss
+        return loss, surrogate
 
     def loss(self, model, guide, *args, **kwargs) -> float:
         """Estimate of the sampling-free loss (negative ELBO with the KL weighted by ``kl_scale``).
 
         No side effects: batch-norm layers (:class:`~pyro_sdebnn.nn.mnvi.MNBatchNorm1d`, ``2d``) in training mode
         use the batch statistics, as in a training step, but their running statistics are not updated.
-
-        :raises FloatingPointError: if the loss is NaN or infinite.
         """
         from pyro_sdebnn.nn.mnvi.normalization import frozen_running_stats
 
-        loss = 0.0
         with torch.no_grad(), frozen_running_stats():
-            for model_trace, guide_trace in self._get_traces(model, guide, args, kwargs):
-                loss += self._differentiable_loss_particle(model_trace, guide_trace)[0] / self.num_particles
-        return self._check_finite(loss)
+            return super().loss(model, guide, *args, **kwargs)
 
-    def loss_and_grads(self, model, guide, *args, **kwargs) -> float:
-        """Compute the loss and back-propagate its gradient into the parameters.
 
-        :raises FloatingPointError: if the loss is NaN or infinite (before any gradient is written).
-        """
-        loss = 0.0
-        for model_trace, guide_trace in self._get_traces(model, guide, args, kwargs):
-            loss_particle, surrogate = self._differentiable_loss_particle(model_trace, guide_trace)
-            self._check_finite(loss_particle)
-            loss += loss_particle / self.num_particles
-            trainable = any(site["type"] == "param" for t in (model_trace, guide_trace) for site in t.nodes.values())
-            if trainable and getattr(surrogate, "requires_grad", False):
-                (surrogate / self.num_particles).backward(retain_graph=self.retain_graph)
-        return loss
+def _kl_sum(name: str, guide_site: dict, prior) -> Tensor:
+    r""":math:`\mathrm{KL}(q\,\|\,p)` of one latent site, scaled and masked as the guide site, summed.
+
+    The registered analytic KL where there is one, else the one-sample estimate :math:`\log q(w) - \log p(w)`
+    at a fresh reparametrised draw :math:`w\sim q` (the site's value is the mean under ``sampling_free``).
+    """
+    q = guide_site["fn"]
+    try:
+        kl_qp = kl_divergence(q, prior)
+    except NotImplementedError:
+        if not q.has_rsample:
+            raise ValueError(f"SamplingFree_ELBO: guide site {name!r} has no registered KL to its prior "
+                             f"({type(q).__name__} -> {type(prior).__name__}) and is not reparametrised "
+                             "(has_rsample), so its KL cannot be estimated") from None
+        value = q.rsample()
+        kl_qp = q.log_prob(value) - prior.log_prob(value)
+    kl_qp = scale_and_mask(kl_qp, scale=guide_site["scale"], mask=guide_site["mask"])
+    if torch.is_tensor(kl_qp) and kl_qp.shape != q.batch_shape:
+        raise ValueError(f"SamplingFree_ELBO: KL of site {name!r} has shape {tuple(kl_qp.shape)}, "
+                         f"expected the batch shape {tuple(q.batch_shape)}")
+    return kl_qp.sum()
 
 
 class ConstantKLSchedule:

@@ -177,3 +177,18 @@ def test_conv_channel_mismatch_raises():
 def test_relu_min_var_validated():
     with pytest.raises(ValueError, match="min_var"):
         MNReLU(min_var=0.0)
+
+
+@pytest.mark.parametrize("factory, noise_name, shape, default", [
+    (lambda **kw: MNLinear(3, 2, **kw), "rho", (3,), -3.0),
+    (lambda **kw: MNConv2d(4, 6, 3, groups=2, **kw), "rho", (4,), -3.0),  # one per input channel, groups or not
+    (lambda **kw: MFLinear(3, 2, **kw), "weight_rho", (2, 3), -10.0),
+    (lambda **kw: MFConv2d(4, 6, 3, groups=2, **kw), "weight_rho", (6, 2, 3, 3), -10.0),
+])
+def test_noise_parameter_initialisation(factory, noise_name, shape, default):
+    # the published initial values (Schmitt & Roth 2021, App. A: rho = -3; Table 4, mean-field LeNet: -10),
+    # overridable with rho_init, in the layer's dtype
+    noise = getattr(factory(), noise_name)
+    assert noise.shape == shape and torch.equal(noise, torch.full(shape, default))
+    noise = getattr(factory(rho_init=-1.5, dtype=torch.float64), noise_name)
+    assert noise.dtype == torch.float64 and torch.equal(noise, torch.full(shape, -1.5, dtype=torch.float64))

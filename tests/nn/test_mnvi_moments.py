@@ -248,35 +248,32 @@ def test_residual_block_adds_means_and_variances():
     assert torch.allclose(out.var, branch.var + var)
 
 
-def _count_value_checks(monkeypatch):
-    import pyro_sdebnn.nn.mnvi._util as util
-
-    calls = []
-
-    def counting(mean, var, name="input", *, check_values=True):
-        calls.append(check_values and var is not None)
-        return check_moments(mean, var, name, check_values=check_values)
-
-    check_moments = util.check_moments
-    monkeypatch.setattr(util, "check_moments", counting)
-    return calls
-
-
-def test_variance_values_are_checked_once_at_the_network_entry(monkeypatch):
-    # var >= 0 costs a pass over the tensor and a device synchronisation: a network checks the variance it is given
-    # once, at its outermost container; its layers (which map non-negative variances to non-negative ones) only
-    # check types and shapes
-    calls = _count_value_checks(monkeypatch)
+def test_negative_variance_is_rejected_by_every_module_under_validation():
+    # every module checks the moments it is given (types and shapes always, var >= 0 under Pyro validation), so
+    # a network, a block and a single layer reject a negative variance alike, and nothing is switched off inside
     block = MNResidualBlock(MNSequential(MNLinear(3, 3), MNReLU(), MNLinear(3, 3)), activation=MNReLU())
     net = MNSequential(MNLinear(3, 3), MNReLU(), block, MNActivation(torch.tanh))
-    net(Moments(torch.randn(2, 3), torch.rand(2, 3)))
-    assert len(calls) == 10 and sum(calls) == 1  # every module validated its input's type and shape, one its values
-    with pytest.raises(ValueError, match="non-negative"):
-        net(Moments(torch.randn(2, 3), -torch.rand(2, 3)))
-    with pytest.raises(ValueError, match="non-negative"):
-        block(Moments(torch.randn(2, 3), -torch.rand(2, 3)))
-    with pytest.raises(ValueError, match="non-negative"):  # a layer on its own is an entry point; the container's
-        MNReLU()(Moments(torch.randn(2, 3), -torch.rand(2, 3)))  # context was reset, also after the errors above
+    good = Moments(torch.randn(2, 3), torch.rand(2, 3))
+    bad = Moments(torch.randn(2, 3), -torch.rand(2, 3))
+    assert (net(good).var >= 0).all()
+    for module in (net, block, block.main[1], MNReLU(), MNMaxPool2d(1), MNAvgPool2d(1), MNBatchNorm2d(3)):
+        x = bad if not isinstance(module, (MNMaxPool2d, MNAvgPool2d, MNBatchNorm2d)) else Moments(
+            torch.randn(1, 3, 2, 2), -torch.rand(1, 3, 2, 2))
+        with pytest.raises(ValueError, match="non-negative"):
+            module(x)
+    with pytest.raises(ValueError, match="non-negative"):  # and inside a network, at the layer that receives it
+        MNSequential(_SetVariance(-1.0), MNReLU())(good)
+
+
+class _SetVariance(torch.nn.Module):
+    """Test helper: replaces the variance by a constant (negative for the error test)."""
+
+    def __init__(self, value):
+        super().__init__()
+        self.value = value
+
+    def forward(self, input):
+        return Moments(input.mean, torch.full_like(input.mean, self.value))
 
 
 @pytest.mark.slow
@@ -300,43 +297,61 @@ def _wide_relu_inputs(dtype):
     return mu.to(dtype), s2.to(dtype)
 
 
-@pytest.mark.parametrize("form", ["inference", "autograd", "fusable"])
-def test_relu_moments_single_erf_equals_ndtr_reference_float64(form):
-    # Same closed form, evaluated with one erf instead of two ndtr (in place without autograd, out of place
-    # with it, and the out-of-place exp/rsqrt form that MNReLU(compile=True) compiles): in float64 they agree
-    # to rounding, measured on the natural scales of the output (s for the mean, s^2 for the variance).
-    from pyro_sdebnn.ops.moments import _relu_moments_fusable, _relu_moments_ndtr
+def _relu_moments_ndtr(mean, var, min_var=1e-5):
+    """Reference: the closed form of relu_moments evaluated with two ``ndtr`` calls and no shared terms."""
+    var = var.clamp_min(min_var)
+    std = var.sqrt()
+    r = mean / std
+    cdf, sf = torch.special.ndtr(r), torch.special.ndtr(-r)
+    std_pdf = torch.exp(-0.5 * r.square()) / math.sqrt(2 * math.pi) * std
+    out_mean = mean * cdf + std_pdf
+    out_var = var * cdf - out_mean * (std_pdf - mean * sf)
+    return Moments(out_mean, out_var.clamp_min(0.0))
 
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_relu_moments_single_erf_equals_ndtr_reference_float64(requires_grad):
+    # Same closed form, evaluated with one erf instead of two ndtr: in float64 they agree to rounding, measured on
+    # the natural scales of the output (s for the mean, s^2 for the variance), with and without autograd.
     mu, s2 = _wide_relu_inputs(torch.float64)
     ref = _relu_moments_ndtr(mu, s2)
-    if form == "fusable":
-        out = _relu_moments_fusable(mu, s2)
-    else:
-        out = relu_moments(mu.clone().requires_grad_(form == "autograd"), s2)
+    out = relu_moments(mu.clone().requires_grad_(requires_grad), s2)
     s2f = s2.clamp_min(1e-5)
     assert ((out.mean.detach() - ref.mean).abs() / s2f.sqrt()).max() < 1e-13
     assert ((out.var.detach() - ref.var).abs() / s2f).max() < 1e-13
 
 
-@pytest.mark.parametrize("form", ["inference", "autograd"])
-def test_relu_moments_single_erf_float32_error_bound(form):
+def test_relu_moments_gradients_are_exact():
+    # one function for training and prediction, with in-place operations on its temporaries: autograd's gradients
+    # must be those of the closed form, checked against finite differences in float64 on both sides of 0, in the
+    # tails and at the variance floor; and against the analytic dE/dmu = Phi(r) (Frey & Hinton 1999)
+    g = torch.Generator().manual_seed(2)
+    mean = torch.cat([torch.randn(20, generator=g, dtype=torch.float64) * 2, torch.tensor([-9.0, 9.0, 0.0],
+                      dtype=torch.float64)]).requires_grad_()
+    var = torch.cat([torch.rand(20, generator=g, dtype=torch.float64) + 0.1, torch.tensor([1.0, 1.0, 1e-7],
+                     dtype=torch.float64)]).requires_grad_()
+    assert torch.autograd.gradcheck(lambda m, v: tuple(relu_moments(m, v)), (mean[:22], var[:22]))
+    out = relu_moments(mean, var)
+    (grad,) = torch.autograd.grad(out.mean.sum(), mean)
+    expected = torch.special.ndtr(mean / var.clamp_min(1e-5).sqrt()).detach()
+    assert torch.allclose(grad, expected, rtol=1e-12, atol=1e-15)
+
+
+def test_relu_moments_single_erf_float32_error_bound():
     # float32 against the float64 reference, on every point of the wide input set. The erf tails carry an absolute
     # error of ~1 ulp, which enters the variance multiplied by ~r^2 where 2 < |r| < 6 (erf not yet rounded to +-1).
-    # Measured maximum over all points: 10.9 eps s^2 (inference path, at r = -5.3) and 4.5 eps s^2 (autograd path);
-    # the bound 24 eps s^2 (2.9e-6 relative, the docstring's 3e-6) leaves a 2.2x margin. The naive evaluation
-    # (mu^2 + s^2) Phi + mu s phi - E^2 fails it: 64 eps s^2 within |r| < 6 and ~8e6 eps s^2 beyond, where mu^2
-    # cancels against E^2 and s^2 is lost entirely. The mean carries the rounding of mu itself (|mu| eps; measured
-    # at most 0.9 eps (|mu| + s)).
-    from pyro_sdebnn.ops.moments import _relu_moments_ndtr
-
+    # Measured maximum over all points: 4.5 eps s^2; the bound 24 eps s^2 (2.9e-6 relative, the docstring's 3e-6)
+    # is the one every earlier evaluation met. The naive evaluation (mu^2 + s^2) Phi + mu s phi - E^2 fails it:
+    # 64 eps s^2 within |r| < 6 and ~8e6 eps s^2 beyond, where mu^2 cancels against E^2 and s^2 is lost entirely.
+    # The mean carries the rounding of mu itself (|mu| eps; measured at most 0.9 eps (|mu| + s)).
     mu, s2 = _wide_relu_inputs(torch.float64)
     ref = _relu_moments_ndtr(mu, s2)
-    out = relu_moments(mu.float().requires_grad_(form == "autograd"), s2.float())
+    out = relu_moments(mu.float(), s2.float())
     s2f = s2.clamp_min(1e-5)
     eps = torch.finfo(torch.float32).eps
-    mean_err = (out.mean.detach().double() - ref.mean).abs()
+    mean_err = (out.mean.double() - ref.mean).abs()
     assert (mean_err <= 8 * eps * (mu.abs() + s2f.sqrt())).all()
-    assert ((out.var.detach().double() - ref.var).abs() / s2f).max() < 24 * eps
+    assert ((out.var.double() - ref.var).abs() / s2f).max() < 24 * eps
 
 
 @pytest.mark.parametrize("with_var", [False, True])
@@ -366,36 +381,29 @@ def test_multiplicative_variance_equals_literal_formula(kind, with_var):
     assert torch.allclose(out.var, literal, rtol=1e-12, atol=1e-14)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("kernel, shape", [(2, (4, 3, 8, 8)), (2, (3, 7, 9)), (3, (2, 2, 9, 10))])
-def test_maxpool_index_free_path_equals_gather_path(dtype, kernel, shape):
-    # inference on non-overlapping windows takes the packed path; under autograd the gather path runs
-    mean = (torch.randn(*shape) * 3).to(dtype)  # both signs, so that the sign-magnitude packing is exercised
-    var = torch.rand(*shape).to(dtype)
-    pool = MNMaxPool2d(kernel)
-    assert pool._packable(mean, var)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("kernel, stride, padding, shape", [
+    (2, 2, 0, (4, 3, 8, 8)), (2, 2, 0, (3, 7, 9)), (3, 3, 0, (2, 2, 9, 10)), (3, 2, 1, (1, 2, 7, 6)),
+])
+def test_maxpool_training_and_inference_agree_ties_included(dtype, kernel, stride, padding, shape):
+    # one path: the same means and the same carried variances with and without autograd, also where a window's
+    # maximum is tied (e.g. ReLU means that underflowed to 0, or half-precision rounding): the variance of the first tied entry
+    g = torch.Generator().manual_seed(0)
+    mean = torch.randint(-3, 3, shape, generator=g).to(dtype)  # six values, both signs: many tied maxima
+    var = torch.rand(*shape, generator=g).to(dtype)
+    pool = MNMaxPool2d(kernel, stride, padding)
     with torch.no_grad():
-        fast = pool(Moments(mean, var))
-    mean_grad = mean.clone().requires_grad_()
-    assert not pool._packable(mean_grad, var)
-    slow = pool(Moments(mean_grad, var))
-    assert fast.mean.shape == slow.mean.shape == F.max_pool2d(mean.float(), kernel).shape
-    assert torch.equal(fast.mean, slow.mean.detach())
-    # a tied maximum (possible in half precision) may carry either variance; elsewhere they are identical
-    windows = mean.unfold(-2, kernel, kernel).unfold(-2, kernel, kernel).flatten(-2)
-    unique = (windows == windows.amax(-1, keepdim=True)).sum(-1) == 1
-    assert unique.float().mean() > 0.9
-    assert torch.equal(fast.var[unique], slow.var[unique])
-
-
-def test_maxpool_index_free_path_is_not_taken_where_it_does_not_apply():
-    mean, var = torch.randn(1, 2, 6, 6), torch.rand(1, 2, 6, 6)
-    assert not MNMaxPool2d(3, stride=2)._packable(mean, var)  # overlapping windows
-    assert not MNMaxPool2d(2, padding=1)._packable(mean, var)
-    assert not MNMaxPool2d(2, ceil_mode=True)._packable(mean, var)
-    assert not MNMaxPool2d(2)._packable(mean.double(), var.double())  # no float128 to pack into
-    assert not MNMaxPool2d(7)._packable(mean, var)  # window larger than the input: ATen raises
-    with torch.no_grad():  # and the fallbacks still give the gather path's answer
-        out = MNMaxPool2d(3, stride=2)(Moments(mean, var))
-    index = F.max_pool2d(mean, 3, 2, return_indices=True)[1]
-    assert torch.equal(out.var, var.flatten(-2).gather(-1, index.flatten(-2)).view_as(out.var))
+        inference = pool(Moments(mean, var))
+    training = pool(Moments(mean.clone().requires_grad_(), var.clone().requires_grad_()))
+    assert torch.equal(inference.mean, training.mean.detach()) and torch.equal(inference.var, training.var.detach())
+    # reference: the first maximal entry of every window, in row-major order
+    neg_inf = torch.tensor(float("-inf"), dtype=dtype)
+    padded_mean = F.pad(mean, (padding,) * 4, value=neg_inf.item())
+    padded_var = F.pad(var, (padding,) * 4)
+    windows_mean = padded_mean.unfold(-2, kernel, stride).unfold(-2, kernel, stride).flatten(-2)
+    windows_var = padded_var.unfold(-2, kernel, stride).unfold(-2, kernel, stride).flatten(-2)
+    is_max = windows_mean == windows_mean.amax(-1, keepdim=True)
+    assert (is_max.sum(-1) > 1).any()  # ties occur
+    first = is_max.int().argmax(-1, keepdim=True)  # argmax of a 0/1 tensor: the first maximal entry
+    assert torch.equal(inference.mean, windows_mean.gather(-1, first).squeeze(-1))
+    assert torch.equal(inference.var, windows_var.gather(-1, first).squeeze(-1))

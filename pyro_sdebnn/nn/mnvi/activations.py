@@ -40,11 +40,11 @@ class MNReLU(nn.Module):
         \mathbb V = (\mu^2+s^2)\Phi(\mu/s) + \mu s\varphi(\mu/s) - \mathbb E^2 .
 
     :param float min_var: floor on :math:`s^2` (default ``1e-5``, as in Schmitt & Roth (2021), App. A).
-    :param bool compile: evaluate the moments with a :func:`torch.compile`-fused kernel (one pass over
-        memory instead of about seventeen element-wise operations, one of them ``erf``; the first call
-        compiles, which takes seconds and needs a C++ compiler). The default ``False`` runs eager PyTorch:
-        on a 2-core CPU the fused kernel made a LeNet-5 predictive pass about 17 % faster
-        (``BENCHMARKS.md``, MNVI section), not enough to justify the compile latency as a default.
+    :param bool compile: evaluate :func:`~pyro_sdebnn.ops.relu_moments` as one :func:`torch.compile`-fused kernel
+        (one pass over memory instead of about fifteen element-wise operations; the first call compiles, which
+        takes seconds and needs a C++ compiler). The default ``False`` runs the same function eagerly. On a
+        2-core CPU the fused kernel made a LeNet-5 predictive pass 1.2x to 2.2x faster (``BENCHMARKS.md``,
+        MNVI section).
 
     >>> relu = MNReLU()
     >>> out = relu(Moments(torch.tensor([-1.0, 0.0, 1.0]), torch.ones(3)))
@@ -74,9 +74,7 @@ class MNReLU(nn.Module):
 
 @functools.cache
 def _compiled_relu_moments():
-    from pyro_sdebnn.ops.moments import _relu_moments_fusable
-
-    return torch.compile(_relu_moments_fusable, dynamic=True)
+    return torch.compile(relu_moments, dynamic=True)
 
 
 class MNActivation(nn.Module):

@@ -58,7 +58,6 @@ from pyro.optim import PyroOptim
 from torch import Tensor, nn
 from torch.distributions import Distribution, kl_divergence
 
-from pyro_sdebnn.nn.mnvi._util import checked_network
 from pyro_sdebnn.nn.mnvi.handlers import is_sampling_free
 from pyro_sdebnn.nn.mnvi.layers import BayesianLayer
 from pyro_sdebnn.nn.mnvi.likelihoods import SamplingFreeCategorical, SamplingFreeNormal, probit_softmax
@@ -169,8 +168,7 @@ class SamplingFreeBNN(nn.Module):
 
     def moments(self, x: Tensor) -> Moments:
         """Sampling-free forward pass: output means and variances for a deterministic input ``x``."""
-        with checked_network():  # a deterministic input: no variance to check, in any layer
-            out = self.net(Moments(x, None))
+        out = self.net(Moments(x, None))
         if not isinstance(out, Moments) or out.var is None:
             raise TypeError("net did not return Moments with a variance; does it contain a BayesianLayer?")
         self._check_outputs(out.mean)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from pyro_sdebnn.nn.mnvi._util import as_moments, checked_network
+from pyro_sdebnn.nn.mnvi._util import as_moments
 from pyro_sdebnn.ops.moments import Moments
 
 __all__ = ["MNConcat", "MNResidualBlock", "MNSequential"]
@@ -41,10 +41,9 @@ class MNSequential(nn.Sequential):
     """
 
     def forward(self, input: Tensor | Moments) -> Tensor | Moments:
-        as_moments(input)  # the input's variance is value-checked once here, not again in every layer
-        with checked_network():
-            for module in self:
-                input = module(input)
+        as_moments(input)
+        for module in self:
+            input = module(input)
         return input
 
 
@@ -90,11 +89,10 @@ class MNResidualBlock(nn.Module):
         self.activation = activation
 
     def forward(self, input: Tensor | Moments) -> Tensor | Moments:
-        as_moments(input)  # the input's variance is value-checked once here, not again in the branches
-        with checked_network():
-            skip = input if self.shortcut is None else self.shortcut(input)
-            out = _add(self.main(input), skip)
-            return out if self.activation is None else self.activation(out)
+        as_moments(input)
+        skip = input if self.shortcut is None else self.shortcut(input)
+        out = _add(self.main(input), skip)
+        return out if self.activation is None else self.activation(out)
 
 
 class MNConcat(nn.Module):
@@ -132,9 +130,8 @@ class MNConcat(nn.Module):
         self.dim = dim
 
     def forward(self, input: Tensor | Moments) -> Tensor | Moments:
-        as_moments(input)  # the input's variance is value-checked once here, not again in the branches
-        with checked_network():
-            outs = [branch(input) for branch in self.branches]
+        as_moments(input)
+        outs = [branch(input) for branch in self.branches]
         kinds = {isinstance(out, Moments) for out in outs}
         if len(kinds) > 1:
             raise TypeError("MNConcat: every branch must return the same kind (tensor or Moments)")

@@ -24,14 +24,7 @@ from pyro_sdebnn.nn.mnvi.container import MNResidualBlock, MNSequential
 from pyro_sdebnn.nn.mnvi.layers import RHO_INIT, MNConv2d, MNLinear
 from pyro_sdebnn.nn.mnvi.mean_field import MF_RHO_INIT, MFConv2d, MFLinear
 from pyro_sdebnn.nn.mnvi.normalization import MNBatchNorm1d, MNBatchNorm2d
-from pyro_sdebnn.nn.mnvi.pooling import (
-    MNAdaptiveAvgPool2d,
-    MNAvgPool2d,
-    MNDropout,
-    MNFlatten,
-    MNIdentity,
-    MNMaxPool2d,
-)
+from pyro_sdebnn.nn.mnvi.pooling import MNAdaptiveAvgPool2d, MNAvgPool2d, MNDropout, MNFlatten, MNIdentity, MNMaxPool2d
 
 __all__ = ["register_converter", "to_mean_field", "to_mnvi"]
 

@@ -77,24 +77,20 @@ def _check_positive_ints(**values: int) -> None:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
-class _MomentLinear(BayesianLayer, nn.Linear):
-    """:class:`torch.nn.Linear` (tensor input) that propagates :class:`Moments` with :meth:`_propagate`.
+class _MomentLayer(BayesianLayer):
+    """The forward of the Bayesian dense and convolutional layers: the torch layer on a tensor, else
+    :meth:`_propagate` on :class:`Moments`.
 
-    Subclasses add their noise parameters after ``super().__init__`` and implement :meth:`_propagate`
-    and :meth:`weight_distribution`.
+    A subclass names its input size (``_features``, its dimension ``_feature_dim``), sets its default noise
+    parameter ``_rho_init`` and implements :meth:`_init_noise`, :meth:`_propagate` and :meth:`weight_distribution`.
     """
 
-    def __init__(
-        self,
-        in_features: int,
-        out_features: int,
-        bias: bool = True,
-        *,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> None:
-        _check_positive_ints(in_features=in_features, out_features=out_features)
-        super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
+    _features: str
+    _feature_dim: int
+    _rho_init: float
+
+    def _init_noise(self, rho_init: float) -> None:
+        raise NotImplementedError
 
     def _propagate(self, mean: Tensor, var: Tensor | None) -> Moments:
         raise NotImplementedError
@@ -103,16 +99,35 @@ class _MomentLinear(BayesianLayer, nn.Linear):
         moments = as_moments(input)
         if moments is None:
             return super().forward(input)
-        check_features(moments.mean, self.in_features, -1, "input.mean", "features")
+        what = "features" if self._feature_dim == -1 else "channels"
+        check_features(moments.mean, getattr(self, self._features), self._feature_dim, "input.mean", what)
         return self._propagate(moments.mean, moments.var)
 
 
-class _MomentConv2d(BayesianLayer, nn.Conv2d):
-    """:class:`torch.nn.Conv2d` (tensor input, zero padding only) that propagates :class:`Moments`.
+class _MomentLinear(_MomentLayer, nn.Linear):
+    """:class:`torch.nn.Linear` (tensor input) that propagates :class:`Moments`."""
 
-    Subclasses add their noise parameters after ``super().__init__`` and implement :meth:`_propagate`
-    and :meth:`weight_distribution`.
-    """
+    _features, _feature_dim = "in_features", -1
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        *,
+        rho_init: float | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        _check_positive_ints(in_features=in_features, out_features=out_features)
+        super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
+        self._init_noise(self._rho_init if rho_init is None else float(rho_init))
+
+
+class _MomentConv2d(_MomentLayer, nn.Conv2d):
+    """:class:`torch.nn.Conv2d` (tensor input, zero padding only) that propagates :class:`Moments`."""
+
+    _features, _feature_dim = "in_channels", -3
 
     def __init__(
         self,
@@ -126,6 +141,7 @@ class _MomentConv2d(BayesianLayer, nn.Conv2d):
         bias: bool = True,
         padding_mode: str = "zeros",
         *,
+        rho_init: float | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -140,24 +156,19 @@ class _MomentConv2d(BayesianLayer, nn.Conv2d):
             in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, padding_mode,
             device=device, dtype=dtype,
         )
+        self._init_noise(self._rho_init if rho_init is None else float(rho_init))
 
     def _conv_args(self) -> tuple:
         return (self.stride, self.padding, self.dilation, self.groups)
-
-    def _propagate(self, mean: Tensor, var: Tensor | None) -> Moments:
-        raise NotImplementedError
-
-    def forward(self, input: Tensor | Moments) -> Tensor | Moments:
-        moments = as_moments(input)
-        if moments is None:
-            return super().forward(input)
-        check_features(moments.mean, self.in_channels, -3, "input.mean", "channels")
-        return self._propagate(moments.mean, moments.var)
 
 
 class _MultiplicativeMixin:
     rho: nn.Parameter
     weight: nn.Parameter
+    _rho_init = RHO_INIT
+
+    def _init_noise(self, rho_init: float) -> None:
+        self.rho = nn.Parameter(self.weight.new_full((getattr(self, self._features),), rho_init))
 
     @property
     def alpha(self) -> Tensor:
@@ -182,7 +193,7 @@ class MNLinear(_MultiplicativeMixin, _MomentLinear):
     :param int in_features: input size.
     :param int out_features: output size.
     :param bool bias: whether to learn a (point-estimated) bias.
-    :param float rho_init: initial ``rho`` (``alpha = softplus(rho)``), default ``-3``.
+    :param float rho_init: initial ``rho`` (``alpha = softplus(rho)``); ``None``: ``-3``.
 
     Shapes: moments ``(batch, in_features) -> (batch, out_features)``; ``weight`` ``(out, in)``,
     ``rho`` ``(in,)``.
@@ -192,19 +203,6 @@ class MNLinear(_MultiplicativeMixin, _MomentLinear):
     >>> out.mean.shape, out.var.shape, layer(torch.randn(5, 3)).shape
     (torch.Size([5, 2]), torch.Size([5, 2]), torch.Size([5, 2]))
     """
-
-    def __init__(
-        self,
-        in_features: int,
-        out_features: int,
-        bias: bool = True,
-        *,
-        rho_init: float = RHO_INIT,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> None:
-        super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
-        self.rho = nn.Parameter(self.weight.new_full((in_features,), float(rho_init)))
 
     def weight_distribution(self) -> Distribution:
         from pyro_sdebnn.distributions import MultiplicativeNormal
@@ -224,34 +222,12 @@ class MNConv2d(_MultiplicativeMixin, _MomentConv2d):
         \mathbb E[z] = M * x + b,\quad \mathbb V[z] = (M\circ M) * \big((1+\alpha) v + \alpha x^2\big).
 
     A :class:`torch.nn.Conv2d` (same arguments, initialisation and ``state_dict`` keys; ``padding_mode``
-    must be ``"zeros"``) plus ``rho`` of shape ``(in_channels,)``, initialised to ``rho_init``.
+    must be ``"zeros"``) plus ``rho`` of shape ``(in_channels,)``, initialised to ``rho_init`` (``None``: ``-3``).
 
     >>> conv = MNConv2d(1, 4, 3, padding=1)
     >>> conv(Moments(torch.randn(2, 1, 8, 8), None)).var.shape
     torch.Size([2, 4, 8, 8])
     """
-
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int,
-        kernel_size: int | tuple[int, int],
-        stride: int | tuple[int, int] = 1,
-        padding: int | tuple[int, int] | str = 0,
-        dilation: int | tuple[int, int] = 1,
-        groups: int = 1,
-        bias: bool = True,
-        padding_mode: str = "zeros",
-        *,
-        rho_init: float = RHO_INIT,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> None:
-        super().__init__(
-            in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, padding_mode,
-            device=device, dtype=dtype,
-        )
-        self.rho = nn.Parameter(self.weight.new_full((in_channels,), float(rho_init)))
 
     def _grouped_alpha(self) -> Tensor:
         # weight (out, in/groups, kh, kw): input channel i of group g sits at index i - g * in/groups.

@@ -44,6 +44,10 @@ MF_RHO_INIT = -10.0
 class _MeanFieldMixin:
     weight: nn.Parameter
     weight_rho: nn.Parameter
+    _rho_init = MF_RHO_INIT
+
+    def _init_noise(self, rho_init: float) -> None:
+        self.weight_rho = nn.Parameter(torch.full_like(self.weight, rho_init))
 
     @property
     def weight_var(self) -> Tensor:
@@ -70,25 +74,12 @@ class MFLinear(_MeanFieldMixin, _MomentLinear):
     :param int in_features: input size.
     :param int out_features: output size.
     :param bool bias: whether to learn a (point-estimated) bias.
-    :param float rho_init: initial per-weight ``rho`` (variance ``softplus(rho)``), default ``-10``.
+    :param float rho_init: initial per-weight ``rho`` (variance ``softplus(rho)``); ``None``: ``-10``.
 
     >>> layer = MFLinear(3, 2)
     >>> layer(Moments(torch.randn(5, 3), torch.ones(5, 3))).var.shape
     torch.Size([5, 2])
     """
-
-    def __init__(
-        self,
-        in_features: int,
-        out_features: int,
-        bias: bool = True,
-        *,
-        rho_init: float = MF_RHO_INIT,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> None:
-        super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
-        self.weight_rho = nn.Parameter(torch.full_like(self.weight, float(rho_init)))
 
     def _propagate(self, mean: Tensor, var: Tensor | None) -> Moments:
         return mean_field_linear_moments(mean, var, self.weight, self.weight_var, self.bias)
@@ -98,34 +89,12 @@ class MFConv2d(_MeanFieldMixin, _MomentConv2d):
     r"""2-d convolution with a mean-field Gaussian weight posterior: :math:`\mathbb V[z] = S*(v+x^2) + (M\circ M)*v`.
 
     A :class:`torch.nn.Conv2d` (same arguments, initialisation and ``state_dict`` keys; ``padding_mode``
-    must be ``"zeros"``) plus ``weight_rho``, initialised to ``rho_init`` (default ``-10``).
+    must be ``"zeros"``) plus ``weight_rho``, initialised to ``rho_init`` (``None``: ``-10``).
 
     >>> conv = MFConv2d(1, 2, 3)
     >>> conv(Moments(torch.randn(1, 1, 5, 5), None)).var.shape
     torch.Size([1, 2, 3, 3])
     """
-
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int,
-        kernel_size: int | tuple[int, int],
-        stride: int | tuple[int, int] = 1,
-        padding: int | tuple[int, int] | str = 0,
-        dilation: int | tuple[int, int] = 1,
-        groups: int = 1,
-        bias: bool = True,
-        padding_mode: str = "zeros",
-        *,
-        rho_init: float = MF_RHO_INIT,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> None:
-        super().__init__(
-            in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, padding_mode,
-            device=device, dtype=dtype,
-        )
-        self.weight_rho = nn.Parameter(torch.full_like(self.weight, float(rho_init)))
 
     def _propagate(self, mean: Tensor, var: Tensor | None) -> Moments:
         return mean_field_conv2d_moments(mean, var, self.weight, self.weight_var, self.bias, *self._conv_args())

@@ -18,9 +18,7 @@ r"""Pooling and reshaping layers for moment propagation ([1], Sec. 3.3.3).
 from __future__ import annotations
 
 import math
-import sys
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules.utils import _pair
@@ -31,43 +29,6 @@ from pyro_sdebnn.ops.moments import Moments
 __all__ = ["MNAdaptiveAvgPool2d", "MNAvgPool2d", "MNDropout", "MNFlatten", "MNIdentity", "MNMaxPool2d"]
 
 
-# (mean dtype) -> the float type twice as wide that holds a (variance, mean) pair bit for bit
-_PACKED_DTYPE = {torch.float32: torch.float64, torch.float16: torch.float32, torch.bfloat16: torch.float32}
-
-
-def _max_pool_packed(mean: Tensor, var: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    r"""Non-overlapping ``k x k`` max-pooling of ``mean`` that carries ``var``, without indices.
-
-    Each (variance, mean) pair is stored as one float of twice the width, the mean in the high half
-    (little-endian). IEEE floats are ordered sign-magnitude, and the high half holds the mean's sign,
-    exponent and leading mantissa bits, so comparing the packed floats compares the means (a tie, e.g. ReLU
-    means that underflowed to 0, carries the largest of the tied non-negative variances where the index path
-    carries the first); the maximum of each window is then ``k - 1`` element-wise ``maximum`` passes
-    over row pairs and ``k - 1`` over column pairs, which on the CPU is several times faster than ATen's
-    ``max_pool2d_with_indices`` followed by a ``gather``. A NaN mean with the sign bit set packs to an
-    ordinary negative float and so does not propagate (NaN with the sign bit clear, PyTorch's default,
-    does). Windows that do not fit are dropped (``ceil_mode=False``). Inference only: the bit casts
-    are not differentiable.
-    """
-    *lead, height, width = mean.shape
-    rows, cols = height // k, width // k
-    if (rows * k, cols * k) != (height, width):
-        mean, var = mean[..., : rows * k, : cols * k], var[..., : rows * k, : cols * k]
-    pairs = mean.new_empty(*lead, rows * k, cols * k, 2)
-    pairs[..., 0].copy_(var)
-    pairs[..., 1].copy_(mean)
-    packed = pairs.view(_PACKED_DTYPE[mean.dtype]).squeeze(-1).view(*lead, rows, k, cols * k)
-    out = packed[..., 0, :]
-    for i in range(1, k):
-        out = torch.maximum(out, packed[..., i, :])
-    out = out.view(*lead, rows, cols, k)
-    pooled = out[..., 0]
-    for i in range(1, k):
-        pooled = torch.maximum(pooled, out[..., i])
-    pooled = pooled.unsqueeze(-1).view(mean.dtype)
-    return pooled[..., 1], pooled[..., 0]
-
-
 class MNMaxPool2d(nn.MaxPool2d):
     r"""Max-pooling of the means; the variance of the arg-max entry is carried.
 
@@ -75,10 +36,9 @@ class MNMaxPool2d(nn.MaxPool2d):
 
         x' = x_{j^*},\quad v' = v_{j^*},\qquad j^* = \arg\max_{j\in\text{window}} x_j .
 
-    Arguments as :class:`torch.nn.MaxPool2d` (``return_indices`` must be ``False``). Without autograd,
-    non-overlapping windows (``kernel_size == stride``, no padding or dilation) of float32/float16/bfloat16
-    moments take a faster index-free path (:func:`_max_pool_packed`) with the same result; otherwise the
-    arg-max indices of ``max_pool2d`` gather the variance.
+    Arguments as :class:`torch.nn.MaxPool2d` (``return_indices`` must be ``False``). The arg-max indices of
+    :func:`torch.nn.functional.max_pool2d` gather the variance, in training and inference alike (a tied maximum
+    carries the variance of the entry whose index ``max_pool2d`` returns, the first one on the CPU).
 
     >>> pool = MNMaxPool2d(2)
     >>> out = pool(Moments(torch.arange(4.0).reshape(1, 1, 2, 2), torch.tensor([[[[1.0, 2.0], [3.0, 4.0]]]])))
@@ -97,23 +57,11 @@ class MNMaxPool2d(nn.MaxPool2d):
             return super().forward(input)
         if moments.var is None:
             return Moments(super().forward(moments.mean), None)
-        if self._packable(moments.mean, moments.var):
-            return Moments(*_max_pool_packed(moments.mean, moments.var, _pair(self.kernel_size)[0]))
         out, index = F.max_pool2d(
             moments.mean, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode, True
         )
         var = moments.var.flatten(-2).gather(-1, index.flatten(-2)).view_as(out)
         return Moments(out, var)
-
-    def _packable(self, mean: Tensor, var: Tensor) -> bool:
-        kernel = _pair(self.kernel_size)
-        return (
-            kernel[0] == kernel[1] and _pair(self.stride) == kernel and _pair(self.padding) == (0, 0)
-            and _pair(self.dilation) == (1, 1) and not self.ceil_mode and sys.byteorder == "little"
-            and mean.dtype in _PACKED_DTYPE and var.dtype == mean.dtype and var.shape == mean.shape
-            and mean.dim() >= 3 and min(mean.shape[-2:]) >= kernel[0]
-            and not (torch.is_grad_enabled() and (mean.requires_grad or var.requires_grad))
-        )
 
 
 class MNAvgPool2d(nn.AvgPool2d):
