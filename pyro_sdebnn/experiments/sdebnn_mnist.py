@@ -115,7 +115,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def drift_widths(text: str) -> tuple[int | None, int, int]:
-    """``(bottleneck, hidden, layers)`` of ``--drift-width``: ``"2,128,2"`` -> ``(2, 128, 1)``, ``"64,64"`` -> ``(None, 64, 2)``.
+    """``(bottleneck, hidden, layers)`` of ``--drift-width``: ``"2,128,2"`` -> ``(2, 128, 1)``, ``"64,64"`` ->
+    ``(None, 64, 2)``.
 
     :raises ValueError: (``--drift-width: ...``) unless the widths are positive integers of the form
         ``B,H,...,H,B`` with ``B < H`` or ``H,...,H``.
@@ -518,7 +519,8 @@ def _report(args, first_seed: int, described: str, per_seed: dict, curves: list[
              "| method | accuracy | ECE (10 bins) | NLL | train s | accuracy gain, last third |",
              "|---|---|---|---|---|---|"]
     for method, r in results.items():
-        lines.append(f"| {method} | {r['accuracy']:.4f} ± {r['accuracy_se']:.4f} | {r['ece']:.4f} ± {r['ece_se']:.4f} "
+        lines.append(f"| {method} | {r['accuracy']:.4f} ± {r['accuracy_se']:.4f} "
+                     f"| {r['ece']:.4f} ± {r['ece_se']:.4f} "
                      f"| {r['nll']:.4f} ± {r['nll_se']:.4f} | {r['train_seconds']:.0f} | {r['late_gain']:+.4f} |")
     lines += ["", "Per seed:", "", "| method | seed | accuracy | ECE | NLL |", "|---|---|---|---|---|"]
     lines += [f"| {m} | {r['seed']} | {r['accuracy']:.4f} | {r['ece']:.4f} | {r['nll']:.4f} |"

@@ -18,7 +18,8 @@ What it does (Xu et al. 2022 [1], Figs. 1, 3, 4 and 10; Xu et al. 2020 [2], Sec.
 
    .. math::
 
-       \\bar V = \\frac1P \\sum_{j=1}^P \\mathrm{Var}_\\varepsilon\\big[\\partial_{\\phi_j} (-\\widehat{\\mathrm{ELBO}})\\big],
+       \\bar V = \\frac1P \\sum_{j=1}^P
+       \\mathrm{Var}_\\varepsilon\\big[\\partial_{\\phi_j} (-\\widehat{\\mathrm{ELBO}})\\big],
 
    for ``stl``, ``analytic`` and ``full_mc`` on the same ``--grad-samples`` Brownian paths (common random
    numbers: the three estimators differ only in their KL terms, so their comparison is paired), in two places:
@@ -146,7 +147,8 @@ def _path_problem_variance(args, steps: int, samples: int, particles: int) -> li
     guide(y)
     elbo = TracePathKL_ELBO(num_particles=particles, vectorize_particles=True, max_plate_nesting=0, estimator="stl")
     svi = SVI(problem.model, guide, Adam({"lr": args.gv_lr}), elbo)
-    checkpoints = sorted({0, *torch.logspace(0, math.log10(steps), max(args.checkpoints - 1, 1)).round().long().tolist()})
+    spaced = torch.logspace(0, math.log10(steps), max(args.checkpoints - 1, 1)).round().long().tolist()
+    checkpoints = sorted({0, *spaced})
     # the ELBO gap from 1024 paths (analytic KL: the same expectation, the least noisy value)
     gap = TracePathKL_ELBO(num_particles=1024, vectorize_particles=True, max_plate_nesting=0, estimator="analytic")
     rows = []
@@ -274,7 +276,8 @@ def _run(args: argparse.Namespace) -> dict:
     lines = ["| metric | value |", "|---|---|"] + [f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |"
                                                   for k, v in results.items()]
     lines += ["", f"Gradient variance on the end-point path problem (mean per drift parameter, {args.grad_samples} "
-              "common paths per checkpoint; ELBO gap = log evidence - ELBO, 0 at the posterior up to the Euler error):", "",
+              "common paths per checkpoint; ELBO gap = log evidence - ELBO, 0 at the posterior up to the Euler "
+              "error):", "",
               "| step | ELBO gap | stl | analytic | full_mc |", "|---|---|---|---|---|"]
     lines += [f"| {r['step']} | {r['elbo_gap']:.4g} | {r['stl']:.3g} | {r['analytic']:.3g} | {r['full_mc']:.3g} |"
               for r in variance_rows]

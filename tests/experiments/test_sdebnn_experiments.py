@@ -63,7 +63,7 @@ def test_same_seed_same_gradient(trained_toy):
     assert torch.equal(_drift_gradient(net, guide, x, y, "stl", 3), _drift_gradient(net, guide, x, y, "stl", 3))
 
 
-def test_mnist_sdebnn_and_stl_train_different_guides(monkeypatch):
+def test_mnist_sdebnn_and_stl_train_different_guides():
     # the experiment's own training loop: same seed, same batches and paths; only the estimator differs
     args = argparse.Namespace(quick=True, hidden=2, augment=0, sigma=0.1, dt=0.5, drift_width="2,16,2",
                               kl_scale=1.0, adjoint=False, lr=1e-2, steps=5, batch_size=16, seed=0, device="cpu",
@@ -89,8 +89,8 @@ def test_drift_widths():
 
 def test_mnist_quick_mode_seeds_and_curves(tmp_path):
     out = tmp_path / "out"
-    code = main(["--output", str(out), "benchmark", "sdebnn-mnist", *TINY_MNIST, "--methods", "sdebnn,sdebnn-stl,odenet",
-                 "--seeds", "2"])
+    code = main(["--output", str(out), "benchmark", "sdebnn-mnist", *TINY_MNIST,
+                 "--methods", "sdebnn,sdebnn-stl,odenet", "--seeds", "2"])
     assert code == 0
     table = (out / "sdebnn_mnist.md").read_text()
     assert "2 seed(s) from 0; mean ± s.e." in table and "| sdebnn-stl | 1 |" in table
@@ -125,7 +125,8 @@ def test_mnist_adjoint_error_names_the_flag(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("flags, message", [(["--seeds", "0"], "--seeds"), (["--kl-scale", "-1"], "--kl-scale"),
-                                            (["--drift-width", "3"], None), (["--drift-width", "2,8,3"], "--drift-width")])
+                                            (["--drift-width", "3"], None),
+                                            (["--drift-width", "2,8,3"], "--drift-width")])
 def test_mnist_bad_arguments(tmp_path, capsys, flags, message):
     code = main(["--output", str(tmp_path), "benchmark", "sdebnn-mnist", *TINY_MNIST, "--methods", "odenet", *flags])
     if message is None:  # a single width is a valid one-layer MLP without bottleneck
