@@ -124,13 +124,14 @@ class EndpointPathProblem(OUEndpointProblem):
         w \\sim \\mathrm{OUPath}(0, \\sigma = 0.8, t \\in [0, 1], \\theta = 1), \\qquad
         y \\sim \\mathcal N(w_1, 0.3^2 I),\\quad y = (1, -0.5),
 
-    on the Euler grid of step ``dt``; its posterior drift and evidence are those of
+    on the Euler grid of step ``dt``, tensors on ``device``; its posterior drift and evidence are those of
     :class:`~pyro_sdebnn.testing.ou_problems.OUEndpointProblem`.
     """
 
-    def __init__(self, dt: float) -> None:
-        super().__init__(torch.zeros(2), torch.tensor([1.0, -0.5]), obs_scale=0.3, sigma=0.8, theta=1.0)
-        self.times = time_grid((0.0, 1.0), dt)
+    def __init__(self, dt: float, device: torch.device | str | None = None) -> None:
+        super().__init__(torch.zeros(2, device=device), torch.tensor([1.0, -0.5], device=device), obs_scale=0.3,
+                         sigma=0.8, theta=1.0)
+        self.times = time_grid((0.0, 1.0), dt, device=device)
 
     def model(self, y: torch.Tensor) -> None:
         w = pyro.sample("w", OUPath(self.init, self.sigma, self.times, theta=self.theta, method="euler"))
@@ -139,7 +140,7 @@ class EndpointPathProblem(OUEndpointProblem):
 
 def _path_problem_variance(args, steps: int, samples: int, particles: int) -> list[dict]:
     """Train the end-point path problem with STL; the three estimators' gradient variance at checkpoints."""
-    problem = EndpointPathProblem(args.dt)
+    problem = EndpointPathProblem(args.dt, device=args.device)
     pyro.clear_param_store()
     pyro.set_rng_seed(args.seed)
     guide = NeuralSDEGuide(problem.model, drift_hidden=args.hidden, drift_layers=2, activation="swish")
