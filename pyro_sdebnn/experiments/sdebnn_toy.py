@@ -79,7 +79,7 @@ ESTIMATORS = ("stl", "analytic", "full_mc")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--steps", type=int, default=2000, help="SVI steps of the regression (quick: 100)")
+    parser.add_argument("--steps", type=int, default=2000, help="SVI steps of the regression (quick: 40)")
     parser.add_argument("--augment", type=int, default=2)
     parser.add_argument("--hidden", type=int, default=64, help="width of the hidden field (and of the drift)")
     parser.add_argument("--sigma", type=float, default=0.5)
@@ -88,7 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--estimator", default="stl", choices=ESTIMATORS)
     parser.add_argument("--num-particles", type=int, default=100, help="weight paths per step (quick: 8)")
     parser.add_argument("--gv-steps", type=int, default=1000,
-                        help="SVI steps of the gradient-variance path problem (quick: 150)")
+                        help="SVI steps of the gradient-variance path problem (quick: 100)")
     parser.add_argument("--gv-lr", type=float, default=1e-2, help="Adam learning rate of the path problem")
     parser.add_argument("--checkpoints", type=int, default=6, help="gradient-variance checkpoints")
     parser.add_argument("--grad-samples", type=int, default=128,
@@ -222,8 +222,8 @@ def _run(args: argparse.Namespace) -> dict:
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
     if args.quick:  # the smoke run: a coarse grid, few particles and steps
-        args.steps, args.num_particles = min(args.steps, 60), min(args.num_particles, 8)
-        args.gv_steps, args.grad_samples = min(args.gv_steps, 150), min(args.grad_samples, 32)
+        args.steps, args.num_particles = min(args.steps, 40), min(args.num_particles, 8)
+        args.gv_steps, args.grad_samples = min(args.gv_steps, 100), min(args.grad_samples, 32)
         args.dt, args.hidden = max(args.dt, 0.05), min(args.hidden, 16)
     pyro.set_rng_seed(args.seed)
     pyro.clear_param_store()
