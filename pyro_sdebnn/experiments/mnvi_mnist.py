@@ -31,7 +31,7 @@ Reported, as the columns of [1], Table 2, each as the mean and the standard erro
 seeds ``--seed`` + 0, 1, ...): misclassification [%], NLL, ECE (20 bins; Guo et al. [4]), AUMRC (the area under the
 misclassification-rate vs rejection-rate curve, rejecting by predictive entropy, [1], App. D), misclassification
 after rejecting 10/25/50 %, inference time [ms] of one predictive pass over a batch of 100 test images (the
-median of :class:`torch.utils.benchmark.Timer`'s ``blocked_autorange``, one thread on the CPU; the batch size
+median of ``torch.utils.benchmark.Timer``'s ``blocked_autorange``, one thread on the CPU; the batch size
 of [1]), the parameter count and the fit time. Outputs: ``mnvi_mnist_table.md`` / ``.csv`` (the aggregate, with
 the figures of [1] for the same columns), ``mnvi_mnist_runs.csv`` (every run), ``mnvi_mnist_loss.csv`` /
 ``.png`` (the training loss per epoch) and ``mnvi_mnist_reliability.png`` (first run).
