@@ -11,7 +11,7 @@ import torch
 from pyro.infer import MCMC
 
 from pyro_sdebnn.infer.mcmc import FSGHMC, FSGLD, BayesianMLP, MeasurementPoints
-from pyro_sdebnn.infer.mcmc import base, graph as graph_module
+from pyro_sdebnn.infer.mcmc import graph as graph_module, step as step_module
 
 KERNELS = [(FSGLD, {"step_size": 1e-3}), (FSGHMC, {"step_size": 1e-2, "friction": 5.0})]
 
@@ -84,7 +84,7 @@ def _rounding_compiler(graph, on_failure=None, options=None):
 
 @pytest.mark.parametrize("kernel_cls, kwargs", KERNELS)
 def test_auto_backend_switches_at_the_same_step_however_slow_the_run(monkeypatch, kernel_cls, kwargs):
-    monkeypatch.setattr(base, "_compile_graph", _rounding_compiler)
+    monkeypatch.setattr(step_module, "_compile_graph", _rounding_compiler)
     monkeypatch.setattr(graph_module, "_compile_graph", _rounding_compiler)
     fast, backend = _run(kernel_cls, kwargs, background=False, backend="auto", compile_after=15)
     assert backend == "compile"

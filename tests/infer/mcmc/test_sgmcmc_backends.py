@@ -8,7 +8,7 @@ import torch
 from pyro.infer import MCMC
 
 from pyro_sdebnn.infer.mcmc import SGLD, BayesianMLP, MinibatchPotential
-from pyro_sdebnn.infer.mcmc import base, graph as graph_module
+from pyro_sdebnn.infer.mcmc import graph as graph_module, step as step_module
 
 
 def _float64_bnn(sizes, **kwargs):
@@ -87,7 +87,7 @@ class _FakeCompiler:
 
 def test_auto_backend_compiles_after_its_budget_of_steps(monkeypatch):
     fake = _FakeCompiler()
-    monkeypatch.setattr(base, "_compile_graph", fake)
+    monkeypatch.setattr(step_module, "_compile_graph", fake)
     x, y = _data()
     kernel = SGLD(_float64_bnn([2, 5, 1]), step_size=1e-4, num_steps=3, subsample_size=10, compile_after=6)
     kernel.setup(0, x, y)
@@ -111,7 +111,7 @@ def test_auto_backend_switches_at_the_same_step_whatever_the_timing(monkeypatch)
     switched = []
     for speed in (1.0, 1000.0):
         fake = _FakeCompiler()
-        monkeypatch.setattr(base, "_compile_graph", fake)
+        monkeypatch.setattr(step_module, "_compile_graph", fake)
         monkeypatch.setattr(time, "perf_counter", lambda: speed * real())
         kernel = SGLD(_float64_bnn([2, 5, 1]), step_size=1e-4, num_steps=2, subsample_size=10, compile_after=8)
         kernel.setup(0, x, y)
@@ -126,7 +126,7 @@ def test_auto_backend_switches_at_the_same_step_whatever_the_timing(monkeypatch)
 
 def test_auto_backend_stays_eager_graph_for_short_runs(monkeypatch):
     fake = _FakeCompiler()
-    monkeypatch.setattr(base, "_compile_graph", fake)
+    monkeypatch.setattr(step_module, "_compile_graph", fake)
     x, y = _data()
     kernel = SGLD(_float64_bnn([2, 5, 1]), step_size=1e-4, num_steps=2, subsample_size=10)  # 10000 inner steps
     mcmc = MCMC(kernel, num_samples=20, warmup_steps=20, disable_progbar=True)
