@@ -45,7 +45,7 @@ from pyro_sdebnn.data.loaders import move_batch
 from pyro_sdebnn.infer.mcmc._chains import chain_transforms
 from pyro_sdebnn.infer.mcmc.batches import BatchStream, is_data_loader
 from pyro_sdebnn.infer.mcmc.divergence import _RECENT, DivergenceCheck, SamplerDivergenceError, _chain_finite, _finite_state
-from pyro_sdebnn.infer.mcmc.graph import _arg_key, _graph_is_stale
+from pyro_sdebnn.infer.mcmc.graph import _arg_key
 from pyro_sdebnn.infer.mcmc.initialization import init_to_robust
 from pyro_sdebnn.infer.mcmc.potential import MinibatchPotential, _check_subsample_size
 from pyro_sdebnn.infer.mcmc.resume import ResumableState
@@ -178,12 +178,9 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
         self.transforms: Optional[dict] = None
         self._initial_params: Optional[dict[str, Tensor]] = None
         self._graph_key: Any = None
-        self._step_fn: Optional[Callable] = None
-        self.backend_used: Optional[str] = None
-        self._auto: Optional[dict] = None
+        self._reset_graphs()
         self._stream: Optional[BatchStream] = None
         self._pending_batch: Optional[tuple] = None
-        self._batch_data: Optional[tuple] = None
         self._kwarg_tensors: tuple = ()
         self._resume: Optional[dict] = None
         self._reset()
@@ -287,11 +284,11 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
         # (validating the data again) and trace the step again
         if self.potential is None or key != self._graph_key:
             self.potential = self._build_potential(args, kwargs)
-            self._step_fn = None
+            self._reset_graphs()
             self._graph_key = key
             self._args = (args, kwargs)  # keep the arguments alive: ids are only meaningful while they are
-        elif self._step_fn is not None and _graph_is_stale(getattr(self._step_fn, "graph_module", None)):
-            self._step_fn = None  # a tensor the graph folded constants from (not an argument) changed in place
+        elif self._graphs_are_stale():
+            self._reset_graphs()  # a tensor a graph folded constants from (not an argument) changed in place
         # vectorised chains: MCMC stores them as chains, (num_chains * K, num_samples, *shape) (see _chains.py)
         self.transforms = chain_transforms(self.potential, self.vectorized_chains)
         U = self.potential
@@ -411,7 +408,6 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
 
     def sample(self, params: dict[str, Tensor]) -> dict[str, Tensor]:
         U = self.potential
-        self.build_step_fn()
         if params is not self._last_params:  # the runner (or a user) handed us other parameters
             position = U.pack(params).to(U.dtype)
             self._state = (position,) + tuple(self._state[1:])
@@ -425,14 +421,13 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
         eta = self._eta_tensor if constant else None
         if eta is None:
             eta = self._eta_tensor = torch.tensor(self._eta(self._t), dtype=U.dtype, device=U.device)
-        step_fn = self._step_fn
         error: Optional[Exception] = None
         with torch.no_grad():  # the traced graph holds its own backward pass; no autograd across steps
             for _ in range(self.num_steps):
                 if not constant:
                     eta = torch.tensor(self._eta(self._t), dtype=U.dtype, device=U.device)
                 try:
-                    state, value = self._take_step(step_fn, state, eta)
+                    state, value = self._take_step(state, eta)
                 except (RuntimeError, ValueError) as e:
                     # an op that refuses non-finite input (a distribution's argument validation in the eager
                     # step, torch.bernoulli or a Cholesky factorisation in the model ...): a divergence if the
@@ -462,7 +457,7 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
         # the one host synchronisation per sample: per chain, finite or not, its energy and its potential
         host = torch.stack([finite.to(energy.dtype), energy, potentials[-1].reshape(-1).to(energy.dtype)])
         host = host.detach().cpu().double().numpy()
-        if self.backend == "auto" and self.backend_used != "eager" and error is None:
+        if error is None:
             self._auto_switch()
         sample_index = self._sample_count - self._warmup_steps
         self._sample_count += 1

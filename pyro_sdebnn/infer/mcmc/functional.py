@@ -680,7 +680,7 @@ class FunctionalKernelMixin:
         if saved["factor_kind"] != self._factor_kind or float(saved["jitter"]) != self.potential.jitter:
             self._factor_kind = saved["factor_kind"]
             self.potential.jitter = float(saved["jitter"])
-            self._step_fn = None
+            self._reset_graphs()
         super()._restore(sd, warmup_steps)  # type: ignore[misc]
         U = self.potential
         device = self._sampler.inputs.device if self._sampler is not None else U.device

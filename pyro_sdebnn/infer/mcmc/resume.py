@@ -156,9 +156,6 @@ class ResumableState:
         self._energy_recent = deque((array(r) for r in energy["recent"]), maxlen=_RECENT)
         self._energy_stride, self._energy_seen = int(energy["stride"]), int(energy["seen"])
         self._healthy_energy = array(energy["healthy"])
-        # trace the step graph now: tracing runs the step once (drawing noise, peeking at the minibatches), which the
-        # uninterrupted run did at its first sample, before the random state and the minibatch position are restored
-        self.build_step_fn()
         batches = sd.get("batches")
         self._batches = None if batches is None else batches.to(U.device)
         self._batch_pos = int(sd["batch_pos"])

@@ -1,40 +1,62 @@
 # SPDX-License-Identifier: Apache-2.0
-"""STEP_DOC"""
+"""The inner step of the SG-MCMC kernels and its backends.
+
+One inner step on a minibatch is the gradient of the minibatch potential and one pure update rule of
+:mod:`pyro_sdebnn.ops.sgmcmc` (:meth:`StepBackends._single_step`), e.g. for SGLD
+
+.. math::
+
+    \\hat g, \\tilde U = \\nabla \\tilde U(w), \\tilde U(w), \\qquad
+    w \\leftarrow w - \\frac{\\eta}{2} \\hat g + \\sqrt{\\eta T}\\, \\xi, \\quad \\xi \\sim \\mathcal N(0, I).
+
+The backends run that same step:
+
+- ``"eager"``: as written, Pyro's effect handlers running at every step (any model; the slowest);
+- ``"fx"``: traced once by ``make_fx`` into a graph of ATen calls (Pyro is then out of the loop), run op by op;
+- ``"compile"``: that graph compiled by ``torch.compile``;
+- ``"auto"`` (default): ``"fx"``, compiled once the chain has taken ``compile_after`` inner steps (a step count, not a
+  measured time, so that the same seed gives the same chain on any machine).
+
+The data are inputs of the graph, never constants (nothing computed from them is frozen in), and each shape of the
+data inputs gets its own graph: the last, shorter batch of a loader's epoch is traced once, like the others. Tracing
+runs the step once; torch's random state is put back afterwards, so a chain does not depend on when it was traced.
+"""
 
 from __future__ import annotations
 
+import functools
 import warnings
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import pyro
 import torch
 from pyro import poutine
 from torch import Tensor
 
-from pyro_sdebnn.infer.mcmc.graph import _compile_graph, _lean_graph
+from pyro_sdebnn.infer.mcmc.graph import _compile_graph, _graph_is_stale, _lean_graph
 
 
 class StepBackends:
-    """The inner step of :class:`~pyro_sdebnn.infer.mcmc.base.SGMCMCKernel` and its backends (a mixin)."""
+    """The inner step of :class:`~pyro_sdebnn.infer.mcmc.base.SGMCMCKernel` and its backends (a mixin: it reads the
+    kernel's potential, update rule, chains and ``backend``)."""
 
-    def _take_step(self, step_fn: Callable, state: tuple, eta: Tensor) -> tuple:
-        """One inner step on the next minibatch (indices with tensors, the next batch with a loader)."""
-        idx = self._next_indices()
-        data = self._next_data()
-        extra = self._potential_and_grad_inputs()
-        if data is None:
-            return step_fn(state, idx, eta, *extra)
-        if self.backend_used != "eager" and [t.shape for t in data] == getattr(self, "_graph_shapes", None):
-            self._batch_data = data
-            try:
-                return step_fn(state, idx, eta, *extra)
-            finally:
-                self._batch_data = None
-        # a batch of another shape than the traced one (the last, smaller batch of an epoch): the per-step trace
-        with self._bind(data):
-            return self._eager_step(state, idx, eta, *extra)
+    def _reset_graphs(self) -> None:
+        """Forget the traced graphs (new data or model): the next step traces again."""
+        self._graphs: dict[Any, Callable] = {}  # shapes of the data inputs -> the graph's runner
+        self._graph_modules: dict[Any, Any] = {}  # shapes of the data inputs -> the traced graph
+        self.backend_used = "fx" if self.backend == "auto" else self.backend
+        self._fx_steps = 0  # inner steps taken with the eager graph (backend="auto")
 
-    # ----- the step function -------------------------------------------------------------------------------------
+    def _graphs_are_stale(self) -> bool:
+        """Whether a tensor that a graph folded constants from (not an argument) has changed in place."""
+        return any(_graph_is_stale(g) for g in self._graph_modules.values())
+
+    @property
+    def _graph_module(self) -> Any:
+        """The first traced graph (``None`` before the first traced step)."""
+        return next(iter(self._graph_modules.values()), None)
+
+    # ----- the step ----------------------------------------------------------------------------------------------
     def _single_step(self, state: tuple, idx: Optional[Tensor], step_size: Tensor, *extra: Tensor) -> tuple:
         """One inner step for one chain: returns ``(new_state_tuple, potential)``."""
         # differentiate w.r.t. the per-site pieces, not the flat vector: the gradient of a slice of the flat vector
@@ -51,7 +73,18 @@ class StepBackends:
         new_state = self._update(noise, self._state_type(*state), grad, step_size)
         return tuple(new_state), value
 
+    def _chains_step(self, state: tuple, idx: Optional[Tensor], step_size: Tensor, *extra: Tensor) -> tuple:
+        """:meth:`_single_step` for every chain (``vmap`` over the leading chain dimension)."""
+        if self.vectorized_chains == 1:
+            return self._single_step(state, idx, step_size, *extra)
+        in_dims = (0, None if idx is None else 0, None) + (None,) * len(extra)
+        return torch.func.vmap(self._single_step, in_dims=in_dims, randomness="different")(
+            state, idx, step_size, *extra
+        )
+
     def _eager_step(self, state: tuple, idx: Optional[Tensor], step_size: Tensor, *extra: Tensor) -> tuple:
+        """The step with Pyro's handlers running (``backend="eager"``), chain by chain."""
+
         def one(chain_state: tuple, chain_idx: Optional[Tensor]) -> tuple:
             # no argument validation in the hot loop, as in the traced step (the model was validated at set-up):
             # a non-finite state gives a non-finite potential, reported as a divergence, not a validation error
@@ -71,50 +104,71 @@ class StepBackends:
         new_state = tuple(torch.stack([o[0][j] for o in outs]) for j in range(len(state)))
         return new_state, torch.stack([o[1] for o in outs])
 
-    def _example_inputs(self) -> tuple:
+    def _take_step(self, state: tuple, eta: Tensor) -> tuple:
+        """One inner step on the next minibatch (indices with tensors, the next batch with a loader)."""
         idx = self._next_indices()
-        self._batch_pos -= 1  # peek only
-        eta = torch.tensor(self.step_size(0), dtype=self.potential.dtype, device=self.potential.device)
-        return tuple(self._state), idx, eta, *self._potential_and_grad_inputs()
+        data = self._next_data()
+        extra = self._potential_and_grad_inputs()
+        if self.backend_used != "eager":
+            out = self._graph_step(state, idx, eta, extra, data)
+            if out is not None:
+                return out
+        with self._bind(data):
+            return self._eager_step(state, idx, eta, *extra)
 
-    def _choose_backend(self) -> str:
-        # "auto" starts with the traced graph run eagerly; sample() compiles it later (see _auto_switch)
-        return "fx" if self.backend == "auto" else self.backend
-
-    def _make_step_fn(self) -> Callable:
-        backend = self._choose_backend()
-        if backend == "eager":
-            self.backend_used = "eager"
+    def build_step_fn(self) -> Callable:
+        """The inner step ``(state, idx, step_size, *extra) -> (state, potential)`` on the model's current data
+        (with the traced backends, the graph is traced on the first call)."""
+        if self.backend_used == "eager":
             return self._eager_step
-        from torch.fx.experimental.proxy_tensor import make_fx
 
         def step(state: tuple, idx: Optional[Tensor], step_size: Tensor, *extra: Tensor) -> tuple:
-            if self.vectorized_chains == 1:
-                return self._single_step(state, idx, step_size, *extra)
-            in_dims = (0, None if idx is None else 0, None) + (None,) * len(extra)
-            return torch.func.vmap(self._single_step, in_dims=in_dims, randomness="different")(
-                state, idx, step_size, *extra
-            )
+            out = self._graph_step(state, idx, step_size, extra, None)
+            return self._eager_step(state, idx, step_size, *extra) if out is None else out
 
-        state, idx, eta, *extra = self._example_inputs()
-        # the data are inputs of the graph, not constants: nothing computed from them is folded into the graph
-        data = self.potential.data_tensors()
+        return step
+
+    # ----- the traced graph ----------------------------------------------------------------------------------------
+    def _graph_step(
+        self, state: tuple, idx: Optional[Tensor], step_size: Tensor, extra: tuple, data: Optional[tuple]
+    ) -> Optional[tuple]:
+        """The step through the graph traced for the shapes of ``data`` (the model's own data tensors if ``None``);
+        ``None`` if the model cannot be traced (``backend="auto"`` then continues eagerly)."""
+        if data is None:
+            data = self.potential.data_tensors()
+        key = tuple(t.shape for t in data)
+        run = self._graphs.get(key)
+        if run is None:
+            run = self._trace_graph(state, idx, step_size, extra, data, key)
+            if run is None:
+                return None
+        if idx is None:
+            out = run(*state, step_size, *extra, *data)
+        else:
+            out = run(*state, idx, step_size, *extra, *data)
+        return tuple(out[: len(state)]), out[len(state)]
+
+    def _trace_graph(
+        self, state: tuple, idx: Optional[Tensor], step_size: Tensor, extra: tuple, data: tuple, key: Any
+    ) -> Optional[Callable]:
+        from torch.fx.experimental.proxy_tensor import make_fx
+
         num_state, has_idx, num_data = len(state), idx is not None, len(data)
 
-        def flat_step(*flat: Tensor) -> tuple[Tensor, ...]:  # flat tensors in and out: no pytree in the hot loop
-            # (*state, [idx], step_size, *extra, *data)
-            inputs = flat[: len(flat) - num_data]
-            with self.potential.bound_data(flat[len(flat) - num_data :]):
-                new_state, value = step(
-                    inputs[:num_state], inputs[num_state] if has_idx else None, inputs[num_state + has_idx],
-                    *inputs[num_state + has_idx + 1 :],
-                )
+        def flat_step(*flat: Tensor) -> tuple[Tensor, ...]:  # (*state, [idx], step_size, *extra, *data)
+            inputs, batch = flat[: len(flat) - num_data], flat[len(flat) - num_data :]
+            rest = inputs[num_state:]
+            chain_idx, rest = (rest[0], rest[1:]) if has_idx else (None, rest)
+            with self.potential.bound_data(batch):
+                new_state, value = self._chains_step(inputs[:num_state], chain_idx, *rest)
             return (*new_state, value)
 
+        device = self.potential.device
         try:
-            with pyro.validation_enabled(False), poutine.block(), warnings.catch_warnings():
+            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), \
+                    pyro.validation_enabled(False), poutine.block(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                graph = make_fx(flat_step)(*state, *([idx] if has_idx else []), eta, *extra, *data)
+                graph = make_fx(flat_step)(*state, *([idx] if has_idx else []), step_size, *extra, *data)
         except Exception as e:  # noqa: BLE001 - any untraceable model falls back to the generic eager path
             if self.backend != "auto":
                 raise RuntimeError(
@@ -126,30 +180,21 @@ class StepBackends:
                 f"{str(e).splitlines()[0] if str(e) else ''}); falling back to the slower per-step Pyro trace "
                 "(backend='eager'; pass it explicitly to silence this warning)",
                 RuntimeWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
             self.backend_used = "eager"
-            return self._eager_step
+            return None
         _lean_graph(graph)
-        self._graph_module, self._graph_layout, self._graph_data = graph, (num_state, has_idx), data
-        self._graph_shapes = [t.shape for t in data]
-        self._auto = {"fx_steps": 0, "decided": self.backend != "auto"}
-        self.backend_used = backend
-        return self._wrap_graph(_compile_graph(graph) if backend == "compile" else graph.forward)
+        self._graph_modules[key] = graph
+        self._graphs[key] = self._runner(graph)
+        return self._graphs[key]
 
-    def _wrap_graph(self, run: Callable) -> Callable:
-        num_state, has_idx = self._graph_layout
-        data = self._graph_data  # the model's data tensors, read afresh by every call
+    def _runner(self, graph: Any) -> Callable:
+        if self.backend_used == "compile":
+            return _compile_graph(graph, functools.partial(self._compile_failed, graph))
+        return graph.forward
 
-        def step_fn(state: tuple, idx: Optional[Tensor], step_size: Tensor, *extra: Tensor) -> tuple:
-            inputs = data if self._batch_data is None else self._batch_data  # a loader's batch replaces the data
-            out = run(*state, idx, step_size, *extra, *inputs) if has_idx else run(*state, step_size, *extra, *inputs)
-            return out[:num_state], out[num_state]
-
-        step_fn.graph_module = self._graph_module  # type: ignore[attr-defined]
-        return step_fn
-
-    def _compile_failed(self, error: Exception) -> Callable:
+    def _compile_failed(self, graph: Any, error: Exception) -> Callable:
         first_line = str(error).splitlines()[0] if str(error) else ""
         warnings.warn(
             f"{self._name}: compiling the step failed ({type(error).__name__}: {first_line}); continuing with the "
@@ -157,32 +202,22 @@ class StepBackends:
             RuntimeWarning,
             stacklevel=2,
         )
-        self._auto["decided"] = True
         self.backend_used = "fx"
-        self._step_fn = self._wrap_graph(self._graph_module.forward)
-        return self._graph_module.forward
+        self._fx_steps = -1  # backend="auto" does not try again
+        return graph.forward
 
     def _auto_switch(self) -> None:
-        """``backend="auto"``: compile the step graph once the chain has taken ``compile_after`` inner steps with the
+        """``backend="auto"``: compile the step graphs once the chain has taken ``compile_after`` inner steps with the
         eager graph.
 
         The kernel does not know how many samples ``MCMC`` will ask for: a short run never pays the compilation (a
         few seconds), a long one runs compiled (2-3x faster per step on CPU). The switch point is a number of steps,
         not a measured time: the compiled step rounds differently from the eager graph, so a switch at a time-dependent
-        step would give different chains for the same seed (two runs of fSGLD on two moons differed in their ECE).
+        step would give different chains for the same seed.
         """
-        auto = self._auto
-        if auto["decided"]:
+        if self.backend != "auto" or self.backend_used != "fx" or self._fx_steps < 0:
             return
-        auto["fx_steps"] += self.num_steps
-        if auto["fx_steps"] >= self.compile_after:
-            auto["decided"] = True
-            self._step_fn = self._wrap_graph(_compile_graph(self._graph_module, self._compile_failed))
+        self._fx_steps += self.num_steps
+        if self._fx_steps >= self.compile_after:
             self.backend_used = "compile"
-
-
-    def build_step_fn(self) -> Callable:
-        """The inner step ``(state, idx, step_size, *extra) -> (state, potential)`` (traced/compiled once)."""
-        if self._step_fn is None:
-            self._step_fn = self._make_step_fn()
-        return self._step_fn
+            self._graphs = {key: self._runner(graph) for key, graph in self._graph_modules.items()}

@@ -70,7 +70,7 @@ def test_lean_graph_step_matches_eager_step_on_a_bnn():
         results[backend] = kernel.sample(kernel.initial_params)
     for name in results["fx"]:
         torch.testing.assert_close(results["fx"][name], results["eager"][name])
-    graph = kernel.build_step_fn().graph_module.graph
+    graph = kernel._graph_module.graph
     assert not any(n.target in graph_module._NO_OPS for n in graph.nodes)
 
 
