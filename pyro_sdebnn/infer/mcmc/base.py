@@ -1,29 +1,17 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The base class of the SG-MCMC kernels.
+"""The base class of the SG-MCMC kernels: a Pyro ``MCMCKernel`` around a pure update rule.
 
-A Pyro model is traced once (in :meth:`SGMCMCKernel.setup`) to learn its latent sites, their supports and
-the plate over the data (:mod:`pyro_sdebnn.infer.mcmc.potential`). From that the kernel builds a *functional* potential of one flat unconstrained
-vector :math:`u \\in \\mathbb R^D` (the concatenation of all latent sites mapped to unconstrained space by
-``biject_to(site.support)``):
+A kernel is three pieces, one module each:
 
-.. math::
+- the bridge from a Pyro model to a potential :math:`\\tilde U(u)` of one flat unconstrained vector, with the
+  minibatch scaled by :math:`N/b` (:class:`~pyro_sdebnn.infer.mcmc.MinibatchPotential`, :mod:`~pyro_sdebnn.infer.mcmc.potential`);
+- the inner step, :math:`\\nabla \\tilde U` followed by an update rule of :mod:`pyro_sdebnn.ops.sgmcmc`, and the
+  backends that run it (eager, traced, compiled: :mod:`~pyro_sdebnn.infer.mcmc.step`);
+- the kernel (this module): set-up, minibatches (indices or a loader's batches), the loop of ``num_steps`` inner
+  steps per returned sample, the MAP warm start; with the divergence check (:mod:`~pyro_sdebnn.infer.mcmc.divergence`) and the checkpoint
+  state (:mod:`~pyro_sdebnn.infer.mcmc.resume`) mixed in.
 
-    \\tilde U(u) = -\\frac{N}{b} \\sum_{i \\in B} \\log p(y_i | x_i, w) - \\log p(w)
-                   - \\log |\\det J_{T}(u)|, \\qquad w = T(u),
-
-where the minibatch :math:`B` of size :math:`b` is injected as the ``subsample`` of the model's data plate
-(Pyro's ``plate`` then scales the likelihood by :math:`N/b`). The whole inner step (potential, gradient,
-noise, update) is then traced once into an FX graph with ``make_fx`` so that Pyro's handler machinery is
-out of the inner loop, and optionally compiled (``backend="compile"``); ``backend="eager"`` keeps the
-per-step Pyro trace (works for any model, slowest).
-
-Run eagerly, every node of that graph costs a few microseconds of dispatch, which dominates on small networks.
-The graph is therefore kept lean: constant-Normal weight priors are taken out of the autograd graph and applied
-in closed form on the flat vector (:meth:`MinibatchPotential.gaussian_prior`), constants are folded, identity
-operations, aliases and dead nodes are removed, and the graph takes and returns flat tensors (no pytree handling
-per call). On the 2-50-50-1 network this halves the node count (161 -> 77 ATen calls per step).
-``backend="auto"`` runs this graph eagerly and compiles it after ``compile_after`` inner steps
-(see :meth:`SGMCMCKernel._auto_switch`).
+A subclass names its state and its update rule (:class:`~pyro_sdebnn.infer.mcmc.SGLD` is about 40 lines of code).
 """
 
 from __future__ import annotations
