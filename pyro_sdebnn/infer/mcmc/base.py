@@ -275,8 +275,6 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
             self._reset_graphs()
             self._graph_key = key
             self._args = (args, kwargs)  # keep the arguments alive: ids are only meaningful while they are
-        elif self._graphs_are_stale():
-            self._reset_graphs()  # a tensor a graph folded constants from (not an argument) changed in place
         # vectorised chains: MCMC stores them as chains, (num_chains * K, num_samples, *shape) (see _chains.py)
         self.transforms = chain_transforms(self.potential, self.vectorized_chains)
         U = self.potential

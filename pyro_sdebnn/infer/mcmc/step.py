@@ -12,13 +12,16 @@ One inner step on a minibatch is the gradient of the minibatch potential and one
 The backends run that same step:
 
 - ``"eager"``: as written, Pyro's effect handlers running at every step (any model; the slowest);
-- ``"fx"``: traced once by ``make_fx`` into a graph of ATen calls (Pyro is then out of the loop), run op by op;
+- ``"fx"``: traced once by ``make_fx`` into a graph of ATen calls (Pyro is then out of the loop), run op by op
+  (hand-written graph passes that folded constants and dropped identity operations were removed: on the 2-50-50-1
+  network they took 5 of 124 nodes and bought no measurable time);
 - ``"compile"``: that graph compiled by ``torch.compile``;
 - ``"auto"`` (default): ``"fx"``, compiled once the chain has taken ``compile_after`` inner steps (a step count, not a
   measured time, so that the same seed gives the same chain on any machine).
 
-The data are inputs of the graph, never constants (nothing computed from them is frozen in), and each shape of the
-data inputs gets its own graph: the last, shorter batch of a loader's epoch is traced once, like the others. Tracing
+The data are inputs of the graph, never constants (nothing computed from them is frozen in); tensors the model reads
+from outside (module parameters, a GP kernel's hyper-parameters) stay references, so a change in place is seen. Each
+shape of the data inputs gets its own graph: the last, shorter batch of a loader's epoch is traced once, like the others. Tracing
 runs the step once; torch's random state is put back afterwards, so a chain does not depend on when it was traced.
 """
 
@@ -33,7 +36,7 @@ import torch
 from pyro import poutine
 from torch import Tensor
 
-from pyro_sdebnn.infer.mcmc.graph import _compile_graph, _graph_is_stale, _lean_graph
+from pyro_sdebnn.infer.mcmc.graph import _compile_graph
 
 
 class StepBackends:
@@ -46,10 +49,6 @@ class StepBackends:
         self._graph_modules: dict[Any, Any] = {}  # shapes of the data inputs -> the traced graph
         self.backend_used = "fx" if self.backend == "auto" else self.backend
         self._fx_steps = 0  # inner steps taken with the eager graph (backend="auto")
-
-    def _graphs_are_stale(self) -> bool:
-        """Whether a tensor that a graph folded constants from (not an argument) has changed in place."""
-        return any(_graph_is_stale(g) for g in self._graph_modules.values())
 
     @property
     def _graph_module(self) -> Any:
@@ -184,7 +183,6 @@ class StepBackends:
             )
             self.backend_used = "eager"
             return None
-        _lean_graph(graph)
         self._graph_modules[key] = graph
         self._graphs[key] = self._runner(graph)
         return self._graphs[key]
