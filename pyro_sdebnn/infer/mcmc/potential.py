@@ -28,6 +28,11 @@ a non-finite value in a tensor argument of the model or in an observed value, or
 support of its distribution, is reported as a data problem (naming the argument or site) instead of surfacing as a
 divergence of the sampler.
 
+The module is longer than the others (about 560 lines) because :class:`MinibatchPotential` carries the three
+ways a minibatch reaches a model (plate indices, sliced arguments, a loader's batch) with their index bookkeeping;
+what it checks in the model and data is in :mod:`~pyro_sdebnn.infer.mcmc.model_checks`, the closed-form Gaussian
+prior in :mod:`~pyro_sdebnn.infer.mcmc.gaussian_prior`.
+
 **References**
 
 [1] `Bayesian Learning via Stochastic Gradient Langevin Dynamics`,
@@ -51,6 +56,11 @@ from torch.distributions import biject_to
 from torch.distributions.transforms import ComposeTransform, IndependentTransform
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from pyro_sdebnn.infer.mcmc.gaussian_prior import (
+    ClosedFormGaussianPrior,
+    _normal_log_prob_sum,
+    find_constant_normal_priors,
+)
 from pyro_sdebnn.infer.mcmc.model_checks import (
     _check_finite_arguments,
     _check_latents_outside_plate,
@@ -84,38 +94,6 @@ def _no_validation(fn: Any) -> Any:
     if hasattr(fn, "base_dist"):
         fn.base_dist = _no_validation(fn.base_dist)
     return fn
-
-
-_HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
-
-
-def _constant_normal(fn: Any) -> Optional[tuple[float, float]]:
-    r"""``(loc, scale)`` when ``fn`` is a (reshaped) Normal with one constant ``loc`` and ``scale``, else ``None``.
-
-    Pyro's ``Normal.log_prob`` takes about 7 elementwise passes (and as many in the backward) over the weights;
-    on a 784-400-400-10 network that made the prior cost as much as the likelihood. For such priors the
-    potential uses :math:`-\frac{1}{2 s^2}\|w - \mu\|^2 - n(\log s + \frac12\log 2\pi)` instead.
-    """
-    base = fn
-    wrappers = (torch.distributions.Independent, pyro.distributions.torch_distribution.ExpandedDistribution)
-    while isinstance(base, wrappers):
-        base = base.base_dist
-    if type(base) not in (torch.distributions.Normal, pyro.distributions.Normal):
-        return None
-    loc, scale = base.loc, base.scale
-
-    def _scalar(t: Tensor) -> bool:  # one element, possibly broadcast by ``expand`` (all strides 0)
-        return t.numel() == 1 or all(st == 0 for st in t.stride())
-
-    if not (_scalar(loc) and _scalar(scale)) or loc.requires_grad or scale.requires_grad:
-        return None
-    return float(loc.reshape(-1)[0]), float(scale.reshape(-1)[0])
-
-
-def _normal_log_prob_sum(value: Tensor, loc: float, scale: float) -> Tensor:
-    flat = value.reshape(-1)
-    centred = flat if loc == 0.0 else flat - loc
-    return -0.5 / scale**2 * torch.dot(centred, centred) - flat.numel() * (math.log(scale) + _HALF_LOG_2PI)
 
 
 def _is_identity(transform: Any) -> bool:
@@ -274,8 +252,13 @@ class MinibatchPotential:
             self._use_batch_data_size(data_size)
         # the model with its data plates scaled by N / (the plate's size in the run): for a minibatch run as data
         self._data_scaled_model = _DataScale(self.data_sizes)(model)
-        self._constant_normal_priors = self._find_constant_normal_priors(trace)
-        self._build_gaussian_prior(trace)
+        self._constant_normal_priors = find_constant_normal_priors(
+            model, self.model_args, self.model_kwargs, trace, self.sites
+        )
+        self._closed_form_prior = ClosedFormGaussianPrior(
+            self.sites, trace, self._constant_normal_priors, prior_filter, self.dim, self.dtype, self.device
+        )
+        self.gaussian_prior_sites = self._closed_form_prior.site_names
         self.subsample_size = subsample_size
         if self.subsample_sizes:
             # local latent variables are fine with full-batch gradients, not with a subsampled plate
@@ -328,81 +311,16 @@ class MinibatchPotential:
             n for n, s in trace.nodes.items() if s["type"] == "sample" and s["is_observed"] and not _is_deterministic(s)
         ]
 
-    def _find_constant_normal_priors(self, trace: Any) -> dict[str, tuple[float, float]]:
-        """Latent sites whose prior is one fixed Normal object (e.g. a ``PyroSample``) with scalar loc and scale.
-
-        Found outside any graph tracing, from the prototype trace and a second trace (same distribution object in
-        both, so the prior does not depend on other latent variables or the arguments).
-        """
-        with pyro.validation_enabled(False), poutine.block(), torch.no_grad():
-            second = poutine.trace(self.model).get_trace(*self.model_args, **self.model_kwargs)
-        out = {}
-        for s in self.sites:
-            site = trace.nodes[s.name]
-            fn = site["fn"]
-            if s.name in second.nodes and second.nodes[s.name]["fn"] is fn and site["mask"] is None:
-                params = _constant_normal(fn)
-                if params is not None and fn.batch_shape + fn.event_shape == site["value"].shape:
-                    out[s.name] = params
-        return out
-
-    def _build_gaussian_prior(self, trace: Any) -> None:
-        """Coordinates of the flat vector whose prior is a constant Normal on an unconstrained site (typically all
-        network weights): their prior term and its gradient have a closed form on the flat vector (see
-        :meth:`gaussian_prior`), which keeps about a third of the graph nodes out of the traced step."""
-        sites = []
-        for s in self.sites:
-            site = trace.nodes[s.name]
-            if not (s.is_identity and s.name in self._constant_normal_priors and site["mask"] is None):
-                continue
-            if not (isinstance(site["scale"], float) and site["scale"] == 1.0):
-                continue
-            if self.prior_filter is not None and not self.prior_filter(s.name, site):
-                continue
-            sites.append(s)
-        self.gaussian_prior_sites = frozenset(s.name for s in sites)
-        self._gaussian_scalar: Optional[tuple[float, float]] = None
-        self._gaussian_vectors: Optional[tuple[Tensor, Tensor]] = None
-        self._gaussian_const = 0.0
-        if not sites:
-            return
-        params = [self._constant_normal_priors[s.name] for s in sites]
-        self._gaussian_const = sum(s.numel * (math.log(sc) + _HALF_LOG_2PI) for s, (_, sc) in zip(sites, params))
-        if len(sites) == len(self.sites) and len(set(params)) == 1:  # one Normal(loc, scale) for every coordinate
-            self._gaussian_scalar = params[0]
-            return
-        precision = torch.zeros(self.dim, dtype=self.dtype, device=self.device)
-        loc = torch.zeros(self.dim, dtype=self.dtype, device=self.device)
-        for s, (mu, sc) in zip(sites, params):
-            precision[s.offset : s.offset + s.numel] = sc**-2
-            loc[s.offset : s.offset + s.numel] = mu
-        self._gaussian_vectors = (precision, loc)
-
     @property
     def has_gaussian_prior(self) -> bool:
         """Whether some sites' prior terms can be taken out of the traced potential (see :meth:`gaussian_prior`)."""
         return bool(self.gaussian_prior_sites)
 
     def gaussian_prior(self, flat: Tensor) -> tuple[Tensor, Tensor]:
-        """:math:`-\\log p` of the constant-Normal prior sites and its gradient, in closed form on the flat vector.
+        """:math:`-\\log p` of the constant-Normal prior sites and its gradient, in closed form on the flat vector
+        (:class:`~pyro_sdebnn.infer.mcmc.gaussian_prior.ClosedFormGaussianPrior`)."""
+        return self._closed_form_prior(flat)
 
-        .. math::
-
-            -\\log p(u) = \\tfrac12 (u - \\mu)^\\top \\Lambda (u - \\mu) + c, \\qquad
-            \\nabla = \\Lambda (u - \\mu)
-
-        with :math:`\\Lambda` diagonal (zero on the other sites). ``__call__(..., exclude_gaussian_prior=True)``
-        gives the remaining potential, so the sum of both is :math:`\\tilde U`.
-        """
-        if self._gaussian_scalar is not None:
-            mu, sc = self._gaussian_scalar
-            centred = flat if mu == 0.0 else flat - mu
-            grad = centred * sc**-2
-        else:
-            precision, loc = self._gaussian_vectors
-            centred = flat - loc
-            grad = centred * precision
-        return 0.5 * (centred * grad).sum(-1) + self._gaussian_const, grad
 
     def _find_data_plates(
         self, trace: Any, names: Optional[tuple[str, ...]], subsample_size: SubsampleSize
