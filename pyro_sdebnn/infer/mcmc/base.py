@@ -283,6 +283,7 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
             self._stream.device, self._stream.dtype = U.device, U.dtype
             self._pending_batch = tuple(move_batch(t, U.device, U.dtype) for t in self._pending_batch)
             self._kwarg_tensors = U.data_tensors()[len(self._pending_batch):]
+        self._resumed = self._resume is not None
         if self._resume is not None:
             self._restore(self._resume, warmup_steps)
             if self.sample_writer is not None:

@@ -21,12 +21,17 @@ The backends run that same step:
 
 The data are inputs of the graph, never constants (nothing computed from them is frozen in); tensors the model reads
 from outside (module parameters, a GP kernel's hyper-parameters) stay references, so a change in place is seen. Each
-shape of the data inputs gets its own graph: the last, shorter batch of a loader's epoch is traced once, like the others. Tracing
-runs the step once; torch's random state is put back afterwards, so a chain does not depend on when it was traced.
+shape of the data inputs gets its own graph: the last, shorter batch of a loader's epoch is traced once, like the others.
+
+Tracing runs the step once, drawing its noise. The first graph of a fresh chain draws it from torch's random stream,
+as the first step always has (so a given seed keeps giving the chain it gave); every later trace (another batch
+shape, or the first one after resuming from a checkpoint) puts the random state back, so that the chain does not
+depend on when a graph was traced.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 from typing import Any, Callable, Optional
@@ -49,6 +54,7 @@ class StepBackends:
         self._graph_modules: dict[Any, Any] = {}  # shapes of the data inputs -> the traced graph
         self.backend_used = "fx" if self.backend == "auto" else self.backend
         self._fx_steps = 0  # inner steps taken with the eager graph (backend="auto")
+        self._resumed = False  # a chain restored from a checkpoint: its first trace must not draw (see the module)
 
     @property
     def _graph_module(self) -> Any:
@@ -163,9 +169,12 @@ class StepBackends:
             return (*new_state, value)
 
         device = self.potential.device
+        if self._graph_modules or self._resumed:
+            random_state = torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
+        else:
+            random_state = contextlib.nullcontext()
         try:
-            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), \
-                    pyro.validation_enabled(False), poutine.block(), warnings.catch_warnings():
+            with random_state, pyro.validation_enabled(False), poutine.block(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 graph = make_fx(flat_step)(*state, *([idx] if has_idx else []), step_size, *extra, *data)
         except Exception as e:  # noqa: BLE001 - any untraceable model falls back to the generic eager path
