@@ -2,7 +2,7 @@
 """The inner step of the SG-MCMC kernels and its backends.
 
 One inner step on a minibatch is the gradient of the minibatch potential and one pure update rule of
-:mod:`pyro_sdebnn.ops.sgmcmc` (:meth:`StepBackends._single_step`), e.g. for SGLD
+:mod:`pyro_sdebnn.ops.sgmcmc` (``StepBackends._single_step``), e.g. for SGLD
 
 .. math::
 
