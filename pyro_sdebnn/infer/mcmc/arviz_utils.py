@@ -152,6 +152,13 @@ def pointwise_log_likelihood(
     """
     if len(args) == 1 and is_data_loader(args[0]):
         return _loader_log_likelihood(model, samples, args[0], vectorize, kwargs)[1]
+    return _log_likelihood_and_observed(model, samples, args, kwargs, vectorize)[0]
+
+
+def _log_likelihood_and_observed(
+    model: Callable, samples: dict[str, Tensor], args: tuple, kwargs: dict, vectorize: Optional[bool]
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """:func:`pointwise_log_likelihood` and the observed values, read from the same traces."""
     num_draws = next(iter(samples.values())).shape[0]
     if vectorize is not False:
         try:
@@ -160,45 +167,47 @@ def pointwise_log_likelihood(
                 predictive = pyro.infer.Predictive(model, samples)
                 with torch.no_grad():
                     trace = predictive.get_vectorized_trace(*args, **kwargs)
-            out = {}
+            out, observed = {}, {}
             for name in _observed_sites(trace, samples):
                 site = trace.nodes[name]
                 log_p = site["fn"].log_prob(site["value"])
                 if log_p.dim() == 0 or log_p.shape[0] != num_draws:
                     raise ValueError("vectorised log-likelihood lacks the draw dimension")
                 out[name] = log_p.detach()
+                observed[name] = site["value"].detach()
             if out:
-                return out
+                return out, observed
             raise ValueError("no observed sites in the vectorised trace")
         except Exception:  # noqa: BLE001 - non-vectorisable model: fall back to draw by draw
             if vectorize:
                 raise
     per_site: dict[str, list[Tensor]] = {}
+    observed = {}
     for trace in _per_draw_traces(model, samples, args, kwargs):
         for name in _observed_sites(trace, samples):
             site = trace.nodes[name]
             per_site.setdefault(name, []).append(site["fn"].log_prob(site["value"]).detach())
+            observed.setdefault(name, site["value"].detach())
     if not per_site:
         raise ValueError("the model has no observed sites under these arguments; pass the observations")
-    return {k: torch.stack(v) for k, v in per_site.items()}
+    return {k: torch.stack(v) for k, v in per_site.items()}, observed
 
 
 def _loader_log_likelihood(
     model: Callable, samples: dict[str, Tensor], loader: Any, vectorize: Optional[bool], kwargs: dict
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    """The observed values and the pointwise log-likelihood over one pass of ``loader``, batch by batch, both
-    concatenated along the data dimension (in the same order). Torch's random state is left unchanged (a shuffling
-    loader draws its permutation from it)."""
+    """The observed values and the pointwise log-likelihood over one pass of ``loader``, batch by batch (each batch
+    traced once for both), concatenated along the data dimension. Torch's random state is left unchanged (a
+    shuffling loader draws its permutation from it)."""
     like = next(iter(samples.values()))
     observed: dict[str, list[Tensor]] = {}
     ll: dict[str, list[Tensor]] = {}
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         for x, y in iter_batches(loader, like.device, like.dtype):
-            with poutine.block():
-                trace = poutine.trace(model).get_trace(x, y, **kwargs)
-            for name in _observed_sites(trace):
-                observed.setdefault(name, []).append(trace.nodes[name]["value"].detach().cpu())
-            for name, value in pointwise_log_likelihood(model, samples, x, y, vectorize=vectorize, **kwargs).items():
+            batch_ll, batch_observed = _log_likelihood_and_observed(model, samples, (x, y), kwargs, vectorize)
+            for name, value in batch_observed.items():
+                observed.setdefault(name, []).append(value.cpu())
+            for name, value in batch_ll.items():
                 ll.setdefault(name, []).append(value)
     return {k: torch.cat(v) for k, v in observed.items()}, {k: torch.cat(v, 1) for k, v in ll.items()}
 

@@ -2,7 +2,7 @@
 """Checkpoints of SG-MCMC runs: save a finished :class:`pyro.infer.MCMC` run and continue it later.
 
 Pyro's ``MCMC`` has no resume API. A run is therefore continued through the kernel: :func:`save_run` writes the
-kernel's :meth:`~pyro_sdebnn.infer.mcmc.base.SGMCMCKernel.state_dict` (position, momentum, step-size schedule
+kernel's :meth:`~pyro_sdebnn.infer.mcmc.resume.ResumableState.state_dict` (position, momentum, step-size schedule
 position, random state, warm-up step-size factor, divergence records, minibatch position) and the samples so far
 to one file; :func:`resume_run` loads it into a kernel, runs ``MCMC`` for more samples from there and returns an
 ``MCMC`` whose samples are the old ones followed by the new ones. With the same seed the continued run gives the

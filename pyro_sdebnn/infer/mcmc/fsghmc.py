@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Union
 
-from pyro_sdebnn.infer.mcmc.functional import FunctionalKernelMixin
+from pyro_sdebnn.infer.mcmc.functional_kernel import FunctionalKernelMixin
 from pyro_sdebnn.infer.mcmc.schedules import StepSizeSchedule
 from pyro_sdebnn.infer.mcmc.sghmc import SGHMC
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Union
 
-from pyro_sdebnn.infer.mcmc.functional import FunctionalKernelMixin
+from pyro_sdebnn.infer.mcmc.functional_kernel import FunctionalKernelMixin
 from pyro_sdebnn.infer.mcmc.schedules import StepSizeSchedule
 from pyro_sdebnn.infer.mcmc.sgld import SGLD
 
@@ -44,9 +44,9 @@ class FSGLD(FunctionalKernelMixin, SGLD):
     ``measurement_points=`` (a :class:`~pyro_sdebnn.infer.mcmc.MeasurementPoints` over a subset of the inputs on the
     model's device, e.g. ``MeasurementPoints(next(iter(loader))[0])``) or a
     :class:`~pyro_sdebnn.distributions.GPFunctionalPrior` as ``gp_prior``; without either it is a ``ValueError``.
-    :meth:`state_dict` holds the measurement-set stream as well (current set, unused prefetched sets, the next
-    batch's seed, the sampler's generator), so :func:`~pyro_sdebnn.infer.mcmc.resume_run` continues a run bitwise
-    on CPU (with a fixed ``backend``), with or without the background thread.
+    :meth:`state_dict` holds the measurement-set stream as well (current set, unused prefetched sets, the sampler's
+    generator), so :func:`~pyro_sdebnn.infer.mcmc.resume_run` continues a run bitwise on CPU (with a fixed
+    ``backend``).
 
     :param callable model: the Pyro model.
     :param gp_prior: a ``pyro.contrib.gp`` kernel (``RBF``, ``Matern52``, :class:`~pyro_sdebnn.kernels.NNGP`, ...;

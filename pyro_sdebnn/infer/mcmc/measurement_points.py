@@ -46,13 +46,6 @@ class MeasurementPoints:
         cost: per-call overheads of the draw, the kernel evaluation and the factorisation are paid once per
         ``prefetch`` sets instead of once per step. Default ``None``: 64, fewer where the batch of
         ``M x M`` float64 factors would exceed 8 MiB (16 sets at M = 256, one at M >= 1024).
-    :param background: with ``redraw``, draw and factorise the next batch of sets in a background thread while the
-        chain runs, and hand the step the precision matrix :math:`(K + \\delta I)^{-1}` (one product per step instead
-        of two triangular solves). Each batch comes from a generator seeded from this sampler's random stream in the
-        calling thread, so the sets are the same with or without the thread (the samples agree to round-off).
-        ``None`` (default): on the CPU when the process may use more than one core; only with the kernels' ``fx`` /
-        ``compile`` backends. Like a data-loader worker, this moves the :math:`O(M^3)` work off the chain's critical
-        path onto another core; it does not reduce the total work.
     :param torch.Generator generator: optional generator (on the inputs' device) for reproducible sets.
 
     >>> x = torch.linspace(-1.0, 1.0, 10)
@@ -72,7 +65,6 @@ class MeasurementPoints:
         redraw: bool = True,
         redraw_every: int = 1,
         prefetch: Optional[int] = None,
-        background: Optional[bool] = None,
         generator: Optional[torch.Generator] = None,
     ) -> None:
         if not isinstance(inputs, Tensor) or inputs.dim() < 1 or inputs.shape[0] < 1:
@@ -86,8 +78,6 @@ class MeasurementPoints:
             raise ValueError(f"redraw_every must be a positive int, got {redraw_every!r}")
         if prefetch is not None and (isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1):
             raise ValueError(f"prefetch must be a positive int or None, got {prefetch!r}")
-        if background not in (None, True, False):
-            raise TypeError(f"background must be None, True or False, got {background!r}")
         if not margin >= 0:
             raise ValueError(f"margin must be non-negative, got {margin!r}")
         self.inputs = inputs
@@ -97,7 +87,6 @@ class MeasurementPoints:
         self.redraw = bool(redraw)
         self.redraw_every = redraw_every
         self.prefetch = prefetch if prefetch is not None else max(1, min(64, 2**20 // self.num_points**2))
-        self.background = background
         self.generator = generator
         self._calls = 0
         self._current: Optional[Tensor] = None

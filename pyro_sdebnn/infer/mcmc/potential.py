@@ -28,6 +28,11 @@ a non-finite value in a tensor argument of the model or in an observed value, or
 support of its distribution, is reported as a data problem (naming the argument or site) instead of surfacing as a
 divergence of the sampler.
 
+The module is longer than the others (about 560 lines) because :class:`MinibatchPotential` carries the three
+ways a minibatch reaches a model (plate indices, sliced arguments, a loader's batch) with their index bookkeeping;
+what it checks in the model and data is in :mod:`~pyro_sdebnn.infer.mcmc.model_checks`, the closed-form Gaussian
+prior in :mod:`~pyro_sdebnn.infer.mcmc.gaussian_prior`.
+
 **References**
 
 [1] `Bayesian Learning via Stochastic Gradient Langevin Dynamics`,
@@ -38,7 +43,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import inspect
 import math
 from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Sequence, Union
 
@@ -52,81 +56,25 @@ from torch.distributions import biject_to
 from torch.distributions.transforms import ComposeTransform, IndependentTransform
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from pyro_sdebnn.infer.mcmc.gaussian_prior import (
+    ClosedFormGaussianPrior,
+    _normal_log_prob_sum,
+    find_constant_normal_priors,
+)
+from pyro_sdebnn.infer.mcmc.model_checks import (
+    _check_finite_arguments,
+    _check_latents_outside_plate,
+    _check_observed_values,
+    _check_subsample_size,
+    _data_plate_names,
+    _is_deterministic,
+    _trace_explained,
+    find_data_plates,
+)
+
 __all__ = ["MinibatchPotential"]
 
 SubsampleSize = Union[None, int, Mapping[str, int]]
-
-
-def _check_subsample_size(subsample_size: Any) -> None:
-    """``subsample_size`` is ``None``, a positive int (every data plate) or a dict ``{plate name: positive int}``."""
-
-    def positive_int(value: Any) -> bool:
-        return not isinstance(value, bool) and isinstance(value, int) and value >= 1
-
-    if subsample_size is None or positive_int(subsample_size):
-        return
-    if isinstance(subsample_size, Mapping):
-        for name, value in subsample_size.items():
-            if not isinstance(name, str):
-                raise TypeError(f"subsample_size: plate names must be str, got {type(name).__name__}")
-            if not positive_int(value):
-                raise ValueError(f"subsample_size['{name}'] must be a positive int, got {value!r}")
-        if not subsample_size:
-            raise ValueError("subsample_size must name at least one plate (an empty dict subsamples nothing)")
-        return
-    raise ValueError(
-        f"subsample_size must be a positive int (every data plate), a dict {{plate name: positive int}} or None, got "
-        f"{subsample_size!r}"
-    )
-
-
-def _data_plate_names(data_plate: Any) -> Optional[tuple[str, ...]]:
-    if data_plate is None:
-        return None
-    if isinstance(data_plate, str):
-        return (data_plate,)
-    if isinstance(data_plate, Sequence) and data_plate and all(isinstance(p, str) for p in data_plate):
-        return tuple(dict.fromkeys(data_plate))
-    raise TypeError(f"data_plate must be a str, a non-empty sequence of str or None, got {data_plate!r}")
-
-
-def _argument_names(model: Callable, num_args: int) -> list[str]:
-    """Names of the first ``num_args`` positional parameters of ``model`` (``args[i]`` where unknown)."""
-    fn = model.forward if isinstance(model, torch.nn.Module) else model
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        params = []
-    positional = [
-        p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    ]
-    return [positional[i] if i < len(positional) else f"args[{i}]" for i in range(num_args)]
-
-
-def _first_bad(mask: Tensor, what: str) -> str:
-    """``"<count> <what>, the first at index <index>"`` for a boolean mask of bad entries."""
-    count = f"{int(mask.sum())} {what}"
-    return f"{count}, the first at index {tuple(int(i) for i in mask.nonzero()[0])}" if mask.dim() else count
-
-
-def _check_finite_arguments(model: Callable, args: tuple, kwargs: dict) -> None:
-    """A non-finite entry in a floating-point tensor argument of the model is a data problem, named here."""
-    names = _argument_names(model, len(args))
-    named = list(zip(names, args)) + list(kwargs.items())
-    for name, arg in named:
-        leaves, _ = tree_flatten(arg)
-        for k, leaf in enumerate(leaves):
-            if not (torch.is_tensor(leaf) and (leaf.is_floating_point() or leaf.is_complex())):
-                continue
-            bad = ~torch.isfinite(leaf.detach())
-            if bool(bad.any()):
-                where = f"'{name}'" if len(leaves) == 1 else f"'{name}' (its tensor {k})"
-                raise ValueError(
-                    f"data problem: model argument {where} has "
-                    + _first_bad(bad, "non-finite value(s) (NaN or Inf)")
-                    + ". SG-MCMC needs finite data: remove or impute these entries (a non-finite datum makes the "
-                    "potential or its gradient non-finite, which the sampler could only report as a divergence)."
-                )
 
 
 class _Site(NamedTuple):
@@ -148,138 +96,10 @@ def _no_validation(fn: Any) -> Any:
     return fn
 
 
-_HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
-
-
-def _constant_normal(fn: Any) -> Optional[tuple[float, float]]:
-    r"""``(loc, scale)`` when ``fn`` is a (reshaped) Normal with one constant ``loc`` and ``scale``, else ``None``.
-
-    Pyro's ``Normal.log_prob`` takes about 7 elementwise passes (and as many in the backward) over the weights;
-    on a 784-400-400-10 network that made the prior cost as much as the likelihood. For such priors the
-    potential uses :math:`-\frac{1}{2 s^2}\|w - \mu\|^2 - n(\log s + \frac12\log 2\pi)` instead.
-    """
-    base = fn
-    wrappers = (torch.distributions.Independent, pyro.distributions.torch_distribution.ExpandedDistribution)
-    while isinstance(base, wrappers):
-        base = base.base_dist
-    if type(base) not in (torch.distributions.Normal, pyro.distributions.Normal):
-        return None
-    loc, scale = base.loc, base.scale
-
-    def _scalar(t: Tensor) -> bool:  # one element, possibly broadcast by ``expand`` (all strides 0)
-        return t.numel() == 1 or all(st == 0 for st in t.stride())
-
-    if not (_scalar(loc) and _scalar(scale)) or loc.requires_grad or scale.requires_grad:
-        return None
-    return float(loc.reshape(-1)[0]), float(scale.reshape(-1)[0])
-
-
-def _normal_log_prob_sum(value: Tensor, loc: float, scale: float) -> Tensor:
-    flat = value.reshape(-1)
-    centred = flat if loc == 0.0 else flat - loc
-    return -0.5 / scale**2 * torch.dot(centred, centred) - flat.numel() * (math.log(scale) + _HALF_LOG_2PI)
-
-
 def _is_identity(transform: Any) -> bool:
     while isinstance(transform, IndependentTransform):
         transform = transform.base_transform
     return isinstance(transform, ComposeTransform) and not transform.parts
-
-
-def _is_deterministic(site: dict) -> bool:
-    return bool(site["infer"].get("_deterministic", False)) if site.get("infer") else False
-
-
-def _plates_of(site: dict) -> set[str]:
-    return {f.name for f in site["cond_indep_stack"] if f.vectorized}
-
-
-def _is_factor(site: dict) -> bool:
-    """A ``pyro.factor`` site (an observed ``Unit`` distribution): a log-density term, not data."""
-    return bool(site.get("infer") and site["infer"].get("is_auxiliary")) or type(site["fn"]).__name__ == "Unit"
-
-
-def _check_observed_values(trace: Any, observed_sites: Sequence[str]) -> None:
-    """An observed value that is not finite, or outside the support of its distribution, is a data problem."""
-    for name in observed_sites:
-        site = trace.nodes[name]
-        if _is_factor(site):
-            continue
-        value = site["value"]
-        if not torch.is_tensor(value):
-            continue
-        value = value.detach()
-        if value.is_floating_point() or value.is_complex():
-            bad = ~torch.isfinite(value)
-            if bool(bad.any()):
-                raise ValueError(
-                    f"data problem: observed site '{name}' has "
-                    + _first_bad(bad, "non-finite value(s) (NaN or Inf)")
-                    + ". SG-MCMC needs finite data: remove or impute these entries (or mask them out of the "
-                    "likelihood with `obs_mask`/`poutine.mask` and replace them by any finite value)."
-                )
-        try:
-            inside = site["fn"].support.check(value)
-        except Exception:  # noqa: BLE001 - a support that cannot be checked (dependent, unknown): not our data check
-            continue
-        if torch.is_tensor(inside) and not bool(inside.all()):
-            raise ValueError(
-                f"data problem: observed site '{name}' has "
-                + _first_bad(~inside, "value(s) outside the support of its distribution")
-                + f" ({site['fn'].support}). Check the data (labels, counts, encoding) against the likelihood."
-            )
-
-
-def _trace_explained(model: Callable, args: tuple, kwargs: dict, data_plates: Optional[Sequence[str]] = None) -> Any:
-    """Trace ``model``; if it fails, explain the usual cause (weights sampled inside the data plate)."""
-    tracer = poutine.trace(model)
-    try:
-        return tracer.get_trace(*args, **kwargs)
-    except Exception as e:  # noqa: BLE001 - re-raised with an explanation or unchanged
-        _check_latents_outside_plate(tracer.msngr.trace, data_plates, cause=e)
-        raise
-
-
-_PYROSAMPLE_HINT = (
-    "With a PyroModule, PyroSample weights are drawn on first access, so call the network (or touch its weights) "
-    "before entering `with pyro.plate('data', N) as idx:`."
-)
-
-
-def _check_latents_outside_plate(
-    trace: Any, data_plates: Optional[Sequence[str]], cause: Optional[Exception] = None
-) -> None:
-    """Under subsampling, no latent site may be sampled inside a subsampled data plate."""
-    plates = set()
-    for site in trace.nodes.values():
-        # on a failed trace the observed sites may not have been reached: then every plate is suspect
-        if site["type"] == "sample" and (site["is_observed"] or cause is not None):
-            plates |= _plates_of(site)
-    if data_plates is not None:
-        plates = set(data_plates)
-    for name, site in trace.nodes.items():
-        if site["type"] != "sample" or site["is_observed"] or site_is_subsample(site):
-            continue
-        inside = _plates_of(site) & plates
-        if not inside:
-            continue
-        plate = sorted(inside)[0]
-        if cause is not None:  # the model failed: typically weights drawn inside the plate get a batch dimension
-            raise ValueError(
-                f"Latent site '{name}' is sampled inside the data plate '{plate}' and the model then failed. Network "
-                "weights must be sampled outside the plate over the data: inside it they get a batch dimension (one "
-                f"weight per data point) and, under subsampling, a prior scaled by N/b. {_PYROSAMPLE_HINT}"
-            ) from cause
-        raise ValueError(
-            f"Latent site '{name}' is sampled inside the data plate '{plate}' (one value per data point): it is a "
-            "local latent variable, and local latent variables are not supported by the SG-MCMC kernels under "
-            "subsampling (a minibatch step would see only the values of its minibatch, with their prior scaled by "
-            "N/b). To fix it: marginalise it out of the likelihood (e.g. a Normal random effect added to a Normal "
-            "likelihood widens its variance); or, if it is a global parameter such as network weights, sample it "
-            f"outside the plate ({_PYROSAMPLE_HINT}); or sample without subsampling (subsample_size=None: the kernel "
-            "then updates it jointly with the other latent sites); or use SVI or NUTS, which handle local latent "
-            "variables."
-        )
 
 
 class _DataScale(Messenger):
@@ -430,8 +250,15 @@ class MinibatchPotential:
         self._find_data_plates(trace, data_plates, subsample_size)
         if data_size is not None:
             self._use_batch_data_size(data_size)
-        self._constant_normal_priors = self._find_constant_normal_priors(trace)
-        self._build_gaussian_prior(trace)
+        # the model with its data plates scaled by N / (the plate's size in the run): for a minibatch run as data
+        self._data_scaled_model = _DataScale(self.data_sizes)(model)
+        self._constant_normal_priors = find_constant_normal_priors(
+            model, self.model_args, self.model_kwargs, trace, self.sites
+        )
+        self._closed_form_prior = ClosedFormGaussianPrior(
+            self.sites, trace, self._constant_normal_priors, prior_filter, self.dim, self.dtype, self.device
+        )
+        self.gaussian_prior_sites = self._closed_form_prior.site_names
         self.subsample_size = subsample_size
         if self.subsample_sizes:
             # local latent variables are fine with full-batch gradients, not with a subsampled plate
@@ -484,136 +311,22 @@ class MinibatchPotential:
             n for n, s in trace.nodes.items() if s["type"] == "sample" and s["is_observed"] and not _is_deterministic(s)
         ]
 
-    def _find_constant_normal_priors(self, trace: Any) -> dict[str, tuple[float, float]]:
-        """Latent sites whose prior is one fixed Normal object (e.g. a ``PyroSample``) with scalar loc and scale.
-
-        Found outside any graph tracing, from the prototype trace and a second trace (same distribution object in
-        both, so the prior does not depend on other latent variables or the arguments).
-        """
-        with pyro.validation_enabled(False), poutine.block(), torch.no_grad():
-            second = poutine.trace(self.model).get_trace(*self.model_args, **self.model_kwargs)
-        out = {}
-        for s in self.sites:
-            site = trace.nodes[s.name]
-            fn = site["fn"]
-            if s.name in second.nodes and second.nodes[s.name]["fn"] is fn and site["mask"] is None:
-                params = _constant_normal(fn)
-                if params is not None and fn.batch_shape + fn.event_shape == site["value"].shape:
-                    out[s.name] = params
-        return out
-
-    def _build_gaussian_prior(self, trace: Any) -> None:
-        """Coordinates of the flat vector whose prior is a constant Normal on an unconstrained site (typically all
-        network weights): their prior term and its gradient have a closed form on the flat vector (see
-        :meth:`gaussian_prior`), which keeps about a third of the graph nodes out of the traced step."""
-        sites = []
-        for s in self.sites:
-            site = trace.nodes[s.name]
-            if not (s.is_identity and s.name in self._constant_normal_priors and site["mask"] is None):
-                continue
-            if not (isinstance(site["scale"], float) and site["scale"] == 1.0):
-                continue
-            if self.prior_filter is not None and not self.prior_filter(s.name, site):
-                continue
-            sites.append(s)
-        self.gaussian_prior_sites = frozenset(s.name for s in sites)
-        self._gaussian_scalar: Optional[tuple[float, float]] = None
-        self._gaussian_vectors: Optional[tuple[Tensor, Tensor]] = None
-        self._gaussian_const = 0.0
-        if not sites:
-            return
-        params = [self._constant_normal_priors[s.name] for s in sites]
-        self._gaussian_const = sum(s.numel * (math.log(sc) + _HALF_LOG_2PI) for s, (_, sc) in zip(sites, params))
-        if len(sites) == len(self.sites) and len(set(params)) == 1:  # one Normal(loc, scale) for every coordinate
-            self._gaussian_scalar = params[0]
-            return
-        precision = torch.zeros(self.dim, dtype=self.dtype, device=self.device)
-        loc = torch.zeros(self.dim, dtype=self.dtype, device=self.device)
-        for s, (mu, sc) in zip(sites, params):
-            precision[s.offset : s.offset + s.numel] = sc**-2
-            loc[s.offset : s.offset + s.numel] = mu
-        self._gaussian_vectors = (precision, loc)
-
     @property
     def has_gaussian_prior(self) -> bool:
         """Whether some sites' prior terms can be taken out of the traced potential (see :meth:`gaussian_prior`)."""
         return bool(self.gaussian_prior_sites)
 
     def gaussian_prior(self, flat: Tensor) -> tuple[Tensor, Tensor]:
-        """:math:`-\\log p` of the constant-Normal prior sites and its gradient, in closed form on the flat vector.
+        """:math:`-\\log p` of the constant-Normal prior sites and its gradient, in closed form on the flat vector
+        (:class:`~pyro_sdebnn.infer.mcmc.gaussian_prior.ClosedFormGaussianPrior`)."""
+        return self._closed_form_prior(flat)
 
-        .. math::
-
-            -\\log p(u) = \\tfrac12 (u - \\mu)^\\top \\Lambda (u - \\mu) + c, \\qquad
-            \\nabla = \\Lambda (u - \\mu)
-
-        with :math:`\\Lambda` diagonal (zero on the other sites). ``__call__(..., exclude_gaussian_prior=True)``
-        gives the remaining potential, so the sum of both is :math:`\\tilde U`.
-        """
-        if self._gaussian_scalar is not None:
-            mu, sc = self._gaussian_scalar
-            centred = flat if mu == 0.0 else flat - mu
-            grad = centred * sc**-2
-        else:
-            precision, loc = self._gaussian_vectors
-            centred = flat - loc
-            grad = centred * precision
-        return 0.5 * (centred * grad).sum(-1) + self._gaussian_const, grad
 
     def _find_data_plates(
         self, trace: Any, names: Optional[tuple[str, ...]], subsample_size: SubsampleSize
     ) -> None:
-        frames: dict[str, Any] = {}
-        for site in trace.nodes.values():
-            if site["type"] == "sample":
-                for f in site["cond_indep_stack"]:
-                    if f.vectorized:
-                        frames.setdefault(f.name, f)
-        subsampled = subsample_size is not None
-        requested = dict(subsample_size) if isinstance(subsample_size, Mapping) else None
-        for name in names or ():
-            if name not in frames:
-                raise ValueError(f"data_plate '{name}' is not a plate of the model (plates: {sorted(frames)})")
-        for name in requested or ():
-            if name not in frames:
-                raise ValueError(f"subsample_size: '{name}' is not a plate of the model (plates: {sorted(frames)})")
-        if names is None:
-            names = tuple(requested) if requested is not None else self._detect_data_plates(trace, subsampled)
-        elif requested is not None:
-            missing = [p for p in requested if p not in names]
-            if missing:
-                raise ValueError(
-                    f"subsample_size names plate(s) {missing}, which are not among the data plates {list(names)} "
-                    "given as data_plate="
-                )
-        if subsampled and not names:
-            raise ValueError(
-                "subsample_size was given but the model has no plate over the data. Put the likelihood in "
-                "`with pyro.plate('data', len(x)) as idx:` and index the data with idx (obs=y[idx]); the kernel "
-                "then draws the minibatch indices. (pyro.factor terms and observations outside every plate are "
-                "fine: they are full-data terms.)"
-            )
-        sizes: dict[str, int] = {}
-        for name in names:
-            sub = trace.nodes.get(name)
-            if sub is not None and sub["fn"].subsample_size is not None and sub["fn"].subsample_size < sub["fn"].size:
-                raise ValueError(
-                    f"the model's plate '{name}' already subsamples (subsample_size={sub['fn'].subsample_size}). "
-                    "Subsampling is a kernel setting: remove subsample_size from the model's plate and pass "
-                    "subsample_size= to the kernel, so that ArviZ and Predictive see the full data."
-                )
-            sizes[name] = int(frames[name].size if sub is None else sub["fn"].size)
-        if requested is not None:
-            batch = {name: requested[name] for name in names if name in requested}
-        elif subsampled:
-            batch = {name: int(subsample_size) for name in names}
-        else:
-            batch = {}
-        for name, b in batch.items():
-            if b > sizes[name]:
-                hint = "; pass a dict {plate name: size} to subsample each plate differently" if len(names) > 1 else ""
-                raise ValueError(f"subsample_size={b} exceeds the data size {sizes[name]} of plate '{name}'{hint}")
-        self.data_plates: tuple[str, ...] = tuple(names)
+        names, sizes, batch = find_data_plates(trace, self.observed_sites, names, subsample_size)
+        self.data_plates: tuple[str, ...] = names
         self.data_sizes: dict[str, int] = sizes
         self.subsample_sizes: dict[str, int] = batch
         self.subsampled_plates: tuple[str, ...] = tuple(batch)
@@ -621,40 +334,6 @@ class MinibatchPotential:
         # the first data plate, for code written for one plate
         self.data_plate: Optional[str] = names[0] if names else None
         self.data_size: Optional[int] = sizes[names[0]] if names else None
-
-    def _detect_data_plates(self, trace: Any, subsampled: bool) -> tuple[str, ...]:
-        """The plate that contains every observed site in a plate; else the plate of each observed site (a site in
-        several plates takes the one of them that is another site's only plate). Observed sites outside every plate
-        (``pyro.factor``, a likelihood over all the data at once) are full-data terms."""
-        order = {}
-        for site in trace.nodes.values():
-            if site["type"] == "sample":
-                for f in site["cond_indep_stack"]:
-                    if f.vectorized:
-                        order.setdefault(f.name, len(order))
-        plated = {n: _plates_of(trace.nodes[n]) for n in self.observed_sites}
-        plated = {n: p for n, p in plated.items() if p}
-        if not plated:
-            return ()
-        common = set.intersection(*plated.values())
-        if len(common) == 1:
-            return tuple(common)
-        singles = {next(iter(p)) for p in plated.values() if len(p) == 1}
-        names = set(singles)
-        for site, plates in plated.items():
-            if len(plates) == 1:
-                continue
-            candidates = plates & singles
-            if len(candidates) != 1:
-                if not subsampled:
-                    return ()  # full-batch gradients do not need to know the plates over the data
-                raise ValueError(
-                    f"observed site '{site}' sits in several plates {sorted(plates)}: pass data_plate= (a plate name "
-                    "or a list of names) to say which are over the data, or subsample_size={plate name: size} to "
-                    "name the subsampled plates and their minibatch sizes"
-                )
-            names |= candidates
-        return tuple(sorted(names, key=order.__getitem__))
 
     def _check_subsampling(self) -> None:
         """Run the model once on a minibatch, as the model indexing the data with the plate's indices
@@ -842,9 +521,9 @@ class MinibatchPotential:
         model: Callable = self.model
         if self.minibatch_mode == "slice" and idx is not None:
             args, kwargs = _slice_data((args, kwargs), self.data_size, idx)
-            model = _DataScale(self.data_sizes)(model)
+            model = self._data_scaled_model
         elif self.minibatch_mode == "batch":
-            model = _DataScale(self.data_sizes)(model)
+            model = self._data_scaled_model
         elif idx is not None:
             data.update(self.split_indices(idx))
         conditioned = poutine.condition(model, data=data)

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""fSGLD / fSGHMC: the same seed gives the same chain, with or without the background thread, whatever the number of
-torch threads and the timing of the run (``backend="auto"`` compiles after a number of steps, not of seconds)."""
+"""fSGLD / fSGHMC: the same seed gives the same chain, whatever the number of torch threads and the timing of the run
+(``backend="auto"`` compiles after a number of steps, not of seconds)."""
 
 import time
 
@@ -11,7 +11,7 @@ import torch
 from pyro.infer import MCMC
 
 from pyro_sdebnn.infer.mcmc import FSGHMC, FSGLD, BayesianMLP, MeasurementPoints
-from pyro_sdebnn.infer.mcmc import base, graph as graph_module
+from pyro_sdebnn.infer.mcmc import step as step_module
 
 KERNELS = [(FSGLD, {"step_size": 1e-3}), (FSGHMC, {"step_size": 1e-2, "friction": 5.0})]
 
@@ -21,19 +21,18 @@ def _data():
     return x, torch.sin(2 * x[:, 0])
 
 
-def _run(kernel_cls, kwargs, *, background, backend="fx", threads=None, compile_after=10_000, seed=0):
+def _run(kernel_cls, kwargs, *, backend="fx", threads=None, compile_after=10_000, seed=0):
     x, y = _data()
     previous = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
     try:
         pyro.set_rng_seed(seed)
-        points = MeasurementPoints(x, num_data=4, num_box=4, prefetch=3, background=background)
+        points = MeasurementPoints(x, num_data=4, num_box=4, prefetch=3)
         kernel = kernel_cls(BayesianMLP([1, 8, 1]), gp_prior=gp.kernels.RBF(1), measurement_points=points,
                             num_steps=3, subsample_size=10, backend=backend, compile_after=compile_after, **kwargs)
         mcmc = MCMC(kernel, num_samples=8, warmup_steps=4, disable_progbar=True)
         mcmc.run(x, y)
-        assert kernel._in_background() == background
         return mcmc.get_samples(), kernel.backend_used
     finally:
         torch.set_num_threads(previous)
@@ -46,27 +45,17 @@ def _assert_identical(a, b):
 
 
 @pytest.mark.parametrize("kernel_cls, kwargs", KERNELS)
-@pytest.mark.parametrize("background", [False, True])
-def test_same_seed_same_chain_with_and_without_the_thread(kernel_cls, kwargs, background):
-    first, _ = _run(kernel_cls, kwargs, background=background)
-    _assert_identical(first, _run(kernel_cls, kwargs, background=background)[0])
-    other_seed, _ = _run(kernel_cls, kwargs, background=background, seed=1)
+@pytest.mark.parametrize("backend", ["eager", "fx"])
+def test_same_seed_same_chain(kernel_cls, kwargs, backend):
+    first, _ = _run(kernel_cls, kwargs, backend=backend)
+    _assert_identical(first, _run(kernel_cls, kwargs, backend=backend)[0])
+    other_seed, _ = _run(kernel_cls, kwargs, backend=backend, seed=1)
     assert not torch.equal(other_seed["layers.0.weight"], first["layers.0.weight"])  # the check can tell chains apart
 
 
 @pytest.mark.parametrize("kernel_cls, kwargs", KERNELS)
 def test_same_chain_for_one_or_two_torch_threads(kernel_cls, kwargs):
-    _assert_identical(
-        _run(kernel_cls, kwargs, background=True, threads=1)[0], _run(kernel_cls, kwargs, background=True, threads=2)[0]
-    )
-
-
-def test_background_thread_changes_only_the_round_off():
-    # with the thread the step gets the precision matrix (one product), without it the Cholesky factor (two solves)
-    with_thread, _ = _run(FSGLD, {"step_size": 1e-3}, background=True)
-    without, _ = _run(FSGLD, {"step_size": 1e-3}, background=False)
-    for name in with_thread:
-        torch.testing.assert_close(with_thread[name], without[name], rtol=1e-4, atol=1e-5)
+    _assert_identical(_run(kernel_cls, kwargs, threads=1)[0], _run(kernel_cls, kwargs, threads=2)[0])
 
 
 def _rounding_compiler(graph, on_failure=None, options=None):
@@ -84,15 +73,14 @@ def _rounding_compiler(graph, on_failure=None, options=None):
 
 @pytest.mark.parametrize("kernel_cls, kwargs", KERNELS)
 def test_auto_backend_switches_at_the_same_step_however_slow_the_run(monkeypatch, kernel_cls, kwargs):
-    monkeypatch.setattr(base, "_compile_graph", _rounding_compiler)
-    monkeypatch.setattr(graph_module, "_compile_graph", _rounding_compiler)
-    fast, backend = _run(kernel_cls, kwargs, background=False, backend="auto", compile_after=15)
+    monkeypatch.setattr(step_module, "_compile_graph", _rounding_compiler)
+    fast, backend = _run(kernel_cls, kwargs, backend="auto", compile_after=15)
     assert backend == "compile"
     real = time.perf_counter
     with monkeypatch.context() as patch:  # a machine 1000 times slower, as any wall-clock measurement would see it
         patch.setattr(time, "perf_counter", lambda: 1000.0 * real())
-        slow, _ = _run(kernel_cls, kwargs, background=False, backend="auto", compile_after=15)
+        slow, _ = _run(kernel_cls, kwargs, backend="auto", compile_after=15)
     _assert_identical(fast, slow)
     # the compiled step does change the chain: had the switch come at another step, the samples would differ
-    later, _ = _run(kernel_cls, kwargs, background=False, backend="auto", compile_after=21)
+    later, _ = _run(kernel_cls, kwargs, backend="auto", compile_after=21)
     assert not torch.equal(later["layers.0.weight"], fast["layers.0.weight"])

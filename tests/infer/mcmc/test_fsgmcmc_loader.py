@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""fSGLD / fSGHMC over a DataLoader and their checkpoints (bitwise resume, with and without the background thread)."""
+"""fSGLD / fSGHMC over a DataLoader and their checkpoints (bitwise resume)."""
 
 import pyro
 import pyro.contrib.gp as gp
@@ -37,9 +37,9 @@ def _loader(x, y, *, shuffle, batch_size=BATCH, **kwargs):
     return DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=shuffle, **kwargs)
 
 
-def _points(x, *, seeded=True, background=False, **kwargs):
+def _points(x, *, seeded=True, **kwargs):
     generator = torch.Generator().manual_seed(5) if seeded else None
-    return MeasurementPoints(x, num_data=4, num_box=4, generator=generator, background=background, **kwargs)
+    return MeasurementPoints(x, num_data=4, num_box=4, generator=generator, **kwargs)
 
 
 def _initial_params():
@@ -153,15 +153,10 @@ def test_gp_prior_on_fixed_points_over_a_loader_needs_no_measurement_points_and_
 
 
 @pytest.mark.parametrize(
-    "name,through,background,seeded",
-    [
-        ("fsgld", "loader", False, True),
-        ("fsgld", "loader", True, False),
-        ("fsghmc", "loader", True, True),
-        ("fsghmc", "tensors", False, False),
-    ],
+    "name,through,seeded",
+    [("fsgld", "loader", True), ("fsgld", "loader", False), ("fsghmc", "loader", True), ("fsghmc", "tensors", False)],
 )
-def test_resumed_run_equals_the_uninterrupted_run(tmp_path, name, through, background, seeded):
+def test_resumed_run_equals_the_uninterrupted_run(tmp_path, name, through, seeded):
     x, y = _data()
 
     def args():  # a shuffling loader whose last batch is smaller (60 = 2 x 25 + 10)
@@ -169,23 +164,23 @@ def test_resumed_run_equals_the_uninterrupted_run(tmp_path, name, through, backg
 
     def make():
         # a new set every 2 steps from batches of 3 sets: the checkpoint falls inside a set and inside a batch
-        points = _points(x, seeded=seeded, background=background, redraw_every=2, prefetch=3)
+        points = _points(x, seeded=seeded, redraw_every=2, prefetch=3)
         return _kernel(name, subsample_size=BATCH if through == "tensors" else None, measurement_points=points,
                        backend="fx", vectorized_chains=2)
 
     pyro.set_rng_seed(0)
-    full = MCMC(make(), num_samples=12, warmup_steps=4, disable_progbar=True)
+    full = MCMC(make(), num_samples=13, warmup_steps=4, disable_progbar=True)
     full.run(*args())
     pyro.set_rng_seed(0)
-    first = MCMC(make(), num_samples=6, warmup_steps=4, disable_progbar=True)
+    first = MCMC(make(), num_samples=7, warmup_steps=4, disable_progbar=True)
     first.run(*args())
-    assert first.kernel._factor_kind == ("precision" if background else "cholesky")
+    assert first.kernel._factor_kind == "cholesky"
     path = tmp_path / "run.pt"
     save_run(first, path)
     saved = torch.load(path, weights_only=True)["kernel"]["functional"]  # tensors, numbers, strings, lists, dicts
-    # 10 samples x 3 steps + 1 traced step = 31 uses of sets kept 2 steps each: the 16th set, to be used once more;
-    # 16 = 5 x 3 + 1: two sets of the 6th batch left
-    assert saved["uses_left"] == 1 and len(saved["queue"]) == 2
+    # 11 samples x 3 steps = 33 uses of sets kept 2 steps each: the 17th set, to be used once more;
+    # 17 = 5 x 3 + 2: one set of the 6th batch left
+    assert saved["uses_left"] == 1 and len(saved["queue"]) == 1
     assert (saved["generator"] is not None) == seeded
     torch.randn(7)  # whatever runs in between does not matter
     resumed = resume_run(path, make(), *args(), num_samples=6, disable_progbar=True)
@@ -209,14 +204,14 @@ class _Preempted(Exception):
     pass
 
 
-def test_checkpoint_hook_mid_run_with_the_background_thread_resumes_bitwise(tmp_path):
-    # a checkpoint written while the next batch of sets is being factorised in the background thread
+def test_checkpoint_hook_mid_run_resumes_bitwise(tmp_path):
+    # a checkpoint written by the hook in the middle of a run over a loader, inside a batch of measurement sets
     from pyro_sdebnn.infer.mcmc import CheckpointHook, load_checkpoint
 
     x, y = _data()
 
     def make():
-        points = _points(x, background=True, redraw_every=2, prefetch=3)
+        points = _points(x, redraw_every=2, prefetch=3)
         return _kernel("fsghmc", measurement_points=points, backend="fx")
 
     loader = _loader(x, y, shuffle=True, batch_size=25)
@@ -235,9 +230,10 @@ def test_checkpoint_hook_mid_run_with_the_background_thread_resumes_bitwise(tmp_
     with pytest.raises(_Preempted):
         MCMC(make(), num_samples=10, warmup_steps=4, hook_fn=preempted_at, disable_progbar=True).run(loader)
     saved = load_checkpoint(path)  # written after call 9: 4 warm-up calls and 5 samples
-    assert saved["num_samples"] == 5 and saved["kernel"]["functional"]["next_seed"] is not None
+    # 9 calls x 3 steps = 27 uses of sets kept 2 steps each: the 14th set (= 4 x 3 + 2) is to be used once more
+    assert saved["num_samples"] == 5 and saved["kernel"]["functional"]["uses_left"] == 1
+    assert len(saved["kernel"]["functional"]["queue"]) == 1
     resumed = resume_run(path, make(), loader, num_samples=5, disable_progbar=True)
-    assert resumed.kernel._factor_kind == "precision" and resumed.kernel._in_background()
     for site in ("w1", "w2"):
         torch.testing.assert_close(resumed.get_samples()[site], full.get_samples()[site], rtol=0, atol=0)
 
@@ -248,7 +244,7 @@ def test_resuming_with_another_number_of_measurement_points_is_a_clear_error(tmp
                  disable_progbar=True)
     first.run(x, y)
     save_run(first, tmp_path / "run.pt")
-    other = MeasurementPoints(x, num_data=4, num_box=6, generator=torch.Generator().manual_seed(5), background=False)
+    other = MeasurementPoints(x, num_data=4, num_box=6, generator=torch.Generator().manual_seed(5))
     with pytest.raises(ValueError, match="measurement sets have 8 points but measurement_points draws 10"):
         resume_run(tmp_path / "run.pt", _kernel("fsgld", measurement_points=other, backend="fx"), x, y,
                    num_samples=1, disable_progbar=True)
@@ -256,7 +252,7 @@ def test_resuming_with_another_number_of_measurement_points_is_a_clear_error(tmp
 
 def test_measurement_points_on_another_device_than_the_batches_is_a_clear_error():
     x, y = _data()
-    points = MeasurementPoints(x.to("meta"), num_data=4, num_box=4, background=False)  # stands for another device
+    points = MeasurementPoints(x.to("meta"), num_data=4, num_box=4)  # stands for another device
     kernel = FSGLD(plain_net, gp_prior=gp.kernels.RBF(1), measurement_points=points, map_steps=0)
     with pytest.raises(ValueError, match="measurement_points: the sampler's inputs are on meta but the data reach "
                                          "the model on cpu"):

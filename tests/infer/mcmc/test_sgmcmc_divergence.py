@@ -71,7 +71,7 @@ def test_overflowing_finite_state_is_a_divergence(moons, backend):
 
 
 def test_finite_bound_is_the_dtypes():
-    from pyro_sdebnn.infer.mcmc.base import _finite_state
+    from pyro_sdebnn.infer.mcmc.divergence import _finite_state
 
     for dtype in (torch.float32, torch.float64):
         bound = math.sqrt(torch.finfo(dtype).max)

@@ -196,41 +196,21 @@ def _small_fsgld(x, backend, num_steps=2, step_size=1e-5, **points_kwargs):
                  num_steps=num_steps, subsample_size=10, backend=backend)
 
 
-@pytest.mark.parametrize("backend, background", [("eager", None), ("fx", False), ("fx", True)])
-def test_prefetched_sets_are_fresh_every_step_and_factorised_exactly(backend, background):
-    # sets are drawn `prefetch` at a time and factorised in one batched (traced) call; each step still gets its
-    # own independent set, and the factor handed to the step is that of the set handed with it
+@pytest.mark.parametrize("backend", ["eager", "fx"])
+def test_prefetched_sets_are_fresh_every_step_and_factorised_exactly(backend):
+    # sets are drawn `prefetch` at a time and factorised in one batched call; each step still gets its own
+    # independent set, and the factor handed to the step is that of the set handed with it
     x, y = _sine_data()
-    kernel = _small_fsgld(x, backend, prefetch=3, background=background)
+    kernel = _small_fsgld(x, backend, prefetch=3)
     kernel.setup(0, x, y)
     kernel.sample(kernel.initial_params)
     assert kernel.backend_used == backend
-    assert kernel._factor_kind == ("precision" if background else "cholesky")
-    assert kernel._in_background() == bool(background)
+    assert kernel._factor_kind == "cholesky"
     handed = [kernel._potential_and_grad_inputs() for _ in range(7)]
     for i, (pts, factor) in enumerate(handed):
         assert pts.shape == (8, 1)
         assert all(not torch.equal(pts, other) for other, _ in handed[i + 1:])
         _assert_factor_of_set(kernel, pts, factor)
-    kernel.cleanup()
-    assert kernel._worker is None
-
-
-@pytest.mark.parametrize("backend", ["fx", "compile"])
-def test_background_thread_gives_the_same_samples(backend):
-    # each batch of sets comes from a generator seeded in the main thread, so the thread changes nothing but timing
-    # (the compiled step applies the precision matrix / the Cholesky factor with different round-off: allclose)
-    x, y = _sine_data()
-    runs = {}
-    for background in (False, True):
-        pyro.set_rng_seed(3)
-        kernel = _small_fsgld(x, backend, num_steps=5, step_size=1e-4, prefetch=4, background=background)
-        mcmc = MCMC(kernel, num_samples=6, warmup_steps=2, disable_progbar=True)
-        mcmc.run(x, y)
-        runs[background] = mcmc.get_samples()
-        assert kernel._worker is None  # MCMC's cleanup stopped the thread
-    for name, value in runs[False].items():
-        torch.testing.assert_close(runs[True][name], value, rtol=1e-4, atol=1e-5)
 
 
 def test_precision_and_cholesky_give_the_same_potential_and_gradient():
@@ -351,42 +331,6 @@ def test_models_that_cannot_be_concatenated_fall_back_to_two_traces():
     with pytest.raises(TypeError, match="concatenate_inputs"):
         FunctionalPotential(linear_model, (x, y), gp_kernel=prior.kernel, example_points=POINTS,
                             concatenate_inputs="yes")
-
-
-def test_failed_compilation_of_the_background_factorisation_warns_and_falls_back(monkeypatch):
-    real_compile = torch.compile
-
-    def fake_compile(fn, *args, options=None, **kwargs):
-        if options and options.get("cpp_wrapper"):
-            def broken(*a):
-                raise RuntimeError("no C++ compiler")
-            return broken
-        return real_compile(fn, *args, options=options, **kwargs)
-
-    monkeypatch.setattr(torch, "compile", fake_compile)
-    x, y = _sine_data()
-    kernel = _small_fsgld(x, "compile", num_steps=3, prefetch=2, background=True)
-    kernel.setup(0, x, y)
-    params = kernel.initial_params
-    with pytest.warns(RuntimeWarning, match="measurement-set factorisation failed"):
-        for _ in range(4):
-            params = kernel.sample(params)
-    assert kernel.backend_used == "compile"
-    assert all(torch.isfinite(v).all() for v in params.values())
-    kernel.cleanup()
-
-
-def test_background_default_follows_the_usable_cores(monkeypatch):
-    import pyro_sdebnn.infer.mcmc.functional as functional
-
-    x, y = _sine_data()
-    for cores, expected in ((1, False), (2, True)):
-        monkeypatch.setattr(functional, "_usable_cores", lambda cores=cores: cores)
-        kernel = _small_fsgld(x, "fx")  # background=None: decided at set-up
-        kernel.setup(0, x, y)
-        assert kernel._background_wanted(kernel.potential) is expected
-        assert kernel._factor_kind == ("precision" if expected else "cholesky")
-        kernel.cleanup()
 
 
 def test_each_kernel_keeps_its_own_hyper_parameters():

@@ -115,25 +115,26 @@ def test_loader_and_tensors_with_the_same_batches_give_the_same_samples():
     torch.testing.assert_close(on_loader, on_tensors, rtol=1e-12, atol=1e-12)
 
 
-def test_last_smaller_batch_is_scaled_by_its_own_size():
-    # 60 = 2 x 25 + 10: the batch of 10 runs outside the traced graph (another shape), scaled by 60 / 10
+def test_last_smaller_batch_has_its_own_graph_scaled_by_its_own_size():
+    # 60 = 2 x 25 + 10: the batch of 10 gets its own traced graph (traced once, not once per epoch), scaled by 60 / 10
     x, y = _data()
-    seen = []
+    eager_steps = []
 
     class Recording(SGLD):
         def _eager_step(self, state, idx, step_size, *extra):
-            seen.append((self.potential.model_args[0].shape[0], float(self._potential_fn(state[0], idx))))
+            eager_steps.append(self.potential.model_args[0].shape[0])
             return super()._eager_step(state, idx, step_size, *extra)
 
     kernel = Recording(plain_model, step_size=1e-3, num_steps=3, backend="fx")
-    mcmc = MCMC(kernel, num_samples=2, warmup_steps=0, disable_progbar=True)
+    mcmc = MCMC(kernel, num_samples=4, warmup_steps=0, disable_progbar=True)
     mcmc.run(_loader(x, y, shuffle=False, batch_size=25))
-    assert len(seen) == 2 and all(b == 10 for b, _ in seen)  # steps 3 and 6 of the 6: the last batch of each epoch
+    assert eager_steps == [] and kernel.backend_used == "fx"
+    assert sorted(shapes[0][0] for shapes in kernel._graph_modules) == [10, 25]  # four epochs, two graphs
     w = mcmc.get_samples()["w"][0]
     xb, yb = x[50:], y[50:]
     expected = -(6.0 * dist.Normal(xb @ w, 1.0).log_prob(yb).sum() + dist.Normal(0.0, 1.0).log_prob(w).sum())
-    with kernel.potential.bound_data((xb, yb)):  # the kernel's potential on the last batch, at the first sample
-        torch.testing.assert_close(kernel._potential_fn(w, None), expected, rtol=1e-12, atol=1e-12)
+    _, value = kernel._graph_step((w,), None, torch.tensor(0.0, dtype=w.dtype), (), (xb, yb))
+    torch.testing.assert_close(value, expected, rtol=1e-12, atol=1e-12)
 
 
 def test_loader_run_gives_full_data_log_likelihood_loo_and_predictive():
