@@ -104,8 +104,8 @@ def test_tutorial_regression_matches_nuts_in_every_seed_with_the_defaults(kernel
     # its upper bound 10 in the others), init_to_median alone in 3 of 5; the kernels' defaults (init_to_robust + the
     # automatic MAP warm start) in 5 of 5. Tolerances are four Monte Carlo standard errors (ArviZ's mcse, which
     # accounts for the chains' autocorrelation) of the two estimates. The predictive sd is compared on the grid points
-    # inside the data (ruggedness <= 3): beyond them SGHMC's defaults under-disperse (ratios to NUTS down to 0.80 at
-    # ruggedness 6, more than four standard errors, in seeds 1 and 4), a measured gap of the kernel, not of the start.
+    # inside the data (ruggedness <= 3): beyond them SGHMC's defaults under-disperse (ratios to NUTS down to 0.80,
+    # more than four standard errors, in seeds 1 and 4), a measured gap of the kernel, not of the start.
     x, y, grid = _rugged_like()
     inside = grid[:, 1] <= 3.0
     pyro.set_rng_seed(0)
