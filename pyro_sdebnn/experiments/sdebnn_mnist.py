@@ -71,6 +71,7 @@ from pyro.infer.autoguide import AutoNormal, init_to_value
 from pyro.optim import Adam
 from tqdm import tqdm
 
+from pyro_sdebnn.experiments._common import cpu_threads
 from pyro_sdebnn.experiments._curves import late_gain, report
 from pyro_sdebnn.infer import NeuralSDEGuide, TracePathKL_ELBO
 from pyro_sdebnn.metrics import accuracy, expected_calibration_error, negative_log_likelihood
@@ -390,12 +391,8 @@ def _solver_tolerance(args, net, guide, x, y):
 
 
 def run(args: argparse.Namespace) -> dict:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(args.threads)
-    try:
+    with cpu_threads(args.threads):
         return _run(args)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _check_args(args, root) -> list[str]:

@@ -66,6 +66,7 @@ from tqdm import tqdm
 
 from pyro_sdebnn.data import toy_regression_1d
 from pyro_sdebnn.distributions import OUPath
+from pyro_sdebnn.experiments._common import cpu_threads
 from pyro_sdebnn.infer import NeuralSDEGuide, TracePathKL_ELBO
 from pyro_sdebnn.metrics import gaussian_mixture_log_likelihood, interval_coverage, rmse
 from pyro_sdebnn.nn import SDEBNN
@@ -209,12 +210,8 @@ def _plots(args, data, pred, net, guide):
 
 
 def run(args: argparse.Namespace) -> dict:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(args.threads)
-    try:
+    with cpu_threads(args.threads):
         return _run(args)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _run(args: argparse.Namespace) -> dict:
