@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["SamplerDivergenceError"]
+__all__ = ["DivergenceCheck", "SamplerDivergenceError"]
 
 # thresholds of the energy check (documented in SGLD's docstring)
 _MAD_MULTIPLE = 20.0  # robust standard deviations above the reference level

@@ -24,7 +24,8 @@ class ResumableState:
         return {"kernel": type(self).__name__, **self._signature_of_model()}
 
     def state_dict(self) -> dict[str, Any]:
-        """The state of the chain after the last :meth:`sample`, enough to continue it exactly.
+        """The state of the chain after the last :meth:`~pyro_sdebnn.infer.mcmc.base.SGMCMCKernel.sample`, enough
+        to continue it exactly.
 
         The position and auxiliary state (momentum, RMSprop average; unconstrained, flat), the inner step count
         (the position in the step-size schedule), the sample count, the warm-up step-size factor and divergence
