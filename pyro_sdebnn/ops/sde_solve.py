@@ -44,9 +44,10 @@ Two implementations:
 the adjoint SDE backward in time with its own Euler steps, reconstructing the forward state on the
 way; its gradient is therefore not the exact gradient of the discretised forward solve, but differs
 from it by :math:`O(\\Delta t)`. Measured on a small SDE-BNN (same Brownian path, float64, relative
-2-norm of the gradient difference, 3 seeds): 6-12 % at ``dt = 0.1``, 2-5 % at 0.05, 0.7-1.6 % at 0.01
-and 0.1-0.3 % at 0.002 (the constant depends on the network). :data:`ADJOINT_DT` (0.01) is therefore the default step of
-:meth:`pyro_sdebnn.nn.SDEBNN.fused_loss` with ``adjoint=True``.
+2-norm of the gradient difference, ``estimator="stl"``, min-max over 3 seeds;
+``benchmarks/bench_sdebnn_adjoint_gap.py``): 7.7-19 % at ``dt = 0.1``, 4.3-12 % at 0.05, 0.95-2.2 % at
+0.01 and 0.19-0.53 % at 0.002 (the constant depends on the network). :data:`ADJOINT_DT` (0.01) is
+therefore the default step of :meth:`pyro_sdebnn.nn.SDEBNN.fused_loss` with ``adjoint=True``.
 
 Shapes: paths are ``(..., K, D)`` (time before state, as ``OUPath``); torchsde internals are
 ``(T, batch, d)`` and are converted in :func:`sdeint_augmented` only.
