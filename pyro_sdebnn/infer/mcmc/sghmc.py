@@ -48,9 +48,18 @@ class SGHMC(SGMCMCKernel):
     :math:`c`) does;
     the report gives the kinetic temperature of the diverging chain.
 
+    *Defaults.* ``step_size=0.03`` and ``friction=3.0`` match SGLD's default ``step_size=1e-3``
+    (:math:`\\eta_{\\text{SGLD}}`): the position moves by about :math:`\\eta\\|v\\| \\approx \\sqrt{\\eta_{\\text{SGLD}}}`
+    per coordinate and step in both, both are stable up to a curvature of about 4,400 (:math:`\\eta < 2/\\sqrt{\\lambda}`
+    against :math:`\\eta_{\\text{SGLD}} < 4/\\lambda`), and the momentum forgets itself in :math:`1/(\\eta c) \\approx 11`
+    steps. The ratio of minibatch heat to friction, :math:`\\eta \\operatorname{Var}(\\hat g) / (4c)`, is that of the
+    once-common ``step_size=1e-3, friction=0.1``, which moves the position 30 times less per step and mixes far
+    more slowly (on Pyro's Bayesian-regression tutorial model: an effective sample size of 1-2 per 1000 draws for
+    the weights, against about 50 with the defaults).
+
     :param callable model: the Pyro model (see :class:`~pyro_sdebnn.infer.mcmc.SGLD` for its form).
-    :param step_size: :math:`\\eta` or a schedule.
-    :param float friction: :math:`c`, with :math:`0 < \\eta c < 1` for the largest step size.
+    :param step_size: :math:`\\eta` or a schedule (default 0.03).
+    :param float friction: :math:`c`, with :math:`0 < \\eta c < 1` for the largest step size (default 3.0).
     :param float noise_estimate: :math:`\\hat B \\in [0, c]` (default 0).
     :param int num_steps: inner steps per returned sample.
     :param int subsample_size: minibatch size with tensors (``None`` with a loader).
@@ -81,8 +90,8 @@ class SGHMC(SGMCMCKernel):
         self,
         model: Callable,
         *,
-        step_size: Union[float, StepSizeSchedule] = 1e-3,
-        friction: float = 0.1,
+        step_size: Union[float, StepSizeSchedule] = 0.03,
+        friction: float = 3.0,
         noise_estimate: float = 0.0,
         num_steps: int = 1,
         subsample_size: int | None = None,
