@@ -13,7 +13,7 @@ with plain ``python`` is a world of one and behaves as without this module.
   :class:`AveragedGradients`;
 - data-parallel ``fit`` of the baselines: with a loader sharded by a ``DistributedSampler`` on several ranks,
   :func:`pyro_sdebnn.infer.train_svi`, ``MAPEstimate.fit``, ``MeanFieldVI.fit``, ``SamplingFreeBNN.fit``,
-  :func:`~pyro_sdebnn.infer.methods.train_network` and ``MCDropout.fit`` average their gradients (and batch-norm
+  :func:`~pyro_sdebnn.infer.map_training.train_network` and ``MCDropout.fit`` average their gradients (and batch-norm
   running statistics) across the ranks by themselves (:func:`data_parallel_sampler`, :func:`broadcast_module_`,
   :func:`average_gradients_`, :func:`running_stats`), and ``Laplace.fit`` sums its curvature over the shards;
 - the benchmarks under ``torchrun``: ``pyro-sdebnn --distributed benchmark NAME`` (:mod:`pyro_sdebnn.cli`);

@@ -7,7 +7,7 @@ A run is *data-parallel* when a process group with more than one rank is running
 each rank then reads only its shard, and training on it alone would be wrong. In that case, and only then, the loops
 of :func:`pyro_sdebnn.infer.train_svi` (hence :meth:`~pyro_sdebnn.nn.mnvi.SamplingFreeBNN.fit`),
 :meth:`~pyro_sdebnn.infer.pyro_bnn.SVIBaseline.fit` (:class:`~pyro_sdebnn.infer.MAPEstimate`,
-:class:`~pyro_sdebnn.infer.MeanFieldVI`), :func:`~pyro_sdebnn.infer.methods.train_network` and
+:class:`~pyro_sdebnn.infer.MeanFieldVI`), :func:`~pyro_sdebnn.infer.map_training.train_network` and
 :meth:`~pyro_sdebnn.infer.MCDropout.fit`
 
 - check the set-up with :func:`data_parallel_sampler` (the sampler is for this rank of this world, and every rank

@@ -227,7 +227,7 @@ def _deterministic_predict(net: nn.Module, x) -> Tensor:
 def _fit(kind: str, args, data, epochs: int, device, dtype):
     """Train one method; return ``(predict: inputs -> (S, N, C) probabilities, parameter count, losses)``."""
     from pyro_sdebnn.infer import ConstantKLSchedule, MCDropout
-    from pyro_sdebnn.infer.methods import train_network
+    from pyro_sdebnn.infer.map_training import train_network
     from pyro_sdebnn.nn.mnvi import SamplingFreeBNN, to_mean_field, to_mnvi
 
     base = ARCHS[args.arch](device=device, dtype=dtype)

@@ -3,7 +3,7 @@
 
 Two pieces, used by the SVI loops (:meth:`~pyro_sdebnn.infer.pyro_bnn.SVIBaseline.fit`,
 :meth:`~pyro_sdebnn.nn.mnvi.SamplingFreeBNN.fit`) and the plain PyTorch loops
-(:func:`~pyro_sdebnn.infer.methods.train_network` and the methods built on it):
+(:func:`~pyro_sdebnn.infer.map_training.train_network` and the methods built on it):
 
 * :class:`SchedulerStepper` steps a learning-rate scheduler once per epoch (default) or once per
   optimisation step. It accepts a Pyro :class:`~pyro.optim.PyroLRScheduler` (the object passed to

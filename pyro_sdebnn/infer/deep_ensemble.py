@@ -35,13 +35,10 @@ from pyro_sdebnn.infer._data import (
     _TrainingData,
 )
 from pyro_sdebnn.infer.checkpoint import detached
+from pyro_sdebnn.infer.map_training import _check_finite, _epochs, _NetworkTrainer, load_optimizer_state
 from pyro_sdebnn.infer.methods import (
     BaselineMethod,
-    _check_finite,
     _dropout_layers,
-    _epochs,
-    _NetworkTrainer,
-    load_optimizer_state,
     negative_log_likelihood_terms,
     register_method,
 )
@@ -125,7 +122,7 @@ class DeepEnsemble(BaselineMethod):
             ``None``: when every member is a ``nn.Module`` without buffers or dropout (e.g. a plain
             MLP), else one by one (epoch by epoch, each member with its own optimiser).
         :param scheduler: ``None`` or a callable ``optimizer -> torch.optim.lr_scheduler`` object, built
-            for every member's Adam optimiser (see :func:`~pyro_sdebnn.infer.methods.train_network`).
+            for every member's Adam optimiser (see :func:`~pyro_sdebnn.infer.map_training.train_network`).
             ``ReduceLROnPlateau`` needs each member's own loss, so it trains the members one by one
             (``vectorize=True`` with it raises ``ValueError``).
         :param str scheduler_step: ``"epoch"`` or ``"step"``: when the scheduler is stepped.

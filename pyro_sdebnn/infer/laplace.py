@@ -272,7 +272,7 @@ class Laplace(BaselineMethod):
         :param int num_epochs: MAP training epochs (0: use ``net`` as trained).
         :param bool tune_prior_precision: maximise the Laplace evidence over :math:`\\delta`.
         :param scheduler: learning-rate schedule of the MAP training, as in
-            :func:`~pyro_sdebnn.infer.methods.train_network` (a callable ``optimizer -> lr_scheduler``),
+            :func:`~pyro_sdebnn.infer.map_training.train_network` (a callable ``optimizer -> lr_scheduler``),
             stepped per ``scheduler_step`` (``"epoch"`` or ``"step"``).
         :param clip_norm: clip the whole MAP gradient by its :math:`L_2` norm,
             :math:`g \\leftarrow g \\min(1, c/\\|g\\|_2)`.
@@ -288,7 +288,7 @@ class Laplace(BaselineMethod):
         **Data-parallel.** Under ``torchrun`` (:math:`W > 1` ranks) a loader sharded by a
         :class:`~torch.utils.data.distributed.DistributedSampler` (e.g.
         :func:`pyro_sdebnn.distributed.distributed_loader`) trains the MAP data-parallel (as
-        :func:`~pyro_sdebnn.infer.methods.train_network`), copies rank 0's network to every rank, and sums the
+        :func:`~pyro_sdebnn.infer.map_training.train_network`), copies rank 0's network to every rank, and sums the
         curvature statistics, the log-likelihood and the number of points of the ranks' shards by one all-reduce,
         leaving out the up to :math:`W - 1` points the sampler repeats to even out the shards. The curvature is
         additive over the data (:math:`H_{\\mathrm{data}} = \\sum_r \\sum_{n \\in \\mathcal D_r}

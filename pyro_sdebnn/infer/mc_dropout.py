@@ -92,7 +92,7 @@ class MCDropout(BaselineMethod):
         ``x`` is the inputs ``(N, ...)`` with targets ``y``, or a loader of ``(x, y)`` batches (``y``
         omitted, ``batch_size`` unused; an epoch is one pass over the loader).
         ``scheduler``, ``scheduler_step``, ``clip_norm`` and ``clip_inf_norm`` are those of
-        :func:`~pyro_sdebnn.infer.methods.train_network`: a callable ``optimizer -> lr_scheduler``
+        :func:`~pyro_sdebnn.infer.map_training.train_network`: a callable ``optimizer -> lr_scheduler``
         stepped per epoch or per step, and clipping of the whole gradient,
         :math:`g \\leftarrow g \\min(1, c/\\|g\\|_2)` and :math:`g \\leftarrow g \\min(1, c/\\|g\\|_\\infty)`.
         The loss of every epoch is appended to ``losses``.
@@ -104,7 +104,7 @@ class MCDropout(BaselineMethod):
         **Data-parallel.** Under ``torchrun`` (:func:`pyro_sdebnn.distributed.init`, more than one rank), a loader
         ``x`` sharded by a :class:`~torch.utils.data.distributed.DistributedSampler` (e.g.
         :func:`pyro_sdebnn.distributed.distributed_loader`) makes the training data-parallel as in
-        :func:`~pyro_sdebnn.infer.methods.train_network` (rank 0's weights copied to every rank, gradients averaged
+        :func:`~pyro_sdebnn.infer.map_training.train_network` (rank 0's weights copied to every rank, gradients averaged
         before every step, ``x.sampler.set_epoch(epoch)`` with the epochs counted as :attr:`epoch`), and
         :meth:`save` writes on rank 0 only. Each rank draws its own dropout masks for its shard (seed the ranks
         differently, e.g. ``init(seed=s)``), so the ranks together thin the global batch as one process would.

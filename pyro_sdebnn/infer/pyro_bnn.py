@@ -39,11 +39,10 @@ from pyro_sdebnn.infer._data import (
     _iter_inputs,
     _TrainingData,
 )
+from pyro_sdebnn.infer.map_training import _check_finite, _epochs
 from pyro_sdebnn.infer.methods import (
     BaselineMethod,
-    _check_finite,
     _check_likelihood,
-    _epochs,
 )
 
 __all__ = ["PyroBNN", "SVIBaseline"]

@@ -141,7 +141,7 @@ def scenarios(out: str) -> dict:
     from pyro_sdebnn import distributed
     from pyro_sdebnn.infer.mcmc import SGLD
     from pyro_sdebnn.infer import train_svi
-    from pyro_sdebnn.infer.methods import train_network
+    from pyro_sdebnn.infer.map_training import train_network
 
     res: dict = {}
     distributed.init(backend="gloo", timeout=20.0, seed=SVI_SEED)

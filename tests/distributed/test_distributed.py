@@ -22,7 +22,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from pyro_sdebnn import distributed
 from pyro_sdebnn.infer import MAPEstimate, TracePathKL_ELBO, train_svi
-from pyro_sdebnn.infer.methods import train_network
+from pyro_sdebnn.infer.map_training import train_network
 from pyro_sdebnn.infer.mcmc import SGHMC, SGLD, from_pyro
 
 import _workers as W  # noqa: E402  (tests/distributed is on sys.path: pytest's rootdir-relative import)

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from pyro_sdebnn.infer import ClassificationPrediction, DeepEnsemble, MCDropout, RegressionPrediction
-from pyro_sdebnn.infer.methods import METHODS, negative_log_likelihood_terms, train_network
+from pyro_sdebnn.infer.map_training import train_network
+from pyro_sdebnn.infer.methods import METHODS, negative_log_likelihood_terms
 from pyro_sdebnn.nn import make_mlp
 
 

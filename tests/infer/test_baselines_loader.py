@@ -14,7 +14,7 @@ from pyro.infer import Trace_ELBO
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from pyro_sdebnn.infer import DeepEnsemble, Laplace, MAPEstimate, MCDropout, MeanFieldVI
-from pyro_sdebnn.infer.methods import train_network
+from pyro_sdebnn.infer.map_training import train_network
 from pyro_sdebnn.nn import make_mlp
 
 N, BATCH = 20, 5

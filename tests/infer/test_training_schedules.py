@@ -10,7 +10,7 @@ import torch
 
 from pyro_sdebnn.infer import DeepEnsemble, Laplace, MAPEstimate, MCDropout, MeanFieldVI
 from pyro_sdebnn.infer._training import clip_gradients, clip_gradients_batched, svi_step
-from pyro_sdebnn.infer.methods import train_network
+from pyro_sdebnn.infer.map_training import train_network
 from pyro_sdebnn.nn import make_mlp
 from pyro_sdebnn.nn.mnvi import MNLinear, MNReLU, MNSequential, SamplingFreeBNN
 
@@ -286,3 +286,12 @@ def test_ensemble_reduce_on_plateau_trains_members_one_by_one():
     assert all(s.last_epoch == 3 for s in made[1:])
     with pytest.raises(ValueError, match="ReduceLROnPlateau"):
         ens.fit(x, y, num_epochs=1, scheduler=factory, vectorize=True)
+
+
+def test_train_network_is_still_importable_from_methods():
+    # it lived in pyro_sdebnn.infer.methods before moving to pyro_sdebnn.infer.map_training
+    from pyro_sdebnn.infer import map_training, methods
+
+    assert methods.train_network is map_training.train_network
+    with pytest.raises(AttributeError, match="no attribute 'not_there'"):
+        methods.not_there
