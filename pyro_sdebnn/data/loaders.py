@@ -15,7 +15,8 @@ with augmentation. This module holds the three pieces they share:
   whole data set is never copied to the device.
 
 Tensors are read in random minibatches (:func:`minibatch_indices`), and :func:`module_device_dtype` says where
-the batches go: the model's device and dtype.
+the batches go: the model's device and dtype. :func:`check_tensors` validates a data set (or a batch) given as
+tensors.
 
 >>> from torch.utils.data import DataLoader, TensorDataset
 >>> loader = DataLoader(TensorDataset(torch.randn(10, 3), torch.arange(10)), batch_size=4)
@@ -33,7 +34,15 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-__all__ = ["dataset_size", "is_loader", "iter_batches", "minibatch_indices", "module_device_dtype", "move_batch"]
+__all__ = [
+    "check_tensors",
+    "dataset_size",
+    "is_loader",
+    "iter_batches",
+    "minibatch_indices",
+    "module_device_dtype",
+    "move_batch",
+]
 
 
 def is_loader(data) -> bool:
@@ -157,3 +166,32 @@ def module_device_dtype(*modules: nn.Module, buffers: bool = False) -> tuple[tor
         if t.dtype.is_floating_point:
             return t.device, t.dtype
     return None, None
+
+
+def check_tensors(x: Tensor, y: Tensor | None = None, likelihood: str | None = None) -> None:
+    """Validate inputs ``x`` ``(N, ...)`` and targets ``y`` ``(N,)`` (or ``None``) given as tensors.
+
+    :param str likelihood: ``"categorical"`` (``y`` holds integer labels), ``"gaussian"`` (``y`` is floating
+        point) or ``None`` (any dtype).
+    :raises TypeError: when ``x`` or ``y`` is not a tensor, or ``y`` has the wrong dtype for the likelihood.
+    :raises ValueError: when ``x`` has no feature dimension or ``y`` does not have one entry per row of ``x``.
+
+    >>> check_tensors(torch.randn(4, 2), torch.zeros(3, dtype=torch.long), "categorical")
+    Traceback (most recent call last):
+    ...
+    ValueError: y must have shape (N,) = (4,), got (3,)
+    """
+    if not isinstance(x, Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() < 2:
+        raise ValueError(f"x must have shape (N, ...) with a feature dimension, got {tuple(x.shape)}")
+    if y is None:
+        return
+    if not isinstance(y, Tensor):
+        raise TypeError(f"y must be a torch.Tensor, got {type(y).__name__}")
+    if y.shape != x.shape[:1]:
+        raise ValueError(f"y must have shape (N,) = {tuple(x.shape[:1])}, got {tuple(y.shape)}")
+    if likelihood == "categorical" and (y.dtype.is_floating_point or y.dtype == torch.bool):
+        raise TypeError(f"categorical labels y must be an integer tensor, got {y.dtype}")
+    if likelihood == "gaussian" and not y.dtype.is_floating_point:
+        raise TypeError(f"gaussian targets y must be a floating-point tensor, got {y.dtype}")

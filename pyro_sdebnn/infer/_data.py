@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The data every baseline's ``fit`` and ``predict`` read: tensors or a loader, checked, on the model's device.
 
-- :func:`_check_data` and :func:`_check_fit_args` validate the inputs, targets and training arguments;
+- ``_check_data`` (:func:`~pyro_sdebnn.data.loaders.check_tensors`) and :func:`_check_fit_args` validate the
+  inputs, targets and training arguments;
 - :class:`_TrainingData` is the training data of one ``fit``, read one epoch at a time (random minibatches of
   tensors, or one pass over a loader);
 - :func:`_iter_inputs` / :func:`_first_inputs` read the inputs to predict on;
@@ -19,22 +20,7 @@ from typing import Iterator
 import torch
 from torch import Tensor, nn
 
-
-def _check_data(x: Tensor, y: Tensor | None, likelihood: str) -> None:
-    if not isinstance(x, Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    if x.dim() < 2:
-        raise ValueError(f"x must have shape (N, ...) with a feature dimension, got {tuple(x.shape)}")
-    if y is None:
-        return
-    if not isinstance(y, Tensor):
-        raise TypeError(f"y must be a torch.Tensor, got {type(y).__name__}")
-    if y.shape != x.shape[:1]:
-        raise ValueError(f"y must have shape (N,) = {tuple(x.shape[:1])}, got {tuple(y.shape)}")
-    if likelihood == "categorical" and (y.dtype.is_floating_point or y.dtype == torch.bool):
-        raise TypeError(f"categorical labels y must be an integer tensor, got {y.dtype}")
-    if likelihood == "gaussian" and not y.dtype.is_floating_point:
-        raise TypeError(f"gaussian targets y must be a floating-point tensor, got {y.dtype}")
+from pyro_sdebnn.data.loaders import check_tensors as _check_data
 
 
 def _check_fit_args(n: int, *, num_epochs: int, lr: float, batch_size: int | None, weight_decay: float | None) -> int:

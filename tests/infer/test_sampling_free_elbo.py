@@ -352,6 +352,10 @@ def test_bad_data_raises():
     bnn = _regression_bnn(num_data=10)
     with pytest.raises(ValueError, match="y must have shape"):
         bnn.model(torch.randn(4, 2, dtype=torch.float64), torch.randn(5, dtype=torch.float64))
+    with pytest.raises(TypeError, match="gaussian targets y must be a floating-point tensor"):
+        bnn.model(torch.randn(4, 2, dtype=torch.float64), torch.arange(4))
+    with pytest.raises(TypeError, match="categorical labels y must be an integer tensor"):
+        SamplingFreeBNN(MNSequential(MNLinear(2, 3)), "categorical").model(torch.randn(4, 2), torch.zeros(4))
     with pytest.raises(ValueError, match=r"\(N, 2\)"):
         SamplingFreeBNN(MNSequential(MNLinear(2, 3)), "gaussian").predict(torch.randn(4, 2))
 

@@ -58,6 +58,7 @@ from pyro.optim import PyroOptim
 from torch import Tensor, nn
 from torch.distributions import Distribution, kl_divergence
 
+from pyro_sdebnn.data.loaders import check_tensors
 from pyro_sdebnn.nn.mnvi.handlers import is_sampling_free
 from pyro_sdebnn.nn.mnvi.layers import BayesianLayer
 from pyro_sdebnn.nn.mnvi.likelihoods import SamplingFreeCategorical, SamplingFreeNormal, probit_softmax
@@ -150,16 +151,6 @@ class SamplingFreeBNN(nn.Module):
                    for _, layer in self.bayesian_layers())
 
     # -------------------------------------------------------------------------------- pyro program
-    def _check_data(self, x: Tensor, y: Tensor | None) -> None:
-        if not isinstance(x, Tensor):
-            raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-        if y is None:
-            return
-        if not isinstance(y, Tensor):
-            raise TypeError(f"y must be a torch.Tensor or None, got {type(y).__name__}")
-        if y.shape != x.shape[:1]:
-            raise ValueError(f"y must have shape ({x.shape[0]},) to match x {tuple(x.shape)}, got {tuple(y.shape)}")
-
     def _check_outputs(self, mean: Tensor) -> None:
         if self.likelihood == "gaussian" and (mean.dim() != 2 or mean.shape[-1] != 2):
             raise ValueError(f"a gaussian net must output (N, 2) = (mean, log-variance), got {tuple(mean.shape)}")
@@ -190,7 +181,7 @@ class SamplingFreeBNN(nn.Module):
 
         :param Tensor x: inputs ``(b, ...)``. :param y: targets ``(b,)`` or ``None``.
         """
-        self._check_data(x, y)
+        check_tensors(x, y, self.likelihood)
         pyro.module(self.name, self.net)
         weights = {}
         for layer_name, layer in self.bayesian_layers():
@@ -227,7 +218,7 @@ class SamplingFreeBNN(nn.Module):
     # ---------------------------------------------------------------------------------- prediction
     def expected_log_likelihood(self, x: Tensor, y: Tensor) -> Tensor:
         """Per-point expected log-likelihood (closed form for regression, logit sampling otherwise)."""
-        self._check_data(x, y)
+        check_tensors(x, y, self.likelihood)
         return self._moment_likelihood(self.moments(x)).log_prob(y)
 
     @torch.no_grad()
@@ -267,7 +258,7 @@ class SamplingFreeBNN(nn.Module):
         if not isinstance(x, Tensor) and is_loader(x):
             return stream_predict(lambda xb: self.predict(xb, predictive=predictive, num_samples=num_samples), x,
                                   self.net, same_draws=True)
-        self._check_data(x, None)
+        check_tensors(x)
         was_training = self.net.training
         self.net.eval()
         try:
@@ -343,7 +334,7 @@ class SamplingFreeBNN(nn.Module):
         else:
             if y is None:
                 raise TypeError("y is required with tensor inputs x (or pass a loader of (x, y) batches as x)")
-            self._check_data(x, y)
+            check_tensors(x, y, self.likelihood)
             if not isinstance(batch_size, int) or batch_size < 1:
                 raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
             n, data = x.shape[0], (x, y)
