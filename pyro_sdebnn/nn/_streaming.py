@@ -8,7 +8,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from pyro_sdebnn.data.loaders import iter_batches
+from pyro_sdebnn.data.loaders import iter_batches, module_device_dtype
 
 
 def _rng_states(device: torch.device | None):
@@ -21,14 +21,6 @@ def _set_rng_states(states, device: torch.device | None) -> None:
     torch.set_rng_state(states[0])
     if states[1] is not None:
         torch.cuda.set_rng_state(states[1], device)
-
-
-def model_device_dtype(module: nn.Module):
-    """Device and floating dtype of the first floating-point parameter (or buffer) of ``module``."""
-    for t in list(module.parameters()) + list(module.buffers()):
-        if t.dtype.is_floating_point:
-            return t.device, t.dtype
-    return None, None
 
 
 def stream_predict(predict: Callable[[Tensor], object], loader, module: nn.Module, *, same_draws: bool = True):
@@ -44,7 +36,7 @@ def stream_predict(predict: Callable[[Tensor], object], loader, module: nn.Modul
     """
     from pyro_sdebnn.infer.predictive import ClassificationPrediction, RegressionPrediction
 
-    device, dtype = model_device_dtype(module)
+    device, dtype = module_device_dtype(module, buffers=True)
     start = _rng_states(device) if same_draws else None
     after = None
     preds = []
