@@ -66,7 +66,7 @@ class MCDropout(BaselineMethod):
         self.dropout_layers = [m for m in _dropout_layers(net) if m.p > 0]
         if not self.dropout_layers:
             raise ValueError("net has no dropout layer with p > 0; build it with e.g. make_mlp(sizes, dropout=0.1)")
-        if not isinstance(num_samples, int) or num_samples < 1:
+        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
         self.net = net
         self.num_samples = num_samples

@@ -159,7 +159,7 @@ class _ConstantWeightNet(ContinuousDepthNet):
         """
         if not isinstance(x, Tensor) and is_loader(x):
             return stream_predict(lambda xb: self.predict(xb, guide, num_samples), x, self)
-        if not (isinstance(num_samples, int) and num_samples >= 1):
+        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
         if guide is None:
             weights = self.weights.unsqueeze(0)

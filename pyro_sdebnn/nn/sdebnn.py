@@ -142,7 +142,7 @@ class SDEBNN(ContinuousDepthNet):
         """One solver call for weights, hidden state and KL: returns ``(out (S, N, out_dim), kl (S,))``."""
         if method not in SOLVERS:
             raise ValueError(f"method must be one of {SOLVERS}, got {method!r}")
-        if not (isinstance(num_samples, int) and num_samples >= 1):
+        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
         check_estimator(estimator)
         q = self._posterior(x, guide)

@@ -64,6 +64,12 @@ def test_mc_dropout_rejects_net_without_dropout():
         MCDropout(make_mlp([2, 4, 2]), "categorical")
 
 
+@pytest.mark.parametrize("num_samples", [0, True, 2.0])
+def test_mc_dropout_rejects_a_bad_number_of_samples(num_samples):
+    with pytest.raises(ValueError, match="num_samples must be a positive integer"):
+        MCDropout(make_mlp([2, 4, 2], dropout=0.1), "categorical", num_samples=num_samples)
+
+
 def test_bad_likelihood_and_labels():
     with pytest.raises(ValueError, match="likelihood"):
         MCDropout(make_mlp([2, 4, 2], dropout=0.1), "poisson")

@@ -221,9 +221,10 @@ def test_bad_constructor_arguments(make, match):
     (lambda net: net(torch.randn(4, 3)), "x must have shape"),
     (lambda net: net(torch.randn(4, 2), torch.randn(7)), "weights must have shape"),
     (lambda net: net.predict(torch.randn(4, 2), num_samples=0), "num_samples"),
+    (lambda net: net.predict(torch.randn(4, 2), num_samples=True), "num_samples"),
     (lambda net: net.nll(torch.randn(4, 2), torch.randn(3)), "y must"),
     (lambda net: net.model(torch.randn(4, 2), torch.randn(4), num_data=2), "num_data"),
-], ids=["x", "weights", "num_samples", "y", "num_data"])
+], ids=["x", "weights", "num_samples", "num_samples_bool", "y", "num_data"])
 def test_bad_call_arguments(call, match):
     net = ODENet(2, 1, hidden=4, dt=0.5)
     with pytest.raises(ValueError, match=match):

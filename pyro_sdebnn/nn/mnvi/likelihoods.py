@@ -173,7 +173,7 @@ class SamplingFreeCategorical(TorchDistribution):
     def __init__(
         self, logits_loc: Tensor, logits_var: Tensor, num_samples: int = 1, *, validate_args: bool | None = None
     ) -> None:
-        if not isinstance(num_samples, int) or num_samples < 1:
+        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
         if logits_loc.dim() < 1 or logits_loc.shape != logits_var.shape:
             raise ValueError(
