@@ -298,7 +298,6 @@ def test_nan_loss_is_a_clear_error_and_keeps_the_parameters():
     pyro.set_rng_seed(0)
     svi = SVI(_regression, AutoNormal(_regression), pyro.optim.Adam({"lr": 1e-2}), Trace_ELBO())
     train_svi(svi, (x, y), num_epochs=1, batch_size=8)
-    before = _params()
     y_nan = y.clone()
     y_nan[11] = float("nan")
     with pyro.validation_enabled(False), pytest.raises(FloatingPointError, match="epoch 0, batch 1"), \
