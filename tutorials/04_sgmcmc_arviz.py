@@ -74,10 +74,10 @@ def main() -> None:
 
     # %% [markdown]
     # ## SGHMC under Pyro's MCMC
-    # SGHMC (Chen, Fox & Guestrin [1]) with step size 1e-3, friction 0.1, batch 32, 10 inner steps per returned
-    # sample (thinning), 200 burn-in samples, 100 kept. ``vectorized_chains`` runs the chains side by side in
-    # one process.
-    kernel = SGHMC(model, step_size=1e-3, friction=0.1, num_steps=10, subsample_size=32, vectorized_chains=chains)
+    # SGHMC (Chen, Fox & Guestrin [1]) with its default step size 1e-2 and friction 1, batch 32, 10 inner steps
+    # per returned sample (thinning), 200 burn-in samples, 100 kept. ``vectorized_chains`` runs the chains side by
+    # side in one process.
+    kernel = SGHMC(model, step_size=1e-2, friction=1.0, num_steps=10, subsample_size=32, vectorized_chains=chains)
     mcmc = MCMC(kernel, num_samples=samples, warmup_steps=warmup, disable_progbar=args.quick)
     start = time.perf_counter()
     mcmc.run(x, y)

@@ -5,7 +5,7 @@ The kernels subclass :class:`pyro.infer.mcmc.mcmc_kernel.MCMCKernel` and run a m
 Pyro's own ``MCMC`` runner (progress bar, chains, ``initial_params``, ``hook_fn``, ``save_params``), with
 ``Predictive`` and ArviZ downstream. The minibatch size is a kernel setting applied to the model's data plate::
 
-    kernel = SGHMC(model, step_size=1e-3, friction=0.1, num_steps=10, subsample_size=32)
+    kernel = SGHMC(model, step_size=1e-2, friction=1.0, num_steps=10, subsample_size=32)
     mcmc = MCMC(kernel, num_samples=100, warmup_steps=200)
     mcmc.run(x, y)                                   # the full data: the kernel draws the minibatches
     idata = from_pyro(mcmc)                          # posterior, divergences, full-data log-likelihood

@@ -48,18 +48,19 @@ class SGHMC(SGMCMCKernel):
     :math:`c`) does;
     the report gives the kinetic temperature of the diverging chain.
 
-    *Defaults.* ``step_size=0.03`` and ``friction=3.0`` match SGLD's default ``step_size=1e-3``
-    (:math:`\\eta_{\\text{SGLD}}`): the position moves by about :math:`\\eta\\|v\\| \\approx \\sqrt{\\eta_{\\text{SGLD}}}`
-    per coordinate and step in both, both are stable up to a curvature of about 4,400 (:math:`\\eta < 2/\\sqrt{\\lambda}`
-    against :math:`\\eta_{\\text{SGLD}} < 4/\\lambda`), and the momentum forgets itself in :math:`1/(\\eta c) \\approx 11`
-    steps. The ratio of minibatch heat to friction, :math:`\\eta \\operatorname{Var}(\\hat g) / (4c)`, is that of the
-    once-common ``step_size=1e-3, friction=0.1``, which moves the position 30 times less per step and mixes far
-    more slowly (on Pyro's Bayesian-regression tutorial model: an effective sample size of 1-2 per 1000 draws for
-    the weights, against about 50 with the defaults).
+    *Defaults.* ``step_size=0.01`` and ``friction=1.0`` (:math:`\\eta c = 0.01`: the momentum remembers about
+    100 steps). The step is stable up to a curvature of :math:`(2/\\eta)^2 = 40{,}000`, ten times SGLD's default
+    (``1e-3``, stable up to :math:`4/\\eta = 4{,}000`), and the position moves by :math:`\\eta\\|v\\|` per step, in
+    runs of about :math:`1/(\\eta c)` steps. Measured with the defaults against the once-common
+    ``step_size=1e-3, friction=0.1`` (which moves the position ten times less per step): on Pyro's
+    Bayesian-regression tutorial model the weights' effective sample size (ArviZ) is 20-23 per 1000 draws
+    against 1-2; on the Two Moons 2-50-50-2 network the class-1 probability's is 69-101 per 100 draws against
+    9-10. A larger step mixes faster on small problems (``0.03`` with friction ``3.0``: 47-55 per 1000 on the
+    regression) but diverged on the Two Moons network.
 
     :param callable model: the Pyro model (see :class:`~pyro_sdebnn.infer.mcmc.SGLD` for its form).
-    :param step_size: :math:`\\eta` or a schedule (default 0.03).
-    :param float friction: :math:`c`, with :math:`0 < \\eta c < 1` for the largest step size (default 3.0).
+    :param step_size: :math:`\\eta` or a schedule (default 0.01).
+    :param float friction: :math:`c`, with :math:`0 < \\eta c < 1` for the largest step size (default 1.0).
     :param float noise_estimate: :math:`\\hat B \\in [0, c]` (default 0).
     :param int num_steps: inner steps per returned sample.
     :param int subsample_size: minibatch size with tensors (``None`` with a loader).
@@ -90,8 +91,8 @@ class SGHMC(SGMCMCKernel):
         self,
         model: Callable,
         *,
-        step_size: Union[float, StepSizeSchedule] = 0.03,
-        friction: float = 3.0,
+        step_size: Union[float, StepSizeSchedule] = 0.01,
+        friction: float = 1.0,
         noise_estimate: float = 0.0,
         num_steps: int = 1,
         subsample_size: int | None = None,
