@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -20,7 +21,7 @@ import torch
 from pyro_sdebnn.experiments import _common as common
 from pyro_sdebnn.experiments._images import ImageLoaders, test_probs
 
-__all__ = ["Curve", "fit_with_curve", "late_gain", "write_curves"]
+__all__ = ["Curve", "fit_with_curve", "late_gain", "svi_fit_with_curve", "write_curves"]
 
 
 class Curve:
@@ -85,6 +86,24 @@ def fit_with_curve(args, data, step, curve: Curve, desc: str, per_example: bool 
         curve.add_loss(step(x[idx], y[idx], n), per_example)
         if i % every == 0 or i == args.steps:
             curve.point(i)
+
+
+def svi_fit_with_curve(args, svi, data, curve: Curve, desc: str) -> None:
+    """:func:`fit_with_curve` for Pyro's ``SVI``: ``svi.step`` on random minibatches of the bundled tensors, or
+    :func:`~pyro_sdebnn.infer.train_svi` for ``--epochs`` epochs over the full data set's loader (a point per
+    epoch)."""
+    from pyro_sdebnn.infer import train_svi
+
+    if isinstance(data, ImageLoaders):
+        per_epoch = math.ceil(data.num_train / data.batch_size)
+
+        def callback(epoch, loss):
+            curve.add_loss(loss)
+            curve.point((epoch + 1) * per_epoch)
+
+        train_svi(svi, data.train(), num_epochs=args.epochs, device=args.device, progress=True, callback=callback)
+        return
+    fit_with_curve(args, data, lambda xb, yb, n: svi.step(xb, yb, num_data=n), curve, desc)
 
 
 def late_gain(rows: list[dict]) -> float:

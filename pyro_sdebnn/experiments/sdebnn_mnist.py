@@ -71,7 +71,7 @@ from pyro.infer.autoguide import AutoNormal, init_to_value
 from pyro.optim import Adam
 
 from pyro_sdebnn.experiments import _common as common
-from pyro_sdebnn.experiments._curves import Curve, fit_with_curve, late_gain, write_curves
+from pyro_sdebnn.experiments._curves import Curve, fit_with_curve, late_gain, svi_fit_with_curve, write_curves
 from pyro_sdebnn.experiments._images import ImageLoaders, TensorImages, bundled_split, data_dir, test_probs
 from pyro_sdebnn.infer import NeuralSDEGuide, TracePathKL_ELBO
 from pyro_sdebnn.nn import SDEBNN, ODENet, ResNet
@@ -145,22 +145,6 @@ def _net(args, shape):
                   likelihood="categorical").to(args.device)
 
 
-def _svi_fit(args, svi, data, curve: Curve, desc):
-    """SVI steps: random minibatches of the bundled tensors, or epochs over the full data set's loader."""
-    from pyro_sdebnn.infer import train_svi
-
-    if isinstance(data, ImageLoaders):
-        per_epoch = math.ceil(data.num_train / data.batch_size)
-
-        def callback(epoch, loss):
-            curve.add_loss(loss)
-            curve.point((epoch + 1) * per_epoch)
-
-        train_svi(svi, data.train(), num_epochs=args.epochs, device=args.device, progress=True, callback=callback)
-        return
-    fit_with_curve(args, data, lambda xb, yb, n: svi.step(xb, yb, num_data=n), curve, desc)
-
-
 def _train_sdebnn(args, data, method: str, curve: Curve):
     estimator = "stl" if method == "sdebnn-stl" else "analytic"
     net = _net(args, data.shape())
@@ -169,7 +153,7 @@ def _train_sdebnn(args, data, method: str, curve: Curve):
     curve.predict = lambda xb, s: net.predict(xb, guide, num_samples=s).probs  # noqa: E731
     if not args.adjoint:
         elbo = TracePathKL_ELBO(estimator=estimator, kl_scale=args.kl_scale)
-        _svi_fit(args, SVI(net.model, guide, Adam({"lr": args.lr}), elbo), data, curve, method)
+        svi_fit_with_curve(args, SVI(net.model, guide, Adam({"lr": args.lr}), elbo), data, curve, method)
         return curve.predict, (net, guide)
     # the stochastic adjoint: one torchsde solve of weights, hidden state and KL per step, torch's Adam
     guide.get_posterior(data.first_test_images(2)[0])  # builds the drift net
@@ -192,12 +176,12 @@ def _train_sdebnn(args, data, method: str, curve: Curve):
 
 def _baseline(args, shape, method: str):
     # built right after pyro.set_rng_seed(seed), like _net: same initial field weights and head as the SDE-BNN
-    common = dict(hidden=args.hidden, augment=args.augment, likelihood="categorical", prior_scale=1.0)
+    shared = dict(hidden=args.hidden, augment=args.augment, likelihood="categorical", prior_scale=1.0)
     if method.endswith("odenet"):
-        net = ODENet(shape, 10, dt=args.dt, **common)
+        net = ODENet(shape, 10, dt=args.dt, **shared)
     else:
         blocks = max(1, round(1.0 / args.dt))  # as many residual blocks as the continuous nets' Euler steps on (0, 1)
-        net = ResNet(shape, 10, blocks=blocks, **common)
+        net = ResNet(shape, 10, blocks=blocks, **shared)
     return net.to(args.device)
 
 
@@ -223,7 +207,7 @@ def _mean_field(args, data, method: str, curve: Curve):
     guide = AutoNormal(net.model, init_loc_fn=init_to_value(values={"w": net.weights.detach()}), init_scale=1e-3)
     curve.predict = lambda xb, s: net.predict(xb, guide, num_samples=s).probs  # noqa: E731
     svi = SVI(net.model, guide, Adam({"lr": args.lr}), TraceMeanField_ELBO())
-    _svi_fit(args, svi, data, curve, method)
+    svi_fit_with_curve(args, svi, data, curve, method)
     return curve.predict, None
 
 
