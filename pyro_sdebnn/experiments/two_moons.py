@@ -396,10 +396,7 @@ def run(args: argparse.Namespace) -> dict:
     seed = int(getattr(args, "seed", 0))
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
-    methods = getattr(args, "methods", None) or list(ADAPTERS)
-    unknown = sorted(set(methods) - set(ADAPTERS))
-    if unknown:
-        raise ValueError(f"--methods: unknown {unknown}; choose from {list(ADAPTERS)}")
+    methods = common.check_methods(getattr(args, "methods", None) or list(ADAPTERS), list(ADAPTERS))
     s = Settings.quick(device) if getattr(args, "quick", False) else Settings(device=device)
     split = two_moons(n_train=getattr(args, "n_train", 200), n_test=getattr(args, "n_test", 500), noise=0.2, seed=seed)
     val = two_moons(n_train=getattr(args, "n_val", 200), n_test=1, noise=0.2, seed=seed + 1)

@@ -75,7 +75,7 @@ def test_sdebnn_mnist_trains_the_full_set_through_a_loader(mnist_dir, tmp_path, 
 def test_image_loaders(mnist_dir):
     from argparse import Namespace
 
-    from pyro_sdebnn.experiments.sdebnn_mnist import ImageLoaders
+    from pyro_sdebnn.experiments._images import ImageLoaders
 
     args = Namespace(quick=False, seed=0, device="cpu", download=False, workers=0)
     data = ImageLoaders(args, "mnist", mnist_dir, batch_size=20)
