@@ -11,8 +11,10 @@ SGLD inner step (minibatch gradient of ``(N/b) NLL + ||w||^2 / 2`` plus the Lang
   (:class:`~pyro_sdebnn.infer.mcmc.BayesianMLP`), timing ``kernel.sample`` with ``num_steps`` inner steps
   (the MCMC runner's per-returned-sample storage is excluded and reported separately).
 
-The ratio is ours / fastest plain loop; the median and the spread (min-max) over ``--repeats`` interleaved
-repeats are reported. The machine may be shared: ratios in one run are meaningful, absolute times less so.
+The ratio is ours / fastest plain loop; the median and the spread (min-max) over ``--repeats`` repeats are
+reported, in wall time and in process CPU time. Within a repeat the loops take turns in up to 20 rounds of about a
+twentieth of the repeat's steps each, so that a change in the load of a shared machine falls on all of them alike.
+The machine may be shared: ratios in one run are meaningful, absolute times less so.
 
 Usage::
 
@@ -124,6 +126,13 @@ def _time(step, n):
     return (time.perf_counter() - t0) / n
 
 
+def _wall_and_cpu(step, n):
+    t0, c0 = time.perf_counter(), time.process_time()
+    for _ in range(n):
+        step()
+    return time.perf_counter() - t0, time.process_time() - c0
+
+
 def runner_overhead(sizes, x, y, batch, eta, num_samples):
     """Seconds per returned sample that Pyro's MCMC runner adds (storage), measured with num_steps=1 vs kernel."""
     likelihood = "bernoulli" if sizes[-1] == 1 else "categorical"
@@ -167,21 +176,35 @@ def main(argv=None):
             for _ in range(3):
                 step()
         times = {k: [] for k in steppers}
+        cpu = {k: [] for k in steppers}
+        rounds = max(1, min(20, steps // args.num_steps))  # the loops take turns in short rounds
         for _ in range(args.repeats):
-            for k, (step, inner) in steppers.items():
-                times[k].append(_time(step, max(steps // inner, 2)) / inner)
+            wall_total, cpu_total, count = dict.fromkeys(steppers, 0.0), dict.fromkeys(steppers, 0.0), {}
+            for _ in range(rounds):
+                for k, (step, inner) in steppers.items():
+                    calls = max(steps // rounds // inner, 1)
+                    wall, used = _wall_and_cpu(step, calls)
+                    wall_total[k] += wall
+                    cpu_total[k] += used
+                    count[k] = count.get(k, 0) + calls * inner
+            for k in steppers:
+                times[k].append(wall_total[k] / count[k])
+                cpu[k].append(cpu_total[k] / count[k])
         plain = [min(a, b) for a, b in zip(times["plain-module"], times["plain-compiled"])]
+        plain_cpu = [min(a, b) for a, b in zip(cpu["plain-module"], cpu["plain-compiled"])]
         fastest = "plain-module" if statistics.median(times["plain-module"]) <= statistics.median(
             times["plain-compiled"]) else "plain-compiled"
         for k, ts in times.items():
             ratios = [t / p for t, p in zip(ts, plain)]
-            rows.append((name, k, 1e3 * statistics.median(ts), statistics.median(ratios), min(ratios), max(ratios)))
+            cpu_ratio = statistics.median([c / p for c, p in zip(cpu[k], plain_cpu)])
+            rows.append((name, k, 1e3 * statistics.median(ts), statistics.median(ratios), min(ratios), max(ratios),
+                         cpu_ratio))
         overhead = runner_overhead(sizes, x, y, batch, eta, 20 if args.quick else 100)
         print(f"{name}: fastest plain loop = {fastest}; MCMC runner adds {1e3 * overhead:.2f} ms per returned sample")
-    print("\n| network | loop | ms/step (median) | ratio vs fastest plain (median) | ratio min-max |")
-    print("|---|---|---|---|---|")
-    for name, k, ms, med, lo, hi in rows:
-        print(f"| {name} | {k} | {ms:.3f} | {med:.2f} | {lo:.2f}-{hi:.2f} |")
+    print("\n| network | loop | ms/step (median) | ratio vs fastest plain (median) | ratio min-max | CPU-time ratio |")
+    print("|---|---|---|---|---|---|")
+    for name, k, ms, med, lo, hi, cpu_ratio in rows:
+        print(f"| {name} | {k} | {ms:.3f} | {med:.2f} | {lo:.2f}-{hi:.2f} | {cpu_ratio:.2f} |")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ sample); the rule is documented on :class:`~pyro_sdebnn.infer.mcmc.SGLD`. A flag
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -56,6 +56,19 @@ def _chain_finite(state: tuple) -> Tensor:
     ).all(0)
 
 
+def _rows(history: Any) -> np.ndarray:
+    """The energies of a history (a sequence of ``(chains,)`` rows) as one ``(len, chains)`` array."""
+    return np.concatenate(history).reshape(len(history), -1)
+
+
+def _median(rows: np.ndarray) -> np.ndarray:
+    """``np.median(rows, 0)`` of finite rows, bit for bit (the middle row of the sorted rows, or the mean of the two
+    middle ones), at a tenth of its cost on the short histories of the check (it runs once per returned sample)."""
+    rows = np.sort(rows, 0)
+    half = len(rows) // 2
+    return rows[half] if len(rows) % 2 else (rows[half - 1] + rows[half]) / 2
+
+
 class DivergenceCheck:
     """The energy check and the restarts of :class:`~pyro_sdebnn.infer.mcmc.base.SGMCMCKernel` (a mixin: it reads
     the kernel's settings, step-size schedule and chain state)."""
@@ -77,12 +90,12 @@ class DivergenceCheck:
             return None
         base = self.temperature * (self.potential.dim + 10)
         if len(self._energy_recent) < _MIN_HISTORY:  # too few for a spread: a rise by orders of magnitude only
-            level = np.min(np.stack(self._energy_recent), 0)
+            level = np.min(_rows(self._energy_recent), 0)
             return level + _EARLY_MULTIPLE * (np.abs(level) + base + 1), level, np.full_like(level, np.nan)
         stats = []
-        for rows in (np.stack(self._energy_all), np.stack(self._energy_recent)):
-            median = np.median(rows, 0)
-            stats.append((median, 1.4826 * np.median(np.abs(rows - median), 0)))
+        for rows in (_rows(self._energy_all), _rows(self._energy_recent)):
+            median = _median(rows)
+            stats.append((median, 1.4826 * _median(np.abs(rows - median))))
         level = np.minimum(stats[0][0], stats[1][0])
         spread = np.minimum(stats[0][1], stats[1][1])
         allowance = base + 1e-3 * (np.abs(level) + 1)

@@ -450,8 +450,13 @@ class MinibatchPotential:
     def data_tensors(self) -> tuple[Tensor, ...]:
         """The tensors among the model's arguments (also inside lists, tuples and dicts), in a fixed order: the
         traced step takes them as inputs, so that nothing computed from the data is frozen into the graph."""
-        leaves, _ = tree_flatten((self.model_args, self.model_kwargs))
-        return tuple(leaf for leaf in leaves if torch.is_tensor(leaf))
+        # read at every step: flattened once while model_args and model_kwargs stay the same objects
+        args, kwargs = self.model_args, self.model_kwargs
+        cached = getattr(self, "_data_tensors", None)
+        if cached is None or cached[0] is not args or cached[1] is not kwargs:
+            leaves, _ = tree_flatten((args, kwargs))
+            cached = self._data_tensors = (args, kwargs, tuple(leaf for leaf in leaves if torch.is_tensor(leaf)))
+        return cached[2]
 
     @contextlib.contextmanager
     def bound_data(self, tensors: Sequence[Tensor]) -> Iterator[None]:

@@ -80,6 +80,22 @@ def test_finite_bound_is_the_dtypes():
         assert not bool(_finite_state((torch.tensor([0.0, float("nan")], dtype=dtype),)))
 
 
+@pytest.mark.parametrize("chains", [1, 3])
+@pytest.mark.parametrize("length", [1, 2, 7, 8, 31, 32, 128])
+def test_energy_check_median_equals_numpys(length, chains):
+    """The energy check's median is ``np.median(rows, 0)`` bit for bit (odd and even histories, several chains)."""
+    import numpy as np
+
+    from pyro_sdebnn.infer.mcmc.divergence import _median, _rows
+
+    rng = np.random.default_rng(length * 10 + chains)
+    history = [rng.standard_normal(chains) * 10.0 ** rng.integers(-3, 7) for _ in range(length)]
+    rows = _rows(history)
+    assert rows.shape == (length, chains)
+    assert np.array_equal(_median(rows), np.median(rows, 0))
+    deviation = np.abs(rows - np.median(rows, 0))
+    assert np.array_equal(_median(deviation), np.median(deviation, 0))
+
 def test_fsgld_continue_marks_divergences_and_restarts_from_finite_state(moons):
     kernel = _fsgld("eager", step_size=1.0, on_divergence="continue")
     kernel.setup(0, *moons)

@@ -147,3 +147,18 @@ def test_functional_kernel_data_changed_in_place():
     with pyro.validation_enabled(False):
         eager = kernel._potential_fn(state[0], idx, *extra)
     torch.testing.assert_close(value, eager)
+
+
+def test_data_tensors_follow_the_bound_and_replaced_arguments():
+    """The potential's data tensors (read at every step) are those of its current arguments: inside ``bound_data``
+    the bound batch, afterwards the model's own again, and new tensors once the arguments are replaced."""
+    x, y = _data()
+    U = MinibatchPotential(standardising_model, (x, y))
+    assert all(a is b for a, b in zip(U.data_tensors(), (x, y)))
+    xb, yb = x[:10].clone(), y[:10].clone()
+    with U.bound_data((xb, yb)):
+        assert all(a is b for a, b in zip(U.data_tensors(), (xb, yb)))
+    assert all(a is b for a, b in zip(U.data_tensors(), (x, y)))
+    x2, y2 = _data(seed=1)
+    U.model_args = (x2, y2)
+    assert all(a is b for a, b in zip(U.data_tensors(), (x2, y2)))
