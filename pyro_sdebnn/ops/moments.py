@@ -273,11 +273,11 @@ def relu_moments(mean: Tensor, var: Tensor, min_var: float = RELU_MIN_VAR) -> Mo
     z = (mean * inv_std).mul_(_SQRT_HALF)  # r / sqrt(2)
     del inv_std
     std_pdf.mul_(torch.addcmul(z.new_tensor(_LOG2_INV_SQRT_2PI), z, z, value=-_LOG2_E).exp2_())  # s phi(r)
-    cdf = torch.erf(z).mul_(0.5).add_(0.5)  # Phi(r)
+    cdf2 = torch.erf(z).add_(1.0)  # 2 Phi(r); the factors 1/2 go into the addcmul's below (exact: a power of two)
     del z
-    out_mean = torch.addcmul(std_pdf, mean, cdf)  # mu Phi(r) + s phi(r)
-    excess = std_pdf.addcmul_(mean, torch.rsub(cdf, 1.0), value=-1.0)  # E - mu = s phi(r) - mu Phi(-r)
-    out_var = excess.mul_(out_mean).neg_().addcmul_(var, cdf)  # s^2 Phi(r) - E (E - mu)
+    out_mean = torch.addcmul(std_pdf, mean, cdf2, value=0.5)  # mu Phi(r) + s phi(r)
+    excess = std_pdf.addcmul_(mean, torch.rsub(cdf2, 2.0), value=-0.5)  # E - mu = s phi(r) - mu Phi(-r)
+    out_var = excess.mul_(out_mean).neg_().addcmul_(var, cdf2, value=0.5)  # s^2 Phi(r) - E (E - mu)
     return Moments(out_mean, out_var.clamp_min_(0.0))
 
 
