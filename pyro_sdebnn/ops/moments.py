@@ -260,20 +260,25 @@ def relu_moments(mean: Tensor, var: Tensor, min_var: float = RELU_MIN_VAR) -> Mo
     >>> torch.allclose(m.mean, torch.tensor([(2 * torch.pi) ** -0.5]))
     True
     """
-    # The in-place operations (trailing underscore) act only on fresh temporaries that autograd has not saved, so
-    # this one function serves training and prediction; they spare allocations (a 1.3x faster LeNet moment pass on
-    # the CPU). exp2, because on the CPU exp of arguments that underflow (confident units, |r| > 13) takes a slow
-    # path in MKL's vector math, measured 40x slower than exp2 there.
+    # Written for few activation-sized temporaries: the in-place operations (trailing underscore) act only on fresh
+    # temporaries that autograd has not saved, so this one function serves training and prediction, and ``del``
+    # drops the others as soon as they are used. Every fresh buffer is written to memory that is not in the cache
+    # (and, once the allocator has handed the last pass's memory back to the operating system, page by page through
+    # page faults); on a 2-core CPU this evaluation took 2.9 ms for LeNet-5's first layer (batch 100) where one with
+    # a fresh buffer per step took 4.3 ms. exp2, because on the CPU exp of arguments that underflow (confident
+    # units, |r| > 13) takes a slow path in MKL's vector math, measured 40x slower than exp2 there.
     var = var.clamp_min(min_var)
     inv_std = var.rsqrt()
+    std_pdf = var * inv_std  # s; times phi(r) below
     z = (mean * inv_std).mul_(_SQRT_HALF)  # r / sqrt(2)
-    cdf = torch.erf(z).mul_(0.5).add_(0.5)  # Phi(r)
-    sf = torch.rsub(cdf, 1.0)  # Phi(-r)
-    std_pdf = torch.exp2(z.square().mul_(-_LOG2_E).add_(_LOG2_INV_SQRT_2PI)) * (var * inv_std)  # s phi(r)
-    out_mean = torch.addcmul(std_pdf, mean, cdf)  # mu Phi(r) + s phi(r)
-    excess = torch.addcmul(std_pdf, mean, sf, value=-1.0)  # E - mu = s phi(r) - mu Phi(-r)
-    out_var = (var * cdf).addcmul_(out_mean, excess, value=-1.0)  # s^2 Phi(r) - E (E - mu)
-    return Moments(out_mean, out_var.clamp_min(0.0))
+    del inv_std
+    std_pdf.mul_(torch.addcmul(z.new_tensor(_LOG2_INV_SQRT_2PI), z, z, value=-_LOG2_E).exp2_())  # s phi(r)
+    cdf2 = torch.erf(z).add_(1.0)  # 2 Phi(r); the factors 1/2 go into the addcmul's below (exact: a power of two)
+    del z
+    out_mean = torch.addcmul(std_pdf, mean, cdf2, value=0.5)  # mu Phi(r) + s phi(r)
+    excess = std_pdf.addcmul_(mean, torch.rsub(cdf2, 2.0), value=-0.5)  # E - mu = s phi(r) - mu Phi(-r)
+    out_var = excess.mul_(out_mean).neg_().addcmul_(var, cdf2, value=0.5)  # s^2 Phi(r) - E (E - mu)
+    return Moments(out_mean, out_var.clamp_min_(0.0))
 
 
 def taylor_moments(fn: Callable[[Tensor], Tensor], mean: Tensor, var: Tensor | None) -> Moments:

@@ -183,3 +183,28 @@ def test_diverging_fit_raises_floating_point_error(likelihood, layer):
     y = torch.randn(32) if likelihood == "gaussian" else torch.randint(0, 3, (32,))
     with pytest.raises(FloatingPointError, match="learning rate"):
         bnn.fit(x, y, num_epochs=20, batch_size=8, optim=pyro.optim.SGD({"lr": 1e6}))
+
+
+def test_predict_runs_in_eval_mode_and_restores_the_mode():
+    # predict switches to eval mode (batch norm: running statistics) only when some module is training, and puts the
+    # network back in the mode it had (the top module's flag, for every submodule)
+    torch.manual_seed(0)
+    net = MNSequential(MNLinear(2, 8), MNBatchNorm1d(8), MNReLU(), MNLinear(8, 3))
+    bnn = SamplingFreeBNN(net, "categorical", num_data=16)
+    x = torch.randn(16, 2) * 3 + 1
+    with torch.no_grad():
+        net(Moments(x, None))  # running statistics that differ from this batch's
+    net.eval()
+    expected = bnn.predict(x).probs
+    assert not any(m.training for m in net.modules())
+    net.train()
+    torch.testing.assert_close(bnn.predict(x).probs, expected, rtol=0, atol=0)
+    assert all(m.training for m in net.modules())
+    net.eval()
+    net[1].train()  # a submodule left in training mode: still predicted in eval mode
+    torch.testing.assert_close(bnn.predict(x).probs, expected, rtol=0, atol=0)
+    assert not any(m.training for m in net.modules())
+    net.train()  # the batch statistics would give another prediction (the checks above can fail)
+    with torch.no_grad():
+        train_mode = probit_softmax(*net(Moments(x, None)))
+    assert not torch.allclose(train_mode, expected)

@@ -41,10 +41,10 @@ class MNReLU(nn.Module):
 
     :param float min_var: floor on :math:`s^2` (default ``1e-5``, as in Schmitt & Roth (2021), App. A).
     :param bool compile: evaluate :func:`~pyro_sdebnn.ops.relu_moments` as one :func:`torch.compile`-fused kernel
-        (one pass over memory instead of about fifteen element-wise operations; the first call compiles, which
+        (one pass over memory instead of about seventeen element-wise operations; the first call compiles, which
         takes seconds and needs a C++ compiler). The default ``False`` runs the same function eagerly. On a
-        2-core CPU the fused kernel made a LeNet-5 predictive pass 1.2x to 2.2x faster (``BENCHMARKS.md``,
-        MNVI section).
+        2-core CPU the fused kernel made a LeNet-5 predictive pass about 1.1x faster than the eager function
+        (``BENCHMARKS.md``, MNVI section).
 
     >>> relu = MNReLU()
     >>> out = relu(Moments(torch.tensor([-1.0, 0.0, 1.0]), torch.ones(3)))

@@ -260,11 +260,14 @@ class SamplingFreeBNN(nn.Module):
                                   self.net, same_draws=True)
         check_tensors(x)
         was_training = self.net.training
-        self.net.eval()
+        switch = any(m.training for m in self.net.modules())  # Module.train visits (and sets) every submodule
+        if switch:
+            self.net.eval()
         try:
             out = self.moments(x)
         finally:
-            self.net.train(was_training)
+            if switch:
+                self.net.train(was_training)
         if self.likelihood == "gaussian":
             var = gaussian_predictive_variance(out.var[:, 0], out.mean[:, 1], out.var[:, 1])
             return RegressionPrediction(out.mean[:, 0].unsqueeze(0), var.sqrt().unsqueeze(0))
