@@ -96,6 +96,7 @@ def test_energy_check_median_equals_numpys(length, chains):
     deviation = np.abs(rows - np.median(rows, 0))
     assert np.array_equal(_median(deviation), np.median(deviation, 0))
 
+
 def test_fsgld_continue_marks_divergences_and_restarts_from_finite_state(moons):
     kernel = _fsgld("eager", step_size=1.0, on_divergence="continue")
     kernel.setup(0, *moons)
