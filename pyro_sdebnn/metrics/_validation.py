@@ -33,16 +33,54 @@ def _as_tensor(name: str, value) -> Tensor:
     raise TypeError(f"{name} must be a torch.Tensor or numpy.ndarray, got {type(value).__name__}")
 
 
+#: Floating dtypes too narrow to accumulate in: their values are widened (exactly) to float32 first.
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype every metric computes and returns in: float32 for float16/bfloat16 input, else ``dtype``.
+
+    A half-precision sum stops counting at :math:`2^{11}` (float16) or :math:`2^8` (bfloat16) and averages with
+    errors of the order of the unit round-off times :math:`N`, so half inputs are widened to float32 (an exact
+    conversion) before anything is accumulated.
+    """
+    return torch.float32 if dtype in _HALF_DTYPES else dtype
+
+
 def _float_tensor(name: str, value) -> Tensor:
+    """A floating tensor in the accumulation dtype (integers to the default dtype, halves to float32)."""
     tensor = _as_tensor(name, value)
     if not tensor.is_floating_point():
         tensor = tensor.to(torch.get_default_dtype())
-    return tensor
+    return tensor.to(accumulation_dtype(tensor.dtype))
 
 
-def _sum_tolerance(dtype: torch.dtype) -> float:
-    """Rows of probabilities must sum to 1 within sqrt(machine epsilon) (3.5e-4 in float32, 1.5e-8 in float64)."""
-    return math.sqrt(torch.finfo(dtype).eps)
+def _value_precision(values: Tensor) -> torch.dtype:
+    """The precision the values were produced in: the narrowest of bfloat16, float16 and float32 (in that
+    order) that represents every value exactly, else the tensor's own dtype.
+
+    A float32 softmax cast with ``.double()`` is float32-exact, so its rows are judged with float32's round-off,
+    not float64's. Values exactly representable in bfloat16 and float16 are judged as bfloat16 (the looser
+    of the two), so data a bfloat16 model produced are never rejected.
+    """
+    own_eps = torch.finfo(values.dtype).eps
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        if torch.finfo(dtype).eps > own_eps and torch.equal(values.to(dtype).to(values.dtype), values):
+            return dtype
+    return values.dtype
+
+
+def _sum_tolerance(precision: torch.dtype) -> float:
+    r"""Rows must sum to 1 within :math:`\sqrt{\epsilon}` of the values' precision.
+
+    Rounding each probability of an exactly normalised row to a precision with unit round-off :math:`u`
+    moves the row sum by at most :math:`u \sum_c p_c = u`, and a softmax over :math:`C` classes adds at most
+    about :math:`C u`; :math:`\sqrt{\epsilon} = \sqrt{2u}` covers both up to :math:`C \approx 1/\sqrt{\epsilon}`
+    (2900 classes in float32) while rejecting every unnormalised row (logits, a forgotten softmax, the wrong
+    axis), whose sums are off by O(1). Values: 0.088 (bfloat16), 0.031 (float16), 3.5e-4 (float32),
+    1.5e-8 (float64).
+    """
+    return math.sqrt(torch.finfo(precision).eps)
 
 
 def _check_probabilities(name: str, probs: Tensor) -> None:
@@ -90,11 +128,13 @@ def _check_sample_probs(sample_probs, name: str = "sample_probs") -> Tensor:
 
 
 def _check_rows_sum_to_one(name: str, probs: Tensor) -> None:
-    tol = _sum_tolerance(probs.dtype)
+    precision = _value_precision(probs)
+    tol = _sum_tolerance(precision)
     error = (probs.sum(-1) - 1).abs()
     if (error > tol).any():
         raise ValueError(
-            f"{name} rows must sum to 1 over the last (class) dimension within {tol:.2g}, "
+            f"{name} rows must sum to 1 over the last (class) dimension within {tol:.2g} "
+            f"(sqrt of the machine epsilon of {precision}, the precision of the values), "
             f"got a deviation of {float(error.max()):.4g}"
         )
 

@@ -3,6 +3,13 @@
 
 Bins are ``num_bins`` equal-width intervals of :math:`[0, 1]`, closed on the right:
 :math:`(0, \\frac1B], (\\frac1B, \\frac2B], \\dots, (\\frac{B-1}B, 1]`, with 0 in the first bin.
+
+What is binned depends on the shape of ``probs``: for ``(N, C)`` input the top-label confidence
+:math:`\\max_c \\hat p_{ic}` against whether the top label is right; for binary ``(N,)`` input the
+positive-class probability :math:`\\hat p_i` against the positive-label frequency (the convention of
+torchmetrics' ``BinaryCalibrationError``), which is the calibration of :math:`\\hat p_i` itself.
+Bin counts are exact integers (``torch.bincount``) and per-bin sums are accumulated in float32 or wider
+whatever the input dtype.
 """
 
 from __future__ import annotations
@@ -29,6 +36,11 @@ def _bin_index(values: Tensor, num_bins: int) -> Tensor:
     return torch.bucketize(values.contiguous(), inner_edges, right=False)
 
 
+def _bin_counts(index: Tensor, num_bins: int, dtype: torch.dtype) -> Tensor:
+    """Exact per-bin counts (integer ``bincount``), returned in ``dtype``."""
+    return torch.bincount(index.reshape(-1), minlength=num_bins).to(dtype)
+
+
 def _bin_sums(index: Tensor, num_bins: int, *values: Tensor) -> list[Tensor]:
     """Per-bin sums of each tensor in ``values`` (all shaped like ``index``), flattened over extra dims."""
     out = []
@@ -39,7 +51,8 @@ def _bin_sums(index: Tensor, num_bins: int, *values: Tensor) -> list[Tensor]:
 
 
 class CalibrationBins(NamedTuple):
-    """Per-bin statistics of the top-label confidence, each of shape ``(num_bins,)``.
+    """Per-bin statistics, each of shape ``(num_bins,)``: the number of points, their mean confidence and
+    their accuracy (top-label for ``(N, C)`` input, positive-label frequency for binary ``(N,)`` input).
 
     ``edges`` has shape ``(num_bins + 1,)``; ``confidence`` and ``accuracy`` are NaN in empty bins.
     """
@@ -51,44 +64,60 @@ class CalibrationBins(NamedTuple):
 
 
 def calibration_bins(probs, labels, num_bins: int = 10) -> CalibrationBins:
-    """Bin the top-label confidence :math:`\\max_c \\hat p_{ic}` and average confidence and accuracy per bin.
+    """Bin the confidences and average confidence and accuracy per bin.
+
+    For ``(N, C)`` input the confidence is the top-label probability :math:`\\max_c \\hat p_{ic}` and the
+    accuracy is :math:`\\mathbb 1[\\arg\\max_c \\hat p_{ic} = y_i]`. For binary ``(N,)`` input the confidence
+    is the positive-class probability :math:`\\hat p_i` itself and the "accuracy" is the positive label
+    :math:`\\mathbb 1[y_i = 1]`, so each bin compares the mean forecast with the observed frequency of class 1
+    (torchmetrics' ``BinaryCalibrationError`` convention). Pass ``(N, 2)`` probabilities to get the top-label
+    version of a binary problem.
 
     :param probs: ``(N, C)`` class probabilities or ``(N,)`` positive-class probabilities.
     :param labels: ``(N,)`` integer labels.
     :param int num_bins: number of equal-width bins on :math:`[0, 1]`.
-    :return: :class:`CalibrationBins` ``(edges, count, confidence, accuracy)``.
+    :return: :class:`CalibrationBins` ``(edges, count, confidence, accuracy)`` in the dtype of ``probs``
+        (float32 for float16/bfloat16 input); ``count`` holds exact integers.
 
     >>> bins = calibration_bins(torch.tensor([[0.9, 0.1], [0.3, 0.7]]), torch.tensor([0, 0]), num_bins=5)
     >>> bins.count, bins.accuracy[3:]
     (tensor([0., 0., 0., 1., 1.]), tensor([0., 1.]))
+    >>> calibration_bins(torch.tensor([0.1, 0.3]), torch.tensor([0, 1]), num_bins=5).accuracy[:2]
+    tensor([0., 1.])
     """
-    probs, _ = _check_probs(probs)
+    probs, binary = _check_probs(probs)
     labels = _check_labels(labels, probs.shape[0], probs.shape[1], probs.device)
     num_bins = _check_num_bins(num_bins)
-    confidence, predicted = probs.max(-1)
-    correct = (predicted == labels).to(probs.dtype)
+    if binary:
+        confidence, correct = probs[:, 1], (labels == 1).to(probs.dtype)
+    else:
+        confidence, predicted = probs.max(-1)
+        correct = (predicted == labels).to(probs.dtype)
     index = _bin_index(confidence, num_bins)
-    count, conf_sum, correct_sum = _bin_sums(index, num_bins, torch.ones_like(confidence), confidence, correct)
+    count = _bin_counts(index, num_bins, probs.dtype)
+    conf_sum, correct_sum = _bin_sums(index, num_bins, confidence, correct)
     edges = torch.linspace(0, 1, num_bins + 1, dtype=probs.dtype, device=probs.device)
     return CalibrationBins(edges, count, conf_sum / count, correct_sum / count)
 
 
 def expected_calibration_error(probs, labels, num_bins: int = 10) -> Tensor:
-    """Expected calibration error of the top-label confidence with ``num_bins`` equal-width bins.
+    """Expected calibration error with ``num_bins`` equal-width bins.
 
     .. math::
 
         \\mathrm{ECE} = \\sum_{b=1}^B \\frac{|I_b|}N \\,\\bigl|\\mathrm{acc}(I_b) - \\mathrm{conf}(I_b)\\bigr|,
 
-    where :math:`I_b` holds the points whose confidence :math:`\\max_c \\hat p_{ic}` falls in bin
-    :math:`b`, :math:`\\mathrm{acc}` is their accuracy and :math:`\\mathrm{conf}` their mean
-    confidence. Empty bins contribute 0. A calibrated predictor has ECE :math:`O(\\sqrt{B/N})`
+    where :math:`I_b` holds the points whose confidence falls in bin :math:`b`, :math:`\\mathrm{acc}` is
+    their accuracy and :math:`\\mathrm{conf}` their mean confidence. Empty bins contribute 0. For
+    ``(N, C)`` input the confidence is the top-label probability :math:`\\max_c \\hat p_{ic}` (top-label
+    ECE); for binary ``(N,)`` input it is the positive-class probability :math:`\\hat p_i` and the accuracy
+    the frequency of label 1 (torchmetrics' ``BinaryCalibrationError``), see :func:`calibration_bins`. A calibrated predictor has ECE :math:`O(\\sqrt{B/N})`
     from sampling error alone (the estimator is biased upwards).
 
     :param probs: ``(N, C)`` class probabilities or ``(N,)`` positive-class probabilities.
     :param labels: ``(N,)`` integer labels.
     :param int num_bins: number of bins :math:`B` (10, 15 and 20 are the usual choices).
-    :return: 0-dim tensor in :math:`[0, 1]`.
+    :return: 0-dim tensor in :math:`[0, 1]`, in the dtype of ``probs`` (float32 for float16/bfloat16 input).
 
     **References**
 
@@ -169,7 +198,8 @@ def brier_decomposition(probs, labels, num_bins: int = 10) -> BrierDecomposition
     n, k = probs.shape
     # Flat bin index (class, bin) so one index_add handles every class.
     index = _bin_index(probs, num_bins) + num_bins * torch.arange(k, device=probs.device)
-    count, forecast_sum, event_sum = _bin_sums(index, k * num_bins, torch.ones_like(probs), probs, labels)
+    count = _bin_counts(index, k * num_bins, probs.dtype)
+    forecast_sum, event_sum = _bin_sums(index, k * num_bins, probs, labels)
     count, forecast_sum, event_sum = (t.reshape(k, num_bins) for t in (count, forecast_sum, event_sum))
     safe = count.clamp_min(1)
     base_rate = labels.mean(0)  # (k,)

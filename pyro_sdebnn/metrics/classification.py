@@ -7,7 +7,16 @@ Conventions shared by every classification metric of :mod:`pyro_sdebnn.metrics`:
   positive-class probabilities of a binary problem, or a
   :class:`~pyro_sdebnn.infer.predictive.ClassificationPrediction` (its ``mean_probs`` are used).
 - ``labels``: integer class indices of shape ``(N,)`` in ``0..C-1``.
-- Results are 0-dim tensors (or ``(N,)`` per-point tensors) in the dtype and on the device of ``probs``.
+- Results are 0-dim tensors (or ``(N,)`` per-point tensors) on the device of ``probs``, in its dtype for
+  float32/float64 input and in float32 for float16/bfloat16 input: half-precision values are widened exactly to
+  float32 before anything is summed, since a half-precision sum stops counting at 256 (bfloat16) or 2048
+  (float16) and its averages drift by about :math:`N u`.
+- Binary ``(N,)`` input is the probability of class 1; it is read as the two-class ``(N, 2)`` input
+  ``[1 - p, p]`` except where a docstring says otherwise (the binary Brier score, and the calibration
+  metrics, which bin :math:`p` against the frequency of label 1 as torchmetrics' ``BinaryCalibrationError`` does).
+- Rows of ``(N, C)`` input must sum to 1 within :math:`\\sqrt{\\epsilon}` of the precision the values were
+  produced in (the narrowest of bfloat16, float16, float32 holding them exactly, else their dtype), so a float32
+  softmax cast to float64 is judged at float32's :math:`3.5 \\cdot 10^{-4}`, not float64's :math:`1.5 \\cdot 10^{-8}`.
 """
 
 from __future__ import annotations
@@ -59,7 +68,8 @@ def negative_log_likelihood(probs, labels) -> Tensor:
     .. math:: \\mathrm{NLL} = -\\frac1N \\sum_{i=1}^N \\log \\hat p_{i, y_i}
 
     A probability of exactly 0 for the true class is clamped to the smallest positive normal number
-    of the dtype (so one such point adds :math:`\\approx 87/N` nats in float32 instead of infinity).
+    of the accumulation dtype (float32 for half-precision input), so one such point adds
+    :math:`\\approx 87/N` nats in float32 instead of infinity.
 
     :param probs: ``(N, C)`` class probabilities or ``(N,)`` positive-class probabilities.
     :param labels: ``(N,)`` integer labels.

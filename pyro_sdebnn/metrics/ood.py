@@ -29,7 +29,8 @@ def ood_auroc(scores_in, scores_out) -> Tensor:
 
     :param scores_in: ``(N_in,)`` scores of in-distribution test inputs.
     :param scores_out: ``(N_out,)`` scores of out-of-distribution inputs.
-    :return: 0-dim tensor in :math:`[0, 1]`, dtype and device of ``scores_in``.
+    :return: 0-dim tensor in :math:`[0, 1]`, dtype (float32 for float16/bfloat16) and device of
+        ``scores_in``.
 
     **References**
 

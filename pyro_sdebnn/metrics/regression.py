@@ -10,6 +10,9 @@ The metrics take the predictive and ``y`` in the *same* (standardised) units and
 keyword that converts the result to the original units: :math:`y_\\text{orig} = y \\cdot s + m`
 multiplies errors by :math:`s` and divides densities by :math:`s`, so the RMSE is multiplied by
 :math:`s` and :math:`\\log s` is subtracted from the log-likelihood. Coverage is unit-free.
+
+Results are in the dtype of ``loc`` (``mean`` for :func:`rmse`), except float16/bfloat16 inputs, which are
+widened exactly to float32 and computed and returned in float32.
 """
 
 from __future__ import annotations

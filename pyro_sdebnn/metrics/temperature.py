@@ -58,7 +58,8 @@ def fit_temperature(logits, labels, *, bounds: tuple[float, float] = (0.01, 100.
     :param labels: ``(N,)`` integer labels (``{0, 1}`` for binary logits).
     :param bounds: search interval :math:`(T_\\min, T_\\max)`, positive.
     :param float tol: absolute tolerance on :math:`\\log T`.
-    :return: 0-dim tensor :math:`\\hat T` (dtype and device of ``logits``); apply it with
+    :return: 0-dim tensor :math:`\\hat T` (dtype and device of ``logits``, float32 for half-precision
+        logits); apply it with
         :func:`temperature_scale`.
 
     **References**
@@ -97,7 +98,8 @@ def temperature_scale(logits, temperature) -> Tensor:
 
     :param logits: ``(N, C)`` logits or ``(N,)`` binary logits.
     :param temperature: positive scalar (e.g. from :func:`fit_temperature`).
-    :return: ``(N, C)`` probabilities, or ``(N,)`` positive-class probabilities for binary logits.
+    :return: ``(N, C)`` probabilities, or ``(N,)`` positive-class probabilities for binary logits, in the
+        dtype of ``logits`` (float32 for float16/bfloat16 logits).
 
     >>> temperature_scale(torch.tensor([[2.0, 0.0]]), 2.0)
     tensor([[0.7311, 0.2689]])
