@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import pyro
 import pyro.contrib.gp as gp
+import pyro.poutine as poutine
 import torch
 from pyro.distributions.torch_distribution import TorchDistribution
 from torch.distributions import constraints
@@ -70,12 +72,43 @@ def fit_gp_kernel(
     kernel.requires_grad_(True)
     model = gp.models.GPRegression(x, y, kernel, noise=torch.tensor(noise, dtype=x.dtype, device=x.device))
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    with pyro.get_param_store().scope():  # do not leak GP parameters into the user's param store
+    with poutine.block(), _private_param_store():  # do not leak GP parameters into the user's params or trace
         losses = gp.util.train(model, optimizer=optimizer, num_steps=num_steps)
     if not math.isfinite(losses[-1]):
         raise ValueError(f"fit_gp_kernel: the marginal likelihood diverged (final loss {losses[-1]})")
     kernel.requires_grad_(False)
     return kernel
+
+
+@contextmanager
+def _private_param_store() -> Iterator[None]:
+    """Give the global param store empty tables for the duration, then put the *same* tables back.
+
+    ``ParamStoreDict.scope`` is not usable here: its ``get_state`` strips the ``unconstrained`` back-references
+    from every stored parameter, and a guide whose parameters were already recorded in an enclosing trace then
+    breaks ``SVI.step`` (``'Parameter' object has no attribute 'unconstrained'``). Swapping the tables keeps
+    every object untouched.
+    """
+    store = pyro.get_param_store()
+    saved = store._params, store._constraints, store._param_to_name
+    store._params, store._constraints, store._param_to_name = {}, {}, {}
+    try:
+        yield
+    finally:
+        store._params, store._constraints, store._param_to_name = saved
+
+
+def _evaluate_fixed_kernel(kernel: gp.kernels.Kernel, inputs: torch.Tensor) -> torch.Tensor:
+    """``kernel(inputs)`` from the kernel's own parameter values, invisible to the user's params and handlers.
+
+    A Pyro kernel reads its parameters from the global param store by *name*, so two kernels with the same
+    parameter names (``"lengthscale"``, ...) would share values, and evaluating it inside a model run (SVI,
+    ``Predictive``, MCMC) would add its ``pyro.param`` sites to the model's trace as if they were trainable model
+    parameters. It is therefore evaluated against an empty private param store, under ``poutine.block`` (which
+    hides its param sites from every enclosing handler) and without gradient: the kernel is a fixed prior.
+    """
+    with torch.no_grad(), poutine.block(), _private_param_store():
+        return kernel(inputs)
 
 
 class GPFunctionalPrior(TorchDistribution):
@@ -96,8 +129,14 @@ class GPFunctionalPrior(TorchDistribution):
 
     :math:`K` is evaluated once, without gradient, in float64, and its Cholesky factor is cached: the kernel is a
     fixed prior (fit it beforehand with :meth:`fit`; hyper-parameters with ``PyroSample`` priors are not supported).
-    The kernel is evaluated in an empty param-store scope, so it uses its own parameter values even if another
-    Pyro module registered parameters with the same names (``"lengthscale"``, ...) in the global store.
+    The kernel is evaluated against an empty private param store and under ``poutine.block``, so it uses its own
+    parameter values even if another Pyro module registered parameters with the same names (``"lengthscale"``,
+    ...) in the global store, and it adds no parameter to the store or to a trace. The prior can therefore be
+    built inside the model, as Pyro's examples build their distributions, and the model trains with SVI, runs in
+    ``Predictive`` (with or without a guide) and samples with the SG-MCMC kernels. Built inside, it is rebuilt
+    (kernel matrix and Cholesky factor, :math:`O(M^3)`) at every model run, and its jitter escalation branches on
+    the data, so the SG-MCMC kernels cannot trace such a model into a graph and need ``backend="eager"``; for
+    many measurement points build it once outside the model and close over it.
     ``log_prob`` and :meth:`score` solve in float64 and return the dtype of their argument. For functional
     SG-MCMC [2], :meth:`precision_residual` returns :math:`\alpha = (K + \delta I)^{-1}(f - m)` for a whole batch
     of ``f`` in one solve and :meth:`score` returns :math:`\nabla_f \log p(f) = -\alpha`.
@@ -157,10 +196,7 @@ class GPFunctionalPrior(TorchDistribution):
         self.num_outputs = num_outputs
         num_points = inputs.shape[0]
         event_shape = torch.Size((num_points,) if num_outputs == 1 else (num_points, num_outputs))
-        # A Pyro kernel reads its parameters from the global param store by *name*, so two kernels with the same
-        # parameter names would share values; evaluate in an empty scope so the kernel uses its own values.
-        with torch.no_grad(), pyro.get_param_store().scope():
-            cov = kernel(inputs.to(torch.float64)).to(torch.float64)
+        cov = _evaluate_fixed_kernel(kernel, inputs.to(torch.float64)).to(torch.float64)
         if cov.shape != (num_points, num_points):
             raise ValueError(
                 f"GPFunctionalPrior: the kernel returned shape {tuple(cov.shape)}, expected {(num_points,) * 2}"
