@@ -13,6 +13,7 @@ import pyro.poutine as poutine
 import torch
 from pyro.distributions.torch_distribution import TorchDistribution
 from torch.distributions import constraints
+from torch.distributions.kl import register_kl
 
 from pyro_sdebnn.ops.gp import cholesky_with_jitter, gp_log_normalizer, gp_precision_residual, gp_whiten
 
@@ -142,7 +143,10 @@ class GPFunctionalPrior(TorchDistribution):
     of ``f`` in one solve and :meth:`score` returns :math:`\nabla_f \log p(f) = -\alpha`.
 
     Shapes: ``event_shape = (M,)`` for one output, ``(M, C)`` for ``C = num_outputs > 1``; ``batch_shape = ()``
-    (or what :meth:`expand` gives). ``rsample`` is reparameterised in the mean only.
+    (or what :meth:`expand` gives; :meth:`infer_shapes` computes both from the argument shapes). ``rsample`` is
+    reparameterised in the mean only. :meth:`entropy` is closed form, and
+    :func:`~torch.distributions.kl.kl_divergence` between two ``GPFunctionalPrior`` on the same number of points
+    is registered in closed form (the Gaussian KL with the two cached Cholesky factors).
 
     :param kernel: a :class:`pyro.contrib.gp.kernels.Kernel`.
     :param Tensor inputs: measurement points ``(M, d)`` (or ``(M,)`` for 1-D inputs); their dtype and device are
@@ -227,6 +231,26 @@ class GPFunctionalPrior(TorchDistribution):
 
     fit = staticmethod(fit_gp_kernel)
 
+    @classmethod
+    def infer_shapes(cls, kernel=None, inputs=(), mean=None, *, num_outputs=1, **kwargs):
+        """``(batch_shape, event_shape)`` from the shape of ``inputs`` and ``mean`` (Pyro's shape inference).
+
+        ``event_shape`` is ``(M,)`` or ``(M, num_outputs)``, and the batch shape is what ``mean`` adds to it by
+        broadcasting. Raises ``NotImplementedError`` (Pyro's signal for "not statically known") when ``mean`` is a
+        callable or ``num_outputs`` is not given as an integer (Pyro's generic code passes ``()`` for non-tensor
+        arguments).
+        """
+        if callable(mean) or isinstance(num_outputs, bool) or not isinstance(num_outputs, int):
+            raise NotImplementedError(
+                "GPFunctionalPrior.infer_shapes needs an integer num_outputs and a tensor (shape) or None as mean"
+            )
+        inputs = torch.Size(inputs)
+        if len(inputs) not in (1, 2):
+            raise ValueError(f"GPFunctionalPrior.infer_shapes: `inputs` must be (M, d) or (M,), got {tuple(inputs)}")
+        event_shape = torch.Size((inputs[0],) if num_outputs == 1 else (inputs[0], num_outputs))
+        loc_shape = event_shape if mean is None else torch.broadcast_shapes(event_shape, torch.Size(mean))
+        return loc_shape[: len(loc_shape) - len(event_shape)], event_shape
+
     def expand(self, batch_shape, _instance=None):
         new = self._get_checked_instance(GPFunctionalPrior, _instance)
         batch_shape = torch.Size(batch_shape)
@@ -264,6 +288,16 @@ class GPFunctionalPrior(TorchDistribution):
             var = var.unsqueeze(-1)
         return var.expand(self.batch_shape + self.event_shape)
 
+    @property
+    def _num_outputs(self) -> int:
+        return 1 if self._event_dim == 1 else self.event_shape[-1]
+
+    def entropy(self) -> torch.Tensor:
+        r"""Differential entropy :math:`C\,(	frac M2 \log(2\pi e) + \sum_i \log L_{ii})`, shape ``batch_shape``."""
+        num_points = self.scale_tril64.shape[-1]
+        entropy = self._num_outputs * (gp_log_normalizer(self.scale_tril64) + 0.5 * num_points)
+        return entropy.to(self.loc.dtype).expand(self.batch_shape)
+
     def rsample(self, sample_shape: torch.Size = torch.Size()) -> torch.Tensor:
         shape = self._extended_shape(sample_shape)
         with torch.no_grad():
@@ -279,8 +313,7 @@ class GPFunctionalPrior(TorchDistribution):
             self._validate_sample(value)
         z = gp_whiten(self.scale_tril64, value - self.loc, self._event_dim)
         dims = tuple(range(-self._event_dim, 0))
-        num_outputs = 1 if self._event_dim == 1 else self.event_shape[-1]
-        log_prob = -0.5 * z.square().sum(dims) - num_outputs * gp_log_normalizer(self.scale_tril64)
+        log_prob = -0.5 * z.square().sum(dims) - self._num_outputs * gp_log_normalizer(self.scale_tril64)
         return log_prob.to(value.dtype)
 
     def precision_residual(self, value: torch.Tensor) -> torch.Tensor:
@@ -295,3 +328,30 @@ class GPFunctionalPrior(TorchDistribution):
     def score(self, value: torch.Tensor) -> torch.Tensor:
         r"""Gradient of the log-density, :math:`\nabla_f \log p(f) = -(K + \delta I)^{-1}(f - m)`."""
         return -self.precision_residual(value)
+
+
+@register_kl(GPFunctionalPrior, GPFunctionalPrior)
+def _kl_gp_functional_prior(q: GPFunctionalPrior, p: GPFunctionalPrior) -> torch.Tensor:
+    r"""Gaussian KL between two functional priors on the same measurement points (``C`` outputs, shared covariance):
+
+    .. math::
+
+        \mathrm{KL} = \tfrac12\Big[C\big(\operatorname{tr}(\Sigma_p^{-1}\Sigma_q) - M
+        + \log|\Sigma_p| - \log|\Sigma_q|\big) + \sum_c \|L_p^{-1}(m_{q,c} - m_{p,c})\|^2\Big],
+
+    computed in float64 from the cached Cholesky factors, returned in the dtype of ``q.loc``.
+    """
+    if q.event_shape != p.event_shape:
+        raise ValueError(
+            f"kl_divergence(GPFunctionalPrior, GPFunctionalPrior): event shapes differ, {q.event_shape} vs {p.event_shape}"
+        )
+    scale_q, scale_p = q.scale_tril64, p.scale_tril64.to(q.scale_tril64.device)
+    num_points = scale_q.shape[-1]
+    whitened = torch.linalg.solve_triangular(scale_p, scale_q, upper=False)
+    log_det = 2 * (scale_p.diagonal().log().sum() - scale_q.diagonal().log().sum())
+    per_output = 0.5 * (whitened.square().sum() - num_points + log_det)
+    loc_q, loc_p = torch.broadcast_tensors(q.loc, p.loc.to(q.loc))
+    z = gp_whiten(scale_p, (loc_q - loc_p), q._event_dim)
+    dims = tuple(range(-q._event_dim, 0))
+    kl = q._num_outputs * per_output + 0.5 * z.square().sum(dims)
+    return kl.to(q.loc.dtype)

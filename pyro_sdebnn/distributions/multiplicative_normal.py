@@ -55,7 +55,8 @@ class MultiplicativeNormal(TorchDistribution):
         w = loc + sqrt(alpha) * |loc| * eps
 
     The closed-form KL to a Gaussian prior :math:`\mathcal N(\mu_p, \sigma_p^2)` is registered with
-    :func:`torch.distributions.kl.kl_divergence`; with :math:`\mu_p = 0` it is eq. (17) of [1], plus the
+    :func:`torch.distributions.kl.kl_divergence` (and to another ``MultiplicativeNormal``, the same formula with
+    :math:`\sigma_p^2 = \alpha^{(p)}_j (m^{(p)}_{ij})^2`); with :math:`\mu_p = 0` it is eq. (17) of [1], plus the
     :math:`10^{-10}` guard of their App. A:
 
     .. math::
@@ -130,6 +131,21 @@ class MultiplicativeNormal(TorchDistribution):
         new._validate_args = self._validate_args
         return new
 
+    @classmethod
+    def infer_shapes(cls, loc=(), alpha=(), noise_dim=-1, **kwargs):
+        """``(batch_shape, event_shape)`` from the shapes of ``loc`` and ``alpha`` (Pyro's shape inference).
+
+        A 1-D ``alpha`` with an integer ``noise_dim`` is indexed along that dimension of ``loc``, so the batch
+        shape is ``loc``'s; otherwise the two broadcast. Following Pyro's convention a non-tensor argument may be
+        given as ``()``: ``noise_dim=()`` counts as an integer ``noise_dim``.
+        """
+        loc, alpha = torch.Size(loc), torch.Size(alpha)
+        if noise_dim is not None and len(alpha) == 1 and len(loc) >= 1:
+            if isinstance(noise_dim, int) and alpha[0] not in (1, loc[noise_dim]):
+                raise ValueError(f"MultiplicativeNormal: alpha of shape {tuple(alpha)} does not match loc {tuple(loc)}")
+            return loc, torch.Size()
+        return torch.broadcast_shapes(loc, alpha), torch.Size()
+
     @lazy_property
     def scale(self) -> torch.Tensor:
         """Standard deviation :math:`\\sqrt{\\alpha_j}\\,|m_{ij}|`."""
@@ -159,6 +175,14 @@ class MultiplicativeNormal(TorchDistribution):
         var = self.variance
         return -0.5 * ((value - self.loc).square() / var + var.log() + math.log(2 * math.pi))
 
+    def cdf(self, value: torch.Tensor) -> torch.Tensor:
+        if self._validate_args:
+            self._validate_sample(value)
+        return 0.5 * (1 + torch.erf((value - self.loc) / (self.scale * math.sqrt(2))))
+
+    def icdf(self, value: torch.Tensor) -> torch.Tensor:
+        return self.loc + self.scale * math.sqrt(2) * torch.erfinv(2 * value - 1)
+
     def entropy(self) -> torch.Tensor:
         return 0.5 * (math.log(2 * math.pi * math.e) + self.variance.log()).expand(self.batch_shape)
 
@@ -174,6 +198,13 @@ class MultiplicativeNormal(TorchDistribution):
         if not weight_shape:
             raise ValueError("MultiplicativeNormal.num_parameters: `weight_shape` must have at least one dimension")
         return math.prod(weight_shape) + weight_shape[noise_dim]
+
+
+@register_kl(MultiplicativeNormal, MultiplicativeNormal)
+def _kl_multiplicative_normal_multiplicative_normal(q: MultiplicativeNormal, p: MultiplicativeNormal) -> torch.Tensor:
+    # Both are element-wise Gaussians, so this is the Gaussian KL to N(m_p, alpha_p m_p^2), with the same guard on
+    # the q variance as the KL to a Normal (infinite where p has zero variance and q does not).
+    return _kl_multiplicative_normal_normal(q, Normal(p.loc, p.scale, validate_args=False))
 
 
 @register_kl(MultiplicativeNormal, Normal)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from pyro.distributions import Normal
 from pyro.distributions.torch_distribution import TorchDistribution
@@ -69,7 +71,7 @@ class OUPath(TorchDistribution):
         for k in 1..K:  w_k = a_k * w_{k-1} + s_k * Normal(0, I).sample()
 
     ``log_prob`` sums the transition log-densities, ``rsample`` simulates the chain exactly (reparameterised),
-    ``mean``/``variance`` are analytic. :func:`~torch.distributions.kl.kl_divergence` between two ``OUPath`` on the
+    ``mean``/``variance``/``entropy`` are analytic. :func:`~torch.distributions.kl.kl_divergence` between two ``OUPath`` on the
     same grid with the same :math:`\sigma` is registered in closed form (it is the exact KL of these
     finite-dimensional laws; for ``method="euler"`` it equals the discretised Girsanov sum
     :math:`\sum_k \frac{\Delta_k}{2}\mathbb E|(\theta_p-\theta_q) w_{k-1}/\sigma|^2` plus the ``init`` term).
@@ -209,6 +211,14 @@ class OUPath(TorchDistribution):
             noise = torch.randn(shape, dtype=self.init.dtype, device=self.init.device)
         coef, scale = self._transition
         return ar1_sample(self.init, coef, scale, noise)
+
+    def entropy(self) -> torch.Tensor:
+        r"""Differential entropy of the path, the sum of the transitions' conditional entropies (chain rule; each
+        is Gaussian with a variance that does not depend on the previous state):
+        :math:`H = D \sum_k 	frac12 \log(2\pi e\, s_k^2)`. Shape ``batch_shape``."""
+        scale = self.transition_scale
+        num_steps, dim = self.event_shape
+        return dim * (0.5 * num_steps * math.log(2 * math.pi * math.e) + scale.log().sum(-1))
 
     def log_prob(self, value: torch.Tensor) -> torch.Tensor:
         if self._validate_args:

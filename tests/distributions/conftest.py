@@ -205,3 +205,9 @@ def dist(request) -> Fixture:
 @pytest.fixture(params=[f for f in FIXTURES if f.kl_partner is not None], ids=lambda f: f.name)
 def kl_dist(request) -> Fixture:
     return request.param
+
+
+@pytest.fixture
+def registry() -> dict[str, Fixture]:
+    """Every example by name (for tests that pair two examples)."""
+    return {f.name: f for f in FIXTURES}
