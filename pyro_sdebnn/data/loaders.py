@@ -159,7 +159,7 @@ def module_device_dtype(*modules: nn.Module, buffers: bool = False) -> tuple[tor
     >>> module_device_dtype(torch.nn.Linear(2, 1).double())
     (device(type='cpu'), torch.float64)
     """
-    tensors = [p for m in modules for p in m.parameters()]
+    tensors: list[torch.Tensor] = [p for m in modules for p in m.parameters()]
     if buffers:
         tensors += [b for m in modules for b in m.buffers()]
     for t in tensors:

@@ -159,7 +159,8 @@ def gap_regression_1d(
 
 
 def _regression_split(x_train, y_train, x_test, y_test, *, standardize: bool, dtype: torch.dtype) -> DataSplit:
-    y_loc, y_scale = 0.0, 1.0
+    y_loc: float | np.ndarray = 0.0  # a 0-d array (the mean of a 1-D column) when standardised
+    y_scale: float | np.ndarray = 1.0
     if standardize:
         y_train, y_test, y_loc, y_scale = _standardize_columns(y_train, y_test)
     return _to_split(

@@ -64,7 +64,8 @@ def uci_boston(
     perm = np.random.default_rng(int(split)).permutation(n)
     train_idx, test_idx = perm[: n - n_test], perm[n - n_test :]
     x_train, x_test, y_train, y_test = x[train_idx], x[test_idx], y[train_idx], y[test_idx]
-    y_loc, y_scale = 0.0, 1.0
+    y_loc: float | np.ndarray = 0.0  # a 0-d array (the mean of a 1-D column) when standardised
+    y_scale: float | np.ndarray = 1.0
     if standardize:
         x_train, x_test, _, _ = _standardize_columns(x_train, x_test)
         y_train, y_test, y_loc, y_scale = _standardize_columns(y_train, y_test)

@@ -14,6 +14,7 @@ import torch
 from pyro.distributions.torch_distribution import TorchDistribution
 from torch.distributions import constraints
 from torch.distributions.kl import register_kl
+from torch.types import _size
 
 from pyro_sdebnn.ops.gp import cholesky_with_jitter, gp_log_normalizer, gp_precision_residual, gp_whiten
 
@@ -298,7 +299,7 @@ class GPFunctionalPrior(TorchDistribution):
         entropy = self._num_outputs * (gp_log_normalizer(self.scale_tril64) + 0.5 * num_points)
         return entropy.to(self.loc.dtype).expand(self.batch_shape)
 
-    def rsample(self, sample_shape: torch.Size = torch.Size()) -> torch.Tensor:
+    def rsample(self, sample_shape: _size = torch.Size()) -> torch.Tensor:
         shape = self._extended_shape(sample_shape)
         with torch.no_grad():
             eps = torch.randn(shape, dtype=torch.float64, device=self.loc.device)

@@ -11,6 +11,7 @@ from pyro.distributions.torch_distribution import TorchDistribution
 from torch.distributions import Normal, constraints
 from torch.distributions.kl import register_kl
 from torch.distributions.utils import broadcast_all, lazy_property
+from torch.types import _size
 
 __all__ = ["MultiplicativeNormal"]
 
@@ -163,7 +164,7 @@ class MultiplicativeNormal(TorchDistribution):
     def variance(self) -> torch.Tensor:
         return self.alpha * self.loc.square()
 
-    def rsample(self, sample_shape: torch.Size = torch.Size()) -> torch.Tensor:
+    def rsample(self, sample_shape: _size = torch.Size()) -> torch.Tensor:
         shape = self._extended_shape(sample_shape)
         with torch.no_grad():
             eps = torch.randn(shape, dtype=self.loc.dtype, device=self.loc.device)

@@ -11,6 +11,7 @@ from pyro.distributions.torch_distribution import TorchDistribution
 from torch.distributions import constraints
 from torch.distributions.kl import register_kl
 from torch.distributions.utils import lazy_property
+from torch.types import _size
 
 from pyro_sdebnn.ops.ou import ar1_kl, ar1_log_prob, ar1_moments, ar1_sample, ou_stationary_variance, ou_transition
 
@@ -205,7 +206,7 @@ class OUPath(TorchDistribution):
     def variance(self) -> torch.Tensor:
         return self._moments[1].unsqueeze(-1).expand(self.batch_shape + self.event_shape)
 
-    def rsample(self, sample_shape: torch.Size = torch.Size()) -> torch.Tensor:
+    def rsample(self, sample_shape: _size = torch.Size()) -> torch.Tensor:
         shape = self._extended_shape(sample_shape)
         with torch.no_grad():
             noise = torch.randn(shape, dtype=self.init.dtype, device=self.init.device)

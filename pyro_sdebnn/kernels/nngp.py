@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import cast
 
 import numpy as np
 import torch
@@ -191,7 +192,8 @@ class NNGP(Kernel):
 
     def forward(self, X: torch.Tensor, Z: torch.Tensor | None = None, diag: bool = False) -> torch.Tensor:
         X = self._slice_input(X)
-        wv, bv = self.weight_variance, self.bias_variance
+        # PyroModule returns a PyroParam attribute as its constrained tensor when read
+        wv, bv = cast(torch.Tensor, self.weight_variance), cast(torch.Tensor, self.bias_variance)
         kxx = bv + wv * X.square().mean(-1)
         if diag:
             for _ in range(self.depth):

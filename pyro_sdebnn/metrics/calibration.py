@@ -58,7 +58,8 @@ class CalibrationBins(NamedTuple):
     """
 
     edges: Tensor
-    count: Tensor
+    # the field shadows tuple.count (a method) by design: bins.count is the per-bin count tensor
+    count: Tensor  # type: ignore[assignment]
     confidence: Tensor
     accuracy: Tensor
 

@@ -83,6 +83,10 @@ def path_kl_increment(u: Tensor, dt: Tensor | float, dB: Tensor | None, estimato
     kl = 0.5 * u.pow(2).sum(-1) * dt
     if estimator == "analytic":
         return kl
+    if estimator not in PATH_KL_ESTIMATORS:
+        raise ValueError(f"estimator must be one of {PATH_KL_ESTIMATORS}, got {estimator!r}")
+    if dB is None:
+        raise ValueError(f"estimator={estimator!r} needs the Brownian increment dB")
     if estimator == "full_mc":
         return kl + (u * dB).sum(-1)
     if estimator == "stl":

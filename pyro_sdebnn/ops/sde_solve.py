@@ -161,12 +161,13 @@ def increments_from_brownian(bm, times: Tensor) -> Tensor:
 class EulerKLSolution(NamedTuple):
     """Output of :func:`euler_maruyama_kl`.
 
-    :ivar Tensor path: weights at ``times[1:]``, ``(..., K, D)``.
+    :ivar Tensor path: weights at ``times[1:]``, ``(..., K, D)`` (``None`` from :func:`sdeint_augmented` with
+        ``return_path=False``).
     :ivar Tensor kl: path-KL estimate, ``(...)``.
     :ivar Tensor hidden: hidden state at ``times[-1]`` (``None`` if no field was given).
     """
 
-    path: Tensor
+    path: Tensor | None
     kl: Tensor
     hidden: Tensor | None
 
@@ -219,6 +220,8 @@ def euler_maruyama_kl(init: Tensor, times: Tensor, dB: Tensor, sigma: Tensor | f
             raise ValueError("estimator='stl' needs correction_stl (the drift correction with detached parameters) "
                              "when correction is not an nn.Module")
         correction_stl = _detached_call(correction)
+    if field is not None and hidden_init is None:
+        raise ValueError("euler_maruyama_kl: a hidden-state `field` needs `hidden_init`")
     steps = times.shape[0] - 1
     if dB.shape[-2] != steps:
         raise ValueError(f"dB must have shape (..., K={steps}, D), got {tuple(dB.shape)}")
@@ -233,10 +236,14 @@ def euler_maruyama_kl(init: Tensor, times: Tensor, dB: Tensor, sigma: Tensor | f
         if correction is not None:
             c = correction(t, w)
             u = c / sigma
-            u_stl = correction_stl(t, w) / sigma if estimator == "stl" else None
+            u_stl = None
+            if estimator == "stl":
+                assert correction_stl is not None  # built above from the nn.Module when not given
+                u_stl = correction_stl(t, w) / sigma
             kl = kl + path_kl_increment(u, dt, db, estimator, u_stl)
             drift = drift + c
         if field is not None:
+            assert h is not None  # checked before the loop
             h = h + field(t, h, w) * dt
         w = w + drift * dt + sigma * db
         path.append(w)

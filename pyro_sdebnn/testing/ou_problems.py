@@ -42,6 +42,8 @@ class OUEndpointDrift(nn.Module):
     torch.Size([3, 2])
     """
 
+    y: Tensor  # a registered buffer
+
     def __init__(self, y: Tensor, obs_scale: float, sigma: float, theta: float, t1: float, alpha: float = 1.0
                  ) -> None:
         super().__init__()
