@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ._validation import _check_probs
 from .calibration import _ece_from_bins, calibration_bins
 
 __all__ = ["reliability_diagram"]
@@ -18,6 +19,10 @@ def reliability_diagram(probs, labels, num_bins: int = 10, *, path=None, title: 
     confidence :math:`\\mathrm{conf}(I_b)`; a calibrated predictor follows the diagonal. The legend
     gives the :func:`~pyro_sdebnn.metrics.expected_calibration_error` with the same bins. A lower panel
     shows the fraction of points per bin.
+
+    For binary ``(N,)`` positive-class probabilities the bars are the frequency of class 1 against the
+    predicted probability of class 1 (the convention of
+    :func:`~pyro_sdebnn.metrics.calibration_bins`), and the axes are labelled so.
 
     Uses :class:`matplotlib.figure.Figure` directly (no pyplot state), so it works with any backend,
     including Agg on machines without a display.
@@ -38,7 +43,12 @@ def reliability_diagram(probs, labels, num_bins: int = 10, *, path=None, title: 
     """
     from matplotlib.figure import Figure
 
+    binary = _check_probs(probs)[1]
     bins = calibration_bins(probs, labels, num_bins)
+    if binary:
+        x_label, y_label = "predicted probability of class 1", "frequency of class 1"
+    else:
+        x_label, y_label = "confidence", "accuracy"
     count = bins.count.detach().cpu().double()
     nonempty = count > 0
     edges = bins.edges.detach().cpu().double().numpy()
@@ -61,7 +71,7 @@ def reliability_diagram(probs, labels, num_bins: int = 10, *, path=None, title: 
         align="edge",
         edgecolor="black",
         color="tab:blue",
-        label=f"accuracy (ECE = {ece:.3f})",
+        label=f"{y_label} (ECE = {ece:.3f})",
     )
     ax.bar(
         left[mask],
@@ -77,16 +87,16 @@ def reliability_diagram(probs, labels, num_bins: int = 10, *, path=None, title: 
     ax.plot([0, 1], [0, 1], linestyle="--", color="gray", label="perfect calibration")
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
-    ax.set_ylabel("accuracy")
+    ax.set_ylabel(y_label)
     ax.legend(loc="upper left", fontsize="small")
     if title:
         ax.set_title(title)
     if ax_hist is not None:
         ax_hist.bar(left, weight, width=width, align="edge", edgecolor="black", color="gray")
-        ax_hist.set_xlabel("confidence")
+        ax_hist.set_xlabel(x_label)
         ax_hist.set_ylabel("fraction")
     else:
-        ax.set_xlabel("confidence")
+        ax.set_xlabel(x_label)
     if path is not None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -196,10 +196,11 @@ def test_binary_metrics_agree_on_the_positive_class_convention():
     assert ece1 == pytest.approx(abs(p.mean().item() - y.double().mean().item()), rel=1e-12)
     rel, _, _ = metrics.brier_decomposition(p, y, num_bins=1)
     assert rel.item() == pytest.approx(ece1**2, rel=1e-12)
-    # the reliability diagram bins and reports the same positive-class ECE
+    # the reliability diagram bins and reports the same positive-class ECE, with axes saying what is binned
     figure = metrics.reliability_diagram(p, y, num_bins=10)
-    legend = " ".join(text.get_text() for text in figure.axes[0].get_legend().get_texts())
-    assert f"{expected_calibration_error(p, y, 10).item():.3f}" in legend
+    legend = [text.get_text() for text in figure.axes[0].get_legend().get_texts()]
+    assert f"frequency of class 1 (ECE = {expected_calibration_error(p, y, 10).item():.3f})" in legend
+    assert figure.axes[1].get_xlabel() == "predicted probability of class 1"
 
 
 # --------------------------------------------------------------------------------------- row-sum tolerance
