@@ -159,3 +159,22 @@ def test_functional_sgmcmc_samples_a_model_with_the_prior_inside(kernel_class, k
     assert samples["offset"].shape == (3, 3) and samples["w"].shape == (3, 2)
     assert torch.isfinite(samples["offset"]).all() and not torch.equal(samples["w"][0], samples["w"][-1])
     assert not pyro.get_param_store().keys()
+
+
+def test_building_the_prior_leaves_the_users_params_untouched():
+    """The user's stored parameters keep their identity, their ``unconstrained`` back-reference and their value,
+    and a user parameter named like a kernel hyper-parameter does not leak into the kernel (or back)."""
+    pyro.clear_param_store()
+    real = pyro.param("w", torch.ones(2, dtype=DTYPE))
+    lengthscale = pyro.param("lengthscale", torch.tensor(5.0, dtype=DTYPE), constraint=dist.constraints.positive)
+    kernel = _rbf()
+    prior = GPFunctionalPrior(kernel, X)
+    # (checked before any new pyro.param call, which would re-attach the back-reference)
+    assert hasattr(real, "unconstrained") and real.unconstrained() is pyro.get_param_store()._params["w"]
+    assert set(pyro.get_param_store().keys()) == {"w", "lengthscale"}
+    assert pyro.param("w") is real
+    torch.testing.assert_close(pyro.param("lengthscale"), lengthscale)
+    pyro.clear_param_store()
+    expected = _rbf()(X)  # evaluated with an empty store: lengthscale 0.8, not the user's 5.0
+    pyro.clear_param_store()
+    torch.testing.assert_close(prior.covariance_matrix, expected.detach() + prior.delta * torch.eye(8, dtype=DTYPE))
