@@ -103,7 +103,9 @@ def test_predictive_with_and_without_guide(kernel):
     assert torch.isfinite(posterior["obs"]).all()
 
 
-@pytest.mark.parametrize("kernel_class, kernel_name", [(SGLD, "plain"), (SGHMC, "fit_gp_kernel")], ids=str)
+@pytest.mark.parametrize(
+    "kernel_class, kernel_name", [(SGLD, "plain"), (SGHMC, "fit_gp_kernel")], ids=["SGLD-plain", "SGHMC-fitted"]
+)
 def test_sgmcmc_samples_a_model_with_the_prior_inside(kernel_class, kernel_name):
     pyro.clear_param_store()
     kernel = KERNELS[kernel_name]()
@@ -135,7 +137,11 @@ def _hierarchical_model(kernel):
     return model
 
 
-@pytest.mark.parametrize("kernel_class, kernel_name", [(FSGLD, "requires_grad_false"), (FSGHMC, "plain")], ids=str)
+@pytest.mark.parametrize(
+    "kernel_class, kernel_name",
+    [(FSGLD, "requires_grad_false"), (FSGHMC, "plain")],
+    ids=["FSGLD-frozen", "FSGHMC-plain"],
+)
 def test_functional_sgmcmc_samples_a_model_with_the_prior_inside(kernel_class, kernel_name):
     pyro.clear_param_store()
     kernel = KERNELS[kernel_name]()
