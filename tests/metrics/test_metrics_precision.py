@@ -231,3 +231,26 @@ def test_unnormalised_rows_are_still_rejected():
     for dtype in HALVES + [torch.float32, torch.float64]:
         with pytest.raises(ValueError, match="rows must sum to 1"):
             metrics.accuracy(torch.full((3, 4), 0.3, dtype=dtype), torch.zeros(3, dtype=torch.long))
+
+
+# unit round-off and half the smallest subnormal spacing (the absolute rounding error of tiny values)
+ROUNDING = {torch.float16: (2.0**-11, 2.0**-25), torch.bfloat16: (2.0**-8, 2.0**-134)}
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+def test_proper_scores_of_rounded_inputs_stay_within_the_rounding_bound(classification, dtype):
+    """Against the float64 score of the *unrounded* probabilities: rounding p to p + d with
+    |d| <= e = max(u p, t) moves the Brier score by at most sum_c |d_c| |2 p_c + d_c - 2 y_c| <= 2 sum_c e_c
+    (+ e^2 terms) per point and -log p by at most log(p / (p - e)), averaged over the points."""
+    _, probs, labels, _ = classification
+    u, t = ROUNDING[dtype]
+    error = torch.maximum(u * probs, torch.full_like(probs, t))
+    brier_bound = (2 * error + error.square()).sum(-1).mean().item()
+    picked, picked_error = probs.gather(-1, labels[:, None])[:, 0], error.gather(-1, labels[:, None])[:, 0]
+    nll_bound = (picked / (picked - picked_error)).log().mean().item()
+    half = probs.to(dtype)
+    got = metrics.brier_score(half, labels).item()
+    assert abs(got - metrics.brier_score(probs, labels).item()) <= brier_bound + _bound(N, 2.0 * C)
+    got = metrics.negative_log_likelihood(half, labels).item()
+    nll_max = -picked.log().max().item()
+    assert abs(got - metrics.negative_log_likelihood(probs, labels).item()) <= nll_bound + _bound(N, nll_max)
