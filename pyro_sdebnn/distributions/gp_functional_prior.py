@@ -249,6 +249,8 @@ class GPFunctionalPrior(TorchDistribution):
         if len(inputs) not in (1, 2):
             raise ValueError(f"GPFunctionalPrior.infer_shapes: `inputs` must be (M, d) or (M,), got {tuple(inputs)}")
         event_shape = torch.Size((inputs[0],) if num_outputs == 1 else (inputs[0], num_outputs))
+        if isinstance(mean, (int, float)):  # a constant mean given as a number rather than a shape
+            mean = ()
         loc_shape = event_shape if mean is None else torch.broadcast_shapes(event_shape, torch.Size(mean))
         return loc_shape[: len(loc_shape) - len(event_shape)], event_shape
 
@@ -344,7 +346,8 @@ def _kl_gp_functional_prior(q: GPFunctionalPrior, p: GPFunctionalPrior) -> torch
     """
     if q.event_shape != p.event_shape:
         raise ValueError(
-            f"kl_divergence(GPFunctionalPrior, GPFunctionalPrior): event shapes differ, {q.event_shape} vs {p.event_shape}"
+            "kl_divergence(GPFunctionalPrior, GPFunctionalPrior): event shapes differ, "
+            f"{q.event_shape} vs {p.event_shape}"
         )
     scale_q, scale_p = q.scale_tril64, p.scale_tril64.to(q.scale_tril64.device)
     num_points = scale_q.shape[-1]

@@ -72,8 +72,8 @@ class OUPath(TorchDistribution):
         for k in 1..K:  w_k = a_k * w_{k-1} + s_k * Normal(0, I).sample()
 
     ``log_prob`` sums the transition log-densities, ``rsample`` simulates the chain exactly (reparameterised),
-    ``mean``/``variance``/``entropy`` are analytic. :func:`~torch.distributions.kl.kl_divergence` between two ``OUPath`` on the
-    same grid with the same :math:`\sigma` is registered in closed form (it is the exact KL of these
+    ``mean``/``variance``/``entropy`` are analytic. :func:`~torch.distributions.kl.kl_divergence` between two
+    ``OUPath`` on the same grid with the same :math:`\sigma` is registered in closed form (it is the exact KL of these
     finite-dimensional laws; for ``method="euler"`` it equals the discretised Girsanov sum
     :math:`\sum_k \frac{\Delta_k}{2}\mathbb E|(\theta_p-\theta_q) w_{k-1}/\sigma|^2` plus the ``init`` term).
 

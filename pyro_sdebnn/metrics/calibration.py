@@ -112,8 +112,9 @@ def expected_calibration_error(probs, labels, num_bins: int = 10) -> Tensor:
     their accuracy and :math:`\\mathrm{conf}` their mean confidence. Empty bins contribute 0. For
     ``(N, C)`` input the confidence is the top-label probability :math:`\\max_c \\hat p_{ic}` (top-label
     ECE); for binary ``(N,)`` input it is the positive-class probability :math:`\\hat p_i` and the accuracy
-    the frequency of label 1 (torchmetrics' ``BinaryCalibrationError``), see :func:`calibration_bins`. A calibrated predictor has ECE :math:`O(\\sqrt{B/N})`
-    from sampling error alone (the estimator is biased upwards).
+    the frequency of label 1 (torchmetrics' ``BinaryCalibrationError``), see :func:`calibration_bins`.
+    A calibrated predictor has ECE :math:`O(\\sqrt{B/N})` from sampling error alone (the estimator is biased
+    upwards).
 
     :param probs: ``(N, C)`` class probabilities or ``(N,)`` positive-class probabilities.
     :param labels: ``(N,)`` integer labels.

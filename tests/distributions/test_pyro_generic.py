@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import pickle
 
+import pyro.contrib.gp as gp
 import pytest
 import torch
 from pyro.distributions import TorchDistribution
@@ -72,6 +73,13 @@ def test_infer_shapes(dist, pyro_convention):
     batch_shape, event_shape = dist.dist.infer_shapes(**arg_shapes)
     assert d.batch_shape == batch_shape
     assert d.event_shape == event_shape
+
+
+def test_infer_shapes_of_gp_means():
+    assert GPFunctionalPrior.infer_shapes(inputs=(5, 2), mean=0.5) == ((), (5,))
+    assert GPFunctionalPrior.infer_shapes(inputs=(5, 2), mean=(4, 1, 3), num_outputs=3) == ((4,), (5, 3))
+    prior = GPFunctionalPrior(gp.kernels.RBF(2), torch.zeros(5, 2), mean=torch.zeros(4, 1, 3), num_outputs=3)
+    assert prior.batch_shape == (4,) and prior.event_shape == (5, 3)
 
 
 def test_infer_shapes_of_a_callable_gp_mean_is_not_statically_known():
