@@ -296,7 +296,7 @@ class GPFunctionalPrior(TorchDistribution):
         return 1 if self._event_dim == 1 else self.event_shape[-1]
 
     def entropy(self) -> torch.Tensor:
-        r"""Differential entropy :math:`C\,(	frac M2 \log(2\pi e) + \sum_i \log L_{ii})`, shape ``batch_shape``."""
+        r"""Differential entropy :math:`C\,(\tfrac M2 \log(2\pi e) + \sum_i \log L_{ii})`, shape ``batch_shape``."""
         num_points = self.scale_tril64.shape[-1]
         entropy = self._num_outputs * (gp_log_normalizer(self.scale_tril64) + 0.5 * num_points)
         return entropy.to(self.loc.dtype).expand(self.batch_shape)

@@ -216,7 +216,7 @@ class OUPath(TorchDistribution):
     def entropy(self) -> torch.Tensor:
         r"""Differential entropy of the path, the sum of the transitions' conditional entropies (chain rule; each
         is Gaussian with a variance that does not depend on the previous state):
-        :math:`H = D \sum_k 	frac12 \log(2\pi e\, s_k^2)`. Shape ``batch_shape``."""
+        :math:`H = D \sum_k \tfrac12 \log(2\pi e\, s_k^2)`. Shape ``batch_shape``."""
         scale = self.transition_scale
         num_steps, dim = self.event_shape
         return dim * (0.5 * num_steps * math.log(2 * math.pi * math.e) + scale.log().sum(-1))
