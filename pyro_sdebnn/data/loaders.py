@@ -108,7 +108,7 @@ def iter_batches(loader, device=None, dtype: torch.dtype | None = None, *, with_
     :param dtype: the model's floating-point dtype (inputs only; integer labels are kept).
     :param str check_finite: if given, the name of the inputs in the caller's signature (``"x"``,
         ``"x_train"``...): every batch then goes through :func:`check_finite_batch` (one device-to-host
-        sync per batch).
+        sync per batch; the targets only ``with_targets``).
     :raises TypeError: if a batch is not an ``(x, y)`` pair of tensors.
     :raises ValueError: if ``x`` and ``y`` of a batch differ in their first dimension, or a batch is empty, or
         (with ``check_finite``) a batch holds a NaN or an infinity.
@@ -134,8 +134,8 @@ def iter_batches(loader, device=None, dtype: torch.dtype | None = None, *, with_
                     f"batch {i}: x and y must have the same first (batch) dimension, got {tuple(x.shape)} "
                     f"and {tuple(y.shape)}"
                 )
-        if check_finite is not None:
-            check_finite_batch(x, y, what=check_finite, batch_index=i)
+        if check_finite is not None:  # targets only when they are used (not for prediction)
+            check_finite_batch(x, y if with_targets else None, what=check_finite, batch_index=i)
         yield x, y
 
 

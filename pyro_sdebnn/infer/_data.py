@@ -6,6 +6,9 @@
 - :class:`_TrainingData` is the training data of one ``fit``, read one epoch at a time (random minibatches of
   tensors, or one pass over a loader);
 - :func:`_iter_inputs` / :func:`_first_inputs` read the inputs to predict on;
+- every batch read, for ``fit`` or ``predict``, goes through
+  :func:`~pyro_sdebnn.data.loaders.check_finite_batch`: a NaN or an infinity raises a ``ValueError`` naming
+  the argument, the batch and the index (tensors are checked once, whole, so the index is the row of ``x``);
 - :func:`_data_parallel_sampler` / :func:`_is_sharded` tell whether a loader is sharded over several ranks
   (:mod:`pyro_sdebnn.distributed.data_parallel`).
 
@@ -20,6 +23,7 @@ from typing import Iterator
 import torch
 from torch import Tensor, nn
 
+from pyro_sdebnn.data.loaders import check_finite_batch
 from pyro_sdebnn.data.loaders import check_tensors as _check_data
 
 
@@ -97,6 +101,7 @@ class _TrainingData:
             if y is None:
                 raise TypeError("y is required when x is a tensor (or pass a loader of (x, y) batches as x)")
             _check_data(x, y, likelihood)
+            check_finite_batch(x, y, what="x")  # the whole data set once: the index is the row of x
             self.loader, self.x, self.y = None, x, y
             self.n = x.shape[0]
             self.batch_size = self.n if batch_size is None else batch_size
@@ -115,7 +120,7 @@ class _TrainingData:
             return
         from pyro_sdebnn.data.loaders import iter_batches
 
-        for xb, yb in iter_batches(self.loader, device, dtype):
+        for xb, yb in iter_batches(self.loader, device, dtype, check_finite="x"):
             _check_data(xb, yb, self.likelihood)
             yield xb, yb
 
@@ -163,11 +168,12 @@ def _iter_inputs(x, device=None, dtype=None, likelihood: str | None = None) -> I
     """The inputs to predict on: ``x`` itself (a tensor) or the ``x`` of every batch of a loader."""
     if not _is_loader_arg(x):
         _check_data(x, None, likelihood or "categorical")
+        check_finite_batch(x, what="x")
         yield x
         return
     from pyro_sdebnn.data.loaders import iter_batches
 
-    for xb, _ in iter_batches(x, device, dtype, with_targets=False):
+    for xb, _ in iter_batches(x, device, dtype, with_targets=False, check_finite="x"):
         _check_data(xb, None, likelihood or "categorical")
         yield xb
 

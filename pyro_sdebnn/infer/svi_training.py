@@ -75,6 +75,7 @@ from torch import Tensor, nn
 from tqdm.auto import trange
 
 from pyro_sdebnn.data.loaders import (
+    check_finite_batch,
     dataset_size,
     is_loader,
     iter_batches,
@@ -224,6 +225,7 @@ def _check_data(data, batch_size):
         if x.dim() == 0 or x.shape[0] == 0 or y.shape[:1] != x.shape[:1]:
             raise ValueError(f"data: x and y must have the same, non-zero first dimension, got {tuple(x.shape)} "
                              f"and {tuple(y.shape)}")
+        check_finite_batch(x, y, what="x")  # once, whole: the minibatches are slices of these tensors
         if batch_size is None:
             batch_size = x.shape[0]
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -288,8 +290,11 @@ def train_svi(
     :returns: the loss of every epoch (including those before ``resume``): the mean of the step losses weighted by
         the batch sizes.
     :raises FloatingPointError: if a step's loss is NaN or infinite (the parameters keep their last finite values).
-    :raises ValueError: for a bad ``resume`` file (see :func:`load_svi_checkpoint`) or bad arguments; when
-        data-parallel, if the ranks' loaders take different numbers of steps per epoch.
+    :raises ValueError: for a bad ``resume`` file (see :func:`load_svi_checkpoint`) or bad arguments; for data
+        holding a NaN or an infinity (inputs, or floating-point targets), naming the batch of the loader and the
+        index (:func:`~pyro_sdebnn.data.loaders.check_finite_batch`: tensors are checked once, a loader's batches
+        as they are read, before their SVI step); when data-parallel, if the ranks' loaders take different numbers
+        of steps per epoch.
 
     **Data-parallel.** Under ``torchrun`` (a process group of :math:`W > 1` ranks) with a loader sharded by a
     :class:`~torch.utils.data.distributed.DistributedSampler` (e.g.
@@ -339,8 +344,8 @@ def train_svi(
     checkpoint = None if checkpoint is None else Path(checkpoint)
 
     def batches():
-        if loader:
-            return iter_batches(data, device, dtype)
+        if loader:  # every batch checked for NaN / Inf: one reduction and one host sync, as the loss already costs
+            return iter_batches(data, device, dtype, check_finite="x")
         return _tensor_batches(data[0], data[1], batch_size, shuffle, device, dtype)
 
     start, history = 0, []

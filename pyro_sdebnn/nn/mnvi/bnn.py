@@ -44,6 +44,7 @@ Output conventions: regression nets output two columns (mean, log-variance), cla
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable
 
@@ -58,7 +59,7 @@ from pyro.optim import PyroOptim
 from torch import Tensor, nn
 from torch.distributions import Distribution, kl_divergence
 
-from pyro_sdebnn.data.loaders import check_tensors
+from pyro_sdebnn.data.loaders import check_finite_batch, check_tensors
 from pyro_sdebnn.nn.mnvi.handlers import is_sampling_free
 from pyro_sdebnn.nn.mnvi.layers import BayesianLayer
 from pyro_sdebnn.nn.mnvi.likelihoods import SamplingFreeCategorical, SamplingFreeNormal, probit_softmax
@@ -246,9 +247,9 @@ class SamplingFreeBNN(nn.Module):
             inputs (with ``"mc"`` every batch uses the same draws).
         :param str predictive: ``"probit"`` or ``"mc"`` (classification only).
         :param int num_samples: logit draws per input for ``predictive="mc"``.
+        :raises ValueError: if ``x`` (or a batch of the loader) holds a NaN or an infinity.
         """
         from pyro_sdebnn.data.loaders import is_loader
-        from pyro_sdebnn.infer.predictive import ClassificationPrediction, RegressionPrediction
         from pyro_sdebnn.nn._streaming import stream_predict
 
         if predictive not in _PREDICTIVES:
@@ -256,9 +257,16 @@ class SamplingFreeBNN(nn.Module):
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
         if not isinstance(x, Tensor) and is_loader(x):
-            return stream_predict(lambda xb: self.predict(xb, predictive=predictive, num_samples=num_samples), x,
+            batches = itertools.count()  # the index of the batch being predicted, for the error message
+            return stream_predict(lambda xb: self._predict(xb, predictive, num_samples, next(batches)), x,
                                   self.net, same_draws=True)
+        return self._predict(x, predictive, num_samples, None)
+
+    def _predict(self, x: Tensor, predictive: str, num_samples: int, batch_index: int | None):
+        from pyro_sdebnn.infer.predictive import ClassificationPrediction, RegressionPrediction
+
         check_tensors(x)
+        check_finite_batch(x, what="x", batch_index=batch_index)
         was_training = self.net.training
         switch = any(m.training for m in self.net.modules())  # Module.train visits (and sets) every submodule
         if switch:
@@ -324,7 +332,9 @@ class SamplingFreeBNN(nn.Module):
             loadable with ``torch.load(path, weights_only=True)``) to this path after every epoch.
         :param resume: continue from such a checkpoint; the result is bitwise that of an uninterrupted run on the CPU.
         :raises FloatingPointError: if the loss or a parameter becomes NaN or infinite (a diverging fit).
-        :raises ValueError: for a checkpoint of another network or a truncated file (nothing is changed).
+        :raises ValueError: for a checkpoint of another network or a truncated file (nothing is changed); for data
+            holding a NaN or an infinity, naming the batch and index (checked by
+            :func:`~pyro_sdebnn.infer.svi_training.train_svi` before any step on it).
         """
         from pyro_sdebnn.data.loaders import dataset_size, is_loader
         from pyro_sdebnn.infer.sampling_free_elbo import SamplingFree_ELBO
