@@ -29,7 +29,7 @@ with a message naming the argument, the batch and the first bad index.
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Literal, overload
 
 import numpy as np
 import torch
@@ -96,6 +96,16 @@ def move_batch(t: Tensor, device=None, dtype: torch.dtype | None = None) -> Tens
         raise TypeError(f"every element of a batch must be a torch.Tensor, got {type(t).__name__}")
     dtype = dtype if (dtype is not None and t.dtype.is_floating_point) else None
     return t.to(device=device, dtype=dtype, non_blocking=t.is_pinned())
+
+
+@overload
+def iter_batches(loader, device=None, dtype: torch.dtype | None = None, *, with_targets: Literal[True] = True,
+                 check_finite: str | None = None) -> Iterator[tuple[Tensor, Tensor]]: ...
+
+
+@overload
+def iter_batches(loader, device=None, dtype: torch.dtype | None = None, *, with_targets: bool,
+                 check_finite: str | None = None) -> Iterator[tuple[Tensor, Tensor | None]]: ...
 
 
 def iter_batches(loader, device=None, dtype: torch.dtype | None = None, *, with_targets: bool = True,
@@ -167,7 +177,7 @@ def module_device_dtype(*modules: nn.Module, buffers: bool = False) -> tuple[tor
     >>> module_device_dtype(torch.nn.Linear(2, 1).double())
     (device(type='cpu'), torch.float64)
     """
-    tensors = [p for m in modules for p in m.parameters()]
+    tensors: list[Tensor] = [p for m in modules for p in m.parameters()]
     if buffers:
         tensors += [b for m in modules for b in m.buffers()]
     for t in tensors:

@@ -76,7 +76,9 @@ def _module_device_dtype(module: nn.Module) -> tuple[torch.device, torch.dtype]:
     from pyro_sdebnn.data.loaders import module_device_dtype
 
     device, dtype = module_device_dtype(module)
-    return (torch.device("cpu"), torch.get_default_dtype()) if device is None else (device, dtype)
+    if device is None or dtype is None:
+        return torch.device("cpu"), torch.get_default_dtype()
+    return device, dtype
 
 
 class _TrainingData:
@@ -89,6 +91,8 @@ class _TrainingData:
 
     def __init__(self, x, y, likelihood: str, batch_size: int | None) -> None:
         self.likelihood = likelihood
+        self.x: Tensor | None
+        self.y: Tensor | None
         if _is_loader_arg(x):
             from pyro_sdebnn.data.loaders import dataset_size
 
@@ -112,11 +116,12 @@ class _TrainingData:
 
     def batches(self, device=None, dtype=None) -> Iterator[tuple[Tensor, Tensor]]:
         """One epoch of ``(x, y)`` minibatches (loader batches on ``device`` / ``dtype``)."""
-        if self.loader is None:
+        if self.x is not None and self.y is not None:  # tensors (else a loader)
             from pyro_sdebnn.data.loaders import minibatch_indices
 
-            for idx in minibatch_indices(self.n, int(self.batch_size), self.x.device):
-                yield self.x[idx], self.y[idx]
+            x, y = self.x, self.y
+            for idx in minibatch_indices(self.n, int(self.batch_size), x.device):
+                yield x[idx], y[idx]
             return
         from pyro_sdebnn.data.loaders import iter_batches
 
@@ -130,7 +135,7 @@ class _TrainingData:
         Reading a loader's first batch draws from torch's global generator (and the loader's own); both
         are put back afterwards, so peeking changes no later random draw (and a resumed run stays exact).
         """
-        if self.loader is None:
+        if self.x is not None and self.y is not None:
             return self.x, self.y
         from pyro_sdebnn.infer.checkpoint import rng_state, set_rng_state
 

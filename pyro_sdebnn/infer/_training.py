@@ -147,8 +147,9 @@ def svi_update(svi: pyro.infer.SVI, args: tuple = (), kwargs: dict | None = None
     with poutine.trace(param_only=True) as capture:
         loss = svi.loss_and_grads(svi.model, svi.guide, *args, **(kwargs or {}))
     loss = type(loss)(map(torch_item, loss)) if isinstance(loss, tuple) else torch_item(loss)
-    sites = sorted(capture.trace.nodes.values(), key=lambda site: site["name"])
-    params = [site["value"].unconstrained() for site in sites]
+    sites = sorted(capture.trace.nodes.values(), key=lambda site: str(site["name"]))
+    names = [str(site["name"]) for site in sites]
+    params = [site["value"].unconstrained() for site in sites]  # type: ignore[union-attr]  # a param site's value
     if not all(math.isfinite(value) for value in (loss if isinstance(loss, tuple) else (loss,))):
         pyro.infer.util.zero_grads(params)
         raise FloatingPointError(f"the SVI loss became {loss} at {where}; the parameters were not updated "
@@ -156,7 +157,7 @@ def svi_update(svi: pyro.infer.SVI, args: tuple = (), kwargs: dict | None = None
     clip_gradients(params, clip_norm, clip_inf_norm)
     svi.optim(params)
     pyro.infer.util.zero_grads(params)
-    return loss, [site["name"] for site in sites]
+    return loss, names
 
 
 def svi_step(svi: pyro.infer.SVI, *args, clip_norm: float | None = None, clip_inf_norm: float | None = None,

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import Any, Iterator
 
 import pyro
 import pyro.distributions as dist
@@ -44,6 +45,7 @@ import torch
 from pyro import poutine
 from pyro.infer import SVI
 from pyro.nn import PyroModule, PyroSample
+from pyro.params.param_store import StateDict
 from torch import Tensor, nn
 
 from pyro_sdebnn.infer._data import (
@@ -143,7 +145,7 @@ class PyroBNN(PyroModule):
             plate = pyro.plate("data", data_size, subsample=torch.arange(x.shape[0], device=x.device))
             full, idx = True, None  # x is the minibatch itself
         else:
-            plate = pyro.plate("data", x.shape[0], subsample_size=subsample_size, device=x.device)
+            plate = pyro.plate("data", x.shape[0], subsample_size=subsample_size, device=str(x.device))
             # The plate's indices may also be set from outside (e.g. by an SG-MCMC kernel's minibatching).
             full = plate.subsample_size == x.shape[0]
             idx = plate.indices
@@ -177,7 +179,7 @@ class SVIBaseline(BaselineMethod):
         super().__init__(likelihood)
         self.model = PyroBNN(net, likelihood, prior_scale)
         self.guide = self._make_guide()
-        self._store_state: dict | None = None
+        self._store_state: StateDict | None = None
         self._input_shape: list[int] | None = None  # shape of one input, to rebuild the guide on load
 
     def _make_guide(self):  # pragma: no cover - interface
@@ -254,7 +256,7 @@ class SVIBaseline(BaselineMethod):
         if optim is not None and not isinstance(optim, pyro.optim.PyroOptim):
             raise TypeError(f"optim must be a pyro.optim.PyroOptim (or PyroLRScheduler) or None, got {optim!r}")
         clip_norm, clip_inf_norm = check_clip(clip_norm, clip_inf_norm)
-        optim = pyro.optim.Adam({"lr": lr}) if optim is None else optim
+        optim = pyro.optim.Adam({"lr": lr}) if optim is None else optim  # type: ignore[attr-defined]  # made at import
         stepper = SchedulerStepper(optim, scheduler_step)
         elbo = self._make_elbo(num_particles)
         state = self._resume_state(resume, loader)
@@ -289,12 +291,13 @@ class SVIBaseline(BaselineMethod):
                 total, steps = 0.0, 0
                 if sampler is not None:
                     sampler.set_epoch(self.epoch)
+                batches: Iterator[tuple[Tensor, Tensor | None, dict[str, int | None]]]
                 if loader is None:  # the model's plate draws every minibatch from the whole data
                     batches = ((x, y, {"subsample_size": batch_size}) for _ in range(steps_per_epoch))
                 else:
                     batches = ((xb, yb, {"data_size": n}) for xb, yb in data.batches(device, dtype))
-                for xb, yb, scale in batches:
-                    step_loss = svi_step(svi, xb, yb, **scale, **clip)
+                for x_step, y_step, scale in batches:
+                    step_loss = svi_step(svi, x_step, y_step, **scale, **clip)
                     total += step_loss
                     steps += 1
                     stepper.after_step(step_loss)
@@ -312,10 +315,11 @@ class SVIBaseline(BaselineMethod):
 
     def _publish(self) -> None:
         """Put this method's guide parameters (the tensors themselves) into Pyro's global param store."""
-        pyro.get_param_store().set_state({"params": dict(self._store_state["params"]),
-                                          "constraints": dict(self._store_state["constraints"])})
+        if self._store_state is not None:
+            pyro.get_param_store().set_state({"params": dict(self._store_state["params"]),
+                                              "constraints": dict(self._store_state["constraints"])})
 
-    def _guide_names(self, shape) -> tuple[object, dict]:
+    def _guide_names(self, shape) -> tuple[Any, StateDict]:
         """A fresh guide set up (in a scratch param-store scope) for inputs of ``shape``; and that scope."""
         guide = self._make_guide()
         ref = next(iter(self.model.init_values.values()))
@@ -382,7 +386,7 @@ class SVIBaseline(BaselineMethod):
 
     # ------------------------------------------------------------------ checkpoints
     def _fitted_state(self) -> dict:
-        if self._store_state is None:
+        if self._store_state is None or self._input_shape is None:
             raise RuntimeError("call fit(...) before state_dict() or save(path)")
         params = self._store_state["params"]
         constraints = self._store_state["constraints"]

@@ -120,7 +120,7 @@ def _buffers(modules: Sequence[nn.Module]) -> list[dict]:
     return [{name: b.detach().clone() for name, b in m.named_buffers()} for m in modules]
 
 
-def _checkpoint_state(svi, names: Sequence[str], modules, epoch: int, losses: list[float], loader) -> dict:
+def _checkpoint_state(svi, names: Iterable[str], modules, epoch: int, losses: list[float], loader) -> dict:
     params = dict(pyro.get_param_store().named_parameters())  # name -> unconstrained value
     return {
         "format": CHECKPOINT_FORMAT,
@@ -143,7 +143,7 @@ def _restore(svi, path, args, kwargs, modules, loader) -> tuple[int, list[float]
     with poutine.block(), poutine.trace(param_only=True) as capture, torch.no_grad():
         svi.guide(*args, **kwargs)
         svi.model(*args, **kwargs)
-    names = {site["name"] for site in capture.trace.nodes.values()}
+    names = {str(site["name"]) for site in capture.trace.nodes.values()}
     params = dict(store.named_parameters())  # name -> unconstrained value (the tensors themselves)
     try:
         saved = state["params"]
@@ -337,7 +337,7 @@ def train_svi(
         if not isinstance(elbo, pyro.infer.ELBO):
             raise TypeError("svi: data-parallel training needs an SVI built with a pyro.infer.ELBO as its loss, got "
                             f"{type(elbo).__name__}")
-        svi = pyro.infer.SVI(svi.model, svi.guide, svi.optim, loss=elbo.loss,
+        svi = pyro.infer.SVI(svi.model, svi.guide, svi.optim, loss=elbo.loss,  # type: ignore[attr-defined]
                              loss_and_grads=AveragedGradients(elbo, modules).loss_and_grads)
         if not is_main():
             checkpoint, progress = None, False
@@ -348,7 +348,7 @@ def train_svi(
             return iter_batches(data, device, dtype, check_finite="x")
         return _tensor_batches(data[0], data[1], batch_size, shuffle, device, dtype)
 
-    start, history = 0, []
+    start, history = 0, list[float]()
     if resume is not None:
         rng = rng_state(loader_obj)
         try:
@@ -363,7 +363,7 @@ def train_svi(
             raise ValueError(f"resume: the checkpoint is at epoch {start}, past num_epochs={num_epochs}")
     names: set[str] = set()
     for epoch in trange(start, num_epochs, disable=not progress, desc="train_svi", leave=False):
-        if kl_schedule is not None:
+        if kl_schedule is not None and elbo is not None:  # (an ELBO with a kl_scale: checked above)
             elbo.kl_scale = float(kl_schedule(epoch))
         total, count = 0.0, 0
         if sampler is not None:

@@ -66,7 +66,7 @@ def _adopt(owner: PyroModule, name: str, value: Any) -> None:
 
 
 def _active(module: PyroModule) -> bool:
-    return module._pyro_context.active and not pyro.settings.get("module_local_params")
+    return bool(module._pyro_context.active) and not pyro.settings.get("module_local_params")
 
 
 class ParamStoreModule:
@@ -101,6 +101,8 @@ def sync_from_param_store(module: PyroModule) -> None:
             _adopt(module, name, param)
     for name in module.__dict__.get("_pyro_params", {}):  # PyroParam: the store holds its unconstrained value
         current = module._parameters[name + "_unconstrained"]
+        if current is None:
+            continue
         stored = _store_tensor(_make_name(module._pyro_name, name), current)
         if stored is not None:
             module._parameters[name + "_unconstrained"] = stored

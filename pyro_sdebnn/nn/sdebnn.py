@@ -156,7 +156,7 @@ class SDEBNN(ParamStoreModule, ContinuousDepthNet):
             dB = brownian_increments(times, (num_samples, self.num_weights))
             sol = euler_maruyama_kl(w0, times, dB, self.sigma, self.theta, correction, estimator=estimator,
                                     field=self.field, hidden_init=self._lead(h0, torch.Size([num_samples])))
-            return self._head(sol.hidden), sol.kl
+            return self._head(_hidden(sol)), sol.kl
         state_shape = h0.shape
 
         def field(t, h, w):
@@ -167,7 +167,7 @@ class SDEBNN(ParamStoreModule, ContinuousDepthNet):
         sol = sdeint_augmented(sde, w0.expand(num_samples, -1), h0.reshape(1, -1).expand(num_samples, -1), times,
                                method=method, adjoint=adjoint, adaptive=adaptive, rtol=rtol, atol=atol,
                                entropy=entropy, return_path=False, estimator=estimator)
-        return self._head(sol.hidden.reshape((num_samples,) + state_shape)), sol.kl
+        return self._head(_hidden(sol).reshape((num_samples,) + state_shape)), sol.kl
 
     def fused_loss(self, x: Tensor, y: Tensor, guide, *, num_samples: int = 1, estimator: str = "stl",
                    method: str = "euler", adjoint: bool = False, num_data: int | None = None,
@@ -243,6 +243,13 @@ class SDEBNN(ParamStoreModule, ContinuousDepthNet):
         _sync(self, guide, x)
         out, _ = self._solve(x, guide, num_samples, estimator="analytic", **solve)
         return self._prediction(out)
+
+
+def _hidden(sol) -> Tensor:
+    """The hidden state of an augmented solve (always there when the solve was given a field)."""
+    if sol.hidden is None:
+        raise RuntimeError("the augmented solve returned no hidden state")
+    return sol.hidden
 
 
 def _sync(net: PyroModule, guide, x: Tensor) -> None:

@@ -10,10 +10,13 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pyro
+import pytest
 import torch
 
+import pyro_sdebnn
 from pyro_sdebnn.infer import MAPEstimate, MeanFieldVI, NeuralSDEGuide, TracePathKL_ELBO, train_svi
 from pyro_sdebnn.nn import SDEBNN, make_mlp
 
@@ -39,6 +42,7 @@ _COMMON = textwrap.dedent("""
 
 _CHILD = _COMMON + textwrap.dedent("""
     import sys, pyro
+    torch.set_num_threads(1)
     store, x_path, out = sys.argv[1:]
     methods = build(seed=123)  # other initial weights than the fit's: only the param store can restore it
     pyro.get_param_store().load(store)
@@ -62,7 +66,8 @@ def test_param_store_round_trip_in_a_new_process(tmp_path):
     expected = namespace["predict_all"](vi, map_fit, net, guide, x)
     store.save(tmp_path / "store.pt")
     torch.save(x, tmp_path / "x.pt")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
+    root = str(Path(pyro_sdebnn.__file__).resolve().parents[1])  # the child imports this same package
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
     subprocess.run([sys.executable, "-c", _CHILD, str(tmp_path / "store.pt"), str(tmp_path / "x.pt"),
                     str(tmp_path / "out.pt")], check=True, env=env, timeout=120)
     got = torch.load(tmp_path / "out.pt", weights_only=True)
@@ -90,8 +95,6 @@ def test_fresh_method_reads_the_param_store_and_a_fit_never_starts_from_another_
 
 
 def test_predict_without_fit_or_param_store_says_what_to_do():
-    import pytest
-
     method = MAPEstimate(make_mlp([2, 4, 2]), "categorical")
     with pytest.raises(RuntimeError, match=r"call fit\(...\) or load\(path\).*pyro.get_param_store\(\).load"):
         method.predict(torch.randn(3, 2))

@@ -276,13 +276,15 @@ class SamplingFreeBNN(nn.Module):
         finally:
             if switch:
                 self.net.train(was_training)
+        mean, out_var = out.mean, out.var
+        assert out_var is not None  # moments() raises for a network without a variance
         if self.likelihood == "gaussian":
-            var = gaussian_predictive_variance(out.var[:, 0], out.mean[:, 1], out.var[:, 1])
-            return RegressionPrediction(out.mean[:, 0].unsqueeze(0), var.sqrt().unsqueeze(0))
+            var = gaussian_predictive_variance(out_var[:, 0], mean[:, 1], out_var[:, 1])
+            return RegressionPrediction(mean[:, 0].unsqueeze(0), var.sqrt().unsqueeze(0))
         if predictive == "probit":
-            return ClassificationPrediction(probit_softmax(out.mean, out.var).unsqueeze(0))
-        noise = torch.randn((num_samples, 1, out.mean.shape[-1]), dtype=out.mean.dtype, device=out.mean.device)
-        return ClassificationPrediction(torch.softmax(out.mean + out.var.sqrt() * noise, dim=-1))
+            return ClassificationPrediction(probit_softmax(mean, out_var).unsqueeze(0))
+        noise = torch.randn((num_samples, 1, mean.shape[-1]), dtype=mean.dtype, device=mean.device)
+        return ClassificationPrediction(torch.softmax(mean + out_var.sqrt() * noise, dim=-1))
 
     # -------------------------------------------------------------------------------------- fitting
     def fit(
@@ -343,23 +345,23 @@ class SamplingFreeBNN(nn.Module):
         if not isinstance(x, Tensor) and is_loader(x):
             if y is not None:
                 raise ValueError("y must be None when x is a loader (the loader yields the (x, y) batches)")
-            n, data, batch_size = dataset_size(x), x, None
+            n, data, tensor_batch_size = dataset_size(x), x, None  # a loader has its own batch size
         else:
             if y is None:
                 raise TypeError("y is required with tensor inputs x (or pass a loader of (x, y) batches as x)")
             check_tensors(x, y, self.likelihood)
             if not isinstance(batch_size, int) or batch_size < 1:
                 raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-            n, data = x.shape[0], (x, y)
+            n, data, tensor_batch_size = x.shape[0], (x, y), batch_size
         if not isinstance(num_epochs, int) or num_epochs < 1:
             raise ValueError(f"num_epochs must be a positive int, got {num_epochs!r}")
         if self.num_data is None:
             self.num_data = n
         loss = SamplingFree_ELBO() if loss is None else loss
-        optim = pyro.optim.Adam({"lr": 1e-3}) if optim is None else optim
+        optim = pyro.optim.Adam({"lr": 1e-3}) if optim is None else optim  # type: ignore[attr-defined]  # made at import
         scale = 1.0 / self.num_data
         svi = SVI(poutine.scale(self.model, scale), poutine.scale(self.guide, scale), optim, loss)
         self.net.train()
-        return train_svi(svi, data, num_epochs=num_epochs, batch_size=batch_size, kl_schedule=kl_schedule,
+        return train_svi(svi, data, num_epochs=num_epochs, batch_size=tensor_batch_size, kl_schedule=kl_schedule,
                          progress=progress, scheduler_step=scheduler_step, clip_norm=clip_norm,
                          clip_inf_norm=clip_inf_norm, checkpoint=checkpoint, resume=resume, modules=[self.net])
