@@ -122,3 +122,33 @@ def test_sdebnn_predictive_follows_a_loaded_param_store(tmp_path):
     torch.manual_seed(1)
     got = pyro.infer.Predictive(net2.model, guide=guide2, num_samples=2, return_sites=["f"])(x)["f"]
     torch.testing.assert_close(got, expected)
+
+
+def test_ode_net_follows_a_loaded_param_store(tmp_path):
+    # SVI with an AutoNormal guide over the weights "w": the head and the guide come back from the store
+    from pyro.infer.autoguide import AutoNormal
+
+    from pyro_sdebnn.nn import ODENet
+
+    x = torch.randn(6, 2)
+    y = x[:, 0].clone()
+    torch.manual_seed(0)
+    net = ODENet(2, 1, hidden=4, augment=1, dt=0.5)
+    guide = AutoNormal(net.model)
+    svi = pyro.infer.SVI(net.model, guide, pyro.optim.Adam({"lr": 0.1}), pyro.infer.Trace_ELBO())
+    for _ in range(3):
+        svi.step(x, y)
+    assert {"head$$$weight", "obs_scale"} <= set(pyro.get_param_store().keys())
+    pyro.get_param_store().save(tmp_path / "store.pt")
+    torch.manual_seed(1)
+    expected = net.predict(x, guide, num_samples=2)
+    pyro.clear_param_store()
+    torch.manual_seed(5)
+    net2 = ODENet(2, 1, hidden=4, augment=1, dt=0.5)
+    guide2 = AutoNormal(net2.model)
+    pyro.get_param_store().load(tmp_path / "store.pt")
+    guide2(x, y)  # set up as for the fit (y observed), its parameters taken from the loaded store
+    torch.manual_seed(1)
+    got = net2.predict(x, guide2, num_samples=2)
+    torch.testing.assert_close(got.loc, expected.loc)
+    torch.testing.assert_close(got.scale, expected.scale)

@@ -358,7 +358,7 @@ class SamplingFreeBNN(nn.Module):
         if self.num_data is None:
             self.num_data = n
         loss = SamplingFree_ELBO() if loss is None else loss
-        optim = pyro.optim.Adam({"lr": 1e-3}) if optim is None else optim  # type: ignore[attr-defined]  # made at import
+        optim = pyro.optim.Adam({"lr": 1e-3}) if optim is None else optim  # type: ignore[attr-defined]
         scale = 1.0 / self.num_data
         svi = SVI(poutine.scale(self.model, scale), poutine.scale(self.guide, scale), optim, loss)
         self.net.train()
