@@ -345,3 +345,16 @@ def test_gradients_are_clipped_in_the_order_of_parameter_names(monkeypatch):
     _, _, svi = _sdebnn_svi()
     train_svi(svi, (x, y), num_epochs=1, batch_size=8, clip_norm=0.05)
     assert len(orders) == 3 and all(order == sorted(pyro.get_param_store().keys()) for order in orders)
+
+
+def test_a_loss_returning_several_numbers_is_a_clear_error():
+    x, _ = _data()
+    pyro.clear_param_store()
+    guide = AutoNormal(_regression)
+
+    def two_losses(model, guide, *args, **kwargs):
+        return Trace_ELBO().differentiable_loss(model, guide, *args, **kwargs), torch.tensor(0.0)
+
+    svi = SVI(_regression, guide, pyro.optim.Adam({"lr": 1e-2}), loss=two_losses)
+    with pytest.raises(TypeError, match="one number, got a tuple of 2"):
+        train_svi(svi, (x, x.sum(-1)), num_epochs=1, batch_size=8)
