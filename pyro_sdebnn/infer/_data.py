@@ -6,6 +6,9 @@
 - :class:`_TrainingData` is the training data of one ``fit``, read one epoch at a time (random minibatches of
   tensors, or one pass over a loader);
 - :func:`_iter_inputs` / :func:`_first_inputs` read the inputs to predict on;
+- every batch read, for ``fit`` or ``predict``, goes through
+  :func:`~pyro_sdebnn.data.loaders.check_finite_batch`: a NaN or an infinity raises a ``ValueError`` naming
+  the argument, the batch and the index (tensors are checked once, whole, so the index is the row of ``x``);
 - :func:`_data_parallel_sampler` / :func:`_is_sharded` tell whether a loader is sharded over several ranks
   (:mod:`pyro_sdebnn.distributed.data_parallel`).
 
@@ -20,6 +23,7 @@ from typing import Iterator
 import torch
 from torch import Tensor, nn
 
+from pyro_sdebnn.data.loaders import check_finite_batch
 from pyro_sdebnn.data.loaders import check_tensors as _check_data
 
 
@@ -72,7 +76,9 @@ def _module_device_dtype(module: nn.Module) -> tuple[torch.device, torch.dtype]:
     from pyro_sdebnn.data.loaders import module_device_dtype
 
     device, dtype = module_device_dtype(module)
-    return (torch.device("cpu"), torch.get_default_dtype()) if device is None else (device, dtype)
+    if device is None or dtype is None:
+        return torch.device("cpu"), torch.get_default_dtype()
+    return device, dtype
 
 
 class _TrainingData:
@@ -85,6 +91,8 @@ class _TrainingData:
 
     def __init__(self, x, y, likelihood: str, batch_size: int | None) -> None:
         self.likelihood = likelihood
+        self.x: Tensor | None
+        self.y: Tensor | None
         if _is_loader_arg(x):
             from pyro_sdebnn.data.loaders import dataset_size
 
@@ -97,6 +105,7 @@ class _TrainingData:
             if y is None:
                 raise TypeError("y is required when x is a tensor (or pass a loader of (x, y) batches as x)")
             _check_data(x, y, likelihood)
+            check_finite_batch(x, y, what="x")  # the whole data set once: the index is the row of x
             self.loader, self.x, self.y = None, x, y
             self.n = x.shape[0]
             self.batch_size = self.n if batch_size is None else batch_size
@@ -107,15 +116,16 @@ class _TrainingData:
 
     def batches(self, device=None, dtype=None) -> Iterator[tuple[Tensor, Tensor]]:
         """One epoch of ``(x, y)`` minibatches (loader batches on ``device`` / ``dtype``)."""
-        if self.loader is None:
+        if self.x is not None and self.y is not None:  # tensors (else a loader)
             from pyro_sdebnn.data.loaders import minibatch_indices
 
-            for idx in minibatch_indices(self.n, int(self.batch_size), self.x.device):
-                yield self.x[idx], self.y[idx]
+            x, y = self.x, self.y
+            for idx in minibatch_indices(self.n, int(self.batch_size), x.device):
+                yield x[idx], y[idx]
             return
         from pyro_sdebnn.data.loaders import iter_batches
 
-        for xb, yb in iter_batches(self.loader, device, dtype):
+        for xb, yb in iter_batches(self.loader, device, dtype, check_finite="x"):
             _check_data(xb, yb, self.likelihood)
             yield xb, yb
 
@@ -125,7 +135,7 @@ class _TrainingData:
         Reading a loader's first batch draws from torch's global generator (and the loader's own); both
         are put back afterwards, so peeking changes no later random draw (and a resumed run stays exact).
         """
-        if self.loader is None:
+        if self.x is not None and self.y is not None:
             return self.x, self.y
         from pyro_sdebnn.infer.checkpoint import rng_state, set_rng_state
 
@@ -163,11 +173,12 @@ def _iter_inputs(x, device=None, dtype=None, likelihood: str | None = None) -> I
     """The inputs to predict on: ``x`` itself (a tensor) or the ``x`` of every batch of a loader."""
     if not _is_loader_arg(x):
         _check_data(x, None, likelihood or "categorical")
+        check_finite_batch(x, what="x")
         yield x
         return
     from pyro_sdebnn.data.loaders import iter_batches
 
-    for xb, _ in iter_batches(x, device, dtype, with_targets=False):
+    for xb, _ in iter_batches(x, device, dtype, with_targets=False, check_finite="x"):
         _check_data(xb, None, likelihood or "categorical")
         yield xb
 

@@ -143,20 +143,25 @@ def svi_update(svi: pyro.infer.SVI, args: tuple = (), kwargs: dict | None = None
     :param str where: where in the run this step is, for the error message (e.g. ``"epoch 3, batch 7"``).
     :returns: the loss estimate and the names of the parameters updated.
     :raises FloatingPointError: if the loss is NaN or infinite (the gradients are zeroed, nothing is updated).
+    :raises TypeError: if the loss returns a tuple (several losses) instead of one number.
     """
     with poutine.trace(param_only=True) as capture:
         loss = svi.loss_and_grads(svi.model, svi.guide, *args, **(kwargs or {}))
-    loss = type(loss)(map(torch_item, loss)) if isinstance(loss, tuple) else torch_item(loss)
-    sites = sorted(capture.trace.nodes.values(), key=lambda site: site["name"])
-    params = [site["value"].unconstrained() for site in sites]
-    if not all(math.isfinite(value) for value in (loss if isinstance(loss, tuple) else (loss,))):
+    sites = sorted(capture.trace.nodes.values(), key=lambda site: str(site["name"]))
+    names = [str(site["name"]) for site in sites]
+    params = [site["value"].unconstrained() for site in sites]  # type: ignore[union-attr]  # a param site's value
+    if isinstance(loss, tuple):  # the epoch means and the scheduler need one number per step
+        pyro.infer.util.zero_grads(params)
+        raise TypeError(f"svi_update needs a loss that returns one number, got a tuple of {len(loss)}")
+    loss = torch_item(loss)
+    if not math.isfinite(loss):
         pyro.infer.util.zero_grads(params)
         raise FloatingPointError(f"the SVI loss became {loss} at {where}; the parameters were not updated "
                                  "(try a smaller learning rate, clip_norm, or check the data for NaN)")
     clip_gradients(params, clip_norm, clip_inf_norm)
     svi.optim(params)
     pyro.infer.util.zero_grads(params)
-    return loss, [site["name"] for site in sites]
+    return loss, names
 
 
 def svi_step(svi: pyro.infer.SVI, *args, clip_norm: float | None = None, clip_inf_norm: float | None = None,

@@ -108,7 +108,7 @@ def detached(obj: Any) -> Any:
     if isinstance(obj, Tensor):
         return obj.detach().clone()
     if isinstance(obj, dict):  # item by item: Counter(pairs) would count the pairs
-        out = Counter() if isinstance(obj, Counter) else OrderedDict() if isinstance(obj, OrderedDict) else {}
+        out: dict = Counter() if isinstance(obj, Counter) else OrderedDict() if isinstance(obj, OrderedDict) else {}
         for key, value in obj.items():
             out[key] = detached(value)
         return out

@@ -163,10 +163,9 @@ class DeepEnsemble(BaselineMethod):
         elif vectorize and not self._vectorizable():
             raise ValueError("vectorize=True needs members with identical parameter shapes and no buffers or dropout")
         state = self._resume_state(resume, loader)
-        clip = {"clip_norm": clip_norm, "clip_inf_norm": clip_inf_norm}
-        sched = {"scheduler": scheduler, "scheduler_step": scheduler_step}
         if vectorize:
-            done = self._fit_vectorized(data, num_epochs, lr, size, weight_decay, progress, forced, **sched, **clip,
+            done = self._fit_vectorized(data, num_epochs, lr, size, weight_decay, progress, forced, scheduler=scheduler,
+                                        scheduler_step=scheduler_step, clip_norm=clip_norm, clip_inf_norm=clip_inf_norm,
                                         state=state)
             if done is not None:
                 self._end_fit(loader, mode="vectorized", trainer=done)
@@ -174,7 +173,8 @@ class DeepEnsemble(BaselineMethod):
         trainers = [
             _NetworkTrainer(
                 member, self.likelihood, lr=lr, weight_decay=weight_decay, desc=f"deep-ensemble member {k}",
-                state=None if state is None else state["trainers"][k], **sched, **clip,
+                state=None if state is None else state["trainers"][k], scheduler=scheduler,
+                scheduler_step=scheduler_step, clip_norm=clip_norm, clip_inf_norm=clip_inf_norm,
             )
             for k, member in enumerate(self.members)
         ]

@@ -53,6 +53,11 @@ class MAPEstimate(SVIBaseline):
     :param str likelihood: ``"categorical"`` or ``"gaussian"``.
     :param float prior_scale: :math:`\\sigma_p` of the Gaussian weight prior.
 
+    After ``fit`` Pyro's param store holds the guide's parameters (``"AutoDelta..."``), as after
+    :class:`pyro.infer.SVI`: save them with ``pyro.get_param_store().save(path)``, and in a new process build
+    ``MAPEstimate(net, likelihood)`` as for the fit, ``pyro.get_param_store().load(path)`` and ``predict``
+    (see :mod:`~pyro_sdebnn.infer.pyro_bnn`).
+
     >>> from pyro_sdebnn.nn import make_mlp
     >>> x, y = torch.randn(20, 2), torch.randint(0, 2, (20,))
     >>> map_fit = MAPEstimate(make_mlp([2, 8, 2]), "categorical").fit(x, y, num_epochs=3, batch_size=10)

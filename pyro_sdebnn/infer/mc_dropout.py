@@ -178,8 +178,9 @@ def _shared_mask_dropout(layer: nn.Module, inputs: Tensor, masks: dict[int, Tens
     """
     key = id(layer)
     if key not in masks:
+        shape: tuple[int, ...]
         if isinstance(layer, nn.Dropout):
-            shape = inputs.shape[1:]
+            shape = tuple(inputs.shape[1:])
         elif isinstance(layer, (nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)):
             shape = (inputs.shape[1],) + (1,) * (inputs.dim() - 2)
         else:

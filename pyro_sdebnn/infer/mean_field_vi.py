@@ -48,6 +48,11 @@ class MeanFieldVI(SVIBaseline):
     :param float prior_scale: :math:`\\sigma_p` of the Gaussian weight prior.
     :param float init_scale: initial standard deviation of every guide factor.
 
+    After ``fit`` Pyro's param store holds the guide's parameters (``"AutoNormal..."``), as after
+    :class:`pyro.infer.SVI`: save them with ``pyro.get_param_store().save(path)``, and in a new process build
+    ``MeanFieldVI(net, likelihood)`` as for the fit, ``pyro.get_param_store().load(path)`` and ``predict``
+    (see :mod:`~pyro_sdebnn.infer.pyro_bnn`).
+
     >>> from pyro_sdebnn.nn import make_mlp
     >>> x, y = torch.randn(20, 2), torch.randint(0, 2, (20,))
     >>> vi = MeanFieldVI(make_mlp([2, 8, 2]), "categorical").fit(x, y, num_epochs=3, batch_size=10)

@@ -33,7 +33,7 @@ those on the concatenated tensors. Every method has ``save(path)`` / ``load(path
 from __future__ import annotations
 
 import math
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -137,7 +137,7 @@ def outputs_to_prediction(outputs: Tensor, likelihood: str) -> Prediction:
 _DROPOUT_TYPES = (nn.modules.dropout._DropoutNd,)  # Dropout, Dropout1d/2d/3d, AlphaDropout, FeatureAlphaDropout
 
 
-def _dropout_layers(net: nn.Module) -> list[nn.Module]:
+def _dropout_layers(net: nn.Module) -> list[nn.modules.dropout._DropoutNd]:
     """Every dropout module of ``net`` (active or not)."""
     return [m for m in net.modules() if isinstance(m, _DROPOUT_TYPES)]
 
@@ -165,7 +165,7 @@ class BaselineMethod:
         self.losses: list[float] = []
         self._train_state: dict | None = None
 
-    def fit(self, x, y: Tensor | None = None, **kwargs) -> "BaselineMethod":  # pragma: no cover - interface
+    def fit(self, *args: Any, **kwargs: Any) -> "BaselineMethod":  # pragma: no cover - interface: fit(x, y, ...)
         raise NotImplementedError
 
     # ------------------------------------------------------------------ resume and checkpoints

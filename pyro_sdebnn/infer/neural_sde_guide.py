@@ -68,6 +68,7 @@ from pyro.poutine.util import site_is_subsample
 from torch import Tensor, nn
 
 from pyro_sdebnn.distributions import OUPath
+from pyro_sdebnn.nn._param_store import ParamStoreModule
 from pyro_sdebnn.nn.sde_drift import DriftMLP
 from pyro_sdebnn.ops.path_kl import check_estimator
 from pyro_sdebnn.ops.sde_solve import brownian_increments, euler_maruyama_kl
@@ -285,7 +286,7 @@ class _FunctionDrift(nn.Module):
         return self.fn(t, w)
 
 
-class NeuralSDEGuide(AutoGuide):
+class NeuralSDEGuide(ParamStoreModule, AutoGuide):
     """Guide with a neural-SDE posterior for every ``OUPath`` site of a Pyro model.
 
     For each site the posterior drift is :math:`-\\theta w + \\mathrm{NN}(w, t; \\phi)` with the

@@ -16,14 +16,28 @@ The network outputs are recorded in a ``pyro.deterministic("outputs", ...)`` sit
 
 :class:`SVIBaseline` trains an autoguide on that model with :class:`pyro.infer.SVI`; its subclasses
 are :class:`~pyro_sdebnn.infer.map_estimate.MAPEstimate` (``AutoDelta``) and
-:class:`~pyro_sdebnn.infer.mean_field_vi.MeanFieldVI` (``AutoNormal``). Each instance keeps its own
-parameter-store scope, so several of them coexist in one process.
+:class:`~pyro_sdebnn.infer.mean_field_vi.MeanFieldVI` (``AutoNormal``).
+
+**Fitted state, the Pyro way.** After ``fit`` (or ``load``), Pyro's global param store holds the fitted
+guide parameters under the guide's own names (``"AutoNormal.locs.net.0.weight"``, ...), exactly as after
+a run of :class:`pyro.infer.SVI`, so ``pyro.get_param_store().save(path)`` saves the fit and, in a new
+process, a method built the same way predicts with it::
+
+    vi = MeanFieldVI(net, "categorical")          # the same network and likelihood as for the fit
+    pyro.get_param_store().load(path)
+    vi.predict(x)
+
+A method that was never fitted nor loaded takes its guide parameters from the global param store on its
+first ``predict``. Each instance also keeps a reference to its own parameters, so several fits coexist in
+one process: the global store shows the last one fitted or loaded, and a new ``fit`` starts from the
+method's own state, never from another instance's parameters left in the store.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+from typing import Any, Iterator
 
 import pyro
 import pyro.distributions as dist
@@ -31,11 +45,13 @@ import torch
 from pyro import poutine
 from pyro.infer import SVI
 from pyro.nn import PyroModule, PyroSample
+from pyro.params.param_store import StateDict
 from torch import Tensor, nn
 
 from pyro_sdebnn.infer._data import (
     _check_fit_args,
     _is_loader_arg,
+    _first_inputs,
     _iter_inputs,
     _TrainingData,
 )
@@ -129,7 +145,7 @@ class PyroBNN(PyroModule):
             plate = pyro.plate("data", data_size, subsample=torch.arange(x.shape[0], device=x.device))
             full, idx = True, None  # x is the minibatch itself
         else:
-            plate = pyro.plate("data", x.shape[0], subsample_size=subsample_size, device=x.device)
+            plate = pyro.plate("data", x.shape[0], subsample_size=subsample_size, device=str(x.device))
             # The plate's indices may also be set from outside (e.g. by an SG-MCMC kernel's minibatching).
             full = plate.subsample_size == x.shape[0]
             idx = plate.indices
@@ -163,7 +179,7 @@ class SVIBaseline(BaselineMethod):
         super().__init__(likelihood)
         self.model = PyroBNN(net, likelihood, prior_scale)
         self.guide = self._make_guide()
-        self._store_state: dict | None = None
+        self._store_state: StateDict | None = None
         self._input_shape: list[int] | None = None  # shape of one input, to rebuild the guide on load
 
     def _make_guide(self):  # pragma: no cover - interface
@@ -240,7 +256,7 @@ class SVIBaseline(BaselineMethod):
         if optim is not None and not isinstance(optim, pyro.optim.PyroOptim):
             raise TypeError(f"optim must be a pyro.optim.PyroOptim (or PyroLRScheduler) or None, got {optim!r}")
         clip_norm, clip_inf_norm = check_clip(clip_norm, clip_inf_norm)
-        optim = pyro.optim.Adam({"lr": lr}) if optim is None else optim
+        optim = pyro.optim.Adam({"lr": lr}) if optim is None else optim  # type: ignore[attr-defined]  # made at import
         stepper = SchedulerStepper(optim, scheduler_step)
         elbo = self._make_elbo(num_particles)
         state = self._resume_state(resume, loader)
@@ -275,12 +291,13 @@ class SVIBaseline(BaselineMethod):
                 total, steps = 0.0, 0
                 if sampler is not None:
                     sampler.set_epoch(self.epoch)
+                batches: Iterator[tuple[Tensor, Tensor | None, dict[str, int | None]]]
                 if loader is None:  # the model's plate draws every minibatch from the whole data
                     batches = ((x, y, {"subsample_size": batch_size}) for _ in range(steps_per_epoch))
                 else:
                     batches = ((xb, yb, {"data_size": n}) for xb, yb in data.batches(device, dtype))
-                for xb, yb, scale in batches:
-                    step_loss = svi_step(svi, xb, yb, **scale, **clip)
+                for x_step, y_step, scale in batches:
+                    step_loss = svi_step(svi, x_step, y_step, **scale, **clip)
                     total += step_loss
                     steps += 1
                     stepper.after_step(step_loss)
@@ -292,8 +309,52 @@ class SVIBaseline(BaselineMethod):
                 stepper.after_epoch(loss)
             optim_state = detached(optim.get_state())
         self._store_state = scope
+        self._publish()
         self._end_fit(loader, optim=optim_state)
         return self
+
+    def _publish(self) -> None:
+        """Put this method's guide parameters (the tensors themselves) into Pyro's global param store."""
+        if self._store_state is not None:
+            pyro.get_param_store().set_state({"params": dict(self._store_state["params"]),
+                                              "constraints": dict(self._store_state["constraints"])})
+
+    def _guide_names(self, shape) -> tuple[Any, StateDict]:
+        """A fresh guide set up (in a scratch param-store scope) for inputs of ``shape``; and that scope."""
+        guide = self._make_guide()
+        ref = next(iter(self.model.init_values.values()))
+        x = torch.zeros(1, *shape, dtype=ref.dtype, device=ref.device)
+        y = torch.zeros(1, dtype=torch.long if self.likelihood == "categorical" else ref.dtype, device=ref.device)
+        # setting up an autoguide runs the model, which draws random numbers: not from the caller's stream
+        devices = [ref.device] if ref.device.type == "cuda" else []
+        with pyro.get_param_store().scope() as scope, torch.random.fork_rng(devices=devices):
+            try:
+                guide(x, y, data_size=1)
+            except (RuntimeError, ValueError) as err:
+                raise ValueError(f"inputs of shape {list(shape)} do not fit this network: {err}") from None
+        return guide, scope
+
+    def _from_param_store(self, shape) -> None:
+        """Take the guide parameters from Pyro's global param store (e.g. after ``pyro.get_param_store().load``).
+
+        :raises RuntimeError: if the store does not hold every parameter of this method's guide.
+        """
+        guide, scope = self._guide_names(shape)
+        state = pyro.get_param_store().get_state()
+        missing = [name for name in scope["params"] if name not in state["params"]]
+        if missing:
+            raise RuntimeError(
+                "call fit(...) or load(path) before predicting, or load a fit of this model into Pyro's param "
+                f"store (pyro.get_param_store().load(path)); the param store lacks {missing[:3]}"
+            )
+        for name, fresh in scope["params"].items():
+            if state["params"][name].shape != fresh.shape:
+                raise ValueError(f"the param store's {name!r} has shape {tuple(state['params'][name].shape)}, this "
+                                 f"guide's {tuple(fresh.shape)}: the store holds the fit of another network")
+        self.guide = guide
+        self._input_shape = list(shape)
+        self._store_state = {"params": {name: state["params"][name] for name in scope["params"]},
+                             "constraints": {name: state["constraints"][name] for name in scope["params"]}}
 
     def _weight_draws(self, num_samples: int) -> list[dict[str, Tensor]]:
         """``num_samples`` weight draws from the guide (inside this method's parameter-store scope)."""
@@ -309,10 +370,9 @@ class SVIBaseline(BaselineMethod):
         """
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
-        _is_loader_arg(x)
-        if self.guide.prototype_trace is None:
-            raise RuntimeError("call fit(...) or load(path) before predicting")
         ref = next(iter(self.model.init_values.values()))
+        if self._store_state is None:  # neither fitted nor loaded: the fit in Pyro's param store, if any
+            self._from_param_store(_first_inputs(x, ref.device, ref.dtype, self.likelihood).shape[1:])
         with pyro.get_param_store().scope(self._store_state):
             draws = self._weight_draws(num_samples)
             chunks = []
@@ -326,7 +386,7 @@ class SVIBaseline(BaselineMethod):
 
     # ------------------------------------------------------------------ checkpoints
     def _fitted_state(self) -> dict:
-        if self._store_state is None:
+        if self._store_state is None or self._input_shape is None:
             raise RuntimeError("call fit(...) before state_dict() or save(path)")
         params = self._store_state["params"]
         constraints = self._store_state["constraints"]
@@ -347,15 +407,10 @@ class SVIBaseline(BaselineMethod):
             raise ValueError(f"the checkpoint's prior_scale must be a positive float, got {prior_scale!r}")
         saved, saved_constraints = state.get("params"), state.get("constraints")
         # A fresh guide in a scratch scope: its parameter names, shapes and constraints.
-        guide = self._make_guide()
-        ref = next(iter(self.model.init_values.values()))
-        x = torch.zeros(1, *shape, dtype=ref.dtype, device=ref.device)
-        y = torch.zeros(1, dtype=torch.long if self.likelihood == "categorical" else ref.dtype, device=ref.device)
-        with pyro.get_param_store().scope() as scope:
-            try:
-                guide(x, y, data_size=1)
-            except (RuntimeError, ValueError) as err:
-                raise ValueError(f"the checkpoint's input shape {shape} does not fit this network: {err}") from None
+        try:
+            guide, scope = self._guide_names(shape)
+        except ValueError as err:
+            raise ValueError(f"the checkpoint's input shape: {err}") from None
         fresh = scope["params"]
         check_tensors(saved, fresh, "guide parameters")
         expected = {name: repr(scope["constraints"][name]) for name in fresh}
@@ -370,5 +425,6 @@ class SVIBaseline(BaselineMethod):
             self._input_shape = list(shape)
             params = {name: saved[name].detach().clone().to(fresh[name]).requires_grad_() for name in fresh}
             self._store_state = {"params": params, "constraints": dict(scope["constraints"])}
+            self._publish()
 
         return apply

@@ -75,6 +75,7 @@ from torch import Tensor, nn
 from tqdm.auto import trange
 
 from pyro_sdebnn.data.loaders import (
+    check_finite_batch,
     dataset_size,
     is_loader,
     iter_batches,
@@ -119,7 +120,7 @@ def _buffers(modules: Sequence[nn.Module]) -> list[dict]:
     return [{name: b.detach().clone() for name, b in m.named_buffers()} for m in modules]
 
 
-def _checkpoint_state(svi, names: Sequence[str], modules, epoch: int, losses: list[float], loader) -> dict:
+def _checkpoint_state(svi, names: Iterable[str], modules, epoch: int, losses: list[float], loader) -> dict:
     params = dict(pyro.get_param_store().named_parameters())  # name -> unconstrained value
     return {
         "format": CHECKPOINT_FORMAT,
@@ -142,7 +143,7 @@ def _restore(svi, path, args, kwargs, modules, loader) -> tuple[int, list[float]
     with poutine.block(), poutine.trace(param_only=True) as capture, torch.no_grad():
         svi.guide(*args, **kwargs)
         svi.model(*args, **kwargs)
-    names = {site["name"] for site in capture.trace.nodes.values()}
+    names = {str(site["name"]) for site in capture.trace.nodes.values()}
     params = dict(store.named_parameters())  # name -> unconstrained value (the tensors themselves)
     try:
         saved = state["params"]
@@ -224,6 +225,7 @@ def _check_data(data, batch_size):
         if x.dim() == 0 or x.shape[0] == 0 or y.shape[:1] != x.shape[:1]:
             raise ValueError(f"data: x and y must have the same, non-zero first dimension, got {tuple(x.shape)} "
                              f"and {tuple(y.shape)}")
+        check_finite_batch(x, y, what="x")  # once, whole: the minibatches are slices of these tensors
         if batch_size is None:
             batch_size = x.shape[0]
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -288,8 +290,11 @@ def train_svi(
     :returns: the loss of every epoch (including those before ``resume``): the mean of the step losses weighted by
         the batch sizes.
     :raises FloatingPointError: if a step's loss is NaN or infinite (the parameters keep their last finite values).
-    :raises ValueError: for a bad ``resume`` file (see :func:`load_svi_checkpoint`) or bad arguments; when
-        data-parallel, if the ranks' loaders take different numbers of steps per epoch.
+    :raises ValueError: for a bad ``resume`` file (see :func:`load_svi_checkpoint`) or bad arguments; for data
+        holding a NaN or an infinity (inputs, or floating-point targets), naming the batch of the loader and the
+        index (:func:`~pyro_sdebnn.data.loaders.check_finite_batch`: tensors are checked once, a loader's batches
+        as they are read, before their SVI step); when data-parallel, if the ranks' loaders take different numbers
+        of steps per epoch.
 
     **Data-parallel.** Under ``torchrun`` (a process group of :math:`W > 1` ranks) with a loader sharded by a
     :class:`~torch.utils.data.distributed.DistributedSampler` (e.g.
@@ -332,18 +337,18 @@ def train_svi(
         if not isinstance(elbo, pyro.infer.ELBO):
             raise TypeError("svi: data-parallel training needs an SVI built with a pyro.infer.ELBO as its loss, got "
                             f"{type(elbo).__name__}")
-        svi = pyro.infer.SVI(svi.model, svi.guide, svi.optim, loss=elbo.loss,
+        svi = pyro.infer.SVI(svi.model, svi.guide, svi.optim, loss=elbo.loss,  # type: ignore[attr-defined]
                              loss_and_grads=AveragedGradients(elbo, modules).loss_and_grads)
         if not is_main():
             checkpoint, progress = None, False
     checkpoint = None if checkpoint is None else Path(checkpoint)
 
     def batches():
-        if loader:
-            return iter_batches(data, device, dtype)
+        if loader:  # every batch checked for NaN / Inf: one reduction and one host sync, as the loss already costs
+            return iter_batches(data, device, dtype, check_finite="x")
         return _tensor_batches(data[0], data[1], batch_size, shuffle, device, dtype)
 
-    start, history = 0, []
+    start, history = 0, list[float]()
     if resume is not None:
         rng = rng_state(loader_obj)
         try:
@@ -358,7 +363,7 @@ def train_svi(
             raise ValueError(f"resume: the checkpoint is at epoch {start}, past num_epochs={num_epochs}")
     names: set[str] = set()
     for epoch in trange(start, num_epochs, disable=not progress, desc="train_svi", leave=False):
-        if kl_schedule is not None:
+        if kl_schedule is not None and elbo is not None:  # (an ELBO with a kl_scale: checked above)
             elbo.kl_scale = float(kl_schedule(epoch))
         total, count = 0.0, 0
         if sampler is not None:

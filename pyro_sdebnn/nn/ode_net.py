@@ -40,6 +40,7 @@ Two ways to fit them, as in Table 1 of [3]:
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Sequence
 
@@ -50,14 +51,15 @@ from pyro import poutine
 from pyro.nn import pyro_method
 from torch import Tensor, nn
 
-from pyro_sdebnn.data.loaders import is_loader
+from pyro_sdebnn.data.loaders import check_finite_batch, is_loader
+from pyro_sdebnn.nn._param_store import ParamStoreModule, sync_from_param_store
 from pyro_sdebnn.nn._streaming import stream_predict
 from pyro_sdebnn.nn.continuous_depth import ContinuousDepthNet
 
 __all__ = ["ODENet", "ResNet"]
 
 
-class _ConstantWeightNet(ContinuousDepthNet):
+class _ConstantWeightNet(ParamStoreModule, ContinuousDepthNet):
     """Shared body of :class:`ODENet` and :class:`ResNet`: constant weights on the SDE-BNN's network.
 
     Field, augmentation, Euler grid, head and likelihoods come from
@@ -156,11 +158,18 @@ class _ConstantWeightNet(ContinuousDepthNet):
             ``"w"`` is read from a trace of ``guide(x)``.
         :returns: :class:`~pyro_sdebnn.infer.ClassificationPrediction` with ``probs (S, N, C)`` or
             :class:`~pyro_sdebnn.infer.RegressionPrediction` with ``loc, scale (S, N)`` (scalar regression).
+        :raises ValueError: if ``x`` (or a batch of the loader) holds a NaN or an infinity.
         """
+        return self._predict(x, guide, num_samples, None)
+
+    def _predict(self, x, guide, num_samples: int, batch_index: int | None):
         if not isinstance(x, Tensor) and is_loader(x):
-            return stream_predict(lambda xb: self.predict(xb, guide, num_samples), x, self)
+            batches = itertools.count()  # the index of the batch being predicted, for the error message
+            return stream_predict(lambda xb: self._predict(xb, guide, num_samples, next(batches)), x, self)
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
+        check_finite_batch(x, what="x", batch_index=batch_index)
+        sync_from_param_store(self)  # e.g. after pyro.get_param_store().load(path) in a new process
         if guide is None:
             weights = self.weights.unsqueeze(0)
         else:

@@ -33,6 +33,7 @@ call (our Euler loop, or torchsde for Milstein/SRK and the stochastic adjoint), 
 
 from __future__ import annotations
 
+import itertools
 from typing import Sequence
 
 import pyro
@@ -41,8 +42,9 @@ import torch
 from pyro.nn import PyroModule, pyro_method
 from torch import Tensor, nn
 
-from pyro_sdebnn.data.loaders import is_loader
+from pyro_sdebnn.data.loaders import check_finite_batch, is_loader
 from pyro_sdebnn.distributions import OUPath
+from pyro_sdebnn.nn._param_store import ParamStoreModule, sync_from_param_store
 from pyro_sdebnn.nn._streaming import stream_predict
 from pyro_sdebnn.nn.continuous_depth import LIKELIHOODS, ContinuousDepthNet, drop_data_plate_slot
 from pyro_sdebnn.nn.sde_drift import ConvField
@@ -53,7 +55,7 @@ from pyro_sdebnn.ops.sde_solve import (ADJOINT_DT, SOLVERS, AugmentedPathSDE, br
 __all__ = ["LIKELIHOODS", "MultiScaleSDEBNN", "SDEBNN"]
 
 
-class SDEBNN(ContinuousDepthNet):
+class SDEBNN(ParamStoreModule, ContinuousDepthNet):
     """Continuous-depth BNN with an Ornstein–Uhlenbeck prior over the weight path of its field ``f_h``.
 
     Field, augmentation, Euler grid, head and likelihoods are those of
@@ -154,7 +156,7 @@ class SDEBNN(ContinuousDepthNet):
             dB = brownian_increments(times, (num_samples, self.num_weights))
             sol = euler_maruyama_kl(w0, times, dB, self.sigma, self.theta, correction, estimator=estimator,
                                     field=self.field, hidden_init=self._lead(h0, torch.Size([num_samples])))
-            return self._head(sol.hidden), sol.kl
+            return self._head(_hidden(sol)), sol.kl
         state_shape = h0.shape
 
         def field(t, h, w):
@@ -165,7 +167,7 @@ class SDEBNN(ContinuousDepthNet):
         sol = sdeint_augmented(sde, w0.expand(num_samples, -1), h0.reshape(1, -1).expand(num_samples, -1), times,
                                method=method, adjoint=adjoint, adaptive=adaptive, rtol=rtol, atol=atol,
                                entropy=entropy, return_path=False, estimator=estimator)
-        return self._head(sol.hidden.reshape((num_samples,) + state_shape)), sol.kl
+        return self._head(_hidden(sol).reshape((num_samples,) + state_shape)), sol.kl
 
     def fused_loss(self, x: Tensor, y: Tensor, guide, *, num_samples: int = 1, estimator: str = "stl",
                    method: str = "euler", adjoint: bool = False, num_data: int | None = None,
@@ -220,16 +222,49 @@ class SDEBNN(ContinuousDepthNet):
         :returns: :class:`~pyro_sdebnn.infer.ClassificationPrediction` with ``probs (S, N, C)`` or
             :class:`~pyro_sdebnn.infer.RegressionPrediction` with ``loc, scale (S, N)`` (Gaussian
             likelihood; other regression likelihoods report their location and scale parameters).
+        :raises ValueError: if ``x`` (or a batch of the loader) holds a NaN or an infinity
+            (:func:`~pyro_sdebnn.data.loaders.check_finite_batch`).
+
+        The network and the guide compute with the tensors of Pyro's param store, so a fit saved with
+        ``pyro.get_param_store().save(path)`` predicts the same in a new process after::
+
+            net, guide = SDEBNN(...), NeuralSDEGuide(net, ...)   # built as for the fit
+            pyro.get_param_store().load(path)
+            net.predict(x, guide)
         """
+        return self._predict(x, guide, num_samples, None, method=method, adaptive=adaptive, rtol=rtol, atol=atol,
+                             entropy=entropy)
+
+    def _predict(self, x, guide, num_samples: int, batch_index: int | None, **solve):
         if not isinstance(x, Tensor) and is_loader(x):
-            return stream_predict(lambda xb: self.predict(xb, guide, num_samples, method=method, adaptive=adaptive,
-                                                          rtol=rtol, atol=atol, entropy=entropy), x, self)
-        out, _ = self._solve(x, guide, num_samples, estimator="analytic", method=method, adaptive=adaptive,
-                             rtol=rtol, atol=atol, entropy=entropy)
+            batches = itertools.count()  # the index of the batch being predicted, for the error message
+            return stream_predict(lambda xb: self._predict(xb, guide, num_samples, next(batches), **solve), x, self)
+        check_finite_batch(x, what="x", batch_index=batch_index)
+        _sync(self, guide, x)
+        out, _ = self._solve(x, guide, num_samples, estimator="analytic", **solve)
         return self._prediction(out)
 
 
-class MultiScaleSDEBNN(PyroModule):
+def _hidden(sol) -> Tensor:
+    """The hidden state of an augmented solve (always there when the solve was given a field)."""
+    if sol.hidden is None:
+        raise RuntimeError("the augmented solve returned no hidden state")
+    return sol.hidden
+
+
+def _sync(net: PyroModule, guide, x: Tensor) -> None:
+    """Let ``net`` and ``guide`` compute with the param store's tensors (e.g. after ``param_store.load``)."""
+    sync_from_param_store(net)
+    if isinstance(guide, PyroModule):
+        if getattr(guide, "prototype_trace", False) is None:
+            # an autoguide creates its parameters (the drift networks) on first use; that draws random numbers,
+            # which must not shift the draws of this prediction (same seed, same prediction, set up or not)
+            with torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []):
+                guide.get_posterior(x)
+        sync_from_param_store(guide)
+
+
+class MultiScaleSDEBNN(ParamStoreModule, PyroModule):
     """Multi-scale image SDE-BNN: SDE-BNN conv blocks with invertible space-to-depth downsampling between them.
 
     Block ``b`` integrates :math:`dh = f_h^{(b)}(h, t; w^{(b)}_t)\\,dt` (a :class:`~pyro_sdebnn.nn.ConvField`)
@@ -329,10 +364,16 @@ class MultiScaleSDEBNN(PyroModule):
 
         ``x`` may be a loader of input batches, streamed as in :meth:`SDEBNN.predict` (same paths for every batch).
         """
+        if not isinstance(x, Tensor) and is_loader(x):
+            batches = itertools.count()  # the index of the batch being predicted, for the error message
+            return stream_predict(lambda xb: self._predict_batch(xb, guide, num_samples, next(batches)), x, self)
+        return self._predict_batch(x, guide, num_samples, None)
+
+    def _predict_batch(self, x: Tensor, guide, num_samples: int, batch_index: int | None):
         from pyro_sdebnn.infer.predictive import ClassificationPrediction
 
-        if not isinstance(x, Tensor) and is_loader(x):
-            return stream_predict(lambda xb: self.predict(xb, guide, num_samples), x, self)
+        check_finite_batch(x, what="x", batch_index=batch_index)
+        _sync(self, guide, x)
         if guide is None:
             paths = [p.sample((num_samples,)) for p in self.priors()]
         else:

@@ -298,11 +298,10 @@ def test_nan_loss_is_a_clear_error_and_keeps_the_parameters():
     pyro.set_rng_seed(0)
     svi = SVI(_regression, AutoNormal(_regression), pyro.optim.Adam({"lr": 1e-2}), Trace_ELBO())
     train_svi(svi, (x, y), num_epochs=1, batch_size=8)
-    y_nan = y.clone()
-    y_nan[11] = float("nan")
-    with pyro.validation_enabled(False), pytest.raises(FloatingPointError, match="epoch 0, batch 1"), \
-            pytest.warns(UserWarning, match="Encountered NaN"):  # Pyro's own warning from Trace_ELBO
-        train_svi(svi, (x, y_nan), num_epochs=1, batch_size=8, shuffle=False)
+    y_big = y.clone()
+    y_big[11] = 3e38  # finite (a NaN in the data is refused before any step), but its squared residual overflows
+    with pytest.raises(FloatingPointError, match="became inf at epoch 0, batch 1"):
+        train_svi(svi, (x, y_big), num_epochs=1, batch_size=8, shuffle=False)
     now = _params()
     assert all(torch.isfinite(now[k]).all() for k in now)
 
@@ -346,3 +345,16 @@ def test_gradients_are_clipped_in_the_order_of_parameter_names(monkeypatch):
     _, _, svi = _sdebnn_svi()
     train_svi(svi, (x, y), num_epochs=1, batch_size=8, clip_norm=0.05)
     assert len(orders) == 3 and all(order == sorted(pyro.get_param_store().keys()) for order in orders)
+
+
+def test_a_loss_returning_several_numbers_is_a_clear_error():
+    x, _ = _data()
+    pyro.clear_param_store()
+    guide = AutoNormal(_regression)
+
+    def two_losses(model, guide, *args, **kwargs):
+        return Trace_ELBO().differentiable_loss(model, guide, *args, **kwargs), torch.tensor(0.0)
+
+    svi = SVI(_regression, guide, pyro.optim.Adam({"lr": 1e-2}), loss=two_losses)
+    with pytest.raises(TypeError, match="one number, got a tuple of 2"):
+        train_svi(svi, (x, x.sum(-1)), num_epochs=1, batch_size=8)

@@ -44,6 +44,7 @@ Output conventions: regression nets output two columns (mean, log-variance), cla
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable
 
@@ -58,7 +59,7 @@ from pyro.optim import PyroOptim
 from torch import Tensor, nn
 from torch.distributions import Distribution, kl_divergence
 
-from pyro_sdebnn.data.loaders import check_tensors
+from pyro_sdebnn.data.loaders import check_finite_batch, check_tensors
 from pyro_sdebnn.nn.mnvi.handlers import is_sampling_free
 from pyro_sdebnn.nn.mnvi.layers import BayesianLayer
 from pyro_sdebnn.nn.mnvi.likelihoods import SamplingFreeCategorical, SamplingFreeNormal, probit_softmax
@@ -246,9 +247,9 @@ class SamplingFreeBNN(nn.Module):
             inputs (with ``"mc"`` every batch uses the same draws).
         :param str predictive: ``"probit"`` or ``"mc"`` (classification only).
         :param int num_samples: logit draws per input for ``predictive="mc"``.
+        :raises ValueError: if ``x`` (or a batch of the loader) holds a NaN or an infinity.
         """
         from pyro_sdebnn.data.loaders import is_loader
-        from pyro_sdebnn.infer.predictive import ClassificationPrediction, RegressionPrediction
         from pyro_sdebnn.nn._streaming import stream_predict
 
         if predictive not in _PREDICTIVES:
@@ -256,9 +257,16 @@ class SamplingFreeBNN(nn.Module):
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
         if not isinstance(x, Tensor) and is_loader(x):
-            return stream_predict(lambda xb: self.predict(xb, predictive=predictive, num_samples=num_samples), x,
+            batches = itertools.count()  # the index of the batch being predicted, for the error message
+            return stream_predict(lambda xb: self._predict(xb, predictive, num_samples, next(batches)), x,
                                   self.net, same_draws=True)
+        return self._predict(x, predictive, num_samples, None)
+
+    def _predict(self, x: Tensor, predictive: str, num_samples: int, batch_index: int | None):
+        from pyro_sdebnn.infer.predictive import ClassificationPrediction, RegressionPrediction
+
         check_tensors(x)
+        check_finite_batch(x, what="x", batch_index=batch_index)
         was_training = self.net.training
         switch = any(m.training for m in self.net.modules())  # Module.train visits (and sets) every submodule
         if switch:
@@ -268,13 +276,15 @@ class SamplingFreeBNN(nn.Module):
         finally:
             if switch:
                 self.net.train(was_training)
+        mean, out_var = out.mean, out.var
+        assert out_var is not None  # moments() raises for a network without a variance
         if self.likelihood == "gaussian":
-            var = gaussian_predictive_variance(out.var[:, 0], out.mean[:, 1], out.var[:, 1])
-            return RegressionPrediction(out.mean[:, 0].unsqueeze(0), var.sqrt().unsqueeze(0))
+            var = gaussian_predictive_variance(out_var[:, 0], mean[:, 1], out_var[:, 1])
+            return RegressionPrediction(mean[:, 0].unsqueeze(0), var.sqrt().unsqueeze(0))
         if predictive == "probit":
-            return ClassificationPrediction(probit_softmax(out.mean, out.var).unsqueeze(0))
-        noise = torch.randn((num_samples, 1, out.mean.shape[-1]), dtype=out.mean.dtype, device=out.mean.device)
-        return ClassificationPrediction(torch.softmax(out.mean + out.var.sqrt() * noise, dim=-1))
+            return ClassificationPrediction(probit_softmax(mean, out_var).unsqueeze(0))
+        noise = torch.randn((num_samples, 1, mean.shape[-1]), dtype=mean.dtype, device=mean.device)
+        return ClassificationPrediction(torch.softmax(mean + out_var.sqrt() * noise, dim=-1))
 
     # -------------------------------------------------------------------------------------- fitting
     def fit(
@@ -324,7 +334,9 @@ class SamplingFreeBNN(nn.Module):
             loadable with ``torch.load(path, weights_only=True)``) to this path after every epoch.
         :param resume: continue from such a checkpoint; the result is bitwise that of an uninterrupted run on the CPU.
         :raises FloatingPointError: if the loss or a parameter becomes NaN or infinite (a diverging fit).
-        :raises ValueError: for a checkpoint of another network or a truncated file (nothing is changed).
+        :raises ValueError: for a checkpoint of another network or a truncated file (nothing is changed); for data
+            holding a NaN or an infinity, naming the batch and index (checked by
+            :func:`~pyro_sdebnn.infer.svi_training.train_svi` before any step on it).
         """
         from pyro_sdebnn.data.loaders import dataset_size, is_loader
         from pyro_sdebnn.infer.sampling_free_elbo import SamplingFree_ELBO
@@ -333,23 +345,23 @@ class SamplingFreeBNN(nn.Module):
         if not isinstance(x, Tensor) and is_loader(x):
             if y is not None:
                 raise ValueError("y must be None when x is a loader (the loader yields the (x, y) batches)")
-            n, data, batch_size = dataset_size(x), x, None
+            n, data, tensor_batch_size = dataset_size(x), x, None  # a loader has its own batch size
         else:
             if y is None:
                 raise TypeError("y is required with tensor inputs x (or pass a loader of (x, y) batches as x)")
             check_tensors(x, y, self.likelihood)
             if not isinstance(batch_size, int) or batch_size < 1:
                 raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-            n, data = x.shape[0], (x, y)
+            n, data, tensor_batch_size = x.shape[0], (x, y), batch_size
         if not isinstance(num_epochs, int) or num_epochs < 1:
             raise ValueError(f"num_epochs must be a positive int, got {num_epochs!r}")
         if self.num_data is None:
             self.num_data = n
         loss = SamplingFree_ELBO() if loss is None else loss
-        optim = pyro.optim.Adam({"lr": 1e-3}) if optim is None else optim
+        optim = pyro.optim.Adam({"lr": 1e-3}) if optim is None else optim  # type: ignore[attr-defined]
         scale = 1.0 / self.num_data
         svi = SVI(poutine.scale(self.model, scale), poutine.scale(self.guide, scale), optim, loss)
         self.net.train()
-        return train_svi(svi, data, num_epochs=num_epochs, batch_size=batch_size, kl_schedule=kl_schedule,
+        return train_svi(svi, data, num_epochs=num_epochs, batch_size=tensor_batch_size, kl_schedule=kl_schedule,
                          progress=progress, scheduler_step=scheduler_step, clip_norm=clip_norm,
                          clip_inf_norm=clip_inf_norm, checkpoint=checkpoint, resume=resume, modules=[self.net])
