@@ -42,10 +42,11 @@ import pyro
 import torch
 from tqdm.auto import tqdm
 
+from pyro_sdebnn.experiments import REGISTRY
 from pyro_sdebnn.experiments import _common as common
 
 NAME = "fsgmcmc-gap"
-DESCRIPTION = "1-D gap toy: predictive bands and coverage of SGLD, SGHMC, fSGLD, fSGHMC (Wu et al. 2024, Sec. 5.1)"
+DESCRIPTION = REGISTRY[NAME].description  # the one line of --help
 __all__ = ["DESCRIPTION", "METHODS", "NAME", "add_arguments", "run"]
 
 METHODS = ("SGLD", "SGHMC", "fSGLD", "fSGHMC")

@@ -62,12 +62,13 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from pyro_sdebnn.experiments import REGISTRY
 from pyro_sdebnn.experiments import _common as common
 from pyro_sdebnn.experiments._curves import write_curves
 from pyro_sdebnn.experiments._images import ImageLoaders, TensorImages, bundled_split, data_dir, test_probs
 
 NAME = "mnvi-mnist"
-DESCRIPTION = "MNIST: deterministic / MC-dropout / MFVI / MNVI, the protocol of Schmitt & Roth 2021, Table 2"
+DESCRIPTION = REGISTRY[NAME].description  # the one line of --help
 
 __all__ = ["ARCHS", "DESCRIPTION", "METHODS", "NAME", "PAPER_TABLE", "add_arguments", "lenet", "paper_lenet", "run"]
 

@@ -68,10 +68,11 @@ import pyro
 import torch
 from tqdm.auto import tqdm
 
+from pyro_sdebnn.experiments import REGISTRY
 from pyro_sdebnn.experiments import _common as common
 
 NAME = "mnvi-uci"
-DESCRIPTION = "MNVI vs MFVI vs MC-dropout vs deep ensemble on UCI Boston (Schmitt & Roth 2021, Table 1)"
+DESCRIPTION = REGISTRY[NAME].description  # the one line of --help
 
 __all__ = ["DESCRIPTION", "METHODS", "NAME", "PROTOCOLS", "add_arguments", "build_network", "fit_sampling_free",
            "paper_fold", "run"]

@@ -70,6 +70,7 @@ from pyro.infer import SVI, TraceMeanField_ELBO
 from pyro.infer.autoguide import AutoNormal, init_to_value
 from pyro.optim import Adam
 
+from pyro_sdebnn.experiments import REGISTRY
 from pyro_sdebnn.experiments import _common as common
 from pyro_sdebnn.experiments._curves import Curve, fit_with_curve, late_gain, svi_fit_with_curve, write_curves
 from pyro_sdebnn.experiments._images import ImageLoaders, TensorImages, bundled_split, data_dir, test_probs
@@ -77,7 +78,7 @@ from pyro_sdebnn.infer import NeuralSDEGuide, TracePathKL_ELBO
 from pyro_sdebnn.nn import SDEBNN, ODENet, ResNet
 
 NAME = "sdebnn-mnist"
-DESCRIPTION = "SDE-BNN (+STL) vs ODE-Net, mean-field ODE-Net and ResNet±MFVI: accuracy, ECE, curves, solver tolerance"
+DESCRIPTION = REGISTRY[NAME].description  # the one line of --help
 
 METHOD_NAMES = ("sdebnn", "sdebnn-stl", "odenet", "mf-odenet", "resnet", "mf-resnet")
 

@@ -38,10 +38,11 @@ import argparse
 import torch
 from tqdm.auto import tqdm
 
+from pyro_sdebnn.experiments import REGISTRY
 from pyro_sdebnn.experiments import _common as common
 
 NAME = "sgmcmc-uci"
-DESCRIPTION = "UCI Boston: RMSE and test log-likelihood of SGLD, SGHMC, fSGLD, fSGHMC (Wu et al. 2024, Sec. 5.2)"
+DESCRIPTION = REGISTRY[NAME].description  # the one line of --help
 __all__ = ["DESCRIPTION", "METHODS", "NAME", "add_arguments", "run"]
 
 METHODS = ("SGLD", "SGHMC", "fSGLD", "fSGHMC")

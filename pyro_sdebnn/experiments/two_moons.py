@@ -52,10 +52,15 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from pyro_sdebnn.experiments import REGISTRY
+from pyro_sdebnn.experiments import _args as check
 from pyro_sdebnn.experiments import _common as common
 
 NAME = "two-moons"
-DESCRIPTION = "Head-to-head calibration of every BNN method on Two Moons: the main job"
+#: What ``--quick`` does (shown by ``--help``).
+QUICK = ("16-16 hidden units, 30 epochs (15 for SVI), 10 predictive samples, 2 ensemble members, 20 + 10 SG-MCMC "
+         "samples thinned by 2, a 25x25 grid")
+DESCRIPTION = REGISTRY[NAME].description  # the one line of --help
 
 __all__ = ["ADAPTERS", "DESCRIPTION", "NAME", "Settings", "add_arguments", "run"]
 
@@ -366,9 +371,38 @@ def _write_readme(results: list[Result], args, s: Settings, data: Data, total: f
         ]
     missing = [r for r in results if r.status != "ok"]
     if missing:
-        blocks.append("Not run in this installation:\n\n" + "\n".join(f"- {r.name}: {r.status}" for r in missing))
+        blocks.append("Not run, or failed:\n\n" + "\n".join(f"- {r.name}: {r.status}" for r in missing))
     blocks.append((args.output / "two_moons_table.md").read_text())
     common.write_readme(args.output / "README.md", "Two Moons head-to-head", blocks)
+
+
+#: The reliability diagram's panels: method families, each ``(title, [adapter keys])``.
+FAMILIES = (
+    ("point estimate and Laplace", ("map", "laplace", "laplace-kron", "laplace-last-layer")),
+    ("ensembles and dropout", ("deep-ensemble", "mc-dropout")),
+    ("variational", ("mfvi", "mnvi", "sdebnn")),
+    ("SG-MCMC", ("sgld", "sghmc", "fsgld", "fsghmc")),
+)
+
+
+def _write_figures(results: list[Result], data: Data, grid_axes: tuple[Tensor, Tensor], out: Path) -> None:
+    """``reliability.png`` (a panel per method family), ``heatmaps.png`` and ``uncertainty_decomposition.png`` of
+    the methods that finished."""
+    ok = [r for r in results if r.status == "ok"]
+    if not ok:
+        return
+    families = {title: [r.name for r in ok if r.key in keys] for title, keys in FAMILIES}
+    others = [r.name for r in ok if not any(r.key in keys for _, keys in FAMILIES)]
+    families = {title: names for title, names in {**families, "other": others}.items() if names}
+    common.plot_reliability_curves({r.name: r.test_probs for r in ok}, data.y_test, out / "reliability.png",
+                                   groups=families, xlim=(0.45, 1.0),
+                                   title="Two Moons reliability diagram (10 equal-width bins; empty bins omitted)")
+    p1 = {r.name: r.grid_probs[..., 1] for r in ok}  # p(y=1|x) per posterior draw
+    common.plot_grid_heatmaps({name: (p.mean(0), p.std(0, unbiased=False)) for name, p in p1.items()}, grid_axes,
+                              data.x_train, data.y_train, out / "heatmaps.png")
+    ensemble = next((r for r in ok if r.key == "deep-ensemble"), ok[0])
+    common.plot_uncertainty_decomposition(ensemble.name, ensemble.grid_probs, grid_axes,
+                                          out / "uncertainty_decomposition.png")
 
 
 # --------------------------------------------------------------------------- entry points
@@ -377,11 +411,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--methods", nargs="+", default=None, metavar="KEY",
         help=f"subset of methods to run (default: all): {' '.join(ADAPTERS)}",
     )
-    parser.add_argument("--n-train", type=int, default=200, help="training points (default 200)")
-    parser.add_argument("--n-test", type=int, default=500, help="held-out test points (default 500)")
-    parser.add_argument("--n-val", type=int, default=200, help="validation points for temperature scaling")
+    parser.add_argument("--n-train", type=check.positive_int, default=200, help="training points (default 200)")
+    parser.add_argument("--n-test", type=check.positive_int, default=500, help="held-out test points (default 500)")
+    parser.add_argument("--n-val", type=check.positive_int, default=200,
+                        help="validation points for temperature scaling (default 200)")
     parser.add_argument(
-        "--threads", type=int, default=1,
+        "--threads", type=check.positive_int, default=1,
         help="torch intra-op CPU threads (default 1: these networks are too small to gain from more)",
     )
 
@@ -407,31 +442,32 @@ def run(args: argparse.Namespace) -> dict:
     grid = torch.stack(torch.meshgrid(*grid_axes, indexing="xy"), -1).reshape(-1, 2)
 
     results: list[Result] = []
+    interrupted = False
     with common.cpu_threads(getattr(args, "threads", 1), device), common.Timer() as timer:
         bar = tqdm(methods, desc="two-moons", unit="method")
-        for key in bar:
-            name, adapter = ADAPTERS[key]
-            bar.set_postfix_str(key)
-            common.fresh_start(seed)  # the same random state for every method, no Pyro params left by another
-            try:
-                results.append(_evaluate(key, name, adapter, data, copy.copy(s), grid))
-            except Exception as err:  # a failing method is reported in the table, not hidden
-                traceback.print_exc()
-                results.append(Result(key, name, f"failed: {type(err).__name__}: {str(err)[:120]}"))
-
-    ok = [r for r in results if r.status == "ok"]
+        try:
+            for key in bar:
+                name, adapter = ADAPTERS[key]
+                bar.set_postfix_str(key)
+                common.fresh_start(seed)  # the same random state for every method, no Pyro params left by another
+                try:
+                    results.append(_evaluate(key, name, adapter, data, copy.copy(s), grid))
+                except Exception as err:  # a failing method is reported in the table, not hidden
+                    traceback.print_exc()
+                    results.append(Result(key, name, f"failed: {type(err).__name__}: {str(err)[:120]}"))
+                _write_tables(results, out)  # the table so far, rewritten as each method finishes
+        except KeyboardInterrupt:  # Ctrl-C: write what is finished, then tell the caller
+            bar.close()
+            interrupted = True
+            results += [Result(key, ADAPTERS[key][0], "not run: interrupted") for key in methods[len(results):]]
+    finished = sum(r.status != "not run: interrupted" for r in results)
     _write_tables(results, out)
-    common.plot_reliability_curves({r.name: r.test_probs for r in ok}, data.y_test, out / "reliability.png",
-                                   title="Two Moons reliability diagram (10 equal-width bins; empty bins omitted)",
-                                   xlim=(0.45, 1.0))
-    p1 = {r.name: r.grid_probs[..., 1] for r in ok}  # p(y=1|x) per posterior draw
-    common.plot_grid_heatmaps({name: (p.mean(0), p.std(0, unbiased=False)) for name, p in p1.items()}, grid_axes,
-                              data.x_train, data.y_train, out / "heatmaps.png")
-    ensemble = next((r for r in ok if r.key == "deep-ensemble"), ok[0] if ok else None)
-    if ensemble is not None:
-        common.plot_uncertainty_decomposition(ensemble.name, ensemble.grid_probs, grid_axes,
-                                              out / "uncertainty_decomposition.png")
+    _write_figures(results, data, grid_axes, out)
+    ok = [r for r in results if r.status == "ok"]
     chains = {r.name: (r.diagnostics["probe_probs"], r.diagnostics["sampling_seconds"]) for r in ok if r.diagnostics}
     extra_files = common.write_chain_diagnostics(chains, out) if chains else []
     _write_readme(results, args, s, data, timer.seconds, extra_files)
-    return {r.key: ({**r.metrics, "seconds": r.seconds} if r.status == "ok" else r.status) for r in results}
+    summary = {r.key: ({**r.metrics, "seconds": r.seconds} if r.status == "ok" else r.status) for r in results}
+    if interrupted:
+        raise common.Interrupted(summary, f"{finished} of {len(methods)} methods finished") from None
+    return summary
