@@ -63,11 +63,15 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from pyro_sdebnn.experiments import REGISTRY
+from pyro_sdebnn.experiments import _args as check
 from pyro_sdebnn.experiments import _common as common
 from pyro_sdebnn.experiments._curves import write_curves
 from pyro_sdebnn.experiments._images import ImageLoaders, TensorImages, bundled_split, data_dir, test_probs
 
 NAME = "mnvi-mnist"
+#: What ``--quick`` does (shown by ``--help``).
+QUICK = ("1 run, 1 epoch on the first 1,000 training and 500 test images of the bundled mnist_subset (or of "
+         "--data-dir's data set)")
 DESCRIPTION = REGISTRY[NAME].description  # the one line of --help
 
 __all__ = ["ARCHS", "DESCRIPTION", "METHODS", "NAME", "PAPER_TABLE", "add_arguments", "lenet", "paper_lenet", "run"]
@@ -133,12 +137,12 @@ ARCHS = {"paper-lenet": paper_lenet, "lenet5": lenet}
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arch", default="paper-lenet", choices=tuple(ARCHS),
                         help="network: the LeNet of the paper's Table 2 (1.11M parameters, default) or LeNet-5")
-    parser.add_argument("--epochs", type=int, default=None, help="training epochs (default 20; --quick: 1)")
-    parser.add_argument("--lr-milestones", type=int, nargs="*", default=[10],
+    parser.add_argument("--epochs", type=check.positive_int, default=None, help="training epochs (default 20; --quick: 1)")
+    parser.add_argument("--lr-milestones", type=check.positive_int, nargs="*", default=[10],
                         help="epochs at which the learning rate is multiplied by 0.1 (default 10)")
-    parser.add_argument("--runs", type=int, default=None, help="independent runs, seeds --seed + 0, 1, ... "
+    parser.add_argument("--runs", type=check.positive_int, default=None, help="independent runs, seeds --seed + 0, 1, ... "
                                                                  "(default 4; --quick: 1)")
-    parser.add_argument("--logit-samples", type=int, default=64,
+    parser.add_argument("--logit-samples", type=check.positive_int, default=64,
                         help="MNVI/MFVI logit draws per input in training and in the 'mc' predictive (default 64)")
     parser.add_argument("--predictive", default="mc", choices=("mc", "probit"),
                         help="MNVI/MFVI predictive: logit sampling as in the paper (default) or the probit "
@@ -149,7 +153,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mnist-root", type=Path, default=None, help="the same as --data-dir")
     parser.add_argument("--dataset", default="mnist", choices=("mnist", "fashion_mnist"),
                         help="the torchvision data set read from --data-dir (default mnist)")
-    parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes with --data-dir")
+    parser.add_argument("--workers", type=check.nonnegative_int, default=0, help="DataLoader worker processes with --data-dir")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS, help="methods to run")
 
 
@@ -275,39 +279,65 @@ def _run(args: argparse.Namespace) -> dict:
     device, dtype = torch.device(args.device), torch.float32
     data, data_name = _load(args, data_dir(args), device)
     labels = data.test_labels()
-    rows, losses, first_probs = [], [], {}
+    rows: list[dict] = []
+    losses: list[dict] = []
+    first_probs: dict = {}
     seed = args.seed
-    for r in range(runs):
-        for kind in tqdm(methods, desc=f"mnvi-mnist run {r + 1}/{runs}"):
-            common.fresh_start(seed + r)
-            start = time.perf_counter()
-            predict, num_params, history = _fit(kind, args, data, epochs, device, dtype)
-            seconds = time.perf_counter() - start
-            probs = test_probs(data, predict)
-            if r == 0:
-                first_probs[kind] = probs.mean(0)
-            losses += [{"method": kind, "run": r, "epoch": e + 1, "loss": float(v)} for e, v in enumerate(history)]
-            rows.append({"method": kind, "run": r, "seed": seed + r, **_metrics(probs.mean(0), labels),
-                         "inference_ms": _inference_ms(predict, data.first_test_images(TIMING_BATCH)[0], args.quick),
-                         "parameters": num_params, "fit_seconds": seconds})
-    summary = {}
-    for kind in methods:  # per method: {column: (mean, standard error over runs)}, the parameter count
-        mine = [row for row in rows if row["method"] == kind]
-        summary[kind] = {**common.summarise(mine, COLUMNS), "parameters": mine[0]["parameters"], "runs": len(mine)}
     output = Path(args.output)
+    try:
+        for r in range(runs):
+            for kind in tqdm(methods, desc=f"mnvi-mnist run {r + 1}/{runs}"):
+                common.fresh_start(seed + r)
+                start = time.perf_counter()
+                predict, num_params, history = _fit(kind, args, data, epochs, device, dtype)
+                seconds = time.perf_counter() - start
+                probs = test_probs(data, predict)
+                if r == 0:
+                    first_probs[kind] = probs.mean(0)
+                losses += [{"method": kind, "run": r, "epoch": e + 1, "loss": float(v)} for e, v in enumerate(history)]
+                rows.append({"method": kind, "run": r, "seed": seed + r, **_metrics(probs.mean(0), labels),
+                             "inference_ms": _inference_ms(predict, data.first_test_images(TIMING_BATCH)[0],
+                                                           args.quick),
+                             "parameters": num_params, "fit_seconds": seconds})
+                _write(output, args, data_name, epochs, runs, rows, _summary(rows, methods))  # the table so far
+    except KeyboardInterrupt:
+        summary = _summary(rows, methods)
+        if rows:
+            _write(output, args, data_name, epochs, runs, rows, summary, interrupted=True)
+            _figures(output, losses, first_probs, labels)
+        raise common.Interrupted(summary, f"{len(rows)} of {runs * len(methods)} (run, method) fits finished") from None
+    summary = _summary(rows, methods)
     _write(output, args, data_name, epochs, runs, rows, summary)
-    write_curves(output, "mnvi_mnist_loss", losses, "epoch", {"loss": "training loss per point"}, xlabel="epoch",
-                 log_scale=("loss",))
-    from pyro_sdebnn.metrics import reliability_diagram
-
-    fig = common.figure(figsize=(3.2 * len(methods), 3.2))
-    for ax, kind in zip(fig.subplots(1, len(methods), squeeze=False)[0], methods):
-        reliability_diagram(first_probs[kind], labels, num_bins=20, ax=ax, title=kind)
-    common.save_figure(fig, output / "mnvi_mnist_reliability.png", dpi=110)
+    _figures(output, losses, first_probs, labels)
     return summary
 
 
-def _write(output: Path, args, data_name: str, epochs: int, runs: int, rows, summary) -> None:
+def _summary(rows: list[dict], methods: list[str]) -> dict:
+    """Per method with a finished run: ``{column: (mean, standard error over runs)}``, the parameter count."""
+    summary = {}
+    for kind in methods:
+        mine = [row for row in rows if row["method"] == kind]
+        if mine:
+            summary[kind] = {**common.summarise(mine, COLUMNS), "parameters": mine[0]["parameters"], "runs": len(mine)}
+    return summary
+
+
+def _figures(output: Path, losses: list[dict], first_probs: dict, labels: Tensor) -> None:
+    """``mnvi_mnist_loss.csv`` / ``.png`` and ``mnvi_mnist_reliability.png`` (first run) of the finished methods."""
+    from pyro_sdebnn.metrics import reliability_diagram
+
+    if losses:
+        write_curves(output, "mnvi_mnist_loss", losses, "epoch", {"loss": "training loss per point"},
+                     xlabel="epoch", log_scale=("loss",))
+    if first_probs:
+        fig = common.figure(figsize=(3.2 * len(first_probs), 3.2))
+        for ax, (kind, probs) in zip(fig.subplots(1, len(first_probs), squeeze=False)[0], first_probs.items()):
+            reliability_diagram(probs, labels, num_bins=20, ax=ax, title=kind)
+        common.save_figure(fig, output / "mnvi_mnist_reliability.png", dpi=110)
+
+
+def _write(output: Path, args, data_name: str, epochs: int, runs: int, rows, summary,
+           interrupted: bool = False) -> None:
     common.write_csv(output / "mnvi_mnist_runs.csv", rows, ["method", "run", "seed", *COLUMNS, "parameters"])
     paper_columns = ("misclassification_pct", "nll", "ece20", "aumrc", "inference_ms")
     common.write_csv(output / "mnvi_mnist_table.csv", [
@@ -332,7 +362,10 @@ def _write(output: Path, args, data_name: str, epochs: int, runs: int, rows, sum
     (output / "mnvi_mnist_table.md").write_text("\n".join([
         f"{args.arch} on {data_name}, {epochs} epochs, lr ×{LR_DECAY:g} at epochs {list(args.lr_milestones)}, "
         f"{runs} run(s) (seeds {args.seed}-{args.seed + runs - 1}), MNVI/MFVI {predictive}; mean ± standard error "
-        "over runs" + (" -- QUICK smoke run, not a result" if args.quick else ""), "", table,
+        "over runs" + (" -- QUICK smoke run, not a result" if args.quick else "")
+        + ("" if len(rows) == runs * len(getattr(args, "methods", METHODS)) and not interrupted else
+           " -- INTERRUPTED: the fits finished so far" if interrupted else " -- in progress: the fits finished so far"),
+        "", table,
         "Paper (J. Schmitt, S. Roth (2021), \"Sampling-free Variational Inference for Neural Networks with "
         "Multiplicative Activation Noise\", GCPR 2021, Table 2: LeNet, full MNIST, 4 runs, 20 epochs; inference "
         "on a GTX 1080 Ti GPU):", "", paper]))

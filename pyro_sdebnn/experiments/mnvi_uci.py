@@ -69,9 +69,12 @@ import torch
 from tqdm.auto import tqdm
 
 from pyro_sdebnn.experiments import REGISTRY
+from pyro_sdebnn.experiments import _args as check
 from pyro_sdebnn.experiments import _common as common
 
 NAME = "mnvi-uci"
+#: What ``--quick`` does (shown by ``--help``).
+QUICK = "1 run over 2 of the 10 folds (--protocol splits: 2 splits), 20 epochs, 2 ensemble members"
 DESCRIPTION = REGISTRY[NAME].description  # the one line of --help
 
 __all__ = ["DESCRIPTION", "METHODS", "NAME", "PROTOCOLS", "add_arguments", "build_network", "fit_sampling_free",
@@ -86,19 +89,22 @@ HIDDEN = 50
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from pyro_sdebnn.data import NUM_UCI_SPLITS
+
     parser.add_argument("--protocol", choices=PROTOCOLS, default="paper",
                         help="paper: the authors' 10-fold partition repeated over --runs runs (default); "
                              "splits: the 20 random 90/10 splits of the library")
-    parser.add_argument("--runs", type=int, default=None,
+    parser.add_argument("--runs", type=check.positive_int, default=None,
                         help="--protocol paper: runs over the 10 folds (default 20; --quick: 1)")
-    parser.add_argument("--folds", type=int, default=None,
+    parser.add_argument("--folds", type=check.int_range(1, NUM_FOLDS), default=None,
                         help=f"--protocol paper: evaluate the first FOLDS of the {NUM_FOLDS} folds "
                              f"(default {NUM_FOLDS}; --quick: 2)")
-    parser.add_argument("--splits", type=int, default=None,
-                        help="--protocol splits: number of splits (default 20; --quick: 2)")
-    parser.add_argument("--epochs", type=int, default=None, help="training epochs (default 200; --quick: 20)")
+    parser.add_argument("--splits", type=check.int_range(1, NUM_UCI_SPLITS), default=None,
+                        help=f"--protocol splits: number of splits, 1 to {NUM_UCI_SPLITS} (default 20; --quick: 2)")
+    parser.add_argument("--epochs", type=check.positive_int, default=None,
+                        help="training epochs (default 200; --quick: 20)")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS, help="methods to run")
-    parser.add_argument("--kl-final", type=float, default=1.0,
+    parser.add_argument("--kl-final", type=check.nonnegative_float, default=1.0,
                         help="KL weight of the last quarter of training (Schmitt & Roth 2021: 1; "
                              "< 1 is a cold posterior)")
 
@@ -263,28 +269,43 @@ def _run(args: argparse.Namespace) -> dict:
         raise ValueError(f"--epochs must be positive, got {epochs}")
     device, dtype = torch.device(args.device), torch.float32
     output = Path(args.output)
-    rows = []
+    rows: list[dict] = []
     progress = tqdm(total=len(units) * len(methods), desc="mnvi-uci")
     data, loaded = None, None
-    for run, k in units:
-        if loaded != k:
-            data = paper_fold(k, dtype=dtype) if protocol == "paper" else uci_boston(split=k, dtype=dtype)
-            data, loaded = type(data)(*(t.to(device) if torch.is_tensor(t) else t for t in data)), k
-        for kind in methods:
-            common.fresh_start(args.seed + run * NUM_FOLDS + k)
-            with common.Timer() as timer:
-                if kind in ("mnvi", "mfvi"):
-                    method = fit_sampling_free(kind, data.x_train, data.y_train, epochs=epochs, kl_final=kl_final)
-                else:
-                    method = _fit_baseline(kind, data, epochs, args.quick, device, dtype)
-            ll, err = _evaluate(method, data)
-            rows.append({"protocol": protocol, "run": run, "fold": k, "method": kind, "test_loglik": ll, "rmse": err,
-                         "fit_seconds": timer.seconds})
-            common.write_csv(output / "mnvi_uci_splits.csv", rows)  # rewritten as the run goes
-            progress.update()
+    try:
+        for run, k in units:
+            if loaded != k:
+                data = paper_fold(k, dtype=dtype) if protocol == "paper" else uci_boston(split=k, dtype=dtype)
+                data, loaded = type(data)(*(t.to(device) if torch.is_tensor(t) else t for t in data)), k
+            for kind in methods:
+                common.fresh_start(args.seed + run * NUM_FOLDS + k)
+                with common.Timer() as timer:
+                    if kind in ("mnvi", "mfvi"):
+                        method = fit_sampling_free(kind, data.x_train, data.y_train, epochs=epochs, kl_final=kl_final)
+                    else:
+                        method = _fit_baseline(kind, data, epochs, args.quick, device, dtype)
+                ll, err = _evaluate(method, data)
+                rows.append({"protocol": protocol, "run": run, "fold": k, "method": kind, "test_loglik": ll,
+                             "rmse": err, "fit_seconds": timer.seconds})
+                _write(args, output, rows, protocol, methods, epochs, kl_final)  # the tables so far
+                progress.update()
+    except KeyboardInterrupt:
+        progress.close()
+        summary = _write(args, output, rows, protocol, methods, epochs, kl_final, interrupted=True) if rows else {}
+        raise common.Interrupted(summary, f"{len(rows)} of {len(units) * len(methods)} (fold, method) fits "
+                                          "finished") from None
     progress.close()
-    runs = len({r for r, _ in units})
-    folds = len({k for _, k in units})
+    return _write(args, output, rows, protocol, methods, epochs, kl_final, figure=True)
+
+
+def _write(args: argparse.Namespace, output: Path, rows: list[dict], protocol: str, methods: list[str], epochs: int,
+           kl_final: float, interrupted: bool = False, figure: bool | None = None) -> dict:
+    """``mnvi_uci_splits.csv`` (every fit so far), ``mnvi_uci_table.md`` / ``.csv`` and, at the end or on an
+    interrupt, ``mnvi_uci_loglik.png``; returns the summary."""
+    common.write_csv(output / "mnvi_uci_splits.csv", rows)
+    methods = [kind for kind in methods if any(r["method"] == kind for r in rows)]
+    runs = len({r["run"] for r in rows})
+    folds = len({r["fold"] for r in rows})
     if protocol == "paper":
         setting = (f"the authors' 10-fold partition (KFold(10, shuffle=True, random_state=1)), {folds} of "
                    f"{NUM_FOLDS} folds, {runs} run(s)")
@@ -302,9 +323,11 @@ def _run(args: argparse.Namespace) -> dict:
         cells.append([kind, f"{ll:.3f} ± {ll_se:.3f}", f"{ll_sd:.3f}", f"{err:.3f} ± {err_se:.3f}", f"{secs:.1f}"])
         table_rows.append({"method": kind, **summary[kind], "protocol": protocol, "runs": runs, "folds": folds,
                            "epochs": epochs, "kl_final": kl_final})
+    status = (" -- INTERRUPTED: the fits finished so far" if interrupted else
+              "" if figure else " -- in progress: the fits finished so far")
     (output / "mnvi_uci_table.md").write_text("\n\n".join([
         f"UCI Boston, {setting}, {epochs} epochs, 13-50-2 ReLU network, seed {args.seed}, "
-        f"final KL weight {kl_final:g}" + (" -- QUICK smoke run, not a result" if args.quick else ""),
+        f"final KL weight {kl_final:g}" + (" -- QUICK smoke run, not a result" if args.quick else "") + status,
         common.markdown_table(["method", "test log-likelihood", "sd", "RMSE", "fit time / fit [s]"], cells).rstrip(),
         f"mean ± standard error {spread}; sd: the standard deviation {spread}. Reference (J. Schmitt, "
         "S. Roth (2021), \"Sampling-free Variational Inference for Neural Networks with Multiplicative "
@@ -312,7 +335,8 @@ def _run(args: argparse.Namespace) -> dict:
         "MC-dropout -2.46 ± 0.25, ensemble -2.41 ± 0.25.",
     ]) + "\n")
     common.write_csv(output / "mnvi_uci_table.csv", table_rows)
-
+    if not (figure or interrupted):
+        return summary
     fig = common.figure(figsize=(5, 3.2))
     ax = fig.add_subplot()
     for i, kind in enumerate(methods):
