@@ -326,10 +326,10 @@ def _run(args: argparse.Namespace) -> dict:
     except KeyboardInterrupt:
         args.seed = first_seed
         results = _report(args, first_seed, described, per_seed, curves, interrupted=True)[1] if done else {}
-        raise common.Interrupted({"dataset": described, "methods": results},
+        raise common.Interrupted({"dataset": described.removeprefix("dataset "), "methods": results},
                                  f"{done} of {total} (seed, method) runs finished") from None
     args.seed = first_seed
-    summary = {"dataset": described, "methods": results, "curves": curves}
+    summary = {"dataset": described.removeprefix("dataset "), "methods": results, "curves": curves}
     if trained:
         name = "sdebnn-stl" if "sdebnn-stl" in trained else next(iter(trained))
         net, guide = trained[name]

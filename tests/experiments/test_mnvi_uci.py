@@ -94,4 +94,12 @@ def test_splits_protocol_and_bad_arguments(tmp_path):
     rows = _quick(tmp_path, "--protocol", "splits", "--splits", "1", "--epochs", "2")
     assert [(r["protocol"], r["fold"]) for r in rows] == [("splits", "0")]
     for bad in (["--runs", "0"], ["--folds", "11"], ["--protocol", "splits", "--splits", "21"]):
-        assert main(["benchmark", "mnvi-uci", "--quick", *bad, "--output", str(tmp_path)]) == 2
+        assert _status(["benchmark", "mnvi-uci", "--quick", *bad, "--output", str(tmp_path)]) == 2
+
+
+def _status(argv):
+    """``main``'s exit status, also when argparse rejects an option (it raises ``SystemExit(2)``)."""
+    try:
+        return main(argv)
+    except SystemExit as exit:
+        return exit.code
