@@ -28,11 +28,20 @@ CIFAR-10 in ``DIR``; they then train through a :class:`~torch.utils.data.DataLoa
 set. Nothing is downloaded unless ``--download`` is given; without ``--data-dir`` they use the small
 bundled subsets.
 
+The benchmarks are those of :data:`pyro_sdebnn.experiments.REGISTRY` (one line each); a benchmark's module, and
+torch with it, is imported only when that benchmark is asked for, so ``--version`` and ``--help`` start at once.
+
 Errors the user can fix end the program with a one-line message and exit status 2: an unknown
-command, benchmark or option (argparse), an unavailable ``--device``, a data file that is missing
-(``FileNotFoundError`` from the loaders) and a ``ValueError`` whose message starts with the option it
-rejects (the experiments' convention, e.g. ``--epochs must be positive``). Every other exception is a
-bug and propagates with its traceback.
+command, benchmark or option, or a value an option does not allow (argparse: every numeric option has a
+``type=`` check, e.g. ``argument --n-train: expected an integer >= 1, got '0'``), ``benchmark`` without a name,
+``--download`` without ``--data-dir``, an ``--output`` that is a file or cannot be written, an unavailable
+``--device``, a data file that is missing (``FileNotFoundError`` from the loaders) and a ``ValueError`` whose
+message starts with the option it rejects (the experiments' convention, e.g. ``--epochs must be positive``).
+Every other exception is a bug and propagates with its traceback.
+
+Ctrl-C (SIGINT) does not throw the run away: every benchmark writes its table (and the files of each finished
+method) as each method finishes; on an interrupt it writes what is finished, the command line adds a line saying
+so to ``OUTPUT/README.md``, prints the finished part and exits with status 130.
 """
 
 from __future__ import annotations

@@ -118,7 +118,7 @@ def fresh_start(seed: int) -> None:
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C (SIGINT) during an experiment, raised after it wrote the tables of what was finished.
 
-    An experiment catches the :class:`KeyboardInterrupt` of its loop, writes its tables (and figures) of the
+    An experiment catches the ``KeyboardInterrupt`` of its loop, writes its tables (and figures) of the
     finished methods, and raises this instead; the command line then writes ``summary.json`` from ``summary``, adds
     a line saying the run was interrupted to ``README.md`` and exits with status 130.
 
