@@ -83,6 +83,7 @@ def run(args: argparse.Namespace) -> dict:
 
     from pyro_sdebnn.data import gap_regression_1d
     from pyro_sdebnn.distributions import fit_gp_kernel
+    from pyro_sdebnn.infer import RegressionPrediction
     from pyro_sdebnn.infer.mcmc import BayesianMLP, posterior_prediction
     from pyro_sdebnn.metrics import interval_coverage
 
@@ -108,6 +109,8 @@ def run(args: argparse.Namespace) -> dict:
                     mcmc = MCMC(kernel, num_samples=samples, warmup_steps=warmup // thin, disable_progbar=True)
                     mcmc.run(x, y)
                 pred = posterior_prediction(model, mcmc.get_samples(), x_test)
+                if not isinstance(pred, RegressionPrediction):  # the Gaussian likelihood of BayesianMLP
+                    raise TypeError(f"expected a RegressionPrediction, got {type(pred).__name__}")
                 row = {"method": method, "seconds": timer.seconds,
                        "divergences": len(mcmc.diagnostics()["divergences"]["chain 0"])}
                 for region, mask in regions.items():

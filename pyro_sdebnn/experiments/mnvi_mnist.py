@@ -56,8 +56,8 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import Any
 
-import pyro
 import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
@@ -84,7 +84,7 @@ MC_DROPOUT_PASSES, TIMING_BATCH = 8, 100  # Schmitt & Roth (2021), Sec. 4.2
 
 # Schmitt & Roth (2021), Table 2, LeNet on full MNIST: (mean, ±) of misclassification [%], NLL, ECE, AUMRC,
 # inference [ms] (batch of 100 on a GTX 1080 Ti GPU) and the parameter count.
-PAPER_TABLE = {
+PAPER_TABLE: dict[str, dict[str, Any]] = {
     "deterministic": {"misclassification_pct": (0.55, 0.06), "nll": (0.0266, 0.0007), "ece20": (4.03e-3, 0.76e-3),
                       "aumrc": (9.91e-5, 1.23e-5), "inference_ms": (0.86, 0.16), "parameters": 1.111e6},
     "mc-dropout": {"misclassification_pct": (0.59, 0.01), "nll": (0.0205, 0.0015), "ece20": (2.64e-3, 0.22e-3),
@@ -137,11 +137,12 @@ ARCHS = {"paper-lenet": paper_lenet, "lenet5": lenet}
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arch", default="paper-lenet", choices=tuple(ARCHS),
                         help="network: the LeNet of the paper's Table 2 (1.11M parameters, default) or LeNet-5")
-    parser.add_argument("--epochs", type=check.positive_int, default=None, help="training epochs (default 20; --quick: 1)")
+    parser.add_argument("--epochs", type=check.positive_int, default=None,
+                        help="training epochs (default 20; --quick: 1)")
     parser.add_argument("--lr-milestones", type=check.positive_int, nargs="*", default=[10],
                         help="epochs at which the learning rate is multiplied by 0.1 (default 10)")
-    parser.add_argument("--runs", type=check.positive_int, default=None, help="independent runs, seeds --seed + 0, 1, ... "
-                                                                 "(default 4; --quick: 1)")
+    parser.add_argument("--runs", type=check.positive_int, default=None,
+                        help="independent runs, seeds --seed + 0, 1, ... (default 4; --quick: 1)")
     parser.add_argument("--logit-samples", type=check.positive_int, default=64,
                         help="MNVI/MFVI logit draws per input in training and in the 'mc' predictive (default 64)")
     parser.add_argument("--predictive", default="mc", choices=("mc", "probit"),
@@ -153,7 +154,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mnist-root", type=Path, default=None, help="the same as --data-dir")
     parser.add_argument("--dataset", default="mnist", choices=("mnist", "fashion_mnist"),
                         help="the torchvision data set read from --data-dir (default mnist)")
-    parser.add_argument("--workers", type=check.nonnegative_int, default=0, help="DataLoader worker processes with --data-dir")
+    parser.add_argument("--workers", type=check.nonnegative_int, default=0,
+                        help="DataLoader worker processes with --data-dir")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS, help="methods to run")
 
 
@@ -187,35 +189,49 @@ def _deterministic_predict(net: nn.Module, x) -> Tensor:
 
 def _fit(kind: str, args, data, epochs: int, device, dtype):
     """Train one method; return ``(predict: inputs -> (S, N, C) probabilities, parameter count, losses)``."""
+    from pyro.optim import PyroLRScheduler
+
     from pyro_sdebnn.infer import ConstantKLSchedule, MCDropout
     from pyro_sdebnn.infer.map_training import train_network
     from pyro_sdebnn.nn.mnvi import SamplingFreeBNN, to_mean_field, to_mnvi
 
     base = ARCHS[args.arch](device=device, dtype=dtype)
     milestones = list(args.lr_milestones)
-    fit_data = (data.train(),) if isinstance(data, ImageLoaders) else data.train()
-    train = {"num_epochs": epochs, "lr": LR, "batch_size": BATCH_SIZE, "weight_decay": WEIGHT_DECAY,
-             "scheduler": lambda opt: torch.optim.lr_scheduler.MultiStepLR(opt, milestones, gamma=LR_DECAY)}
+    # the full data set's loader (labels inside), or the bundled tensors
+    x, y = (data.train(), None) if isinstance(data, ImageLoaders) else data.train()
+    train: dict[str, Any] = {
+        "num_epochs": epochs, "lr": LR, "batch_size": BATCH_SIZE, "weight_decay": WEIGHT_DECAY,
+        "scheduler": lambda opt: torch.optim.lr_scheduler.MultiStepLR(opt, milestones, gamma=LR_DECAY)}
     if kind == "deterministic":
-        losses = train_network(base, *fit_data, likelihood="categorical", **train)
+        losses = train_network(base, x, y, likelihood="categorical", **train)
         return (lambda x: _deterministic_predict(base, x)), sum(p.numel() for p in base.parameters()), losses
     if kind == "mc-dropout":
         method = MCDropout(base, "categorical", num_samples=MC_DROPOUT_PASSES)
-        method.fit(*fit_data, **train)
-        return (lambda x: method.predict(x).probs), sum(p.numel() for p in base.parameters()), method.losses
+        method.fit(x, y, **train)
+        return (lambda x: _probs(method.predict(x))), sum(p.numel() for p in base.parameters()), method.losses
     net = to_mnvi(base) if kind == "mnvi" else to_mean_field(base)
     n = data.num_train
     bnn = SamplingFreeBNN(net, "categorical", num_data=n, prior_scale=PRIOR_VARIANCE ** 0.5,
                           num_logit_samples=args.logit_samples, name=kind)
-    optim = pyro.optim.MultiStepLR({"optimizer": torch.optim.Adam, "optim_args": {"lr": LR, "amsgrad": True},
-                                    "milestones": milestones, "gamma": LR_DECAY})
-    losses = bnn.fit(*fit_data, num_epochs=epochs, batch_size=BATCH_SIZE, optim=optim,
+    optim = PyroLRScheduler(torch.optim.lr_scheduler.MultiStepLR, {  # = pyro.optim.MultiStepLR
+        "optimizer": torch.optim.Adam, "optim_args": {"lr": LR, "amsgrad": True}, "milestones": milestones,
+        "gamma": LR_DECAY})
+    losses = bnn.fit(x, y, num_epochs=epochs, batch_size=BATCH_SIZE, optim=optim,
                      kl_schedule=ConstantKLSchedule(KAPPA_PER_DATUM[kind] * n))
 
     def predict(x):
-        return bnn.predict(x, predictive=args.predictive, num_samples=args.logit_samples).probs
+        return _probs(bnn.predict(x, predictive=args.predictive, num_samples=args.logit_samples))
 
     return predict, sum(p.numel() for p in net.parameters()), losses
+
+
+def _probs(prediction) -> Tensor:
+    """The class probabilities ``(S, N, C)`` of a classification predictive."""
+    from pyro_sdebnn.infer import ClassificationPrediction
+
+    if not isinstance(prediction, ClassificationPrediction):
+        raise TypeError(f"expected a ClassificationPrediction, got {type(prediction).__name__}")
+    return prediction.probs
 
 
 def _inference_ms(predict, batch: Tensor, quick: bool) -> float:
@@ -312,9 +328,9 @@ def _run(args: argparse.Namespace) -> dict:
     return summary
 
 
-def _summary(rows: list[dict], methods: list[str]) -> dict:
+def _summary(rows: list[dict], methods: list[str]) -> dict[str, dict[str, Any]]:
     """Per method with a finished run: ``{column: (mean, standard error over runs)}``, the parameter count."""
-    summary = {}
+    summary: dict[str, dict[str, Any]] = {}
     for kind in methods:
         mine = [row for row in rows if row["method"] == kind]
         if mine:

@@ -64,7 +64,6 @@ import argparse
 import math
 from pathlib import Path
 
-import pyro
 import torch
 from tqdm.auto import tqdm
 
@@ -185,23 +184,28 @@ def fit_sampling_free(kind: str, x: torch.Tensor, y: torch.Tensor, *, epochs: in
         raise ValueError(f"epochs must be a positive int, got {epochs!r}")
     if not kl_final >= 0:
         raise ValueError(f"kl_final must be >= 0, got {kl_final!r}")
+    from pyro.optim import PyroLRScheduler
+
     from pyro_sdebnn.infer import PiecewiseKLSchedule
     from pyro_sdebnn.nn.mnvi import SamplingFreeBNN
 
     milestones = [epochs // 2, (3 * epochs) // 4]
     net = build_network(kind, x.shape[1], device=x.device, dtype=x.dtype)
     bnn = SamplingFreeBNN(net, "gaussian", num_data=x.shape[0], prior_scale=math.sqrt(PRIOR_VARIANCE), name=kind)
-    optim = pyro.optim.MultiStepLR({"optimizer": torch.optim.SGD, "optim_args": {"lr": 0.05, "momentum": 0.9},
-                                    "milestones": milestones, "gamma": 0.1})
+    optim = PyroLRScheduler(torch.optim.lr_scheduler.MultiStepLR, {
+        "optimizer": torch.optim.SGD, "optim_args": {"lr": 0.05, "momentum": 0.9}, "milestones": milestones,
+        "gamma": 0.1})  # = pyro.optim.MultiStepLR
     bnn.fit(x, y, num_epochs=epochs, batch_size=BATCH_SIZE, optim=optim, clip_inf_norm=1.0,
             kl_schedule=PiecewiseKLSchedule(milestones, [0.01, 0.1, kl_final]))
     return bnn
+
 
 def _fit_baseline(kind: str, split, epochs: int, quick: bool, device, dtype) -> object:
     from pyro_sdebnn.infer import DeepEnsemble, MCDropout
     from pyro_sdebnn.nn import make_mlp
 
     d = split.x_train.shape[1]
+    method: MCDropout | DeepEnsemble
     if kind == "mc-dropout":
         method = MCDropout(make_mlp([d, 50, 2], dropout=0.05, device=device, dtype=dtype), "gaussian", num_samples=50)
     else:
@@ -257,7 +261,7 @@ def _summarise(rows: list[dict], key: str, protocol: str) -> tuple[float, float,
 
 
 def _run(args: argparse.Namespace) -> dict:
-    from pyro_sdebnn.data import uci_boston
+    from pyro_sdebnn.data import DataSplit, uci_boston
 
     protocol, units = _units(args)
     epochs = args.epochs if getattr(args, "epochs", None) is not None else (20 if args.quick else 200)
@@ -271,12 +275,15 @@ def _run(args: argparse.Namespace) -> dict:
     output = Path(args.output)
     rows: list[dict] = []
     progress = tqdm(total=len(units) * len(methods), desc="mnvi-uci")
-    data, loaded = None, None
+    data: DataSplit | None = None
+    loaded = None
     try:
         for run, k in units:
-            if loaded != k:
-                data = paper_fold(k, dtype=dtype) if protocol == "paper" else uci_boston(split=k, dtype=dtype)
-                data, loaded = type(data)(*(t.to(device) if torch.is_tensor(t) else t for t in data)), k
+            if data is None or loaded != k:
+                split = paper_fold(k, dtype=dtype) if protocol == "paper" else uci_boston(split=k, dtype=dtype)
+                data = split._replace(x_train=split.x_train.to(device), y_train=split.y_train.to(device),
+                                      x_test=split.x_test.to(device), y_test=split.y_test.to(device))
+                loaded = k
             for kind in methods:
                 common.fresh_start(args.seed + run * NUM_FOLDS + k)
                 with common.Timer() as timer:

@@ -68,7 +68,7 @@ import pyro
 import torch
 from pyro.infer import SVI, TraceMeanField_ELBO
 from pyro.infer.autoguide import AutoNormal, init_to_value
-from pyro.optim import Adam
+from pyro.optim import PyroOptim
 
 from pyro_sdebnn.experiments import REGISTRY
 from pyro_sdebnn.experiments import _args as check
@@ -172,7 +172,8 @@ def _train_sdebnn(args, data, method: str, curve: Curve):
     curve.predict = lambda xb, s: net.predict(xb, guide, num_samples=s).probs  # noqa: E731
     if not args.adjoint:
         elbo = TracePathKL_ELBO(estimator=estimator, kl_scale=args.kl_scale)
-        svi_fit_with_curve(args, SVI(net.model, guide, Adam({"lr": args.lr}), elbo), data, curve, method)
+        svi = SVI(net.model, guide, PyroOptim(torch.optim.Adam, {"lr": args.lr}), elbo)
+        svi_fit_with_curve(args, svi, data, curve, method)
         return curve.predict, (net, guide)
     # the stochastic adjoint: one torchsde solve of weights, hidden state and KL per step, torch's Adam
     guide.get_posterior(data.first_test_images(2)[0])  # builds the drift net
@@ -196,6 +197,7 @@ def _train_sdebnn(args, data, method: str, curve: Curve):
 def _baseline(args, shape, method: str):
     # built right after pyro.set_rng_seed(seed), like _net: same initial field weights and head as the SDE-BNN
     shared = dict(hidden=args.hidden, augment=args.augment, likelihood="categorical", prior_scale=1.0)
+    net: ODENet | ResNet
     if method.endswith("odenet"):
         net = ODENet(shape, 10, dt=args.dt, **shared)
     else:
@@ -225,7 +227,7 @@ def _mean_field(args, data, method: str, curve: Curve):
     # start at the deterministic nets' initial weights (zero weights are a saddle of the field), tiny scale
     guide = AutoNormal(net.model, init_loc_fn=init_to_value(values={"w": net.weights.detach()}), init_scale=1e-3)
     curve.predict = lambda xb, s: net.predict(xb, guide, num_samples=s).probs  # noqa: E731
-    svi = SVI(net.model, guide, Adam({"lr": args.lr}), TraceMeanField_ELBO())
+    svi = SVI(net.model, guide, PyroOptim(torch.optim.Adam, {"lr": args.lr}), TraceMeanField_ELBO())
     svi_fit_with_curve(args, svi, data, curve, method)
     return curve.predict, None
 
@@ -288,6 +290,7 @@ def _run(args: argparse.Namespace) -> dict:
     curves: list[dict] = []
     trained: dict = {}
     described, done, total = "", 0, args.seeds * len(methods)
+    data: TensorImages | ImageLoaders
     try:
         for seed in range(first_seed, first_seed + args.seeds):
             args.seed = seed
@@ -295,7 +298,7 @@ def _run(args: argparse.Namespace) -> dict:
             if root is not None:
                 data = ImageLoaders(args, args.dataset, root, args.batch_size)
                 args.epochs = data.epochs(args.steps, getattr(args, "epochs", None))
-                described = (f"dataset {args.dataset} (full: {data.num_train} train / {len(data.test_set)} test "
+                described = (f"dataset {args.dataset} (full: {data.num_train} train / {data.num_test} test "
                              f"images, DataLoader{', random crop + flip' if data.augmented else ''}), {args.epochs} "
                              f"epochs x batch {args.batch_size}")
             else:

@@ -61,7 +61,7 @@ import pyro
 import pyro.distributions as dist
 import torch
 from pyro.infer import SVI
-from pyro.optim import Adam
+from pyro.optim import PyroOptim
 from tqdm import tqdm
 
 from pyro_sdebnn.data import toy_regression_1d
@@ -154,7 +154,8 @@ class EndpointPathProblem(OUEndpointProblem):
         pyro.sample("y", dist.Normal(w[..., -1, :], self.obs_scale).to_event(1), obs=y)
 
 
-def _path_problem_variance(args, steps: int, samples: int, particles: int, rows: list[dict] | None = None) -> list[dict]:
+def _path_problem_variance(args, steps: int, samples: int, particles: int,
+                           rows: list[dict] | None = None) -> list[dict]:
     """Train the end-point path problem with STL; the three estimators' gradient variance at checkpoints, appended
     to ``rows`` (a new list by default) as each checkpoint is done."""
     problem = EndpointPathProblem(args.dt, device=args.device)
@@ -164,7 +165,7 @@ def _path_problem_variance(args, steps: int, samples: int, particles: int, rows:
     y = problem.y
     guide(y)
     elbo = TracePathKL_ELBO(num_particles=particles, vectorize_particles=True, max_plate_nesting=0, estimator="stl")
-    svi = SVI(problem.model, guide, Adam({"lr": args.gv_lr}), elbo)
+    svi = SVI(problem.model, guide, PyroOptim(torch.optim.Adam, {"lr": args.gv_lr}), elbo)
     spaced = torch.logspace(0, math.log10(steps), max(args.checkpoints - 1, 1)).round().long().tolist()
     checkpoints = sorted({0, *spaced})
     # the ELBO gap from 1024 paths (analytic KL: the same expectation, the least noisy value)
@@ -273,7 +274,7 @@ def _regression(args: argparse.Namespace, results: dict) -> None:
     guide = NeuralSDEGuide(net, drift_hidden=args.hidden, drift_layers=2, activation="swish")
     elbo = TracePathKL_ELBO(num_particles=args.num_particles, vectorize_particles=True, max_plate_nesting=1,
                             estimator=args.estimator)
-    svi = SVI(net.model, guide, Adam({"lr": args.lr}), elbo)
+    svi = SVI(net.model, guide, PyroOptim(torch.optim.Adam, {"lr": args.lr}), elbo)
     losses = []
     start = time.perf_counter()
     for _ in tqdm(range(args.steps), desc="sdebnn-toy", leave=False):
@@ -293,7 +294,7 @@ def _regression(args: argparse.Namespace, results: dict) -> None:
         "coverage90_in_range": interval_coverage(pred.loc[:, inside], pred.scale[:, inside], y_test[inside],
                                                  level=0.9).item(),
         "coverage90_all": interval_coverage(pred.loc, pred.scale, y_test, level=0.9).item(),
-        "obs_scale": float(net.obs_scale.detach()),
+        "obs_scale": float(torch.as_tensor(net.obs_scale)),  # the learned noise scale (a constrained PyroParam)
     }
     diffs = pred.loc.diff(dim=1)
     scores["fraction_monotone_samples"] = ((diffs >= 0).all(1) | (diffs <= 0).all(1)).float().mean().item()

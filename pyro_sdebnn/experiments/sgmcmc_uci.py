@@ -125,19 +125,20 @@ def _write(args: argparse.Namespace, per_split: list[dict], num_splits: int, int
     """``sgmcmc_uci_splits.csv`` (every run so far) and the summary ``sgmcmc_uci.md`` / ``.csv``; the summary."""
     out = args.output
     common.write_csv(out / "sgmcmc_uci_splits.csv", per_split)
-    summary = {}
+    summary: dict[str, dict[str, tuple[float, float]]] = {}
+    splits: dict[str, int] = {}
     for method in args.methods:
         rows = [r for r in per_split if r["method"] == method]
         if rows:
             summary[method] = {key: common.mean_se([r[key] for r in rows]) for key in ("rmse", "test_ll", "seconds")}
-            summary[method]["splits"] = len(rows)
+            splits[method] = len(rows)
     common.write_csv(out / "sgmcmc_uci.csv", [
-        {"method": method, "splits": s["splits"], "rmse_mean": s["rmse"][0], "rmse_se": s["rmse"][1],
+        {"method": method, "splits": splits[method], "rmse_mean": s["rmse"][0], "rmse_se": s["rmse"][1],
          "test_ll_mean": s["test_ll"][0], "test_ll_se": s["test_ll"][1], "seconds_mean": s["seconds"][0]}
         for method, s in summary.items()
     ])
     header = ("method", "splits", "test RMSE", "test log-likelihood", "seconds / split")
-    cells = [[method, s["splits"], f"{s['rmse'][0]:.2f} ± {s['rmse'][1]:.2f}",
+    cells = [[method, splits[method], f"{s['rmse'][0]:.2f} ± {s['rmse'][1]:.2f}",
               f"{s['test_ll'][0]:.2f} ± {s['test_ll'][1]:.2f}", f"{s['seconds'][0]:.1f}"]
              for method, s in summary.items()]
     done = "" if len(per_split) == num_splits * len(args.methods) else (
@@ -146,4 +147,4 @@ def _write(args: argparse.Namespace, per_split: list[dict], num_splits: int, int
         f"# sgmcmc-uci: Boston, {num_splits} splits ({'quick smoke test' if args.quick else 'full'}){done}\n\n"
         + common.markdown_table(header, cells))
     return {m: {"rmse": s["rmse"][0], "rmse_se": s["rmse"][1], "test_ll": s["test_ll"][0],
-                "test_ll_se": s["test_ll"][1], "splits": s["splits"]} for m, s in summary.items()}
+                "test_ll_se": s["test_ll"][1], "splits": splits[m]} for m, s in summary.items()}

@@ -207,14 +207,7 @@ def _sgmcmc(kernel_name: str):
         with common.Timer() as sampling:
             mcmc.run(data.x_train, data.y_train)
         samples = mcmc.get_samples()
-        predictive = Predictive(model, posterior_samples=samples, return_sites=("outputs",))
-
-        def predict(x: Tensor):
-            from pyro_sdebnn.infer import ClassificationPrediction
-
-            outputs = predictive(x)["outputs"]
-            return ClassificationPrediction(outputs.reshape(-1, *outputs.shape[-2:]).softmax(-1))
-
+        predict = _SampledPredictor(Predictive(model, posterior_samples=samples, return_sites=("outputs",)))
         # Function-space chain diagnostics (weight-space ESS is uninformative for networks): the class-1
         # probability at a few test inputs, per draw.
         predict.diagnostics = {
@@ -224,6 +217,21 @@ def _sgmcmc(kernel_name: str):
         return predict
 
     return adapter
+
+
+class _SampledPredictor:
+    """Class probabilities per posterior draw from a :class:`~pyro.infer.Predictive` of the ``"outputs"`` logits,
+    with the chain ``diagnostics`` of the run that drew them (``None`` until set)."""
+
+    def __init__(self, predictive) -> None:
+        self.predictive = predictive
+        self.diagnostics: dict | None = None
+
+    def __call__(self, x: Tensor):
+        from pyro_sdebnn.infer import ClassificationPrediction
+
+        outputs = self.predictive(x)["outputs"]
+        return ClassificationPrediction(outputs.reshape(-1, *outputs.shape[-2:]).softmax(-1))
 
 
 _adapter("sgld", "SGLD")(_sgmcmc("SGLD"))
@@ -266,22 +274,22 @@ _adapter("fsghmc", "fSGHMC (GP functional prior)")(_functional_sgmcmc("FSGHMC", 
 
 @_adapter("mnvi", "MNVI (sampling-free)")
 def _mnvi(data: Data, s: Settings) -> Predictor:
-    import pyro.optim
+    from pyro.optim import PyroOptim
 
     from pyro_sdebnn.nn.mnvi import SamplingFreeBNN, to_mnvi
 
     bnn = SamplingFreeBNN(to_mnvi(_mlp(s)), "categorical", num_data=len(data.y_train), prior_scale=1.0).to(s.device)
     bnn.fit(
         data.x_train, data.y_train, num_epochs=s.svi_epochs, batch_size=s.svi_batch_size,
-        optim=pyro.optim.Adam({"lr": s.lr}),
+        optim=PyroOptim(torch.optim.Adam, {"lr": s.lr}),
     )
     return lambda x: bnn.predict(x, num_samples=s.num_samples)
 
 
 @_adapter("sdebnn", "SDE-BNN")
 def _sdebnn(data: Data, s: Settings) -> Predictor:
-    import pyro.optim
     from pyro.infer import SVI
+    from pyro.optim import PyroOptim
 
     from pyro_sdebnn.infer import NeuralSDEGuide, TracePathKL_ELBO, train_svi
     from pyro_sdebnn.nn import SDEBNN
@@ -293,7 +301,7 @@ def _sdebnn(data: Data, s: Settings) -> Predictor:
         in_dim=2, out_dim=2, hidden=s.hidden[0], augment=0, sigma=0.2, dt=s.sde_dt, likelihood="categorical"
     ).to(s.device)
     guide = NeuralSDEGuide(net, drift_hidden=s.hidden[0]).to(s.device)
-    svi = SVI(net.model, guide, pyro.optim.Adam({"lr": s.lr}), TracePathKL_ELBO(estimator="stl"))
+    svi = SVI(net.model, guide, PyroOptim(torch.optim.Adam, {"lr": s.lr}), TracePathKL_ELBO(estimator="stl"))
     train_svi(svi, (data.x_train, data.y_train), num_epochs=s.sde_epochs, batch_size=s.batch_size)  # NaN: raises
     return lambda x: net.predict(x, guide, num_samples=s.num_samples)
 
@@ -356,7 +364,8 @@ def _write_readme(results: list[Result], args, s: Settings, data: Data, total: f
         f"torch-trained methods; {s.svi_epochs} SVI epochs (batch {s.svi_batch_size}) for Pyro SVI methods (MAP, "
         f"MFVI, MNVI); SDE-BNN {s.sde_epochs} epochs with Euler step {s.sde_dt}; {s.num_samples} predictive samples; "
         f"{s.num_members} ensemble members; dropout {s.dropout}; SG-MCMC step 1e-3 (SGHMC 1e-2, fSGLD 1e-4), "
-        f"friction 1 (SGHMC) and 10 (fSGHMC), batch {s.batch_size}, {s.mcmc_warmup} warm-up + {s.mcmc_samples} samples thinned by "
+        f"friction 1 (SGHMC) and 10 (fSGHMC), batch {s.batch_size}, {s.mcmc_warmup} warm-up + {s.mcmc_samples} "
+        "samples thinned by "
         f"{s.mcmc_thinning}; functional priors: RBF GP on the class-1 logit (variance 4, length scale 0.5).",
         f"Metrics on the {len(data.y_test)} test points: accuracy, ECE (10 equal-width bins), Brier score, NLL (nats) "
         "of the predictive mean; `(TS)` after temperature scaling of the predictive log-probabilities (T fitted on "
@@ -388,20 +397,21 @@ FAMILIES = (
 def _write_figures(results: list[Result], data: Data, grid_axes: tuple[Tensor, Tensor], out: Path) -> None:
     """``reliability.png`` (a panel per method family), ``heatmaps.png`` and ``uncertainty_decomposition.png`` of
     the methods that finished."""
-    ok = [r for r in results if r.status == "ok"]
+    ok = [r for r in results if r.status == "ok" and r.test_probs is not None and r.grid_probs is not None]
     if not ok:
         return
+    test_probs = {r.name: r.test_probs for r in ok if r.test_probs is not None}
+    grid_probs = {r.name: r.grid_probs for r in ok if r.grid_probs is not None}
     families = {title: [r.name for r in ok if r.key in keys] for title, keys in FAMILIES}
     others = [r.name for r in ok if not any(r.key in keys for _, keys in FAMILIES)]
     families = {title: names for title, names in {**families, "other": others}.items() if names}
-    common.plot_reliability_curves({r.name: r.test_probs for r in ok}, data.y_test, out / "reliability.png",
-                                   groups=families, xlim=(0.45, 1.0),
+    common.plot_reliability_curves(test_probs, data.y_test, out / "reliability.png", groups=families, xlim=(0.45, 1.0),
                                    title="Two Moons reliability diagram (10 equal-width bins; empty bins omitted)")
-    p1 = {r.name: r.grid_probs[..., 1] for r in ok}  # p(y=1|x) per posterior draw
+    p1 = {name: probs[..., 1] for name, probs in grid_probs.items()}  # p(y=1|x) per posterior draw
     common.plot_grid_heatmaps({name: (p.mean(0), p.std(0, unbiased=False)) for name, p in p1.items()}, grid_axes,
                               data.x_train, data.y_train, out / "heatmaps.png")
-    ensemble = next((r for r in ok if r.key == "deep-ensemble"), ok[0])
-    common.plot_uncertainty_decomposition(ensemble.name, ensemble.grid_probs, grid_axes,
+    ensemble = next((r.name for r in ok if r.key == "deep-ensemble"), ok[0].name)
+    common.plot_uncertainty_decomposition(ensemble, grid_probs[ensemble], grid_axes,
                                           out / "uncertainty_decomposition.png")
 
 

@@ -113,7 +113,8 @@ def test_reliability_small_multiples_by_group(tmp_path):
     labels = torch.randint(0, 2, (200,), generator=torch.Generator().manual_seed(0))
     curves = {name: torch.softmax(torch.randn(200, 2, generator=torch.Generator().manual_seed(i)), -1)
               for i, name in enumerate("abcde")}
-    fig = plot_reliability_curves(curves, labels, tmp_path / "r.png", groups={"one": ["a", "b"], "two": ["c", "d", "e"]})
+    groups = {"one": ["a", "b"], "two": ["c", "d", "e"]}
+    fig = plot_reliability_curves(curves, labels, tmp_path / "r.png", groups=groups)
     visible = [ax for ax in fig.axes if ax.get_visible()]
     assert [ax.get_title() for ax in visible] == ["one", "two"]
     assert [len(ax.get_lines()) for ax in visible] == [3, 4]  # the diagonal and one line per method

@@ -35,13 +35,14 @@ def test_paper_lenet_has_the_papers_shape_and_parameter_count():
 
 def test_schedule_decays_the_learning_rate_at_the_milestones(monkeypatch, tmp_path):
     made = []
-    original = pyro.optim.MultiStepLR
+    original = pyro.optim.PyroLRScheduler
 
-    def spy(args):
+    def spy(constructor, args, clip_args=None):  # pyro.optim.MultiStepLR(args) is this with MultiStepLR
+        assert constructor is torch.optim.lr_scheduler.MultiStepLR
         made.append(dict(args, optim_args=dict(args["optim_args"])))
-        return original(args)
+        return original(constructor, args, clip_args)
 
-    monkeypatch.setattr(pyro.optim, "MultiStepLR", spy)
+    monkeypatch.setattr(pyro.optim, "PyroLRScheduler", spy)
     seen = {}
     real_init = SamplingFreeBNN.__init__
 

@@ -50,13 +50,14 @@ def test_network_has_separate_heads_xavier_weights_and_zero_biases():
 
 def test_schedule_decays_the_learning_rate_at_the_kl_milestones(monkeypatch):
     made = []
-    original = pyro.optim.MultiStepLR
+    original = pyro.optim.PyroLRScheduler
 
-    def spy(args):
-        made.append(original(args))
+    def spy(constructor, args, clip_args=None):  # pyro.optim.MultiStepLR(args) is this with MultiStepLR
+        assert constructor is torch.optim.lr_scheduler.MultiStepLR
+        made.append(original(constructor, args, clip_args))
         return made[-1]
 
-    monkeypatch.setattr(pyro.optim, "MultiStepLR", spy)
+    monkeypatch.setattr(pyro.optim, "PyroLRScheduler", spy)
     pyro.clear_param_store()
     split = uci_boston(split=0)
     fit_sampling_free("mnvi", split.x_train[:64], split.y_train[:64], epochs=4)  # milestones at epochs 2 and 3
