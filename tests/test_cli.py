@@ -331,3 +331,35 @@ def test_a_plain_keyboard_interrupt_is_noted_too(tmp_path, capsys):
     readme = (tmp_path / "README.md").read_text()
     assert readme.startswith("# fake\n\nwhat this run is.\n\n**Interrupted**") and "only what had been" in readme
     assert not (tmp_path / "summary.json").exists()
+
+
+def test_sigint_to_a_running_benchmark(tmp_path):
+    """The real signal: SIGINT while a benchmark runs ends the process with status 130 and the finished part kept."""
+    import signal
+    import time
+
+    code = (
+        "import sys, time, types\n"
+        "from pathlib import Path\n"
+        "from pyro_sdebnn.cli import main\n"
+        "def run(args):\n"
+        "    (args.output / 'table.md').write_text('| finished |\\n')\n"
+        "    (args.output / 'started').write_text('')\n"
+        "    time.sleep(60)\n"
+        "fake = types.SimpleNamespace(NAME='fake', DESCRIPTION='d', add_arguments=lambda parser: None, run=run)\n"
+        "sys.exit(main(['benchmark', 'fake', '--output', sys.argv[1]], {'fake': fake}))\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "started").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "benchmark fake INTERRUPTED" in out and "table.md" in out and "Interrupted" in err
+    assert "**Interrupted** (Ctrl-C / SIGINT)" in (tmp_path / "README.md").read_text()

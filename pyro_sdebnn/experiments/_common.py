@@ -498,8 +498,8 @@ def _chain_trace_figure(chains: Mapping[str, tuple[Tensor, float]], quantity: st
     for ax, (name, (draws, _)) in zip(axes, chains.items()):
         lines = ax.plot(draws.cpu().numpy(), lw=0.8)
         ax.set(title=f"{name}: {quantity} per draw", xlabel="draw", ylabel=quantity, ylim=ylim)
-        ax.legend(lines, [f"test point {j + 1}" for j in range(len(lines))], fontsize=7, ncol=len(lines),
-                  loc="upper right")
+        ax.legend(lines, [f"test point {j + 1}" for j in range(len(lines))], fontsize=7, loc="center left",
+                  bbox_to_anchor=(1.01, 0.5))
     return fig
 
 

@@ -294,7 +294,7 @@ def _regression(args: argparse.Namespace, results: dict) -> None:
         "coverage90_in_range": interval_coverage(pred.loc[:, inside], pred.scale[:, inside], y_test[inside],
                                                  level=0.9).item(),
         "coverage90_all": interval_coverage(pred.loc, pred.scale, y_test, level=0.9).item(),
-        "obs_scale": float(torch.as_tensor(net.obs_scale)),  # the learned noise scale (a constrained PyroParam)
+        "obs_scale": float(torch.as_tensor(net.obs_scale).detach()),  # the learned noise scale (a PyroParam)
     }
     diffs = pred.loc.diff(dim=1)
     scores["fraction_monotone_samples"] = ((diffs >= 0).all(1) | (diffs <= 0).all(1)).float().mean().item()
