@@ -366,7 +366,7 @@ def plot_reliability_curves(curves: Mapping[str, Tensor], labels: Tensor, path, 
                     label=f"{name} (ECE {ece:.3f})")
         ax.set(xlim=xlim)
         ax.set_title(group, fontsize=11)
-        ax.legend(fontsize=7.5, loc="upper left")
+        ax.legend(fontsize=7.5, loc="best")
         ax.grid(alpha=0.3)
     axes[0, 0].set_ylim(max(lowest, 0.0), 1.02)  # shared by every panel
     for ax in axes.ravel()[len(groups):]:
