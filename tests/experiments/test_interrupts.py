@@ -8,7 +8,6 @@ each test checks the bookkeeping in about a second; the fits themselves are test
 import csv
 import json
 
-import pytest
 import torch
 
 from pyro_sdebnn.cli import main
@@ -163,8 +162,7 @@ def test_sgmcmc_uci(tmp_path, monkeypatch):
     _interrupted_readme(tmp_path, "1 of 4 (split, method) runs finished")
 
 
-@pytest.mark.parametrize("first_finishes", [True])
-def test_fsgmcmc_gap(tmp_path, monkeypatch, first_finishes):
+def test_fsgmcmc_gap(tmp_path, monkeypatch):
     import types
 
     from pyro_sdebnn.experiments import fsgmcmc_gap
