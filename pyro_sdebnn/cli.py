@@ -28,11 +28,20 @@ CIFAR-10 in ``DIR``; they then train through a :class:`~torch.utils.data.DataLoa
 set. Nothing is downloaded unless ``--download`` is given; without ``--data-dir`` they use the small
 bundled subsets.
 
+The benchmarks are those of :data:`pyro_sdebnn.experiments.REGISTRY` (one line each); a benchmark's module, and
+torch with it, is imported only when that benchmark is asked for, so ``--version`` and ``--help`` start at once.
+
 Errors the user can fix end the program with a one-line message and exit status 2: an unknown
-command, benchmark or option (argparse), an unavailable ``--device``, a data file that is missing
-(``FileNotFoundError`` from the loaders) and a ``ValueError`` whose message starts with the option it
-rejects (the experiments' convention, e.g. ``--epochs must be positive``). Every other exception is a
-bug and propagates with its traceback.
+command, benchmark or option, or a value an option does not allow (argparse: every numeric option has a
+``type=`` check, e.g. ``argument --n-train: expected an integer >= 1, got '0'``), ``benchmark`` without a name,
+``--download`` without ``--data-dir``, an ``--output`` that is a file or cannot be written, an unavailable
+``--device``, a data file that is missing (``FileNotFoundError`` from the loaders) and a ``ValueError`` whose
+message starts with the option it rejects (the experiments' convention, e.g. ``--epochs must be positive``).
+Every other exception is a bug and propagates with its traceback.
+
+Ctrl-C (SIGINT) does not throw the run away: every benchmark writes its table (and the files of each finished
+method) as each method finishes; on an interrupt it writes what is finished, the command line adds a line saying
+so to ``OUTPUT/README.md``, prints the finished part and exits with status 130.
 """
 
 from __future__ import annotations
@@ -43,12 +52,17 @@ import sys
 import time
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
+
+from pyro_sdebnn.experiments import _args as check
+from pyro_sdebnn.experiments import REGISTRY, load
 
 __all__ = ["add_data_dir_arguments", "build_parser", "end_of_run_report", "format_summary", "main",
            "resolve_device"]
 
 DEFAULT_BENCHMARK = "two-moons"
+#: The exit status after Ctrl-C (SIGINT), as a shell reports a process ended by that signal: 128 + 2.
+EXIT_INTERRUPTED = 130
 
 
 def resolve_device(name: str):
@@ -66,23 +80,23 @@ def resolve_device(name: str):
     return device
 
 
-def _add_common(parser: argparse.ArgumentParser, suppress: bool) -> None:
-    default = (lambda value: argparse.SUPPRESS) if suppress else (lambda value: value)
+def _add_common(parser: argparse.ArgumentParser, suppress: bool, quick: str | None = None) -> None:
+    default: Callable[[Any], Any] = (lambda value: argparse.SUPPRESS) if suppress else (lambda value: value)
     parser.add_argument("--device", default=default("cpu"), help="torch device, e.g. cpu or cuda:0 (default cpu)")
-    parser.add_argument("--seed", type=int, default=default(0), help="random seed (default 0)")
-    parser.add_argument(
-        "--output", type=Path, default=default(Path("outputs")), help="folder for tables and figures (default outputs/)"
-    )
-    parser.add_argument(
-        "--quick", action="store_true", default=default(False), help="small, fast settings (the CI smoke mode)"
-    )
+    parser.add_argument("--seed", type=check.seed, default=default(0),
+                        help=f"random seed, an integer in [0, {check.MAX_SEED}] (default 0)")
+    parser.add_argument("--output", type=check.output_folder, default=default(Path("outputs")),
+                        help="folder for tables and figures (default outputs/); each result is written as soon as "
+                             "it is finished, and Ctrl-C keeps what is done")
+    parser.add_argument("--quick", action="store_true", default=default(False),
+                        help="small, fast settings (the CI smoke mode)" + (f": {quick}" if quick else ""))
     parser.add_argument(
         "--distributed", action="store_true", default=default(False),
         help="under torchrun: every rank runs the benchmark with seed --seed + rank (GPU LOCAL_RANK with --device "
              "cuda), rank 0 writes the outputs, those of rank r under OUTPUT/rank<r>",
     )
     parser.add_argument(
-        "--dist-timeout", type=float, default=default(86400.0),
+        "--dist-timeout", type=check.positive_float, default=default(86400.0),
         help="with --distributed: seconds rank 0 waits for the slowest rank at the end (default one day)",
     )
 
@@ -94,18 +108,33 @@ def add_data_dir_arguments(parser: argparse.ArgumentParser, suppress: bool = Tru
                         help="folder with the torchvision files (MNIST/raw, FashionMNIST/raw or cifar-10-batches-py) "
                              "for the image benchmarks: train on the full data set through a DataLoader")
     parser.add_argument("--download", action="store_true", default=argparse.SUPPRESS if suppress else False,
-                        help="allow the image benchmarks to download missing files into --data-dir (off by default)")
+                        help="allow the image benchmarks to download missing files into --data-dir (off by default; "
+                             "needs --data-dir)")
 
 
-def build_parser(experiments: dict[str, ModuleType] | None = None) -> argparse.ArgumentParser:
-    """The argument parser; ``experiments`` (default: :func:`pyro_sdebnn.experiments.discover`) become
-    the ``benchmark`` sub-commands."""
+class _Benchmarks(argparse._SubParsersAction):
+    """The ``benchmark NAME`` sub-parsers, filled in only for the NAME given: the experiment's module (and torch with
+    it) is imported when its options are needed, not when ``pyro-sdebnn --help`` or ``--version`` runs."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.pending: dict[str, Callable[[], None]] = {}
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        fill = self.pending.pop(values[0], None) if values else None
+        if fill is not None:
+            fill()
+        super().__call__(parser, namespace, values, option_string)
+
+
+def _benchmark_module(name: str, experiments: Mapping[str, ModuleType] | None) -> ModuleType:
+    return experiments[name] if experiments is not None else load(name)
+
+
+def _build(experiments: Mapping[str, ModuleType] | None) -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     from pyro_sdebnn import __version__
 
-    if experiments is None:
-        from pyro_sdebnn.experiments import discover
-
-        experiments = discover()
     parser = argparse.ArgumentParser(
         prog="pyro-sdebnn",
         description="Bayesian neural networks for Pyro: data sets, benchmarks and the head-to-head study.",
@@ -120,12 +149,26 @@ def build_parser(experiments: dict[str, ModuleType] | None = None) -> argparse.A
     datasets.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
     bench = commands.add_parser("benchmark", help="run an experiment (see `pyro-sdebnn benchmark --help`)")
-    names = bench.add_subparsers(dest="benchmark", metavar="NAME")
-    for name, module in experiments.items():
-        sub = names.add_parser(name, help=module.DESCRIPTION, description=module.DESCRIPTION)
-        _add_common(sub, suppress=True)
-        module.add_arguments(sub)
-    return parser
+    names = bench.add_subparsers(dest="benchmark", metavar="NAME", action=_Benchmarks)
+    assert isinstance(names, _Benchmarks)
+    descriptions = ({name: REGISTRY[name].description for name in REGISTRY} if experiments is None
+                    else {name: module.DESCRIPTION for name, module in experiments.items()})
+    for name, description in sorted(descriptions.items()):
+        sub = names.add_parser(name, help=description, description=description)
+
+        def fill(name: str = name, sub: argparse.ArgumentParser = sub) -> None:
+            module = _benchmark_module(name, experiments)
+            _add_common(sub, suppress=True, quick=getattr(module, "QUICK", None))
+            module.add_arguments(sub)
+
+        names.pending[name] = fill
+    return parser, bench
+
+
+def build_parser(experiments: Mapping[str, ModuleType] | None = None) -> argparse.ArgumentParser:
+    """The argument parser. The ``benchmark`` sub-commands are ``experiments`` (``{name: module}``) or, by default,
+    those of :data:`pyro_sdebnn.experiments.REGISTRY`, whose modules are imported only when their name is parsed."""
+    return _build(experiments)[0]
 
 
 def _run_datasets(args: argparse.Namespace) -> int:
@@ -205,12 +248,43 @@ def _run_distributed(args: argparse.Namespace, experiment: ModuleType) -> int:
             distributed.shutdown()
 
 
+def _prepare_output(output: Path) -> None:
+    """Create ``--output`` and check that a file can be written there.
+
+    :raises ValueError: (``--output: ...``) naming the folder and the operating system's reason.
+    """
+    import tempfile
+
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=output):
+            pass
+    except OSError as err:
+        raise ValueError(f"--output: cannot write into the folder {str(output)!r} ({err.strerror or err})") from None
+
+
+def _note_interruption(output: Path, err: KeyboardInterrupt, seconds: float) -> str:
+    """Append to ``OUTPUT/README.md`` (created if missing) the line saying the run was interrupted; return it."""
+    progress = getattr(err, "progress", None)
+    line = (f"**Interrupted** (Ctrl-C / SIGINT) after {seconds:.0f} s: "
+            + (f"{progress}; the tables and figures here hold only those." if progress else
+               "the files here hold only what had been finished by then."))
+    readme = output / "README.md"
+    previous = readme.read_text() if readme.is_file() else "# Interrupted run\n"
+    readme.write_text(previous.rstrip("\n") + "\n\n" + line + "\n")
+    return line
+
+
 def _run_once(args: argparse.Namespace, experiment: ModuleType) -> int:
     import pyro
 
-    args.output.mkdir(parents=True, exist_ok=True)  # argparse made it a Path
+    try:
+        _prepare_output(args.output)  # argparse made it a Path
+    except ValueError as err:
+        return _usage_error(err)
     pyro.set_rng_seed(args.seed)  # seeds torch, numpy and random
     start, wall_start = time.perf_counter(), time.time() - 1.0  # mtime resolution margin
+    interrupted = None
     try:
         summary = experiment.run(args)
     except FileNotFoundError as err:  # a data set that is not on this machine
@@ -219,10 +293,18 @@ def _run_once(args: argparse.Namespace, experiment: ModuleType) -> int:
         if not str(err).startswith("--"):  # not an option the user gave: a bug, keep the traceback
             raise
         return _usage_error(err)
+    except KeyboardInterrupt as err:  # Ctrl-C: keep what is finished (an experiment's Interrupted carries it)
+        summary = getattr(err, "summary", None)
+        interrupted = _note_interruption(args.output, err, time.perf_counter() - start)
     elapsed = time.perf_counter() - start
     if summary:
         (args.output / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    print(end_of_run_report(args.benchmark, summary or {}, args.output, elapsed, since=wall_start))
+    report = end_of_run_report(args.benchmark, summary or {}, args.output, elapsed, since=wall_start)
+    if interrupted is not None:
+        print(report.replace(f"benchmark {args.benchmark} finished", f"benchmark {args.benchmark} INTERRUPTED", 1))
+        print(interrupted.replace("**", ""), file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(report)
     return 0
 
 
@@ -298,32 +380,38 @@ def end_of_run_report(name: str, summary: Mapping[str, Any], output: Path, secon
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None, experiments: dict[str, ModuleType] | None = None) -> int:
-    """Entry point of ``pyro-sdebnn``; returns the process exit code.
+def _check_data_dir(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    folder = next((getattr(args, key) for key in ("data_dir", "root", "mnist_root") if getattr(args, key, None)), None)
+    if getattr(args, "download", False) and folder is None:
+        parser.error("--download needs --data-dir DIR, the folder to download the torchvision files into")
+
+
+def main(argv: Sequence[str] | None = None, experiments: Mapping[str, ModuleType] | None = None) -> int:
+    """Entry point of ``pyro-sdebnn``; returns the process exit code (0; 2 for a user error; 130 after Ctrl-C).
 
     :param argv: the arguments (default ``sys.argv[1:]``).
-    :param experiments: the ``benchmark`` sub-commands (default: :func:`pyro_sdebnn.experiments.discover`).
+    :param experiments: the ``benchmark`` sub-commands, ``{name: module}`` (default: those of
+        :data:`pyro_sdebnn.experiments.REGISTRY`, each imported only when asked for).
     """
-    if experiments is None:
-        from pyro_sdebnn.experiments import discover
-
-        experiments = discover()
-    parser = build_parser(experiments)
+    parser, bench = _build(experiments)
     args = parser.parse_args(argv)
     if args.command == "datasets":
         return _run_datasets(args)
     if args.command == "benchmark":
         if args.benchmark is None:
-            parser.parse_args(["benchmark", "--help"])
-        return _run_benchmark(args, experiments[args.benchmark])  # argparse accepts only known names
+            names = sorted(experiments if experiments is not None else REGISTRY)
+            bench.error(f"a benchmark NAME is required, one of: {', '.join(names)}")
+        _check_data_dir(bench, args)
+        return _run_benchmark(args, _benchmark_module(args.benchmark, experiments))
     # No sub-command: the main job.
-    if DEFAULT_BENCHMARK not in experiments:
+    _check_data_dir(parser, args)
+    if DEFAULT_BENCHMARK not in (experiments if experiments is not None else REGISTRY):
         parser.print_help()
         return 0
     default_args = parser.parse_args(["benchmark", DEFAULT_BENCHMARK])
     for key in ("device", "seed", "output", "quick", "distributed", "dist_timeout"):
         setattr(default_args, key, getattr(args, key))
-    return _run_benchmark(default_args, experiments[DEFAULT_BENCHMARK])
+    return _run_benchmark(default_args, _benchmark_module(DEFAULT_BENCHMARK, experiments))
 
 
 if __name__ == "__main__":

@@ -35,10 +35,32 @@ def test_cuda_without_gpu_is_a_clear_error():
         resolve_device("cuda")
 
 
-def test_python_dash_m_entry_point():
-    proc = subprocess.run([sys.executable, "-m", "pyro_sdebnn", "--help"], capture_output=True, text=True, timeout=120)
+def test_python_dash_m_entry_point_and_a_light_start():
+    # python -m pyro_sdebnn works; --help and --version import neither torch nor any experiment module
+    code = (
+        "import contextlib, io, runpy, sys\n"
+        "sys.argv = ['pyro-sdebnn', '--help']\n"
+        "out = io.StringIO()\n"
+        "with contextlib.redirect_stdout(out):\n"
+        "    try:\n"
+        "        runpy.run_module('pyro_sdebnn', run_name='__main__')\n"
+        "    except SystemExit as exit:\n"
+        "        assert exit.code == 0, exit.code\n"
+        "from pyro_sdebnn.cli import main\n"
+        "with contextlib.redirect_stdout(out):\n"
+        "    try:\n"
+        "        main(['--version'])\n"
+        "    except SystemExit as exit:\n"
+        "        assert exit.code == 0, exit.code\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'pyro', 'numpy')\n"
+        "               or m.startswith('pyro_sdebnn.experiments.') and m != 'pyro_sdebnn.experiments._args')\n"
+        "print(out.getvalue())\n"
+        "print('HEAVY', heavy)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert "pyro-sdebnn" in proc.stdout
+    assert "usage: pyro-sdebnn" in proc.stdout and "pyro-sdebnn 0." in proc.stdout
+    assert "HEAVY []" in proc.stdout, proc.stdout.splitlines()[-1]
 
 
 def test_datasets_lists_every_bundled_data_set(capsys):
@@ -59,48 +81,46 @@ def test_datasets_json(capsys):
     assert all(set(row) >= {"name", "task", "shapes", "source"} for row in rows)
 
 
-def _fake_experiments(monkeypatch, run):
-    """Replace the discovered experiments by one, ``fake``, whose ``run`` is given."""
+def _fake_experiments(run):
+    """The ``experiments`` argument of ``main``: one benchmark, ``fake``, whose ``run`` is given."""
     import types
 
-    import pyro_sdebnn.experiments
-
     module = types.SimpleNamespace(NAME="fake", DESCRIPTION="a test double", add_arguments=lambda parser: None, run=run)
-    monkeypatch.setattr(pyro_sdebnn.experiments, "discover", lambda: {"fake": module})
+    return {"fake": module}
 
 
 @pytest.mark.parametrize(
     "error", [ValueError("--epochs must be positive, got 0"), FileNotFoundError("MNIST not found under data/")]
 )
-def test_user_errors_are_one_line_exit_2(monkeypatch, capsys, tmp_path, error):
+def test_user_errors_are_one_line_exit_2(capsys, tmp_path, error):
     def run(args):
         raise error
 
-    _fake_experiments(monkeypatch, run)
-    assert main(["benchmark", "fake", "--output", str(tmp_path)]) == 2
+    fake = _fake_experiments(run)
+    assert main(["benchmark", "fake", "--output", str(tmp_path)], fake) == 2
     assert capsys.readouterr().err == f"pyro-sdebnn: error: {error}\n"
 
 
 @pytest.mark.parametrize("error", [ValueError("shape mismatch in a matmul"), RuntimeError("CUDA error"), KeyError("w")])
-def test_bugs_inside_an_experiment_propagate(monkeypatch, tmp_path, error):
+def test_bugs_inside_an_experiment_propagate(tmp_path, error):
     def run(args):
         raise error
 
-    _fake_experiments(monkeypatch, run)
+    fake = _fake_experiments(run)
     with pytest.raises(type(error), match=str(error).strip("'")):
-        main(["benchmark", "fake", "--output", str(tmp_path)])
+        main(["benchmark", "fake", "--output", str(tmp_path)], fake)
 
 
-def test_bad_device_and_unknown_benchmark_exit_2(monkeypatch, capsys, tmp_path):
-    _fake_experiments(monkeypatch, lambda args: pytest.fail("run must not start"))
-    assert main(["benchmark", "fake", "--device", "not-a-device", "--output", str(tmp_path)]) == 2
+def test_bad_device_and_unknown_benchmark_exit_2(capsys, tmp_path):
+    fake = _fake_experiments(lambda args: pytest.fail("run must not start"))
+    assert main(["benchmark", "fake", "--device", "not-a-device", "--output", str(tmp_path)], fake) == 2
     assert capsys.readouterr().err.startswith("pyro-sdebnn: error: --device")
     with pytest.raises(SystemExit) as exit_info:
-        main(["benchmark", "bogus"])
+        main(["benchmark", "bogus"], fake)
     assert exit_info.value.code == 2
 
 
-def test_benchmark_gets_resolved_args_and_seed(monkeypatch, capsys, tmp_path):
+def test_benchmark_gets_resolved_args_and_seed(capsys, tmp_path):
     import torch
 
     seen = {}
@@ -109,8 +129,8 @@ def test_benchmark_gets_resolved_args_and_seed(monkeypatch, capsys, tmp_path):
         seen.update(vars(args), draw=torch.rand(()))
         return {"value": 1}
 
-    _fake_experiments(monkeypatch, run)
-    assert main(["benchmark", "fake", "--seed", "3", "--output", str(tmp_path / "out")]) == 0
+    fake = _fake_experiments(run)
+    assert main(["benchmark", "fake", "--seed", "3", "--output", str(tmp_path / "out")], fake) == 0
     assert seen["device"] == torch.device("cpu") and seen["output"] == tmp_path / "out" and seen["output"].is_dir()
     torch.manual_seed(3)
     assert seen["draw"] == torch.rand(())
@@ -119,7 +139,7 @@ def test_benchmark_gets_resolved_args_and_seed(monkeypatch, capsys, tmp_path):
     assert json.loads((tmp_path / "out" / "summary.json").read_text()) == {"value": 1}
 
 
-def test_end_of_run_prints_tables_and_the_files_written(monkeypatch, capsys, tmp_path):
+def test_end_of_run_prints_tables_and_the_files_written(capsys, tmp_path):
     import os
 
     out_dir = tmp_path / "out"
@@ -137,8 +157,8 @@ def test_end_of_run_prints_tables_and_the_files_written(monkeypatch, capsys, tmp
             "solver_tolerance": [{"solver": "euler", "seconds": 1.5}, {"solver": "srk", "seconds": 3.25}],
         }
 
-    _fake_experiments(monkeypatch, run)
-    assert main(["benchmark", "fake", "--output", str(out_dir)]) == 0
+    fake = _fake_experiments(run)
+    assert main(["benchmark", "fake", "--output", str(out_dir)], fake) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert "{" not in out
@@ -172,3 +192,174 @@ def test_data_dir_is_global_or_per_image_benchmark():
     assert args.data_dir == Path("a") and args.download is False
     args = parser.parse_args(["--data-dir", "a", "benchmark", "mnvi-mnist", "--data-dir", "b", "--download"])
     assert args.data_dir == Path("b") and args.download is True
+
+
+# --------------------------------------------------------------------------- the registry
+def test_registry_entries_load_with_their_description():
+    from pyro_sdebnn.experiments import REGISTRY, load
+
+    for name, entry in REGISTRY.items():
+        module = load(name)
+        assert module.NAME == name and module.DESCRIPTION == entry.description
+        assert callable(module.add_arguments) and callable(module.run)
+
+
+def test_benchmark_help_lists_every_benchmark_and_says_what_quick_does(capsys):
+    from pyro_sdebnn.experiments import REGISTRY
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["benchmark", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in REGISTRY)
+    with pytest.raises(SystemExit):
+        main(["benchmark", "sdebnn-mnist", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--quick small, fast settings (the CI smoke mode): scikit-" in out and "8x8 digits unless --dataset" in out
+
+
+# --------------------------------------------------------------------------- user errors: one line, exit 2
+def _exit_2(argv, capsys, *words, experiments=None):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv, experiments)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("pyro-sdebnn") and ": error: " in err[-1], err
+    for word in words:
+        assert word in err[-1], (word, err[-1])
+    return err[-1]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--seed", "-1", "datasets"], ("--seed", "[0, 2147483647]")),
+    (["--seed", "99999999999", "datasets"], ("--seed", "[0, 2147483647]")),
+    (["--seed", "1.5", "datasets"], ("--seed",)),
+    (["benchmark"], ("NAME is required", "two-moons", "sdebnn-toy")),
+    (["benchmark", "two-moons", "--n-train", "0"], ("--n-train", ">= 1", "'0'")),
+    (["benchmark", "two-moons", "--n-train", "-5"], ("--n-train", ">= 1", "'-5'")),
+    (["benchmark", "two-moons", "--threads", "0"], ("--threads", ">= 1")),
+    (["benchmark", "sdebnn-toy", "--dt", "0"], ("--dt", "(0, 1]")),
+    (["benchmark", "sdebnn-toy", "--dt", "-0.1"], ("--dt", "(0, 1]")),
+    (["benchmark", "sdebnn-toy", "--quick", "--dt", "0"], ("--dt", "(0, 1]")),
+    (["benchmark", "sdebnn-toy", "--quick", "--dt", "-0.1"], ("--dt", "(0, 1]")),
+    (["benchmark", "sdebnn-toy", "--sigma", "nan"], ("--sigma", "finite")),
+    (["benchmark", "sdebnn-toy", "--threads", "0"], ("--threads",)),
+    (["benchmark", "sgmcmc-uci", "--splits", "0"], ("--splits", "[1, 20]")),
+    (["benchmark", "sgmcmc-uci", "--splits", "21"], ("--splits", "[1, 20]")),
+    (["benchmark", "sdebnn-mnist", "--download"], ("--download needs --data-dir",)),
+    (["--download", "benchmark", "mnvi-mnist"], ("--download needs --data-dir",)),
+    (["--download", "--quick"], ("--download needs --data-dir",)),
+    (["--dist-timeout", "0", "datasets"], ("--dist-timeout",)),
+])
+def test_user_errors_name_the_flag_and_what_is_allowed(capsys, argv, words):
+    _exit_2(argv, capsys, *words)
+
+
+def test_output_that_is_a_file_or_cannot_be_written(capsys, tmp_path):
+    fake = _fake_experiments(lambda args: pytest.fail("run must not start"))
+    a_file = tmp_path / "results.txt"
+    a_file.write_text("not a folder\n")
+    _exit_2(["benchmark", "fake", "--output", str(a_file)], capsys, "--output", "existing file", experiments=fake)
+    # a folder that cannot be created (its parent is a file): the same one-line error, from the run's start
+    assert main(["benchmark", "fake", "--output", str(a_file / "sub")], fake) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pyro-sdebnn: error: --output: cannot write into the folder") and err.count("\n") == 1
+
+
+def test_every_numeric_option_of_every_benchmark_is_checked(capsys):
+    """No benchmark option takes a bare ``int`` / ``float``: each numeric one has a checker that rejects bad values
+    with argparse's one line naming the option (and so exit status 2)."""
+    import argparse
+
+    from pyro_sdebnn.cli import _build
+    from pyro_sdebnn.experiments import REGISTRY
+
+    parser, bench = _build(None)
+    names = next(a for a in bench._actions if isinstance(a, argparse._SubParsersAction))
+    checked = 0
+    for name in REGISTRY:
+        names.pending.pop(name)()  # fill the sub-parser as parsing its name would
+        for action in names.choices[name]._actions:
+            assert action.type not in (int, float), f"{name} {action.option_strings}: a bare {action.type}"
+            if action.type is None or not action.option_strings or action.type.__name__ in ("Path", "output_folder"):
+                continue
+            option = action.option_strings[-1]
+            for bad in ("-1", "nan", "x"):
+                line = _exit_2(["benchmark", name, option, bad], capsys)
+                assert f"argument {option}: expected " in line and repr(bad) in line
+                checked += 1
+    assert checked >= 3 * 30  # every benchmark has several numeric options
+
+
+def test_quick_fills_in_only_the_options_not_given(tmp_path, monkeypatch):
+    from pyro_sdebnn.experiments import sdebnn_toy
+
+    seen = {}
+
+    def stop(args, results):
+        seen.update(dt=args.dt, hidden=args.hidden, steps=args.steps)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sdebnn_toy, "_regression", stop)
+    assert main(["benchmark", "sdebnn-toy", "--quick", "--dt", "0.02", "--output", str(tmp_path)]) == 130
+    assert seen == {"dt": 0.02, "hidden": 16, "steps": 40}
+
+
+# --------------------------------------------------------------------------- Ctrl-C
+def test_interrupt_keeps_the_finished_part_and_exits_130(tmp_path, capsys):
+    from pyro_sdebnn.experiments._common import Interrupted
+
+    def run(args):
+        (args.output / "table.md").write_text("| a |\n")
+        raise Interrupted({"a": {"acc": 0.5}}, "1 of 3 methods finished")
+
+    assert main(["benchmark", "fake", "--output", str(tmp_path)], _fake_experiments(run)) == 130
+    captured = capsys.readouterr()
+    assert "benchmark fake INTERRUPTED" in captured.out and "table.md" in captured.out
+    assert "1 of 3 methods finished" in captured.err
+    assert json.loads((tmp_path / "summary.json").read_text()) == {"a": {"acc": 0.5}}
+    readme = (tmp_path / "README.md").read_text()
+    assert "**Interrupted** (Ctrl-C / SIGINT)" in readme and "1 of 3 methods finished" in readme
+
+
+def test_a_plain_keyboard_interrupt_is_noted_too(tmp_path, capsys):
+    def run(args):
+        (args.output / "README.md").write_text("# fake\n\nwhat this run is.\n")
+        raise KeyboardInterrupt
+
+    assert main(["benchmark", "fake", "--output", str(tmp_path)], _fake_experiments(run)) == 130
+    readme = (tmp_path / "README.md").read_text()
+    assert readme.startswith("# fake\n\nwhat this run is.\n\n**Interrupted**") and "only what had been" in readme
+    assert not (tmp_path / "summary.json").exists()
+
+
+def test_sigint_to_a_running_benchmark(tmp_path):
+    """The real signal: SIGINT while a benchmark runs ends the process with status 130 and the finished part kept."""
+    import signal
+    import time
+
+    code = (
+        "import sys, time, types\n"
+        "from pathlib import Path\n"
+        "from pyro_sdebnn.cli import main\n"
+        "def run(args):\n"
+        "    (args.output / 'table.md').write_text('| finished |\\n')\n"
+        "    (args.output / 'started').write_text('')\n"
+        "    time.sleep(60)\n"
+        "fake = types.SimpleNamespace(NAME='fake', DESCRIPTION='d', add_arguments=lambda parser: None, run=run)\n"
+        "sys.exit(main(['benchmark', 'fake', '--output', sys.argv[1]], {'fake': fake}))\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "started").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "benchmark fake INTERRUPTED" in out and "table.md" in out and "Interrupted" in err
+    assert "**Interrupted** (Ctrl-C / SIGINT)" in (tmp_path / "README.md").read_text()

@@ -17,11 +17,21 @@ What you learn:
 3. ``pyro_sdebnn.infer.mcmc.from_pyro`` builds the ``InferenceData`` (``az.from_pyro`` silently drops the
    log-likelihood for networks built from ``nn.Linear``, which do not vectorise over draws);
 4. weight-space ESS / R-hat of a network are nearly meaningless (permutation symmetries, flat directions);
-   diagnose the chains on their *predictions* instead (function-space ESS / R-hat).
+   diagnose the chains on their *predictions* instead (function-space ESS / R-hat);
+5. how to read the numbers it prints, whatever they come out as: the script compares each with its threshold and
+   says what it means here and what to do -- R-hat <= 1.01 and a bulk ESS of at least 100 per chain (Vehtari et
+   al. [2]), Pareto k <= 0.7 for PSIS-LOO (Vehtari, Gelman & Gabry [3]; ArviZ uses min(1 - 1/log10 S, 0.7) for S
+   draws, [4]), and the kernel's divergence count.
 
 **References**
 
 1. T. Chen, E. B. Fox, C. Guestrin (2014). Stochastic Gradient Hamiltonian Monte Carlo. ICML 2014.
+2. A. Vehtari, A. Gelman, D. Simpson, B. Carpenter, P.-C. Bürkner (2021). Rank-Normalization, Folding, and
+   Localization: An Improved R-hat for Assessing Convergence of MCMC. Bayesian Analysis 16(2).
+3. A. Vehtari, A. Gelman, J. Gabry (2017). Practical Bayesian Model Evaluation Using Leave-One-Out
+   Cross-Validation and WAIC. Statistics and Computing 27(5).
+4. A. Vehtari, D. Simpson, A. Gelman, Y. Yao, J. Gabry (2024). Pareto Smoothed Importance Sampling. Journal of
+   Machine Learning Research 25(72).
 """
 
 # %% [markdown]
@@ -82,31 +92,62 @@ def main() -> None:
     start = time.perf_counter()
     mcmc.run(x, y)
     print(f"SGHMC: {chains} chains x {samples} samples in {time.perf_counter() - start:.1f} s "
-          f"(backend {kernel.backend_used}, divergences {mcmc.diagnostics()['divergences']})")
+          f"(backend {kernel.backend_used})")
 
     # %% [markdown]
     # ## ArviZ
     # ``from_pyro`` moves the vectorised chains to ArviZ's chain dimension and computes the pointwise
     # log-likelihood on all 200 training points draw by draw when the model does not vectorise.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with warnings.catch_warnings(record=True) as caught:  # shown below, with what it means
+        warnings.simplefilter("always")
         plain = az.from_pyro(mcmc, log_likelihood=True)
     print("az.from_pyro groups:", plain.groups(), "(no log_likelihood: the nn.Linear model does not vectorise)")
+    for warning in caught:
+        print(f"  az.from_pyro warned ({warning.category.__name__}): {str(warning.message).strip()}")
     idata = from_pyro(mcmc)
     print("from_pyro groups:   ", idata.groups())
+
+    # %% [markdown]
+    # ## Divergences
+    # An SG-MCMC kernel flags a divergence when a chain's state turns non-finite or its energy leaves the level it
+    # had settled at (the rule is in ``SGLD``'s docstring). ``from_pyro`` puts each one on the vectorised chain that
+    # diverged, in ``sample_stats.diverging`` (``mcmc.diagnostics()`` sees the vectorised chains as one Pyro chain).
+    per_chain = idata.sample_stats["diverging"].values.sum(axis=1).tolist()
+    print(f"divergences per chain: {per_chain} ({chains} chains x {samples} draws)")
+    if sum(per_chain) == 0:
+        print("  none: no chain blew up. (With the default on_divergence='raise' the run would have stopped at the "
+              "first one; with 'continue' a flagged chain restarts from its last healthy state and is counted here.)")
+    else:
+        print("  a chain diverged: its draws around the divergence are not from the posterior. Lower step_size "
+              "(or raise friction for SGHMC) and run again.")
     summary = az.summary(idata, var_names=["layers.2.bias", "layers.2.weight"], coords={"layers.2.weight_dim_1":
                                                                                           [0, 1, 2]})
     print(summary[["mean", "sd", "ess_bulk", "ess_tail", "r_hat"]])
+    print("  (a few output-layer weights; the weight-space R-hat and ESS are read below, next to the function-space "
+          "ones)")
     axes = az.plot_trace(idata, var_names=["layers.2.bias"], compact=False)
     axes.ravel()[0].figure.savefig(args.output / "trace.png", dpi=90)
     axes = az.plot_autocorr(idata, var_names=["layers.2.bias"], combined=True)
     plt.gcf().savefig(args.output / "autocorrelation.png", dpi=90)
     plt.close("all")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # Pareto-k warnings are expected on short chains of a network
-        loo = az.loo(idata, pointwise=True)
-    print(f"LOO: elpd {loo.elpd_loo:.1f} ± {loo.se:.1f}, p_loo {loo.p_loo:.1f}, "
-          f"Pareto k > 0.7 on {(loo.pareto_k > 0.7).sum().item()} of {len(y)} points")
+
+    # %% [markdown]
+    # ## PSIS-LOO
+    # ``az.loo`` estimates the expected log predictive density of a new point by Pareto-smoothed importance sampling.
+    # Its Pareto shape k per data point says whether that estimate can be trusted: k <= 0.7 ([3]; with S draws
+    # ArviZ uses min(1 - 1/log10 S, 0.7), [4]). Above it, ArviZ warns (the warning is left on: it is part of the
+    # result).
+    loo = az.loo(idata, pointwise=True)
+    bad = int((loo.pareto_k > loo.good_k).sum())
+    print(f"LOO: elpd {loo.elpd_loo:.1f} ± {loo.se:.1f}, p_loo {loo.p_loo:.1f}; Pareto k > {loo.good_k:.2f} "
+          f"(the threshold for {loo.n_samples} draws) on {bad} of {len(y)} points")
+    if bad:
+        print(f"  elpd_loo is unreliable: on those {bad} points a few draws dominate the importance weights, so "
+              "leaving the point out is not well approximated by reweighting these draws. Run more draws (longer "
+              "or more chains; the threshold rises to 0.7 with S), or score those points by exact refits (K-fold "
+              "cross-validation) before comparing models on elpd.")
+    else:
+        print("  every k is below the threshold: the PSIS-LOO estimate can be used to compare models.")
 
     # %% [markdown]
     # ## Diagnose the predictions, not the weights
@@ -116,9 +157,24 @@ def main() -> None:
     pred = posterior_prediction(model, get_samples(mcmc), data.x_test)
     diag = function_space_diagnostics(pred.probs[..., 1], num_chains=chains)
     weights = az.ess(idata, var_names=["layers.1.weight"])["layers.1.weight"].values
-    rhat_w = az.rhat(idata, var_names=["layers.1.weight"])["layers.1.weight"].values
-    print(f"weight space: median ESS {float(torch.tensor(weights).median()):.1f}, max R-hat {rhat_w.max():.2f}")
-    print(f"function space: median ESS {float(diag['ess_median']):.1f}, max R-hat {float(diag['r_hat_max']):.2f}")
+    rhat_w = float(az.rhat(idata, var_names=["layers.1.weight"])["layers.1.weight"].values.max())
+    ess_f, rhat_f = float(diag["ess_median"]), float(diag["r_hat_max"])
+    print(f"weight space: median ESS {float(torch.tensor(weights).median()):.1f}, max R-hat {rhat_w:.2f}")
+    print("  expected to look bad for a network: permuting hidden units or moving along flat directions leaves the "
+          "function unchanged, so chains can sit in different but equivalent weight modes. Not a convergence test.")
+    print(f"function space: median ESS {ess_f:.1f}, max R-hat {rhat_f:.2f} (of p(y=1|x) at {len(data.y_test)} test "
+          "inputs)")
+    if rhat_f > 1.01:
+        print(f"  R-hat {rhat_f:.2f} > 1.01: the chains have not mixed -- they still disagree on some predictions, so "
+              "the predictive spread is not yet the posterior's. Run longer (more warm-up and samples, "
+              "e.g. without --quick), or tune step_size / friction, until max R-hat <= 1.01.")
+    else:
+        print(f"  R-hat {rhat_f:.2f} <= 1.01: the chains agree on every prediction.")
+    if ess_f < 100 * chains:
+        print(f"  median ESS {ess_f:.0f} < {100 * chains} (100 per chain): too few effectively independent draws for "
+              "stable tail summaries; keep more samples (or thin less if the draws are cheap).")
+    else:
+        print(f"  median ESS {ess_f:.0f} >= {100 * chains} (100 per chain): enough for means and intervals.")
     print(f"test accuracy {float(accuracy(pred.mean_probs, data.y_test)):.3f}, "
           f"ECE {float(expected_calibration_error(pred.mean_probs, data.y_test)):.3f}")
 

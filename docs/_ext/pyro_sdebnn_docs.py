@@ -75,6 +75,7 @@ BUILTINS = (
     "int", "float", "complex", "str", "string", "bool", "bytes", "None", "NoneType", "object", "type", "list", "tuple", "dict",
     "set", "frozenset", "slice", "range", "callable", "property", "Ellipsis", "NotImplemented",
     "Exception", "ValueError", "TypeError", "RuntimeError", "KeyError", "IndexError", "NotImplementedError",
+    "KeyboardInterrupt",
     "Warning", "UserWarning", "RuntimeWarning", "DeprecationWarning", "FloatingPointError", "ArithmeticError",
     # typing names as they appear in signatures written with ``from __future__ import annotations``
     "Any", "Callable", "Iterable", "Iterator", "Sequence", "Mapping", "MutableMapping", "Optional", "Union",

@@ -13,6 +13,7 @@ for a benchmark.
 - :func:`fresh_start`: seed torch, NumPy and Python (``pyro.set_rng_seed``) and clear Pyro's parameter store
   before each method, so that methods neither see each other's parameters nor depend on the order they run in.
 - :class:`Timer`: ``with Timer() as timer: ...``; then ``timer.seconds`` is the block's wall time.
+- :class:`Interrupted`: what an experiment raises on Ctrl-C after writing the results finished so far.
 
 **Evaluation**
 
@@ -30,8 +31,8 @@ for a benchmark.
   state) and saving it.
 - :func:`plot_reliability_curves`: one reliability curve per method on one set of axes.
 - :func:`plot_grid_heatmaps`, :func:`plot_uncertainty_decomposition`: predictive maps over a 2-D input grid.
-- :func:`write_chain_diagnostics`: ESS per second, trace and ArviZ autocorrelation plots of MCMC draws of a few
-  scalar predictions (function-space diagnostics).
+- :func:`write_chain_diagnostics`: ESS per second, trace and autocorrelation plots of MCMC draws of a few
+  scalar predictions (function-space diagnostics); :func:`chain_autocorr_figure` draws the latter.
 """
 
 from __future__ import annotations
@@ -49,8 +50,10 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "Interrupted",
     "Timer",
     "calibrated_metrics",
+    "chain_autocorr_figure",
     "check_methods",
     "classification_metrics",
     "cpu_threads",
@@ -110,6 +113,23 @@ def fresh_start(seed: int) -> None:
 
     pyro.set_rng_seed(seed)
     pyro.clear_param_store()
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) during an experiment, raised after it wrote the tables of what was finished.
+
+    An experiment catches the ``KeyboardInterrupt`` of its loop, writes its tables (and figures) of the
+    finished methods, and raises this instead; the command line then writes ``summary.json`` from ``summary``, adds
+    a line saying the run was interrupted to ``README.md`` and exits with status 130.
+
+    :param dict summary: the experiment's summary of the finished part (as ``run`` would return it).
+    :param str progress: what was finished, e.g. ``"7 of 13 methods finished"``.
+    """
+
+    def __init__(self, summary: dict, progress: str) -> None:
+        super().__init__(progress)
+        self.summary = summary
+        self.progress = progress
 
 
 class Timer:
@@ -293,66 +313,118 @@ def save_figure(fig, path, dpi: int = 120) -> None:
     fig.savefig(path, dpi=dpi)
 
 
-def plot_reliability_curves(curves: Mapping[str, Tensor], labels: Tensor, path, *, num_bins: int = 10,
-                            title: str = "reliability diagram", xlim=(0.0, 1.0)) -> None:
-    """Accuracy against mean confidence per equal-width confidence bin, one line per method (empty bins omitted).
+def _grid_shape(count: int, max_columns: int) -> tuple[int, int]:
+    """``(rows, columns)`` of a grid of ``count`` panels, at most ``max_columns`` wide."""
+    columns = max(1, min(count, max_columns))
+    return -(-count // columns), columns
 
-    See :func:`~pyro_sdebnn.metrics.calibration_bins`; the legend gives each method's
+
+def _wrap(title: str, width: int = 30) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.wrap(title, width)) or title
+
+
+def plot_reliability_curves(curves: Mapping[str, Tensor], labels: Tensor, path, *, num_bins: int = 10,
+                            title: str = "reliability diagram", xlim=(0.0, 1.0),
+                            groups: Mapping[str, Sequence[str]] | None = None):
+    """Accuracy against mean confidence per equal-width confidence bin as small multiples (empty bins omitted).
+
+    One panel per group of methods (``groups``: ``{panel title: [method names]}``, e.g. the method families), or one
+    panel per method by default, each with the diagonal of perfect calibration, so that no panel carries more than
+    a few lines. See :func:`~pyro_sdebnn.metrics.calibration_bins`; each legend gives the method's
     :func:`~pyro_sdebnn.metrics.expected_calibration_error` with the same bins. For one method with a confidence
     histogram, use :func:`~pyro_sdebnn.metrics.reliability_diagram`.
 
     :param curves: ``{method name: class probabilities (N, C)}``.
     :param Tensor labels: ``(N,)`` integer labels.
+    :param groups: the panels; every method of ``curves`` must be in one of them.
+    :return: the :class:`~matplotlib.figure.Figure` (also saved as ``path``).
     """
-    import matplotlib
-
     from pyro_sdebnn.metrics import calibration_bins, expected_calibration_error
 
-    fig = figure(figsize=(9.5, 5.5))
-    ax = fig.add_subplot()
-    ax.plot([0, 1], [0, 1], "k--", lw=1, label="perfect calibration")
-    colors = matplotlib.colormaps["tab20"].colors
-    for i, (name, probs) in enumerate(curves.items()):
-        bins = calibration_bins(probs, labels, num_bins=num_bins)
-        keep = bins.count > 0
-        ece = float(expected_calibration_error(probs, labels, num_bins=num_bins))
-        ax.plot(
-            bins.confidence[keep].cpu().numpy(), bins.accuracy[keep].cpu().numpy(), marker="o", ms=3,
-            color=colors[(2 * i) % 20 + (2 * i) // 20], ls=("-", "--", ":")[i % 3], label=f"{name} (ECE {ece:.3f})",
-        )
-    ax.set(xlabel="confidence (mean of the bin)", ylabel="accuracy", xlim=xlim, title=title)
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    save_figure(fig, path, dpi=120)
+    groups = {name: [name] for name in curves} if groups is None else {k: list(v) for k, v in groups.items()}
+    placed = [name for names in groups.values() for name in names]
+    missing = sorted(set(curves) - set(placed))
+    unknown = sorted(set(placed) - set(curves))
+    if missing or unknown:
+        raise ValueError(f"groups must place every method of curves once: missing {missing}, unknown {unknown}")
+    rows, columns = _grid_shape(len(groups), 4 if len(groups) != 4 else 2)
+    fig = figure(figsize=(4.2 * columns, 3.9 * rows), layout="constrained")
+    axes = fig.subplots(rows, columns, squeeze=False, sharex=True, sharey=True)
+    lowest = min(xlim[0], 0.4)
+    for ax, (group, names) in zip(axes.ravel(), groups.items()):
+        ax.plot([0, 1], [0, 1], "k--", lw=1, label="perfect calibration")
+        for i, name in enumerate(names):
+            probs = curves[name]
+            bins = calibration_bins(probs, labels, num_bins=num_bins)
+            keep = bins.count > 0
+            ece = float(expected_calibration_error(probs, labels, num_bins=num_bins))
+            accuracy = bins.accuracy[keep].cpu().numpy()
+            lowest = min(lowest, float(accuracy.min()) - 0.03) if accuracy.size else lowest
+            ax.plot(bins.confidence[keep].cpu().numpy(), accuracy, marker="o", ms=3.5, color=f"C{i}",
+                    label=f"{name} (ECE {ece:.3f})")
+        ax.set(xlim=xlim)
+        ax.set_title(group, fontsize=11)
+        ax.legend(fontsize=7.5, loc="best")
+        ax.grid(alpha=0.3)
+    axes[0, 0].set_ylim(max(lowest, 0.0), 1.02)  # shared by every panel
+    for ax in axes.ravel()[len(groups):]:
+        ax.set_visible(False)
+    for ax in axes[-1]:
+        ax.set_xlabel("confidence (mean of the bin)")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("accuracy")
+    fig.suptitle(title, fontsize=12)
+    fig.savefig(path, dpi=110)
+    return fig
 
 
 def plot_grid_heatmaps(maps: Mapping[str, tuple[Tensor, Tensor]], grid_axes: tuple[Tensor, Tensor],
-                       x_train: Tensor, y_train: Tensor, path) -> None:
-    """Predictive mean and standard deviation of :math:`p(y=1 \\mid x)` over a 2-D input grid, one row per method.
+                       x_train: Tensor, y_train: Tensor, path, *, max_columns: int = 5):
+    """Predictive mean and standard deviation of :math:`p(y=1 \\mid x)` over a 2-D input grid, for every method.
+
+    Two blocks of panels, a grid of ``max_columns`` methods per row in each: the means (one colour scale, 0 to 1)
+    and the standard deviations over the posterior draws, all on **one** colour scale (0 to the largest standard
+    deviation of any method), so that the panels can be compared by eye; each standard-deviation panel's title
+    gives its own maximum.
 
     :param maps: ``{method name: (mean, std)}``, each flattened over the grid ``(len(gy) * len(gx),)`` in the
         ``meshgrid(gx, gy, indexing="xy")`` order.
     :param grid_axes: ``(gx, gy)``, the grid's coordinates along each input dimension.
     :param x_train: ``(N, 2)`` training inputs, drawn over the maps coloured by ``y_train``.
+    :return: the :class:`~matplotlib.figure.Figure` (also saved as ``path``).
     """
+    if not maps:
+        raise ValueError("plot_grid_heatmaps: maps is empty")
     gx, gy = (g.cpu().numpy() for g in grid_axes)
     shape = (gy.shape[0], gx.shape[0])
-    fig = figure(figsize=(6.5, 2.6 * max(1, len(maps))))
-    axes = fig.subplots(max(1, len(maps)), 2, squeeze=False)
     xt, yt = x_train.cpu().numpy(), y_train.cpu().numpy()
-    for row, (name, (mean, std)) in zip(axes, maps.items()):
-        m = row[0].pcolormesh(gx, gy, mean.reshape(shape).cpu().numpy(), cmap="RdBu_r", vmin=0, vmax=1,
-                              shading="auto")
-        fig.colorbar(m, ax=row[0])
-        v = row[1].pcolormesh(gx, gy, std.reshape(shape).cpu().numpy(), cmap="viridis", vmin=0,
-                              vmax=max(float(std.max()), 0.05), shading="auto")
-        fig.colorbar(v, ax=row[1])
-        for ax in row:
-            ax.scatter(xt[:, 0], xt[:, 1], c=yt, cmap="coolwarm", s=4, edgecolors="k", linewidths=0.2)
-            ax.set_xticks([])
-            ax.set_yticks([])
-        row[0].set_title(f"{name}: mean p(y=1|x)", fontsize=8)
-        row[1].set_title("std over posterior samples", fontsize=8)
-    save_figure(fig, path, dpi=90)
+    rows, columns = _grid_shape(len(maps), max_columns)
+    std_max = max(max(float(std.max()) for _, std in maps.values()), 0.05)
+    fig = figure(figsize=(2.9 * columns + 1.2, 2 * (2.7 * rows + 0.5)), layout="constrained")
+    blocks = fig.subfigures(2, 1)
+    for block, (index, cmap, vmax, label, bar) in zip(blocks, (
+            (0, "RdBu_r", 1.0, "predictive mean of p(y=1|x)", "mean p(y=1|x)"),
+            (1, "viridis", std_max, "standard deviation of p(y=1|x) over posterior draws (one scale for all)",
+             "sd of p(y=1|x)"))):
+        axes = block.subplots(rows, columns, squeeze=False, sharex=True, sharey=True)
+        for ax, (name, pair) in zip(axes.ravel(), maps.items()):
+            values = pair[index].reshape(shape).cpu().numpy()
+            mesh = ax.pcolormesh(gx, gy, values, cmap=cmap, vmin=0.0, vmax=vmax, shading="auto")
+            ax.scatter(xt[:, 0], xt[:, 1], c=yt, cmap="coolwarm", s=3, edgecolors="k", linewidths=0.2)
+            ax.set_title(_wrap(name) + (f"\nmax sd {values.max():.3f}" if index == 1 else ""), fontsize=9)
+            ax.tick_params(labelsize=7)
+        for ax in axes.ravel()[len(maps):]:
+            ax.set_visible(False)
+        for ax in axes[-1]:
+            ax.set_xlabel("$x_1$", fontsize=8)
+        for ax in axes[:, 0]:
+            ax.set_ylabel("$x_2$", fontsize=8)
+        block.colorbar(mesh, ax=axes, shrink=0.8, label=bar)
+        block.suptitle(label, fontsize=11)
+    fig.savefig(path, dpi=90)
+    return fig
 
 
 def plot_uncertainty_decomposition(name: str, grid_probs: Tensor, grid_axes: tuple[Tensor, Tensor], path) -> None:
@@ -382,8 +454,8 @@ def write_chain_diagnostics(chains: Mapping[str, tuple[Tensor, float]], out: Pat
 
     Weight-space ESS says little for networks (symmetries), so the diagnostics follow a few scalar predictions
     per draw, e.g. the class-1 probability at a few test inputs. The ESS is Pyro's
-    (:func:`~pyro_sdebnn.infer.mcmc.function_space_diagnostics`); the autocorrelation plot ArviZ's
-    (``az.plot_autocorr``).
+    (:func:`~pyro_sdebnn.infer.mcmc.function_space_diagnostics`); the autocorrelation ArviZ's (``az.autocorr``,
+    drawn by :func:`chain_autocorr_figure`: a panel per sampler titled with its name, a line per test point).
 
     :param chains: ``{sampler name: (draws (S, P) of P scalar predictions, sampling seconds)}``, not empty.
     :param out: the output folder.
@@ -396,15 +468,8 @@ def write_chain_diagnostics(chains: Mapping[str, tuple[Tensor, float]], out: Pat
     """
     if not chains:
         raise ValueError("write_chain_diagnostics: chains is empty")
-    import matplotlib.pyplot as plt
-    from matplotlib import MatplotlibDeprecationWarning
-
     from pyro_sdebnn.infer.mcmc import function_space_diagnostics
 
-    with warnings.catch_warnings():
-        # ArviZ announces its refactor once per day with a FutureWarning whose message starts with a newline.
-        warnings.filterwarnings("ignore", message=r"\s*ArviZ is undergoing a major refactor", category=FutureWarning)
-        import arviz as az
     rows = []
     for name, (draws, seconds) in chains.items():
         ess = function_space_diagnostics(draws.double(), num_chains=1)["ess"]
@@ -416,25 +481,57 @@ def write_chain_diagnostics(chains: Mapping[str, tuple[Tensor, float]], out: Pat
               fmt(r["ess_median_per_second"], 2)] for r in rows]
     (out / f"{prefix}_ess.md").write_text(markdown_table(header, cells))
     write_csv(out / f"{prefix}_ess.csv", rows)
-    # Trace: one row per sampler, one line per prediction. Drawn directly rather than with az.plot_trace, whose
-    # density panel fails on a prediction that saturates (a range of a few float32 ulps).
-    fig, axes = plt.subplots(len(chains), 1, figsize=(10, 2.2 * len(chains)), squeeze=False)
-    for ax, (name, (draws, _)) in zip(axes[:, 0], chains.items()):
-        ax.plot(draws.cpu().numpy(), lw=0.8)
-        ax.set(title=name, xlabel="draw", ylabel=quantity, ylim=ylim)
-    fig.tight_layout(rect=(0, 0, 1, 0.95))
-    figures = [("trace", fig)]
-    idata = az.from_dict(posterior={name.replace(" ", "_"): d.cpu().numpy()[None] for name, (d, _) in chains.items()})
-    num_draws = min(d.shape[0] for d, _ in chains.values())
     num_points = next(iter(chains.values()))[0].shape[1]
-    with warnings.catch_warnings():
-        # ArviZ 0.23 calls a matplotlib helper that matplotlib 3.11 deprecates; not actionable here.
-        warnings.filterwarnings("ignore", message="Passing a dict or None as alias_mapping",
-                                category=MatplotlibDeprecationWarning)
-        axes = az.plot_autocorr(idata, max_lag=min(50, num_draws - 1))
-    figures.append(("autocorr", axes.ravel()[0].figure))
-    for kind, fig in figures:
-        fig.suptitle(f"{label} {kind}: {quantity} at {num_points} test points", fontsize=9)
-        fig.savefig(out / f"{prefix}_{kind}.png", dpi=80)
-        plt.close(fig)
+    for kind, fig in (("trace", _chain_trace_figure(chains, quantity, ylim)),
+                      ("autocorr", chain_autocorr_figure(chains, quantity))):
+        what = "trace" if kind == "trace" else "autocorrelation"
+        fig.suptitle(f"{label} {what}: {quantity} at {num_points} test points, one chain per sampler", fontsize=10)
+        fig.savefig(out / f"{prefix}_{kind}.png", dpi=90)
     return [f"{prefix}_ess.md", f"{prefix}_ess.csv", f"{prefix}_trace.png", f"{prefix}_autocorr.png"]
+
+
+def _chain_trace_figure(chains: Mapping[str, tuple[Tensor, float]], quantity: str, ylim):
+    """One panel per sampler, one line per prediction (drawn directly rather than with ``az.plot_trace``, whose
+    density panel fails on a prediction that saturates to a range of a few float32 ulps)."""
+    fig = figure(figsize=(10, 2.4 * len(chains) + 0.6), layout="constrained")
+    axes = fig.subplots(len(chains), 1, squeeze=False)[:, 0]
+    for ax, (name, (draws, _)) in zip(axes, chains.items()):
+        lines = ax.plot(draws.cpu().numpy(), lw=0.8)
+        ax.set(title=f"{name}: {quantity} per draw", xlabel="draw", ylabel=quantity, ylim=ylim)
+        ax.legend(lines, [f"test point {j + 1}" for j in range(len(lines))], fontsize=7, loc="center left",
+                  bbox_to_anchor=(1.01, 0.5))
+    return fig
+
+
+def chain_autocorr_figure(chains: Mapping[str, tuple[Tensor, float]], quantity: str = "p(y=1|x)",
+                          max_lag: int = 50):
+    """Autocorrelation of each sampler's draws of each scalar prediction, one panel per sampler.
+
+    The autocorrelation is ArviZ's (``az.autocorr``, FFT-based) of the draws of one prediction; a line per test
+    point, lags up to ``max_lag`` (at most the number of draws minus one). A chain mixes well when its
+    autocorrelation falls to about 0 within a few lags.
+
+    :param chains: ``{sampler name: (draws (S, P), sampling seconds)}``.
+    :return: a :class:`~matplotlib.figure.Figure`.
+    """
+    with warnings.catch_warnings():
+        # ArviZ announces its refactor once per day with a FutureWarning whose message starts with a newline.
+        warnings.filterwarnings("ignore", message=r"\s*ArviZ is undergoing a major refactor", category=FutureWarning)
+        import arviz as az
+    columns = min(len(chains), 2)
+    rows = -(-len(chains) // columns)
+    fig = figure(figsize=(5.2 * columns, 3.3 * rows + 0.6), layout="constrained")
+    axes = fig.subplots(rows, columns, squeeze=False, sharey=True)
+    for ax, (name, (draws, _)) in zip(axes.ravel(), chains.items()):
+        values = draws.detach().double().cpu().numpy()
+        lags = min(max_lag, values.shape[0] - 1)
+        for j in range(values.shape[1]):
+            ax.plot(range(lags + 1), az.autocorr(values[:, j])[:lags + 1], marker=".", ms=3, lw=1,
+                    label=f"test point {j + 1}")
+        ax.axhline(0.0, color="k", lw=0.6)
+        ax.set(title=f"{name}: autocorrelation of {quantity}", xlabel="lag (draws)", ylabel="autocorrelation",
+               ylim=(-1.05, 1.05))
+        ax.legend(fontsize=7)
+    for ax in axes.ravel()[len(chains):]:
+        ax.set_visible(False)
+    return fig

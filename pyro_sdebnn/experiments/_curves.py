@@ -43,7 +43,10 @@ class Curve:
     def point(self, step: int) -> None:
         from pyro_sdebnn.metrics import accuracy, negative_log_likelihood
 
-        probs = test_probs(self.data, lambda xb: self.predict(xb, self.samples), chunk=250).mean(0)
+        predict = self.predict
+        if predict is None:
+            raise RuntimeError("Curve.predict must be set before the first point")
+        probs = test_probs(self.data, lambda xb: predict(xb, self.samples), chunk=250).mean(0)
         self.rows.append({"step": step, "train_loss": sum(self._losses) / max(len(self._losses), 1),
                           "test_accuracy": accuracy(probs, self.y_test).item(),
                           "test_nll": negative_log_likelihood(probs, self.y_test).item()})

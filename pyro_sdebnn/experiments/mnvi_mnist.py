@@ -56,18 +56,23 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import Any
 
-import pyro
 import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from pyro_sdebnn.experiments import REGISTRY
+from pyro_sdebnn.experiments import _args as check
 from pyro_sdebnn.experiments import _common as common
 from pyro_sdebnn.experiments._curves import write_curves
 from pyro_sdebnn.experiments._images import ImageLoaders, TensorImages, bundled_split, data_dir, test_probs
 
 NAME = "mnvi-mnist"
-DESCRIPTION = "MNIST: deterministic / MC-dropout / MFVI / MNVI, the protocol of Schmitt & Roth 2021, Table 2"
+#: What ``--quick`` does (shown by ``--help``).
+QUICK = ("1 run, 1 epoch on the first 1,000 training and 500 test images of the bundled mnist_subset (or of "
+         "--data-dir's data set)")
+DESCRIPTION = REGISTRY[NAME].description  # the one line of --help
 
 __all__ = ["ARCHS", "DESCRIPTION", "METHODS", "NAME", "PAPER_TABLE", "add_arguments", "lenet", "paper_lenet", "run"]
 
@@ -79,7 +84,7 @@ MC_DROPOUT_PASSES, TIMING_BATCH = 8, 100  # Schmitt & Roth (2021), Sec. 4.2
 
 # Schmitt & Roth (2021), Table 2, LeNet on full MNIST: (mean, ±) of misclassification [%], NLL, ECE, AUMRC,
 # inference [ms] (batch of 100 on a GTX 1080 Ti GPU) and the parameter count.
-PAPER_TABLE = {
+PAPER_TABLE: dict[str, dict[str, Any]] = {
     "deterministic": {"misclassification_pct": (0.55, 0.06), "nll": (0.0266, 0.0007), "ece20": (4.03e-3, 0.76e-3),
                       "aumrc": (9.91e-5, 1.23e-5), "inference_ms": (0.86, 0.16), "parameters": 1.111e6},
     "mc-dropout": {"misclassification_pct": (0.59, 0.01), "nll": (0.0205, 0.0015), "ece20": (2.64e-3, 0.22e-3),
@@ -132,12 +137,13 @@ ARCHS = {"paper-lenet": paper_lenet, "lenet5": lenet}
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arch", default="paper-lenet", choices=tuple(ARCHS),
                         help="network: the LeNet of the paper's Table 2 (1.11M parameters, default) or LeNet-5")
-    parser.add_argument("--epochs", type=int, default=None, help="training epochs (default 20; --quick: 1)")
-    parser.add_argument("--lr-milestones", type=int, nargs="*", default=[10],
+    parser.add_argument("--epochs", type=check.positive_int, default=None,
+                        help="training epochs (default 20; --quick: 1)")
+    parser.add_argument("--lr-milestones", type=check.positive_int, nargs="*", default=[10],
                         help="epochs at which the learning rate is multiplied by 0.1 (default 10)")
-    parser.add_argument("--runs", type=int, default=None, help="independent runs, seeds --seed + 0, 1, ... "
-                                                                 "(default 4; --quick: 1)")
-    parser.add_argument("--logit-samples", type=int, default=64,
+    parser.add_argument("--runs", type=check.positive_int, default=None,
+                        help="independent runs, seeds --seed + 0, 1, ... (default 4; --quick: 1)")
+    parser.add_argument("--logit-samples", type=check.positive_int, default=64,
                         help="MNVI/MFVI logit draws per input in training and in the 'mc' predictive (default 64)")
     parser.add_argument("--predictive", default="mc", choices=("mc", "probit"),
                         help="MNVI/MFVI predictive: logit sampling as in the paper (default) or the probit "
@@ -148,7 +154,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mnist-root", type=Path, default=None, help="the same as --data-dir")
     parser.add_argument("--dataset", default="mnist", choices=("mnist", "fashion_mnist"),
                         help="the torchvision data set read from --data-dir (default mnist)")
-    parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes with --data-dir")
+    parser.add_argument("--workers", type=check.nonnegative_int, default=0,
+                        help="DataLoader worker processes with --data-dir")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS, help="methods to run")
 
 
@@ -182,35 +189,49 @@ def _deterministic_predict(net: nn.Module, x) -> Tensor:
 
 def _fit(kind: str, args, data, epochs: int, device, dtype):
     """Train one method; return ``(predict: inputs -> (S, N, C) probabilities, parameter count, losses)``."""
+    from pyro.optim import PyroLRScheduler
+
     from pyro_sdebnn.infer import ConstantKLSchedule, MCDropout
     from pyro_sdebnn.infer.map_training import train_network
     from pyro_sdebnn.nn.mnvi import SamplingFreeBNN, to_mean_field, to_mnvi
 
     base = ARCHS[args.arch](device=device, dtype=dtype)
     milestones = list(args.lr_milestones)
-    fit_data = (data.train(),) if isinstance(data, ImageLoaders) else data.train()
-    train = {"num_epochs": epochs, "lr": LR, "batch_size": BATCH_SIZE, "weight_decay": WEIGHT_DECAY,
-             "scheduler": lambda opt: torch.optim.lr_scheduler.MultiStepLR(opt, milestones, gamma=LR_DECAY)}
+    # the full data set's loader (labels inside), or the bundled tensors
+    x, y = (data.train(), None) if isinstance(data, ImageLoaders) else data.train()
+    train: dict[str, Any] = {
+        "num_epochs": epochs, "lr": LR, "batch_size": BATCH_SIZE, "weight_decay": WEIGHT_DECAY,
+        "scheduler": lambda opt: torch.optim.lr_scheduler.MultiStepLR(opt, milestones, gamma=LR_DECAY)}
     if kind == "deterministic":
-        losses = train_network(base, *fit_data, likelihood="categorical", **train)
+        losses = train_network(base, x, y, likelihood="categorical", **train)
         return (lambda x: _deterministic_predict(base, x)), sum(p.numel() for p in base.parameters()), losses
     if kind == "mc-dropout":
         method = MCDropout(base, "categorical", num_samples=MC_DROPOUT_PASSES)
-        method.fit(*fit_data, **train)
-        return (lambda x: method.predict(x).probs), sum(p.numel() for p in base.parameters()), method.losses
+        method.fit(x, y, **train)
+        return (lambda x: _probs(method.predict(x))), sum(p.numel() for p in base.parameters()), method.losses
     net = to_mnvi(base) if kind == "mnvi" else to_mean_field(base)
     n = data.num_train
     bnn = SamplingFreeBNN(net, "categorical", num_data=n, prior_scale=PRIOR_VARIANCE ** 0.5,
                           num_logit_samples=args.logit_samples, name=kind)
-    optim = pyro.optim.MultiStepLR({"optimizer": torch.optim.Adam, "optim_args": {"lr": LR, "amsgrad": True},
-                                    "milestones": milestones, "gamma": LR_DECAY})
-    losses = bnn.fit(*fit_data, num_epochs=epochs, batch_size=BATCH_SIZE, optim=optim,
+    optim = PyroLRScheduler(torch.optim.lr_scheduler.MultiStepLR, {  # = pyro.optim.MultiStepLR
+        "optimizer": torch.optim.Adam, "optim_args": {"lr": LR, "amsgrad": True}, "milestones": milestones,
+        "gamma": LR_DECAY})
+    losses = bnn.fit(x, y, num_epochs=epochs, batch_size=BATCH_SIZE, optim=optim,
                      kl_schedule=ConstantKLSchedule(KAPPA_PER_DATUM[kind] * n))
 
     def predict(x):
-        return bnn.predict(x, predictive=args.predictive, num_samples=args.logit_samples).probs
+        return _probs(bnn.predict(x, predictive=args.predictive, num_samples=args.logit_samples))
 
     return predict, sum(p.numel() for p in net.parameters()), losses
+
+
+def _probs(prediction) -> Tensor:
+    """The class probabilities ``(S, N, C)`` of a classification predictive."""
+    from pyro_sdebnn.infer import ClassificationPrediction
+
+    if not isinstance(prediction, ClassificationPrediction):
+        raise TypeError(f"expected a ClassificationPrediction, got {type(prediction).__name__}")
+    return prediction.probs
 
 
 def _inference_ms(predict, batch: Tensor, quick: bool) -> float:
@@ -274,39 +295,65 @@ def _run(args: argparse.Namespace) -> dict:
     device, dtype = torch.device(args.device), torch.float32
     data, data_name = _load(args, data_dir(args), device)
     labels = data.test_labels()
-    rows, losses, first_probs = [], [], {}
+    rows: list[dict] = []
+    losses: list[dict] = []
+    first_probs: dict = {}
     seed = args.seed
-    for r in range(runs):
-        for kind in tqdm(methods, desc=f"mnvi-mnist run {r + 1}/{runs}"):
-            common.fresh_start(seed + r)
-            start = time.perf_counter()
-            predict, num_params, history = _fit(kind, args, data, epochs, device, dtype)
-            seconds = time.perf_counter() - start
-            probs = test_probs(data, predict)
-            if r == 0:
-                first_probs[kind] = probs.mean(0)
-            losses += [{"method": kind, "run": r, "epoch": e + 1, "loss": float(v)} for e, v in enumerate(history)]
-            rows.append({"method": kind, "run": r, "seed": seed + r, **_metrics(probs.mean(0), labels),
-                         "inference_ms": _inference_ms(predict, data.first_test_images(TIMING_BATCH)[0], args.quick),
-                         "parameters": num_params, "fit_seconds": seconds})
-    summary = {}
-    for kind in methods:  # per method: {column: (mean, standard error over runs)}, the parameter count
-        mine = [row for row in rows if row["method"] == kind]
-        summary[kind] = {**common.summarise(mine, COLUMNS), "parameters": mine[0]["parameters"], "runs": len(mine)}
     output = Path(args.output)
+    try:
+        for r in range(runs):
+            for kind in tqdm(methods, desc=f"mnvi-mnist run {r + 1}/{runs}"):
+                common.fresh_start(seed + r)
+                start = time.perf_counter()
+                predict, num_params, history = _fit(kind, args, data, epochs, device, dtype)
+                seconds = time.perf_counter() - start
+                probs = test_probs(data, predict)
+                if r == 0:
+                    first_probs[kind] = probs.mean(0)
+                losses += [{"method": kind, "run": r, "epoch": e + 1, "loss": float(v)} for e, v in enumerate(history)]
+                rows.append({"method": kind, "run": r, "seed": seed + r, **_metrics(probs.mean(0), labels),
+                             "inference_ms": _inference_ms(predict, data.first_test_images(TIMING_BATCH)[0],
+                                                           args.quick),
+                             "parameters": num_params, "fit_seconds": seconds})
+                _write(output, args, data_name, epochs, runs, rows, _summary(rows, methods))  # the table so far
+    except KeyboardInterrupt:
+        summary = _summary(rows, methods)
+        if rows:
+            _write(output, args, data_name, epochs, runs, rows, summary, interrupted=True)
+            _figures(output, losses, first_probs, labels)
+        raise common.Interrupted(summary, f"{len(rows)} of {runs * len(methods)} (run, method) fits finished") from None
+    summary = _summary(rows, methods)
     _write(output, args, data_name, epochs, runs, rows, summary)
-    write_curves(output, "mnvi_mnist_loss", losses, "epoch", {"loss": "training loss per point"}, xlabel="epoch",
-                 log_scale=("loss",))
-    from pyro_sdebnn.metrics import reliability_diagram
-
-    fig = common.figure(figsize=(3.2 * len(methods), 3.2))
-    for ax, kind in zip(fig.subplots(1, len(methods), squeeze=False)[0], methods):
-        reliability_diagram(first_probs[kind], labels, num_bins=20, ax=ax, title=kind)
-    common.save_figure(fig, output / "mnvi_mnist_reliability.png", dpi=110)
+    _figures(output, losses, first_probs, labels)
     return summary
 
 
-def _write(output: Path, args, data_name: str, epochs: int, runs: int, rows, summary) -> None:
+def _summary(rows: list[dict], methods: list[str]) -> dict[str, dict[str, Any]]:
+    """Per method with a finished run: ``{column: (mean, standard error over runs)}``, the parameter count."""
+    summary: dict[str, dict[str, Any]] = {}
+    for kind in methods:
+        mine = [row for row in rows if row["method"] == kind]
+        if mine:
+            summary[kind] = {**common.summarise(mine, COLUMNS), "parameters": mine[0]["parameters"], "runs": len(mine)}
+    return summary
+
+
+def _figures(output: Path, losses: list[dict], first_probs: dict, labels: Tensor) -> None:
+    """``mnvi_mnist_loss.csv`` / ``.png`` and ``mnvi_mnist_reliability.png`` (first run) of the finished methods."""
+    from pyro_sdebnn.metrics import reliability_diagram
+
+    if losses:
+        write_curves(output, "mnvi_mnist_loss", losses, "epoch", {"loss": "training loss per point"},
+                     xlabel="epoch", log_scale=("loss",))
+    if first_probs:
+        fig = common.figure(figsize=(3.2 * len(first_probs), 3.2))
+        for ax, (kind, probs) in zip(fig.subplots(1, len(first_probs), squeeze=False)[0], first_probs.items()):
+            reliability_diagram(probs, labels, num_bins=20, ax=ax, title=kind)
+        common.save_figure(fig, output / "mnvi_mnist_reliability.png", dpi=110)
+
+
+def _write(output: Path, args, data_name: str, epochs: int, runs: int, rows, summary,
+           interrupted: bool = False) -> None:
     common.write_csv(output / "mnvi_mnist_runs.csv", rows, ["method", "run", "seed", *COLUMNS, "parameters"])
     paper_columns = ("misclassification_pct", "nll", "ece20", "aumrc", "inference_ms")
     common.write_csv(output / "mnvi_mnist_table.csv", [
@@ -331,7 +378,10 @@ def _write(output: Path, args, data_name: str, epochs: int, runs: int, rows, sum
     (output / "mnvi_mnist_table.md").write_text("\n".join([
         f"{args.arch} on {data_name}, {epochs} epochs, lr ×{LR_DECAY:g} at epochs {list(args.lr_milestones)}, "
         f"{runs} run(s) (seeds {args.seed}-{args.seed + runs - 1}), MNVI/MFVI {predictive}; mean ± standard error "
-        "over runs" + (" -- QUICK smoke run, not a result" if args.quick else ""), "", table,
+        "over runs" + (" -- QUICK smoke run, not a result" if args.quick else "")
+        + ("" if len(rows) == runs * len(getattr(args, "methods", METHODS)) and not interrupted else
+           " -- INTERRUPTED: the fits finished so far" if interrupted else " -- in progress: the fits finished so far"),
+        "", table,
         "Paper (J. Schmitt, S. Roth (2021), \"Sampling-free Variational Inference for Neural Networks with "
         "Multiplicative Activation Noise\", GCPR 2021, Table 2: LeNet, full MNIST, 4 runs, 20 epochs; inference "
         "on a GTX 1080 Ti GPU):", "", paper]))

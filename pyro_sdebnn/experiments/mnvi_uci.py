@@ -64,14 +64,17 @@ import argparse
 import math
 from pathlib import Path
 
-import pyro
 import torch
 from tqdm.auto import tqdm
 
+from pyro_sdebnn.experiments import REGISTRY
+from pyro_sdebnn.experiments import _args as check
 from pyro_sdebnn.experiments import _common as common
 
 NAME = "mnvi-uci"
-DESCRIPTION = "MNVI vs MFVI vs MC-dropout vs deep ensemble on UCI Boston (Schmitt & Roth 2021, Table 1)"
+#: What ``--quick`` does (shown by ``--help``).
+QUICK = "1 run over 2 of the 10 folds (--protocol splits: 2 splits), 20 epochs, 2 ensemble members"
+DESCRIPTION = REGISTRY[NAME].description  # the one line of --help
 
 __all__ = ["DESCRIPTION", "METHODS", "NAME", "PROTOCOLS", "add_arguments", "build_network", "fit_sampling_free",
            "paper_fold", "run"]
@@ -85,19 +88,22 @@ HIDDEN = 50
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from pyro_sdebnn.data import NUM_UCI_SPLITS
+
     parser.add_argument("--protocol", choices=PROTOCOLS, default="paper",
                         help="paper: the authors' 10-fold partition repeated over --runs runs (default); "
                              "splits: the 20 random 90/10 splits of the library")
-    parser.add_argument("--runs", type=int, default=None,
+    parser.add_argument("--runs", type=check.positive_int, default=None,
                         help="--protocol paper: runs over the 10 folds (default 20; --quick: 1)")
-    parser.add_argument("--folds", type=int, default=None,
+    parser.add_argument("--folds", type=check.int_range(1, NUM_FOLDS), default=None,
                         help=f"--protocol paper: evaluate the first FOLDS of the {NUM_FOLDS} folds "
                              f"(default {NUM_FOLDS}; --quick: 2)")
-    parser.add_argument("--splits", type=int, default=None,
-                        help="--protocol splits: number of splits (default 20; --quick: 2)")
-    parser.add_argument("--epochs", type=int, default=None, help="training epochs (default 200; --quick: 20)")
+    parser.add_argument("--splits", type=check.int_range(1, NUM_UCI_SPLITS), default=None,
+                        help=f"--protocol splits: number of splits, 1 to {NUM_UCI_SPLITS} (default 20; --quick: 2)")
+    parser.add_argument("--epochs", type=check.positive_int, default=None,
+                        help="training epochs (default 200; --quick: 20)")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS, help="methods to run")
-    parser.add_argument("--kl-final", type=float, default=1.0,
+    parser.add_argument("--kl-final", type=check.nonnegative_float, default=1.0,
                         help="KL weight of the last quarter of training (Schmitt & Roth 2021: 1; "
                              "< 1 is a cold posterior)")
 
@@ -178,23 +184,28 @@ def fit_sampling_free(kind: str, x: torch.Tensor, y: torch.Tensor, *, epochs: in
         raise ValueError(f"epochs must be a positive int, got {epochs!r}")
     if not kl_final >= 0:
         raise ValueError(f"kl_final must be >= 0, got {kl_final!r}")
+    from pyro.optim import PyroLRScheduler
+
     from pyro_sdebnn.infer import PiecewiseKLSchedule
     from pyro_sdebnn.nn.mnvi import SamplingFreeBNN
 
     milestones = [epochs // 2, (3 * epochs) // 4]
     net = build_network(kind, x.shape[1], device=x.device, dtype=x.dtype)
     bnn = SamplingFreeBNN(net, "gaussian", num_data=x.shape[0], prior_scale=math.sqrt(PRIOR_VARIANCE), name=kind)
-    optim = pyro.optim.MultiStepLR({"optimizer": torch.optim.SGD, "optim_args": {"lr": 0.05, "momentum": 0.9},
-                                    "milestones": milestones, "gamma": 0.1})
+    optim = PyroLRScheduler(torch.optim.lr_scheduler.MultiStepLR, {
+        "optimizer": torch.optim.SGD, "optim_args": {"lr": 0.05, "momentum": 0.9}, "milestones": milestones,
+        "gamma": 0.1})  # = pyro.optim.MultiStepLR
     bnn.fit(x, y, num_epochs=epochs, batch_size=BATCH_SIZE, optim=optim, clip_inf_norm=1.0,
             kl_schedule=PiecewiseKLSchedule(milestones, [0.01, 0.1, kl_final]))
     return bnn
+
 
 def _fit_baseline(kind: str, split, epochs: int, quick: bool, device, dtype) -> object:
     from pyro_sdebnn.infer import DeepEnsemble, MCDropout
     from pyro_sdebnn.nn import make_mlp
 
     d = split.x_train.shape[1]
+    method: MCDropout | DeepEnsemble
     if kind == "mc-dropout":
         method = MCDropout(make_mlp([d, 50, 2], dropout=0.05, device=device, dtype=dtype), "gaussian", num_samples=50)
     else:
@@ -250,7 +261,7 @@ def _summarise(rows: list[dict], key: str, protocol: str) -> tuple[float, float,
 
 
 def _run(args: argparse.Namespace) -> dict:
-    from pyro_sdebnn.data import uci_boston
+    from pyro_sdebnn.data import DataSplit, uci_boston
 
     protocol, units = _units(args)
     epochs = args.epochs if getattr(args, "epochs", None) is not None else (20 if args.quick else 200)
@@ -262,28 +273,46 @@ def _run(args: argparse.Namespace) -> dict:
         raise ValueError(f"--epochs must be positive, got {epochs}")
     device, dtype = torch.device(args.device), torch.float32
     output = Path(args.output)
-    rows = []
+    rows: list[dict] = []
     progress = tqdm(total=len(units) * len(methods), desc="mnvi-uci")
-    data, loaded = None, None
-    for run, k in units:
-        if loaded != k:
-            data = paper_fold(k, dtype=dtype) if protocol == "paper" else uci_boston(split=k, dtype=dtype)
-            data, loaded = type(data)(*(t.to(device) if torch.is_tensor(t) else t for t in data)), k
-        for kind in methods:
-            common.fresh_start(args.seed + run * NUM_FOLDS + k)
-            with common.Timer() as timer:
-                if kind in ("mnvi", "mfvi"):
-                    method = fit_sampling_free(kind, data.x_train, data.y_train, epochs=epochs, kl_final=kl_final)
-                else:
-                    method = _fit_baseline(kind, data, epochs, args.quick, device, dtype)
-            ll, err = _evaluate(method, data)
-            rows.append({"protocol": protocol, "run": run, "fold": k, "method": kind, "test_loglik": ll, "rmse": err,
-                         "fit_seconds": timer.seconds})
-            common.write_csv(output / "mnvi_uci_splits.csv", rows)  # rewritten as the run goes
-            progress.update()
+    data: DataSplit | None = None
+    loaded = None
+    try:
+        for run, k in units:
+            if data is None or loaded != k:
+                split = paper_fold(k, dtype=dtype) if protocol == "paper" else uci_boston(split=k, dtype=dtype)
+                data = split._replace(x_train=split.x_train.to(device), y_train=split.y_train.to(device),
+                                      x_test=split.x_test.to(device), y_test=split.y_test.to(device))
+                loaded = k
+            for kind in methods:
+                common.fresh_start(args.seed + run * NUM_FOLDS + k)
+                with common.Timer() as timer:
+                    if kind in ("mnvi", "mfvi"):
+                        method = fit_sampling_free(kind, data.x_train, data.y_train, epochs=epochs, kl_final=kl_final)
+                    else:
+                        method = _fit_baseline(kind, data, epochs, args.quick, device, dtype)
+                ll, err = _evaluate(method, data)
+                rows.append({"protocol": protocol, "run": run, "fold": k, "method": kind, "test_loglik": ll,
+                             "rmse": err, "fit_seconds": timer.seconds})
+                _write(args, output, rows, protocol, methods, epochs, kl_final)  # the tables so far
+                progress.update()
+    except KeyboardInterrupt:
+        progress.close()
+        summary = _write(args, output, rows, protocol, methods, epochs, kl_final, interrupted=True) if rows else {}
+        raise common.Interrupted(summary, f"{len(rows)} of {len(units) * len(methods)} (fold, method) fits "
+                                          "finished") from None
     progress.close()
-    runs = len({r for r, _ in units})
-    folds = len({k for _, k in units})
+    return _write(args, output, rows, protocol, methods, epochs, kl_final, figure=True)
+
+
+def _write(args: argparse.Namespace, output: Path, rows: list[dict], protocol: str, methods: list[str], epochs: int,
+           kl_final: float, interrupted: bool = False, figure: bool | None = None) -> dict:
+    """``mnvi_uci_splits.csv`` (every fit so far), ``mnvi_uci_table.md`` / ``.csv`` and, at the end or on an
+    interrupt, ``mnvi_uci_loglik.png``; returns the summary."""
+    common.write_csv(output / "mnvi_uci_splits.csv", rows)
+    methods = [kind for kind in methods if any(r["method"] == kind for r in rows)]
+    runs = len({r["run"] for r in rows})
+    folds = len({r["fold"] for r in rows})
     if protocol == "paper":
         setting = (f"the authors' 10-fold partition (KFold(10, shuffle=True, random_state=1)), {folds} of "
                    f"{NUM_FOLDS} folds, {runs} run(s)")
@@ -301,9 +330,11 @@ def _run(args: argparse.Namespace) -> dict:
         cells.append([kind, f"{ll:.3f} ± {ll_se:.3f}", f"{ll_sd:.3f}", f"{err:.3f} ± {err_se:.3f}", f"{secs:.1f}"])
         table_rows.append({"method": kind, **summary[kind], "protocol": protocol, "runs": runs, "folds": folds,
                            "epochs": epochs, "kl_final": kl_final})
+    status = (" -- INTERRUPTED: the fits finished so far" if interrupted else
+              "" if figure else " -- in progress: the fits finished so far")
     (output / "mnvi_uci_table.md").write_text("\n\n".join([
         f"UCI Boston, {setting}, {epochs} epochs, 13-50-2 ReLU network, seed {args.seed}, "
-        f"final KL weight {kl_final:g}" + (" -- QUICK smoke run, not a result" if args.quick else ""),
+        f"final KL weight {kl_final:g}" + (" -- QUICK smoke run, not a result" if args.quick else "") + status,
         common.markdown_table(["method", "test log-likelihood", "sd", "RMSE", "fit time / fit [s]"], cells).rstrip(),
         f"mean ± standard error {spread}; sd: the standard deviation {spread}. Reference (J. Schmitt, "
         "S. Roth (2021), \"Sampling-free Variational Inference for Neural Networks with Multiplicative "
@@ -311,7 +342,8 @@ def _run(args: argparse.Namespace) -> dict:
         "MC-dropout -2.46 ± 0.25, ensemble -2.41 ± 0.25.",
     ]) + "\n")
     common.write_csv(output / "mnvi_uci_table.csv", table_rows)
-
+    if not (figure or interrupted):
+        return summary
     fig = common.figure(figsize=(5, 3.2))
     ax = fig.add_subplot()
     for i, kind in enumerate(methods):

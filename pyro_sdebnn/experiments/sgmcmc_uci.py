@@ -38,10 +38,14 @@ import argparse
 import torch
 from tqdm.auto import tqdm
 
+from pyro_sdebnn.experiments import REGISTRY
+from pyro_sdebnn.experiments import _args as check
 from pyro_sdebnn.experiments import _common as common
 
 NAME = "sgmcmc-uci"
-DESCRIPTION = "UCI Boston: RMSE and test log-likelihood of SGLD, SGHMC, fSGLD, fSGHMC (Wu et al. 2024, Sec. 5.2)"
+#: What ``--quick`` does (shown by ``--help``).
+QUICK = "2 splits, 100 burn-in iterations, 5 samples every 10"
+DESCRIPTION = REGISTRY[NAME].description  # the one line of --help
 __all__ = ["DESCRIPTION", "METHODS", "NAME", "add_arguments", "run"]
 
 METHODS = ("SGLD", "SGHMC", "fSGLD", "fSGHMC")
@@ -51,7 +55,10 @@ BATCH = 32
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--splits", type=int, default=None, help="number of splits (default 10; --quick: 2)")
+    from pyro_sdebnn.data import NUM_UCI_SPLITS
+
+    parser.add_argument("--splits", type=check.int_range(1, NUM_UCI_SPLITS), default=None,
+                        help=f"number of splits, 1 to {NUM_UCI_SPLITS} (default 10; --quick: 2)")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--backend", default="auto", choices=("auto", "eager", "fx", "compile"))
 
@@ -76,49 +83,68 @@ def run(args: argparse.Namespace) -> dict:
     import pyro.contrib.gp as gp
     from pyro.infer import MCMC
 
-    from pyro_sdebnn.data import uci_boston
+    from pyro_sdebnn.data import NUM_UCI_SPLITS, uci_boston
     from pyro_sdebnn.distributions import fit_gp_kernel
     from pyro_sdebnn.infer.mcmc import BayesianMLP, posterior_prediction
 
-    num_splits = args.splits or (2 if args.quick else 10)
+    num_splits = args.splits if args.splits is not None else (2 if args.quick else 10)
+    if not 1 <= num_splits <= NUM_UCI_SPLITS:
+        raise ValueError(f"--splits must be in [1, {NUM_UCI_SPLITS}], got {num_splits}")
     warmup, samples, thin = (100, 5, 10) if args.quick else (500, 15, 50)
     device = torch.device(args.device)
-    per_split = []
-    with common.cpu_threads(1):  # small network: intra-op threads only add synchronisation on a shared CPU
-        for k in tqdm(range(num_splits), desc="sgmcmc-uci splits"):
-            split = uci_boston(split=k)
-            x, y = split.x_train.to(device), split.y_train.to(device)
-            gp_kernel = None
-            if any(m.startswith("f") for m in args.methods):
-                kernel = gp.kernels.RBF(x.shape[1], lengthscale=torch.ones(x.shape[1]))
-                gp_kernel = fit_gp_kernel(kernel, x.cpu(), y.cpu(), num_steps=100 if args.quick else 300).to(device)
-            for method in args.methods:
-                common.fresh_start(args.seed + k)
-                model = BayesianMLP([x.shape[1], 50, 50, 1], noise_scale=None, fan_in_scaling=True)
-                with common.Timer() as timer:
-                    mcmc = MCMC(_kernel(method, model, gp_kernel, x, thin, args.backend), num_samples=samples,
-                                warmup_steps=warmup // thin, disable_progbar=True)
-                    mcmc.run(x, y)
-                pred = posterior_prediction(model, mcmc.get_samples(), split.x_test.to(device))
-                scores = common.regression_metrics(pred, split.y_test.to(device), split.y_scale)
-                per_split.append({"split": k, "method": method, "rmse": scores["rmse"], "test_ll": scores["test_ll"],
-                                  "seconds": timer.seconds})
+    per_split: list[dict] = []
+    try:
+        with common.cpu_threads(1):  # small network: intra-op threads only add synchronisation on a shared CPU
+            for k in tqdm(range(num_splits), desc="sgmcmc-uci splits"):
+                split = uci_boston(split=k)
+                x, y = split.x_train.to(device), split.y_train.to(device)
+                gp_kernel = None
+                if any(m.startswith("f") for m in args.methods):
+                    kernel = gp.kernels.RBF(x.shape[1], lengthscale=torch.ones(x.shape[1]))
+                    gp_kernel = fit_gp_kernel(kernel, x.cpu(), y.cpu(), num_steps=100 if args.quick else 300).to(device)
+                for method in args.methods:
+                    common.fresh_start(args.seed + k)
+                    model = BayesianMLP([x.shape[1], 50, 50, 1], noise_scale=None, fan_in_scaling=True)
+                    with common.Timer() as timer:
+                        mcmc = MCMC(_kernel(method, model, gp_kernel, x, thin, args.backend), num_samples=samples,
+                                    warmup_steps=warmup // thin, disable_progbar=True)
+                        mcmc.run(x, y)
+                    pred = posterior_prediction(model, mcmc.get_samples(), split.x_test.to(device))
+                    scores = common.regression_metrics(pred, split.y_test.to(device), split.y_scale)
+                    per_split.append({"split": k, "method": method, "rmse": scores["rmse"],
+                                      "test_ll": scores["test_ll"], "seconds": timer.seconds})
+                    _write(args, per_split, num_splits)  # the tables so far, rewritten as each run finishes
+    except KeyboardInterrupt:
+        summary = _write(args, per_split, num_splits, interrupted=True) if per_split else {}
+        raise common.Interrupted(summary, f"{len(per_split)} of {num_splits * len(args.methods)} (split, method) "
+                                          "runs finished") from None
+    return _write(args, per_split, num_splits)
 
+
+def _write(args: argparse.Namespace, per_split: list[dict], num_splits: int, interrupted: bool = False) -> dict:
+    """``sgmcmc_uci_splits.csv`` (every run so far) and the summary ``sgmcmc_uci.md`` / ``.csv``; the summary."""
     out = args.output
     common.write_csv(out / "sgmcmc_uci_splits.csv", per_split)
-    summary = {}
+    summary: dict[str, dict[str, tuple[float, float]]] = {}
+    splits: dict[str, int] = {}
     for method in args.methods:
         rows = [r for r in per_split if r["method"] == method]
-        summary[method] = {key: common.mean_se([r[key] for r in rows]) for key in ("rmse", "test_ll", "seconds")}
+        if rows:
+            summary[method] = {key: common.mean_se([r[key] for r in rows]) for key in ("rmse", "test_ll", "seconds")}
+            splits[method] = len(rows)
     common.write_csv(out / "sgmcmc_uci.csv", [
-        {"method": method, "rmse_mean": s["rmse"][0], "rmse_se": s["rmse"][1], "test_ll_mean": s["test_ll"][0],
-         "test_ll_se": s["test_ll"][1], "seconds_mean": s["seconds"][0]} for method, s in summary.items()
+        {"method": method, "splits": splits[method], "rmse_mean": s["rmse"][0], "rmse_se": s["rmse"][1],
+         "test_ll_mean": s["test_ll"][0], "test_ll_se": s["test_ll"][1], "seconds_mean": s["seconds"][0]}
+        for method, s in summary.items()
     ])
-    header = ("method", "test RMSE", "test log-likelihood", "seconds / split")
-    cells = [[method, f"{s['rmse'][0]:.2f} ± {s['rmse'][1]:.2f}", f"{s['test_ll'][0]:.2f} ± {s['test_ll'][1]:.2f}",
-              f"{s['seconds'][0]:.1f}"] for method, s in summary.items()]
+    header = ("method", "splits", "test RMSE", "test log-likelihood", "seconds / split")
+    cells = [[method, splits[method], f"{s['rmse'][0]:.2f} ± {s['rmse'][1]:.2f}",
+              f"{s['test_ll'][0]:.2f} ± {s['test_ll'][1]:.2f}", f"{s['seconds'][0]:.1f}"]
+             for method, s in summary.items()]
+    done = "" if len(per_split) == num_splits * len(args.methods) else (
+        " -- INTERRUPTED, the splits finished so far" if interrupted else " -- in progress, the splits finished so far")
     (out / "sgmcmc_uci.md").write_text(
-        f"# sgmcmc-uci: Boston, {num_splits} splits ({'quick smoke test' if args.quick else 'full'})\n\n"
+        f"# sgmcmc-uci: Boston, {num_splits} splits ({'quick smoke test' if args.quick else 'full'}){done}\n\n"
         + common.markdown_table(header, cells))
     return {m: {"rmse": s["rmse"][0], "rmse_se": s["rmse"][1], "test_ll": s["test_ll"][0],
-                "test_ll_se": s["test_ll"][1]} for m, s in summary.items()}
+                "test_ll_se": s["test_ll"][1], "splits": splits[m]} for m, s in summary.items()}

@@ -20,13 +20,15 @@ Temperature scaling (Guo et al. [1]) divides the predictive log-probabilities by
 :math:`T` fitted on the validation set (:func:`pyro_sdebnn.metrics.fit_temperature`),
 :math:`p_T \\propto \\bar p^{1/T}` -- for a single network exactly logit temperature scaling.
 
-Outputs in ``--output``: ``two_moons_table.md`` / ``.csv``, ``reliability.png`` (one line per
-method), ``heatmaps.png`` (predictive mean and standard deviation of :math:`p(y=1|x)` over the
-posterior samples, per method), ``uncertainty_decomposition.png`` (total / aleatoric / epistemic
-entropy for the deep ensemble), the SG-MCMC chain diagnostics in function space (``sgmcmc_ess.md`` /
-``.csv`` with ESS per second, ``sgmcmc_trace.png`` and ArviZ ``sgmcmc_autocorr.png`` of the class-1
-probability at a few test points, SGLD vs SGHMC), and ``README.md`` describing the run. Methods that
-are not available in this installation are listed as "not implemented" with the reason, never dropped.
+Outputs in ``--output``: ``two_moons_table.md`` / ``.csv`` (rewritten as each method finishes),
+``reliability.png`` (a panel per method family of :data:`FAMILIES`), ``heatmaps.png`` (predictive mean and
+standard deviation of :math:`p(y=1|x)` over the posterior samples, a grid of methods; the standard deviations on
+one colour scale), ``uncertainty_decomposition.png`` (total / aleatoric / epistemic entropy for the deep
+ensemble), the SG-MCMC chain diagnostics in function space (``sgmcmc_ess.md`` / ``.csv`` with ESS per second,
+``sgmcmc_trace.png`` and ``sgmcmc_autocorr.png`` of the class-1 probability at a few test points, SGLD vs SGHMC),
+and ``README.md`` describing the run. Methods that are not available in this installation are listed as "not
+implemented" with the reason, never dropped. After Ctrl-C the files hold the methods finished so far (the others
+"not run: interrupted").
 
 Methods are adapters in :data:`ADAPTERS`: a function ``(data, settings) -> predict`` that trains the
 method and returns a function mapping inputs to a
@@ -52,10 +54,15 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from pyro_sdebnn.experiments import REGISTRY
+from pyro_sdebnn.experiments import _args as check
 from pyro_sdebnn.experiments import _common as common
 
 NAME = "two-moons"
-DESCRIPTION = "Head-to-head calibration of every BNN method on Two Moons: the main job"
+#: What ``--quick`` does (shown by ``--help``).
+QUICK = ("16-16 hidden units, 30 epochs (15 for SVI), 10 predictive samples, 2 ensemble members, 20 + 10 SG-MCMC "
+         "samples thinned by 2, a 25x25 grid")
+DESCRIPTION = REGISTRY[NAME].description  # the one line of --help
 
 __all__ = ["ADAPTERS", "DESCRIPTION", "NAME", "Settings", "add_arguments", "run"]
 
@@ -202,14 +209,7 @@ def _sgmcmc(kernel_name: str):
         with common.Timer() as sampling:
             mcmc.run(data.x_train, data.y_train)
         samples = mcmc.get_samples()
-        predictive = Predictive(model, posterior_samples=samples, return_sites=("outputs",))
-
-        def predict(x: Tensor):
-            from pyro_sdebnn.infer import ClassificationPrediction
-
-            outputs = predictive(x)["outputs"]
-            return ClassificationPrediction(outputs.reshape(-1, *outputs.shape[-2:]).softmax(-1))
-
+        predict = _SampledPredictor(Predictive(model, posterior_samples=samples, return_sites=("outputs",)))
         # Function-space chain diagnostics (weight-space ESS is uninformative for networks): the class-1
         # probability at a few test inputs, per draw.
         predict.diagnostics = {
@@ -219,6 +219,21 @@ def _sgmcmc(kernel_name: str):
         return predict
 
     return adapter
+
+
+class _SampledPredictor:
+    """Class probabilities per posterior draw from a :class:`~pyro.infer.Predictive` of the ``"outputs"`` logits,
+    with the chain ``diagnostics`` of the run that drew them (``None`` until set)."""
+
+    def __init__(self, predictive) -> None:
+        self.predictive = predictive
+        self.diagnostics: dict | None = None
+
+    def __call__(self, x: Tensor):
+        from pyro_sdebnn.infer import ClassificationPrediction
+
+        outputs = self.predictive(x)["outputs"]
+        return ClassificationPrediction(outputs.reshape(-1, *outputs.shape[-2:]).softmax(-1))
 
 
 _adapter("sgld", "SGLD")(_sgmcmc("SGLD"))
@@ -261,22 +276,22 @@ _adapter("fsghmc", "fSGHMC (GP functional prior)")(_functional_sgmcmc("FSGHMC", 
 
 @_adapter("mnvi", "MNVI (sampling-free)")
 def _mnvi(data: Data, s: Settings) -> Predictor:
-    import pyro.optim
+    from pyro.optim import PyroOptim
 
     from pyro_sdebnn.nn.mnvi import SamplingFreeBNN, to_mnvi
 
     bnn = SamplingFreeBNN(to_mnvi(_mlp(s)), "categorical", num_data=len(data.y_train), prior_scale=1.0).to(s.device)
     bnn.fit(
         data.x_train, data.y_train, num_epochs=s.svi_epochs, batch_size=s.svi_batch_size,
-        optim=pyro.optim.Adam({"lr": s.lr}),
+        optim=PyroOptim(torch.optim.Adam, {"lr": s.lr}),
     )
     return lambda x: bnn.predict(x, num_samples=s.num_samples)
 
 
 @_adapter("sdebnn", "SDE-BNN")
 def _sdebnn(data: Data, s: Settings) -> Predictor:
-    import pyro.optim
     from pyro.infer import SVI
+    from pyro.optim import PyroOptim
 
     from pyro_sdebnn.infer import NeuralSDEGuide, TracePathKL_ELBO, train_svi
     from pyro_sdebnn.nn import SDEBNN
@@ -288,7 +303,7 @@ def _sdebnn(data: Data, s: Settings) -> Predictor:
         in_dim=2, out_dim=2, hidden=s.hidden[0], augment=0, sigma=0.2, dt=s.sde_dt, likelihood="categorical"
     ).to(s.device)
     guide = NeuralSDEGuide(net, drift_hidden=s.hidden[0]).to(s.device)
-    svi = SVI(net.model, guide, pyro.optim.Adam({"lr": s.lr}), TracePathKL_ELBO(estimator="stl"))
+    svi = SVI(net.model, guide, PyroOptim(torch.optim.Adam, {"lr": s.lr}), TracePathKL_ELBO(estimator="stl"))
     train_svi(svi, (data.x_train, data.y_train), num_epochs=s.sde_epochs, batch_size=s.batch_size)  # NaN: raises
     return lambda x: net.predict(x, guide, num_samples=s.num_samples)
 
@@ -351,7 +366,8 @@ def _write_readme(results: list[Result], args, s: Settings, data: Data, total: f
         f"torch-trained methods; {s.svi_epochs} SVI epochs (batch {s.svi_batch_size}) for Pyro SVI methods (MAP, "
         f"MFVI, MNVI); SDE-BNN {s.sde_epochs} epochs with Euler step {s.sde_dt}; {s.num_samples} predictive samples; "
         f"{s.num_members} ensemble members; dropout {s.dropout}; SG-MCMC step 1e-3 (SGHMC 1e-2, fSGLD 1e-4), "
-        f"friction 1 (SGHMC) and 10 (fSGHMC), batch {s.batch_size}, {s.mcmc_warmup} warm-up + {s.mcmc_samples} samples thinned by "
+        f"friction 1 (SGHMC) and 10 (fSGHMC), batch {s.batch_size}, {s.mcmc_warmup} warm-up + {s.mcmc_samples} "
+        "samples thinned by "
         f"{s.mcmc_thinning}; functional priors: RBF GP on the class-1 logit (variance 4, length scale 0.5).",
         f"Metrics on the {len(data.y_test)} test points: accuracy, ECE (10 equal-width bins), Brier score, NLL (nats) "
         "of the predictive mean; `(TS)` after temperature scaling of the predictive log-probabilities (T fitted on "
@@ -366,9 +382,39 @@ def _write_readme(results: list[Result], args, s: Settings, data: Data, total: f
         ]
     missing = [r for r in results if r.status != "ok"]
     if missing:
-        blocks.append("Not run in this installation:\n\n" + "\n".join(f"- {r.name}: {r.status}" for r in missing))
+        blocks.append("Not run, or failed:\n\n" + "\n".join(f"- {r.name}: {r.status}" for r in missing))
     blocks.append((args.output / "two_moons_table.md").read_text())
     common.write_readme(args.output / "README.md", "Two Moons head-to-head", blocks)
+
+
+#: The reliability diagram's panels: method families, each ``(title, [adapter keys])``.
+FAMILIES = (
+    ("point estimate and Laplace", ("map", "laplace", "laplace-kron", "laplace-last-layer")),
+    ("ensembles and dropout", ("deep-ensemble", "mc-dropout")),
+    ("variational", ("mfvi", "mnvi", "sdebnn")),
+    ("SG-MCMC", ("sgld", "sghmc", "fsgld", "fsghmc")),
+)
+
+
+def _write_figures(results: list[Result], data: Data, grid_axes: tuple[Tensor, Tensor], out: Path) -> None:
+    """``reliability.png`` (a panel per method family), ``heatmaps.png`` and ``uncertainty_decomposition.png`` of
+    the methods that finished."""
+    ok = [r for r in results if r.status == "ok" and r.test_probs is not None and r.grid_probs is not None]
+    if not ok:
+        return
+    test_probs = {r.name: r.test_probs for r in ok if r.test_probs is not None}
+    grid_probs = {r.name: r.grid_probs for r in ok if r.grid_probs is not None}
+    families = {title: [r.name for r in ok if r.key in keys] for title, keys in FAMILIES}
+    others = [r.name for r in ok if not any(r.key in keys for _, keys in FAMILIES)]
+    families = {title: names for title, names in {**families, "other": others}.items() if names}
+    common.plot_reliability_curves(test_probs, data.y_test, out / "reliability.png", groups=families, xlim=(0.45, 1.0),
+                                   title="Two Moons reliability diagram (10 equal-width bins; empty bins omitted)")
+    p1 = {name: probs[..., 1] for name, probs in grid_probs.items()}  # p(y=1|x) per posterior draw
+    common.plot_grid_heatmaps({name: (p.mean(0), p.std(0, unbiased=False)) for name, p in p1.items()}, grid_axes,
+                              data.x_train, data.y_train, out / "heatmaps.png")
+    ensemble = next((r.name for r in ok if r.key == "deep-ensemble"), ok[0].name)
+    common.plot_uncertainty_decomposition(ensemble, grid_probs[ensemble], grid_axes,
+                                          out / "uncertainty_decomposition.png")
 
 
 # --------------------------------------------------------------------------- entry points
@@ -377,11 +423,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--methods", nargs="+", default=None, metavar="KEY",
         help=f"subset of methods to run (default: all): {' '.join(ADAPTERS)}",
     )
-    parser.add_argument("--n-train", type=int, default=200, help="training points (default 200)")
-    parser.add_argument("--n-test", type=int, default=500, help="held-out test points (default 500)")
-    parser.add_argument("--n-val", type=int, default=200, help="validation points for temperature scaling")
+    parser.add_argument("--n-train", type=check.positive_int, default=200, help="training points (default 200)")
+    parser.add_argument("--n-test", type=check.positive_int, default=500, help="held-out test points (default 500)")
+    parser.add_argument("--n-val", type=check.positive_int, default=200,
+                        help="validation points for temperature scaling (default 200)")
     parser.add_argument(
-        "--threads", type=int, default=1,
+        "--threads", type=check.positive_int, default=1,
         help="torch intra-op CPU threads (default 1: these networks are too small to gain from more)",
     )
 
@@ -407,31 +454,32 @@ def run(args: argparse.Namespace) -> dict:
     grid = torch.stack(torch.meshgrid(*grid_axes, indexing="xy"), -1).reshape(-1, 2)
 
     results: list[Result] = []
+    interrupted = False
     with common.cpu_threads(getattr(args, "threads", 1), device), common.Timer() as timer:
         bar = tqdm(methods, desc="two-moons", unit="method")
-        for key in bar:
-            name, adapter = ADAPTERS[key]
-            bar.set_postfix_str(key)
-            common.fresh_start(seed)  # the same random state for every method, no Pyro params left by another
-            try:
-                results.append(_evaluate(key, name, adapter, data, copy.copy(s), grid))
-            except Exception as err:  # a failing method is reported in the table, not hidden
-                traceback.print_exc()
-                results.append(Result(key, name, f"failed: {type(err).__name__}: {str(err)[:120]}"))
-
-    ok = [r for r in results if r.status == "ok"]
+        try:
+            for key in bar:
+                name, adapter = ADAPTERS[key]
+                bar.set_postfix_str(key)
+                common.fresh_start(seed)  # the same random state for every method, no Pyro params left by another
+                try:
+                    results.append(_evaluate(key, name, adapter, data, copy.copy(s), grid))
+                except Exception as err:  # a failing method is reported in the table, not hidden
+                    traceback.print_exc()
+                    results.append(Result(key, name, f"failed: {type(err).__name__}: {str(err)[:120]}"))
+                _write_tables(results, out)  # the table so far, rewritten as each method finishes
+        except KeyboardInterrupt:  # Ctrl-C: write what is finished, then tell the caller
+            bar.close()
+            interrupted = True
+            results += [Result(key, ADAPTERS[key][0], "not run: interrupted") for key in methods[len(results):]]
+    finished = sum(r.status != "not run: interrupted" for r in results)
     _write_tables(results, out)
-    common.plot_reliability_curves({r.name: r.test_probs for r in ok}, data.y_test, out / "reliability.png",
-                                   title="Two Moons reliability diagram (10 equal-width bins; empty bins omitted)",
-                                   xlim=(0.45, 1.0))
-    p1 = {r.name: r.grid_probs[..., 1] for r in ok}  # p(y=1|x) per posterior draw
-    common.plot_grid_heatmaps({name: (p.mean(0), p.std(0, unbiased=False)) for name, p in p1.items()}, grid_axes,
-                              data.x_train, data.y_train, out / "heatmaps.png")
-    ensemble = next((r for r in ok if r.key == "deep-ensemble"), ok[0] if ok else None)
-    if ensemble is not None:
-        common.plot_uncertainty_decomposition(ensemble.name, ensemble.grid_probs, grid_axes,
-                                              out / "uncertainty_decomposition.png")
+    _write_figures(results, data, grid_axes, out)
+    ok = [r for r in results if r.status == "ok"]
     chains = {r.name: (r.diagnostics["probe_probs"], r.diagnostics["sampling_seconds"]) for r in ok if r.diagnostics}
     extra_files = common.write_chain_diagnostics(chains, out) if chains else []
     _write_readme(results, args, s, data, timer.seconds, extra_files)
-    return {r.key: ({**r.metrics, "seconds": r.seconds} if r.status == "ok" else r.status) for r in results}
+    summary = {r.key: ({**r.metrics, "seconds": r.seconds} if r.status == "ok" else r.status) for r in results}
+    if interrupted:
+        raise common.Interrupted(summary, f"{finished} of {len(methods)} methods finished") from None
+    return summary

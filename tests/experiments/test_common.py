@@ -84,3 +84,52 @@ def test_regression_metrics_with_a_mask_score_the_subset():
     assert scores["rmse"] == pytest.approx(subset["rmse"], rel=1e-6)
     assert scores["test_ll"] == float(gaussian_mixture_log_likelihood(pred.loc[:, mask], pred.scale[:, mask],
                                                                       y[mask], y_scale=2.0))
+
+
+def test_heatmaps_grid_shares_one_std_scale_and_titles_every_panel(tmp_path):
+    from pyro_sdebnn.experiments._common import plot_grid_heatmaps
+
+    gx, gy = torch.linspace(-1, 1, 6), torch.linspace(-1, 1, 5)
+    maps = {f"method number {i} with a long descriptive name": (torch.rand(30), 0.1 * i * torch.rand(30))
+            for i in range(1, 5)}
+    fig = plot_grid_heatmaps(maps, (gx, gy), torch.randn(8, 2), torch.randint(0, 2, (8,)), tmp_path / "h.png")
+    assert (tmp_path / "h.png").stat().st_size > 0
+    mean_block, std_block = fig.subfigs
+    for block, vmax in ((mean_block, 1.0), (std_block, max(float(s.max()) for _, s in maps.values()))):
+        panels = [ax for ax in block.axes if ax.get_visible() and ax.collections and ax.get_label() != "<colorbar>"]
+        assert len(panels) == len(maps)
+        limits = {ax.collections[0].get_clim() for ax in panels}
+        assert len(limits) == 1 and limits.pop() == pytest.approx((0.0, vmax))  # one colour scale for every method
+        titles = [ax.get_title() for ax in panels]
+        assert all(title.replace("\n", " ").startswith(f"method number {i} with a long")
+                   for i, title in enumerate(titles, start=1))
+    # a grid, not one column: the panels of a block side by side
+    assert len({round(ax.get_position().x0, 3) for ax in std_block.axes if ax.get_visible()}) > 2
+
+
+def test_reliability_small_multiples_by_group(tmp_path):
+    from pyro_sdebnn.experiments._common import plot_reliability_curves
+
+    labels = torch.randint(0, 2, (200,), generator=torch.Generator().manual_seed(0))
+    curves = {name: torch.softmax(torch.randn(200, 2, generator=torch.Generator().manual_seed(i)), -1)
+              for i, name in enumerate("abcde")}
+    groups = {"one": ["a", "b"], "two": ["c", "d", "e"]}
+    fig = plot_reliability_curves(curves, labels, tmp_path / "r.png", groups=groups)
+    visible = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in visible] == ["one", "two"]
+    assert [len(ax.get_lines()) for ax in visible] == [3, 4]  # the diagonal and one line per method
+    with pytest.raises(ValueError, match="missing"):
+        plot_reliability_curves(curves, labels, tmp_path / "r.png", groups={"one": ["a"]})
+
+
+def test_autocorrelation_panels_are_titled_by_sampler():
+    from pyro_sdebnn.experiments._common import chain_autocorr_figure
+
+    g = torch.Generator().manual_seed(0)
+    chains = {"SGLD": (torch.rand(30, 4, generator=g), 1.0), "SGHMC": (torch.rand(30, 4, generator=g), 1.0)}
+    fig = chain_autocorr_figure(chains)
+    titles = [ax.get_title() for ax in fig.axes if ax.get_visible()]
+    assert titles == ["SGLD: autocorrelation of p(y=1|x)", "SGHMC: autocorrelation of p(y=1|x)"]
+    for ax in fig.axes:
+        lines = [line for line in ax.get_lines() if line.get_label().startswith("test point")]
+        assert len(lines) == 4 and all(line.get_ydata()[0] == pytest.approx(1.0) for line in lines)

@@ -146,4 +146,5 @@ def test_without_data_dir_the_bundled_subset_is_used(tmp_path, svi_calls):
     code = main(["--output", str(out), "benchmark", "sdebnn-mnist", "--quick", "--methods", "odenet,mf-odenet",
                  "--hidden", "2", "--dt", "0.5", "--steps", "3", "--samples", "2"])
     assert code == 0 and svi_calls == []  # tensors of the bundled set, random minibatch indices
-    assert (out / "sdebnn_mnist.md").read_text().startswith("dataset digits, 3 steps x batch 128")
+    assert (out / "sdebnn_mnist.md").read_text().startswith("dataset digits (scikit-learn's 8x8 digits), 3 steps x "
+                                                            "batch 128")

@@ -50,13 +50,14 @@ def test_network_has_separate_heads_xavier_weights_and_zero_biases():
 
 def test_schedule_decays_the_learning_rate_at_the_kl_milestones(monkeypatch):
     made = []
-    original = pyro.optim.MultiStepLR
+    original = pyro.optim.PyroLRScheduler
 
-    def spy(args):
-        made.append(original(args))
+    def spy(constructor, args, clip_args=None):  # pyro.optim.MultiStepLR(args) is this with MultiStepLR
+        assert constructor is torch.optim.lr_scheduler.MultiStepLR
+        made.append(original(constructor, args, clip_args))
         return made[-1]
 
-    monkeypatch.setattr(pyro.optim, "MultiStepLR", spy)
+    monkeypatch.setattr(pyro.optim, "PyroLRScheduler", spy)
     pyro.clear_param_store()
     split = uci_boston(split=0)
     fit_sampling_free("mnvi", split.x_train[:64], split.y_train[:64], epochs=4)  # milestones at epochs 2 and 3
@@ -94,4 +95,12 @@ def test_splits_protocol_and_bad_arguments(tmp_path):
     rows = _quick(tmp_path, "--protocol", "splits", "--splits", "1", "--epochs", "2")
     assert [(r["protocol"], r["fold"]) for r in rows] == [("splits", "0")]
     for bad in (["--runs", "0"], ["--folds", "11"], ["--protocol", "splits", "--splits", "21"]):
-        assert main(["benchmark", "mnvi-uci", "--quick", *bad, "--output", str(tmp_path)]) == 2
+        assert _status(["benchmark", "mnvi-uci", "--quick", *bad, "--output", str(tmp_path)]) == 2
+
+
+def _status(argv):
+    """``main``'s exit status, also when argparse rejects an option (it raises ``SystemExit(2)``)."""
+    try:
+        return main(argv)
+    except SystemExit as exit:
+        return exit.code

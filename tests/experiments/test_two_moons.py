@@ -53,3 +53,46 @@ def test_methods_subset_and_bad_method(tmp_path):
         assert [row["method"] for row in csv.DictReader(f)] == ["Deep ensemble"]
     assert (tmp_path / "uncertainty_decomposition.png").exists()
     assert main(["benchmark", "two-moons", "--quick", "--methods", "bogus", "--output", str(tmp_path)]) == 2
+
+
+def _constant_adapter(data, settings):
+    import torch
+
+    from pyro_sdebnn.infer import ClassificationPrediction
+
+    def predict(x):  # 3 "posterior draws" of class probabilities that depend on the first input
+        p1 = torch.sigmoid(x[:, 0] * torch.tensor([[1.0], [2.0], [3.0]]))
+        return ClassificationPrediction(torch.stack([1 - p1, p1], -1))
+
+    return predict
+
+
+def _interrupting_adapter(data, settings):
+    raise KeyboardInterrupt
+
+
+def test_ctrl_c_keeps_the_finished_methods_written_as_each_finished(tmp_path, monkeypatch, capsys):
+    import json
+
+    from pyro_sdebnn.experiments import two_moons
+
+    seen = []
+
+    def watching(data, settings):  # the table of the methods before this one is already on disk
+        with open(tmp_path / "two_moons_table.csv") as f:
+            seen.append([row["method"] for row in csv.DictReader(f)])
+        return _constant_adapter(data, settings)
+
+    monkeypatch.setattr(two_moons, "ADAPTERS", {"map": ("A", _constant_adapter), "mfvi": ("B", watching),
+                                                "sgld": ("C", _interrupting_adapter), "mnvi": ("D", _constant_adapter)})
+    assert main(["benchmark", "two-moons", "--quick", "--output", str(tmp_path)]) == 130
+    assert seen == [["A"]]
+    with open(tmp_path / "two_moons_table.csv") as f:
+        rows = {row["method"]: row["status"] for row in csv.DictReader(f)}
+    assert rows == {"A": "ok", "B": "ok", "C": "not run: interrupted", "D": "not run: interrupted"}
+    for name in ("reliability.png", "heatmaps.png", "two_moons_table.md"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    readme = (tmp_path / "README.md").read_text()
+    assert "C: not run: interrupted" in readme and "2 of 4 methods finished" in readme.splitlines()[-1]
+    assert set(json.loads((tmp_path / "summary.json").read_text())) == {"map", "mfvi", "sgld", "mnvi"}
+    assert "INTERRUPTED" in capsys.readouterr().out

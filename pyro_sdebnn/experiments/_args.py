@@ -1,0 +1,100 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``type=`` checkers for the options of ``pyro-sdebnn`` and its benchmarks.
+
+Each turns the option's text into a value or raises :class:`argparse.ArgumentTypeError` saying what is allowed, so
+that a bad value ends the program with argparse's one-line message naming the option and exit status 2 (e.g.
+``argument --n-train: expected an integer >= 1, got '0'``) instead of a traceback or a silent fix-up later. No
+import of torch here: the parser is built before any experiment is imported.
+
+>>> import argparse
+>>> parser = argparse.ArgumentParser()
+>>> _ = parser.add_argument("--dt", type=positive_float)
+>>> parser.parse_args(["--dt", "0.05"]).dt
+0.05
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+from typing import Callable
+
+__all__ = ["MAX_SEED", "float_range", "int_range", "nonnegative_float", "nonnegative_int", "output_folder",
+           "positive_float", "positive_int", "probability", "seed"]
+
+#: The largest ``--seed``: NumPy's generator takes seeds below 2**32, and the benchmarks add offsets (runs, ranks).
+MAX_SEED = 2**31 - 1
+
+
+def _int(text: str, allowed: str) -> int:
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected {allowed}, got {text!r}") from None
+
+
+def _float(text: str, allowed: str) -> float:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected {allowed}, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected {allowed}, got {text!r}")
+    return value
+
+
+def int_range(low: int, high: int | None = None) -> Callable[[str], int]:
+    """A checker of integers in ``[low, high]`` (``high=None``: no upper bound)."""
+    allowed = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
+
+    def check(text: str) -> int:
+        value = _int(text, allowed)
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"expected {allowed}, got {text!r}")
+        return value
+
+    check.__name__ = f"int_range({low}, {high})"
+    return check
+
+
+def float_range(low: float, high: float = math.inf, *, low_open: bool = False,
+                high_open: bool = False) -> Callable[[str], float]:
+    """A checker of finite floats between ``low`` and ``high``, each end closed unless ``low_open`` /
+    ``high_open``."""
+    if math.isinf(high):
+        allowed = f"a finite number {'>' if low_open else '>='} {low:g}"
+    else:
+        allowed = f"a number in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+
+    def check(text: str) -> float:
+        value = _float(text, allowed)
+        if value < low or value > high or (low_open and value == low) or (high_open and value == high):
+            raise argparse.ArgumentTypeError(f"expected {allowed}, got {text!r}")
+        return value
+
+    check.__name__ = f"float_range({low}, {high})"
+    return check
+
+
+#: An integer >= 1 (a count of steps, epochs, samples, threads ...).
+positive_int = int_range(1)
+#: An integer >= 0.
+nonnegative_int = int_range(0)
+#: A finite float > 0 (a step size, a learning rate, a scale).
+positive_float = float_range(0.0, low_open=True)
+#: A finite float >= 0.
+nonnegative_float = float_range(0.0)
+#: A float in [0, 1].
+probability = float_range(0.0, 1.0)
+#: ``--seed``: an integer in [0, MAX_SEED].
+seed = int_range(0, MAX_SEED)
+
+
+def output_folder(text: str) -> Path:
+    """``--output``: a folder path; an existing file there is an error (writability is checked when the run
+    starts, by creating the folder)."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"expected a folder, but {text!r} is an existing file")
+    return path
