@@ -103,8 +103,8 @@ def distributed_loader(
         raise TypeError("distributed_loader makes its own DistributedSampler: pass shuffle=/seed= to it, not sampler=")
     if size == 1:
         return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, **loader_kwargs)
-    sampler: DistributedSampler[Any] = DistributedSampler(dataset, num_replicas=size, rank=rank(), shuffle=shuffle, seed=seed,
-                                 drop_last=drop_last)
+    sampler: DistributedSampler[Any] = DistributedSampler(dataset, num_replicas=size, rank=rank(), shuffle=shuffle,
+                                                          seed=seed, drop_last=drop_last)
     return DataLoader(dataset, batch_size=batch_size // size, sampler=sampler, **loader_kwargs)
 
 
