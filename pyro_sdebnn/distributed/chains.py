@@ -43,7 +43,7 @@ and holds the same chain as one process with the same seed and batches, up to ro
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import pyro
 import torch
@@ -61,6 +61,14 @@ from pyro_sdebnn.distributed.comm import (
 from pyro_sdebnn.infer.mcmc.arviz_utils import from_pyro, get_samples
 from pyro_sdebnn.infer.mcmc.sghmc import SGHMC
 from pyro_sdebnn.infer.mcmc.sgld import SGLD
+
+if TYPE_CHECKING:
+    from pyro_sdebnn.infer.mcmc.base import SGMCMCKernel
+
+    # the mixin is only ever mixed into an SG-MCMC kernel, whose attributes and methods it uses
+    _KernelBase = SGMCMCKernel
+else:
+    _KernelBase = object
 
 __all__ = ["DataParallelSGHMC", "DataParallelSGLD", "gather_inference_data", "gather_samples"]
 
@@ -111,14 +119,14 @@ def gather_inference_data(mcmc: Any, dst: int = 0, **kwargs: Any) -> Any:
         return None
     if len(gathered) == 1:
         return gathered[0]
-    return az.concat(*gathered, dim="chain", reset_dim=True)
+    return az.concat(gathered, dim="chain", reset_dim=True, inplace=False)
 
 
 def _rng_digest() -> str:
     return hashlib.sha256(torch.get_rng_state().numpy().tobytes()).hexdigest()[:16]
 
 
-class _DataParallelMixin:
+class _DataParallelMixin(_KernelBase):
     """The data-parallel step of :class:`DataParallelSGLD` / :class:`DataParallelSGHMC` (see the module)."""
 
     def __init__(self, model, **kwargs: Any) -> None:
@@ -150,12 +158,14 @@ class _DataParallelMixin:
                                  "every rank; seed them alike with pyro_sdebnn.distributed.init(seed=s, "
                                  "seed_per_rank=False) before MCMC.run")
             # the initial values come from that shared generator; copy rank 0's anyway (user initial_params)
+            assert self._state is not None  # set by SGMCMCKernel.setup
             for t in self._state:
                 broadcast_(t, src=0)
             _check_same("loader steps per epoch", len(self._stream.loader))
 
-    def _next_data(self) -> Optional[tuple]:
+    def _next_data(self) -> tuple:
         data = super()._next_data()
+        assert data is not None  # setup refused tensors: the data come from a loader
         if self._sharded:
             self._local_size = int(data[0].shape[0])
             return data

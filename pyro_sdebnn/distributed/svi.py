@@ -39,11 +39,12 @@ the averaging placed *before* gradient clipping and the non-finite loss check, s
 from __future__ import annotations
 
 import os
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import pyro
 import torch
 from pyro import poutine
+from pyro.poutine.trace_struct import Trace
 from pyro.infer.util import torch_item
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
@@ -102,9 +103,14 @@ def distributed_loader(
         raise TypeError("distributed_loader makes its own DistributedSampler: pass shuffle=/seed= to it, not sampler=")
     if size == 1:
         return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, **loader_kwargs)
-    sampler = DistributedSampler(dataset, num_replicas=size, rank=rank(), shuffle=shuffle, seed=seed,
-                                 drop_last=drop_last)
+    sampler: DistributedSampler[Any] = DistributedSampler(dataset, num_replicas=size, rank=rank(), shuffle=shuffle,
+                                                          seed=seed, drop_last=drop_last)
     return DataLoader(dataset, batch_size=batch_size // size, sampler=sampler, **loader_kwargs)
+
+
+def _site_names(trace: Trace) -> set[str]:
+    """The names of the sites of a trace (every site has one; Pyro types it as optional)."""
+    return {site["name"] for site in trace.nodes.values() if site["name"] is not None}
 
 
 class AveragedGradients:
@@ -162,7 +168,7 @@ class AveragedGradients:
             for b, value in zip(buffers, saved):
                 b.copy_(value)
         store = dict(pyro.get_param_store().named_parameters())
-        names = sorted({site["name"] for site in capture.trace.nodes.values()})
+        names = sorted(_site_names(capture.trace))
         self._stats = running_stats(self.modules)
         layout = [(name, tuple(store[name].shape)) for name in names]
         stats_layout = [tuple(t.shape) for t in self._stats]
@@ -186,7 +192,8 @@ class AveragedGradients:
             self._agree(model, guide, args, kwargs)
         with poutine.trace(param_only=True) as capture:
             loss = self.elbo.loss_and_grads(model, guide, *args, **kwargs)
-        seen = {site["name"] for site in capture.trace.nodes.values()}
+        seen = _site_names(capture.trace)
+        assert self._layout is not None  # set by _agree
         names = [name for name, _ in self._layout]
         if not seen <= set(names):
             raise ValueError(f"parameters {sorted(seen - set(names))[:5]} appeared after the first step: data-parallel "

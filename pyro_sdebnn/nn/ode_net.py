@@ -129,7 +129,7 @@ class _ConstantWeightNet(ParamStoreModule, ContinuousDepthNet):
             raise ValueError(f"{type(self).__name__}.nll: non-finite loss {float(loss.detach())}")
         return loss
 
-    def prior(self) -> dist.Distribution:
+    def prior(self) -> dist.TorchDistribution:
         """Mean-field prior :math:`\\mathcal N(0, s^2 I)` on the weights, event shape :attr:`weight_shape`."""
         return dist.Normal(self.prior_loc, self.prior_scale).to_event(self.prior_loc.dim())
 

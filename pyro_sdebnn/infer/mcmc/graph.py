@@ -62,7 +62,8 @@ def _compile_graph(graph: Any, on_failure: Optional[Callable[[Exception], Callab
         except Exception as e:  # noqa: BLE001 - re-raised unless the caller has a fallback
             if on_failure is None:
                 raise
-            state["fn"] = on_failure(e)
-            return state["fn"](*args)
+            fallback = on_failure(e)
+            state["fn"] = fallback
+            return fallback(*args)
 
     return run

@@ -9,7 +9,7 @@ measurement points.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence, Union, cast
 
 import pyro
 import pyro.distributions as dist
@@ -80,14 +80,18 @@ class BayesianMLP(PyroModule):
         self.prior_scale = float(prior_scale)
         self.noise_scale = noise_scale
         self.output_site = output_site
+        # PyroModule[M] is a subclass of M made at run time, which mypy sees as a plain PyroModule: name what the
+        # constructors take and return
+        pyro_linear = cast(Callable[[int, int], PyroModule], PyroModule[nn.Linear])
+        pyro_module_list = cast(type[nn.ModuleList], PyroModule[nn.ModuleList])
         layers = []
         for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
-            layer = PyroModule[nn.Linear](fan_in, fan_out)
+            layer = pyro_linear(fan_in, fan_out)
             scale = self.prior_scale / fan_in**0.5 if fan_in_scaling else self.prior_scale
             layer.weight = PyroSample(dist.Normal(0.0, scale).expand([fan_out, fan_in]).to_event(2))
             layer.bias = PyroSample(dist.Normal(0.0, self.prior_scale).expand([fan_out]).to_event(1))
             layers.append(layer)
-        self.layers = PyroModule[nn.ModuleList](layers)
+        self.layers = pyro_module_list(layers)
 
     def network(self, x: Tensor) -> Tensor:
         """The network outputs ``(N,)`` (one output) or ``(N, C)`` under the current weights."""
@@ -102,7 +106,7 @@ class BayesianMLP(PyroModule):
     def forward(self, x: Tensor, y: Optional[Tensor] = None) -> Tensor:
         for layer in self.layers:  # draw the weights now, outside the data plate (PyroSample draws on access)
             layer.weight, layer.bias
-        sigma = None
+        sigma: Union[Tensor, float, None] = None
         if self.likelihood == "normal":
             sigma = (
                 pyro.sample("sigma", dist.LogNormal(x.new_tensor(-1.0), x.new_tensor(1.0)))
@@ -113,6 +117,7 @@ class BayesianMLP(PyroModule):
             f = pyro.deterministic(self.output_site, self.network(x[idx]))
             obs = None if y is None else y[idx]
             if self.likelihood == "normal":
+                assert sigma is not None  # drawn or fixed above for a normal likelihood
                 return pyro.sample("obs", dist.Normal(f, sigma), obs=obs)
             if self.likelihood == "bernoulli":
                 return pyro.sample("obs", dist.Bernoulli(logits=f), obs=obs)
