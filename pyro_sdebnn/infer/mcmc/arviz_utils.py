@@ -30,7 +30,7 @@ from pyro.poutine.util import site_is_subsample
 from pyro.ops.stats import effective_sample_size, split_gelman_rubin
 from torch import Tensor
 
-from pyro_sdebnn.data.loaders import iter_batches
+from pyro_sdebnn.data.loaders import dataset_size, iter_batches
 from pyro_sdebnn.infer.mcmc.batches import in_dataset_order, is_data_loader
 from pyro_sdebnn.infer.predictive import ClassificationPrediction, RegressionPrediction
 
@@ -199,18 +199,22 @@ def _loader_log_likelihood(
     model: Callable, samples: dict[str, Tensor], loader: Any, vectorize: Optional[bool], kwargs: dict
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """The observed values and the pointwise log-likelihood over one pass of ``loader`` in data-set order
-    (:func:`~pyro_sdebnn.infer.mcmc.batches.in_dataset_order`), batch by batch (each batch traced once for both), concatenated along the data
+    (:func:`~pyro_sdebnn.infer.mcmc.batches.in_dataset_order`, every batch of the loader's size, the overlap of the
+    last one dropped), batch by batch (each batch traced once for both), concatenated along the data
     dimension. Torch's random state is left unchanged (a loader's workers draw their seeds from it)."""
     like = next(iter(samples.values()))
     observed: dict[str, list[Tensor]] = {}
     ll: dict[str, list[Tensor]] = {}
+    size, seen = dataset_size(loader), 0
     with torch.random.fork_rng(devices=[]), torch.no_grad():
-        for x, y in iter_batches(in_dataset_order(loader), like.device, like.dtype):
+        for x, y in iter_batches(in_dataset_order(loader, full_batches=True), like.device, like.dtype):
             batch_ll, batch_observed = _log_likelihood_and_observed(model, samples, (x, y), kwargs, vectorize)
+            new = min(x.shape[0], size - seen)  # the last batch overlaps the one before: keep its new points
+            seen += new
             for name, value in batch_observed.items():
-                observed.setdefault(name, []).append(value.cpu())
+                observed.setdefault(name, []).append(value[value.shape[0] - new :].cpu())
             for name, value in batch_ll.items():
-                ll.setdefault(name, []).append(value)
+                ll.setdefault(name, []).append(value[:, value.shape[1] - new :])
     return {k: torch.cat(v) for k, v in observed.items()}, {k: torch.cat(v, 1) for k, v in ll.items()}
 
 

@@ -281,6 +281,7 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
         self._model_view.device, self._model_view.dtype = U.device, U.dtype
         if self._stream is not None:  # later batches follow the model's device and dtype
             self._stream.device, self._stream.dtype = U.device, U.dtype
+            self._stream.follow_model(U)  # a plate that fixes its subsample_size passes over shorter batches
             self._pending_batch = tuple(move_batch(t, U.device, U.dtype) for t in self._pending_batch)
             self._kwarg_tensors = U.data_tensors()[len(self._pending_batch):]
         self._resumed = self._resume is not None

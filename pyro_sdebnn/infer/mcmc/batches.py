@@ -33,6 +33,7 @@ from typing import Any, Iterator, Optional
 
 import numpy as np
 import torch
+from pyro.poutine.util import site_is_subsample
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
 
@@ -78,28 +79,39 @@ def loader_generators(loader: Any) -> list[torch.Generator]:
     return found
 
 
-def in_dataset_order(loader: Any) -> Any:
+def in_dataset_order(loader: Any, *, full_batches: bool = False) -> Any:
     """A loader over the same data as ``loader`` that reads ``loader.dataset`` in data-set order, once.
 
     A training loader usually shuffles (and may drop its last batch); the full-data log-likelihood must cover
     every point once, in the order of the data set, so that its ``i``-th entry is data point ``i``
     (``az.loo``'s pointwise results map back to the rows of the data set). For a
-    :class:`~torch.utils.data.DataLoader` this is a ``DataLoader`` over ``loader.dataset`` with a sequential sampler,
-    the loader's batch size (64 for a loader given a ``batch_sampler``), ``collate_fn``, workers and memory pinning,
-    and ``drop_last=False``; any other loader is read as it is.
+    :class:`~torch.utils.data.DataLoader` over a map-style data set this is a ``DataLoader`` over ``loader.dataset``
+    with the loader's batch size (64 for a loader given a ``batch_sampler``), ``collate_fn``, workers and memory
+    pinning, in order and without dropping the last batch; any other loader is read as it is.
+
+    With ``full_batches=True`` every batch has the loader's batch size :math:`b`: the last one is the last :math:`b`
+    points of the data set, overlapping the one before by :math:`b - (N \\bmod b)` points, which the reader drops
+    (a model whose plate fixes ``subsample_size=b`` runs on no other size).
 
     >>> from torch.utils.data import TensorDataset
     >>> loader = DataLoader(TensorDataset(torch.arange(5.0), torch.arange(5)), batch_size=2, shuffle=True,
     ...                     drop_last=True)
     >>> [y.tolist() for _, y in in_dataset_order(loader)]
     [[0, 1], [2, 3], [4]]
+    >>> [y.tolist() for _, y in in_dataset_order(loader, full_batches=True)]
+    [[0, 1], [2, 3], [3, 4]]
     """
     if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
         return loader
+    n, b = len(loader.dataset), loader.batch_size or 64
+    if full_batches and b < n:
+        starts = list(range(0, n - b, b)) + [n - b]
+        order: dict[str, Any] = {"batch_sampler": [list(range(i, i + b)) for i in starts]}
+    else:
+        order = {"batch_size": b, "shuffle": False, "drop_last": False}
     return DataLoader(
-        loader.dataset, batch_size=loader.batch_size or 64, shuffle=False, drop_last=False,
-        collate_fn=loader.collate_fn, num_workers=loader.num_workers, pin_memory=loader.pin_memory,
-        worker_init_fn=loader.worker_init_fn, multiprocessing_context=loader.multiprocessing_context,
+        loader.dataset, collate_fn=loader.collate_fn, num_workers=loader.num_workers, pin_memory=loader.pin_memory,
+        worker_init_fn=loader.worker_init_fn, multiprocessing_context=loader.multiprocessing_context, **order,
     )
 
 
@@ -128,6 +140,7 @@ class BatchStream:
         self.epoch_rng: Optional[Tensor] = None  # torch's CPU RNG state from which that iterator was made
         self.generators = loader_generators(loader)
         self.epoch_generators: list[Tensor] = []  # the states of the loader's generators at that point
+        self.fixed_batch_size: Optional[int] = None  # the subsample_size the model's data plate fixes, if any
         self._batches: Optional[Iterator] = None
 
     def _start_epoch(self, skip: int = 0, lookahead: bool = False) -> None:
@@ -139,27 +152,47 @@ class BatchStream:
                 batch = next(raw)
             except StopIteration:
                 raise ValueError(
-                    f"the loader has fewer than {skip + 1} batches per epoch: it is not the loader of the checkpoint"
+                    f"the loader has fewer than {skip + int(lookahead)} batches per epoch: it is not the loader of the checkpoint"
                 ) from None
         if lookahead:  # a sampler draws its order lazily, on the epoch's first batch: draw it from this state
             raw = itertools.chain([batch], raw)
         self._batches = iter_batches(raw)
         self.position = skip
 
-    def next(self) -> tuple[Tensor, Tensor]:
-        """The next ``(x, y)`` batch on the model's device, starting a new epoch when the loader is exhausted."""
+    def follow_model(self, potential: Any) -> None:
+        """Read from the model (its :class:`~pyro_sdebnn.infer.mcmc.potential.MinibatchPotential`) whether its data
+        plate fixes its own ``subsample_size`` (``pyro.plate("data", len(x), subsample_size=b)``): Pyro's plate then
+        cannot run on a shorter batch (``subsample_size`` must match the indices), so :meth:`next` passes over the
+        batches of another size, as ``drop_last=True`` would."""
+        site = potential.prototype_trace.nodes.get(potential.data_plate) if potential.data_plate else None
+        fixed = getattr(site["fn"], "subsample_size", None) if site is not None and site_is_subsample(site) else None
+        self.fixed_batch_size = None if fixed is None else int(fixed)
+
+    def _raw_next(self) -> tuple[Tensor, Tensor]:
         if self._batches is None:
             self._start_epoch()
         try:
-            x, y = next(self._batches)
+            return next(self._batches)
         except StopIteration:
             if self.position == 0:
                 raise ValueError("the loader yielded no batch in an epoch") from None
             self._start_epoch()
             try:
-                x, y = next(self._batches)
+                return next(self._batches)
             except StopIteration:
                 raise ValueError("the loader yielded no batch in an epoch") from None
+
+    def next(self) -> tuple[Tensor, Tensor]:
+        """The next ``(x, y)`` batch on the model's device, starting a new epoch when the loader is exhausted.
+
+        :raises ValueError: for a batch holding a NaN or an infinity."""
+        while True:
+            x, y = self._raw_next()
+            if self.fixed_batch_size is None or x.shape[0] == self.fixed_batch_size:
+                break
+            # a batch of another size than the plate's subsample_size (the short last one; the first batch, which
+            # the potential was built on, has that size): passed over, counted for the checkpoint's position
+            self.position += 1
         check_finite_batch(x, y, what=self.name, batch_index=self.position)
         self.position += 1
         return move_batch(x, self.device, self.dtype), move_batch(y, self.device, self.dtype)

@@ -407,3 +407,32 @@ def test_a_non_finite_batch_is_named_with_its_argument_batch_and_index():
         MCMC(SGLD(plain_model, step_size=1e-3), num_samples=2, warmup_steps=0, disable_progbar=True).run(
             _loader(x, y, shuffle=False)
         )
+
+
+def _fixed_batch_model(x, y=None):
+    """A model that subsamples its own plate: Pyro's plate cannot run it on fewer than BATCH points."""
+    w = pyro.sample("w", dist.Normal(x.new_zeros(2), 1.0).to_event(1))
+    with pyro.plate("data", x.shape[0], subsample_size=BATCH) as idx:
+        return pyro.sample("y", dist.Normal(x[idx] @ w, 1.0), obs=None if y is None else y[idx])
+
+
+@pytest.mark.parametrize("backend", ["eager", "fx"])
+def test_a_plate_with_its_own_subsample_size_passes_over_the_short_last_batch(backend):
+    # 66 = 3 x 20 + 6 points: the batch of 6 is passed over as drop_last=True would (the samples are those of the
+    # drop_last loader, bitwise), and the full-data log-likelihood still covers all 66 points in data-set order
+    x, y = PROBLEM.generate(66, seed=1, dtype=torch.float64)
+    runs = {}
+    for drop_last in (False, True):
+        pyro.set_rng_seed(0)
+        mcmc = MCMC(SGLD(_fixed_batch_model, step_size=1e-3, num_steps=3, backend=backend, map_steps=0),
+                    num_samples=6, warmup_steps=3, disable_progbar=True)
+        mcmc.run(_loader(x, y, drop_last=drop_last, generator=torch.Generator().manual_seed(0)))
+        runs[drop_last] = mcmc
+    torch.testing.assert_close(runs[False].get_samples()["w"], runs[True].get_samples()["w"], rtol=0, atol=0)
+    assert runs[False].kernel._stream.fixed_batch_size == BATCH
+    samples = get_samples(runs[False])
+    ll = from_pyro(runs[False]).log_likelihood["y"].values.reshape(6, 66)
+    torch.testing.assert_close(torch.as_tensor(ll), pointwise_log_likelihood(plain_model, samples, x, y)["y"])
+    with pytest.raises(ValueError, match=r"already subsamples \(subsample_size=20\)"):  # batches of 21: it does
+        MCMC(SGLD(_fixed_batch_model, step_size=1e-3, map_steps=0), num_samples=2, warmup_steps=0,
+             disable_progbar=True).run(_loader(x, y, batch_size=BATCH + 1))
