@@ -102,7 +102,8 @@ def likelihood_outputs(fn: Any) -> Tensor:
             f"cannot read network outputs from a {type(fn).__name__} likelihood (Normal, Bernoulli and Categorical "
             "are read): record them with `pyro.deterministic('f', f)` inside the data plate"
         )
-    return out.expand(fn.batch_shape + out.shape[len(inner.batch_shape):]) if out.dim() else out
+    shape = fn.batch_shape + fn.event_shape + out.shape[len(inner.batch_shape) + len(inner.event_shape):]
+    return out if out.shape == shape else out.expand(shape)  # a loc broadcast by the scale, an .expand()
 
 
 class FunctionalPotential(MinibatchPotential):
