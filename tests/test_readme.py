@@ -5,6 +5,7 @@ import re
 import shlex
 from pathlib import Path
 
+import pyro
 import pytest
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -23,6 +24,31 @@ def test_readme_has_examples_and_commands():
 def test_readme_python_block_runs(index, capsys):
     namespace: dict = {"__name__": f"readme_block_{index}"}
     exec(compile(PYTHON_BLOCKS[index], f"README.md[python block {index}]", "exec"), namespace)
+
+
+def test_readme_kernel_swaps_run_on_the_readme_model(capsys):
+    # "Swap SGHMC(...) for SGLD(model, step_size=...), or for FSGLD(model, gp_prior=...)": the first example with
+    # each swap, its model unchanged (no deterministic site: fSGLD reads the logits of its likelihood); the runs are
+    # shortened, the swap is the claim
+    block = PYTHON_BLOCKS[0]
+    kernel_line = re.search(r"^kernel = SGHMC\(.*\)$", block, flags=re.M).group(0)
+    assert "Swap `SGHMC(...)` for `SGLD(model, step_size=...)`, or for `FSGLD(model, gp_prior=...)`" in TEXT
+    swaps = {
+        "SGLD": "from pyro_sdebnn.infer.mcmc import SGLD\n"
+                "kernel = SGLD(model, step_size=1e-3, num_steps=10, subsample_size=32)",
+        "FSGLD": "import pyro.contrib.gp as gp\nfrom pyro_sdebnn.infer.mcmc import FSGLD\n"
+                 "kernel = FSGLD(model, gp_prior=gp.kernels.RBF(2), step_size=1e-4, num_steps=10, subsample_size=32)",
+    }
+    for name, swap in swaps.items():
+        code = block.replace(kernel_line, swap).replace("num_samples=100, warmup_steps=200",
+                                                        "num_samples=10, warmup_steps=10, disable_progbar=True")
+        assert code.count(name + "(model") == 1 and "disable_progbar" in code
+        namespace: dict = {"__name__": f"readme_swap_{name}"}
+        pyro.set_rng_seed(0)
+        exec(compile(code, f"README.md[python block 0, {name}]", "exec"), namespace)
+        assert type(namespace["kernel"]).__name__ == name
+        assert namespace["idata"].log_likelihood["y"].shape == (1, 10, 200)
+        assert "ECE" in capsys.readouterr().out
 
 
 def test_readme_benchmark_names_exist():

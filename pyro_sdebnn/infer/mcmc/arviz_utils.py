@@ -30,8 +30,8 @@ from pyro.poutine.util import site_is_subsample
 from pyro.ops.stats import effective_sample_size, split_gelman_rubin
 from torch import Tensor
 
-from pyro_sdebnn.data.loaders import iter_batches
-from pyro_sdebnn.infer.mcmc.batches import is_data_loader
+from pyro_sdebnn.data.loaders import dataset_size, iter_batches
+from pyro_sdebnn.infer.mcmc.batches import in_dataset_order, is_data_loader
 from pyro_sdebnn.infer.predictive import ClassificationPrediction, RegressionPrediction
 
 __all__ = [
@@ -135,8 +135,10 @@ def pointwise_log_likelihood(
     :param callable model: the Pyro model.
     :param dict samples: constrained posterior samples, each ``(S, *site_shape)``.
     :param args: model arguments (the full data), or a loader of ``(x, y)`` batches alone: the model then runs
-        on every batch of one pass over the loader and the log-likelihoods are concatenated along the data
-        dimension (all :math:`N` points; the batches go to the samples' device one at a time).
+        on every batch of one pass over the loader's data set *in data-set order* (:func:`~pyro_sdebnn.infer.mcmc.batches.in_dataset_order`:
+        no shuffling, no dropped last batch) and the log-likelihoods are concatenated along the data dimension
+        (all :math:`N` points, entry ``i`` being ``loader.dataset[i]``; the batches go to the samples' device one
+        at a time).
     :param bool vectorize: ``True`` uses :class:`pyro.infer.Predictive`'s vectorised trace, ``False`` runs the
         model draw by draw, ``None`` (default) tries the former and falls back to the latter.
     :rtype: dict
@@ -196,19 +198,23 @@ def _log_likelihood_and_observed(
 def _loader_log_likelihood(
     model: Callable, samples: dict[str, Tensor], loader: Any, vectorize: Optional[bool], kwargs: dict
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    """The observed values and the pointwise log-likelihood over one pass of ``loader``, batch by batch (each batch
-    traced once for both), concatenated along the data dimension. Torch's random state is left unchanged (a
-    shuffling loader draws its permutation from it)."""
+    """The observed values and the pointwise log-likelihood over one pass of ``loader`` in data-set order
+    (:func:`~pyro_sdebnn.infer.mcmc.batches.in_dataset_order`, every batch of the loader's size, the overlap of the
+    last one dropped), batch by batch (each batch traced once for both), concatenated along the data
+    dimension. Torch's random state is left unchanged (a loader's workers draw their seeds from it)."""
     like = next(iter(samples.values()))
     observed: dict[str, list[Tensor]] = {}
     ll: dict[str, list[Tensor]] = {}
+    size, seen = dataset_size(loader), 0
     with torch.random.fork_rng(devices=[]), torch.no_grad():
-        for x, y in iter_batches(loader, like.device, like.dtype):
+        for x, y in iter_batches(in_dataset_order(loader, full_batches=True), like.device, like.dtype):
             batch_ll, batch_observed = _log_likelihood_and_observed(model, samples, (x, y), kwargs, vectorize)
+            new = min(x.shape[0], size - seen)  # the last batch overlaps the one before: keep its new points
+            seen += new
             for name, value in batch_observed.items():
-                observed.setdefault(name, []).append(value.cpu())
+                observed.setdefault(name, []).append(value[value.shape[0] - new :].cpu())
             for name, value in batch_ll.items():
-                ll.setdefault(name, []).append(value)
+                ll.setdefault(name, []).append(value[:, value.shape[1] - new :])
     return {k: torch.cat(v) for k, v in observed.items()}, {k: torch.cat(v, 1) for k, v in ll.items()}
 
 
@@ -218,6 +224,9 @@ def from_pyro(mcmc: Any, *, log_likelihood: bool = True, **kwargs: Any) -> Any:
     Posterior (vectorised chains as ArviZ chains), ``sample_stats.diverging`` (each divergence on the chain that
     diverged, vectorised chains included), ``observed_data`` and the pointwise log-likelihood on the full data
     passed to ``mcmc.run`` (for ``az.loo``/``az.waic``), computed draw by draw when the model does not vectorise.
+    For a run over a loader (``mcmc.run(loader)``) both are read in one pass over ``loader.dataset`` in data-set
+    order, whatever the loader's shuffling (:func:`~pyro_sdebnn.infer.mcmc.batches.in_dataset_order`): the last axis of ``observed_data`` and
+    ``log_likelihood`` is the index of the data point in the data set, as for the tensors of the data set.
     Prefer it to ``arviz.from_pyro``, which drops the log-likelihood of models that do not vectorise over draws,
     sizes ``sample_stats`` by ``MCMC``'s ``num_chains`` (not the vectorised chains) and orders 11 or more chains'
     divergences as strings (``"chain 10"`` before ``"chain 2"``).

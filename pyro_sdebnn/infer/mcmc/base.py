@@ -31,7 +31,7 @@ from torch import Tensor
 
 from pyro_sdebnn.data.loaders import move_batch
 from pyro_sdebnn.infer.mcmc._chains import chain_transforms
-from pyro_sdebnn.infer.mcmc.batches import BatchStream, is_data_loader
+from pyro_sdebnn.infer.mcmc.batches import BatchStream, in_dataset_order, is_data_loader
 from pyro_sdebnn.infer.mcmc.divergence import _RECENT, DivergenceCheck, SamplerDivergenceError, _chain_finite, _finite_state
 from pyro_sdebnn.infer.mcmc.graph import _arg_key
 from pyro_sdebnn.infer.mcmc.initialization import init_to_robust
@@ -52,9 +52,9 @@ class _ModelOverLoader:
     """The model as ``kernel.model`` shows it: the user's model, which also accepts the loader of ``mcmc.run(loader)``.
 
     Tools that call ``kernel.model(*mcmc._args)`` (ArviZ's ``az.from_pyro`` does, for the observed data and the
-    pointwise log-likelihood) then run the model once on the whole data set: the loader's ``(x, y)`` batches are
-    concatenated, moved to the model's device, and torch's random state is left as it was (a shuffling loader draws
-    from it). This holds the whole data set in memory once; :func:`pyro_sdebnn.infer.mcmc.from_pyro` streams it instead.
+    pointwise log-likelihood) then run the model once on the whole data set: the ``(x, y)`` batches of the loader's
+    data set in data-set order (:func:`~pyro_sdebnn.infer.mcmc.batches.in_dataset_order`) are concatenated, moved to
+    the model's device, and torch's random state is left as it was (workers draw their seeds from it). This holds the whole data set in memory once; :func:`pyro_sdebnn.infer.mcmc.from_pyro` streams it instead.
     Any other call is passed to the model unchanged.
     """
 
@@ -68,7 +68,7 @@ class _ModelOverLoader:
             from pyro_sdebnn.data.loaders import iter_batches
 
             with torch.random.fork_rng(devices=[]):  # a shuffling loader draws from torch's generator
-                xs, ys = zip(*iter_batches(args[0], self.device, self.dtype))
+                xs, ys = zip(*iter_batches(in_dataset_order(args[0]), self.device, self.dtype))
             args = (torch.cat(xs), torch.cat(ys)) + args[1:]
         return self.model(*args, **kwargs)
 
@@ -209,7 +209,7 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
                 "subsample_size must be None with a loader: the minibatch size is the loader's batch_size"
             )
         device, dtype = _model_device_dtype(self._model)
-        self._stream = BatchStream(args[0], device, dtype)
+        self._stream = BatchStream(args[0], device, dtype, model=self._model)
         self._pending_batch = self._stream.next()
         return self._pending_batch
 
@@ -281,6 +281,7 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
         self._model_view.device, self._model_view.dtype = U.device, U.dtype
         if self._stream is not None:  # later batches follow the model's device and dtype
             self._stream.device, self._stream.dtype = U.device, U.dtype
+            self._stream.follow_model(U)  # a plate that fixes its subsample_size passes over shorter batches
             self._pending_batch = tuple(move_batch(t, U.device, U.dtype) for t in self._pending_batch)
             self._kwarg_tensors = U.data_tensors()[len(self._pending_batch):]
         self._resumed = self._resume is not None

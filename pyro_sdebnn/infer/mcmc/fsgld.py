@@ -26,13 +26,15 @@ class FSGLD(FunctionalKernelMixin, SGLD):
     is dropped (no weight prior, as in [1]); keep the priors of other latent sites with ``prior_sites`` and add a
     weak isotropic weight prior with ``weight_prior_scale`` (a deviation from [1], off by default).
 
-    The model must record its network outputs in a deterministic site (default ``"f"``)::
+    The prior is on the network outputs, read from a deterministic site (default ``"f"``)::
 
         with pyro.plate("data", len(x)) as idx:
             f = pyro.deterministic("f", net(x[idx]))
             pyro.sample("obs", dist.Normal(f, sigma), obs=None if y is None else y[idx])
 
-    and the kernel evaluates it at :math:`X_M` in the same pass as the minibatch: the model runs once on the
+    or, for a model written as for NUTS without that site, from its likelihood: the ``loc`` of a ``Normal``, the
+    ``logits`` of a ``Bernoulli`` or ``Categorical`` at its one observed site in the data plate (for ``Categorical``
+    normalised to log-probabilities; :func:`~pyro_sdebnn.infer.mcmc.functional.likelihood_outputs`). The kernel evaluates it at :math:`X_M` in the same pass as the minibatch: the model runs once on the
     concatenated inputs :math:`[x_B; X_M]` (one forward/backward pass) when that reproduces the
     two-pass potential at set-up; otherwise it runs ``model(X_M)`` (or ``measurement_args(X_M)``) separately, or
     calls a user function ``output_fn(values, X_M)``.
@@ -58,7 +60,8 @@ class FSGLD(FunctionalKernelMixin, SGLD):
         redrawn every step. Required over a loader (unless ``gp_prior`` is a ``GPFunctionalPrior``).
     :param gp_mean: GP mean: ``None`` (zero), a tensor or a callable of :math:`X_M`.
     :param float jitter: relative jitter :math:`\\delta/\\sigma_f^2` (default 1e-4, raised at set-up if needed).
-    :param str output_site: deterministic site with the network outputs.
+    :param str output_site: deterministic site with the network outputs, or a likelihood site whose distribution
+        gives them; without a site of the default name ``"f"``, the model's one likelihood site in the data plate.
     :param prior_sites: latent sites whose priors are kept (e.g. ``("sigma",)``).
     :param float weight_prior_scale: optional weak weight prior scale.
     :param callable measurement_args: ``X_M -> (args, kwargs)`` of the model.

@@ -16,7 +16,10 @@ The gradient comes from one backward pass of the surrogate
 :math:`\\alpha = (K+\\delta I)^{-1}(f_M - m_M)`
 solved in float64 with the Cholesky factor, so that :math:`\\nabla \\tilde U = \\nabla\\text{NLL} + J_M^\\top \\alpha`
 without any Jacobian. The network outputs at :math:`X_M` are read from a ``pyro.deterministic`` site of the model
-(default ``"f"``).
+(default ``"f"``). A model without that site, written as for NUTS, gives them through its likelihood: the parameter
+of the distribution at its one observed site in the data plate, the ``loc`` of a ``Normal`` and the ``logits`` of a
+``Bernoulli`` or ``Categorical`` (``Categorical`` normalises them to log-probabilities, so the prior is then on
+:math:`\\log \\mathrm{softmax}(f)`, the part of :math:`f` that the likelihood sees).
 
 Two ways to evaluate :math:`f_B` and :math:`f_M`, chosen at set-up:
 
@@ -53,10 +56,11 @@ from pyro.poutine.util import site_is_subsample
 from pyro.contrib.gp.kernels import Kernel
 from torch import Tensor
 
+from pyro_sdebnn.infer.mcmc.model_checks import _is_factor
 from pyro_sdebnn.infer.mcmc.potential import MinibatchPotential, _no_validation
 from pyro_sdebnn.ops.gp import cholesky_with_jitter, gp_precision_matvec, gp_precision_residual
 
-__all__ = ["FunctionalPotential"]
+__all__ = ["FunctionalPotential", "likelihood_outputs"]
 
 
 class _NoSampling(Messenger):
@@ -75,6 +79,33 @@ def _default_measurement_args(points: Tensor) -> tuple[tuple, dict]:
     return (points,), {}
 
 
+def likelihood_outputs(fn: Any) -> Tensor:
+    """The network outputs behind a likelihood distribution: ``Normal.loc``, ``Bernoulli.logits`` or
+    ``Categorical.logits`` (log-probabilities), through ``Independent``, ``expand`` and ``mask`` wrappers.
+
+    >>> import pyro.distributions as dist
+    >>> likelihood_outputs(dist.Normal(torch.ones(3), 1.0).to_event(1))
+    tensor([1., 1., 1.])
+    >>> likelihood_outputs(dist.Bernoulli(logits=torch.zeros(2)).mask(False))
+    tensor([0., 0.])
+    """
+    inner = fn
+    while not isinstance(inner, (pyro.distributions.Normal, pyro.distributions.Bernoulli,
+                                 pyro.distributions.Categorical)) and hasattr(inner, "base_dist"):
+        inner = inner.base_dist
+    if isinstance(inner, pyro.distributions.Normal):
+        out = inner.loc
+    elif isinstance(inner, (pyro.distributions.Bernoulli, pyro.distributions.Categorical)):
+        out = inner.logits
+    else:
+        raise ValueError(
+            f"cannot read network outputs from a {type(fn).__name__} likelihood (Normal, Bernoulli and Categorical "
+            "are read): record them with `pyro.deterministic('f', f)` inside the data plate"
+        )
+    shape = fn.batch_shape + fn.event_shape + out.shape[len(inner.batch_shape) + len(inner.event_shape):]
+    return out if out.shape == shape else out.expand(shape)  # a loc broadcast by the scale, an .expand()
+
+
 class FunctionalPotential(MinibatchPotential):
     """Minibatch likelihood plus a GP functional prior on the model's outputs at measurement points.
 
@@ -85,7 +116,9 @@ class FunctionalPotential(MinibatchPotential):
     :param gp_mean: ``None`` (zero), a tensor broadcastable to ``(M,)``/``(M, C)`` or a callable of :math:`X_M`.
     :param float jitter: relative jitter :math:`\\delta / \\overline{\\operatorname{diag} K}` (raised at set-up if
         the Cholesky factorisation of an example set fails).
-    :param str output_site: name of the deterministic site with the network outputs ``(n,)`` or ``(n, C)``.
+    :param str output_site: name of the deterministic site with the network outputs ``(n,)`` or ``(n, C)``; or of
+        the likelihood site, whose distribution gives them (:func:`likelihood_outputs`). Without a site of that
+        name, the default ``"f"`` reads them from the model's one observed site in the data plate.
     :param prior_sites: latent sites whose own priors are kept (e.g. an observation-noise scale); the priors of
         all other latent sites (the weights) are dropped.
     :param float weight_prior_scale: optional weak isotropic Gaussian prior on the other sites (a deviation
@@ -191,12 +224,30 @@ class FunctionalPotential(MinibatchPotential):
         args, kwargs = self.measurement_args(points)
         with poutine.block(), _NoSampling():
             trace = poutine.trace(poutine.condition(self.model, data=values)).get_trace(*args, **kwargs)
-        if self.output_site not in trace.nodes:
-            raise ValueError(
-                f"the model has no site '{self.output_site}': record the network outputs with "
-                f"`pyro.deterministic('{self.output_site}', f)` inside the data plate, or pass output_site="
-            )
-        return trace.nodes[self.output_site]["value"]
+        return self._outputs(trace)
+
+    def _outputs(self, trace: Any) -> Tensor:
+        """The network outputs in a trace: the value of the deterministic ``output_site``, or the parameter of the
+        likelihood at that site, or (no such site, default name) at the model's one likelihood site."""
+        site = trace.nodes.get(self.output_site)
+        if site is None:
+            likelihoods = [
+                n for n in self.observed_sites
+                if not _is_factor(self.prototype_trace.nodes[n])
+                and any(f.name == self.data_plate for f in self.prototype_trace.nodes[n]["cond_indep_stack"])
+            ]
+            if self.output_site != "f" or len(likelihoods) != 1 or likelihoods[0] not in trace.nodes:
+                raise ValueError(
+                    f"the model has no site '{self.output_site}'"
+                    + (f" and {len(likelihoods)} likelihood sites in the data plate" if self.output_site == "f" else "")
+                    + f": record the network outputs with `pyro.deterministic('{self.output_site}', f)` inside the "
+                    "data plate, or pass output_site= (a deterministic site, or the likelihood site to read its "
+                    "Normal loc / Bernoulli or Categorical logits)"
+                )
+            site = trace.nodes[likelihoods[0]]
+        if site["type"] == "sample" and not site["infer"].get("_deterministic", False):
+            return likelihood_outputs(site["fn"])
+        return site["value"]
 
     # ----- one trace on the concatenated inputs [x_B; X_M] ------------------------------------------------------
     def _concatenated_args(self, idx: Optional[Tensor], points: Tensor) -> tuple[tuple, dict, int]:
@@ -264,7 +315,7 @@ class FunctionalPotential(MinibatchPotential):
             else:
                 total = total + term
         total = total * (self.data_size / b) + full_data + self.log_density(trace, likelihood=False, exclude=exclude)
-        outputs = trace.nodes[self.output_site]["value"]
+        outputs = self._outputs(trace)
         return total, outputs.narrow(0, b, outputs.shape[0] - b)
 
     def _check_concatenation(self, points: Tensor, scale_tril: Tensor) -> Optional[str]:

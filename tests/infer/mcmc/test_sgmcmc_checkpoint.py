@@ -7,9 +7,10 @@ import pyro.distributions as dist
 import pytest
 import torch
 from pyro.infer import MCMC
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
 from pyro_sdebnn.infer.mcmc import FSGLD, SGHMC, SGLD, PolynomialDecay, load_checkpoint, resume_run, save_run
+from pyro_sdebnn.data import two_moons
 from pyro_sdebnn.testing import ConjugateLinearRegression
 
 PROBLEM = ConjugateLinearRegression(dim=2, prior_scale=1.0, noise_scale=1.0)
@@ -75,6 +76,64 @@ def test_resumed_run_equals_the_uninterrupted_run(tmp_path, name, through):
     torch.testing.assert_close(resumed.get_samples()["w"], full.get_samples()["w"], rtol=0, atol=0)
     # divergence records, step size and SGHMC's kinetic temperature (a running sum) continue as well
     assert resumed.kernel.diagnostics() == full.kernel.diagnostics()
+
+
+def readme_model(x, y=None):
+    """The README's SG-MCMC model over a loader (a 2-16-2 MLP, no plate indices)."""
+    w1 = pyro.sample("w1", dist.Normal(0.0, 1.0).expand([2, 16]).to_event(2))
+    w2 = pyro.sample("w2", dist.Normal(0.0, 1.0).expand([16, 2]).to_event(2))
+    with pyro.plate("data", x.shape[0]):
+        pyro.sample("y", dist.Categorical(logits=torch.tanh(x @ w1) @ w2), obs=y)
+
+
+def _readme_loader(batch_size, how):
+    """The README's loader (``shuffle=True, generator=torch.Generator().manual_seed(0)``), or one whose sampler
+    holds the generator; built anew for every run, as another process would."""
+    data = two_moons(n_train=200, seed=0)
+    dataset = TensorDataset(data.x_train, data.y_train)
+    if how == "loader generator":
+        return DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(0))
+    sampler = RandomSampler(dataset, generator=torch.Generator().manual_seed(0))
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=0)
+
+
+@pytest.mark.parametrize(
+    "backend, batch_size, how",
+    [("eager", 50, "loader generator"), ("fx", 50, "loader generator"), ("eager", 30, "loader generator"),
+     ("fx", 30, "loader generator"), ("eager", 30, "sampler generator")],
+)
+def test_resume_over_a_loader_with_its_own_generator_is_bitwise(tmp_path, backend, batch_size, how):
+    # the loader draws its order from its own torch.Generator, not torch's global one: the checkpoint holds the
+    # generator's state at the start of the epoch in progress (3 warm-up and 3 samples of 3 steps are 18 batches:
+    # 2 batches into the 5th epoch of 4 batches of 50, 4 into the 3rd epoch of 7 batches of 30)
+    def make():
+        return SGLD(readme_model, step_size=1e-3, num_steps=3, backend=backend, map_steps=0)
+
+    pyro.set_rng_seed(0)
+    full = MCMC(make(), num_samples=6, warmup_steps=3, disable_progbar=True)
+    full.run(_readme_loader(batch_size, how))
+    pyro.set_rng_seed(0)
+    first = MCMC(make(), num_samples=3, warmup_steps=3, disable_progbar=True)
+    first.run(_readme_loader(batch_size, how))
+    save_run(first, tmp_path / "run.pt")
+    assert len(load_checkpoint(tmp_path / "run.pt")["kernel"]["loader"]["generators"]) == 1
+    resumed = resume_run(tmp_path / "run.pt", make(), _readme_loader(batch_size, how), num_samples=3,
+                         disable_progbar=True)
+    for name in ("w1", "w2"):
+        torch.testing.assert_close(resumed.get_samples()[name], full.get_samples()[name], rtol=0, atol=0)
+
+
+def test_resume_on_a_loader_without_the_saved_generator_is_a_clear_error(tmp_path):
+    pyro.set_rng_seed(0)
+    mcmc = MCMC(SGLD(readme_model, step_size=1e-3, num_steps=2, map_steps=0), num_samples=2, warmup_steps=0,
+                disable_progbar=True)
+    mcmc.run(_readme_loader(50, "loader generator"))
+    save_run(mcmc, tmp_path / "run.pt")
+    data = two_moons(n_train=200, seed=0)
+    plain = DataLoader(TensorDataset(data.x_train, data.y_train), batch_size=50, shuffle=True)
+    with pytest.raises(ValueError, match=r"torch.Generator"):
+        resume_run(tmp_path / "run.pt", SGLD(readme_model, step_size=1e-3, num_steps=2, map_steps=0), plain,
+                   num_samples=1, disable_progbar=True)
 
 
 def test_checkpoint_loads_with_weights_only_and_restores_the_adapted_step_size(tmp_path):

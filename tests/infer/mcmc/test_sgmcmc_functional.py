@@ -124,12 +124,52 @@ def test_missing_output_site_raises():
     def model(x, y=None):
         w = pyro.sample("w", dist.Normal(0.0, 1.0))
         with pyro.plate("data", x.shape[0]) as idx:
-            pyro.sample("obs", dist.Normal(w * x[idx], 1.0), obs=None if y is None else y[idx])
+            pyro.sample("obs", dist.Poisson(w.exp() * x[idx].abs()), obs=None if y is None else y[idx])
 
-    x, y = torch.randn(10), torch.randn(10)
-    kernel = FSGLD(model, gp_prior=gp.kernels.RBF(1))
-    with pytest.raises(ValueError, match="pyro.deterministic"):
-        kernel.setup(0, x, y)
+    x, y = torch.randn(10), torch.ones(10)
+    with pytest.raises(ValueError, match="pyro.deterministic"):  # no "f", a likelihood without a known parameter
+        FSGLD(model, gp_prior=gp.kernels.RBF(1)).setup(0, x, y)
+    with pytest.raises(ValueError, match="no site 'g'"):  # a site named by the user must exist
+        FSGLD(model, gp_prior=gp.kernels.RBF(1), output_site="g").setup(0, x, y)
+
+
+def readme_model(x, y=None):
+    """The README's model, written as for NUTS: no deterministic site, the network outputs are the logits."""
+    w1 = pyro.sample("w1", dist.Normal(0.0, 1.0).expand([2, 8]).to_event(2))
+    w2 = pyro.sample("w2", dist.Normal(0.0, 1.0).expand([8, 2]).to_event(2))
+    with pyro.plate("data", x.shape[0]) as idx:
+        pyro.sample("y", dist.Categorical(logits=torch.tanh(x[idx] @ w1) @ w2), obs=None if y is None else y[idx])
+
+
+def regression_model(x, y=None):
+    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+    with pyro.plate("data", x.shape[0]):
+        pyro.sample("y", dist.Normal(x @ w, 0.5), obs=y)
+
+
+@pytest.mark.parametrize("kernel_cls", [FSGLD, FSGHMC])
+def test_a_model_without_an_output_site_gives_its_likelihood_parameters(kernel_cls):
+    # the README's swap SGHMC(...) -> FSGLD(model, gp_prior=...): the outputs are read from the likelihood, the
+    # Categorical's (normalised) logits and the Normal's loc, on the single concatenated pass
+    torch.manual_seed(0)
+    x = torch.randn(40, 2)
+    y = (x[:, 0] > 0).long()
+    pyro.set_rng_seed(0)
+    mcmc = MCMC(kernel_cls(readme_model, gp_prior=gp.kernels.RBF(2), step_size=1e-4, num_steps=2, subsample_size=8),
+                num_samples=3, warmup_steps=2, disable_progbar=True)
+    mcmc.run(x, y)
+    U = mcmc.kernel.potential
+    assert U.concatenated and U.event_dim == 2
+    values = {k: v[-1] for k, v in mcmc.get_samples().items()}
+    points = torch.randn(5, 2)
+    expected = torch.log_softmax(torch.tanh(points @ values["w1"]) @ values["w2"], -1)
+    torch.testing.assert_close(U.measurement_outputs(values, points), expected)
+    # a Normal likelihood: its loc, the same as a deterministic site "f" would give
+    x, y = torch.randn(30, 2), torch.randn(30)
+    U = FSGLD(regression_model, gp_prior=gp.kernels.RBF(2), output_site="y")
+    U.setup(0, x, y)
+    w = torch.tensor([0.3, -1.2])
+    torch.testing.assert_close(U.potential.measurement_outputs({"w": w}, points), points @ w)
 
 
 def test_bad_functional_arguments():

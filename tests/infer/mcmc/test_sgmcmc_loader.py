@@ -361,3 +361,78 @@ def test_iterable_model_arguments_are_not_taken_for_loaders():
     kernel = SGLD(model, step_size=1e-3, subsample_size=10, backend="eager")
     MCMC(kernel, num_samples=2, warmup_steps=0, disable_progbar=True).run(x, y, net)
     assert kernel._stream is None and kernel.potential.minibatch_mode == "slice"
+
+
+def test_log_likelihood_and_observed_data_are_in_data_set_order():
+    # a shuffling loader that drops its last batch (60 = 3 x 17 + 9) and draws its order from its own generator:
+    # from_pyro, pointwise_log_likelihood and ArviZ's own converter read every point once, in data-set order, and
+    # leave the loader's generator and torch's random state alone
+    x, y = _data()
+    g = torch.Generator().manual_seed(3)
+    loader = _loader(x, y, batch_size=17, drop_last=True, generator=g)
+    pyro.set_rng_seed(0)
+    mcmc = MCMC(SGLD(plain_model, step_size=1e-3, num_steps=2, vectorized_chains=2, backend="eager"), num_samples=6,
+                warmup_steps=3, disable_progbar=True)
+    mcmc.run(loader)
+    samples = get_samples(mcmc)
+    states = torch.get_rng_state(), g.get_state()
+    idata = from_pyro(mcmc)
+    ll_loader = pointwise_log_likelihood(plain_model, samples, loader)["y"]
+    assert torch.equal(torch.get_rng_state(), states[0]) and torch.equal(g.get_state(), states[1])
+    ll_tensors = pointwise_log_likelihood(plain_model, samples, x, y)["y"]
+    torch.testing.assert_close(ll_loader, ll_tensors)
+    torch.testing.assert_close(torch.as_tensor(idata.log_likelihood["y"].values).flatten(0, 1), ll_tensors)
+    assert torch.equal(torch.as_tensor(idata.observed_data["y"].values), y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        theirs = az.from_pyro(mcmc, log_likelihood=False)  # plain_model does not vectorise over draws
+    assert torch.equal(torch.as_tensor(theirs.observed_data["y"].values), y)
+
+
+def test_a_non_finite_batch_is_named_with_its_argument_batch_and_index():
+    x, y = _data()
+    x = x.clone()
+    x[47, 1] = float("nan")  # batch 2 of an unshuffled loader of batches of 20, row 7
+
+    def model(x_train, y_train=None):
+        return plain_model(x_train, y_train)
+
+    for kernel in (SGLD(model, step_size=1e-3, num_steps=2), SGHMC(model, step_size=1e-3, num_steps=2)):
+        mcmc = MCMC(kernel, num_samples=5, warmup_steps=5, disable_progbar=True)
+        with pytest.raises(ValueError, match=r"x_train contains NaN at index \(7, 1\) of batch 2 of the loader"):
+            mcmc.run(_loader(x, y, shuffle=False))
+    y = y.clone()
+    y[3] = float("inf")  # the first batch: found before the potential is built or the warm start runs
+    with pytest.raises(ValueError, match=r"y contains Inf at index \(3,\) of batch 0 of the loader"):
+        MCMC(SGLD(plain_model, step_size=1e-3), num_samples=2, warmup_steps=0, disable_progbar=True).run(
+            _loader(x, y, shuffle=False)
+        )
+
+
+def _fixed_batch_model(x, y=None):
+    """A model that subsamples its own plate: Pyro's plate cannot run it on fewer than BATCH points."""
+    w = pyro.sample("w", dist.Normal(x.new_zeros(2), 1.0).to_event(1))
+    with pyro.plate("data", x.shape[0], subsample_size=BATCH) as idx:
+        return pyro.sample("y", dist.Normal(x[idx] @ w, 1.0), obs=None if y is None else y[idx])
+
+
+@pytest.mark.parametrize("backend", ["eager", "fx"])
+def test_a_plate_with_its_own_subsample_size_passes_over_the_short_last_batch(backend):
+    # 66 = 3 x 20 + 6 points: the batch of 6 is passed over as drop_last=True would (the samples are those of the
+    # drop_last loader, bitwise), and the full-data log-likelihood still covers all 66 points in data-set order
+    x, y = PROBLEM.generate(66, seed=1, dtype=torch.float64)
+    runs = {}
+    for drop_last in (False, True):
+        pyro.set_rng_seed(0)
+        mcmc = MCMC(SGLD(_fixed_batch_model, step_size=1e-3, num_steps=3, backend=backend, map_steps=0),
+                    num_samples=6, warmup_steps=3, disable_progbar=True)
+        mcmc.run(_loader(x, y, drop_last=drop_last, generator=torch.Generator().manual_seed(0)))
+        runs[drop_last] = mcmc
+    torch.testing.assert_close(runs[False].get_samples()["w"], runs[True].get_samples()["w"], rtol=0, atol=0)
+    assert runs[False].kernel._stream.fixed_batch_size == BATCH
+    samples = get_samples(runs[False])
+    ll = from_pyro(runs[False]).log_likelihood["y"].values.reshape(6, 66)
+    torch.testing.assert_close(torch.as_tensor(ll), pointwise_log_likelihood(plain_model, samples, x, y)["y"])
+    with pytest.raises(ValueError, match=r"already subsamples \(subsample_size=20\)"):  # batches of 21: it does
+        MCMC(SGLD(_fixed_batch_model, step_size=1e-3, map_steps=0), num_samples=2, warmup_steps=0,
+             disable_progbar=True).run(_loader(x, y, batch_size=BATCH + 1))

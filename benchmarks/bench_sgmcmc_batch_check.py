@@ -1,0 +1,62 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Cost of the NaN/Inf check of every loader batch that SG-MCMC reads (``BatchStream.next``).
+
+Times, interleaved in every repeat: the check as the stream runs it (the sum of each floating-point tensor, the
+exact :func:`~pyro_sdebnn.data.loaders.check_finite_batch` only when a sum is not finite), the exact check on its
+own (``torch.isfinite(x).all()``), and one forward/backward pass of a 784-400-400-10 MLP on the batch, the floor of
+an SGLD step on MNIST. Prints the median and min-max of each ratio over the repeats.
+
+    python benchmarks/bench_sgmcmc_batch_check.py --repeats 7 --threads 1
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from pyro_sdebnn.data.loaders import check_finite_batch
+from pyro_sdebnn.infer.mcmc.batches import _sum_is_finite
+
+
+def _time(fn, calls):
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - t0) / calls
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    x, y = torch.randn(128, 784), torch.randint(0, 10, (128,))
+    net = torch.nn.Sequential(torch.nn.Linear(784, 400), torch.nn.ReLU(), torch.nn.Linear(400, 400), torch.nn.ReLU(),
+                              torch.nn.Linear(400, 10))
+
+    def stream_check():
+        if not _sum_is_finite(x, y):
+            check_finite_batch(x, y)
+
+    def step():
+        net.zero_grad()
+        torch.nn.functional.cross_entropy(net(x), y).backward()
+
+    rows = {"stream check / exact check": [], "stream check / fwd+bwd": [], "exact check / fwd+bwd": []}
+    for _ in range(args.repeats):
+        fast = _time(stream_check, args.calls)
+        exact = _time(lambda: check_finite_batch(x, y), args.calls)
+        floor = _time(step, args.calls // 4)
+        rows["stream check / exact check"].append(fast / exact)
+        rows["stream check / fwd+bwd"].append(fast / floor)
+        rows["exact check / fwd+bwd"].append(exact / floor)
+    for name, values in rows.items():
+        print(f"{name}: {statistics.median(values):.3f} (min-max {min(values):.3f}-{max(values):.3f})")
+
+
+if __name__ == "__main__":
+    main()
