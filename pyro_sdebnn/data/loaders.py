@@ -233,9 +233,11 @@ def check_finite_batch(x: Tensor, y: Tensor | None = None, *, what: str = "x", b
 
     A single non-finite datum turns the loss, its gradient and then every weight into NaN; Pyro would
     report it only later, as an invalid distribution parameter, far from its cause. The check is one
-    fused reduction, ``torch.isfinite(x).all()`` (and ``y``'s), read back as a Python ``bool``: on a
-    GPU that is one device-to-host synchronisation per batch. The message, with the index of the first
-    bad entry, is built only on failure. Integer targets (class labels) are always finite and not read.
+    plain sum per tensor, read back as a Python ``bool``: a NaN or an infinity makes the sum non-finite,
+    and a sum is several times cheaper on a CPU than ``torch.isfinite(x).all()``; on a GPU it is one
+    device-to-host synchronisation per batch. Only a non-finite sum (a bad entry, or an overflow of
+    finite values, which then passes) goes on to the exact element-wise check, which builds the message
+    with the index of the first bad entry. Integer targets (class labels) are always finite and not read.
 
     :param x: the inputs of one batch (or the whole data set given as a tensor).
     :param y: the targets, or ``None``.
@@ -252,11 +254,8 @@ def check_finite_batch(x: Tensor, y: Tensor | None = None, *, what: str = "x", b
     >>> check_finite_batch(torch.zeros(2, 1), torch.tensor([0, 1]))  # integer labels: not read
     """
     check_y = y is not None and (y.is_floating_point() or y.is_complex())
-    ok = torch.isfinite(x).all() if (x.is_floating_point() or x.is_complex()) else None
-    if check_y:
-        finite_y = torch.isfinite(y).all()  # type: ignore[arg-type]
-        ok = finite_y if ok is None else ok & finite_y
-    if ok is None or bool(ok):
+    tensors = [t for t in (x, y if check_y else None) if t is not None and (t.is_floating_point() or t.is_complex())]
+    if not tensors or bool(torch.isfinite(torch.stack([t.sum().abs().float() for t in tensors])).all()):
         return
     where = "" if batch_index is None else f" of batch {batch_index} of the loader"
     for name, t in ((what, x), (_target_name(what), y if check_y else None)):

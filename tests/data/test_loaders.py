@@ -74,6 +74,17 @@ def test_check_finite_batch_names_the_argument_the_batch_and_the_first_bad_index
         check_finite_batch(torch.zeros(3, 2), y)
 
 
+def test_check_finite_batch_passes_finite_values_whose_sum_overflows():
+    from pyro_sdebnn.data.loaders import check_finite_batch
+
+    big = torch.full((4, 2), 3e38)  # finite, but the fast test's sum is inf: the exact check must let it through
+    assert not torch.isfinite(big.sum())
+    check_finite_batch(big, big.double() * 1e200, what="x_train")
+    big[2, 0] = float("-inf")
+    with pytest.raises(ValueError, match=r"x_train contains Inf at index \(2, 0\)"):
+        check_finite_batch(big, what="x_train")
+
+
 def test_iter_batches_checks_every_batch_when_asked():
     x = torch.randn(10, 3)
     x[9, 2] = float("nan")  # batch 2 (size 4), row 1
