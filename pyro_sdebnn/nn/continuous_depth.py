@@ -166,15 +166,28 @@ class ContinuousDepthNet(PyroModule):
         if weights.shape[-2] != times.shape[0] - 1 or weights.shape[-1] != self.num_weights:
             raise ValueError(f"weights must have shape (..., {times.shape[0] - 1}, {self.num_weights}), "
                              f"got {tuple(weights.shape)}")
-        lead = weights.shape[:-2]
+        return self._euler(x, weights.unbind(-2), weights.shape[:-2])
+
+    def _euler(self, x: Tensor, weights: Sequence[Tensor], lead: torch.Size) -> Tensor:
+        """The Euler loop of :meth:`integrate_weights` over the per-step weights ``W_k`` (each ``lead + (D,)``).
+
+        The weights come as a sequence of K tensors (one ``unbind`` of a stacked path), not as slices
+        ``weights[..., k, :]`` taken in the loop: the backward pass of each slice would allocate a zero
+        gradient of the whole ``(..., K, D)`` path and sum K of them, which at K = 100 steps of 100 paths
+        costs more than the field itself.
+        """
+        times = self.times
         h = self.hidden_init(x)
-        if len(self.in_shape) == 3:
-            weights = weights.reshape((-1,) + weights.shape[-2:])
-            h = self._lead(h, weights.shape[:1])
+        conv = len(self.in_shape) == 3
+        if conv:
+            batch = torch.Size([lead.numel()])
+            h = self._lead(h, batch)
         dts = times[1:] - times[:-1]
-        for k in range(times.shape[0] - 1):
-            h = h + self.field(times[k], h, weights[..., k, :]) * dts[k]
-        if len(self.in_shape) == 3:
+        for k, w in enumerate(weights):
+            if conv:
+                w = w.reshape(batch + w.shape[-1:])
+            h = h + self.field(times[k], h, w) * dts[k]
+        if conv:
             h = h.reshape(lead + h.shape[1:])
         return h
 

@@ -107,8 +107,13 @@ class SDEBNN(ContinuousDepthNet):
 
     def integrate(self, x: Tensor, path: Tensor) -> Tensor:
         """Hidden state :math:`h_{t_1}` by Euler along a given weight path ``(..., K, D)`` (``w0`` at ``t0``)."""
-        w_prev = torch.cat([self.w0.expand(path.shape[:-2] + self.w0.shape).unsqueeze(-2), path[..., :-1, :]], -2)
-        return self.integrate_weights(x, w_prev)
+        if path.shape[-2] != self.times.shape[0] - 1 or path.shape[-1] != self.num_weights:
+            raise ValueError(f"path must have shape (..., {self.times.shape[0] - 1}, {self.num_weights}), "
+                             f"got {tuple(path.shape)}")
+        lead = path.shape[:-2]
+        # W_k = w_{t_k}: w0, then the path's values but the last, as views of one unbind (see _euler)
+        steps = path.unbind(-2)
+        return self._euler(x, (self.w0.expand(lead + self.w0.shape),) + steps[:-1], lead)
 
     def forward(self, x: Tensor, path: Tensor) -> Tensor:
         """Network output ``(..., N, out_dim)`` for inputs ``x`` and a weight path ``(..., K, D)``."""
@@ -304,9 +309,9 @@ class MultiScaleSDEBNN(PyroModule):
         h = h.expand(lead.numel() or 1, *h.shape)
         for b, (field, w0, path) in enumerate(zip(self.fields, self.w0s, paths)):
             path = path.reshape((-1,) + path.shape[-2:])
-            weights = torch.cat([w0.expand(path.shape[0], 1, -1), path[:, :-1]], 1)
-            for k in range(times.shape[0] - 1):
-                h = h + field(times[k], h, weights[:, k]) * dts[k]
+            weights = (w0.expand(path.shape[0], -1),) + path.unbind(1)[:-1]  # one unbind, not K slices
+            for k, w in enumerate(weights):
+                h = h + field(times[k], h, w) * dts[k]
             if b < len(self.fields) - 1:
                 s, n = h.shape[:2]
                 h = torch.nn.functional.pixel_unshuffle(h.reshape((s * n,) + h.shape[2:]), 2)

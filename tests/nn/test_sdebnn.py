@@ -290,3 +290,22 @@ def test_likelihood_batch_shape_under_an_outer_particle_plate(make):
         trace = poutine.trace(net.model).get_trace(x, y)
     trace.compute_log_prob()
     assert trace.nodes["obs"]["log_prob"].shape == (3, 5)
+
+
+@pytest.mark.parametrize("in_dim", [1, (1, 4, 4)])
+def test_forward_equals_euler_loop_over_path_slices(in_dim):
+    # the per-step weights W_k = w_{t_k} (w0, then the path but its last value), vector and conv fields,
+    # with a (S, 1) sample shape as under vectorised particles
+    torch.manual_seed(0)
+    net = SDEBNN(in_dim, 3, hidden=4, augment=1, dt=0.25).double()
+    x = torch.randn((5,) + net.in_shape, dtype=torch.float64)
+    path = net.prior().sample((2, 1))
+    h = net.hidden_init(x)
+    if isinstance(in_dim, tuple):
+        h = h.expand(2, *h.shape)
+    w_prev = torch.cat([net.w0.expand(2, 1, 1, -1), path[..., :-1, :]], -2)
+    for k in range(path.shape[-2]):
+        w = w_prev[..., k, :].reshape(2, -1) if isinstance(in_dim, tuple) else w_prev[..., k, :]
+        h = h + net.field(net.times[k], h, w) * (net.times[k + 1] - net.times[k])
+    expected = net._head(h.reshape((2, 1) + h.shape[-4:]) if isinstance(in_dim, tuple) else h)
+    assert torch.allclose(net(x, path), expected, rtol=1e-12, atol=1e-12)
