@@ -71,7 +71,10 @@ class SDEBNN(ContinuousDepthNet):
     :param tuple t_span: ``(t0, t1)``, increasing.
     :param float dt: Euler step (> 0).
     :param str likelihood: one of :data:`LIKELIHOODS`.
-    :param float obs_scale: initial noise scale of regression likelihoods (learnable).
+    :param float obs_scale: initial noise scale of regression likelihoods, learned with the other parameters
+        (a positive ``PyroParam``). Default ``None``: scaled to the data -- the standard deviation of the targets
+        of the first batch the model observes (1.0 before any), which a poor fit needs; a small fixed start such
+        as 0.1 on standardised targets gives far too narrow predictive intervals until the optimiser has moved it.
     :param float df: degrees of freedom of ``"studentt"``.
     :param str activation: activation of the MLP field.
 
@@ -84,7 +87,7 @@ class SDEBNN(ContinuousDepthNet):
 
     def __init__(self, in_dim: int | Sequence[int], out_dim: int, hidden: int = 32, augment: int = 0,
                  sigma: float = 0.2, theta: float = 1.0, t_span: tuple[float, float] = (0.0, 1.0),
-                 dt: float = 0.05, *, likelihood: str = "gaussian", obs_scale: float = 0.1, df: float = 4.0,
+                 dt: float = 0.05, *, likelihood: str = "gaussian", obs_scale: float | None = None, df: float = 4.0,
                  activation: str = "tanh") -> None:
         if not (isinstance(sigma, (int, float)) and sigma > 0):
             raise ValueError(f"sigma must be a positive float, got {sigma!r}")
