@@ -2,15 +2,19 @@
 """The closed-form Gaussian prior: a speed device of the traced SG-MCMC step, kept because it pays.
 
 Pyro's ``Normal.log_prob`` takes about 7 elementwise passes (and as many in the backward) over the weights. For latent
-sites whose prior is one fixed ``Normal(loc, scale)`` with scalar parameters (the usual weight prior), the potential
-leaves these terms out of the autograd graph and adds them in closed form on the flat vector,
+sites whose prior is a ``Normal(loc, scale)`` with fixed parameters (the usual weight prior), the potential leaves these
+terms out of the autograd graph and adds them in closed form on the flat vector,
 
 .. math::
 
-    -\\log p(u) = \\tfrac12 (u - \\mu)^\\top \\Lambda (u - \\mu) + c, \\qquad \\nabla = \\Lambda (u - \\mu).
+    -\\log p(u) = \\tfrac12 (u - \\mu)^\\top \\Lambda (u - \\mu) + c, \\qquad \\nabla = \\Lambda (u - \\mu),
 
-On the 2-50-50-1 network of ``benchmarks/bench_sgmcmc_speed.py`` this takes the traced step from 268 to 119 graph
-nodes, and the ``"fx"`` step is more than 1.2x faster with it (BENCHMARKS.md, SG-MCMC).
+with :math:`\\Lambda` diagonal. Such priors are recognised by their values, not by how they are written: a
+``PyroSample``, ``dist.Normal(0., 1.).expand([m, n]).to_event(2)`` and ``dist.Normal(torch.zeros(m, n), 1.).to_event(2)``
+written in the model body all qualify, while a prior whose scale is another latent variable (a hierarchical prior)
+does not (see :func:`find_constant_normal_priors`). On the 2-50-50-1 network of ``benchmarks/bench_sgmcmc_speed.py``
+this takes the traced step from 268 to 119 graph nodes, and the ``"fx"`` step is more than 1.2x faster with it
+(BENCHMARKS.md, SG-MCMC).
 """
 
 from __future__ import annotations
