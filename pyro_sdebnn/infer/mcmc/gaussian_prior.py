@@ -13,8 +13,9 @@ with :math:`\\Lambda` diagonal. Such priors are recognised by their values, not 
 ``PyroSample``, ``dist.Normal(0., 1.).expand([m, n]).to_event(2)`` and
 ``dist.Normal(torch.zeros(m, n), 1.).to_event(2)`` written in the model body all qualify, while a prior whose scale
 is another latent variable (a hierarchical prior) does not (see
-:func:`~pyro_sdebnn.infer.mcmc.gaussian_prior.find_constant_normal_priors`). On the 2-50-50-1 network of ``benchmarks/bench_sgmcmc_speed.py`` this takes the traced step from 268 to 119 graph nodes, and
-the ``"fx"`` step is more than 1.2x faster with it (BENCHMARKS.md, SG-MCMC).
+:func:`~pyro_sdebnn.infer.mcmc.gaussian_prior.find_constant_normal_priors`). On the 2-50-50-1 network of
+``benchmarks/bench_sgmcmc_speed.py`` this takes the traced step from 268 to 119 graph nodes, and the ``"fx"`` step is
+more than 1.2x faster with it (BENCHMARKS.md, SG-MCMC).
 """
 
 from __future__ import annotations
