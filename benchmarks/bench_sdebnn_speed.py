@@ -18,7 +18,9 @@ Timed, interleaved in every repeat (so that load fluctuations hit all of them al
   ``bmm`` / grouped convolutions, ``torch.optim.Adam`` on its own copies of the parameters;
 - ``svi-step``: ``pyro.infer.SVI(net.model, NeuralSDEGuide, Adam, TracePathKL_ELBO).step`` as the
   experiment runs it (Pyro's tracing, param store and the two passes of the model/guide split);
-- ``fused-loss``: :meth:`pyro_sdebnn.nn.SDEBNN.fused_loss` (one-pass solve) with ``torch.optim.Adam``.
+- ``fused-loss``: :meth:`pyro_sdebnn.nn.SDEBNN.fused_loss` (one-pass solve) with ``torch.optim.Adam``;
+- with ``--torchsde``, ``torchsde-adjoint``: ``fused_loss(adjoint=True)``, the stochastic adjoint of
+  :func:`torchsde.sdeint_adjoint` at its default step ``min(dt, 0.01)``.
 
 Before timing, the plain loop's loss and gradients are checked against ``TracePathKL_ELBO``'s on the same
 Brownian increments (relative differences printed). Reported per configuration: median and min-max over
@@ -29,7 +31,8 @@ shared: ratios within one run are meaningful, absolute times less so.
 
 Usage::
 
-    python benchmarks/bench_sdebnn_speed.py [--configs toy,mnist] [--repeats 7] [--threads 1] [--output FILE]
+    python benchmarks/bench_sdebnn_speed.py [--configs toy,mnist] [--repeats 7] [--threads 1] [--torchsde]
+                                            [--output FILE]
 """
 
 from __future__ import annotations
@@ -198,6 +201,14 @@ def run_config(name, build, args):
         fused_opt.step()
 
     runs = {"plain-torch": plain.step, "svi-step": lambda: svi.step(x, y, **kwargs), "fused-loss": fused_step}
+    if args.torchsde:
+        def adjoint_step():
+            fused_opt.zero_grad()
+            loss = net.fused_loss(x, y, guide, num_samples=cfg["particles"], estimator=cfg["estimator"],
+                                  kl_scale=cfg["kl_scale"], adjoint=True, **kwargs)
+            loss.backward()
+            fused_opt.step()
+        runs["torchsde-adjoint"] = adjoint_step
     for fn in runs.values():  # warm-up
         fn()
     times, cpu = {k: [] for k in runs}, {k: [] for k in runs}
@@ -230,6 +241,8 @@ def main(argv=None) -> str:
     parser.add_argument("--inner", type=int, default=1, help="steps per timed block")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     parser.add_argument("--no-validation", action="store_true", help="pyro.enable_validation(False) while timing")
+    parser.add_argument("--torchsde", action="store_true",
+                        help="also time fused_loss(adjoint=True): torchsde.sdeint_adjoint at dt = min(dt, 0.01)")
     parser.add_argument("--output", type=Path, default=None, help="write the Markdown table here")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
