@@ -32,7 +32,7 @@ shared: ratios within one run are meaningful, absolute times less so.
 Usage::
 
     python benchmarks/bench_sdebnn_speed.py [--configs toy,mnist] [--repeats 7] [--threads 1] [--torchsde]
-                                            [--output FILE]
+                                            [--device cpu] [--output FILE]
 """
 
 from __future__ import annotations
@@ -132,7 +132,8 @@ class PlainStep:
     def loss(self, noise=None):
         S, K, D = self.S, len(self.dts), self.D
         if noise is None:
-            noise = torch.randn(S, K, D, dtype=self.x.dtype)  # as many normals, in the order the guide draws them
+            # as many normals, in the order the guide draws them
+            noise = torch.randn(S, K, D, dtype=self.x.dtype, device=self.x.device)
         noise = noise.reshape(S, K, D)
         detached = {name: p.detach() for name, p in self.drift.named_parameters()}
         w, h = self.w0.expand(S, D), self.h0
@@ -168,13 +169,13 @@ def check(cfg, plain):
     net, guide, elbo = cfg["net"], cfg["guide"], cfg["elbo"]
     with torch.no_grad():  # a non-zero drift, so that the KL is not trivially 0
         for p in guide.drifts["w_path"].parameters():
-            p.normal_(0, 0.01, generator=torch.Generator().manual_seed(1))
+            p.normal_(0, 0.01, generator=torch.Generator(device=p.device).manual_seed(1))
     plain.drift = copy.deepcopy(guide.drifts["w_path"])
     kwargs = {} if cfg["num_data"] is None else {"num_data": cfg["num_data"]}
     torch.manual_seed(123)
     ours = elbo.differentiable_loss(net.model, guide, cfg["x"], cfg["y"], **kwargs)
     torch.manual_seed(123)
-    theirs = plain.loss(torch.randn(cfg["particles"], len(plain.dts), plain.D))
+    theirs = plain.loss(torch.randn(cfg["particles"], len(plain.dts), plain.D, device=cfg["x"].device))
     g1 = torch.autograd.grad(ours, [net.w0, *guide.drifts["w_path"].parameters()])
     g2 = torch.autograd.grad(theirs, [plain.w0, *plain.drift.parameters()])
     grad = max(float((a - b).norm() / b.norm().clamp_min(1e-30)) for a, b in zip(g1, g2))
@@ -185,7 +186,10 @@ def run_config(name, build, args):
     pyro.set_rng_seed(0)
     pyro.clear_param_store()
     cfg = build()
+    cfg["net"].to(args.device)
+    cfg["x"], cfg["y"] = cfg["x"].to(args.device), cfg["y"].to(args.device)
     net, guide, x, y = cfg["net"], cfg["guide"], cfg["x"], cfg["y"]
+    sync = torch.cuda.synchronize if x.device.type == "cuda" else (lambda: None)
     kwargs = {} if cfg["num_data"] is None else {"num_data": cfg["num_data"]}
     guide(x, y, **kwargs)  # builds the drift net
     plain = PlainStep(net, guide, x, y, cfg["particles"], cfg["estimator"], cfg["kl_scale"], cfg["num_data"])
@@ -215,9 +219,11 @@ def run_config(name, build, args):
     for r in range(args.repeats):
         order = list(runs) if r % 2 == 0 else list(reversed(list(runs)))
         for key in order:
+            sync()
             start, start_cpu = time.perf_counter(), time.process_time()
             for _ in range(args.inner):
                 runs[key]()
+            sync()
             times[key].append((time.perf_counter() - start) / args.inner)
             cpu[key].append((time.process_time() - start_cpu) / args.inner)
     rows = []
@@ -240,6 +246,7 @@ def main(argv=None) -> str:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--inner", type=int, default=1, help="steps per timed block")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
+    parser.add_argument("--device", default="cpu", help="where the networks and data live (e.g. cuda)")
     parser.add_argument("--no-validation", action="store_true", help="pyro.enable_validation(False) while timing")
     parser.add_argument("--torchsde", action="store_true",
                         help="also time fused_loss(adjoint=True): torchsde.sdeint_adjoint at dt = min(dt, 0.01)")
