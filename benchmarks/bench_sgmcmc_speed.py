@@ -9,7 +9,11 @@ SGLD inner step (minibatch gradient of ``(N/b) NLL + ||w||^2 / 2`` plus the Lang
   (``fallback_random=True``);
 - ``SGLD[fx]`` / ``SGLD[compile]``: ``pyro_sdebnn.infer.mcmc.SGLD`` on the equivalent Pyro model
   (:class:`~pyro_sdebnn.infer.mcmc.BayesianMLP`), timing ``kernel.sample`` with ``num_steps`` inner steps
-  (the MCMC runner's per-returned-sample storage is excluded and reported separately).
+  (the MCMC runner's per-returned-sample storage is excluded and reported separately);
+- ``SGLD[PyroSample]`` / ``SGLD[expand]`` / ``SGLD[zeros]``: ``SGLD`` with its default settings (``backend``
+  left out) on the same network written three ways, as users write Pyro models: ``BayesianMLP`` (``PyroSample``
+  priors), and a hand-written model whose weight priors are ``dist.Normal(0., 1.).expand([m, n]).to_event(2)``
+  or ``dist.Normal(torch.zeros(m, n), 1.).to_event(2)`` (the data plate written as in ``SGLD``'s docstring).
 
 The ratio is ours / fastest plain loop; the median and the spread (min-max) over ``--repeats`` repeats are
 reported, in wall time and in process CPU time. Within a repeat the loops take turns in up to 20 rounds of about a
@@ -119,6 +123,47 @@ def sgld_stepper(sizes, x, y, batch, eta, backend, num_steps):
     return step, kernel
 
 
+def handwritten_model(sizes, spelling):
+    """The network of ``BayesianMLP(sizes, activation="tanh")`` as a plain Pyro model, with N(0, 1) weight priors
+    spelled ``Normal(0., 1.).expand(shape)`` (``"expand"``) or ``Normal(torch.zeros(shape), 1.)`` (``"zeros"``)."""
+    import pyro.distributions as dist
+
+    def prior(shape):
+        if spelling == "expand":
+            return dist.Normal(0.0, 1.0).expand(shape).to_event(len(shape))
+        return dist.Normal(torch.zeros(shape), 1.0).to_event(len(shape))
+
+    def model(x, y=None):
+        params = []
+        for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+            params.append((pyro.sample(f"w{i}", prior([fan_out, fan_in])), pyro.sample(f"b{i}", prior([fan_out]))))
+        with pyro.plate("data", x.shape[0]) as idx:
+            h = x[idx]
+            for i, (w, b) in enumerate(params):
+                h = h @ w.transpose(-1, -2) + b
+                if i < len(params) - 1:
+                    h = torch.tanh(h)
+            obs = None if y is None else y[idx]
+            if sizes[-1] == 1:
+                return pyro.sample("obs", dist.Bernoulli(logits=h.squeeze(-1)), obs=obs)
+            return pyro.sample("obs", dist.Categorical(logits=h), obs=obs)
+
+    return model
+
+
+def default_sgld_stepper(model, x, y, batch, eta, num_steps):
+    """``SGLD`` with its default settings (backend, warm start) on ``model``."""
+    kernel = SGLD(model, step_size=eta, num_steps=num_steps, subsample_size=batch)
+    with pyro.validation_enabled(False):
+        kernel.setup(0, x, y)
+    state = {"params": kernel.initial_params}
+
+    def step():
+        state["params"] = kernel.sample(state["params"])
+
+    return step
+
+
 def _time(step, n):
     t0 = time.perf_counter()
     for _ in range(n):
@@ -172,6 +217,12 @@ def main(argv=None):
         for backend in ("fx", "compile"):
             step, kernel = sgld_stepper(sizes, x, y, batch, eta, backend, args.num_steps)
             steppers[f"SGLD[{backend}]"] = (step, args.num_steps)
+        likelihood = "bernoulli" if sizes[-1] == 1 else "categorical"
+        spellings = {"PyroSample": BayesianMLP(sizes, likelihood=likelihood, activation="tanh"),
+                     "expand": handwritten_model(sizes, "expand"), "zeros": handwritten_model(sizes, "zeros")}
+        for spelling, model in spellings.items():
+            steppers[f"SGLD[{spelling}]"] = (default_sgld_stepper(model, x, y, batch, eta, args.num_steps),
+                                             args.num_steps)
         for step, _ in steppers.values():  # warm up (compilation)
             for _ in range(3):
                 step()

@@ -6,10 +6,12 @@ from __future__ import annotations
 import math
 
 import torch
+from pyro import poutine
 from pyro.infer import Trace_ELBO
 from pyro.infer.util import is_identically_zero, is_validation_enabled, torch_item
 from pyro.poutine.messenger import Messenger
-from pyro.poutine.util import site_is_subsample
+from pyro.poutine.util import prune_subsample_sites, site_is_subsample
+from pyro.util import check_if_enumerated, check_model_guide_match, check_site_shape
 
 from pyro_sdebnn.distributions import OUPath
 from pyro_sdebnn.infer.neural_sde_guide import NeuralSDEPath
@@ -96,7 +98,42 @@ class TracePathKL_ELBO(Trace_ELBO):
         self._calls = 0
 
     def _get_trace(self, model, guide, args, kwargs):
-        return super()._get_trace(model, _EstimatorMessenger(self.estimator)(guide), args, kwargs)
+        """Pyro's :func:`~pyro.infer.enum.get_importance_trace` (the trace pair of ``Trace_ELBO``), except
+        that the path sites' densities are not evaluated: their term :math:`\\log p - \\log q` is replaced
+        by the path-KL estimate, so ``OUPath.log_prob`` and ``NeuralSDEPath.log_prob`` (a pass over the whole
+        ``(..., K, D)`` path each, and their backward) would be computed for nothing. Every other site gets
+        its ``log_prob`` / ``score_parts`` and the same validation checks as in ``Trace_ELBO``; the path
+        sites' shapes are checked against their batch shapes."""
+        guide = _EstimatorMessenger(self.estimator)(guide)
+        if isinstance(poutine.unwrap(guide), poutine.messenger.Messenger):  # a GuideMessenger: no path sites
+            return super()._get_trace(model, guide, args, kwargs)
+        guide_trace = poutine.trace(guide, graph_type="flat").get_trace(*args, **kwargs)
+        model_trace = poutine.trace(poutine.replay(model, trace=guide_trace), graph_type="flat").get_trace(
+            *args, **kwargs)
+        validate = is_validation_enabled()
+        if validate:
+            check_model_guide_match(model_trace, guide_trace, self.max_plate_nesting)
+        guide_trace = prune_subsample_sites(guide_trace)
+        model_trace = prune_subsample_sites(model_trace)
+        paths = self._path_sites(model_trace, guide_trace)
+        model_trace.compute_log_prob(site_filter=lambda name, site: name not in paths)
+        for name in paths:  # compute_score_parts skips sites that have them; the marker is removed at once
+            guide_trace.nodes[name]["score_parts"] = None
+        guide_trace.compute_score_parts()
+        for name in paths:
+            del guide_trace.nodes[name]["score_parts"]
+        if validate:
+            for trace in (model_trace, guide_trace):
+                for name, site in trace.nodes.items():
+                    if site["type"] != "sample":
+                        continue
+                    if name in paths:  # check_site_shape reads the shape of log_prob: the site's batch shape
+                        value, fn = site["value"], site["fn"]
+                        batch = value.shape[:value.dim() - len(fn.event_shape)]
+                        site = {**site, "log_prob": value.new_empty(()).expand(batch)}
+                    check_site_shape(site, self.max_plate_nesting)
+            check_if_enumerated(guide_trace)
+        return model_trace, guide_trace
 
     def _get_traces(self, model, guide, args, kwargs):
         # every loss / differentiable_loss / loss_and_grads call draws its particles from one _get_traces

@@ -55,6 +55,11 @@ def drop_data_plate_slot(out: Tensor) -> Tensor:
     return out.squeeze(-3) if out.dim() > 3 and out.shape[-3] == 1 else out
 
 
+def _obs_scale_loaded(module, incompatible_keys) -> None:
+    """A loaded state carries a learned noise scale: it is not re-scaled to the next targets."""
+    module._obs_scale_from_data = False
+
+
 class ContinuousDepthNet(PyroModule):
     """Euler-integrated network :math:`h_{k+1} = h_k + f_h(h_k, t_k; W_k)\\,\\Delta t_k` with a linear head.
 
@@ -82,7 +87,7 @@ class ContinuousDepthNet(PyroModule):
     """
 
     def __init__(self, in_dim: int | Sequence[int], out_dim: int, hidden: int, augment: int,
-                 t_span: tuple[float, float], dt: float, *, likelihood: str, obs_scale: float, df: float,
+                 t_span: tuple[float, float], dt: float, *, likelihood: str, obs_scale: float | None, df: float,
                  activation: str) -> None:
         super().__init__()
         if likelihood not in LIKELIHOODS:
@@ -90,8 +95,9 @@ class ContinuousDepthNet(PyroModule):
         _check_int("augment", augment, 0)
         _check_int("out_dim", out_dim, 1)
         _check_int("hidden", hidden, 1)
-        if not (isinstance(obs_scale, (int, float)) and obs_scale > 0):
-            raise ValueError(f"obs_scale must be a positive float, got {obs_scale!r}")
+        if obs_scale is not None and not (isinstance(obs_scale, (int, float)) and not isinstance(obs_scale, bool)
+                                          and obs_scale > 0):
+            raise ValueError(f"obs_scale must be a positive float or None (scaled to the data), got {obs_scale!r}")
         self._grid = time_grid(t_span, dt)  # validates t_span and dt
         self.t_span, self.dt = (float(t_span[0]), float(t_span[1])), float(dt)
         self.likelihood, self.df = likelihood, float(df)
@@ -112,7 +118,11 @@ class ContinuousDepthNet(PyroModule):
         self._init_weights(self.field.init_weights())
         self.head = nn.Linear(state_size, out_dim)
         if likelihood != "categorical":
-            self.obs_scale = PyroParam(torch.tensor(float(obs_scale)), constraint=dist.constraints.positive)
+            # obs_scale=None: 1.0 until the first observed targets, then their standard deviation (_observe)
+            self._obs_scale_from_data = obs_scale is None
+            init = 1.0 if obs_scale is None else float(obs_scale)
+            self.obs_scale = PyroParam(torch.tensor(init), constraint=dist.constraints.positive)
+            self.register_load_state_dict_post_hook(_obs_scale_loaded)
 
     def _init_weights(self, init: Tensor) -> None:
         """Registers the subclass's weights, created from the field's initial weights ``init (D,)``."""
@@ -166,15 +176,28 @@ class ContinuousDepthNet(PyroModule):
         if weights.shape[-2] != times.shape[0] - 1 or weights.shape[-1] != self.num_weights:
             raise ValueError(f"weights must have shape (..., {times.shape[0] - 1}, {self.num_weights}), "
                              f"got {tuple(weights.shape)}")
-        lead = weights.shape[:-2]
+        return self._euler(x, weights.unbind(-2), weights.shape[:-2])
+
+    def _euler(self, x: Tensor, weights: Sequence[Tensor], lead: torch.Size) -> Tensor:
+        """The Euler loop of :meth:`integrate_weights` over the per-step weights ``W_k`` (each ``lead + (D,)``).
+
+        The weights come as a sequence of K tensors (one ``unbind`` of a stacked path), not as slices
+        ``weights[..., k, :]`` taken in the loop: the backward pass of each slice would allocate a zero
+        gradient of the whole ``(..., K, D)`` path and sum K of them, which at K = 100 steps of 100 paths
+        costs more than the field itself.
+        """
+        times = self.times
         h = self.hidden_init(x)
-        if len(self.in_shape) == 3:
-            weights = weights.reshape((-1,) + weights.shape[-2:])
-            h = self._lead(h, weights.shape[:1])
+        conv = len(self.in_shape) == 3
+        if conv:
+            batch = torch.Size([lead.numel()])
+            h = self._lead(h, batch)
         dts = times[1:] - times[:-1]
-        for k in range(times.shape[0] - 1):
-            h = h + self.field(times[k], h, weights[..., k, :]) * dts[k]
-        if len(self.in_shape) == 3:
+        for k, w in enumerate(weights):
+            if conv:
+                w = w.reshape(batch + w.shape[-1:])
+            h = h + self.field(times[k], h, w) * dts[k]
+        if conv:
             h = h.reshape(lead + h.shape[1:])
         return h
 
@@ -187,12 +210,32 @@ class ContinuousDepthNet(PyroModule):
         shape ``(..., S, 1)`` whose last ``1`` is the data plate's slot, so the output is ``(..., S, 1, b, out)``; that
         slot is dropped for the likelihood, which must have batch shape ``(..., S, b)`` (not ``(..., S, S, b)``)."""
         obs_out = drop_data_plate_slot(out)
+        if y is not None and getattr(self, "_obs_scale_from_data", False):
+            self._scale_noise_to(y)
         size = x.shape[0] if num_data is None else int(num_data)
         with pyro.plate("data", size, subsample=torch.arange(x.shape[0], device=x.device)):
             # "f" in the data plate like "obs": Predictive gives both the leading (num_samples,) and the data dim
             pyro.deterministic("f", obs_out, event_dim=1)
             pyro.sample("obs", self.likelihood_dist(obs_out), obs=y)
         return out
+
+    def _scale_noise_to(self, y: Tensor) -> None:
+        """``obs_scale=None``: the noise scale starts at the standard deviation of the first observed targets.
+
+        Done once, before the model first reads ``obs_scale`` (so Pyro's parameter store gets this value), and
+        not after a ``load_state_dict``. The scale is then learned like any parameter. The largest noise a
+        regression can need is that of a model that explains nothing, the spread of the targets; starting there
+        keeps the predictive intervals calibrated while the fit is poor, where a small fixed start (0.1 on
+        standardised targets) makes them far too narrow until the optimiser has moved it (about ``lr`` per step in
+        log scale with Adam)."""
+        self._obs_scale_from_data = False
+        unconstrained = self._parameters["obs_scale_unconstrained"]
+        if y.numel() < 2:
+            return
+        spread = y.detach().to(unconstrained.dtype).std()
+        if torch.isfinite(spread) and spread > 0:
+            with torch.no_grad():
+                unconstrained.copy_(spread.log())
 
     def likelihood_dist(self, out: Tensor) -> dist.Distribution:
         """Observation distribution given the head output ``(..., N, out_dim)``; batch shape ``(..., N)``."""

@@ -73,7 +73,10 @@ class SDEBNN(ParamStoreModule, ContinuousDepthNet):
     :param tuple t_span: ``(t0, t1)``, increasing.
     :param float dt: Euler step (> 0).
     :param str likelihood: one of :data:`LIKELIHOODS`.
-    :param float obs_scale: initial noise scale of regression likelihoods (learnable).
+    :param float obs_scale: initial noise scale of regression likelihoods, learned with the other parameters
+        (a positive ``PyroParam``). Default ``None``: scaled to the data -- the standard deviation of the targets
+        of the first batch the model observes (1.0 before any), which a poor fit needs; a small fixed start such
+        as 0.1 on standardised targets gives far too narrow predictive intervals until the optimiser has moved it.
     :param float df: degrees of freedom of ``"studentt"``.
     :param str activation: activation of the MLP field.
 
@@ -86,7 +89,7 @@ class SDEBNN(ParamStoreModule, ContinuousDepthNet):
 
     def __init__(self, in_dim: int | Sequence[int], out_dim: int, hidden: int = 32, augment: int = 0,
                  sigma: float = 0.2, theta: float = 1.0, t_span: tuple[float, float] = (0.0, 1.0),
-                 dt: float = 0.05, *, likelihood: str = "gaussian", obs_scale: float = 0.1, df: float = 4.0,
+                 dt: float = 0.05, *, likelihood: str = "gaussian", obs_scale: float | None = None, df: float = 4.0,
                  activation: str = "tanh") -> None:
         if not (isinstance(sigma, (int, float)) and sigma > 0):
             raise ValueError(f"sigma must be a positive float, got {sigma!r}")
@@ -109,8 +112,13 @@ class SDEBNN(ParamStoreModule, ContinuousDepthNet):
 
     def integrate(self, x: Tensor, path: Tensor) -> Tensor:
         """Hidden state :math:`h_{t_1}` by Euler along a given weight path ``(..., K, D)`` (``w0`` at ``t0``)."""
-        w_prev = torch.cat([self.w0.expand(path.shape[:-2] + self.w0.shape).unsqueeze(-2), path[..., :-1, :]], -2)
-        return self.integrate_weights(x, w_prev)
+        if path.shape[-2] != self.times.shape[0] - 1 or path.shape[-1] != self.num_weights:
+            raise ValueError(f"path must have shape (..., {self.times.shape[0] - 1}, {self.num_weights}), "
+                             f"got {tuple(path.shape)}")
+        lead = path.shape[:-2]
+        # W_k = w_{t_k}: w0, then the path's values but the last, as views of one unbind (see _euler)
+        steps = path.unbind(-2)
+        return self._euler(x, (self.w0.expand(lead + self.w0.shape),) + steps[:-1], lead)
 
     def forward(self, x: Tensor, path: Tensor) -> Tensor:
         """Network output ``(..., N, out_dim)`` for inputs ``x`` and a weight path ``(..., K, D)``."""
@@ -339,9 +347,9 @@ class MultiScaleSDEBNN(ParamStoreModule, PyroModule):
         h = h.expand(lead.numel() or 1, *h.shape)
         for b, (field, w0, path) in enumerate(zip(self.fields, self.w0s, paths)):
             path = path.reshape((-1,) + path.shape[-2:])
-            weights = torch.cat([w0.expand(path.shape[0], 1, -1), path[:, :-1]], 1)
-            for k in range(times.shape[0] - 1):
-                h = h + field(times[k], h, weights[:, k]) * dts[k]
+            weights = (w0.expand(path.shape[0], -1),) + path.unbind(1)[:-1]  # one unbind, not K slices
+            for k, w in enumerate(weights):
+                h = h + field(times[k], h, w) * dts[k]
             if b < len(self.fields) - 1:
                 s, n = h.shape[:2]
                 h = torch.nn.functional.pixel_unshuffle(h.reshape((s * n,) + h.shape[2:]), 2)

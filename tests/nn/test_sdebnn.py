@@ -176,6 +176,7 @@ def test_predict_adaptive():
 @pytest.mark.parametrize("kwargs, match", [
     (dict(sigma=0.0), "sigma"), (dict(sigma=-1.0), "sigma"), (dict(dt=0.0), "dt"), (dict(dt=-0.1), "dt"),
     (dict(t_span=(1.0, 0.0)), "t_span"), (dict(likelihood="poisson"), "likelihood"), (dict(in_dim=(1, 7, 7)), "in_dim"),
+    (dict(obs_scale=0.0), "obs_scale"), (dict(obs_scale="1"), "obs_scale"),
 ])
 def test_bad_constructor_arguments(kwargs, match):
     args = dict(in_dim=1, out_dim=1, hidden=4)
@@ -290,3 +291,66 @@ def test_likelihood_batch_shape_under_an_outer_particle_plate(make):
         trace = poutine.trace(net.model).get_trace(x, y)
     trace.compute_log_prob()
     assert trace.nodes["obs"]["log_prob"].shape == (3, 5)
+
+
+@pytest.mark.parametrize("in_dim", [1, (1, 4, 4)])
+def test_forward_equals_euler_loop_over_path_slices(in_dim):
+    # the per-step weights W_k = w_{t_k} (w0, then the path but its last value), vector and conv fields,
+    # with a (S, 1) sample shape as under vectorised particles
+    torch.manual_seed(0)
+    net = SDEBNN(in_dim, 3, hidden=4, augment=1, dt=0.25).double()
+    x = torch.randn((5,) + net.in_shape, dtype=torch.float64)
+    path = net.prior().sample((2, 1))
+    h = net.hidden_init(x)
+    if isinstance(in_dim, tuple):
+        h = h.expand(2, *h.shape)
+    w_prev = torch.cat([net.w0.expand(2, 1, 1, -1), path[..., :-1, :]], -2)
+    for k in range(path.shape[-2]):
+        w = w_prev[..., k, :].reshape(2, -1) if isinstance(in_dim, tuple) else w_prev[..., k, :]
+        h = h + net.field(net.times[k], h, w) * (net.times[k + 1] - net.times[k])
+    expected = net._head(h.reshape((2, 1) + h.shape[-4:]) if isinstance(in_dim, tuple) else h)
+    assert torch.allclose(net(x, path), expected, rtol=1e-12, atol=1e-12)
+
+
+def _noisy_line(n=64, noise=0.1):
+    g = torch.Generator().manual_seed(0)
+    x = torch.linspace(-1, 1, n).unsqueeze(-1)
+    return x, 2 * x.squeeze(-1) + noise * torch.randn(n, generator=g)
+
+
+def test_obs_scale_none_starts_at_the_targets_spread_and_is_learned_towards_the_noise():
+    # obs_scale=None: the noise scale starts at std(y) of the first observed batch (here 1.2, far above the true
+    # 0.1: the model explains nothing yet), then SVI learns it down towards the true noise
+    pyro.clear_param_store()
+    pyro.set_rng_seed(0)
+    x, y = _noisy_line()
+    net = SDEBNN(1, 1, hidden=8, dt=0.5)
+    assert float(net.obs_scale.detach()) == 1.0  # before any data
+    guide = NeuralSDEGuide(net, drift_hidden=8)
+    svi = SVI(net.model, guide, Adam({"lr": 0.1}), TracePathKL_ELBO())
+    svi.step(x, y)
+    start = float(y.std())
+    assert abs(float(pyro.param("obs_scale").detach()) / start - 1) < 0.11  # one Adam step (lr 0.1) from std(y)
+    for _ in range(60):
+        svi.step(x, y)
+    learned = float(net.obs_scale.detach())
+    assert learned == float(pyro.param("obs_scale").detach())
+    assert learned < 0.35 < start  # log-distance to the true 0.1: from 2.5 to under 1.25
+    # later batches do not re-scale it
+    net.model(x, 10 * y)
+    assert float(net.obs_scale.detach()) == learned
+
+
+def test_obs_scale_fixed_start_and_loaded_state_are_not_rescaled():
+    pyro.clear_param_store()
+    x, y = _noisy_line()
+    net = SDEBNN(1, 1, hidden=4, dt=0.5, obs_scale=0.3)
+    net.model(x, y)
+    assert float(net.obs_scale.detach()) == pytest.approx(0.3)
+    trained = SDEBNN(1, 1, hidden=4, dt=0.5)
+    trained.obs_scale = torch.tensor(0.07)
+    fresh = SDEBNN(1, 1, hidden=4, dt=0.5)
+    fresh.load_state_dict(trained.state_dict())
+    pyro.clear_param_store()
+    fresh.model(x, y)
+    assert float(fresh.obs_scale.detach()) == pytest.approx(0.07)

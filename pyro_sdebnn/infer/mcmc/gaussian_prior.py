@@ -2,21 +2,26 @@
 """The closed-form Gaussian prior: a speed device of the traced SG-MCMC step, kept because it pays.
 
 Pyro's ``Normal.log_prob`` takes about 7 elementwise passes (and as many in the backward) over the weights. For latent
-sites whose prior is one fixed ``Normal(loc, scale)`` with scalar parameters (the usual weight prior), the potential
-leaves these terms out of the autograd graph and adds them in closed form on the flat vector,
+sites whose prior is a ``Normal(loc, scale)`` with fixed parameters (the usual weight prior), the potential leaves these
+terms out of the autograd graph and adds them in closed form on the flat vector,
 
 .. math::
 
-    -\\log p(u) = \\tfrac12 (u - \\mu)^\\top \\Lambda (u - \\mu) + c, \\qquad \\nabla = \\Lambda (u - \\mu).
+    -\\log p(u) = \\tfrac12 (u - \\mu)^\\top \\Lambda (u - \\mu) + c, \\qquad \\nabla = \\Lambda (u - \\mu),
 
-On the 2-50-50-1 network of ``benchmarks/bench_sgmcmc_speed.py`` this takes the traced step from 268 to 119 graph
-nodes, and the ``"fx"`` step is more than 1.2x faster with it (BENCHMARKS.md, SG-MCMC).
+with :math:`\\Lambda` diagonal. Such priors are recognised by their values, not by how they are written: a
+``PyroSample``, ``dist.Normal(0., 1.).expand([m, n]).to_event(2)`` and
+``dist.Normal(torch.zeros(m, n), 1.).to_event(2)`` written in the model body all qualify, while a prior whose scale
+is another latent variable (a hierarchical prior) does not (see
+:func:`~pyro_sdebnn.infer.mcmc.gaussian_prior.find_constant_normal_priors`). On the 2-50-50-1 network of
+``benchmarks/bench_sgmcmc_speed.py`` this takes the traced step from 268 to 119 graph nodes, and the ``"fx"`` step is
+more than 1.2x faster with it (BENCHMARKS.md, SG-MCMC).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Union
 
 import pyro
 import torch
@@ -26,12 +31,28 @@ from torch import Tensor
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 
 
-def _constant_normal(fn: Any) -> Optional[tuple[float, float]]:
-    r"""``(loc, scale)`` when ``fn`` is a (reshaped) Normal with one constant ``loc`` and ``scale``, else ``None``.
+Param = Union[float, Tensor]
+
+
+def _constant(t: Tensor, shape: torch.Size) -> Param:
+    """A float when every element of ``t`` is the same number (a scalar, an ``expand``-ed scalar or e.g.
+    ``torch.zeros(n)``), else ``t`` broadcast to ``shape`` and flattened (a detached copy)."""
+    if t.numel() == 1 or all(st == 0 for st in t.stride()):  # one element, possibly broadcast (all strides 0)
+        return float(t.reshape(-1)[0])
+    first = t.reshape(-1)[0]
+    if bool((t == first).all()):
+        return float(first)
+    return t.detach().expand(shape).reshape(-1).clone()
+
+
+def _constant_normal(fn: Any, shape: torch.Size) -> Optional[tuple[Param, Param]]:
+    r"""``(loc, scale)`` when ``fn`` is a Normal (possibly ``expand``-ed or ``to_event``-ed) whose ``loc`` and
+    ``scale`` need no gradient, each a float when all its elements are equal, else a flat tensor over ``shape``
+    (the site's shape); ``None`` for any other distribution.
 
     Pyro's ``Normal.log_prob`` takes about 7 elementwise passes (and as many in the backward) over the weights;
     on a 784-400-400-10 network that made the prior cost as much as the likelihood. For such priors the
-    potential uses :math:`-\frac{1}{2 s^2}\|w - \mu\|^2 - n(\log s + \frac12\log 2\pi)` instead.
+    potential uses :math:`-\frac12 \sum_i (w_i - \mu_i)^2 / s_i^2 - \sum_i \log s_i - \frac n2 \log 2\pi`.
     """
     base = fn
     wrappers = (torch.distributions.Independent, pyro.distributions.torch_distribution.ExpandedDistribution)
@@ -40,39 +61,53 @@ def _constant_normal(fn: Any) -> Optional[tuple[float, float]]:
     if type(base) not in (torch.distributions.Normal, pyro.distributions.Normal):
         return None
     loc, scale = base.loc, base.scale
-
-    def _scalar(t: Tensor) -> bool:  # one element, possibly broadcast by ``expand`` (all strides 0)
-        return t.numel() == 1 or all(st == 0 for st in t.stride())
-
-    if not (_scalar(loc) and _scalar(scale)) or loc.requires_grad or scale.requires_grad:
+    if loc.requires_grad or scale.requires_grad:
         return None
-    return float(loc.reshape(-1)[0]), float(scale.reshape(-1)[0])
+    return _constant(loc, shape), _constant(scale, shape)
 
 
-def _normal_log_prob_sum(value: Tensor, loc: float, scale: float) -> Tensor:
+def _same(a: Param, b: Param) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(a, float) and isinstance(b, float) and a == b
+    return a.shape == b.shape and bool(torch.equal(a, b))
+
+
+def _normal_log_prob_sum(value: Tensor, loc: Param, scale: Param) -> Tensor:
     flat = value.reshape(-1)
-    centred = flat if loc == 0.0 else flat - loc
-    return -0.5 / scale**2 * torch.dot(centred, centred) - flat.numel() * (math.log(scale) + _HALF_LOG_2PI)
+    centred = flat if isinstance(loc, float) and loc == 0.0 else flat - loc
+    if isinstance(scale, float):
+        return -0.5 / scale**2 * torch.dot(centred, centred) - flat.numel() * (math.log(scale) + _HALF_LOG_2PI)
+    return -0.5 * (centred / scale).pow(2).sum() - scale.log().sum() - flat.numel() * _HALF_LOG_2PI
 
 
 def find_constant_normal_priors(
     model: Callable, args: tuple, kwargs: dict, trace: Any, sites: Sequence[Any]
-) -> dict[str, tuple[float, float]]:
-    """Latent sites whose prior is one fixed Normal object (e.g. a ``PyroSample``) with scalar loc and scale.
+) -> dict[str, tuple[Param, Param]]:
+    """Latent sites whose prior is a Normal with fixed parameters, recognised by their values.
 
-    Found outside any graph tracing, from the prototype trace and a second trace (same distribution object in
-    both, so the prior does not depend on other latent variables or the arguments).
+    However the prior is written -- ``Normal(0., 1.).expand([m, n]).to_event(2)``, ``Normal(torch.zeros(m, n),
+    1.).to_event(2)`` or a ``PyroSample`` -- a site qualifies when its distribution is a (reshaped) Normal whose
+    ``loc`` and ``scale`` need no gradient and take the same values in the prototype trace and in a second run of
+    the model with fresh draws of every latent variable (so they depend on no other latent variable, e.g. a
+    hierarchical scale). Found outside any graph tracing, at the model's arguments when the potential is built: a
+    prior whose numbers change with the arguments of later calls (such as the minibatch) is outside this rule.
     """
     with pyro.validation_enabled(False), poutine.block(), torch.no_grad():
         second = poutine.trace(model).get_trace(*args, **kwargs)
     out = {}
     for s in sites:
-        site = trace.nodes[s.name]
-        fn = site["fn"]
-        if s.name in second.nodes and second.nodes[s.name]["fn"] is fn and site["mask"] is None:
-            params = _constant_normal(fn)
-            if params is not None and fn.batch_shape + fn.event_shape == site["value"].shape:
-                out[s.name] = params
+        site, other = trace.nodes[s.name], second.nodes.get(s.name)
+        if other is None or other.get("type") != "sample" or site["mask"] is not None or other["mask"] is not None:
+            continue
+        fn, shape = site["fn"], site["value"].shape
+        if fn.batch_shape + fn.event_shape != shape:
+            continue
+        params = _constant_normal(fn, shape)
+        if params is None or other["fn"].batch_shape + other["fn"].event_shape != shape:
+            continue
+        again = _constant_normal(other["fn"], shape)
+        if again is not None and all(_same(a, b) for a, b in zip(params, again)):
+            out[s.name] = params
     return out
 
 
@@ -103,14 +138,18 @@ class ClosedFormGaussianPrior:
         if not sites:
             return
         params = [constant_normal_priors[s.name] for s in sites]
-        self._gaussian_const = sum(s.numel * (math.log(sc) + _HALF_LOG_2PI) for s, (_, sc) in zip(sites, params))
-        if len(sites) == len(all_sites) and len(set(params)) == 1:  # one Normal(loc, scale) for every coordinate
+        self._gaussian_const = sum(
+            s.numel * _HALF_LOG_2PI + (s.numel * math.log(sc) if isinstance(sc, float) else float(sc.log().sum()))
+            for s, (_, sc) in zip(sites, params)
+        )
+        scalars = all(isinstance(v, float) for p in params for v in p)
+        if len(sites) == len(all_sites) and scalars and len(set(params)) == 1:  # one Normal(loc, scale) everywhere
             self._gaussian_scalar = params[0]
             return
         precision = torch.zeros(dim, dtype=dtype, device=device)
         loc = torch.zeros(dim, dtype=dtype, device=device)
         for s, (mu, sc) in zip(sites, params):
-            precision[s.offset : s.offset + s.numel] = sc**-2
+            precision[s.offset : s.offset + s.numel] = sc**-2 if isinstance(sc, float) else sc.to(dtype).pow(-2)
             loc[s.offset : s.offset + s.numel] = mu
         self._gaussian_vectors = (precision, loc)
 

@@ -573,4 +573,7 @@ class MinibatchPotential:
         values, logdet = self.unpack(flat)
         trace = self._trace(values, idx)
         exclude = self.gaussian_prior_sites if exclude_gaussian_prior else frozenset()
-        return -(self.log_density(trace, exclude=exclude) + logdet)
+        value = -(self.log_density(trace, exclude=exclude) + logdet)
+        if not torch.is_tensor(value):  # every term excluded: a model that is only a fixed Normal prior
+            value = torch.full((), value, dtype=self.dtype, device=self.device)
+        return value

@@ -33,16 +33,36 @@ PRIOR_A = dist.Normal(torch.tensor(0.5, dtype=torch.float64), 2.0).expand([2]).t
 def mixed_prior_model(x, y=None):
     a = pyro.sample("a", PRIOR_A)  # constant Normal: closed form
     b = pyro.sample("b", dist.Normal(torch.zeros(2, dtype=x.dtype), torch.tensor([1.0, 3.0], dtype=x.dtype))
-                    .to_event(1))  # non-scalar scale: stays in the traced potential
+                    .to_event(1))  # a new object in every run, per-coordinate scale: closed form
     sigma = pyro.sample("sigma", dist.LogNormal(x.new_tensor(0.0), 1.0))  # constrained: stays in the traced potential
+    c = pyro.sample("c", dist.Normal(x.new_tensor(0.0), sigma).expand([2]).to_event(1))  # scale is a latent: traced
     with pyro.plate("data", x.shape[0]) as idx:
-        pyro.sample("y", dist.Normal(x[idx] @ (a + b), sigma), obs=None if y is None else y[idx])
+        pyro.sample("y", dist.Normal(x[idx] @ (a + b + c), sigma), obs=None if y is None else y[idx])
+
+
+def handwritten_mlp(spelling, sizes=(2, 5, 1)):
+    """A 2-5-1 tanh network written as Pyro's examples write it, its N(0, 1) priors spelled two ways."""
+    def prior(shape):
+        if spelling == "expand":
+            return dist.Normal(torch.tensor(0.0, dtype=torch.float64), 1.0).expand(shape).to_event(len(shape))
+        return dist.Normal(torch.zeros(shape, dtype=torch.float64), 1.0).to_event(len(shape))
+
+    def model(x, y=None):
+        w0, b0 = pyro.sample("w0", prior([sizes[0], sizes[1]])), pyro.sample("b0", prior([sizes[1]]))
+        w1, b1 = pyro.sample("w1", prior([sizes[1], sizes[2]])), pyro.sample("b1", prior([sizes[2]]))
+        with pyro.plate("data", x.shape[0]) as idx:
+            f = (torch.tanh(x[idx] @ w0 + b0) @ w1 + b1).squeeze(-1)
+            pyro.sample("obs", dist.Normal(f, 1.0), obs=None if y is None else y[idx])
+
+    return model
 
 
 @pytest.mark.parametrize("model, sites", [
-    (mixed_prior_model, {"a"}),
+    (mixed_prior_model, {"a", "b"}),
     (_float64_bnn([2, 5, 1]), {"layers.0.weight", "layers.0.bias", "layers.1.weight", "layers.1.bias"}),
-])
+    (handwritten_mlp("expand"), {"w0", "b0", "w1", "b1"}),
+    (handwritten_mlp("zeros"), {"w0", "b0", "w1", "b1"}),
+], ids=["mixed", "PyroSample", "expand", "zeros"])
 def test_closed_form_gaussian_prior_adds_up_to_the_potential(model, sites):
     x, y = _data()
     potential = MinibatchPotential(model, (x, y), subsample_size=10)
@@ -58,14 +78,16 @@ def test_closed_form_gaussian_prior_adds_up_to_the_potential(model, sites):
     torch.testing.assert_close(grad_rest + prior_grad, grad_full)
 
 
-def test_traced_step_matches_eager_step_on_a_bnn():
+@pytest.mark.parametrize("make_model", [lambda: _float64_bnn([2, 5, 1]), lambda: handwritten_mlp("expand")],
+                         ids=["PyroSample", "expand"])
+def test_traced_step_matches_eager_step_on_a_bnn(make_model):
     # temperature 0: one SGLD step is w - eta/2 grad; the traced graph (closed-form prior) and the
     # per-step Pyro trace must agree
     x, y = _data()
     results = {}
     for backend in ("eager", "fx"):
         pyro.set_rng_seed(0)
-        kernel = SGLD(_float64_bnn([2, 5, 1]), step_size=1e-3, subsample_size=10, temperature=0.0, backend=backend)
+        kernel = SGLD(make_model(), step_size=1e-3, subsample_size=10, temperature=0.0, backend=backend)
         kernel.setup(0, x, y)
         results[backend] = kernel.sample(kernel.initial_params)
     for name in results["fx"]:
