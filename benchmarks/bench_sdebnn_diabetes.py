@@ -2,9 +2,9 @@
 """SDE-BNN on tabular regression with its defaults: 95 % interval coverage and test NLL on the diabetes data set.
 
 The data set of Efron, Hastie, Johnstone and Tibshirani (2004), "Least Angle Regression", Annals of Statistics
-32(2) (442 patients, 10 features), as shipped by scikit-learn (``sklearn.datasets.load_diabetes``; scikit-learn is
-needed for this script only). Split 80/20 with a fixed random permutation (``--split-seed``, default 0); features and
-target standardised with the training split's mean and standard deviation.
+32(2) (442 patients, 10 features), as shipped by scikit-learn (``sklearn.datasets.load_diabetes``). Split 80/20 with
+``sklearn.model_selection.train_test_split(..., random_state=--split-seed)`` (default 0); features and target
+standardised with the training split's mean and standard deviation.
 
 Fitted: ``SDEBNN(in_dim=10, out_dim=1)`` with every other argument at its default, ``NeuralSDEGuide(net)``,
 ``SVI(net.model, guide, Adam(lr), TracePathKL_ELBO())`` and :func:`pyro_sdebnn.infer.train_svi` for ``--epochs``
@@ -36,17 +36,15 @@ from pyro_sdebnn.nn import SDEBNN
 def diabetes(split_seed: int = 0):
     try:
         from sklearn.datasets import load_diabetes
-    except ImportError as err:  # pragma: no cover - depends on the environment
+        from sklearn.model_selection import train_test_split
+    except ImportError as err:  # pragma: no cover - scikit-learn is a dependency of the package
         raise SystemExit("this script needs scikit-learn for the diabetes data (pip install scikit-learn)") from err
     data = load_diabetes()
-    x = torch.tensor(data.data, dtype=torch.float32)
-    y = torch.tensor(data.target, dtype=torch.float32)
-    perm = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(split_seed))
-    n_train = int(round(0.8 * x.shape[0]))
-    train, test = perm[:n_train], perm[n_train:]
-    xm, xs = x[train].mean(0), x[train].std(0)
-    ym, ys = y[train].mean(), y[train].std()
-    return (x[train] - xm) / xs, (y[train] - ym) / ys, (x[test] - xm) / xs, (y[test] - ym) / ys
+    x_train, x_test, y_train, y_test = (torch.tensor(a, dtype=torch.float32) for a in train_test_split(
+        data.data, data.target, test_size=0.2, random_state=split_seed))
+    xm, xs = x_train.mean(0), x_train.std(0)
+    ym, ys = y_train.mean(), y_train.std()
+    return (x_train - xm) / xs, (y_train - ym) / ys, (x_test - xm) / xs, (y_test - ym) / ys
 
 
 def fit(obs_scale, data, args) -> dict:
