@@ -21,7 +21,7 @@ Temperature scaling (Guo et al. [1]) divides the predictive log-probabilities by
 :math:`p_T \\propto \\bar p^{1/T}` -- for a single network exactly logit temperature scaling.
 
 Outputs in ``--output``: ``two_moons_table.md`` / ``.csv`` (rewritten as each method finishes),
-``reliability.png`` (a panel per method family (``FAMILIES``)), ``heatmaps.png`` (predictive mean and
+``reliability.png`` (a panel per method family, as listed in ``FAMILIES``), ``heatmaps.png`` (predictive mean and
 standard deviation of :math:`p(y=1|x)` over the posterior samples, a grid of methods; the standard deviations on
 one colour scale), ``uncertainty_decomposition.png`` (total / aleatoric / epistemic entropy for the deep
 ensemble), the SG-MCMC chain diagnostics in function space (``sgmcmc_ess.md`` / ``.csv`` with ESS per second,
