@@ -56,6 +56,7 @@ for large convolutional networks.
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 from torch import Tensor, nn
@@ -91,6 +92,35 @@ def _wide(t: Tensor) -> Tensor:
 
 def _join(prefix: str, leaf: str) -> str:
     return f"{prefix}.{leaf}" if prefix else leaf
+
+
+def _available_memory(device: torch.device) -> int | None:
+    """Bytes that can still be allocated on ``device``: the free memory of a CUDA device, else the system's
+    available memory (``psutil`` when installed, else ``MemAvailable`` of ``/proc/meminfo``, else the physical
+    memory); ``None`` when unknown."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        pass
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _gib(num_bytes: float) -> str:
+    return f"{num_bytes / 2**30:.1f} GiB"
 
 
 def _sum_over_ranks(curvature: dict[str, Tensor], log_likelihood: Tensor, n: int):
@@ -205,9 +235,11 @@ class Laplace(BaselineMethod):
     def _outputs(self, theta: dict[str, Tensor], x: Tensor) -> Tensor:
         return functional_call(self.net, {**self._frozen, **theta}, (x,))
 
-    def _chunks(self, n: int) -> list[slice]:
-        num_outputs = self._num_outputs
-        size = max(1, _MAX_JACOBIAN_ELEMENTS // max(1, num_outputs * self.num_params))
+    def _chunks(self, n: int, width: int | None = None) -> list[slice]:
+        """Slices of at most :data:`_MAX_JACOBIAN_ELEMENTS` Jacobian entries (``width`` weights per output,
+        default all :math:`P`)."""
+        width = self.num_params if width is None else width
+        size = max(1, _MAX_JACOBIAN_ELEMENTS // max(1, self._num_outputs * width))
         return [slice(i, min(n, i + size)) for i in range(0, n, size)]
 
     def _jacobian(self, x: Tensor, names: list[str] | None = None) -> dict[str, Tensor]:
@@ -237,6 +269,34 @@ class Laplace(BaselineMethod):
         log_var = outputs[..., 1]
         diag = torch.stack([torch.exp(-log_var), torch.full_like(log_var, 0.5)], -1)
         return torch.diag_embed(diag)
+
+    def full_curvature_bytes(self, dtype: torch.dtype | None = None) -> int:
+        """Peak memory of ``hessian_structure="full"`` in bytes: :math:`P^2 (b + 32)` for weights of
+        :math:`b` bytes each -- the :math:`P \\times P` curvature in the network's dtype and, in float64, its
+        symmetrised copy, the eigenvectors and the eigensolver's workspace (plus the Jacobian chunks)."""
+        dtype = _module_device_dtype(self.net)[1] if dtype is None else dtype
+        item = torch.empty((), dtype=dtype).element_size()
+        return self.num_params ** 2 * (item + 32)
+
+    def _check_memory(self) -> None:
+        """Refuse ``"full"`` before any work when its curvature cannot fit in the device's memory."""
+        if self.hessian_structure != "full":
+            return
+        device, dtype = _module_device_dtype(self.net)
+        need, free = self.full_curvature_bytes(dtype), _available_memory(device)
+        if free is None or need <= free:
+            return
+        alternatives = "hessian_structure='kron' or 'diag'"
+        if self.subset == "all":
+            last = [m for _, m in self.net.named_modules() if isinstance(m, nn.Linear)]
+            if last:
+                size = sum(p.numel() for p in last[-1].parameters(recurse=False))
+                alternatives += f", or subset='last_layer' (P = {size:,})"
+        raise MemoryError(
+            f"hessian_structure='full' over P = {self.num_params:,} weights needs about {_gib(need)} (the P x P "
+            f"curvature and its float64 eigendecomposition) but {_gib(free)} is available on {device}; "
+            f"use {alternatives}"
+        )
 
     @property
     def num_params(self) -> int:
@@ -284,6 +344,9 @@ class Laplace(BaselineMethod):
         :returns: ``self``.
         :raises ValueError: if data-parallel (below) and the ranks' loaders take different numbers of steps, or
             the data set has fewer points than ranks.
+        :raises MemoryError: before any training, if ``hessian_structure="full"`` needs more memory
+            (:meth:`full_curvature_bytes`) than the network's device has available; the message gives the
+            size and the alternatives.
 
         **Data-parallel.** Under ``torchrun`` (:math:`W > 1` ranks) a loader sharded by a
         :class:`~torch.utils.data.distributed.DistributedSampler` (e.g.
@@ -297,6 +360,7 @@ class Laplace(BaselineMethod):
         :meth:`save` writes on rank 0 only.
         """
         loader = x if _is_loader_arg(x) else None
+        self._check_memory()
         data = _TrainingData(x, y, self.likelihood, batch_size)
         # the training state is kept before the curvature pass, which reads the loader again
         self._fit_network(
@@ -353,7 +417,8 @@ class Laplace(BaselineMethod):
         return self
 
     def _ggn_terms(self, x: Tensor, names: list[str] | None = None):
-        for chunk in self._chunks(x.shape[0]):
+        width = None if names is None else sum(self._theta_hat[name].numel() for name in names)
+        for chunk in self._chunks(x.shape[0], width):
             xc = x[chunk]
             jac = self._jacobian(xc, names)
             with torch.no_grad():
@@ -412,8 +477,9 @@ class Laplace(BaselineMethod):
             diag += v.pow(2).sum((0, 1))
         return diag
 
-    def _kron_factors(self, x: Tensor) -> dict[str, Tensor]:
-        """``A:<layer>`` (sum of input outer products) and ``G:<layer>`` (sum, not yet divided by N)."""
+    def _layer_inputs(self, x: Tensor) -> dict[str, Tensor]:
+        """``{layer: (N, in + 1)}``: the inputs :math:`\\tilde a_n = [a_n, 1]` of every selected linear layer at
+        the MAP (read by forward hooks during one forward pass)."""
         inputs: dict[str, Tensor] = {}
         hooks = [
             module.register_forward_hook(lambda mod, args, out, key=prefix: inputs.__setitem__(key, args[0].detach()))
@@ -421,11 +487,19 @@ class Laplace(BaselineMethod):
         ]
         try:
             with torch.no_grad():
-                self.net(x)
+                self._outputs(self._theta_hat, x)
         finally:
             for hook in hooks:
                 hook.remove()
-        n = x.shape[0]
+        out = {}
+        for prefix, _ in self._layers:
+            a = inputs[prefix].reshape(x.shape[0], -1)
+            out[prefix] = torch.cat([a, torch.ones_like(a[:, :1])], -1)
+        return out
+
+    def _kron_factors(self, x: Tensor) -> dict[str, Tensor]:
+        """``A:<layer>`` (sum of input outer products) and ``G:<layer>`` (sum, not yet divided by N)."""
+        inputs = self._layer_inputs(x)
         g_factors = {prefix: 0.0 for prefix, _ in self._layers}
         bias_names = [_join(prefix, "bias") for prefix, _ in self._layers]  # G needs only the bias Jacobians
         for jac, sqrt_lam in self._ggn_terms(x, bias_names):
@@ -435,8 +509,7 @@ class Laplace(BaselineMethod):
                 g_factors[prefix] = g_factors[prefix] + _wide(torch.einsum("nko,nkp->op", v, v))
         factors = {}
         for prefix, _ in self._layers:
-            a = inputs[prefix].reshape(n, -1)
-            a = torch.cat([a, torch.ones_like(a[:, :1])], -1)
+            a = inputs[prefix]
             factors[f"A:{prefix}"] = _wide(a.T @ a)
             factors[f"G:{prefix}"] = g_factors[prefix]
         return factors
@@ -475,27 +548,56 @@ class Laplace(BaselineMethod):
 
     # ------------------------------------------------------------------ posterior
     def functional_covariance(self, x: Tensor) -> Tensor:
-        """:math:`J(x) H^{-1} J(x)^\\top` of the linearised network, shape ``(N, K, K)``."""
+        """:math:`J(x) H^{-1} J(x)^\\top` of the linearised network, shape ``(N, K, K)``.
+
+        For ``"kron"`` no weight Jacobian is formed: a linear layer's Jacobian for output :math:`k` is the
+        outer product :math:`J_{k} = b_k \\tilde a^\\top` of the output's gradient :math:`b_k` with respect to
+        the layer's pre-activations and the layer's input :math:`\\tilde a`, so in the eigenbases
+        :math:`Q_G, Q_A` of the factors (:math:`b' = Q_G^\\top b`, :math:`a' = Q_A^\\top \\tilde a`)
+
+        .. math::
+
+            [J \\Sigma J^\\top]_{kl} = \\sum_i b'_{k,i}\\, b'_{l,i} \\sum_j
+            \\frac{a'^2_j}{\\lambda^G_i \\lambda^A_j + \\delta},
+
+        which costs :math:`O(N(K\\,d_{\\mathrm{out}}^2 + d_{\\mathrm{in}}^2 + d_{\\mathrm{in}} d_{\\mathrm{out}}))`
+        per layer instead of the :math:`O(N K d_{\\mathrm{out}} d_{\\mathrm{in}} (d_{\\mathrm{in}} + d_{\\mathrm{out}}))`
+        of projecting full Jacobians.
+        """
         self._check_fitted()
+        if self.hessian_structure == "kron":
+            return self._kron_functional_covariance(x)
         delta = self.prior_precision
         covs = []
         for chunk in self._chunks(x.shape[0]):
             jac = {k: v.detach() for k, v in self._jacobian(x[chunk]).items()}
-            if self.hessian_structure == "kron":
-                cov = 0.0
-                for prefix, eg, qg, ea, qa in self._kron:
-                    m = torch.cat([jac[_join(prefix, "weight")], jac[_join(prefix, "bias")].unsqueeze(-1)], -1)
-                    proj = (qg.T.to(m) @ m @ qa.to(m)).flatten(2)  # (N, K, out * (in + 1)) in the eigenbasis
-                    inv = (1.0 / (torch.outer(eg, ea) + delta)).to(m).reshape(-1)
-                    cov = cov + (proj * inv) @ proj.transpose(-1, -2)
+            j = self._flat_jacobian(jac)
+            if self.hessian_structure == "diag":
+                cov = torch.einsum("nkp,p,nlp->nkl", j, (1.0 / (self._eig[0] + delta)).to(j), j)
             else:
-                j = self._flat_jacobian(jac)
-                if self.hessian_structure == "diag":
-                    cov = torch.einsum("nkp,p,nlp->nkl", j, (1.0 / (self._eig[0] + delta)).to(j), j)
-                else:
-                    evals, evecs = self._eig
-                    jq = j @ evecs.to(j)
-                    cov = torch.einsum("nkp,p,nlp->nkl", jq, (1.0 / (evals + delta)).to(j), jq)
+                evals, evecs = self._eig
+                jq = j @ evecs.to(j)
+                cov = torch.einsum("nkp,p,nlp->nkl", jq, (1.0 / (evals + delta)).to(j), jq)
+            covs.append(cov)
+        return torch.cat(covs)
+
+    def _kron_functional_covariance(self, x: Tensor) -> Tensor:
+        delta = self.prior_precision
+        bias_names = [_join(prefix, "bias") for prefix, _ in self._layers]
+        width = sum(self._theta_hat[name].numel() for name in bias_names)
+        covs = []
+        for chunk in self._chunks(x.shape[0], width):
+            xc = x[chunk]
+            jac = self._jacobian(xc, bias_names)  # d f / d bias = d f / d pre-activation: (N, K, out)
+            inputs = self._layer_inputs(xc)
+            cov = 0.0
+            for prefix, eg, qg, ea, qa in self._kron:
+                b = jac[_join(prefix, "bias")].detach()
+                b = b @ qg.to(b)  # (N, K, out) in the eigenbasis of G
+                a = inputs[prefix] @ qa.to(b)  # (N, in + 1) in the eigenbasis of A
+                inv = (1.0 / (torch.outer(eg, ea) + delta)).to(b)  # (out, in + 1)
+                weight = a.square() @ inv.T  # (N, out)
+                cov = cov + torch.einsum("nki,ni,nli->nkl", b, weight, b)
             covs.append(cov)
         return torch.cat(covs)
 

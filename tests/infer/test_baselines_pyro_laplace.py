@@ -354,3 +354,50 @@ def test_map_is_one_sample():
         fit.predict_outputs(x, num_samples=10)
     with pytest.raises(ValueError, match="num_particles must be 1"):
         MAPEstimate(make_mlp([2, 4, 2]), "categorical").fit(x, y, num_epochs=1, num_particles=4)
+
+
+def test_laplace_kron_functional_covariance_of_deep_network():
+    """The KFAC functional covariance (formed from layer inputs and pre-activation gradients, no weight Jacobian)
+    equals J Sigma J^T with Sigma the block-diagonal inverse of G (x) A + delta I and J from autograd (float64)."""
+    torch.manual_seed(0)
+    x, y = torch.randn(20, 3, dtype=torch.float64), torch.randint(0, 3, (20,))
+    net = make_mlp([3, 5, 4, 3], "tanh", dtype=torch.float64)
+    la = Laplace(net, "categorical", hessian_structure="kron", prior_precision=0.5)
+    la.fit(x, y, num_epochs=0, tune_prior_precision=False)
+    blocks = []
+    for _, eg, qg, ea, qa in la._kron:
+        q = torch.kron(qg, qa)  # row-major vec([W | b])
+        blocks.append((q / (torch.outer(eg, ea).reshape(-1) + 0.5)) @ q.T)
+    sigma = torch.block_diag(*blocks)
+    x_test = torch.randn(6, 3, dtype=torch.float64)
+    rows = []
+    for xi in x_test:
+        jac = torch.autograd.functional.jacobian(
+            lambda *ws: torch.func.functional_call(net, dict(zip([n for n, _ in net.named_parameters()], ws)),
+                                                   (xi.unsqueeze(0),))[0],
+            tuple(p.detach() for p in net.parameters()))
+        per_layer = [torch.cat([jw, jb.unsqueeze(-1)], -1).flatten(1) for jw, jb in zip(jac[::2], jac[1::2])]
+        rows.append(torch.cat(per_layer, -1))
+    j = torch.stack(rows)
+    torch.testing.assert_close(la.functional_covariance(x_test), j @ sigma @ j.transpose(-1, -2))
+
+
+def test_laplace_full_refuses_what_does_not_fit(monkeypatch):
+    """Full Laplace estimates P^2 (bytes + 32) before any work and refuses with the size and the alternatives."""
+    import pyro_sdebnn.infer.laplace as laplace_module
+
+    x, y = _blobs(16)
+    net = make_mlp([2, 16, 2])
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    la = Laplace(net, "categorical", hessian_structure="full")
+    p = la.num_params
+    assert la.full_curvature_bytes() == p**2 * (4 + 32)
+    monkeypatch.setattr(laplace_module, "_available_memory", lambda device: la.full_curvature_bytes() - 1)
+    with pytest.raises(MemoryError, match=rf"P = {p} weights needs about .* GiB.*'kron'.*subset='last_layer' \(P = 34\)"):
+        la.fit(x, y, num_epochs=3)
+    for k, v in net.state_dict().items():  # refused before the MAP training
+        torch.testing.assert_close(v, before[k])
+    Laplace(net, "categorical", hessian_structure="kron").fit(x, y, num_epochs=0)  # the alternative runs
+    monkeypatch.setattr(laplace_module, "_available_memory", lambda device: la.full_curvature_bytes())
+    la.fit(x, y, num_epochs=0)
+    assert la.num_params == p
