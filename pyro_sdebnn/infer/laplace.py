@@ -51,6 +51,8 @@ for large convolutional networks.
    Neural Computation.
 3. J. Martens, R. Grosse (2015), *Optimizing neural networks with Kronecker-factored approximate
    curvature*, ICML.
+4. A. Immer, M. Bauer, V. Fortuin, G. Rätsch, M. E. Khan (2021), *Scalable marginal likelihood estimation
+   for model selection in deep learning*, ICML.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ from torch.func import functional_call, jacrev, vmap
 
 from pyro_sdebnn.infer._data import (
     _check_data,
+    _check_fit_args,
     _is_loader_arg,
     _iter_inputs,
     _module_device_dtype,
@@ -119,6 +122,31 @@ def _available_memory(device: torch.device) -> int | None:
         return None
 
 
+def _check_tuning(tune, burnin, frequency, steps, lr) -> str | None:
+    """``"posthoc"``, ``"online"`` or ``None`` from ``fit``'s ``tune_prior_precision``; checks the schedule."""
+    if tune is True or tune == "posthoc":
+        return "posthoc"
+    if tune is False:
+        return None
+    if tune != "online":
+        raise ValueError(f"tune_prior_precision must be True, False, 'posthoc' or 'online', got {tune!r}")
+    for name, value, least in (("marglik_burnin", burnin, 0), ("marglik_frequency", frequency, 1),
+                               ("marglik_steps", steps, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+    if not (isinstance(lr, (int, float)) and lr > 0):
+        raise ValueError(f"marglik_lr must be positive, got {lr!r}")
+    return "online"
+
+
+def _log_evidence(log_likelihood: Tensor, sq_norm: Tensor, evals: Tensor, delta: Tensor) -> Tensor:
+    """The Laplace evidence at every prior precision in ``delta`` (differentiable in ``delta``)."""
+    delta = delta.to(evals)
+    log_det = torch.log(evals.unsqueeze(-1) + delta.reshape(-1)).sum(0)
+    value = log_likelihood - 0.5 * delta * sq_norm + 0.5 * evals.shape[0] * torch.log(delta) - 0.5 * log_det
+    return value.reshape(delta.shape)
+
+
 def _gib(num_bytes: float) -> str:
     return f"{num_bytes / 2**30:.1f} GiB"
 
@@ -152,6 +180,10 @@ class Laplace(BaselineMethod):
 
     1. E. Daxberger et al. (2021), *Laplace Redux -- effortless Bayesian deep learning*, NeurIPS.
     2. D. J. C. MacKay (1992), *A practical Bayesian framework for backpropagation networks*.
+    3. J. Martens, R. Grosse (2015), *Optimizing neural networks with Kronecker-factored approximate curvature*,
+       ICML.
+    4. A. Immer, M. Bauer, V. Fortuin, G. Rätsch, M. E. Khan (2021), *Scalable marginal likelihood estimation
+       for model selection in deep learning*, ICML.
 
     :param nn.Module net: the network; it is trained in place by :meth:`fit` (use ``num_epochs=0``
         for an already trained network).
@@ -214,7 +246,7 @@ class Laplace(BaselineMethod):
 
     # ------------------------------------------------------------------ set-up
     def _select_layers(self) -> list[tuple[str, nn.Module]]:
-        modules = [(name, m) for name, m in self.net.named_modules() if any(True for _ in m.parameters(recurse=False))]
+        modules = self._all_layers()
         if self.subset == "last_layer":
             linears = [(name, m) for name, m in modules if isinstance(m, nn.Linear)]
             if not linears:
@@ -313,7 +345,11 @@ class Laplace(BaselineMethod):
         lr: float = 1e-2,
         batch_size: int | None = 32,
         weight_decay: float = 1e-4,
-        tune_prior_precision: bool = True,
+        tune_prior_precision: bool | str = True,
+        marglik_burnin: int = 10,
+        marglik_frequency: int = 5,
+        marglik_steps: int = 20,
+        marglik_lr: float = 0.1,
         progress: bool = False,
         scheduler=None,
         scheduler_step: str = "epoch",
@@ -330,7 +366,19 @@ class Laplace(BaselineMethod):
             over the batches :math:`\\mathcal B`),
             each batch moved to the network's device one at a time.
         :param int num_epochs: MAP training epochs (0: use ``net`` as trained).
-        :param bool tune_prior_precision: maximise the Laplace evidence over :math:`\\delta`.
+        :param tune_prior_precision: how :math:`\\delta` is chosen from the Laplace evidence
+            :math:`\\log p(\\mathcal D|\\delta)` (class docstring). ``True`` or ``"posthoc"``: maximise it
+            after the MAP training, which used the weight decay ``weight_decay`` (MacKay [2]). ``"online"``:
+            learn :math:`\\delta` during the MAP training (Immer et al. [4], Algorithm 1): the MAP loss uses
+            the current :math:`\\delta` as its weight decay :math:`\\lambda = \\delta/N` (starting from
+            :math:`\\delta_0` = ``prior_precision`` or :math:`N` ``weight_decay``); after ``marglik_burnin``
+            epochs and then every ``marglik_frequency`` epochs, the curvature of the current network is
+            computed (all weights: KFAC, or the diagonal when ``hessian_structure="diag"`` or a layer is not
+            an ``nn.Linear`` with bias) and ``marglik_steps`` Adam steps of rate ``marglik_lr`` on
+            :math:`\\log\\delta` ascend the evidence; finally the evidence of the fitted approximation is
+            maximised as for ``"posthoc"``. A network trained with an arbitrary weight decay sits at a mode
+            of another posterior than the one the tuned :math:`\\delta` describes; online training makes the
+            two agree. ``False``: keep :math:`\\delta` (``prior_precision``, else :math:`N` ``weight_decay``).
         :param scheduler: learning-rate schedule of the MAP training, as in
             :func:`~pyro_sdebnn.infer.map_training.train_network` (a callable ``optimizer -> lr_scheduler``),
             stepped per ``scheduler_step`` (``"epoch"`` or ``"step"``).
@@ -360,14 +408,20 @@ class Laplace(BaselineMethod):
         :meth:`save` writes on rank 0 only.
         """
         loader = x if _is_loader_arg(x) else None
+        tuning = _check_tuning(tune_prior_precision, marglik_burnin, marglik_frequency, marglik_steps, marglik_lr)
+        if tuning == "online" and resume:
+            raise ValueError("resume=True is not available with tune_prior_precision='online'")
         self._check_memory()
         data = _TrainingData(x, y, self.likelihood, batch_size)
+        training = dict(lr=lr, batch_size=batch_size, progress=progress, scheduler=scheduler,
+                        scheduler_step=scheduler_step, clip_norm=clip_norm, clip_inf_norm=clip_inf_norm)
         # the training state is kept before the curvature pass, which reads the loader again
-        self._fit_network(
-            self.net, x, y, desc="laplace MAP", resume=resume, num_epochs=num_epochs, lr=lr, batch_size=batch_size,
-            weight_decay=weight_decay, progress=progress, scheduler=scheduler, scheduler_step=scheduler_step,
-            clip_norm=clip_norm, clip_inf_norm=clip_inf_norm,
-        )
+        if tuning == "online":
+            self._fit_online(x, y, data.n, num_epochs=num_epochs, weight_decay=weight_decay, burnin=marglik_burnin,
+                             frequency=marglik_frequency, steps=marglik_steps, hyper_lr=marglik_lr, **training)
+        else:
+            self._fit_network(self.net, x, y, desc="laplace MAP", resume=resume, num_epochs=num_epochs,
+                              weight_decay=weight_decay, **training)
         sampler = self._data_parallel_sampler(loader)  # several ranks, a sharded loader: the shards' sums add up
         keep = None
         if sampler is not None:
@@ -412,9 +466,53 @@ class Laplace(BaselineMethod):
         self._log_likelihood = log_likelihood
         self._set_curvature(curvature, n)
         self._fitted = True
-        if tune_prior_precision:
+        if tuning is not None:
             self.optimize_prior_precision()
         return self
+
+    def _fit_online(self, x, y, n: int, *, num_epochs: int, weight_decay: float, burnin: int, frequency: int,
+                    steps: int, hyper_lr: float, **training) -> None:
+        """The MAP training of ``tune_prior_precision="online"`` (:meth:`fit`; Immer et al. [4], Algorithm 1)."""
+        from pyro_sdebnn.infer.map_training import _train_network
+
+        loader = x if _is_loader_arg(x) else None
+        _check_fit_args(n, num_epochs=num_epochs, lr=training["lr"], batch_size=training["batch_size"],
+                        weight_decay=weight_decay)
+        self._note_data_parallel(loader)
+        delta = self.prior_precision if self.prior_precision is not None else max(n * weight_decay, 1e-8)
+        log_delta = torch.tensor(math.log(delta), dtype=torch.float64, requires_grad=True)
+        hyper = torch.optim.Adam([log_delta], lr=hyper_lr)
+        linear = all(isinstance(m, nn.Linear) and m.bias is not None for _, m in self._all_layers())
+        structure = "kron" if linear and self.hessian_structure != "diag" else "diag"
+        updates = [e for e in range(max(burnin, 1), num_epochs) if e % frequency == 0]
+        state, done = None, 0
+        for end in updates + [num_epochs]:
+            if state is not None:  # the optimiser goes on with the new delta as its weight decay
+                for group in state["optimizer"]["param_groups"]:
+                    group["weight_decay"] = delta / n
+            history, state = _train_network(
+                self.net, x, y, self.likelihood, desc="laplace MAP (online marginal likelihood)",
+                num_epochs=end - done, weight_decay=delta / n, state=state, first_epoch=self.epoch, **training)
+            self.losses.extend(history)
+            done = end
+            if end == num_epochs:
+                break
+            evidence = Laplace(self.net, self.likelihood, hessian_structure=structure, prior_precision=delta)
+            evidence.fit(x, y, num_epochs=0, batch_size=training["batch_size"], tune_prior_precision=False)
+            terms = evidence._evidence_terms()
+            for _ in range(steps):
+                hyper.zero_grad()
+                (-_log_evidence(*terms, log_delta.exp())).backward()
+                hyper.step()
+            delta = float(log_delta.detach().exp())
+            if not math.isfinite(delta) or delta <= 0:
+                raise FloatingPointError(f"the online prior precision became {delta} after epoch {end}; "
+                                         f"try a smaller marglik_lr (now {hyper_lr})")
+        self.prior_precision = delta
+        self._end_fit(loader, trainer=state)
+
+    def _all_layers(self) -> list[tuple[str, nn.Module]]:
+        return [(name, m) for name, m in self.net.named_modules() if any(True for _ in m.parameters(recurse=False))]
 
     def _ggn_terms(self, x: Tensor, names: list[str] | None = None):
         width = None if names is None else sum(self._theta_hat[name].numel() for name in names)
@@ -522,13 +620,13 @@ class Laplace(BaselineMethod):
         """The Laplace evidence :math:`\\log p(\\mathcal D|\\delta)` (up to the :math:`2\\pi` terms that cancel)."""
         self._check_fitted()
         delta = torch.as_tensor(self.prior_precision if prior_precision is None else prior_precision)
-        evals = self._data_eigenvalues()
-        delta = delta.to(evals)
+        return _log_evidence(*self._evidence_terms(), delta)
+
+    def _evidence_terms(self) -> tuple[Tensor, Tensor, Tensor]:
+        """:math:`\\log p(\\mathcal D|\\hat w)`, :math:`\\|\\hat w\\|^2` and the eigenvalues of
+        :math:`H_{\\mathrm{data}}`: all the evidence needs."""
         sq_norm = sum(_wide(t).pow(2).sum() for t in self._theta_hat.values())
-        p = evals.shape[0]
-        log_det = torch.log(evals.unsqueeze(-1) + delta.reshape(-1)).sum(0)
-        value = _wide(self._log_likelihood) - 0.5 * delta * sq_norm + 0.5 * p * torch.log(delta) - 0.5 * log_det
-        return value.reshape(delta.shape)
+        return _wide(self._log_likelihood), sq_norm, self._data_eigenvalues()
 
     def optimize_prior_precision(self, grid: Tensor | None = None) -> float:
         """Set :math:`\\delta` to the maximiser of the evidence over ``grid`` (default :math:`10^{-4..6}`)."""
