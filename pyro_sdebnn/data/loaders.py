@@ -16,7 +16,8 @@ with augmentation. This module holds the three pieces they share:
 
 Tensors are read in random minibatches (:func:`minibatch_indices`), and :func:`module_device_dtype` says where
 the batches go: the model's device and dtype. :func:`check_tensors` validates a data set (or a batch) given as
-tensors.
+tensors, and :func:`check_finite_batch` rejects a batch (or a whole data set) holding a NaN or an infinity
+with a message naming the argument, the batch and the first bad index.
 
 >>> from torch.utils.data import DataLoader, TensorDataset
 >>> loader = DataLoader(TensorDataset(torch.randn(10, 3), torch.arange(10)), batch_size=4)
@@ -35,6 +36,7 @@ import torch
 from torch import Tensor, nn
 
 __all__ = [
+    "check_finite_batch",
     "check_tensors",
     "dataset_size",
     "is_loader",
@@ -96,16 +98,20 @@ def move_batch(t: Tensor, device=None, dtype: torch.dtype | None = None) -> Tens
     return t.to(device=device, dtype=dtype, non_blocking=t.is_pinned())
 
 
-def iter_batches(loader, device=None, dtype: torch.dtype | None = None, *, with_targets: bool = True
-                 ) -> Iterator[tuple[Tensor, Tensor | None]]:
+def iter_batches(loader, device=None, dtype: torch.dtype | None = None, *, with_targets: bool = True,
+                 check_finite: str | None = None) -> Iterator[tuple[Tensor, Tensor | None]]:
     """Yield the ``(x, y)`` batches of ``loader`` one at a time, moved to ``device`` / ``dtype``.
 
     :param loader: an iterable of ``(x, y)`` pairs (lists or tuples of two tensors); with
         ``with_targets=False``, ``(x,)``, ``(x, y)`` or a bare tensor ``x`` (then ``y`` is ``None``).
     :param device: where each batch goes (the model's device); ``None`` leaves it where it is.
     :param dtype: the model's floating-point dtype (inputs only; integer labels are kept).
+    :param str check_finite: if given, the name of the inputs in the caller's signature (``"x"``,
+        ``"x_train"``...): every batch then goes through :func:`check_finite_batch` (one device-to-host
+        sync per batch).
     :raises TypeError: if a batch is not an ``(x, y)`` pair of tensors.
-    :raises ValueError: if ``x`` and ``y`` of a batch differ in their first dimension, or a batch is empty.
+    :raises ValueError: if ``x`` and ``y`` of a batch differ in their first dimension, or a batch is empty, or
+        (with ``check_finite``) a batch holds a NaN or an infinity.
     """
     for i, batch in enumerate(loader):
         if isinstance(batch, Tensor) and not with_targets:
@@ -128,6 +134,8 @@ def iter_batches(loader, device=None, dtype: torch.dtype | None = None, *, with_
                     f"batch {i}: x and y must have the same first (batch) dimension, got {tuple(x.shape)} "
                     f"and {tuple(y.shape)}"
                 )
+        if check_finite is not None:
+            check_finite_batch(x, y, what=check_finite, batch_index=i)
         yield x, y
 
 
@@ -195,3 +203,56 @@ def check_tensors(x: Tensor, y: Tensor | None = None, likelihood: str | None = N
         raise TypeError(f"categorical labels y must be an integer tensor, got {y.dtype}")
     if likelihood == "gaussian" and not y.dtype.is_floating_point:
         raise TypeError(f"gaussian targets y must be a floating-point tensor, got {y.dtype}")
+
+
+def _target_name(what: str) -> str:
+    """The name of the targets that go with inputs called ``what``: ``x_train`` -> ``y_train``, ``x`` -> ``y``."""
+    return "y" + what[1:] if what.startswith("x") else f"the targets of {what}"
+
+
+def _first_bad(t: Tensor) -> tuple[str, tuple[int, ...], int]:
+    """``("NaN" or "Inf", index of the first non-finite entry, number of non-finite entries)``."""
+    t = t.detach()
+    bad = ~torch.isfinite(t)
+    first = tuple(int(i) for i in bad.nonzero()[0]) if bad.dim() else ()
+    return ("NaN" if bool(torch.isnan(t[first])) else "Inf"), first, int(bad.sum())
+
+
+def check_finite_batch(x: Tensor, y: Tensor | None = None, *, what: str = "x", batch_index: int | None = None) -> None:
+    """Reject inputs ``x`` (and floating-point targets ``y``) holding a NaN or an infinity.
+
+    A single non-finite datum turns the loss, its gradient and then every weight into NaN; Pyro would
+    report it only later, as an invalid distribution parameter, far from its cause. The check is one
+    fused reduction, ``torch.isfinite(x).all()`` (and ``y``'s), read back as a Python ``bool``: on a
+    GPU that is one device-to-host synchronisation per batch. The message, with the index of the first
+    bad entry, is built only on failure. Integer targets (class labels) are always finite and not read.
+
+    :param x: the inputs of one batch (or the whole data set given as a tensor).
+    :param y: the targets, or ``None``.
+    :param str what: the name of ``x`` in the caller's signature (``"x"``, ``"x_train"``...); the targets are
+        named after it (``"y_train"``).
+    :param int batch_index: the position of the batch in its loader (0-based), or ``None`` for a tensor.
+    :raises ValueError: naming the argument, the batch and the first bad index.
+
+    >>> x = torch.zeros(4, 2); x[3, 1] = float("nan")
+    >>> check_finite_batch(x, what="x_train", batch_index=2)
+    Traceback (most recent call last):
+    ...
+    ValueError: x_train contains NaN at index (3, 1) of batch 2 of the loader (1 non-finite value in all); ...
+    >>> check_finite_batch(torch.zeros(2, 1), torch.tensor([0, 1]))  # integer labels: not read
+    """
+    check_y = y is not None and (y.is_floating_point() or y.is_complex())
+    ok = torch.isfinite(x).all() if (x.is_floating_point() or x.is_complex()) else None
+    if check_y:
+        finite_y = torch.isfinite(y).all()  # type: ignore[arg-type]
+        ok = finite_y if ok is None else ok & finite_y
+    if ok is None or bool(ok):
+        return
+    where = "" if batch_index is None else f" of batch {batch_index} of the loader"
+    for name, t in ((what, x), (_target_name(what), y if check_y else None)):
+        if t is not None and not bool(torch.isfinite(t).all()):
+            kind, first, count = _first_bad(t)
+            raise ValueError(
+                f"{name} contains {kind} at index {first}{where} ({count} non-finite value"
+                f"{'' if count == 1 else 's'} in all); remove or impute the non-finite entries"
+            )

@@ -58,3 +58,26 @@ def test_iter_batches_rejects_bad_batches():
     # prediction: x alone is fine
     (x, y), = iter_batches([torch.ones(2, 3)], with_targets=False)
     assert y is None and x.shape == (2, 3)
+
+
+def test_check_finite_batch_names_the_argument_the_batch_and_the_first_bad_index():
+    from pyro_sdebnn.data.loaders import check_finite_batch
+
+    check_finite_batch(torch.randn(4, 2), torch.arange(4), what="x_train")  # finite: nothing raised
+    x = torch.zeros(4, 2)
+    x[3, 1], x[0, 0] = float("nan"), float("inf")
+    with pytest.raises(ValueError, match=r"x_train contains Inf at index \(0, 0\) of batch 2 of the loader "
+                                         r"\(2 non-finite values in all\)"):
+        check_finite_batch(x, what="x_train", batch_index=2)
+    y = torch.tensor([0.0, 1.0, float("nan")])
+    with pytest.raises(ValueError, match=r"^y contains NaN at index \(2,\) \(1 non-finite value in all\)"):
+        check_finite_batch(torch.zeros(3, 2), y)
+
+
+def test_iter_batches_checks_every_batch_when_asked():
+    x = torch.randn(10, 3)
+    x[9, 2] = float("nan")  # batch 2 (size 4), row 1
+    loader = DataLoader(TensorDataset(x, torch.arange(10)), batch_size=4)
+    assert len(list(iter_batches(loader))) == 3  # unchecked by default
+    with pytest.raises(ValueError, match=r"x contains NaN at index \(1, 2\) of batch 2 of the loader"):
+        list(iter_batches(loader, check_finite="x"))
