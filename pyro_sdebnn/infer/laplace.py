@@ -64,6 +64,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, jacrev, vmap
 
+from pyro_sdebnn.data.loaders import check_finite_batch
 from pyro_sdebnn.infer._data import (
     _check_data,
     _check_fit_args,
@@ -145,6 +146,12 @@ def _log_evidence(log_likelihood: Tensor, sq_norm: Tensor, evals: Tensor, delta:
     log_det = torch.log(evals.unsqueeze(-1) + delta.reshape(-1)).sum(0)
     value = log_likelihood - 0.5 * delta * sq_norm + 0.5 * evals.shape[0] * torch.log(delta) - 0.5 * log_det
     return value.reshape(delta.shape)
+
+
+def _finite(x: Tensor, batch_index: int | None) -> Tensor:
+    """``x`` after :func:`~pyro_sdebnn.data.loaders.check_finite_batch` (the inputs to predict on)."""
+    check_finite_batch(x, what="x", batch_index=batch_index)
+    return x
 
 
 def _gib(num_bytes: float) -> str:
@@ -376,7 +383,8 @@ class Laplace(BaselineMethod):
             computed (all weights: KFAC, or the diagonal when ``hessian_structure="diag"`` or a layer is not
             an ``nn.Linear`` with bias) and ``marglik_steps`` Adam steps of rate ``marglik_lr`` on
             :math:`\\log\\delta` ascend the evidence; finally the evidence of the fitted approximation is
-            maximised as for ``"posthoc"``. A network trained with an arbitrary weight decay sits at a mode
+            maximised as for ``"posthoc"``. The pairs (epoch, :math:`\\delta`) of the updates are kept in
+            ``online_prior_precisions``. A network trained with an arbitrary weight decay sits at a mode
             of another posterior than the one the tuned :math:`\\delta` describes; online training makes the
             two agree. ``False``: keep :math:`\\delta` (``prior_precision``, else :math:`N` ``weight_decay``).
         :param scheduler: learning-rate schedule of the MAP training, as in
@@ -413,6 +421,8 @@ class Laplace(BaselineMethod):
             raise ValueError("resume=True is not available with tune_prior_precision='online'")
         self._check_memory()
         data = _TrainingData(x, y, self.likelihood, batch_size)
+        if not data.is_loader:  # a loader's batches are checked as they are read
+            check_finite_batch(x, y, what="x")
         training = dict(lr=lr, batch_size=batch_size, progress=progress, scheduler=scheduler,
                         scheduler_step=scheduler_step, clip_norm=clip_norm, clip_inf_norm=clip_inf_norm)
         # the training state is kept before the curvature pass, which reads the loader again
@@ -441,7 +451,7 @@ class Laplace(BaselineMethod):
             from pyro_sdebnn.data.loaders import iter_batches
 
             device, dtype = _module_device_dtype(self.net)
-            batches = iter_batches(loader, device, dtype)
+            batches = iter_batches(loader, device, dtype, check_finite="x")
         else:
             batches = iter([(x, y)])  # the whole data set as one batch
         log_likelihood, curvature, n = None, None, 0
@@ -486,6 +496,7 @@ class Laplace(BaselineMethod):
         structure = "kron" if linear and self.hessian_structure != "diag" else "diag"
         updates = [e for e in range(max(burnin, 1), num_epochs) if e % frequency == 0]
         state, done = None, 0
+        self.online_prior_precisions = []
         for end in updates + [num_epochs]:
             if state is not None:  # the optimiser goes on with the new delta as its weight decay
                 for group in state["optimizer"]["param_groups"]:
@@ -505,6 +516,7 @@ class Laplace(BaselineMethod):
                 (-_log_evidence(*terms, log_delta.exp())).backward()
                 hyper.step()
             delta = float(log_delta.detach().exp())
+            self.online_prior_precisions.append((end, delta))
             if not math.isfinite(delta) or delta <= 0:
                 raise FloatingPointError(f"the online prior precision became {delta} after epoch {end}; "
                                          f"try a smaller marglik_lr (now {hyper_lr})")
@@ -663,6 +675,11 @@ class Laplace(BaselineMethod):
         of projecting full Jacobians.
         """
         self._check_fitted()
+        _check_data(x, None, self.likelihood)
+        check_finite_batch(x, what="x")
+        return self._functional_covariance(x)
+
+    def _functional_covariance(self, x: Tensor) -> Tensor:
         if self.hessian_structure == "kron":
             return self._kron_functional_covariance(x)
         delta = self.prior_precision
@@ -751,7 +768,9 @@ class Laplace(BaselineMethod):
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
         device, dtype = _module_device_dtype(self.net)
-        batches = _iter_inputs(x, device, dtype, self.likelihood)
+        is_loader = _is_loader_arg(x)
+        batches = (_finite(xb, i if is_loader else None)
+                   for i, xb in enumerate(_iter_inputs(x, device, dtype, self.likelihood)))
         if pred_type == "nn":
             samples = self.sample_weights(num_samples)
             with torch.no_grad():
@@ -765,7 +784,7 @@ class Laplace(BaselineMethod):
             for xb in batches:
                 with torch.no_grad():
                     means.append(self._outputs(self._theta_hat, xb))
-                variances.append(self.functional_covariance(xb).diagonal(dim1=-2, dim2=-1))
+                variances.append(self._functional_covariance(xb).diagonal(dim1=-2, dim2=-1))
             mean, var = torch.cat(means), torch.cat(variances)
             if self.likelihood == "categorical":
                 return ClassificationPrediction((mean / torch.sqrt(1 + math.pi / 8 * var)).softmax(-1).unsqueeze(0))
