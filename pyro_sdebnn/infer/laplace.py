@@ -3,6 +3,7 @@
 # structures, the evidence, the predictives and the checkpoint all read one representation of the posterior
 # (the eigendecomposition ``_eig`` and the Kronecker factors ``_kron``), so they stay side by side, in the
 # order of the section comments below; split over files, every change of that representation would touch each.
+# The online training of the prior precision reads only the evidence, so it lives in ``_online_marglik.py``.
 """The Laplace approximation of a network's weight posterior (MacKay [2]; Daxberger et al. [1]).
 
 Around the MAP :math:`\\hat w` the posterior is approximated by :math:`\\mathcal N(\\hat w, H^{-1})` with
@@ -73,6 +74,7 @@ from pyro_sdebnn.infer._data import (
     _module_device_dtype,
     _TrainingData,
 )
+from pyro_sdebnn.infer._online_marglik import check_tuning, log_evidence, train_online
 from pyro_sdebnn.infer.methods import (
     BaselineMethod,
     Prediction,
@@ -121,31 +123,6 @@ def _available_memory(device: torch.device) -> int | None:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (AttributeError, ValueError, OSError):
         return None
-
-
-def _check_tuning(tune, burnin, frequency, steps, lr) -> str | None:
-    """``"posthoc"``, ``"online"`` or ``None`` from ``fit``'s ``tune_prior_precision``; checks the schedule."""
-    if tune is True or tune == "posthoc":
-        return "posthoc"
-    if tune is False:
-        return None
-    if tune != "online":
-        raise ValueError(f"tune_prior_precision must be True, False, 'posthoc' or 'online', got {tune!r}")
-    for name, value, least in (("marglik_burnin", burnin, 0), ("marglik_frequency", frequency, 1),
-                               ("marglik_steps", steps, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
-    if not (isinstance(lr, (int, float)) and lr > 0):
-        raise ValueError(f"marglik_lr must be positive, got {lr!r}")
-    return "online"
-
-
-def _log_evidence(log_likelihood: Tensor, sq_norm: Tensor, evals: Tensor, delta: Tensor) -> Tensor:
-    """The Laplace evidence at every prior precision in ``delta`` (differentiable in ``delta``)."""
-    delta = delta.to(evals)
-    log_det = torch.log(evals.unsqueeze(-1) + delta.reshape(-1)).sum(0)
-    value = log_likelihood - 0.5 * delta * sq_norm + 0.5 * evals.shape[0] * torch.log(delta) - 0.5 * log_det
-    return value.reshape(delta.shape)
 
 
 def _finite(x: Tensor, batch_index: int | None) -> Tensor:
@@ -416,7 +393,7 @@ class Laplace(BaselineMethod):
         :meth:`save` writes on rank 0 only.
         """
         loader = x if _is_loader_arg(x) else None
-        tuning = _check_tuning(tune_prior_precision, marglik_burnin, marglik_frequency, marglik_steps, marglik_lr)
+        tuning = check_tuning(tune_prior_precision, marglik_burnin, marglik_frequency, marglik_steps, marglik_lr)
         if tuning == "online" and resume:
             raise ValueError("resume=True is not available with tune_prior_precision='online'")
         self._check_memory()
@@ -427,8 +404,8 @@ class Laplace(BaselineMethod):
                         scheduler_step=scheduler_step, clip_norm=clip_norm, clip_inf_norm=clip_inf_norm)
         # the training state is kept before the curvature pass, which reads the loader again
         if tuning == "online":
-            self._fit_online(x, y, data.n, num_epochs=num_epochs, weight_decay=weight_decay, burnin=marglik_burnin,
-                             frequency=marglik_frequency, steps=marglik_steps, hyper_lr=marglik_lr, **training)
+            train_online(self, x, y, data.n, num_epochs=num_epochs, weight_decay=weight_decay, burnin=marglik_burnin,
+                         frequency=marglik_frequency, steps=marglik_steps, hyper_lr=marglik_lr, **training)
         else:
             self._fit_network(self.net, x, y, desc="laplace MAP", resume=resume, num_epochs=num_epochs,
                               weight_decay=weight_decay, **training)
@@ -479,49 +456,6 @@ class Laplace(BaselineMethod):
         if tuning is not None:
             self.optimize_prior_precision()
         return self
-
-    def _fit_online(self, x, y, n: int, *, num_epochs: int, weight_decay: float, burnin: int, frequency: int,
-                    steps: int, hyper_lr: float, **training) -> None:
-        """The MAP training of ``tune_prior_precision="online"`` (:meth:`fit`; Immer et al. [4], Algorithm 1)."""
-        from pyro_sdebnn.infer.map_training import _train_network
-
-        loader = x if _is_loader_arg(x) else None
-        _check_fit_args(n, num_epochs=num_epochs, lr=training["lr"], batch_size=training["batch_size"],
-                        weight_decay=weight_decay)
-        self._note_data_parallel(loader)
-        delta = self.prior_precision if self.prior_precision is not None else max(n * weight_decay, 1e-8)
-        log_delta = torch.tensor(math.log(delta), dtype=torch.float64, requires_grad=True)
-        hyper = torch.optim.Adam([log_delta], lr=hyper_lr)
-        linear = all(isinstance(m, nn.Linear) and m.bias is not None for _, m in self._all_layers())
-        structure = "kron" if linear and self.hessian_structure != "diag" else "diag"
-        updates = [e for e in range(max(burnin, 1), num_epochs) if e % frequency == 0]
-        state, done = None, 0
-        self.online_prior_precisions = []
-        for end in updates + [num_epochs]:
-            if state is not None:  # the optimiser goes on with the new delta as its weight decay
-                for group in state["optimizer"]["param_groups"]:
-                    group["weight_decay"] = delta / n
-            history, state = _train_network(
-                self.net, x, y, self.likelihood, desc="laplace MAP (online marginal likelihood)",
-                num_epochs=end - done, weight_decay=delta / n, state=state, first_epoch=self.epoch, **training)
-            self.losses.extend(history)
-            done = end
-            if end == num_epochs:
-                break
-            evidence = Laplace(self.net, self.likelihood, hessian_structure=structure, prior_precision=delta)
-            evidence.fit(x, y, num_epochs=0, batch_size=training["batch_size"], tune_prior_precision=False)
-            terms = evidence._evidence_terms()
-            for _ in range(steps):
-                hyper.zero_grad()
-                (-_log_evidence(*terms, log_delta.exp())).backward()
-                hyper.step()
-            delta = float(log_delta.detach().exp())
-            self.online_prior_precisions.append((end, delta))
-            if not math.isfinite(delta) or delta <= 0:
-                raise FloatingPointError(f"the online prior precision became {delta} after epoch {end}; "
-                                         f"try a smaller marglik_lr (now {hyper_lr})")
-        self.prior_precision = delta
-        self._end_fit(loader, trainer=state)
 
     def _all_layers(self) -> list[tuple[str, nn.Module]]:
         return [(name, m) for name, m in self.net.named_modules() if any(True for _ in m.parameters(recurse=False))]
@@ -632,7 +566,7 @@ class Laplace(BaselineMethod):
         """The Laplace evidence :math:`\\log p(\\mathcal D|\\delta)` (up to the :math:`2\\pi` terms that cancel)."""
         self._check_fitted()
         delta = torch.as_tensor(self.prior_precision if prior_precision is None else prior_precision)
-        return _log_evidence(*self._evidence_terms(), delta)
+        return log_evidence(*self._evidence_terms(), delta)
 
     def _evidence_terms(self) -> tuple[Tensor, Tensor, Tensor]:
         """:math:`\\log p(\\mathcal D|\\hat w)`, :math:`\\|\\hat w\\|^2` and the eigenvalues of
@@ -670,9 +604,8 @@ class Laplace(BaselineMethod):
             [J \\Sigma J^\\top]_{kl} = \\sum_i b'_{k,i}\\, b'_{l,i} \\sum_j
             \\frac{a'^2_j}{\\lambda^G_i \\lambda^A_j + \\delta},
 
-        which costs :math:`O(N(K\\,d_{\\mathrm{out}}^2 + d_{\\mathrm{in}}^2 + d_{\\mathrm{in}} d_{\\mathrm{out}}))`
-        per layer instead of the :math:`O(N K d_{\\mathrm{out}} d_{\\mathrm{in}} (d_{\\mathrm{in}} + d_{\\mathrm{out}}))`
-        of projecting full Jacobians.
+        which costs :math:`O(N(K d_o^2 + d_i^2 + d_i d_o))` per layer of :math:`d_i` inputs and :math:`d_o`
+        outputs instead of the :math:`O(N K d_o d_i (d_i + d_o))` of projecting full Jacobians.
         """
         self._check_fitted()
         _check_data(x, None, self.likelihood)

@@ -393,7 +393,8 @@ def test_laplace_full_refuses_what_does_not_fit(monkeypatch):
     p = la.num_params
     assert la.full_curvature_bytes() == p**2 * (4 + 32)
     monkeypatch.setattr(laplace_module, "_available_memory", lambda device: la.full_curvature_bytes() - 1)
-    with pytest.raises(MemoryError, match=rf"P = {p} weights needs about .* GiB.*'kron'.*subset='last_layer' \(P = 34\)"):
+    expected = rf"P = {p} weights needs about .* GiB.*'kron'.*subset='last_layer' \(P = 34\)"
+    with pytest.raises(MemoryError, match=expected):
         la.fit(x, y, num_epochs=3)
     for k, v in net.state_dict().items():  # refused before the MAP training
         torch.testing.assert_close(v, before[k])
@@ -491,7 +492,8 @@ def test_laplace_rejects_non_finite_data():
     la = Laplace(make_mlp([2, 4, 2]), "categorical", hessian_structure="diag").fit(x, y, num_epochs=2)
     inf = x[:3].clone()
     inf[1, 0] = float("-inf")
-    for call in (lambda: la.predict(inf), lambda: la.predict(inf, pred_type="nn"), lambda: la.functional_covariance(inf)):
+    for call in (lambda: la.predict(inf), lambda: la.predict(inf, pred_type="nn"),
+                 lambda: la.functional_covariance(inf)):
         with pytest.raises(ValueError, match=r"x contains Inf at index \(1, 0\)"):
             call()
     with pytest.raises(ValueError, match=r"x contains Inf at index \(1, 0\) of batch 2 of the loader"):
