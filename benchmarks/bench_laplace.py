@@ -120,6 +120,8 @@ def calibration(args) -> None:
     print("| data | method | NLL | ECE | acc | prior precision | seconds | NLL per seed |")
     print("|---|---|---|---|---|---|---|---|")
     for data_name, (x, y, x_test, y_test) in _datasets(args.quick).items():
+        if args.data is not None and data_name != args.data:
+            continue
         rows = {name: [] for name in methods}
         for seed in range(args.seeds):
             torch.manual_seed(seed)
@@ -189,6 +191,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="30 epochs, two data sets, 100 test points")
     parser.add_argument("--only", choices=["calibration", "speed", "memory"], default=None)
+    parser.add_argument("--data", choices=["two-moons", "wine", "breast-cancer"], default=None,
+                        help="calibration on this data set only")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", category=FutureWarning)  # deprecation notices laplace-torch's backends raise
