@@ -24,7 +24,8 @@
    estimated size and the alternatives (the message is printed).
 
 laplace-torch is optional: without it the script reports only ours and says it is missing. Run:
-``python benchmarks/bench_laplace.py [--seeds 3] [--repeats 5] [--quick]``.
+``python benchmarks/bench_laplace.py [--seeds 3] [--repeats 5] [--points 1000] [--only calibration|speed|memory]
+[--data two-moons|wine|breast-cancer] [--quick]``.
 """
 
 from __future__ import annotations
@@ -139,11 +140,12 @@ def calibration(args) -> None:
 
 
 def predictive_speed(args) -> None:
-    print("\n## 2. KFAC GLM probit predictive, 784-100-10 ReLU MLP, 1,000 points, one thread\n")
+    num_points = args.points or (100 if args.quick else 1000)
+    print(f"\n## 2. KFAC GLM probit predictive, 784-100-10 ReLU MLP, {num_points:,} points, one thread\n")
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(784, 100), nn.ReLU(), nn.Linear(100, 10))
     x_train, y_train = torch.rand(1000, 784), torch.randint(0, 10, (1000,))
-    x_test = torch.rand(100 if args.quick else 1000, 784)
+    x_test = torch.rand(num_points, 784)
     ours = Laplace(copy.deepcopy(net), "categorical", hessian_structure="kron").fit(x_train, y_train, num_epochs=0)
     variants = {"ours": lambda x=x_test: ours.predict(x).probs}
     if laplace_torch is None:
@@ -189,7 +191,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--quick", action="store_true", help="30 epochs, two data sets, 100 test points")
+    parser.add_argument("--quick", action="store_true",
+                        help="30 epochs and two data sets; the predictive timed on 100 points")
+    parser.add_argument("--points", type=int, default=None, help="points the predictive is timed on (1000)")
     parser.add_argument("--only", choices=["calibration", "speed", "memory"], default=None)
     parser.add_argument("--data", choices=["two-moons", "wine", "breast-cancer"], default=None,
                         help="calibration on this data set only")
