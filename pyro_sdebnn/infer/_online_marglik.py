@@ -55,11 +55,13 @@ def log_evidence(log_likelihood: Tensor, sq_norm: Tensor, evals: Tensor, delta: 
 
 
 def train_online(la, x, y, n: int, *, num_epochs: int, weight_decay: float, burnin: int, frequency: int,
-                steps: int, hyper_lr: float, **training) -> None:
+                 steps: int, hyper_lr: float, resume_state: dict | None = None, **training) -> None:
     """The MAP training of :meth:`Laplace.fit <pyro_sdebnn.infer.Laplace.fit>` with
     ``tune_prior_precision="online"`` (Immer et al. [1], Algorithm 1): ``la.net`` is trained in segments between
-    the evidence updates, one Adam optimiser going on across them with the weight decay :math:`\\delta / N`;
-    sets ``la.prior_precision``, ``la.online_prior_precisions`` and the training state of a later ``resume``."""
+    the evidence updates (at the epochs :math:`e \\ge` ``burnin``, :math:`e` a multiple of ``frequency``, counted
+    over every ``fit``), one Adam optimiser going on across them with the weight decay :math:`\\delta / N`; sets
+    ``la.prior_precision``, ``la.online_prior_precisions`` and the training state of a later ``resume``
+    (``resume_state``: that state, whose run continues exactly)."""
     from pyro_sdebnn.infer.laplace import Laplace
     from pyro_sdebnn.infer.map_training import _train_network
 
@@ -67,24 +69,37 @@ def train_online(la, x, y, n: int, *, num_epochs: int, weight_decay: float, burn
     _check_fit_args(n, num_epochs=num_epochs, lr=training["lr"], batch_size=training["batch_size"],
                     weight_decay=weight_decay)
     la._note_data_parallel(loader)
-    delta = la.prior_precision if la.prior_precision is not None else max(n * weight_decay, 1e-8)
+    if resume_state is not None:
+        online = resume_state.get("online")
+        if not isinstance(online, dict):
+            raise ValueError("resume=True with tune_prior_precision='online' continues a run fitted online; "
+                             "the last fit was not")
+        delta, state = float(online["delta"]), resume_state["trainer"]
+    else:
+        delta = la.prior_precision if la.prior_precision is not None else max(n * weight_decay, 1e-8)
+        state = None
     log_delta = torch.tensor(math.log(delta), dtype=torch.float64, requires_grad=True)
     hyper = torch.optim.Adam([log_delta], lr=hyper_lr)
+    if resume_state is not None:
+        hyper.load_state_dict(resume_state["online"]["hyper"])
     linear = all(isinstance(m, nn.Linear) and m.bias is not None for _, m in la._all_layers())
     structure = "kron" if linear and la.hessian_structure != "diag" else "diag"
-    updates = [e for e in range(max(burnin, 1), num_epochs) if e % frequency == 0]
-    state, done = None, 0
-    la.online_prior_precisions = []
-    for end in updates + [num_epochs]:
-        if state is not None:  # the optimiser goes on with the new delta as its weight decay
-            for group in state["optimizer"]["param_groups"]:
-                group["weight_decay"] = delta / n
-        history, state = _train_network(
-            la.net, x, y, la.likelihood, desc="laplace MAP (online marginal likelihood)",
-            num_epochs=end - done, weight_decay=delta / n, state=state, first_epoch=la.epoch, **training)
-        la.losses.extend(history)
-        done = end
-        if end == num_epochs:
+    first = done = la.epoch
+    total = first + num_epochs
+    updates = [e for e in range(max(burnin, 1, first), total) if e % frequency == 0]
+    if resume_state is None or not hasattr(la, "online_prior_precisions"):
+        la.online_prior_precisions = []
+    for end in updates + [total]:
+        if end > done:
+            if state is not None:  # the optimiser goes on with the new delta as its weight decay
+                for group in state["optimizer"]["param_groups"]:
+                    group["weight_decay"] = delta / n
+            history, state = _train_network(
+                la.net, x, y, la.likelihood, desc="laplace MAP (online marginal likelihood)",
+                num_epochs=end - done, weight_decay=delta / n, state=state, first_epoch=la.epoch, **training)
+            la.losses.extend(history)
+            done = end
+        if end == total:
             break
         evidence = Laplace(la.net, la.likelihood, hessian_structure=structure, prior_precision=delta)
         evidence.fit(x, y, num_epochs=0, batch_size=training["batch_size"], tune_prior_precision=False)
@@ -98,5 +113,8 @@ def train_online(la, x, y, n: int, *, num_epochs: int, weight_decay: float, burn
         if not math.isfinite(delta) or delta <= 0:
             raise FloatingPointError(f"the online prior precision became {delta} after epoch {end}; "
                                      f"try a smaller marglik_lr (now {hyper_lr})")
+    if state is not None:
+        for group in state["optimizer"]["param_groups"]:
+            group["weight_decay"] = delta / n
     la.prior_precision = delta
-    la._end_fit(loader, trainer=state)
+    la._end_fit(loader, trainer=state, online={"delta": delta, "hyper": hyper.state_dict()})

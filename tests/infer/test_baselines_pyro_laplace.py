@@ -414,7 +414,7 @@ def test_laplace_online_marglik_segments_continue_the_same_training():
     online.net.load_state_dict(plain.net.state_dict())
     x = x.double()
     torch.manual_seed(4)
-    plain.fit(x, y, num_epochs=12, batch_size=8, weight_decay=0.05)
+    plain.fit(x, y, num_epochs=12, batch_size=8, weight_decay=0.05, tune_prior_precision="posthoc")
     torch.manual_seed(4)
     online.fit(x, y, num_epochs=12, batch_size=8, weight_decay=0.05, tune_prior_precision="online",
                marglik_burnin=2, marglik_frequency=3, marglik_steps=2, marglik_lr=1e-12)
@@ -468,8 +468,8 @@ def test_laplace_online_marglik_bad_arguments():
         la.fit(x, y, num_epochs=1, tune_prior_precision="online", marglik_frequency=0)
     with pytest.raises(ValueError, match="marglik_lr"):
         la.fit(x, y, num_epochs=1, tune_prior_precision="online", marglik_lr=0.0)
-    la.fit(x, y, num_epochs=1)
-    with pytest.raises(ValueError, match="resume"):
+    la.fit(x, y, num_epochs=1, tune_prior_precision="posthoc")
+    with pytest.raises(ValueError, match="continues a run fitted online"):
         la.fit(x, y, num_epochs=1, tune_prior_precision="online", resume=True)
 
 
@@ -498,3 +498,26 @@ def test_laplace_rejects_non_finite_data():
             call()
     with pytest.raises(ValueError, match=r"x contains Inf at index \(1, 0\) of batch 2 of the loader"):
         la.predict(DataLoader(TensorDataset(torch.cat([x[:6], inf]), y[:9]), batch_size=3))
+
+
+def test_laplace_online_marglik_resumes_exactly(tmp_path):
+    """fit(k) + save + load + fit(K - k, resume=True) equals fit(K) with online tuning, an update falling on k."""
+    x, y = _blobs(32)
+    x = x.double()
+    kw = dict(batch_size=8, tune_prior_precision="online", marglik_burnin=2, marglik_frequency=3, marglik_steps=5)
+    torch.manual_seed(7)
+    net = make_mlp([2, 8, 2], dtype=torch.float64)
+    start = {k: v.clone() for k, v in net.state_dict().items()}
+    whole = Laplace(net, "categorical", hessian_structure="kron").fit(x, y, num_epochs=10, **kw)
+    torch.manual_seed(7)
+    net = make_mlp([2, 8, 2], dtype=torch.float64)
+    net.load_state_dict(start)
+    Laplace(net, "categorical", hessian_structure="kron").fit(x, y, num_epochs=6, **kw).save(tmp_path / "la.pt")
+    resumed = Laplace(make_mlp([2, 8, 2], dtype=torch.float64), "categorical", hessian_structure="kron")
+    resumed.load(tmp_path / "la.pt").fit(x, y, num_epochs=4, resume=True, **kw)
+    assert [e for e, _ in resumed.online_prior_precisions] == [6, 9]
+    assert [e for e, _ in whole.online_prior_precisions] == [3, 6, 9]
+    assert resumed.online_prior_precisions[-1][1] == pytest.approx(whole.online_prior_precisions[-1][1], rel=1e-12)
+    for name, value in whole.net.state_dict().items():
+        torch.testing.assert_close(resumed.net.state_dict()[name], value, rtol=1e-12, atol=1e-14)
+    assert resumed.prior_precision == whole.prior_precision
