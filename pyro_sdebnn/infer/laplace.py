@@ -3,6 +3,7 @@
 # structures, the evidence, the predictives and the checkpoint all read one representation of the posterior
 # (the eigendecomposition ``_eig`` and the Kronecker factors ``_kron``), so they stay side by side, in the
 # order of the section comments below; split over files, every change of that representation would touch each.
+# The online training of the prior precision reads only the evidence, so it lives in ``_online_marglik.py``.
 """The Laplace approximation of a network's weight posterior (MacKay [2]; Daxberger et al. [1]).
 
 Around the MAP :math:`\\hat w` the posterior is approximated by :math:`\\mathcal N(\\hat w, H^{-1})` with
@@ -51,23 +52,29 @@ for large convolutional networks.
    Neural Computation.
 3. J. Martens, R. Grosse (2015), *Optimizing neural networks with Kronecker-factored approximate
    curvature*, ICML.
+4. A. Immer, M. Bauer, V. Fortuin, G. Rätsch, M. E. Khan (2021), *Scalable marginal likelihood estimation
+   for model selection in deep learning*, ICML.
 """
 
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, jacrev, vmap
 
+from pyro_sdebnn.data.loaders import check_finite_batch
 from pyro_sdebnn.infer._data import (
     _check_data,
+    _check_fit_args,
     _is_loader_arg,
     _iter_inputs,
     _module_device_dtype,
     _TrainingData,
 )
+from pyro_sdebnn.infer._online_marglik import check_tuning, log_evidence, train_online
 from pyro_sdebnn.infer.methods import (
     BaselineMethod,
     Prediction,
@@ -91,6 +98,41 @@ def _wide(t: Tensor) -> Tensor:
 
 def _join(prefix: str, leaf: str) -> str:
     return f"{prefix}.{leaf}" if prefix else leaf
+
+
+def _available_memory(device: torch.device) -> int | None:
+    """Bytes that can still be allocated on ``device``: the free memory of a CUDA device, else the system's
+    available memory (``psutil`` when installed, else ``MemAvailable`` of ``/proc/meminfo``, else the physical
+    memory); ``None`` when unknown."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        pass
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _finite(x: Tensor, batch_index: int | None) -> Tensor:
+    """``x`` after :func:`~pyro_sdebnn.data.loaders.check_finite_batch` (the inputs to predict on)."""
+    check_finite_batch(x, what="x", batch_index=batch_index)
+    return x
+
+
+def _gib(num_bytes: float) -> str:
+    return f"{num_bytes / 2**30:.1f} GiB"
 
 
 def _sum_over_ranks(curvature: dict[str, Tensor], log_likelihood: Tensor, n: int):
@@ -122,6 +164,10 @@ class Laplace(BaselineMethod):
 
     1. E. Daxberger et al. (2021), *Laplace Redux -- effortless Bayesian deep learning*, NeurIPS.
     2. D. J. C. MacKay (1992), *A practical Bayesian framework for backpropagation networks*.
+    3. J. Martens, R. Grosse (2015), *Optimizing neural networks with Kronecker-factored approximate curvature*,
+       ICML.
+    4. A. Immer, M. Bauer, V. Fortuin, G. Rätsch, M. E. Khan (2021), *Scalable marginal likelihood estimation
+       for model selection in deep learning*, ICML.
 
     :param nn.Module net: the network; it is trained in place by :meth:`fit` (use ``num_epochs=0``
         for an already trained network).
@@ -184,7 +230,7 @@ class Laplace(BaselineMethod):
 
     # ------------------------------------------------------------------ set-up
     def _select_layers(self) -> list[tuple[str, nn.Module]]:
-        modules = [(name, m) for name, m in self.net.named_modules() if any(True for _ in m.parameters(recurse=False))]
+        modules = self._all_layers()
         if self.subset == "last_layer":
             linears = [(name, m) for name, m in modules if isinstance(m, nn.Linear)]
             if not linears:
@@ -205,9 +251,11 @@ class Laplace(BaselineMethod):
     def _outputs(self, theta: dict[str, Tensor], x: Tensor) -> Tensor:
         return functional_call(self.net, {**self._frozen, **theta}, (x,))
 
-    def _chunks(self, n: int) -> list[slice]:
-        num_outputs = self._num_outputs
-        size = max(1, _MAX_JACOBIAN_ELEMENTS // max(1, num_outputs * self.num_params))
+    def _chunks(self, n: int, width: int | None = None) -> list[slice]:
+        """Slices of at most :data:`_MAX_JACOBIAN_ELEMENTS` Jacobian entries (``width`` weights per output,
+        default all :math:`P`)."""
+        width = self.num_params if width is None else width
+        size = max(1, _MAX_JACOBIAN_ELEMENTS // max(1, self._num_outputs * width))
         return [slice(i, min(n, i + size)) for i in range(0, n, size)]
 
     def _jacobian(self, x: Tensor, names: list[str] | None = None) -> dict[str, Tensor]:
@@ -238,6 +286,34 @@ class Laplace(BaselineMethod):
         diag = torch.stack([torch.exp(-log_var), torch.full_like(log_var, 0.5)], -1)
         return torch.diag_embed(diag)
 
+    def full_curvature_bytes(self, dtype: torch.dtype | None = None) -> int:
+        """Peak memory of ``hessian_structure="full"`` in bytes: :math:`P^2 (b + 32)` for weights of
+        :math:`b` bytes each -- the :math:`P \\times P` curvature in the network's dtype and, in float64, its
+        symmetrised copy, the eigenvectors and the eigensolver's workspace (plus the Jacobian chunks)."""
+        dtype = _module_device_dtype(self.net)[1] if dtype is None else dtype
+        item = torch.empty((), dtype=dtype).element_size()
+        return self.num_params ** 2 * (item + 32)
+
+    def _check_memory(self) -> None:
+        """Refuse ``"full"`` before any work when its curvature cannot fit in the device's memory."""
+        if self.hessian_structure != "full":
+            return
+        device, dtype = _module_device_dtype(self.net)
+        need, free = self.full_curvature_bytes(dtype), _available_memory(device)
+        if free is None or need <= free:
+            return
+        alternatives = "hessian_structure='kron' or 'diag'"
+        if self.subset == "all":
+            last = [m for _, m in self.net.named_modules() if isinstance(m, nn.Linear)]
+            if last:
+                size = sum(p.numel() for p in last[-1].parameters(recurse=False))
+                alternatives += f", or subset='last_layer' (P = {size:,})"
+        raise MemoryError(
+            f"hessian_structure='full' over P = {self.num_params:,} weights needs about {_gib(need)} (the P x P "
+            f"curvature and its float64 eigendecomposition) but {_gib(free)} is available on {device}; "
+            f"use {alternatives}"
+        )
+
     @property
     def num_params(self) -> int:
         """:math:`P`, the number of weights under the Laplace approximation."""
@@ -253,7 +329,11 @@ class Laplace(BaselineMethod):
         lr: float = 1e-2,
         batch_size: int | None = 32,
         weight_decay: float = 1e-4,
-        tune_prior_precision: bool = True,
+        tune_prior_precision: bool | str | None = None,
+        marglik_burnin: int = 10,
+        marglik_frequency: int = 5,
+        marglik_steps: int = 20,
+        marglik_lr: float = 0.1,
         progress: bool = False,
         scheduler=None,
         scheduler_step: str = "epoch",
@@ -270,7 +350,25 @@ class Laplace(BaselineMethod):
             over the batches :math:`\\mathcal B`),
             each batch moved to the network's device one at a time.
         :param int num_epochs: MAP training epochs (0: use ``net`` as trained).
-        :param bool tune_prior_precision: maximise the Laplace evidence over :math:`\\delta`.
+        :param tune_prior_precision: how :math:`\\delta` is chosen from the Laplace evidence
+            :math:`\\log p(\\mathcal D|\\delta)` (class docstring). ``True`` or ``"posthoc"``: maximise it
+            after the MAP training, which used the weight decay ``weight_decay`` (MacKay [2]). ``"online"``:
+            learn :math:`\\delta` during the MAP training (Immer et al. [4], Algorithm 1): the MAP loss uses
+            the current :math:`\\delta` as its weight decay :math:`\\lambda = \\delta/N` (starting from
+            :math:`\\delta_0` = ``prior_precision`` or :math:`N` ``weight_decay``); after ``marglik_burnin``
+            epochs and then every ``marglik_frequency`` epochs, the curvature of the current network is
+            computed (all weights: KFAC, or the diagonal when ``hessian_structure="diag"`` or a layer is not
+            an ``nn.Linear`` with bias) and ``marglik_steps`` Adam steps of rate ``marglik_lr`` on
+            :math:`\\log\\delta` ascend the evidence; finally the evidence of the fitted approximation is
+            maximised as for ``"posthoc"``. The pairs (epoch, :math:`\\delta`) of the updates are kept in
+            ``online_prior_precisions``. A network trained with an arbitrary weight decay sits at a mode
+            of another posterior than the one the tuned :math:`\\delta` describes; online training makes the
+            two agree. ``False``: keep :math:`\\delta` (``prior_precision``, else :math:`N` ``weight_decay``).
+            ``None`` (default): ``"online"`` for ``subset="all"``, where it lowered the test NLL of the post-hoc
+            tuning on every data set of ``benchmarks/bench_laplace.py``, ``"posthoc"`` for the last layer,
+            where it did not on Two Moons (the figures are in ``BENCHMARKS.md``). With ``num_epochs=0`` (a
+            trained network) both are the post-hoc tuning. ``resume=True`` continues an online run exactly
+            (the updates fall on the same epochs, the hyper-optimiser goes on).
         :param scheduler: learning-rate schedule of the MAP training, as in
             :func:`~pyro_sdebnn.infer.map_training.train_network` (a callable ``optimizer -> lr_scheduler``),
             stepped per ``scheduler_step`` (``"epoch"`` or ``"step"``).
@@ -284,6 +382,9 @@ class Laplace(BaselineMethod):
         :returns: ``self``.
         :raises ValueError: if data-parallel (below) and the ranks' loaders take different numbers of steps, or
             the data set has fewer points than ranks.
+        :raises MemoryError: before any training, if ``hessian_structure="full"`` needs more memory
+            (:meth:`full_curvature_bytes`) than the network's device has available; the message gives the
+            size and the alternatives.
 
         **Data-parallel.** Under ``torchrun`` (:math:`W > 1` ranks) a loader sharded by a
         :class:`~torch.utils.data.distributed.DistributedSampler` (e.g.
@@ -297,13 +398,23 @@ class Laplace(BaselineMethod):
         :meth:`save` writes on rank 0 only.
         """
         loader = x if _is_loader_arg(x) else None
+        if tune_prior_precision is None:
+            tune_prior_precision = "online" if self.subset == "all" else "posthoc"
+        tuning = check_tuning(tune_prior_precision, marglik_burnin, marglik_frequency, marglik_steps, marglik_lr)
+        self._check_memory()
         data = _TrainingData(x, y, self.likelihood, batch_size)
+        if not data.is_loader:  # a loader's batches are checked as they are read
+            check_finite_batch(x, y, what="x")
+        training = dict(lr=lr, batch_size=batch_size, progress=progress, scheduler=scheduler,
+                        scheduler_step=scheduler_step, clip_norm=clip_norm, clip_inf_norm=clip_inf_norm)
         # the training state is kept before the curvature pass, which reads the loader again
-        self._fit_network(
-            self.net, x, y, desc="laplace MAP", resume=resume, num_epochs=num_epochs, lr=lr, batch_size=batch_size,
-            weight_decay=weight_decay, progress=progress, scheduler=scheduler, scheduler_step=scheduler_step,
-            clip_norm=clip_norm, clip_inf_norm=clip_inf_norm,
-        )
+        if tuning == "online":
+            train_online(self, x, y, data.n, num_epochs=num_epochs, weight_decay=weight_decay, burnin=marglik_burnin,
+                         frequency=marglik_frequency, steps=marglik_steps, hyper_lr=marglik_lr,
+                         resume_state=self._resume_state(resume, loader), **training)
+        else:
+            self._fit_network(self.net, x, y, desc="laplace MAP", resume=resume, num_epochs=num_epochs,
+                              weight_decay=weight_decay, **training)
         sampler = self._data_parallel_sampler(loader)  # several ranks, a sharded loader: the shards' sums add up
         keep = None
         if sampler is not None:
@@ -323,7 +434,7 @@ class Laplace(BaselineMethod):
             from pyro_sdebnn.data.loaders import iter_batches
 
             device, dtype = _module_device_dtype(self.net)
-            batches = iter_batches(loader, device, dtype)
+            batches = iter_batches(loader, device, dtype, check_finite="x")
         else:
             batches = iter([(x, y)])  # the whole data set as one batch
         log_likelihood, curvature, n = None, None, 0
@@ -348,12 +459,16 @@ class Laplace(BaselineMethod):
         self._log_likelihood = log_likelihood
         self._set_curvature(curvature, n)
         self._fitted = True
-        if tune_prior_precision:
+        if tuning is not None:
             self.optimize_prior_precision()
         return self
 
+    def _all_layers(self) -> list[tuple[str, nn.Module]]:
+        return [(name, m) for name, m in self.net.named_modules() if any(True for _ in m.parameters(recurse=False))]
+
     def _ggn_terms(self, x: Tensor, names: list[str] | None = None):
-        for chunk in self._chunks(x.shape[0]):
+        width = None if names is None else sum(self._theta_hat[name].numel() for name in names)
+        for chunk in self._chunks(x.shape[0], width):
             xc = x[chunk]
             jac = self._jacobian(xc, names)
             with torch.no_grad():
@@ -412,8 +527,9 @@ class Laplace(BaselineMethod):
             diag += v.pow(2).sum((0, 1))
         return diag
 
-    def _kron_factors(self, x: Tensor) -> dict[str, Tensor]:
-        """``A:<layer>`` (sum of input outer products) and ``G:<layer>`` (sum, not yet divided by N)."""
+    def _layer_inputs(self, x: Tensor) -> dict[str, Tensor]:
+        """``{layer: (N, in + 1)}``: the inputs :math:`\\tilde a_n = [a_n, 1]` of every selected linear layer at
+        the MAP (read by forward hooks during one forward pass)."""
         inputs: dict[str, Tensor] = {}
         hooks = [
             module.register_forward_hook(lambda mod, args, out, key=prefix: inputs.__setitem__(key, args[0].detach()))
@@ -421,11 +537,19 @@ class Laplace(BaselineMethod):
         ]
         try:
             with torch.no_grad():
-                self.net(x)
+                self._outputs(self._theta_hat, x)
         finally:
             for hook in hooks:
                 hook.remove()
-        n = x.shape[0]
+        out = {}
+        for prefix, _ in self._layers:
+            a = inputs[prefix].reshape(x.shape[0], -1)
+            out[prefix] = torch.cat([a, torch.ones_like(a[:, :1])], -1)
+        return out
+
+    def _kron_factors(self, x: Tensor) -> dict[str, Tensor]:
+        """``A:<layer>`` (sum of input outer products) and ``G:<layer>`` (sum, not yet divided by N)."""
+        inputs = self._layer_inputs(x)
         g_factors = {prefix: 0.0 for prefix, _ in self._layers}
         bias_names = [_join(prefix, "bias") for prefix, _ in self._layers]  # G needs only the bias Jacobians
         for jac, sqrt_lam in self._ggn_terms(x, bias_names):
@@ -435,8 +559,7 @@ class Laplace(BaselineMethod):
                 g_factors[prefix] = g_factors[prefix] + _wide(torch.einsum("nko,nkp->op", v, v))
         factors = {}
         for prefix, _ in self._layers:
-            a = inputs[prefix].reshape(n, -1)
-            a = torch.cat([a, torch.ones_like(a[:, :1])], -1)
+            a = inputs[prefix]
             factors[f"A:{prefix}"] = _wide(a.T @ a)
             factors[f"G:{prefix}"] = g_factors[prefix]
         return factors
@@ -449,13 +572,13 @@ class Laplace(BaselineMethod):
         """The Laplace evidence :math:`\\log p(\\mathcal D|\\delta)` (up to the :math:`2\\pi` terms that cancel)."""
         self._check_fitted()
         delta = torch.as_tensor(self.prior_precision if prior_precision is None else prior_precision)
-        evals = self._data_eigenvalues()
-        delta = delta.to(evals)
+        return log_evidence(*self._evidence_terms(), delta)
+
+    def _evidence_terms(self) -> tuple[Tensor, Tensor, Tensor]:
+        """:math:`\\log p(\\mathcal D|\\hat w)`, :math:`\\|\\hat w\\|^2` and the eigenvalues of
+        :math:`H_{\\mathrm{data}}`: all the evidence needs."""
         sq_norm = sum(_wide(t).pow(2).sum() for t in self._theta_hat.values())
-        p = evals.shape[0]
-        log_det = torch.log(evals.unsqueeze(-1) + delta.reshape(-1)).sum(0)
-        value = _wide(self._log_likelihood) - 0.5 * delta * sq_norm + 0.5 * p * torch.log(delta) - 0.5 * log_det
-        return value.reshape(delta.shape)
+        return _wide(self._log_likelihood), sq_norm, self._data_eigenvalues()
 
     def optimize_prior_precision(self, grid: Tensor | None = None) -> float:
         """Set :math:`\\delta` to the maximiser of the evidence over ``grid`` (default :math:`10^{-4..6}`)."""
@@ -475,27 +598,60 @@ class Laplace(BaselineMethod):
 
     # ------------------------------------------------------------------ posterior
     def functional_covariance(self, x: Tensor) -> Tensor:
-        """:math:`J(x) H^{-1} J(x)^\\top` of the linearised network, shape ``(N, K, K)``."""
+        """:math:`J(x) H^{-1} J(x)^\\top` of the linearised network, shape ``(N, K, K)``.
+
+        For ``"kron"`` no weight Jacobian is formed: a linear layer's Jacobian for output :math:`k` is the
+        outer product :math:`J_{k} = b_k \\tilde a^\\top` of the output's gradient :math:`b_k` with respect to
+        the layer's pre-activations and the layer's input :math:`\\tilde a`, so in the eigenbases
+        :math:`Q_G, Q_A` of the factors (:math:`b' = Q_G^\\top b`, :math:`a' = Q_A^\\top \\tilde a`)
+
+        .. math::
+
+            [J \\Sigma J^\\top]_{kl} = \\sum_i b'_{k,i}\\, b'_{l,i} \\sum_j
+            \\frac{a'^2_j}{\\lambda^G_i \\lambda^A_j + \\delta},
+
+        which costs :math:`O(N(K d_o^2 + d_i^2 + d_i d_o))` per layer of :math:`d_i` inputs and :math:`d_o`
+        outputs instead of the :math:`O(N K d_o d_i (d_i + d_o))` of projecting full Jacobians.
+        """
         self._check_fitted()
+        _check_data(x, None, self.likelihood)
+        check_finite_batch(x, what="x")
+        return self._functional_covariance(x)
+
+    def _functional_covariance(self, x: Tensor) -> Tensor:
+        if self.hessian_structure == "kron":
+            return self._kron_functional_covariance(x)
         delta = self.prior_precision
         covs = []
         for chunk in self._chunks(x.shape[0]):
             jac = {k: v.detach() for k, v in self._jacobian(x[chunk]).items()}
-            if self.hessian_structure == "kron":
-                cov = 0.0
-                for prefix, eg, qg, ea, qa in self._kron:
-                    m = torch.cat([jac[_join(prefix, "weight")], jac[_join(prefix, "bias")].unsqueeze(-1)], -1)
-                    proj = (qg.T.to(m) @ m @ qa.to(m)).flatten(2)  # (N, K, out * (in + 1)) in the eigenbasis
-                    inv = (1.0 / (torch.outer(eg, ea) + delta)).to(m).reshape(-1)
-                    cov = cov + (proj * inv) @ proj.transpose(-1, -2)
+            j = self._flat_jacobian(jac)
+            if self.hessian_structure == "diag":
+                cov = torch.einsum("nkp,p,nlp->nkl", j, (1.0 / (self._eig[0] + delta)).to(j), j)
             else:
-                j = self._flat_jacobian(jac)
-                if self.hessian_structure == "diag":
-                    cov = torch.einsum("nkp,p,nlp->nkl", j, (1.0 / (self._eig[0] + delta)).to(j), j)
-                else:
-                    evals, evecs = self._eig
-                    jq = j @ evecs.to(j)
-                    cov = torch.einsum("nkp,p,nlp->nkl", jq, (1.0 / (evals + delta)).to(j), jq)
+                evals, evecs = self._eig
+                jq = j @ evecs.to(j)
+                cov = torch.einsum("nkp,p,nlp->nkl", jq, (1.0 / (evals + delta)).to(j), jq)
+            covs.append(cov)
+        return torch.cat(covs)
+
+    def _kron_functional_covariance(self, x: Tensor) -> Tensor:
+        delta = self.prior_precision
+        bias_names = [_join(prefix, "bias") for prefix, _ in self._layers]
+        width = sum(self._theta_hat[name].numel() for name in bias_names)
+        covs = []
+        for chunk in self._chunks(x.shape[0], width):
+            xc = x[chunk]
+            jac = self._jacobian(xc, bias_names)  # d f / d bias = d f / d pre-activation: (N, K, out)
+            inputs = self._layer_inputs(xc)
+            cov = 0.0
+            for prefix, eg, qg, ea, qa in self._kron:
+                b = jac[_join(prefix, "bias")].detach()
+                b = b @ qg.to(b)  # (N, K, out) in the eigenbasis of G
+                a = inputs[prefix] @ qa.to(b)  # (N, in + 1) in the eigenbasis of A
+                inv = (1.0 / (torch.outer(eg, ea) + delta)).to(b)  # (out, in + 1)
+                weight = a.square() @ inv.T  # (N, out)
+                cov = cov + torch.einsum("nki,ni,nli->nkl", b, weight, b)
             covs.append(cov)
         return torch.cat(covs)
 
@@ -551,7 +707,9 @@ class Laplace(BaselineMethod):
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
         device, dtype = _module_device_dtype(self.net)
-        batches = _iter_inputs(x, device, dtype, self.likelihood)
+        is_loader = _is_loader_arg(x)
+        batches = (_finite(xb, i if is_loader else None)
+                   for i, xb in enumerate(_iter_inputs(x, device, dtype, self.likelihood)))
         if pred_type == "nn":
             samples = self.sample_weights(num_samples)
             with torch.no_grad():
@@ -565,7 +723,7 @@ class Laplace(BaselineMethod):
             for xb in batches:
                 with torch.no_grad():
                     means.append(self._outputs(self._theta_hat, xb))
-                variances.append(self.functional_covariance(xb).diagonal(dim1=-2, dim2=-1))
+                variances.append(self._functional_covariance(xb).diagonal(dim1=-2, dim2=-1))
             mean, var = torch.cat(means), torch.cat(variances)
             if self.likelihood == "categorical":
                 return ClassificationPrediction((mean / torch.sqrt(1 + math.pi / 8 * var)).softmax(-1).unsqueeze(0))

@@ -354,3 +354,170 @@ def test_map_is_one_sample():
         fit.predict_outputs(x, num_samples=10)
     with pytest.raises(ValueError, match="num_particles must be 1"):
         MAPEstimate(make_mlp([2, 4, 2]), "categorical").fit(x, y, num_epochs=1, num_particles=4)
+
+
+def test_laplace_kron_functional_covariance_of_deep_network():
+    """The KFAC functional covariance (formed from layer inputs and pre-activation gradients, no weight Jacobian)
+    equals J Sigma J^T with Sigma the block-diagonal inverse of G (x) A + delta I and J from autograd (float64)."""
+    torch.manual_seed(0)
+    x, y = torch.randn(20, 3, dtype=torch.float64), torch.randint(0, 3, (20,))
+    net = make_mlp([3, 5, 4, 3], "tanh", dtype=torch.float64)
+    la = Laplace(net, "categorical", hessian_structure="kron", prior_precision=0.5)
+    la.fit(x, y, num_epochs=0, tune_prior_precision=False)
+    blocks = []
+    for _, eg, qg, ea, qa in la._kron:
+        q = torch.kron(qg, qa)  # row-major vec([W | b])
+        blocks.append((q / (torch.outer(eg, ea).reshape(-1) + 0.5)) @ q.T)
+    sigma = torch.block_diag(*blocks)
+    x_test = torch.randn(6, 3, dtype=torch.float64)
+    rows = []
+    for xi in x_test:
+        jac = torch.autograd.functional.jacobian(
+            lambda *ws: torch.func.functional_call(net, dict(zip([n for n, _ in net.named_parameters()], ws)),
+                                                   (xi.unsqueeze(0),))[0],
+            tuple(p.detach() for p in net.parameters()))
+        per_layer = [torch.cat([jw, jb.unsqueeze(-1)], -1).flatten(1) for jw, jb in zip(jac[::2], jac[1::2])]
+        rows.append(torch.cat(per_layer, -1))
+    j = torch.stack(rows)
+    torch.testing.assert_close(la.functional_covariance(x_test), j @ sigma @ j.transpose(-1, -2))
+
+
+def test_laplace_full_refuses_what_does_not_fit(monkeypatch):
+    """Full Laplace estimates P^2 (bytes + 32) before any work and refuses with the size and the alternatives."""
+    import pyro_sdebnn.infer.laplace as laplace_module
+
+    x, y = _blobs(16)
+    net = make_mlp([2, 16, 2])
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    la = Laplace(net, "categorical", hessian_structure="full")
+    p = la.num_params
+    assert la.full_curvature_bytes() == p**2 * (4 + 32)
+    monkeypatch.setattr(laplace_module, "_available_memory", lambda device: la.full_curvature_bytes() - 1)
+    expected = rf"P = {p} weights needs about .* GiB.*'kron'.*subset='last_layer' \(P = 34\)"
+    with pytest.raises(MemoryError, match=expected):
+        la.fit(x, y, num_epochs=3)
+    for k, v in net.state_dict().items():  # refused before the MAP training
+        torch.testing.assert_close(v, before[k])
+    Laplace(net, "categorical", hessian_structure="kron").fit(x, y, num_epochs=0)  # the alternative runs
+    monkeypatch.setattr(laplace_module, "_available_memory", lambda device: la.full_curvature_bytes())
+    la.fit(x, y, num_epochs=0)
+    assert la.num_params == p
+
+
+def test_laplace_online_marglik_segments_continue_the_same_training():
+    """With a vanishing hyper-step the online schedule (training in segments between the evidence updates) is the
+    plain MAP training with weight decay delta_0 / N: the optimiser's state goes on across the segments."""
+    x, y = _blobs(32)
+    torch.manual_seed(3)
+    plain = Laplace(make_mlp([2, 8, 2], dtype=torch.float64), "categorical", hessian_structure="kron")
+    online = Laplace(make_mlp([2, 8, 2], dtype=torch.float64), "categorical", hessian_structure="kron")
+    online.net.load_state_dict(plain.net.state_dict())
+    x = x.double()
+    torch.manual_seed(4)
+    plain.fit(x, y, num_epochs=12, batch_size=8, weight_decay=0.05, tune_prior_precision="posthoc")
+    torch.manual_seed(4)
+    online.fit(x, y, num_epochs=12, batch_size=8, weight_decay=0.05, tune_prior_precision="online",
+               marglik_burnin=2, marglik_frequency=3, marglik_steps=2, marglik_lr=1e-12)
+    assert [e for e, _ in online.online_prior_precisions] == [3, 6, 9]
+    for name, value in plain.net.state_dict().items():
+        torch.testing.assert_close(online.net.state_dict()[name], value, rtol=1e-9, atol=1e-12)
+    assert online.losses == pytest.approx(plain.losses, rel=1e-9)
+
+
+def test_laplace_online_marglik_reaches_the_joint_optimum():
+    """Online training (Immer et al. 2021) ends where the weights are the MAP under the learned prior precision
+    delta (weight decay delta / N) and delta maximises the Laplace evidence of those weights: checked on a softmax
+    regression (convex), against L-BFGS at that delta and the evidence's maximiser on a fine grid."""
+    torch.manual_seed(0)
+    y = torch.arange(40) % 3
+    x = (torch.randn(40, 2) + 1.5 * torch.stack([torch.cos(2.1 * y), torch.sin(2.1 * y)], -1)).double()
+    la = Laplace(make_mlp([2, 3], dtype=torch.float64), "categorical", hessian_structure="kron")
+    la.fit(x, y, num_epochs=300, lr=0.05, batch_size=None, weight_decay=1e-3, tune_prior_precision="online",
+           marglik_burnin=0, marglik_frequency=15, marglik_steps=50)
+    epoch, delta = la.online_prior_precisions[-1]
+    assert epoch == 285 and delta != pytest.approx(40 * 1e-3, rel=0.5)  # delta moved from its start
+    assert la._train_state["trainer"]["optimizer"]["param_groups"][0]["weight_decay"] == pytest.approx(delta / 40)
+    # the weights minimise sum NLL + delta / 2 |w|^2 (to Adam's tolerance, as in test_map_recovers_...)
+    w = torch.zeros(3, 2, dtype=torch.float64, requires_grad=True)
+    b = torch.zeros(3, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([w, b], max_iter=500, tolerance_grad=1e-10, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(x @ w.T + b, y, reduction="sum")
+        loss = loss + delta / 2 * (w.square().sum() + b.square().sum())
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    torch.testing.assert_close(la.net[0].weight.detach(), w.detach(), atol=2e-2, rtol=1e-2)
+    # delta maximises the evidence of the final network (the last update was 15 epochs before the end)
+    grid = torch.logspace(math.log10(delta) - 1, math.log10(delta) + 1, 2001, dtype=torch.float64)
+    best = float(grid[la.log_marginal_likelihood(grid).argmax()])
+    assert best == pytest.approx(delta, rel=0.05)
+    # the final post-hoc maximisation, on the default grid (201 points over 10 decades: half a step is 10^0.025)
+    assert abs(math.log10(la.prior_precision / best)) <= 0.025 + 1e-9
+
+
+def test_laplace_online_marglik_bad_arguments():
+    x, y = _blobs(16)
+    la = Laplace(make_mlp([2, 4, 2]), "categorical")
+    with pytest.raises(ValueError, match="tune_prior_precision"):
+        la.fit(x, y, num_epochs=1, tune_prior_precision="grid")
+    with pytest.raises(ValueError, match="marglik_frequency"):
+        la.fit(x, y, num_epochs=1, tune_prior_precision="online", marglik_frequency=0)
+    with pytest.raises(ValueError, match="marglik_lr"):
+        la.fit(x, y, num_epochs=1, tune_prior_precision="online", marglik_lr=0.0)
+    la.fit(x, y, num_epochs=1, tune_prior_precision="posthoc")
+    with pytest.raises(ValueError, match="continues a run fitted online"):
+        la.fit(x, y, num_epochs=1, tune_prior_precision="online", resume=True)
+
+
+def test_laplace_rejects_non_finite_data():
+    """A NaN or an infinity in the data is named (argument, index, batch) before it reaches the training."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    x, y = _blobs(16)
+    bad = x.clone()
+    bad[5, 1] = float("nan")
+    with pytest.raises(ValueError, match=r"x contains NaN at index \(5, 1\) \(1 non-finite"):
+        Laplace(make_mlp([2, 4, 2]), "categorical").fit(bad, y, num_epochs=3)
+    targets = torch.randn(16, dtype=torch.float64)
+    targets[2] = float("inf")
+    with pytest.raises(ValueError, match=r"y contains Inf at index \(2,\)"):
+        Laplace(make_mlp([2, 4, 2], dtype=torch.float64), "gaussian").fit(x.double(), targets, num_epochs=3)
+    loader = DataLoader(TensorDataset(bad, y), batch_size=4)  # row 5 is row 1 of batch 1
+    with pytest.raises(ValueError, match=r"x contains NaN at index \(1, 1\) of batch 1 of the loader"):
+        Laplace(make_mlp([2, 4, 2]), "categorical", hessian_structure="kron").fit(loader, num_epochs=0)
+    la = Laplace(make_mlp([2, 4, 2]), "categorical", hessian_structure="diag").fit(x, y, num_epochs=2)
+    inf = x[:3].clone()
+    inf[1, 0] = float("-inf")
+    for call in (lambda: la.predict(inf), lambda: la.predict(inf, pred_type="nn"),
+                 lambda: la.functional_covariance(inf)):
+        with pytest.raises(ValueError, match=r"x contains Inf at index \(1, 0\)"):
+            call()
+    with pytest.raises(ValueError, match=r"x contains Inf at index \(1, 0\) of batch 2 of the loader"):
+        la.predict(DataLoader(TensorDataset(torch.cat([x[:6], inf]), y[:9]), batch_size=3))
+
+
+def test_laplace_online_marglik_resumes_exactly(tmp_path):
+    """fit(k) + save + load + fit(K - k, resume=True) equals fit(K) with online tuning, an update falling on k."""
+    x, y = _blobs(32)
+    x = x.double()
+    kw = dict(batch_size=8, tune_prior_precision="online", marglik_burnin=2, marglik_frequency=3, marglik_steps=5)
+    torch.manual_seed(7)
+    net = make_mlp([2, 8, 2], dtype=torch.float64)
+    start = {k: v.clone() for k, v in net.state_dict().items()}
+    whole = Laplace(net, "categorical", hessian_structure="kron").fit(x, y, num_epochs=10, **kw)
+    torch.manual_seed(7)
+    net = make_mlp([2, 8, 2], dtype=torch.float64)
+    net.load_state_dict(start)
+    Laplace(net, "categorical", hessian_structure="kron").fit(x, y, num_epochs=6, **kw).save(tmp_path / "la.pt")
+    resumed = Laplace(make_mlp([2, 8, 2], dtype=torch.float64), "categorical", hessian_structure="kron")
+    resumed.load(tmp_path / "la.pt").fit(x, y, num_epochs=4, resume=True, **kw)
+    assert [e for e, _ in resumed.online_prior_precisions] == [6, 9]
+    assert [e for e, _ in whole.online_prior_precisions] == [3, 6, 9]
+    assert resumed.online_prior_precisions[-1][1] == pytest.approx(whole.online_prior_precisions[-1][1], rel=1e-12)
+    for name, value in whole.net.state_dict().items():
+        torch.testing.assert_close(resumed.net.state_dict()[name], value, rtol=1e-12, atol=1e-14)
+    assert resumed.prior_precision == whole.prior_precision
