@@ -215,7 +215,7 @@ def _run_distributed(args: argparse.Namespace, experiment: ModuleType) -> int:
     from pyro_sdebnn import distributed
 
     started = not distributed.is_initialized()  # leave a group the caller started as it is
-    try:  # a bad --dist-timeout, or an incomplete torchrun environment
+    try:  # an incomplete torchrun environment (argparse has already checked --dist-timeout)
         device = distributed.init("nccl" if args.device.type == "cuda" else "gloo", timeout=args.dist_timeout)
     except ValueError as err:
         return _usage_error(ValueError(f"--distributed: {err}"))

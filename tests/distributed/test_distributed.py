@@ -421,5 +421,7 @@ def test_benchmark_command_with_distributed_on_one_process_is_the_plain_run(tmp_
         assert (tmp_path / "dist" / file).read_text() == (tmp_path / "plain" / file).read_text()
     assert not distributed.is_initialized()
     capsys.readouterr()
-    assert cli.main(["--distributed", "--dist-timeout", "0", "benchmark", "fake"], experiments=fake) == 2
-    assert "--distributed: timeout must be a positive finite number" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:  # argparse's one-line error, exit status 2
+        cli.main(["--distributed", "--dist-timeout", "0", "benchmark", "fake"], experiments=fake)
+    assert exit_info.value.code == 2
+    assert "argument --dist-timeout: expected a finite number > 0, got '0'" in capsys.readouterr().err
