@@ -86,6 +86,8 @@ class SGHMC(SGMCMCKernel):
 
     _name = "SGHMC"
     _state_type = SGHMCState
+    _precond_power = 0.5  # the rule takes M^{-1/2}
+    _CURVATURE_POWER, _CURVATURE_FACTOR = 0.5, 0.5  # the adapted step is at most 0.5 / sqrt(lambda)
 
     def __init__(
         self,
@@ -122,8 +124,16 @@ class SGHMC(SGMCMCKernel):
     def _init_state(self, position: Tensor) -> tuple:
         return (position, torch.randn_like(position) * self.temperature**0.5)
 
-    def _update(self, noise: Tensor, state: tuple, grad: Tensor, step_size: Tensor) -> tuple:
-        return sghmc_step(noise, state, grad, step_size, self.friction, self.noise_estimate, self.temperature)
+    def _update(
+        self, noise: Tensor, state: tuple, grad: Tensor, step_size: Tensor, precond: Optional[Tensor] = None
+    ) -> tuple:
+        return sghmc_step(
+            noise, state, grad, step_size, self.friction, self.noise_estimate, self.temperature, precond
+        )
+
+    def _stable_step(self, state: tuple) -> float:
+        # also keep eta * c <= 1/2, so that the friction damps the momentum
+        return min(super()._stable_step(state), 0.5 / self.friction)
 
     def sample(self, params: dict[str, Tensor]) -> dict[str, Tensor]:
         if not self.step_size.is_constant and self.step_size(self._t) * self.friction >= 1:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Union
+from typing import Any, Callable, Optional, Union
 
 from torch import Tensor
 
@@ -168,6 +168,10 @@ class SGLD(SGMCMCKernel):
         self.precond_decay = float(precond_decay)
         self.precond_eps = float(precond_eps)
         self._state_type = PreconditionedSGLDState if self.preconditioned else SGLDState
+        if self.preconditioned:  # RMSprop's running estimate and a warm-up-adapted mass matrix: one or the other
+            if kwargs.get("adapt_mass_matrix"):
+                raise ValueError("adapt_mass_matrix=True and preconditioned=True exclude each other: pick one")
+            kwargs["adapt_mass_matrix"] = False
         super().__init__(model, step_size=step_size, num_steps=num_steps, subsample_size=subsample_size, **kwargs)
 
     def _init_state(self, position: Tensor) -> tuple:
@@ -175,9 +179,11 @@ class SGLD(SGMCMCKernel):
             return (position, position.new_zeros(position.shape))
         return (position,)
 
-    def _update(self, noise: Tensor, state: tuple, grad: Tensor, step_size: Tensor) -> tuple:
+    def _update(
+        self, noise: Tensor, state: tuple, grad: Tensor, step_size: Tensor, precond: Optional[Tensor] = None
+    ) -> tuple:
         if self.preconditioned:
             return preconditioned_sgld_step(
                 noise, state, grad, step_size, self.temperature, alpha=self.precond_decay, eps=self.precond_eps
             )
-        return sgld_step(noise, state, grad, step_size, self.temperature)
+        return sgld_step(noise, state, grad, step_size, self.temperature, precond)
