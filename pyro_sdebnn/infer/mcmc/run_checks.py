@@ -35,7 +35,6 @@ from typing import Any, Optional
 
 import torch
 from torch import Tensor
-from torch.distributions import constraints
 
 __all__ = ["RunChecks", "SamplerWarning", "find_runner", "split_rhat"]
 
@@ -85,20 +84,30 @@ def split_rhat(count: Tensor, mean: Tensor, m2: Tensor) -> Tensor:
     return rhat
 
 
-def _bounds(transform: Any) -> Optional[tuple[Optional[float], Optional[float]]]:
-    """``(lower, upper)`` of a transform's codomain if it is bounded on a side, else ``None``."""
-    c = getattr(transform, "codomain", None)
-    while isinstance(c, constraints.independent):
-        c = c.base_constraint
-    lower = getattr(c, "lower_bound", None)
-    upper = getattr(c, "upper_bound", None)
-    if lower is None and upper is None:
+def _bounds(site: Any) -> Optional[tuple[Optional[float], Optional[float]]]:
+    """``(lower, upper)`` of a site's support where its transform saturates (``None`` on an unbounded side), found by
+    evaluating the transform far out (:math:`u = \\pm 10^4` and :math:`\\pm 2 \\cdot 10^4`, in float64): a side is
+    bounded where both give the same finite value. ``None`` for sites without a bound (and for transforms that
+    change the number of elements, e.g. a simplex's)."""
+    if site.is_identity:
         return None
-    as_float = lambda v: None if v is None or torch.is_tensor(v) and v.numel() != 1 else float(v)  # noqa: E731
-    lower, upper = as_float(lower), as_float(upper)
-    if lower is None and upper is None:
-        return None
-    return lower, upper
+    out = []
+    for sign in (-1.0, 1.0):
+        with torch.no_grad():
+            try:
+                near, far = (site.transform(torch.full(tuple(site.shape), sign * r, dtype=torch.float64))
+                             for r in (1e4, 2e4))
+            except Exception:  # noqa: BLE001 - a transform that cannot be evaluated there has no bound we can find
+                return None
+        if near.numel() != site.numel:
+            return None
+        value = near.reshape(-1)[0]
+        same = bool(torch.isfinite(near).all() and (near == far).all() and (near == value).all())
+        out.append(float(value) if same else None)
+    lower, upper = out
+    if lower is not None and upper is not None and lower > upper:
+        lower, upper = upper, lower
+    return None if lower is None and upper is None else (lower, upper)
 
 
 class RunChecks:
@@ -110,7 +119,7 @@ class RunChecks:
         self.num_chains = num_chains  # MCMC's chains (each may hold vectorised chains)
         self.chains_done = 0
         self.halves: list[tuple[Tensor, Tensor, Tensor]] = []  # (count, mean, m2) per finished half, per chain
-        self.boundary_sites = [(s, b) for s in potential.sites if (b := _bounds(s.transform)) is not None]
+        self.boundary_sites = [(s, b) for s in potential.sites if (b := _bounds(s)) is not None]
         self.boundary: list[tuple[str, int, int, float]] = []  # (site, chain, draws at the bound, bound)
         self.divergences = 0
         self.chain_offset = 0

@@ -10,6 +10,7 @@ from pyro.infer import MCMC
 from torch.utils.data import DataLoader, TensorDataset
 
 from pyro_sdebnn.infer.mcmc import SGHMC, SGLD, SamplerDivergenceError, SamplerWarning
+from pyro_sdebnn.infer.mcmc import adaptation
 from pyro_sdebnn.infer.mcmc.adaptation import MIN_ADAPT_STEPS, adaptation_windows
 
 # conjugate problem: w_j ~ N(0, 1), y_ij ~ N(w_j, s_j) for i = 1..n; the posterior of w_j is N(m_j, v_j) with
@@ -55,7 +56,7 @@ def _sghmc_stationary_var(kappa, h, c):
 
 
 @pytest.fixture(scope="module")
-def adapted_run():
+def adapted_run():  # about 10 s: shared by the two tests below
     y, mean, sd = _conjugate_data()
     pyro.set_rng_seed(0)
     # every default but num_steps: the mass matrix adapts over the 3000 inner steps of the warm-up (windows of
@@ -93,7 +94,7 @@ def test_adapted_sghmc_recovers_posterior_scales_100x_apart(adapted_run):
         # 5 % of the posterior's; the draws match it: the mean within 4 Monte Carlo standard errors, the sd within
         # 4 of its relative standard error 1/sqrt(2 ESS)
         kappa = float(kernel.inverse_mass_matrix[j] / sd[j] ** 2)
-        chain_sd = float(sd[j]) * (_sghmc_stationary_var(kappa, h, kernel.friction) / kappa) ** 0.5
+        chain_sd = float(sd[j]) * (_sghmc_stationary_var(kappa, h, kernel.friction) * kappa) ** 0.5
         assert abs(chain_sd / float(sd[j]) - 1) < 0.05, (j, chain_sd, float(sd[j]))
         assert abs(est_mean - float(mean[j])) < 4 * float(sd[j]) / ess**0.5, (j, est_mean, float(mean[j]))
         assert abs(est_sd / chain_sd - 1) < 4 / (2 * ess) ** 0.5, (j, est_sd, chain_sd, ess)
@@ -105,7 +106,7 @@ def test_one_global_step_fails_where_the_adapted_one_succeeds():
     # stable for the tight coordinate (eta * curvature = 0.4 < 4), the loose one barely moves
     pyro.set_rng_seed(0)
     kernel = SGLD(scales_model, step_size=4e-5, adapt_mass_matrix=False, vectorized_chains=2)
-    mcmc = MCMC(kernel, num_samples=1500, warmup_steps=1500, disable_progbar=True)
+    mcmc = MCMC(kernel, num_samples=500, warmup_steps=500, disable_progbar=True)
     mcmc.run(y)
     loose = mcmc.get_samples()["w"][:, 0]
     assert float(loose.std()) < 0.5 * float(sd[0])
@@ -117,18 +118,35 @@ def test_one_global_step_fails_where_the_adapted_one_succeeds():
              disable_progbar=True).run(y)
 
 
-@pytest.mark.parametrize("backend", ["eager", "fx"])
-def test_sghmc_adapts_with_every_backend(backend):
-    y, mean, sd = _conjugate_data()
+@pytest.mark.parametrize("kernel_cls", [SGLD, SGHMC])
+def test_every_backend_steps_with_the_adapted_preconditioner(monkeypatch, kernel_cls):
+    monkeypatch.setattr(adaptation, "MIN_ADAPT_STEPS", 100)  # adapt in a short warm-up
+    y, _, _ = _conjugate_data()
     pyro.set_rng_seed(1)
-    kernel = SGHMC(scales_model, backend=backend)
-    mcmc = MCMC(kernel, num_samples=300, warmup_steps=1000, disable_progbar=True)
-    mcmc.run(y)
-    assert kernel.backend_used == backend
-    ratio = kernel.inverse_mass_matrix / sd**2
-    assert bool(((ratio > 0.3) & (ratio < 3.0)).all()), ratio
-    torch.testing.assert_close(kernel._precond, kernel.inverse_mass_matrix.sqrt())  # SGHMC takes M^{-1/2}
-    assert 0 < kernel._eta(kernel._t) <= kernel.adapted_step_size
+    kernel = kernel_cls(scales_model, step_size=1e-4, backend="fx", map_steps=0)
+    MCMC(kernel, num_samples=5, warmup_steps=100, disable_progbar=True).run(y)
+    assert kernel.inverse_mass_matrix is not None
+    state = kernel._state
+    eta = torch.tensor(kernel._eta(kernel._t), dtype=torch.float64)
+    # one step by hand: the update rule with the preconditioner P (M^{-1} for SGLD, M^{-1/2} for SGHMC)
+    position = state[0].detach().requires_grad_()
+    (grad,) = torch.autograd.grad(kernel.potential(position, None), position)
+    torch.manual_seed(5)
+    noise = torch.randn_like(position)
+    P = kernel._precond
+    if kernel_cls is SGLD:
+        expected = position.detach() - 0.5 * eta * P * grad + (eta * P).sqrt() * noise
+    else:
+        c = kernel.friction
+        momentum = (1 - eta * c) * state[1] - eta * P * grad + (2 * eta * c) ** 0.5 * noise
+        expected = position.detach() + eta * P * momentum
+    steps = {"fx": kernel.build_step_fn()}
+    kernel.backend_used = "eager"
+    steps["eager"] = kernel.build_step_fn()
+    for name, step in steps.items():
+        torch.manual_seed(5)
+        new_state, _ = step(state, None, eta)
+        torch.testing.assert_close(new_state[0], expected, rtol=1e-9, atol=1e-12, msg=name)
 
 
 def test_short_warm_up_and_explicit_switches_keep_the_unit_mass():
@@ -174,14 +192,14 @@ def test_a_chain_stuck_at_the_support_boundary_warns():
     assert any("chain 0 sat at a support boundary of site 'sigma' for 40 of its 40 draws" in m for m in lines), lines
     assert not any("chain 1 sat" in m for m in lines)
     assert any("site 'sigma' has split R-hat" in m for m in lines)
-    assert bool((mcmc.get_samples(group_by_chain=True)["sigma"][0] == 10.0).all())
+    assert bool((mcmc.get_samples(group_by_chain=True)["sigma"][0] > 10.0 - 1e-5).all())
 
 
 def test_a_healthy_run_does_not_warn():
     x, y = _bounded_data()
     pyro.set_rng_seed(0)
-    mcmc = MCMC(SGHMC(bounded_model, num_steps=5, vectorized_chains=2, subsample_size=25), num_samples=300,
-                warmup_steps=200, disable_progbar=True)
+    mcmc = MCMC(SGHMC(bounded_model, num_steps=3, vectorized_chains=2, subsample_size=25), num_samples=300,
+                warmup_steps=334, disable_progbar=True)
     mcmc.run(x, y)  # any SamplerWarning would be an error here (setup.cfg: filterwarnings = error)
 
 
@@ -191,13 +209,13 @@ def test_automatic_warm_start_is_bounded_by_an_epoch_and_the_run_and_reported():
     x, y = torch.cat([x] * 40), torch.cat([y] * 40)  # 2000 points, batch 20: 100 steps per epoch
     loader = DataLoader(TensorDataset(x, y), batch_size=20, shuffle=True)
     pyro.set_rng_seed(0)
-    kernel = SGLD(bounded_model, map_lr=1e-3)  # a slow fit that would not level off early
+    kernel = SGLD(bounded_model, step_size=1e-5, map_lr=1e-3)  # a slow fit that would not level off early
     mcmc = MCMC(kernel, num_samples=150, warmup_steps=150, disable_progbar=True)
     mcmc.run(loader)
     assert kernel.map_steps_taken == kernel.map_steps_limit == 30  # 10 % of the run's 300 steps (< one epoch)
     assert kernel.diagnostics()["warm start steps"] == 30
     pyro.set_rng_seed(0)
-    kernel = SGLD(bounded_model, map_lr=1e-3, num_steps=10)
+    kernel = SGLD(bounded_model, step_size=1e-5, map_lr=1e-3, num_steps=10)
     MCMC(kernel, num_samples=60, warmup_steps=60, disable_progbar=True).run(loader)
     assert kernel.map_steps_limit == 100  # one epoch (< 10 % of the run's 1200 steps)
 
