@@ -110,10 +110,10 @@ def _nuts(model, Xtr, ytr, s, seed):
     pyro.set_rng_seed(seed)
     # the JIT pays off on the long chains only
     kernel = NUTS(model, jit_compile=not s["quick"], ignore_jit_warnings=True, max_tree_depth=s["depth"])
-    mcmc = MCMC(kernel, num_samples=s["nuts_samples"], warmup_steps=s["nuts_warmup"], num_chains=2,
-                mp_context="spawn", disable_progbar=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the JIT's tracer warnings, "chains drawn sequentially"
+        mcmc = MCMC(kernel, num_samples=s["nuts_samples"], warmup_steps=s["nuts_warmup"], num_chains=2,
+                    mp_context="spawn", disable_progbar=True)
         mcmc.run(Xtr, ytr)
     return mcmc.get_samples()
 

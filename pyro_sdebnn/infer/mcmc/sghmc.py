@@ -24,7 +24,14 @@ class SGHMC(SGMCMCKernel):
         w \\leftarrow w + \\eta v
 
     (the SGD-with-momentum form of [1], unit mass), ``num_steps`` inner steps on fresh minibatches per returned
-    sample. The momentum persists
+    sample. By default the warm-up adapts a diagonal mass matrix :math:`M` (see
+    :mod:`~pyro_sdebnn.infer.mcmc.adaptation`), frozen for sampling, which then runs
+    :math:`v \\leftarrow (1 - \\epsilon c) v - \\epsilon M^{-1/2} \\hat g + \\sqrt{2 \\epsilon (c - \\hat B) T}\\, \\xi`,
+    :math:`w \\leftarrow w + \\epsilon M^{-1/2} v` (the momentum in standardised coordinates; a constant :math:`M`
+    keeps the target stationary, Ma, Chen & Fox 2015) with ``adapted_step_size`` :math:`\\epsilon` (default 0.1,
+    capped at :math:`0.5/\\sqrt\\lambda` for the largest eigenvalue :math:`\\lambda` of the preconditioned Hessian
+    and at :math:`\\epsilon c \\le 0.5`); ``step_size`` is then the step of the unit-mass phase before the first
+    estimate, and ``adapt_mass_matrix=False`` keeps the unit mass throughout. The momentum persists
     across samples; with ``resample_momentum_every=k`` it is redrawn from :math:`\\mathcal N(0, T I)` every ``k``
     returned samples. All other options (minibatching over tensors or a loader, plain models, schedules,
     temperature, warm start, vectorised chains, divergence handling, backends, checkpoints) are those of

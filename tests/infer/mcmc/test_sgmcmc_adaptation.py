@@ -149,6 +149,33 @@ def test_every_backend_steps_with_the_adapted_preconditioner(monkeypatch, kernel
         torch.testing.assert_close(new_state[0], expected, rtol=1e-9, atol=1e-12, msg=name)
 
 
+@pytest.mark.parametrize("kernel_cls", [SGLD, SGHMC])
+def test_a_chain_resumed_in_warm_up_adapts_as_the_uninterrupted_one(monkeypatch, kernel_cls):
+    monkeypatch.setattr(adaptation, "MIN_ADAPT_STEPS", 100)
+    y, _, _ = _conjugate_data()
+
+    def kernel():
+        return kernel_cls(scales_model, step_size=1e-4, backend="fx", map_steps=0)
+
+    pyro.set_rng_seed(0)
+    full = kernel()
+    full.setup(100, y)
+    params = full.initial_params
+    for i in range(120):
+        params = full.sample(params)
+        if i == 49:  # in the second adaptation window
+            saved = full.state_dict()
+    resumed = kernel()
+    resumed.load_state_dict(saved)
+    resumed.setup(50, y)
+    params = resumed.initial_params
+    for _ in range(70):
+        params = resumed.sample(params)
+    assert torch.equal(resumed.inverse_mass_matrix, full.inverse_mass_matrix)
+    assert resumed._eta(resumed._t) == full._eta(full._t)
+    assert torch.equal(resumed._state[0], full._state[0])
+
+
 def test_short_warm_up_and_explicit_switches_keep_the_unit_mass():
     y, _, _ = _conjugate_data()
     pyro.set_rng_seed(0)
