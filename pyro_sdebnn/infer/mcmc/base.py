@@ -435,8 +435,8 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
     # ----- warm start from a MAP fit ---------------------------------------------------------------------------
     def _map_fit(self, position: Tensor) -> Tensor:
         """Adam on the (minibatch) potential from ``position``: ``map_steps`` steps, or with ``map_steps=None`` up to
-        one epoch (at least ``_MAP_WINDOW`` steps), 10 % of the run's inner steps and ``_AUTO_MAP_STEPS`` steps (the
-        smallest), stopped early once the
+        one epoch (not for passes shorter than ``_MAP_WINDOW`` steps, e.g. full-batch gradients), 10 % of the run's
+        inner steps and ``_AUTO_MAP_STEPS`` steps (the smallest), stopped early once the
         mean potential of the last ``_MAP_WINDOW`` steps is no more than ``0.01 (D + 1)`` below that of the window
         before (the fit has levelled off). Its progress shows in the progress bar."""
         position = position.detach().clone().requires_grad_()
@@ -444,8 +444,10 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
         auto = self.map_steps is None
         limit = self.map_steps
         if auto:
-            # one epoch, but a pass of fewer steps (full-batch gradients, a few batches) still gets one window
-            limit = min(_AUTO_MAP_STEPS, max(self._epoch_steps(), _MAP_WINDOW))
+            # one epoch; a pass of fewer than _MAP_WINDOW steps (full-batch gradients, a few batches) is not a
+            # useful bound (one Adam step): there only the run's length bounds the warm start
+            epoch = self._epoch_steps()
+            limit = _AUTO_MAP_STEPS if epoch < _MAP_WINDOW else min(_AUTO_MAP_STEPS, epoch)
             run_steps = self._run_inner_steps()
             if run_steps is not None:
                 limit = min(limit, max(1, math.ceil(_AUTO_MAP_RUN_FRACTION * run_steps)))

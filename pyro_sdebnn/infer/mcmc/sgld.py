@@ -74,7 +74,8 @@ class SGLD(SGMCMCKernel):
         constrained ones (scales such as ``Gamma(0.5, 1)`` or ``Uniform(0, 10)``, whose prior draws can lie close to 0
         where the first step diverges) at their prior median.
     :param int map_steps: ``None`` (default): an automatic warm start of Adam steps on the minibatch potential, at
-        most one epoch (at least 50 steps when an epoch is shorter), 10 % of the run's inner steps and 500,
+        most one epoch (no epoch bound for passes shorter than 50 steps, e.g. full-batch gradients), 10 % of the
+        run's inner steps and 500,
         stopped once the mean potential over 50 steps improves by less than :math:`0.01 (D + 1)`
         (``kernel.map_steps_taken`` and ``diagnostics()["warm start steps"]`` say how many ran; the progress bar
         shows it), run only when the kernel draws the initial values itself
