@@ -61,6 +61,7 @@ class BNN(PyroModule):
 
 
 @pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.SamplerWarning")  # a short run: R-hat above 1.1
+@pytest.mark.filterwarnings("ignore:Estimated shape parameter of Pareto")  # 60 draws: ArviZ's LOO caveat
 def test_two_sequential_chains_arviz_summary_and_loo():
     x, y = _data()
     kernel = SGHMC(regression_model, step_size=1e-2, friction=5.0, num_steps=5, subsample_size=10)
