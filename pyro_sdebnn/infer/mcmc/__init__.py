@@ -17,7 +17,8 @@ gives R-hat over the ``K`` chains, and :func:`from_pyro` puts each divergence on
 
 - kernels: :class:`SGLD` (optionally RMSprop-preconditioned), :class:`SGHMC`, :class:`FSGLD`, :class:`FSGHMC`;
 - step sizes: :class:`ConstantStepSize`, :class:`PolynomialDecay`, :class:`CyclicalStepSize`;
-- warm-up: a diagonal mass matrix adapted in windows and frozen for sampling (:mod:`~pyro_sdebnn.infer.mcmc.adaptation`);
+- warm-up: a diagonal mass matrix adapted in windows and frozen for sampling
+  (:mod:`~pyro_sdebnn.infer.mcmc.adaptation`);
   at the end of a run, one :class:`SamplerWarning` per problem found (:mod:`~pyro_sdebnn.infer.mcmc.run_checks`);
 - analysis: :func:`get_samples`, :func:`from_pyro`, :func:`pointwise_log_likelihood`,
   :func:`posterior_prediction` (a ``ClassificationPrediction`` / ``RegressionPrediction``),

@@ -634,8 +634,9 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
 
     # ----- checkpoints ------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The chain's state (:meth:`ResumableState.state_dict <pyro_sdebnn.infer.mcmc.resume.ResumableState.state_dict>`)
-        plus, under ``"adaptation"``, the adapted inverse mass matrix and, in warm-up, the adaptation window's
+        """The chain's state
+        (:meth:`ResumableState.state_dict <pyro_sdebnn.infer.mcmc.resume.ResumableState.state_dict>`) plus, under
+        ``"adaptation"``, the adapted inverse mass matrix, its step size and, in warm-up, the adaptation window's
         running sums, so that a run resumed in warm-up adapts as the uninterrupted one."""
         out = super().state_dict()
         inverse = self.inverse_mass_matrix

@@ -26,7 +26,8 @@ class SGHMC(SGMCMCKernel):
     (the SGD-with-momentum form of [1], unit mass), ``num_steps`` inner steps on fresh minibatches per returned
     sample. By default the warm-up adapts a diagonal mass matrix :math:`M` (see
     :mod:`~pyro_sdebnn.infer.mcmc.adaptation`), frozen for sampling, which then runs
-    :math:`v \\leftarrow (1 - \\epsilon c) v - \\epsilon M^{-1/2} \\hat g + \\sqrt{2 \\epsilon (c - \\hat B) T}\\, \\xi`,
+    :math:`v \\leftarrow (1 - \\epsilon c) v - \\epsilon M^{-1/2} \\hat g
+    + \\sqrt{2 \\epsilon (c - \\hat B) T}\\, \\xi`,
     :math:`w \\leftarrow w + \\epsilon M^{-1/2} v` (the momentum in standardised coordinates; a constant :math:`M`
     keeps the target stationary, Ma, Chen & Fox 2015) with ``adapted_step_size`` :math:`\\epsilon` (default 0.1,
     capped at :math:`0.5/\\sqrt\\lambda` for the largest eigenvalue :math:`\\lambda` of the preconditioned Hessian
