@@ -172,7 +172,9 @@ class RunChecks:
             h = 1
         else:
             return
-        x = self.constrained(position).to(torch.float64)
+        x = self.constrained(position)
+        if x.device.type in ("cpu", "cuda"):  # float64 sums where the device has them (not on MPS)
+            x = x.to(torch.float64)
         if self._acc is None:
             z = torch.zeros_like(x)
             self._acc = [[0, z.clone(), z.clone()], [0, z.clone(), z.clone()]]
