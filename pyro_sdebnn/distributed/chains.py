@@ -202,7 +202,7 @@ class _DataParallelMixin(_KernelBase):
             for k, chain_state in enumerate(chains):
                 grad = mean[k * dim:(k + 1) * dim].view_as(chain_state[0])
                 new_state = self._update(torch.randn_like(chain_state[0]), self._state_type(*chain_state), grad,
-                                         step_size)
+                                         step_size, self._precond)
                 outs.append((tuple(new_state), mean[num_chains * dim + k]))
         if num_chains == 1:
             return outs[0]

@@ -23,11 +23,13 @@ Temperature convention (as in BlackJAX): the injected noise is scaled by :math:`
 
 [3] Chunyuan Li, Changyou Chen, David Carlson, Lawrence Carin (2016). "Preconditioned Stochastic Gradient
     Langevin Dynamics for Deep Neural Networks". AAAI 2016.
+
+[4] Yi-An Ma, Tianqi Chen, Emily B. Fox (2015). "A Complete Recipe for Stochastic Gradient MCMC". NeurIPS 2015.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple, Union
+from typing import NamedTuple, Optional, Union
 
 import torch
 from torch import Tensor
@@ -68,28 +70,46 @@ def _sqrt(x: Scalar) -> Scalar:
     return x.sqrt() if isinstance(x, Tensor) else x**0.5
 
 
-def sgld_step(noise: Tensor, state: SGLDState, grad: Tensor, step_size: Scalar, temperature: Scalar = 1.0) -> SGLDState:
+def sgld_step(
+    noise: Tensor,
+    state: SGLDState,
+    grad: Tensor,
+    step_size: Scalar,
+    temperature: Scalar = 1.0,
+    inv_mass: Optional[Tensor] = None,
+) -> SGLDState:
     """One SGLD step (Euler--Maruyama step of the overdamped Langevin SDE with step :math:`\\eta/2`).
 
     .. math::
 
-        w \\leftarrow w - \\frac{\\eta}{2} \\hat g + \\sqrt{\\eta T}\\, \\xi, \\qquad \\xi \\sim \\mathcal N(0, I)
+        w \\leftarrow w - \\frac{\\eta}{2} M^{-1} \\hat g + \\sqrt{\\eta T M^{-1}}\\, \\xi, \\qquad
+        \\xi \\sim \\mathcal N(0, I)
 
     This is eq. (4) of Welling & Teh (2011) [1], with :math:`\\eta` their step size :math:`\\epsilon_t` and the
-    noise scaled by :math:`\\sqrt T` for tempering.
+    noise scaled by :math:`\\sqrt T` for tempering; ``inv_mass`` is a constant diagonal preconditioner
+    :math:`M^{-1}` (default :math:`I`). A *constant* :math:`M^{-1}` leaves the stationary law
+    :math:`\\propto \\exp(-U/T)` unchanged with no correction term (the Langevin SDE
+    :math:`dw = -M^{-1}\\nabla U dt + \\sqrt{2 T M^{-1}} dB` is the case :math:`D = M^{-1}`, :math:`Q = 0` of the
+    complete recipe of Ma, Chen & Fox (2015) [4], whose correction :math:`\\Gamma` vanishes for a constant
+    :math:`D`), unlike pSGLD's running RMSprop estimate.
 
     :param Tensor noise: standard normal noise :math:`\\xi`, shape of ``state.position``.
     :param SGLDState state: current state.
     :param Tensor grad: gradient estimate :math:`\\hat g`, shape of ``state.position``.
     :param step_size: :math:`\\eta > 0`.
     :param temperature: :math:`T \\ge 0`.
+    :param Tensor inv_mass: the diagonal of :math:`M^{-1}` (broadcast against the position), or ``None``.
     :rtype: SGLDState
 
     >>> state = SGLDState(torch.zeros(3))
     >>> sgld_step(torch.zeros(3), state, torch.ones(3), step_size=0.1).position
     tensor([-0.0500, -0.0500, -0.0500])
     """
-    position = state.position - (0.5 * step_size) * grad + _sqrt(step_size * temperature) * noise
+    if inv_mass is None:
+        position = state.position - (0.5 * step_size) * grad + _sqrt(step_size * temperature) * noise
+    else:
+        step = step_size * inv_mass
+        position = state.position - (0.5 * step) * grad + (step * temperature).sqrt() * noise
     return SGLDState(position)
 
 
@@ -142,17 +162,26 @@ def sghmc_step(
     friction: Scalar,
     noise_estimate: Scalar = 0.0,
     temperature: Scalar = 1.0,
+    inv_mass_sqrt: Optional[Tensor] = None,
 ) -> SGHMCState:
-    """One SGHMC step (friction :math:`C = cI`, mass :math:`I`, gradient-noise estimate :math:`\\hat B \\preceq C`).
+    """One SGHMC step (friction :math:`C = cI`, diagonal mass :math:`M`, gradient-noise estimate
+    :math:`\\hat B \\preceq C`).
 
     .. math::
 
-        v \\leftarrow (1 - \\eta c)\\, v - \\eta \\hat g + \\sqrt{2 \\eta (c - \\hat B) T}\\, \\xi,
-        \\qquad w \\leftarrow w + \\eta v
+        v \\leftarrow (1 - \\eta c)\\, v - \\eta M^{-1/2} \\hat g + \\sqrt{2 \\eta (c - \\hat B) T}\\, \\xi,
+        \\qquad w \\leftarrow w + \\eta M^{-1/2} v
 
-    This is the SGHMC update of Chen, Fox & Guestrin (2014) [2] with unit mass, momentum :math:`v`, step size
-    :math:`\\eta` and the noise scaled by :math:`\\sqrt T` for tempering. The stationary law of
-    :math:`v` is :math:`\\mathcal N(0, T I)`; :math:`0 < \\eta c < 1` is required for the friction to damp.
+    This is the SGHMC update of Chen, Fox & Guestrin (2014) [2], momentum :math:`v` (here the momentum in the
+    standardised coordinates :math:`M^{1/2} w`, so :math:`v = M^{-1/2} r` for their momentum :math:`r`), step size
+    :math:`\\eta` and the noise scaled by :math:`\\sqrt T` for tempering; ``inv_mass_sqrt`` is the diagonal of
+    :math:`M^{-1/2}` (default :math:`I`, unit mass). It discretises
+    :math:`dz = -(D + Q)\\nabla H(z) dt + \\sqrt{2 D T} dB` for :math:`z = (w, v)`,
+    :math:`H = U(w) + \\|v\\|^2/2`, :math:`D = \\operatorname{diag}(0, c - \\hat B)` and the constant skew-symmetric
+    :math:`Q = \\begin{pmatrix} 0 & -M^{-1/2} \\\\ M^{-1/2} & 0 \\end{pmatrix}`: with :math:`D` and :math:`Q` constant the
+    correction term of Ma, Chen & Fox (2015) [4] vanishes and :math:`\\exp(-H/T)` is stationary. The stationary law
+    of :math:`v` is :math:`\\mathcal N(0, T I)` whatever :math:`M`; :math:`0 < \\eta c < 1` is required for the
+    friction to damp.
 
     :param Tensor noise: standard normal noise :math:`\\xi`, shape of ``state.position``.
     :param SGHMCState state: current state.
@@ -161,6 +190,7 @@ def sghmc_step(
     :param friction: :math:`c`, with :math:`0 < c < 1/\\eta`.
     :param noise_estimate: :math:`\\hat B \\in [0, c]` (default 0).
     :param temperature: :math:`T \\ge 0`.
+    :param Tensor inv_mass_sqrt: the diagonal of :math:`M^{-1/2}` (broadcast against the position), or ``None``.
     :rtype: SGHMCState
 
     >>> state = SGHMCState(torch.zeros(2), torch.ones(2))
@@ -169,6 +199,11 @@ def sghmc_step(
     (tensor([0.9000, 0.9000]), tensor([0.0900, 0.0900]))
     """
     diffusion = _sqrt(2.0 * step_size * (friction - noise_estimate) * temperature)
-    momentum = (1.0 - step_size * friction) * state.momentum - step_size * grad + diffusion * noise
-    position = state.position + step_size * momentum
+    if inv_mass_sqrt is None:
+        momentum = (1.0 - step_size * friction) * state.momentum - step_size * grad + diffusion * noise
+        position = state.position + step_size * momentum
+    else:
+        step = step_size * inv_mass_sqrt
+        momentum = (1.0 - step_size * friction) * state.momentum - step * grad + diffusion * noise
+        position = state.position + step * momentum
     return SGHMCState(position, momentum)

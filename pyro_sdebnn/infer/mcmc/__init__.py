@@ -17,6 +17,9 @@ gives R-hat over the ``K`` chains, and :func:`from_pyro` puts each divergence on
 
 - kernels: :class:`SGLD` (optionally RMSprop-preconditioned), :class:`SGHMC`, :class:`FSGLD`, :class:`FSGHMC`;
 - step sizes: :class:`ConstantStepSize`, :class:`PolynomialDecay`, :class:`CyclicalStepSize`;
+- warm-up: a diagonal mass matrix adapted in windows and frozen for sampling
+  (:mod:`~pyro_sdebnn.infer.mcmc.adaptation`);
+  at the end of a run, one :class:`SamplerWarning` per problem found (:mod:`~pyro_sdebnn.infer.mcmc.run_checks`);
 - analysis: :func:`get_samples`, :func:`from_pyro`, :func:`pointwise_log_likelihood`,
   :func:`posterior_prediction` (a ``ClassificationPrediction`` / ``RegressionPrediction``),
   :func:`function_space_diagnostics` (ESS / R-hat of the predictions);
@@ -41,6 +44,7 @@ from pyro_sdebnn.infer.mcmc.arviz_utils import (
     posterior_prediction,
 )
 from pyro_sdebnn.infer.mcmc.base import MinibatchPotential, SamplerDivergenceError, SGMCMCKernel
+from pyro_sdebnn.infer.mcmc.run_checks import SamplerWarning
 from pyro_sdebnn.infer.mcmc.checkpoint import CheckpointHook, load_checkpoint, resume_run, save_run
 from pyro_sdebnn.infer.mcmc.fsghmc import FSGHMC
 from pyro_sdebnn.infer.mcmc.fsgld import FSGLD
@@ -78,6 +82,7 @@ __all__ = [
     "SGMCMCKernel",
     "SampleWriter",
     "SamplerDivergenceError",
+    "SamplerWarning",
     "StepSizeSchedule",
     "as_schedule",
     "from_pyro",

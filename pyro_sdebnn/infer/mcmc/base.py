@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from collections import deque
 from typing import Any, Callable, NamedTuple, Optional, Union
 
@@ -30,6 +31,7 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from torch import Tensor
 
 from pyro_sdebnn.data.loaders import move_batch
+from pyro_sdebnn.infer.mcmc.adaptation import MassMatrixAdapter
 from pyro_sdebnn.infer.mcmc._chains import chain_transforms
 from pyro_sdebnn.infer.mcmc.batches import BatchStream, in_dataset_order, is_data_loader
 from pyro_sdebnn.infer.mcmc.divergence import _RECENT, DivergenceCheck, SamplerDivergenceError, _chain_finite, _finite_state
@@ -37,14 +39,16 @@ from pyro_sdebnn.infer.mcmc.graph import _arg_key
 from pyro_sdebnn.infer.mcmc.initialization import init_to_robust
 from pyro_sdebnn.infer.mcmc.potential import MinibatchPotential, _check_subsample_size
 from pyro_sdebnn.infer.mcmc.resume import ResumableState
+from pyro_sdebnn.infer.mcmc.run_checks import RunChecks, SamplerWarning, find_runner
 from pyro_sdebnn.infer.mcmc.step import StepBackends
 from pyro_sdebnn.infer.mcmc.schedules import StepSizeSchedule, as_schedule
 
-__all__ = ["MinibatchPotential", "SGMCMCKernel", "SamplerDivergenceError"]
+__all__ = ["MinibatchPotential", "SGMCMCKernel", "SamplerDivergenceError", "SamplerWarning"]
 
 _BACKENDS = ("auto", "eager", "fx", "compile")
 _ON_DIVERGENCE = ("raise", "continue")
-_AUTO_MAP_STEPS = 500  # the automatic MAP warm start (map_steps=None): at most that many Adam steps
+_AUTO_MAP_STEPS = 500  # the automatic MAP warm start (map_steps=None): at most that many Adam steps ...
+_AUTO_MAP_RUN_FRACTION = 0.1  # ... at most one epoch and at most that fraction of the run's inner steps
 _MAP_WINDOW = 50  # ... stopped once the mean potential of a window of that many steps levels off
 
 
@@ -102,6 +106,10 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
 
     _state_type: type = NamedTuple
     _name = "SGMCMC"
+    # the step size in the standardised coordinates M^{1/2} w once warm-up has adapted M (adapted_step_size=None)
+    _adapted_step_default = 0.1
+    # the update rule's preconditioner is M^{-1} to this power: 1 for SGLD (M^{-1}), 0.5 for SGHMC (M^{-1/2})
+    _precond_power = 1.0
 
     def __init__(
         self,
@@ -118,6 +126,8 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
         vectorized_chains: int = 1,
         on_divergence: str = "raise",
         adapt_step_size: bool = False,
+        adapt_mass_matrix: Optional[bool] = None,
+        adapted_step_size: Optional[float] = None,
         backend: str = "auto",
         sample_writer: Any = None,
         transforms: Optional[dict] = None,
@@ -146,6 +156,15 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
             raise ValueError(f"on_divergence must be one of {_ON_DIVERGENCE}, got {on_divergence!r}")
         if not isinstance(adapt_step_size, bool):
             raise TypeError(f"adapt_step_size must be a bool, got {adapt_step_size!r}")
+        if adapt_mass_matrix is not None and not isinstance(adapt_mass_matrix, bool):
+            raise TypeError(f"adapt_mass_matrix must be None (automatic) or a bool, got {adapt_mass_matrix!r}")
+        if adapt_mass_matrix and not self.step_size.is_constant:
+            raise ValueError("adapt_mass_matrix=True needs a constant step_size (a float), not a schedule")
+        if adapted_step_size is None:
+            adapted_step_size = self._adapted_step_default
+        if isinstance(adapted_step_size, bool) or not isinstance(adapted_step_size, (int, float)) \
+                or not adapted_step_size > 0:
+            raise ValueError(f"adapted_step_size must be a positive float, got {adapted_step_size!r}")
         if backend not in _BACKENDS:
             raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
         if not callable(init_strategy):
@@ -160,6 +179,11 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
         self.vectorized_chains = vectorized_chains
         self.on_divergence = on_divergence
         self.adapt_step_size = adapt_step_size
+        # automatic: adapt whenever the step size is a constant (a schedule keeps its own step sizes)
+        self.adapt_mass_matrix = self.step_size.is_constant if adapt_mass_matrix is None else adapt_mass_matrix
+        self.adapted_step_size = float(adapted_step_size)
+        self._run_checks: Optional[RunChecks] = None
+        self._runner_id: Optional[int] = None
         self.backend = backend
         self.sample_writer = sample_writer
         self.potential: Optional[MinibatchPotential] = None
@@ -177,7 +201,11 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
     def _init_state(self, position: Tensor) -> tuple:
         raise NotImplementedError
 
-    def _update(self, noise: Tensor, state: tuple, grad: Tensor, step_size: Tensor) -> tuple:
+    def _update(
+        self, noise: Tensor, state: tuple, grad: Tensor, step_size: Tensor, precond: Optional[Tensor] = None
+    ) -> tuple:
+        """The update rule; ``precond`` is the constant diagonal preconditioner (``_precond``: :math:`M^{-1}` to the
+        power ``_precond_power``), ``None`` for none."""
         raise NotImplementedError
 
     def _build_potential(self, args: tuple, kwargs: dict) -> MinibatchPotential:
@@ -245,6 +273,16 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
         self.divergence_log: list[dict[str, Any]] = []
         self._step_scale = 1.0  # the warm-up step-size search multiplies the schedule by this
         self.map_steps_taken = 0  # Adam steps of the MAP warm start in the last setup
+        self.map_steps_limit = 0  # ... and the bound it ran under
+        # the diagonal preconditioner: ones (none) until a window of the warm-up adapts it, then frozen
+        self._precond: Optional[Tensor] = None
+        self.inverse_mass_matrix: Optional[Tensor] = None  # the adapted diagonal M^{-1} (None: unit mass)
+        self._adapter: Optional[MassMatrixAdapter] = None
+        self._adapted_eta = self.adapted_step_size  # the step in standardised units, once M is adapted
+        self.max_curvature: Optional[float] = None  # the last estimate of the standardised Hessian's top eigenvalue
+        self._mcmc_runner: Any = None
+        self._progress_bar: Any = None
+        self._chain_closed = True
 
     @property
     def model(self) -> Callable:
@@ -264,6 +302,8 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
     def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
         self._reset()
         self._warmup_steps = warmup_steps
+        # Pyro's runner (for the number of samples and chains of the run, and its progress bar), if MCMC drives us
+        self._mcmc_runner, self._progress_bar = find_runner(self)
         args = self._start_stream(args, kwargs)
         key = (tuple(_arg_key(a) for a in args), tuple((k, _arg_key(v)) for k, v in sorted(kwargs.items())))
         if self._stream is not None:  # the first batch stands for the loader: the key is the loader and its shapes
@@ -284,6 +324,8 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
             self._stream.follow_model(U)  # a plate that fixes its subsample_size passes over shorter batches
             self._pending_batch = tuple(move_batch(t, U.device, U.dtype) for t in self._pending_batch)
             self._kwarg_tensors = U.data_tensors()[len(self._pending_batch):]
+        self._precond = torch.ones(U.dim, dtype=U.dtype, device=U.device)
+        self._start_run_checks()
         self._resumed = self._resume is not None
         if self._resume is not None:
             self._restore(self._resume, warmup_steps)
@@ -300,12 +342,56 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
             position = self._map_fit(position)
             self._initial_params = U.split(position)
         self._state = self._init_state(position)
+        if self.adapt_mass_matrix:
+            adapter = MassMatrixAdapter(warmup_steps * self.num_steps, tuple(position.shape), U.dtype, U.device)
+            self._adapter = None if adapter.done else adapter
         self._healthy = self._uncertified = self._state
         self._last_params = self._initial_params
         # the step graph is built on the first sample(): MCMC's parent process calls setup() only to learn the
         # transforms when the chains ran in worker processes
         if self.sample_writer is not None:
             self.sample_writer.start_chain()
+
+    def _start_run_checks(self) -> None:
+        """The end-of-run checks: one :class:`RunChecks` per ``MCMC.run``, shared by the chains it runs one after
+        another on this kernel."""
+        runner = self._mcmc_runner
+        checks = self._run_checks
+        same_run = (
+            runner is not None and checks is not None and self._runner_id == id(runner)
+            and 0 < checks.chains_done < checks.num_chains and checks.potential is self.potential
+        )
+        if not same_run:
+            num_samples = getattr(runner, "num_samples", None)
+            num_chains = getattr(runner, "num_chains", 1) if runner is not None else 1
+            self._run_checks = RunChecks(self.potential, num_samples, int(num_chains))
+        self._runner_id = None if runner is None else id(runner)
+        self._chain_closed = False
+
+    def _progress(self, text: str) -> None:
+        """Show ``text`` as the description of Pyro's progress bar (when MCMC runs us with one)."""
+        bar = getattr(self, "_progress_bar", None)
+        if bar is not None:
+            bar.set_description(text, refresh=True)
+
+    def _run_inner_steps(self) -> Optional[int]:
+        """The inner steps of the whole run (warm-up and samples), when ``MCMC`` drives the kernel."""
+        num_samples = getattr(self._mcmc_runner, "num_samples", None)
+        if not isinstance(num_samples, int):
+            return None
+        return (self._warmup_steps + num_samples) * self.num_steps
+
+    def _epoch_steps(self) -> int:
+        """Inner steps per pass over the data (1 with full-batch gradients)."""
+        if self._stream is not None:
+            try:
+                return max(1, len(self._stream.loader))
+            except TypeError:
+                return max(1, math.ceil(self._stream.size / max(1, int(self._pending_batch[0].shape[0]))))
+        U = self.potential
+        if not U.subsample_sizes:
+            return 1
+        return max(1, max(math.ceil(U.data_sizes[p] / b) for p, b in U.subsample_sizes.items()))
 
     def _draw_initial_params(self) -> dict[str, Tensor]:
         U = self.potential
@@ -350,16 +436,31 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
     # ----- warm start from a MAP fit ---------------------------------------------------------------------------
     def _map_fit(self, position: Tensor) -> Tensor:
         """Adam on the (minibatch) potential from ``position``: ``map_steps`` steps, or with ``map_steps=None`` up to
-        ``_AUTO_MAP_STEPS`` steps, stopped early once the mean potential of the last ``_MAP_WINDOW`` steps is no more
-        than ``0.01 (D + 1)`` below that of the window before (the fit has levelled off)."""
+        one epoch (not for passes shorter than ``_MAP_WINDOW`` steps, e.g. full-batch gradients), 10 % of the run's
+        inner steps and ``_AUTO_MAP_STEPS`` steps (the smallest), stopped early once the
+        mean potential of the last ``_MAP_WINDOW`` steps is no more than ``0.01 (D + 1)`` below that of the window
+        before (the fit has levelled off). Its progress shows in the progress bar."""
         position = position.detach().clone().requires_grad_()
         optim = torch.optim.Adam([position], lr=self.map_lr)
         auto = self.map_steps is None
+        limit = self.map_steps
+        if auto:
+            # one epoch; a pass of fewer than _MAP_WINDOW steps (full-batch gradients, a few batches) is not a
+            # useful bound (one Adam step): there only the run's length bounds the warm start
+            epoch = self._epoch_steps()
+            limit = _AUTO_MAP_STEPS if epoch < _MAP_WINDOW else min(_AUTO_MAP_STEPS, epoch)
+            run_steps = self._run_inner_steps()
+            if run_steps is not None:
+                limit = min(limit, max(1, math.ceil(_AUTO_MAP_RUN_FRACTION * run_steps)))
+        self.map_steps_limit = limit
+        shown = max(1, limit // 20)
         tolerance = 0.01 * (self.potential.dim + 1)
         window: list[Tensor] = []
         previous: Optional[float] = None
         with pyro.validation_enabled(False):  # a diverging fit is reported below, not as a validation error
-            for step in range(_AUTO_MAP_STEPS if auto else self.map_steps):
+            for step in range(limit):
+                if step % shown == 0:
+                    self._progress(f"Warm start {step}/{limit}")
                 idx = self._next_indices()
                 data = self._next_data()
                 optim.zero_grad()
@@ -384,15 +485,73 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
                         if not math.isfinite(mean) or (previous is not None and previous - mean < tolerance):
                             break
                         previous = mean
-        self.map_steps_taken = step + 1 if (auto or self.map_steps) else 0
+        self.map_steps_taken = step + 1 if limit else 0
+        self._progress("Warmup")
         if not bool(_finite_state((position.detach(),))):
             raise SamplerDivergenceError(f"{self._name}: the MAP warm start diverged; use a smaller map_lr")
         return position.detach()
 
     # ----- MCMCKernel API --------------------------------------------------------------------------------------
     def _eta(self, t: int) -> float:
-        """The step size of inner step ``t``: the schedule times the factor of the warm-up step-size search."""
+        """The step size of inner step ``t``: the schedule (``adapted_step_size`` once warm-up has adapted the mass
+        matrix) times the factor of the warm-up step-size search."""
+        if self.inverse_mass_matrix is not None:
+            return self._adapted_eta * self._step_scale
         return self.step_size(t) * self._step_scale
+
+    # the largest step in standardised units, given the largest eigenvalue lambda of the preconditioned Hessian:
+    # SGLD's update is stable up to eta = 4 / lambda, SGHMC's up to eta = 2 / sqrt(lambda); half, a quarter of that
+    _CURVATURE_POWER = 1.0  # eta <= _CURVATURE_FACTOR * lambda ** -_CURVATURE_POWER
+    _CURVATURE_FACTOR = 2.0
+    _CURVATURE_ITERATIONS = 20
+
+    def _stable_step(self, state: tuple) -> float:
+        """``adapted_step_size``, or less where the preconditioned potential is stiffer: the largest eigenvalue
+        :math:`\\lambda` of :math:`M^{-1/2} \\nabla^2 \\tilde U M^{-1/2}` (every chain's, on one minibatch), by
+        ``_CURVATURE_ITERATIONS`` power iterations with central finite differences of the gradient, caps the step at
+        :math:`a \\lambda^{-p}` (``_CURVATURE_FACTOR`` :math:`a`, ``_CURVATURE_POWER`` :math:`p`: :math:`2/\\lambda`
+        for SGLD, half of its stability limit :math:`4/\\lambda`; :math:`0.5/\\sqrt\\lambda` for SGHMC, a quarter
+        of its limit :math:`2/\\sqrt\\lambda`)."""
+        idx = self._next_indices()
+        data = self._next_data()
+        extra = tuple(t.detach() if isinstance(t, Tensor) else t for t in self._potential_and_grad_inputs())
+        scale = self.inverse_mass_matrix.sqrt()
+        positions = state[0] if self.vectorized_chains > 1 else state[0].unsqueeze(0)
+        delta = 1e-2  # in standardised units
+        top = 0.0
+        with self._bind(data), pyro.validation_enabled(False), torch.enable_grad():
+            for k in range(positions.shape[0]):
+                chain_idx = idx if (idx is None or self.vectorized_chains == 1) else idx[k]
+
+                def grad(point: Tensor) -> Tensor:
+                    point = point.detach().requires_grad_()
+                    return torch.autograd.grad(self._potential_fn(point, chain_idx, *extra), point)[0]
+
+                x = positions[k].detach()
+                lam = 0.0
+                v = torch.randn_like(x)
+                v = v / v.norm()
+                for _ in range(self._CURVATURE_ITERATIONS):
+                    hv = scale * (grad(x + delta * scale * v) - grad(x - delta * scale * v)) / (2 * delta)
+                    norm = hv.norm()
+                    if not bool(torch.isfinite(norm)) or float(norm) == 0.0:
+                        break
+                    lam = float(norm)
+                    v = hv / norm
+                top = max(top, lam)
+        self.max_curvature = top
+        if top <= 0:
+            return self.adapted_step_size
+        return min(self.adapted_step_size, self._CURVATURE_FACTOR * top ** -self._CURVATURE_POWER)
+
+    def _set_inverse_mass(self, estimate: Tensor) -> None:
+        """Install a new diagonal :math:`M^{-1}` (coordinates whose estimate is not a positive finite number keep
+        the previous value): the update rule's preconditioner and the step size change with it."""
+        previous = self.inverse_mass_matrix if self.inverse_mass_matrix is not None else torch.ones_like(estimate)
+        estimate = torch.where(torch.isfinite(estimate) & (estimate > 0), estimate, previous)
+        self.inverse_mass_matrix = estimate
+        self._precond = estimate if self._precond_power == 1.0 else estimate.pow(self._precond_power)
+        self._eta_tensor = None
 
     def sample(self, params: dict[str, Tensor]) -> dict[str, Tensor]:
         U = self.potential
@@ -426,6 +585,15 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
                     potentials = value.new_full((self.num_steps,) + value.shape, float("nan"))
                 potentials[self._t - start_t] = value
                 self._t += 1
+                if self._adapter is not None:  # warm-up only: collect the position, adapt at a window's end
+                    estimate = self._adapter.observe(self._t - 1, state[0])
+                    if estimate is not None:
+                        self._set_inverse_mass(estimate)
+                        self._adapted_eta = self._stable_step(state)
+                        self._step_scale = 1.0  # a step found for the previous preconditioner is moot
+                        eta = self._eta_tensor = torch.tensor(self._eta(self._t), dtype=U.dtype, device=U.device)
+                        if self._adapter.done:  # frozen from here on
+                            self._adapter = None
         failed_at = self._t
         finite = _chain_finite(state)  # (chains,)
         if potentials is None:  # the first step raised
@@ -459,15 +627,61 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
         self._last_potential = potentials[-1]
         params = U.split(self._state[0])
         self._last_params = params
+        if sample_index >= 0 and self._run_checks is not None:
+            self._run_checks.observe(self._state[0])
         if self.sample_writer is not None and sample_index >= 0:
             self.sample_writer.write({s.name: s.transform(params[s.name]) for s in U.sites})
         return params
+
+    # ----- checkpoints ------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The chain's state
+        (:meth:`ResumableState.state_dict <pyro_sdebnn.infer.mcmc.resume.ResumableState.state_dict>`) plus, under
+        ``"adaptation"``, the adapted inverse mass matrix, its step size and, in warm-up, the adaptation window's
+        running sums, so that a run resumed in warm-up adapts as the uninterrupted one."""
+        out = super().state_dict()
+        inverse = self.inverse_mass_matrix
+        out["adaptation"] = {
+            "inverse_mass": None if inverse is None else inverse.detach().clone(),
+            "step": float(self._adapted_eta),
+            "adapter": None if self._adapter is None else self._adapter.state_dict(),
+        }
+        return out
+
+    def _restore(self, sd: dict[str, Any], warmup_steps: int) -> None:
+        super()._restore(sd, warmup_steps)
+        U = self.potential
+        saved = sd.get("adaptation") or {}
+        self.inverse_mass_matrix = None
+        self._precond = torch.ones(U.dim, dtype=U.dtype, device=U.device)
+        if saved.get("inverse_mass") is not None:
+            self._set_inverse_mass(saved["inverse_mass"].to(device=U.device, dtype=U.dtype))
+            self._adapted_eta = float(saved["step"])
+        self._adapter = None
+        if saved.get("adapter") is not None:
+            total = int(sd["warmup_steps"]) * self.num_steps
+            self._adapter = MassMatrixAdapter(total, tuple(self._state[0].shape), U.dtype, U.device)
+            self._adapter.load_state_dict(saved["adapter"])
 
     # ----- divergence detection --------------------------------------------------------------------------------
     def cleanup(self) -> None:
         if self.sample_writer is not None:
             self.sample_writer.flush()
         self._initial_params = None  # the next chain draws its own initial values
+        self._end_of_chain()
+
+    def _end_of_chain(self) -> None:
+        """Close the chain's end-of-run checks (Pyro calls ``cleanup`` twice per chain: once is enough); after the
+        run's last chain, one :class:`SamplerWarning` per problem (see :mod:`~pyro_sdebnn.infer.mcmc.run_checks`)."""
+        if self._chain_closed or self._run_checks is None:
+            return
+        self._chain_closed = True
+        if self._sample_count <= self._warmup_steps:  # set up without sampling (e.g. to learn the transforms)
+            return
+        if self._run_checks.end_chain(len(self._divergences)):
+            for line in self._run_checks.messages(self._name):
+                warnings.warn(line, SamplerWarning, stacklevel=2)
+            self._run_checks = None
 
     def logging(self) -> dict[str, str]:
         out = {"step size": f"{self._eta(max(self._t - 1, 0)):.2e}"}
@@ -482,6 +696,8 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
             "backend": self.backend_used,
             "divergence log": [dict(r) for r in self.divergence_log],
         }
-        if self.adapt_step_size:
+        if self.adapt_step_size or self.inverse_mass_matrix is not None:
             out["step size"] = self._eta(self._t)
+        out["mass matrix adapted"] = self.inverse_mass_matrix is not None
+        out["warm start steps"] = int(self.map_steps_taken)
         return out

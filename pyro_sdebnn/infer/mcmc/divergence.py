@@ -169,10 +169,14 @@ class DivergenceCheck:
         self, flagged: dict[int, tuple[int, str]], state: tuple, sample_index: int, error: Optional[Exception]
     ) -> tuple:
         """Raise, or restart the flagged chains (only those) from their last healthy state with zero auxiliary
-        state (momentum, RMSprop average), recording each restart; in warm-up with ``adapt_step_size`` also halve
-        the step size."""
+        state (momentum, RMSprop average), recording each restart; in warm-up with ``adapt_step_size`` or with
+        the mass-matrix adaptation (which sets the step size), also halve the step size."""
         K = self.vectorized_chains
-        adapting = self.adapt_step_size and sample_index < 0
+        adapting = sample_index < 0 and (
+            self.adapt_step_size or self._adapter is not None or self.inverse_mass_matrix is not None
+        )
+        if self._adapter is not None:  # the window's draws led to the divergence: collect them afresh
+            self._adapter.restart_window()
         if self.on_divergence == "raise" and not adapting:
             lines = [
                 (f"chain {k}: " if K > 1 else "")

@@ -24,7 +24,15 @@ class SGHMC(SGMCMCKernel):
         w \\leftarrow w + \\eta v
 
     (the SGD-with-momentum form of [1], unit mass), ``num_steps`` inner steps on fresh minibatches per returned
-    sample. The momentum persists
+    sample. By default the warm-up adapts a diagonal mass matrix :math:`M` (see
+    :mod:`~pyro_sdebnn.infer.mcmc.adaptation`), frozen for sampling, which then runs
+    :math:`v \\leftarrow (1 - \\epsilon c) v - \\epsilon M^{-1/2} \\hat g
+    + \\sqrt{2 \\epsilon (c - \\hat B) T}\\, \\xi`,
+    :math:`w \\leftarrow w + \\epsilon M^{-1/2} v` (the momentum in standardised coordinates; a constant :math:`M`
+    keeps the target stationary, Ma, Chen & Fox 2015) with ``adapted_step_size`` :math:`\\epsilon` (default 0.1,
+    capped at :math:`0.5/\\sqrt\\lambda` for the largest eigenvalue :math:`\\lambda` of the preconditioned Hessian
+    and at :math:`\\epsilon c \\le 0.5`); ``step_size`` is then the step of the unit-mass phase before the first
+    estimate, and ``adapt_mass_matrix=False`` keeps the unit mass throughout. The momentum persists
     across samples; with ``resample_momentum_every=k`` it is redrawn from :math:`\\mathcal N(0, T I)` every ``k``
     returned samples. All other options (minibatching over tensors or a loader, plain models, schedules,
     temperature, warm start, vectorised chains, divergence handling, backends, checkpoints) are those of
@@ -86,6 +94,8 @@ class SGHMC(SGMCMCKernel):
 
     _name = "SGHMC"
     _state_type = SGHMCState
+    _precond_power = 0.5  # the rule takes M^{-1/2}
+    _CURVATURE_POWER, _CURVATURE_FACTOR = 0.5, 0.5  # the adapted step is at most 0.5 / sqrt(lambda)
 
     def __init__(
         self,
@@ -122,8 +132,16 @@ class SGHMC(SGMCMCKernel):
     def _init_state(self, position: Tensor) -> tuple:
         return (position, torch.randn_like(position) * self.temperature**0.5)
 
-    def _update(self, noise: Tensor, state: tuple, grad: Tensor, step_size: Tensor) -> tuple:
-        return sghmc_step(noise, state, grad, step_size, self.friction, self.noise_estimate, self.temperature)
+    def _update(
+        self, noise: Tensor, state: tuple, grad: Tensor, step_size: Tensor, precond: Optional[Tensor] = None
+    ) -> tuple:
+        return sghmc_step(
+            noise, state, grad, step_size, self.friction, self.noise_estimate, self.temperature, precond
+        )
+
+    def _stable_step(self, state: tuple) -> float:
+        # also keep eta * c <= 1/2, so that the friction damps the momentum
+        return min(super()._stable_step(state), 0.5 / self.friction)
 
     def sample(self, params: dict[str, Tensor]) -> dict[str, Tensor]:
         if not self.step_size.is_constant and self.step_size(self._t) * self.friction >= 1:

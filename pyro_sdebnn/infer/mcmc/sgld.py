@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Union
+from typing import Any, Callable, Optional, Union
 
 from torch import Tensor
 
@@ -25,8 +25,14 @@ class SGLD(SGMCMCKernel):
         w \\leftarrow w - \\frac{\\eta_t}{2} \\hat g + \\sqrt{\\eta_t T}\\, \\xi, \\qquad
         \\hat g = -\\frac{N}{b} \\sum_{i \\in B} \\nabla \\log p(y_i | x_i, w) - \\nabla \\log p(w)
 
-    in the unconstrained space of the latent sites (eq. (4) of [1]). With ``preconditioned=True`` the step is
-    scaled per coordinate by an RMSprop estimate :math:`G = 1/(\\epsilon + \\sqrt V)` (pSGLD [2]).
+    in the unconstrained space of the latent sites (eq. (4) of [1]). By default the warm-up adapts a diagonal mass
+    matrix :math:`M` (the posterior variance of every coordinate, estimated in Stan's windows [3], then frozen) and
+    the chain samples with :math:`w \\leftarrow w - \\frac{\\epsilon}{2} M^{-1} \\hat g + \\sqrt{\\epsilon T
+    M^{-1}}\\, \\xi`, a step :math:`\\epsilon` in standardised units (:mod:`~pyro_sdebnn.infer.mcmc.adaptation`;
+    a constant :math:`M` keeps the target stationary [4]). With ``preconditioned=True`` the step is instead scaled
+    per coordinate by a running RMSprop estimate :math:`G = 1/(\\epsilon + \\sqrt V)` (pSGLD [2]).
+    At the end of ``MCMC.run`` a :class:`~pyro_sdebnn.infer.mcmc.SamplerWarning` names each problem found
+    (split R-hat above 1.1, a chain stuck at a support boundary, divergences; :mod:`~pyro_sdebnn.infer.mcmc.run_checks`).
 
     The model is a plain Pyro model over the *full* data, as written for NUTS: the likelihood sits in a plate over
     the data (``with pyro.plate("data", len(x)): ... obs=y``) and the weights are sampled outside that plate, so that
@@ -47,7 +53,14 @@ class SGLD(SGMCMCKernel):
 
     :param callable model: the Pyro model.
     :param step_size: :math:`\\eta` (float) or a :class:`~pyro_sdebnn.infer.mcmc.schedules.StepSizeSchedule`
-        over inner steps (e.g. :class:`~pyro_sdebnn.infer.mcmc.schedules.PolynomialDecay`).
+        over inner steps (e.g. :class:`~pyro_sdebnn.infer.mcmc.schedules.PolynomialDecay`); with the mass-matrix
+        adaptation, the step of the unit-mass phase before the first estimate (the first 15 % of the warm-up).
+    :param bool adapt_mass_matrix: ``None`` (default): adapt a diagonal mass matrix in warm-up when the step size is
+        a constant and ``preconditioned`` is off; warm-ups of fewer than 1000 inner steps keep the unit mass.
+        ``False``: unit mass and ``step_size`` throughout. ``kernel.inverse_mass_matrix`` holds the estimate.
+    :param float adapted_step_size: the step :math:`\\epsilon` in standardised units once :math:`M` is adapted
+        (default 0.1), capped at :math:`2/\\lambda` for the largest eigenvalue :math:`\\lambda` of the
+        preconditioned Hessian (half the stability limit); ``diagnostics()["step size"]`` gives the one used.
     :param int num_steps: inner gradient steps per returned sample (thinning), default 1.
     :param int subsample_size: minibatch size :math:`b` with tensors; ``None`` for full-batch gradients, and with a
         loader (whose batch size is :math:`b`).
@@ -60,9 +73,12 @@ class SGLD(SGMCMCKernel):
         :func:`~pyro_sdebnn.infer.mcmc.init_to_robust`: real-valued sites (weights) start at a prior draw,
         constrained ones (scales such as ``Gamma(0.5, 1)`` or ``Uniform(0, 10)``, whose prior draws can lie close to 0
         where the first step diverges) at their prior median.
-    :param int map_steps: ``None`` (default): an automatic warm start of at most 500 Adam steps on the minibatch
-        potential, stopped once the mean potential over 50 steps improves by less than :math:`0.01 (D + 1)`
-        (``kernel.map_steps_taken`` says how many ran), run only when the kernel draws the initial values itself
+    :param int map_steps: ``None`` (default): an automatic warm start of Adam steps on the minibatch potential, at
+        most one epoch (no epoch bound for passes shorter than 50 steps, e.g. full-batch gradients), 10 % of the
+        run's inner steps and 500,
+        stopped once the mean potential over 50 steps improves by less than :math:`0.01 (D + 1)`
+        (``kernel.map_steps_taken`` and ``diagnostics()["warm start steps"]`` say how many ran; the progress bar
+        shows it), run only when the kernel draws the initial values itself
         (``MCMC(..., initial_params=...)`` is left where it is); a positive int: that many Adam steps, always;
         ``0``: no warm start (the chain starts at the initial values).
     :param float map_lr: learning rate of the warm start (default ``0.1``).
@@ -119,6 +135,12 @@ class SGLD(SGMCMCKernel):
     [2] Chunyuan Li, Changyou Chen, David Carlson, Lawrence Carin (2016). "Preconditioned Stochastic Gradient
         Langevin Dynamics for Deep Neural Networks". AAAI 2016.
 
+    [3] Bob Carpenter, Andrew Gelman, Matthew D. Hoffman, Daniel Lee, Ben Goodrich, Michael Betancourt, Marcus
+        Brubaker, Jiqiang Guo, Peter Li, Allen Riddell (2017). "Stan: A Probabilistic Programming Language".
+        Journal of Statistical Software 76(1).
+
+    [4] Yi-An Ma, Tianqi Chen, Emily B. Fox (2015). "A Complete Recipe for Stochastic Gradient MCMC". NeurIPS 2015.
+
     >>> import pyro.distributions as dist
     >>> from pyro.infer import MCMC
     >>> def model(x, y=None):
@@ -168,6 +190,10 @@ class SGLD(SGMCMCKernel):
         self.precond_decay = float(precond_decay)
         self.precond_eps = float(precond_eps)
         self._state_type = PreconditionedSGLDState if self.preconditioned else SGLDState
+        if self.preconditioned:  # RMSprop's running estimate and a warm-up-adapted mass matrix: one or the other
+            if kwargs.get("adapt_mass_matrix"):
+                raise ValueError("adapt_mass_matrix=True and preconditioned=True exclude each other: pick one")
+            kwargs["adapt_mass_matrix"] = False
         super().__init__(model, step_size=step_size, num_steps=num_steps, subsample_size=subsample_size, **kwargs)
 
     def _init_state(self, position: Tensor) -> tuple:
@@ -175,9 +201,11 @@ class SGLD(SGMCMCKernel):
             return (position, position.new_zeros(position.shape))
         return (position,)
 
-    def _update(self, noise: Tensor, state: tuple, grad: Tensor, step_size: Tensor) -> tuple:
+    def _update(
+        self, noise: Tensor, state: tuple, grad: Tensor, step_size: Tensor, precond: Optional[Tensor] = None
+    ) -> tuple:
         if self.preconditioned:
             return preconditioned_sgld_step(
                 noise, state, grad, step_size, self.temperature, alpha=self.precond_decay, eps=self.precond_eps
             )
-        return sgld_step(noise, state, grad, step_size, self.temperature)
+        return sgld_step(noise, state, grad, step_size, self.temperature, precond)

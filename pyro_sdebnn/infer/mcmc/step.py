@@ -62,8 +62,11 @@ class StepBackends:
         return next(iter(self._graph_modules.values()), None)
 
     # ----- the step ----------------------------------------------------------------------------------------------
-    def _single_step(self, state: tuple, idx: Optional[Tensor], step_size: Tensor, *extra: Tensor) -> tuple:
-        """One inner step for one chain: returns ``(new_state_tuple, potential)``."""
+    def _single_step(
+        self, state: tuple, idx: Optional[Tensor], step_size: Tensor, precond: Tensor, *extra: Tensor
+    ) -> tuple:
+        """One inner step for one chain: returns ``(new_state_tuple, potential)``. ``precond`` is the constant
+        diagonal preconditioner of the update rule (the kernel's ``_precond``: ones until warm-up adapts it)."""
         # differentiate w.r.t. the per-site pieces, not the flat vector: the gradient of a slice of the flat vector
         # is a zero-padded copy of length D per site; one concatenation of the pieces' gradients is one pass
         U = self.potential
@@ -75,20 +78,25 @@ class StepBackends:
             prior_value, prior_grad = U.gaussian_prior(state[0])
             grad, value = grad + prior_grad, value + prior_value
         noise = torch.randn_like(state[0])
-        new_state = self._update(noise, self._state_type(*state), grad, step_size)
+        new_state = self._update(noise, self._state_type(*state), grad, step_size, precond)
         return tuple(new_state), value
 
-    def _chains_step(self, state: tuple, idx: Optional[Tensor], step_size: Tensor, *extra: Tensor) -> tuple:
-        """:meth:`_single_step` for every chain (``vmap`` over the leading chain dimension)."""
+    def _chains_step(
+        self, state: tuple, idx: Optional[Tensor], step_size: Tensor, precond: Tensor, *extra: Tensor
+    ) -> tuple:
+        """:meth:`_single_step` for every chain (``vmap`` over the leading chain dimension; one preconditioner,
+        shared by the chains)."""
         if self.vectorized_chains == 1:
-            return self._single_step(state, idx, step_size, *extra)
-        in_dims = (0, None if idx is None else 0, None) + (None,) * len(extra)
+            return self._single_step(state, idx, step_size, precond, *extra)
+        in_dims = (0, None if idx is None else 0, None, None) + (None,) * len(extra)
         return torch.func.vmap(self._single_step, in_dims=in_dims, randomness="different")(
-            state, idx, step_size, *extra
+            state, idx, step_size, precond, *extra
         )
 
     def _eager_step(self, state: tuple, idx: Optional[Tensor], step_size: Tensor, *extra: Tensor) -> tuple:
-        """The step with Pyro's handlers running (``backend="eager"``), chain by chain."""
+        """The step with Pyro's handlers running (``backend="eager"``), chain by chain, with the kernel's current
+        preconditioner ``_precond``."""
+        precond = self._precond
 
         def one(chain_state: tuple, chain_idx: Optional[Tensor]) -> tuple:
             # no argument validation in the hot loop, as in the traced step (the model was validated at set-up):
@@ -99,7 +107,7 @@ class StepBackends:
                 (grad,) = torch.autograd.grad(value, position)
             with torch.no_grad():
                 new_state = self._update(
-                    torch.randn_like(position), self._state_type(*chain_state), grad, step_size
+                    torch.randn_like(position), self._state_type(*chain_state), grad, step_size, precond
                 )
             return tuple(new_state), value.detach()
 
@@ -113,7 +121,7 @@ class StepBackends:
         """One inner step on the next minibatch (indices with tensors, the next batch with a loader)."""
         idx = self._next_indices()
         data = self._next_data()
-        extra = self._potential_and_grad_inputs()
+        extra = tuple(self._potential_and_grad_inputs())
         if self.backend_used != "eager":
             out = self._graph_step(state, idx, eta, extra, data)
             if out is not None:
@@ -123,7 +131,9 @@ class StepBackends:
 
     def build_step_fn(self) -> Callable:
         """The inner step ``(state, idx, step_size, *extra) -> (state, potential)`` on the model's current data
-        (with the traced backends, the graph is traced on the first call)."""
+        (with the traced backends, the graph is traced on the first call). The step uses the kernel's current
+        preconditioner."""
+
         if self.backend_used == "eager":
             return self._eager_step
 
@@ -147,10 +157,12 @@ class StepBackends:
             run = self._trace_graph(state, idx, step_size, extra, data, key)
             if run is None:
                 return None
+        # the preconditioner is an input of the graph (a constant tensor multiply per step; it changes only at the
+        # ends of the warm-up's adaptation windows)
         if idx is None:
-            out = run(*state, step_size, *extra, *data)
+            out = run(*state, step_size, self._precond, *extra, *data)
         else:
-            out = run(*state, idx, step_size, *extra, *data)
+            out = run(*state, idx, step_size, self._precond, *extra, *data)
         return tuple(out[: len(state)]), out[len(state)]
 
     def _trace_graph(
@@ -160,7 +172,7 @@ class StepBackends:
 
         num_state, has_idx, num_data = len(state), idx is not None, len(data)
 
-        def flat_step(*flat: Tensor) -> tuple[Tensor, ...]:  # (*state, [idx], step_size, *extra, *data)
+        def flat_step(*flat: Tensor) -> tuple[Tensor, ...]:  # (*state, [idx], step_size, precond, *extra, *data)
             inputs, batch = flat[: len(flat) - num_data], flat[len(flat) - num_data :]
             rest = inputs[num_state:]
             chain_idx, rest = (rest[0], rest[1:]) if has_idx else (None, rest)
@@ -176,7 +188,9 @@ class StepBackends:
         try:
             with random_state, pyro.validation_enabled(False), poutine.block(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                graph = make_fx(flat_step)(*state, *([idx] if has_idx else []), step_size, *extra, *data)
+                graph = make_fx(flat_step)(
+                    *state, *([idx] if has_idx else []), step_size, self._precond, *extra, *data
+                )
         except Exception as e:  # noqa: BLE001 - any untraceable model falls back to the generic eager path
             if self.backend != "auto":
                 raise RuntimeError(

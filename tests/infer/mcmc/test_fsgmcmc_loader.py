@@ -11,6 +11,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from pyro_sdebnn.infer.mcmc import FSGHMC, FSGLD, MeasurementPoints, pointwise_log_likelihood, resume_run, save_run
 
+# short runs of a few draws: the end-of-run check finds R-hat above 1.1 (not what these tests are about)
+pytestmark = pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.SamplerWarning")
+
 N = 60
 BATCH = 20
 HIDDEN = 4

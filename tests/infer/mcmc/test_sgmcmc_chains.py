@@ -11,7 +11,11 @@ import torch
 from pyro.infer import MCMC, Predictive
 from pyro.ops.stats import split_gelman_rubin
 
-from pyro_sdebnn.infer.mcmc import SGHMC, SGLD, from_pyro, get_samples
+from pyro_sdebnn.infer.mcmc import SGHMC, SGLD, SamplerWarning, from_pyro, get_samples
+
+# the chains here are short (a few draws): the end-of-run check finds R-hat above 1.1; the tests where a warning is
+# the point assert it with pytest.warns
+pytestmark = pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.SamplerWarning")
 
 N = 30
 
@@ -85,8 +89,13 @@ def test_summary_and_diagnostics_see_k_chains_and_their_r_hat(capsys):
     stuck = SGLD(model, step_size=1e-6, vectorized_chains=4)
     stuck.initial_params = dict(start)
     mcmc = MCMC(stuck, num_samples=20, warmup_steps=0, disable_progbar=True)
-    mcmc.run(x, y)
+    with pytest.warns(SamplerWarning, match=r"SGLD: site 'w' has split R-hat [0-9.e+]+ > 1.1 across 4 chains") as rec:
+        mcmc.run(x, y)
     r_hat = mcmc.diagnostics()["w"]["r_hat"]
+    warned = [w for w in rec if "'w'" in str(w.message)]
+    assert len(warned) == 1  # one line per site
+    # the streamed split R-hat (constrained space, no draws kept) is Pyro's split Gelman-Rubin of the stored draws
+    assert float(str(warned[0].message).split("R-hat ")[1].split()[0]) == pytest.approx(float(r_hat), rel=2e-3)
     assert r_hat.shape == () and float(r_hat) > 10
     torch.testing.assert_close(r_hat, split_gelman_rubin(get_samples(mcmc, group_by_chain=True)["w"]))
     mcmc.summary()
@@ -134,7 +143,8 @@ def test_divergence_of_one_vectorised_chain_marks_that_chain_only():
     w0[10] = 1e30  # finite, but its square overflows: chain 10 diverges (and restarts there) at every sample
     kernel.initial_params = {"w": w0, "sigma": torch.zeros(K, dtype=torch.float64)}
     mcmc = MCMC(kernel, num_samples=15, warmup_steps=2, disable_progbar=True)
-    mcmc.run(x, y)
+    with pytest.warns(SamplerWarning, match=r"SGLD: 15 divergence\(s\)"):
+        mcmc.run(x, y)
     assert {r["chain"] for r in kernel.divergence_log} == {10}
     idata = from_pyro(mcmc, log_likelihood=False)
     assert idata.sample_stats["diverging"].shape == (K, 15)
@@ -154,7 +164,8 @@ def test_divergences_of_eleven_sequential_chains_in_numeric_order(monkeypatch):
     with pytest.warns(UserWarning, match="drawn sequentially"):
         mcmc = MCMC(kernel, num_samples=12, warmup_steps=1, num_chains=C, disable_progbar=True,
                     initial_params={"w": w0, "sigma": torch.zeros(C, dtype=torch.float64)})
-    mcmc.run(x, y)
+    with pytest.warns(SamplerWarning, match=r"divergence\(s\)"):  # once, after the last of the 11 chains
+        mcmc.run(x, y)
     assert [len(mcmc.diagnostics()["divergences"][f"chain {c}"]) > 0 for c in range(C)] == [c == 2 for c in range(C)]
     idata = from_pyro(mcmc, log_likelihood=False)
     assert _diverging_rows(idata) == [2]

@@ -13,6 +13,9 @@ from pyro_sdebnn.infer.mcmc import FSGLD, SGHMC, SGLD, PolynomialDecay, load_che
 from pyro_sdebnn.data import two_moons
 from pyro_sdebnn.testing import ConjugateLinearRegression
 
+# short runs of a few draws: the end-of-run check finds R-hat above 1.1 (not what these tests are about)
+pytestmark = pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.SamplerWarning")
+
 PROBLEM = ConjugateLinearRegression(dim=2, prior_scale=1.0, noise_scale=1.0)
 N = 50
 
@@ -58,8 +61,11 @@ def _args(through, x, y):
 def test_resumed_run_equals_the_uninterrupted_run(tmp_path, name, through):
     x, y = _data()
     make = _kernels()[name]
-    # the loader's position asserted below counts the sampler's batches: no warm start through the loader there
-    options = {"backend": "fx", "map_steps": 0} if through == "loader" else {"backend": "fx", "subsample_size": 20}
+    # the loader's position asserted below counts the sampler's batches: no warm start through the loader there;
+    # with tensors a fixed one (the automatic warm start is bounded by 10 % of the run's steps, which differ between
+    # the uninterrupted run of 25 samples and the first part of 11)
+    options = ({"backend": "fx", "map_steps": 0} if through == "loader"
+               else {"backend": "fx", "subsample_size": 20, "map_steps": 20})
     pyro.set_rng_seed(0)
     full = MCMC(make(**options), num_samples=25, warmup_steps=10, disable_progbar=True)
     full.run(*_args(through, x, y))
@@ -139,8 +145,9 @@ def test_resume_on_a_loader_without_the_saved_generator_is_a_clear_error(tmp_pat
 def test_checkpoint_loads_with_weights_only_and_restores_the_adapted_step_size(tmp_path):
     x, y = _data()
     # a step size far above the stability limit (about 4 / 50): the warm-up search halves it several times
+    # (a fixed warm start: the automatic one is bounded by 10 % of the run's steps, which differ between the runs)
     make = lambda: SGLD(plain_model, step_size=2.0, num_steps=2, subsample_size=25, adapt_step_size=True,  # noqa
-                        backend="fx")
+                        backend="fx", map_steps=10)
     pyro.set_rng_seed(0)
     full = MCMC(make(), num_samples=12, warmup_steps=15, disable_progbar=True)
     full.run(x, y)

@@ -37,6 +37,7 @@ def _assert_matches(w, mean, var, *, var_rtol=0.2, k_sigma=4.0, extra_se=None):
 
 
 @pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.SamplerWarning")  # 32 short chains: R-hat 1.11
 def test_sgld_decaying_steps_recovers_posterior():
     x, y = _data()
     mean, cov = PROBLEM.posterior(x, y)
@@ -50,8 +51,9 @@ def test_sgld_decaying_steps_recovers_posterior():
 def test_sghmc_recovers_posterior():
     x, y = _data()
     mean, cov = PROBLEM.posterior(x, y)
+    # the unit-mass SGHMC with this step and friction (the adapted mass matrix is tested in test_sgmcmc_adaptation)
     kernel = SGHMC(PROBLEM.model, step_size=2e-2, friction=10.0, num_steps=10, subsample_size=25,
-                   vectorized_chains=32)
+                   vectorized_chains=32, adapt_mass_matrix=False)
     w = _run(kernel, 250, 100, x, y)
     _assert_matches(w, mean, cov.diagonal())
 

@@ -43,3 +43,15 @@ def test_sgmcmc_uci_quick(tmp_path):
         assert 0 < row["rmse"] < 9.0 and math.isfinite(row["test_ll"])
     for name in ("sgmcmc_uci.md", "sgmcmc_uci.csv", "sgmcmc_uci_splits.csv"):
         assert (tmp_path / name).stat().st_size > 0
+
+
+def test_realdata_nuts_quick(tmp_path):
+    # the pipeline only (a subset of diabetes, a 4-unit network, short chains): the figures of a quick run mean nothing
+    pytest.importorskip("sklearn")
+    module, args = _args("realdata-nuts", tmp_path, datasets=["diabetes"])
+    result = module.run(args)
+    assert set(result) == {"diabetes/NUTS", "diabetes/SGLD", "diabetes/SGHMC"}
+    assert result["diabetes/NUTS"]["ratio"] == 1.0 and result["diabetes/NUTS"]["nll_diff"] == 0.0
+    assert all(math.isfinite(r["ratio"]) and math.isfinite(r["fs_rhat"]) for r in result.values())
+    assert (tmp_path / "realdata_nuts.md").read_text().count("| diabetes |") == 3
+    assert (tmp_path / "nuts_diabetes.pt").exists()  # NUTS is cached for the next run

@@ -1,0 +1,259 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Warm-up adaptation of the diagonal mass matrix, the end-of-run warnings, and the bounded warm start."""
+
+import arviz as az
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro.infer import MCMC
+from torch.utils.data import DataLoader, TensorDataset
+
+from pyro_sdebnn.infer.mcmc import SGHMC, SGLD, SamplerDivergenceError, SamplerWarning
+from pyro_sdebnn.infer.mcmc import adaptation
+from pyro_sdebnn.infer.mcmc.adaptation import MIN_ADAPT_STEPS, adaptation_windows
+
+# conjugate problem: w_j ~ N(0, 1), y_ij ~ N(w_j, s_j) for i = 1..n; the posterior of w_j is N(m_j, v_j) with
+# v_j = 1 / (1 + n / s_j^2) and m_j = v_j * sum_i y_ij / s_j^2. With s = (100, 0.1) and n = 100 the posterior sds are
+# 0.995 and 0.00999: scales 100x apart.
+NOISE = torch.tensor([100.0, 0.1], dtype=torch.float64)
+N = 100
+
+
+def _conjugate_data():
+    g = torch.Generator().manual_seed(0)
+    truth = torch.tensor([0.3, -0.5], dtype=torch.float64)
+    y = truth + NOISE * torch.randn(N, 2, generator=g, dtype=torch.float64)
+    var = 1.0 / (1.0 + N / NOISE**2)
+    return y, var * y.sum(0) / NOISE**2, var.sqrt()
+
+
+def scales_model(y):
+    w = pyro.sample("w", dist.Normal(y.new_zeros(2), 1.0).to_event(1))
+    with pyro.plate("data", y.shape[0]):
+        pyro.sample("y", dist.Normal(w, NOISE).to_event(1), obs=y)
+
+
+def test_windows_cover_the_middle_of_the_warm_up_in_doubling_windows():
+    assert adaptation_windows(MIN_ADAPT_STEPS - 1) == []
+    windows = adaptation_windows(4000)
+    assert windows[0][0] == 600 and windows[-1][1] == 3600  # 15 % fast, 75 % slow, 10 % fast
+    sizes = [end - start for start, end in windows]
+    assert all(a == b for (_, a), (b, _) in zip(windows, windows[1:]))  # contiguous
+    assert sizes == [200, 400, 800, 1600]
+
+
+def _sghmc_stationary_var(kappa, h, c):
+    """Stationary variance of the position of the SGHMC recursion on a Gaussian of curvature ``kappa`` (standardised
+    units, exact gradients): v' = (1 - hc) v - h kappa z + sqrt(2hc) xi, z' = z + h v'. Its covariance solves
+    S = A S A^T + b b^T, iterated to convergence."""
+    A = torch.tensor([[1 - h * h * kappa, h * (1 - h * c)], [-h * kappa, 1 - h * c]], dtype=torch.float64)
+    b = (2 * h * c) ** 0.5 * torch.tensor([[h], [1.0]], dtype=torch.float64)
+    S = torch.zeros(2, 2, dtype=torch.float64)
+    for _ in range(20000):
+        S = A @ S @ A.T + b @ b.T
+    return float(S[0, 0])
+
+
+@pytest.fixture(scope="module")
+def adapted_run():  # about 10 s: shared by the two tests below
+    y, mean, sd = _conjugate_data()
+    pyro.set_rng_seed(0)
+    # every default but num_steps: the mass matrix adapts over the 3000 inner steps of the warm-up (windows of
+    # 150-1200 steps, long enough for the loose coordinate to be explored)
+    kernel = SGHMC(scales_model, vectorized_chains=2, num_steps=3)
+    seen = []
+    mcmc = MCMC(kernel, num_samples=500, warmup_steps=1000, disable_progbar=True,
+                hook_fn=lambda k, params, stage, i: seen.append((stage, k._precond.clone(), k._eta(k._t))))
+    mcmc.run(y)
+    return kernel, mcmc, seen, mean, sd
+
+
+def test_preconditioner_is_frozen_after_warm_up(adapted_run):
+    kernel, _, seen, _, sd = adapted_run
+    warm = [p for stage, p, _ in seen if stage.startswith("Warmup")]
+    sampling = [(p, eta) for stage, p, eta in seen if stage.startswith("Sample")]
+    assert not torch.equal(warm[0], warm[-1])  # it changed in warm-up (four windows)
+    assert all(torch.equal(p, sampling[0][0]) and eta == sampling[0][1] for p, eta in sampling)
+    torch.testing.assert_close(sampling[0][0], kernel.inverse_mass_matrix.sqrt())  # SGHMC takes M^{-1/2}
+    assert kernel.diagnostics()["mass matrix adapted"] and kernel._adapter is None
+    # M^{-1} estimates the posterior variances: 100x apart in sd, 10^4 in variance
+    ratio = kernel.inverse_mass_matrix / sd**2
+    assert bool(((ratio > 0.5) & (ratio < 2.0)).all()), ratio
+
+
+def test_adapted_sghmc_recovers_posterior_scales_100x_apart(adapted_run):
+    kernel, mcmc, _, mean, sd = adapted_run
+    draws = mcmc.get_samples(group_by_chain=True)["w"].numpy()  # (2, 500, 2)
+    h = kernel._eta(kernel._t)
+    for j in range(2):
+        x = draws[..., j]
+        ess = float(az.ess(x))
+        est_mean, est_sd = x.mean(), x.std()
+        # the frozen chain's own stationary sd (the discretisation's bias, closed form for a Gaussian) is within
+        # 5 % of the posterior's; the draws match it: the mean within 4 Monte Carlo standard errors, the sd within
+        # 4 of its relative standard error 1/sqrt(2 ESS)
+        kappa = float(kernel.inverse_mass_matrix[j] / sd[j] ** 2)
+        chain_sd = float(sd[j]) * (_sghmc_stationary_var(kappa, h, kernel.friction) * kappa) ** 0.5
+        assert abs(chain_sd / float(sd[j]) - 1) < 0.05, (j, chain_sd, float(sd[j]))
+        assert abs(est_mean - float(mean[j])) < 4 * float(sd[j]) / ess**0.5, (j, est_mean, float(mean[j]))
+        assert abs(est_sd / chain_sd - 1) < 4 / (2 * ess) ** 0.5, (j, est_sd, chain_sd, ess)
+
+
+@pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.SamplerWarning")  # the unadapted chains do not mix
+def test_one_global_step_fails_where_the_adapted_one_succeeds():
+    y, _, sd = _conjugate_data()
+    # stable for the tight coordinate (eta * curvature = 0.4 < 4), the loose one barely moves
+    pyro.set_rng_seed(0)
+    kernel = SGLD(scales_model, step_size=4e-5, adapt_mass_matrix=False, vectorized_chains=2)
+    mcmc = MCMC(kernel, num_samples=500, warmup_steps=500, disable_progbar=True)
+    mcmc.run(y)
+    loose = mcmc.get_samples()["w"][:, 0]
+    assert float(loose.std()) < 0.5 * float(sd[0])
+    assert kernel.inverse_mass_matrix is None and not kernel.diagnostics()["mass matrix adapted"]
+    # a step that moves the loose coordinate diverges on the tight one (eta * curvature = 10 > 4)
+    pyro.set_rng_seed(0)
+    with pytest.raises(SamplerDivergenceError):
+        MCMC(SGLD(scales_model, step_size=1e-3, adapt_mass_matrix=False), num_samples=200, warmup_steps=200,
+             disable_progbar=True).run(y)
+
+
+@pytest.mark.parametrize("kernel_cls", [SGLD, SGHMC])
+def test_every_backend_steps_with_the_adapted_preconditioner(monkeypatch, kernel_cls):
+    monkeypatch.setattr(adaptation, "MIN_ADAPT_STEPS", 100)  # adapt in a short warm-up
+    y, _, _ = _conjugate_data()
+    pyro.set_rng_seed(1)
+    kernel = kernel_cls(scales_model, step_size=1e-4, backend="fx", map_steps=0)
+    MCMC(kernel, num_samples=5, warmup_steps=100, disable_progbar=True).run(y)
+    assert kernel.inverse_mass_matrix is not None
+    state = kernel._state
+    eta = torch.tensor(kernel._eta(kernel._t), dtype=torch.float64)
+    # one step by hand: the update rule with the preconditioner P (M^{-1} for SGLD, M^{-1/2} for SGHMC)
+    position = state[0].detach().requires_grad_()
+    (grad,) = torch.autograd.grad(kernel.potential(position, None), position)
+    torch.manual_seed(5)
+    noise = torch.randn_like(position)
+    P = kernel._precond
+    if kernel_cls is SGLD:
+        expected = position.detach() - 0.5 * eta * P * grad + (eta * P).sqrt() * noise
+    else:
+        c = kernel.friction
+        momentum = (1 - eta * c) * state[1] - eta * P * grad + (2 * eta * c) ** 0.5 * noise
+        expected = position.detach() + eta * P * momentum
+    steps = {"fx": kernel.build_step_fn()}
+    kernel.backend_used = "eager"
+    steps["eager"] = kernel.build_step_fn()
+    for name, step in steps.items():
+        torch.manual_seed(5)
+        new_state, _ = step(state, None, eta)
+        torch.testing.assert_close(new_state[0], expected, rtol=1e-9, atol=1e-12, msg=name)
+
+
+@pytest.mark.parametrize("kernel_cls", [SGLD, SGHMC])
+def test_a_chain_resumed_in_warm_up_adapts_as_the_uninterrupted_one(monkeypatch, kernel_cls):
+    monkeypatch.setattr(adaptation, "MIN_ADAPT_STEPS", 100)
+    y, _, _ = _conjugate_data()
+
+    def kernel():
+        return kernel_cls(scales_model, step_size=1e-4, backend="fx", map_steps=0)
+
+    pyro.set_rng_seed(0)
+    full = kernel()
+    full.setup(100, y)
+    params = full.initial_params
+    for i in range(120):
+        params = full.sample(params)
+        if i == 49:  # in the second adaptation window
+            saved = full.state_dict()
+    resumed = kernel()
+    resumed.load_state_dict(saved)
+    resumed.setup(50, y)
+    params = resumed.initial_params
+    for _ in range(70):
+        params = resumed.sample(params)
+    assert torch.equal(resumed.inverse_mass_matrix, full.inverse_mass_matrix)
+    assert resumed._eta(resumed._t) == full._eta(full._t)
+    assert torch.equal(resumed._state[0], full._state[0])
+
+
+def test_short_warm_up_and_explicit_switches_keep_the_unit_mass():
+    y, _, _ = _conjugate_data()
+    pyro.set_rng_seed(0)
+    kernel = SGLD(scales_model, step_size=1e-5)
+    MCMC(kernel, num_samples=20, warmup_steps=MIN_ADAPT_STEPS - 1, disable_progbar=True).run(y)
+    assert kernel.inverse_mass_matrix is None and torch.equal(kernel._precond, torch.ones(2, dtype=torch.float64))
+    assert not SGLD(scales_model, preconditioned=True).adapt_mass_matrix  # pSGLD has its own preconditioner
+    with pytest.raises(ValueError, match="adapt_mass_matrix"):
+        SGLD(scales_model, preconditioned=True, adapt_mass_matrix=True)
+    with pytest.raises(TypeError, match="adapt_mass_matrix"):
+        SGLD(scales_model, adapt_mass_matrix="yes")
+    with pytest.raises(ValueError, match="adapted_step_size"):
+        SGHMC(scales_model, adapted_step_size=0.0)
+
+
+# ----- end-of-run warnings -----------------------------------------------------------------------------------------
+def bounded_model(x, y=None):
+    w = pyro.sample("w", dist.Normal(x.new_zeros(()), 1.0))
+    sigma = pyro.sample("sigma", dist.Uniform(x.new_zeros(()), 10.0))
+    with pyro.plate("data", x.shape[0]):
+        pyro.sample("y", dist.Normal(w * x, sigma), obs=y)
+
+
+def _bounded_data():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(50, generator=g)
+    return x, 0.8 * x + 0.5 * torch.randn(50, generator=g)
+
+
+def test_a_chain_stuck_at_the_support_boundary_warns():
+    # chain 0 starts where Uniform(0, 10)'s transform has saturated (sigma = 10.0 in float32) and, with a tiny step
+    # and no momentum to leave, stays there: its draws all sit at the bound, and the chains disagree
+    x, y = _bounded_data()
+    pyro.set_rng_seed(0)
+    kernel = SGHMC(bounded_model, step_size=1e-4, friction=1.0, vectorized_chains=2, map_steps=0)
+    kernel.initial_params = {"w": torch.zeros(2), "sigma": torch.tensor([30.0, -1.0])}
+    mcmc = MCMC(kernel, num_samples=40, warmup_steps=10, disable_progbar=True)
+    with pytest.warns(SamplerWarning) as record:
+        mcmc.run(x, y)
+    lines = [str(w.message) for w in record]
+    assert any("chain 0 sat at a support boundary of site 'sigma' for 40 of its 40 draws" in m for m in lines), lines
+    assert not any("chain 1 sat" in m for m in lines)
+    assert any("site 'sigma' has split R-hat" in m for m in lines)
+    assert bool((mcmc.get_samples(group_by_chain=True)["sigma"][0] > 10.0 - 1e-5).all())
+
+
+def test_a_healthy_run_does_not_warn():
+    x, y = _bounded_data()
+    pyro.set_rng_seed(0)
+    mcmc = MCMC(SGHMC(bounded_model, num_steps=3, vectorized_chains=2, subsample_size=25), num_samples=300,
+                warmup_steps=334, disable_progbar=True)
+    mcmc.run(x, y)  # any SamplerWarning would be an error here (setup.cfg: filterwarnings = error)
+
+
+# ----- the warm start ----------------------------------------------------------------------------------------------
+def test_automatic_warm_start_is_bounded_by_an_epoch_and_the_run_and_reported():
+    x, y = _bounded_data()
+    x, y = torch.cat([x] * 40), torch.cat([y] * 40)  # 2000 points, batch 20: 100 steps per epoch
+    loader = DataLoader(TensorDataset(x, y), batch_size=20, shuffle=True)
+    pyro.set_rng_seed(0)
+    kernel = SGLD(bounded_model, step_size=1e-5, map_lr=1e-3)  # a slow fit that would not level off early
+    mcmc = MCMC(kernel, num_samples=150, warmup_steps=150, disable_progbar=True)
+    mcmc.run(loader)
+    assert kernel.map_steps_taken == kernel.map_steps_limit == 30  # 10 % of the run's 300 steps (< one epoch)
+    assert kernel.diagnostics()["warm start steps"] == 30
+    pyro.set_rng_seed(0)
+    kernel = SGLD(bounded_model, step_size=1e-5, map_lr=1e-3, num_steps=10)
+    MCMC(kernel, num_samples=60, warmup_steps=60, disable_progbar=True).run(loader)
+    assert kernel.map_steps_limit == 100  # one epoch (< 10 % of the run's 1200 steps)
+
+
+def test_warm_start_shows_in_the_progress_bar(monkeypatch):
+    x, y = _bounded_data()
+    shown = []
+    from pyro.infer.mcmc import logger
+
+    monkeypatch.setattr(logger.ProgressBar, "set_description",
+                        lambda self, *args, **kwargs: shown.append(args[0]))
+    pyro.set_rng_seed(0)
+    MCMC(SGLD(bounded_model, subsample_size=5), num_samples=5, warmup_steps=5).run(x, y)
+    assert any(str(s).startswith("Warm start 0/") for s in shown)
