@@ -42,6 +42,8 @@ REGISTRY: dict[str, Benchmark] = {
                                           "& Roth 2021, Table 2"),
     "mnvi-uci": Benchmark("mnvi_uci", "MNVI vs MFVI vs MC-dropout vs deep ensemble on UCI Boston (Schmitt & Roth "
                                       "2021, Table 1)"),
+    "realdata-nuts": Benchmark("realdata_nuts", "SGLD / SGHMC defaults against NUTS on scikit-learn's diabetes and "
+                                                "breast-cancer data"),
     "sdebnn-mnist": Benchmark("sdebnn_mnist", "SDE-BNN (+STL) vs ODE-Net, mean-field ODE-Net and ResNet±MFVI: "
                                               "accuracy, ECE, curves, solver tolerance"),
     "sdebnn-toy": Benchmark("sdebnn_toy", "SDE-BNN on the 1-D toy: predictive bands, weight paths, STL vs analytic "

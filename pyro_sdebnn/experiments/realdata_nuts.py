@@ -41,6 +41,8 @@ from pathlib import Path
 
 import torch
 
+from pyro_sdebnn.experiments import _common as common
+
 NAME = "realdata-nuts"
 DESCRIPTION = "SGLD / SGHMC defaults against NUTS on scikit-learn's diabetes and breast-cancer data"
 
@@ -152,52 +154,8 @@ def _score(pred, yte, yscale, classify):
     return out
 
 
-def run(args: argparse.Namespace) -> dict:
-    from pyro_sdebnn.infer.mcmc import SGHMC, SGLD, posterior_prediction
-
-    torch.set_num_threads(1)
-    s = _settings(args.quick)
-    out_dir = Path(args.output)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    rows, summary = [], {}
-    for data in args.datasets:
-        Xtr, Xte, ytr, yte, yscale = _load(data, s["max_train"])
-        classify = data == "breast"
-        model = _model(Xtr.shape[1], s["hidden"], classify)
-        results = {}
-        for method in ("NUTS",) + tuple(m for m in args.methods if m != "NUTS"):
-            t0 = time.perf_counter()
-            notes, extra = [], ""
-            if method == "NUTS":
-                key = {k: s[k] for k in ("hidden", "max_train", "nuts_warmup", "nuts_samples", "depth")}
-                key["seed"] = args.seed
-                cache = out_dir / f"nuts_{data}.pt"
-                cached = torch.load(cache, weights_only=True) if cache.exists() else None
-                if cached is not None and cached.get("key") == json.dumps(key, sort_keys=True):
-                    samples = cached["samples"]
-                    extra = "cached"
-                else:
-                    samples = _nuts(model, Xtr, ytr, s, args.seed)
-                    torch.save({"key": json.dumps(key, sort_keys=True), "samples": samples}, cache)
-            else:
-                samples, notes, kernel = _sgmcmc({"SGLD": SGLD, "SGHMC": SGHMC}[method], model, Xtr, ytr, s,
-                                                 args.seed)
-                adapted = kernel.diagnostics()["mass matrix adapted"]
-                extra = f"adapted, step {kernel._eta(kernel._t):.3g}" if adapted else "unit mass (short warm-up)"
-            pred = posterior_prediction(model, samples, Xte)
-            r = _score(pred, yte, yscale, classify)
-            r.update(data=data, method=method, seconds=round(time.perf_counter() - t0, 1), warnings=len(notes),
-                     note=extra)
-            results[method] = r
-        ref = results["NUTS"]
-        for method, r in results.items():
-            r["ratio"] = r["spread"] / ref["spread"]
-            r["nll_diff"] = r["nll"] - ref["nll"]
-            lo, hi = TARGETS["ratio"]
-            r["met"] = bool(lo <= r["ratio"] <= hi and abs(r["nll_diff"]) <= TARGETS["nll"][data]
-                            and r["fs_rhat"] <= TARGETS["rhat"])
-            rows.append(r)
-            summary[f"{data}/{method}"] = {k: r[k] for k in ("ratio", "nll_diff", "fs_rhat", "met")}
+def _write_tables(out_dir: Path, rows: list) -> None:
+    """``realdata_nuts.md`` and ``.json`` of the rows finished so far."""
     header = ("| data | method | predictive sd / prob. spread | ratio to NUTS | 95 % coverage | test NLL | NLL - NUTS "
               "| function-space R-hat | SamplerWarnings | seconds | note |\n|" + "---|" * 11 + "\n")
     lines = [
@@ -208,4 +166,58 @@ def run(args: argparse.Namespace) -> dict:
     ]
     (out_dir / "realdata_nuts.md").write_text(header + "\n".join(lines) + "\n")
     (out_dir / "realdata_nuts.json").write_text(json.dumps(rows, indent=1))
+
+
+def run(args: argparse.Namespace) -> dict:
+    from pyro_sdebnn.infer.mcmc import SGHMC, SGLD, posterior_prediction
+
+    torch.set_num_threads(1)
+    s = _settings(args.quick)
+    out_dir = Path(args.output)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows, summary = [], {}
+    try:
+        for data in args.datasets:
+            Xtr, Xte, ytr, yte, yscale = _load(data, s["max_train"])
+            classify = data == "breast"
+            model = _model(Xtr.shape[1], s["hidden"], classify)
+            results = {}
+            for method in ("NUTS",) + tuple(m for m in args.methods if m != "NUTS"):
+                t0 = time.perf_counter()
+                notes, extra = [], ""
+                if method == "NUTS":
+                    key = {k: s[k] for k in ("hidden", "max_train", "nuts_warmup", "nuts_samples", "depth")}
+                    key["seed"] = args.seed
+                    cache = out_dir / f"nuts_{data}.pt"
+                    cached = torch.load(cache, weights_only=True) if cache.exists() else None
+                    if cached is not None and cached.get("key") == json.dumps(key, sort_keys=True):
+                        samples = cached["samples"]
+                        extra = "cached"
+                    else:
+                        samples = _nuts(model, Xtr, ytr, s, args.seed)
+                        torch.save({"key": json.dumps(key, sort_keys=True), "samples": samples}, cache)
+                else:
+                    samples, notes, kernel = _sgmcmc({"SGLD": SGLD, "SGHMC": SGHMC}[method], model, Xtr, ytr, s,
+                                                     args.seed)
+                    adapted = kernel.diagnostics()["mass matrix adapted"]
+                    extra = f"adapted, step {kernel._eta(kernel._t):.3g}" if adapted else "unit mass (short warm-up)"
+                pred = posterior_prediction(model, samples, Xte)
+                r = _score(pred, yte, yscale, classify)
+                r.update(data=data, method=method, seconds=round(time.perf_counter() - t0, 1), warnings=len(notes),
+                         note=extra)
+                results[method] = r
+            ref = results["NUTS"]
+            for method, r in results.items():
+                r["ratio"] = r["spread"] / ref["spread"]
+                r["nll_diff"] = r["nll"] - ref["nll"]
+                lo, hi = TARGETS["ratio"]
+                r["met"] = bool(lo <= r["ratio"] <= hi and abs(r["nll_diff"]) <= TARGETS["nll"][data]
+                                and r["fs_rhat"] <= TARGETS["rhat"])
+                rows.append(r)
+                summary[f"{data}/{method}"] = {k: r[k] for k in ("ratio", "nll_diff", "fs_rhat", "met")}
+            _write_tables(out_dir, rows)  # after every data set: a Ctrl-C keeps what is finished
+    except KeyboardInterrupt:
+        _write_tables(out_dir, rows)
+        done = {r["data"] for r in rows}
+        raise common.Interrupted(summary, f"{len(done)} of {len(args.datasets)} data sets finished") from None
     return summary

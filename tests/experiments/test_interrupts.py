@@ -194,3 +194,22 @@ def test_fsgmcmc_gap(tmp_path, monkeypatch):
         assert [r["method"] for r in csv.DictReader(fh)] == ["SGLD"]
     assert (tmp_path / "fsgmcmc_gap.png").stat().st_size > 0
     _interrupted_readme(tmp_path, "1 of 2 methods finished")
+
+
+def test_realdata_nuts(tmp_path, monkeypatch):
+    from pyro_sdebnn.experiments import realdata_nuts
+
+    def load(name, max_train):  # the second data set is never reached: its NUTS run is interrupted
+        g = torch.Generator().manual_seed(0)
+        x, x_test = torch.randn(30, 3, generator=g), torch.randn(10, 3, generator=g)
+        return x, x_test, torch.randn(30, generator=g), torch.randn(10, generator=g), 1.0
+
+    monkeypatch.setattr(realdata_nuts, "_load", load)
+    monkeypatch.setattr(realdata_nuts, "_nuts", _second_call_interrupts(realdata_nuts._nuts))
+    args = ["benchmark", "realdata-nuts", "--quick", "--datasets", "diabetes", "breast", "--methods", "SGLD",
+            "--output", str(tmp_path)]
+    assert main(args) == 130
+    table = (tmp_path / "realdata_nuts.md").read_text()
+    assert table.count("| diabetes |") == 2 and "| breast |" not in table
+    _interrupted_readme(tmp_path, "1 of 2 data sets finished")
+    assert set(json.loads((tmp_path / "summary.json").read_text())) == {"diabetes/NUTS", "diabetes/SGLD"}
