@@ -38,13 +38,16 @@ def test_host_reads_are_counted_per_call_and_optimiser_counters_are_not():
     assert gpu_check.count_host_syncs(adam_step, 3, CPU)["reads"] == 0.0
 
 
-def test_dry_run_rows_are_not_met_or_missed():
+def test_dry_run_judges_code_paths_but_not_gpu_targets():
     report = gpu_check.Report(CPU)
     report.add("speed", "a ratio", "1.00", "<= 1.2", False)
     report.add("speed", "a figure", "3")
-    assert [r["status"] for r in report.rows] == ["dry run", "reported"]
+    report.add("tests", "a command", "exit 0", "exit 0", True, gpu_target=False)
+    assert [r["status"] for r in report.rows] == ["dry run", "reported", "met"]
     assert not report.failed
     assert "| speed | a ratio | 1.00 | <= 1.2 | dry run | CPU (dry run) |" in report.markdown()
+    report.add("job", "a failing command", "exit 2", "exit 0", False, gpu_target=False)
+    assert report.rows[-1]["status"] == "missed" and report.failed
 
 
 def test_one_section_in_process_writes_the_table_and_a_raising_section_fails_the_run(tmp_path, monkeypatch):
