@@ -564,8 +564,11 @@ def run_sections(sections, args) -> Report:
         raise SystemExit("gpu_check: --device cuda but CUDA is not available (use --device cpu for the dry run)")
     report = Report(device)
     total = sum(SHARES[s] for s in sections)
+    start = time.perf_counter()
     for name in sections:
-        budget = Budget(args.budget * SHARES[name] / total)
+        # its share, less what the sections before it overran (each still gets a few seconds for its minimal run)
+        left = args.budget - (time.perf_counter() - start)
+        budget = Budget(max(min(args.budget * SHARES[name] / total, left), 5.0))
         pyro.set_rng_seed(0)
         try:
             RUNNERS[name](report, budget, args)
