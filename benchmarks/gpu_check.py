@@ -505,9 +505,9 @@ def section_train(report: Report, budget: Budget, args) -> None:
 
 
 # ------------------------------------------------------------------------------------------------- 6. NCCL
-def nccl_worker() -> None:
+def nccl_worker(backend: str = "nccl") -> None:
     """Under ``torchrun``: an NCCL world, one all-reduce checked against its closed form, two epochs of data-parallel
-    SVI (``pyro_sdebnn.distributed.train_svi``); rank 0 prints ``NCCL OK``."""
+    SVI (``pyro_sdebnn.distributed.train_svi``); rank 0 prints ``nccl world OK`` (``gloo`` on CPUs for a local check)."""
     import pyro.distributions as dist
     from pyro.infer import SVI, Trace_ELBO
     from pyro.infer.autoguide import AutoNormal
@@ -515,7 +515,7 @@ def nccl_worker() -> None:
 
     from pyro_sdebnn import distributed
 
-    device = distributed.init(backend="nccl", timeout=60.0, seed=0)
+    device = distributed.init(backend=backend, timeout=60.0, seed=0)
     value = distributed.all_reduce_mean(torch.full((3,), float(distributed.rank()), device=device))
     expected = (distributed.world_size() - 1) / 2
     assert torch.allclose(value, torch.full_like(value, expected)), (value, expected)
@@ -530,9 +530,9 @@ def nccl_worker() -> None:
 
     svi = SVI(model, AutoNormal(model), pyro.optim.Adam({"lr": 1e-2}), Trace_ELBO())
     loader = distributed.distributed_loader(TensorDataset(x, y), 128, seed=0)
-    distributed.train_svi(svi, loader, num_epochs=2)
+    distributed.train_svi(svi, loader, num_epochs=2, device=device)
     if distributed.is_main():
-        print("NCCL OK", flush=True)
+        print(f"{backend} world OK", flush=True)
     distributed.shutdown()
 
 
@@ -546,7 +546,7 @@ def section_nccl(report: Report, budget: Budget, args) -> None:
     torchrun = shutil.which("torchrun") or "torchrun"
     cmd = [torchrun, "--standalone", f"--nproc_per_node={gpus}", str(Path(__file__).resolve()), "--nccl-worker"]
     code, seconds, tail = _run(cmd, budget.left())
-    ok = code == 0 and "NCCL OK" in tail
+    ok = code == 0 and "nccl world OK" in tail
     report.add("nccl", f"torchrun NCCL world of {gpus} GPUs (all-reduce, data-parallel SVI)",
                f"exit {code} in {seconds:.0f} s" + ("" if ok else ": " + " ".join(tail.splitlines()[-2:])[:200]),
                "exit 0", ok)
@@ -590,9 +590,10 @@ def main(argv=None) -> int:
     parser.add_argument("--data-dir", default=None, help="folder holding MNIST/raw/ (default: random tensors)")
     parser.add_argument("--output", default="gpu_check", help="folder for gpu_check.md / .json and the job outputs")
     parser.add_argument("--nccl-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--worker-backend", default="nccl", help=argparse.SUPPRESS)  # gloo: the worker on CPUs
     args = parser.parse_args(argv)
     if args.nccl_worker:
-        nccl_worker()
+        nccl_worker(args.worker_backend)
         return 0
     if args.threads is not None:
         torch.set_num_threads(args.threads)
