@@ -320,8 +320,8 @@ def section_sync(report: Report, budget: Budget, args) -> None:
 
 # ------------------------------------------------------------------------------------------------- 4. speed
 def _conv_sgld_pair(device: torch.device, n: int, batch: int, num_steps: int, backend: str):
-    """(ours, plain) SGLD steppers of a small conv net (conv 8@5x5 - tanh - pool - linear 10, N(0, 1) prior), ``num_steps``
-    inner steps per call, on MNIST-shaped data on ``device``."""
+    """(ours, plain) SGLD steppers of a small conv net (conv 8@5x5 - tanh - pool - linear 10, N(0, 1) prior),
+    ``num_steps`` inner steps per call, on MNIST-shaped data on ``device``."""
     import pyro.distributions as dist
 
     from pyro_sdebnn.infer.mcmc import SGLD
@@ -425,8 +425,9 @@ def section_speed(report: Report, budget: Budget, args) -> None:
     report.add("speed", "MNVI predictive (8 logit draws) / deterministic LeNet-5, batch 100", _fmt(r), "<= 2.2",
                r[0] <= 2.2)
 
-    # Laplace KFAC (all weights) on a 784-100-10 ReLU MLP (dry run: 784-32-10): fit (curvature + prior tuning, no training) against one
-    # plain gradient pass over the same data; the probit GLM predictive against the plain forward pass
+    # Laplace KFAC (all weights) on a 784-100-10 ReLU MLP (dry run: 784-32-10): fit (curvature + prior tuning, no
+    # training) against one plain gradient pass over the same data; the probit GLM predictive against the plain
+    # forward pass
     from pyro_sdebnn.infer import Laplace
     from pyro_sdebnn.nn import make_mlp
 
@@ -507,7 +508,7 @@ def section_train(report: Report, budget: Budget, args) -> None:
 # ------------------------------------------------------------------------------------------------- 6. NCCL
 def nccl_worker(backend: str = "nccl") -> None:
     """Under ``torchrun``: an NCCL world, one all-reduce checked against its closed form, two epochs of data-parallel
-    SVI (``pyro_sdebnn.distributed.train_svi``); rank 0 prints ``nccl world OK`` (``gloo`` on CPUs for a local check)."""
+    SVI (``pyro_sdebnn.distributed.train_svi``); rank 0 prints ``nccl world OK`` (``gloo``: a local check on CPUs)."""
     import pyro.distributions as dist
     from pyro.infer import SVI, Trace_ELBO
     from pyro.infer.autoguide import AutoNormal
