@@ -216,18 +216,22 @@ _OPTIM = os.path.join("torch", "optim", "")
 
 
 class _HostReads(torch.overrides.TorchFunctionMode):
-    """Counts the reads of tensor values into Python (``item``, ``bool``, ``float``, ``int``, ``tolist``): each is
-    a device-to-host copy and a synchronisation on a GPU. Reads inside ``torch.optim`` are left out: the optimisers
-    keep their step counters on the host (a read there never waits for the device)."""
+    """Counts the reads of tensor values into Python (``item``, ``bool``, ``float``, ``int``, ``tolist``) of tensors
+    on ``device`` (every tensor for the CPU, the dry run's stand-in): each is a device-to-host copy and a
+    synchronisation on a GPU. Reads inside ``torch.optim`` are left out: the optimisers keep their step counters on
+    the host (a read there never waits for the device)."""
 
     READS = frozenset({"item", "__bool__", "__float__", "__int__", "__index__", "tolist"})
 
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device) -> None:
         super().__init__()
+        self.device_type = device.type
         self.count = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__name__", "") in self.READS:
+        tensor = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if (getattr(func, "__name__", "") in self.READS and tensor is not None
+                and tensor.device.type == self.device_type):
             frame, in_optim = sys._getframe(1), False
             while frame is not None and not in_optim:
                 in_optim = _OPTIM in frame.f_code.co_filename
@@ -245,7 +249,7 @@ def count_host_syncs(fn, steps: int, device: torch.device) -> dict[str, float]:
     fn()
     _sync(device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    reads = _HostReads()
+    reads = _HostReads(device)
     with profile(activities=activities) as prof:
         with reads:
             for _ in range(steps):

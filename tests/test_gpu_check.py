@@ -64,3 +64,11 @@ def test_one_section_in_process_writes_the_table_and_a_raising_section_fails_the
     assert gpu_check.main(["--device", "cpu", "--sections", "nccl", "--output", str(tmp_path / "b")]) == 1
     assert "| nccl | nccl: the section raised | RuntimeError: boom | runs | failed |" in (
         tmp_path / "b" / "gpu_check.md").read_text()
+
+
+def test_reads_count_only_tensors_on_the_checked_device():
+    for device, expected in ((torch.device("cuda"), 0), (CPU, 1)):  # a host tensor's read never waits for a GPU
+        reads = gpu_check._HostReads(device)
+        with reads:
+            float(torch.ones(()))
+        assert reads.count == expected, device
