@@ -1,36 +1,40 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Speed of MNVI on LeNet-5 (batch 100), as ratios to the deterministic network measured in the same run.
+"""Speed of MNVI on LeNet-5 (batch 100), as ratios to the deterministic network measured in the same process.
 
-Timed, interleaved in every repeat (so that load fluctuations hit all of them alike):
+Timed as a user times one model: each comparison runs in its **own fresh process** that builds only the models
+it compares, and times them in alternating blocks (``--inner`` calls of one model, then ``--inner`` calls of the
+other, ``--repeats`` times), so that neither the load of the machine nor another model's memory use favours one
+side. Another model in the same process changes what the memory allocator keeps: glibc raises its thresholds for
+returning memory to the operating system after a large buffer is freed, so a model with large temporaries (e.g.
+MC-dropout's 8-fold batch) would spare MNVI the page faults it pays when it runs alone. The minor page faults per
+call (``resource.getrusage``) are reported beside the times.
 
-Prediction (``torch.no_grad``, eval mode)
-- ``deterministic``: ``softmax(net(x))``;
-- ``mnvi-moments``: one sampling-free pass ``mnvi_net(Moments(x, None))``;
-- ``mnvi-predict``: :meth:`SamplingFreeBNN.predict` with 8 logit draws (the full predictive);
-- ``mc-dropout-8``: :meth:`pyro_sdebnn.infer.MCDropout.predict` with 8 passes;
-- ``mfvi-predict``: the sampling-free mean-field twin's predictive (8 logit draws);
-- with ``--compile``: ``mnvi-predict-fused`` (the MNVI predictive with ``MNReLU(compile=True)``, the
-  moment kernel fused by ``torch.compile``), ``mnvi-moments-compiled`` (one moment pass of
-  ``torch.compile(mnvi_net)``, the whole network compiled) and ``deterministic-compiled``
-  (``torch.compile(net)``), so that the fused MNVI passes are also compared with an equally compiled
-  deterministic network.
+Groups (``--groups``), each in its own process:
 
-Training step (forward + backward + Adam update)
-- ``deterministic-step``: cross-entropy, ``torch.optim.Adam``;
-- ``mnvi-torch-step``: the sampling-free loss ``-E[log p] + kappa KL`` written in plain torch;
-- ``mnvi-svi-step``: ``pyro.infer.SVI.step`` with :class:`~pyro_sdebnn.infer.SamplingFree_ELBO`
-  (adds Pyro's tracing and parameter-store overhead).
+- ``predict``: ``deterministic`` (``softmax(net(x))`` under ``torch.no_grad``, eval mode), ``mnvi-predict``
+  (:meth:`SamplingFreeBNN.predict` with 8 logit draws, the full predictive) and ``mnvi-moments`` (one
+  sampling-free pass ``mnvi_net(Moments(x, None))``).
+- ``step`` (forward + backward + Adam update): ``deterministic-step`` (cross-entropy, ``torch.optim.Adam``),
+  ``mnvi-torch-step`` (the sampling-free loss ``-E[log p] + kappa KL`` in plain torch) and ``mnvi-svi-step``
+  (``pyro.infer.SVI.step`` with :class:`~pyro_sdebnn.infer.SamplingFree_ELBO`, adding Pyro's tracing and
+  parameter-store overhead).
+- ``others``: ``mc-dropout-8`` (:meth:`pyro_sdebnn.infer.MCDropout.predict`, 8 passes) and ``mfvi-predict``
+  (the sampling-free mean-field twin, 8 logit draws) against ``mnvi-predict``.
+- ``compile``: ``mnvi-predict-fused`` (``MNReLU(compile=True)``) against ``mnvi-predict`` and ``deterministic``,
+  and ``mnvi-moments-compiled`` / ``deterministic-compiled`` (``torch.compile`` of the whole networks).
 
 MNVI is the method of [1]; MC-dropout that of [2]; LeNet-5 the network of [3]. The project's targets: MNVI
-predictive forward <= 2.2x deterministic, and >= 3x faster than MC-dropout with 8 samples; a ``torch.compile``
-option stays in the library only if it buys >= 1.2x over the eager pass (the ``>= 1.2`` rows). Reported per item:
-median and the interquartile range over ``--repeats`` of the per-repeat time, and of the per-repeat ratio. Pyro
-validation is disabled while timing (as in production). The machine may be shared: ratios within one run are
-meaningful, absolute times less so.
+predictive forward <= 2.2x deterministic, training step <= 3.5x, and >= 3x faster than MC-dropout with 8 samples;
+a ``torch.compile`` option stays in the library only if it buys >= 1.2x over the eager pass. Reported per item:
+median and interquartile range over the repeats of the per-block time per call; per ratio, of the ratio of
+neighbouring blocks. Pyro validation is disabled while timing (as in production). ``--malloc-env`` runs the
+groups with glibc's ``MALLOC_TRIM_THRESHOLD_`` / ``MALLOC_MMAP_THRESHOLD_`` set to 1 GiB (memory kept by the
+process between calls), to measure what the page faults cost.
 
 Usage::
 
-    python benchmarks/bench_mnvi_speed.py [--repeats 30] [--inner 10] [--threads 1] [--compile] [--output FILE]
+    python benchmarks/bench_mnvi_speed.py [--repeats 10] [--inner 5] [--threads 1] [--groups predict step ...]
+        [--malloc-env] [--device cpu] [--output FILE]
 
 **References**
 
@@ -47,7 +51,12 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import resource
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -59,135 +68,184 @@ from pyro_sdebnn.experiments.mnvi_mnist import lenet
 from pyro_sdebnn.infer import MCDropout, SamplingFree_ELBO
 from pyro_sdebnn.nn.mnvi import MNReLU, Moments, SamplingFreeBNN, to_mean_field, to_mnvi
 
+GROUPS = ("predict", "step", "others", "compile")
+
+#: (numerator, denominator, target) per group.
+RATIOS = {
+    "predict": [("mnvi-predict", "deterministic", "<= 2.2"), ("mnvi-moments", "deterministic", "-")],
+    "step": [("mnvi-torch-step", "deterministic-step", "<= 3.5"), ("mnvi-svi-step", "deterministic-step", "-")],
+    "others": [("mc-dropout-8", "mnvi-predict", ">= 3"), ("mfvi-predict", "mnvi-predict", "-")],
+    "compile": [("mnvi-predict", "mnvi-predict-fused", ">= 1.2"), ("mnvi-predict-fused", "deterministic", "<= 2.2"),
+                ("mnvi-moments-compiled", "deterministic-compiled", "-")],
+}
+
+#: glibc settings of ``--malloc-env``: keep freed memory in the process instead of returning it to the system.
+MALLOC_ENV = {"MALLOC_TRIM_THRESHOLD_": str(2 ** 30), "MALLOC_MMAP_THRESHOLD_": str(2 ** 30)}
+
 
 def _quantiles(values):
+    if len(values) < 2:
+        return values[0], values[0], values[0]
     q = statistics.quantiles(values, n=4)
     return statistics.median(values), q[0], q[2]
 
 
-def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--inner", type=int, default=10, help="calls per timed block")
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: unchanged)")
-    parser.add_argument("--output", type=Path, default=None, help="write the Markdown table here")
-    parser.add_argument("--compile", action="store_true", help="also time the torch.compile-fused variants")
-    args = parser.parse_args(argv)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    pyro.enable_validation(False)
+def build_items(group: str, device: str | torch.device = "cpu", batch: int = 100) -> dict:
+    """The timed callables of one group (see the module docstring), on ``device``."""
     pyro.set_rng_seed(0)
-
-    x, y = torch.rand(100, 1, 28, 28), torch.randint(0, 10, (100,))
-    det = lenet(0.1).eval()
-    mnvi_net = to_mnvi(det).eval()
-    mnvi = SamplingFreeBNN(mnvi_net, "categorical", num_data=60000, prior_scale=1e-3 ** 0.5, name="mnvi")
-    mfvi = SamplingFreeBNN(to_mean_field(det).eval(), "categorical", num_data=60000, name="mfvi")
-    mcd = MCDropout(lenet(0.1), "categorical", num_samples=8)
-
-    # training set-ups (fresh copies so the prediction nets stay fixed)
-    det_train = lenet(0.1).train()
-    det_opt = torch.optim.Adam(det_train.parameters(), lr=1e-3)
-    mn_train_net = to_mnvi(lenet(0.1)).train()
-    mn_train = SamplingFreeBNN(mn_train_net, "categorical", num_data=60000, prior_scale=1e-3 ** 0.5, name="train")
-    mn_opt = torch.optim.Adam(mn_train_net.parameters(), lr=1e-3)
-    kappa = 2e-7 * 60000
-    svi_net = to_mnvi(lenet(0.1)).train()
-    svi_bnn = SamplingFreeBNN(svi_net, "categorical", num_data=60000, prior_scale=1e-3 ** 0.5, name="svi")
-    svi = pyro.infer.SVI(svi_bnn.model, svi_bnn.guide, pyro.optim.Adam({"lr": 1e-3}), SamplingFree_ELBO(
-        kl_scale=kappa))
-
+    device = torch.device(device)
+    x = torch.rand(batch, 1, 28, 28, device=device)
+    y = torch.randint(0, 10, (batch,), device=device)
+    det = lenet(0.1).to(device).eval()
+    items = {}
+    if group in ("predict", "others", "compile"):
+        mnvi_net = to_mnvi(det).eval()
+        mnvi = SamplingFreeBNN(mnvi_net, "categorical", num_data=60000, prior_scale=1e-3 ** 0.5, name="mnvi")
+        items["mnvi-predict"] = lambda: mnvi.predict(x, predictive="mc", num_samples=8)
     def det_predict():
         with torch.no_grad():
             det(x).softmax(-1)
 
-    def mnvi_moments():
-        with torch.no_grad():
-            mnvi_net(Moments(x, None))
+    if group == "predict":
+        def mnvi_moments():
+            with torch.no_grad():
+                mnvi_net(Moments(x, None))
 
-    def det_step():
-        det_opt.zero_grad(set_to_none=True)
-        F.cross_entropy(det_train(x), y).backward()
-        det_opt.step()
+        items = {"deterministic": det_predict, **items, "mnvi-moments": mnvi_moments}
+    elif group == "step":
+        det_opt = torch.optim.Adam(det.train().parameters(), lr=1e-3)
+        net = to_mnvi(lenet(0.1)).to(device).train()
+        bnn = SamplingFreeBNN(net, "categorical", num_data=60000, prior_scale=1e-3 ** 0.5, name="train")
+        opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+        kappa = 2e-7 * 60000
+        svi_net = to_mnvi(lenet(0.1)).to(device).train()
+        svi_bnn = SamplingFreeBNN(svi_net, "categorical", num_data=60000, prior_scale=1e-3 ** 0.5, name="svi")
+        svi = pyro.infer.SVI(svi_bnn.model, svi_bnn.guide, pyro.optim.Adam({"lr": 1e-3}),
+                             SamplingFree_ELBO(kl_scale=kappa))
 
-    def mnvi_torch_step():
-        mn_opt.zero_grad(set_to_none=True)
-        loss = -mn_train.expected_log_likelihood(x, y).mean() + kappa / 60000 * mn_train.kl_divergence()
-        loss.backward()
-        mn_opt.step()
+        def det_step():
+            det_opt.zero_grad(set_to_none=True)
+            F.cross_entropy(det(x), y).backward()
+            det_opt.step()
 
-    fused_net = to_mnvi(det).eval()
-    for module in fused_net.modules():
-        if isinstance(module, MNReLU):
-            module.compile = True
-    fused = SamplingFreeBNN(fused_net, "categorical", num_data=60000, name="fused")
-    det_compiled = torch.compile(det)
-    mnvi_net_compiled = torch.compile(to_mnvi(det).eval())
+        def mnvi_torch_step():
+            opt.zero_grad(set_to_none=True)
+            loss = -bnn.expected_log_likelihood(x, y).mean() + kappa / 60000 * bnn.kl_divergence()
+            loss.backward()
+            opt.step()
 
-    def det_compiled_predict():
-        with torch.no_grad():
-            det_compiled(x).softmax(-1)
+        items = {"deterministic-step": det_step, "mnvi-torch-step": mnvi_torch_step,
+                 "mnvi-svi-step": lambda: svi.step(x, y)}
+    elif group == "others":
+        mfvi = SamplingFreeBNN(to_mean_field(det).eval(), "categorical", num_data=60000, name="mfvi")
+        mcd = MCDropout(lenet(0.1).to(device), "categorical", num_samples=8)
+        items["mc-dropout-8"] = lambda: mcd.predict(x, num_samples=8)
+        items["mfvi-predict"] = lambda: mfvi.predict(x, predictive="mc", num_samples=8)
+    elif group == "compile":
+        fused_net = to_mnvi(det).eval()
+        for module in fused_net.modules():
+            if isinstance(module, MNReLU):
+                module.compile = True
+        fused = SamplingFreeBNN(fused_net, "categorical", num_data=60000, name="fused")
+        det_compiled = torch.compile(det)
+        mnvi_net_compiled = torch.compile(to_mnvi(det).eval())
 
-    def mnvi_moments_compiled():
-        with torch.no_grad():
-            mnvi_net_compiled(Moments(x, None))
+        def det_compiled_predict():
+            with torch.no_grad():
+                det_compiled(x).softmax(-1)
 
-    items = {
-        "deterministic": det_predict,
-        "mnvi-moments": mnvi_moments,
-        "mnvi-predict": lambda: mnvi.predict(x, predictive="mc", num_samples=8),
-        "mc-dropout-8": lambda: mcd.predict(x, num_samples=8),
-        "mfvi-predict": lambda: mfvi.predict(x, predictive="mc", num_samples=8),
-        "deterministic-step": det_step,
-        "mnvi-torch-step": mnvi_torch_step,
-        "mnvi-svi-step": lambda: svi.step(x, y),
-    }
-    if args.compile:
+        def mnvi_moments_compiled():
+            with torch.no_grad():
+                mnvi_net_compiled(Moments(x, None))
+
+        items["deterministic"] = det_predict
         items["mnvi-predict-fused"] = lambda: fused.predict(x, predictive="mc", num_samples=8)
         items["mnvi-moments-compiled"] = mnvi_moments_compiled
         items["deterministic-compiled"] = det_compiled_predict
-    for fn in items.values():  # warm-up
-        for _ in range(3):
+    else:
+        raise ValueError(f"group must be one of {GROUPS}, got {group!r}")
+    return items
+
+
+def time_blocks(items: dict, repeats: int, inner: int, warmup: int = 3, sync=None) -> tuple[dict, dict]:
+    """Time ``items`` in alternating blocks: per repeat, ``inner`` calls of each item in turn.
+
+    Returns ``(times, faults)``: per item, the per-block milliseconds per call and the minor page faults per
+    call. ``sync`` (e.g. ``torch.cuda.synchronize``) is called before each clock reading.
+    """
+    sync = sync or (lambda: None)
+    for fn in items.values():
+        for _ in range(warmup):
             fn()
     times = {name: [] for name in items}
-    for _ in range(args.repeats):
+    faults = {name: [] for name in items}
+    for _ in range(repeats):
         for name, fn in items.items():
+            sync()
+            flt = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             start = time.perf_counter()
-            for _ in range(args.inner):
+            for _ in range(inner):
                 fn()
-            times[name].append((time.perf_counter() - start) / args.inner * 1e3)
+            sync()
+            times[name].append((time.perf_counter() - start) / inner * 1e3)
+            faults[name].append((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - flt) / inner)
+    return times, faults
 
-    def ratio(a, b):
-        return [ta / tb for ta, tb in zip(times[a], times[b])]
 
-    ratios = {
-        "mnvi-predict / deterministic": (ratio("mnvi-predict", "deterministic"), "<= 2.2"),
-        "mnvi-moments / deterministic": (ratio("mnvi-moments", "deterministic"), "-"),
-        "mc-dropout-8 / mnvi-predict": (ratio("mc-dropout-8", "mnvi-predict"), ">= 3"),
-        "mfvi-predict / mnvi-predict": (ratio("mfvi-predict", "mnvi-predict"), "-"),
-        "mnvi-torch-step / deterministic-step": (ratio("mnvi-torch-step", "deterministic-step"), "-"),
-        "mnvi-svi-step / deterministic-step": (ratio("mnvi-svi-step", "deterministic-step"), "-"),
-    }
-    if args.compile:
-        ratios["mnvi-predict-fused / deterministic"] = (ratio("mnvi-predict-fused", "deterministic"), "<= 2.2")
-        ratios["mnvi-predict / mnvi-predict-fused"] = (ratio("mnvi-predict", "mnvi-predict-fused"), ">= 1.2")
-        ratios["mnvi-moments / mnvi-moments-compiled"] = (ratio("mnvi-moments", "mnvi-moments-compiled"), ">= 1.2")
-        ratios["mnvi-predict-fused / deterministic-compiled"] = (
-            ratio("mnvi-predict-fused", "deterministic-compiled"), "-")
-        ratios["mnvi-moments-compiled / deterministic-compiled"] = (
-            ratio("mnvi-moments-compiled", "deterministic-compiled"), "-")
-        ratios["mc-dropout-8 / mnvi-predict-fused"] = (ratio("mc-dropout-8", "mnvi-predict-fused"), ">= 3")
-    lines = [f"LeNet-5, batch 100, {args.repeats} repeats x {args.inner} calls, torch threads "
-             f"{torch.get_num_threads()}", "", "| item | median [ms] | IQR [ms] |", "|---|---|---|"]
-    for name, values in times.items():
-        med, q1, q3 = _quantiles(values)
-        lines.append(f"| {name} | {med:.2f} | {q1:.2f}-{q3:.2f} |")
+def run_group(group: str, repeats: int, inner: int, device: str = "cpu") -> dict:
+    """Build and time one group in this process; the per-item times, faults and per-repeat ratios."""
+    pyro.enable_validation(False)
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else None
+    times, faults = time_blocks(build_items(group, device), repeats, inner, sync=sync)
+    ratios = {f"{a} / {b}": ([ta / tb for ta, tb in zip(times[a], times[b])], target)
+              for a, b, target in RATIOS[group]}
+    return {"times": times, "faults": faults, "ratios": ratios}
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--inner", type=int, default=5, help="calls per timed block")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: unchanged)")
+    parser.add_argument("--groups", nargs="+", default=["predict", "step", "others"], choices=GROUPS)
+    parser.add_argument("--compile", action="store_true", help="also run the 'compile' group")
+    parser.add_argument("--malloc-env", action="store_true",
+                        help="run the groups with glibc keeping freed memory (see the module docstring)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--output", type=Path, default=None, help="write the Markdown table here")
+    parser.add_argument("--in-process", metavar="GROUP", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    if args.in_process is not None:  # the child: one group, JSON on the last line
+        print(json.dumps(run_group(args.in_process, args.repeats, args.inner, args.device)))
+        return {}
+    groups = list(args.groups) + (["compile"] if args.compile and "compile" not in args.groups else [])
+    env = dict(os.environ, **(MALLOC_ENV if args.malloc_env else {}))
+    results = {}
+    for group in groups:
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--in-process", group, "--repeats", str(args.repeats),
+               "--inner", str(args.inner), "--device", args.device]
+        if args.threads is not None:
+            cmd += ["--threads", str(args.threads)]
+        out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
+        results[group] = json.loads(out.strip().splitlines()[-1])
+    lines = [f"LeNet-5, batch 100, {args.repeats} repeats x {args.inner} calls per block, torch threads "
+             f"{torch.get_num_threads()}, one process per group" + (", glibc keeps freed memory" if args.malloc_env
+                                                                    else ""),
+             "", "| group | item | median [ms] | IQR [ms] | page faults per call |", "|---|---|---|---|---|"]
+    for group, res in results.items():
+        for name, values in res["times"].items():
+            med, q1, q3 = _quantiles(values)
+            lines.append(f"| {group} | {name} | {med:.2f} | {q1:.2f}-{q3:.2f} | "
+                         f"{statistics.median(res['faults'][name]):.0f} |")
     lines += ["", "| ratio | median | IQR | target |", "|---|---|---|---|"]
     summary = {}
-    for name, (values, target) in ratios.items():
-        med, q1, q3 = _quantiles(values)
-        summary[name] = med
-        lines.append(f"| {name} | {med:.2f} | {q1:.2f}-{q3:.2f} | {target} |")
+    for res in results.values():
+        for name, (values, target) in res["ratios"].items():
+            med, q1, q3 = _quantiles(values)
+            summary[name] = med
+            lines.append(f"| {name} | {med:.2f} | {q1:.2f}-{q3:.2f} | {target} |")
     text = "\n".join(lines)
     print(text)
     if args.output is not None:

@@ -42,9 +42,9 @@ class MNReLU(nn.Module):
     :param float min_var: floor on :math:`s^2` (default ``1e-5``, as in Schmitt & Roth (2021), App. A).
     :param bool compile: evaluate :func:`~pyro_sdebnn.ops.relu_moments` as one :func:`torch.compile`-fused kernel
         (one pass over memory instead of about seventeen element-wise operations; the first call compiles, which
-        takes seconds and needs a C++ compiler). The default ``False`` runs the same function eagerly. On a
-        2-core CPU the fused kernel made a LeNet-5 predictive pass about 1.1x faster than the eager function
-        (``BENCHMARKS.md``, MNVI section).
+        takes seconds and needs a C++ compiler). The default ``False`` runs the same function eagerly. The fused
+        kernel also allocates fewer activation-sized temporaries, which matters on the CPU where the allocator
+        returns freed memory to the operating system between passes (measured in ``BENCHMARKS.md``, MNVI section).
 
     >>> relu = MNReLU()
     >>> out = relu(Moments(torch.tensor([-1.0, 0.0, 1.0]), torch.ones(3)))
