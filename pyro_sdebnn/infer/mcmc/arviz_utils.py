@@ -65,9 +65,13 @@ def get_samples(mcmc: Any, *, group_by_chain: bool = False) -> dict[str, Tensor]
     >>> from pyro_sdebnn.infer.mcmc import SGLD
     >>> def model():
     ...     pyro.sample("z", dist.Normal(0.0, 1.0))
+    >>> import warnings
+    >>> from pyro_sdebnn.infer.mcmc import SamplerWarning
     >>> mcmc = MCMC(SGLD(model, step_size=0.1, vectorized_chains=3), num_samples=5, warmup_steps=0,
     ...             disable_progbar=True)
-    >>> mcmc.run()
+    >>> with warnings.catch_warnings():  # 5 draws per chain cannot mix: the kernel would warn about R-hat
+    ...     warnings.simplefilter("ignore", SamplerWarning)
+    ...     mcmc.run()
     >>> get_samples(mcmc, group_by_chain=True)["z"].shape
     torch.Size([3, 5])
     >>> mcmc.get_samples()["z"].shape  # what Predictive(model, mcmc.get_samples()) reads: 3 x 5 draws
@@ -244,7 +248,11 @@ def from_pyro(mcmc: Any, *, log_likelihood: bool = True, **kwargs: Any) -> Any:
     ...         pyro.sample("y", dist.Normal(z, 1.0), obs=y)
     >>> kernel = SGLD(model, step_size=0.1, vectorized_chains=2)
     >>> mcmc = MCMC(kernel, num_samples=10, warmup_steps=0, disable_progbar=True)
-    >>> mcmc.run(torch.zeros(3))
+    >>> import warnings
+    >>> from pyro_sdebnn.infer.mcmc import SamplerWarning
+    >>> with warnings.catch_warnings():  # 10 draws per chain cannot mix: the kernel would warn about R-hat
+    ...     warnings.simplefilter("ignore", SamplerWarning)
+    ...     mcmc.run(torch.zeros(3))
     >>> idata = from_pyro(mcmc)
     >>> idata.log_likelihood["y"].shape
     (2, 10, 3)

@@ -364,6 +364,7 @@ def test_iterable_model_arguments_are_not_taken_for_loaders():
     assert kernel._stream is None and kernel.potential.minibatch_mode == "slice"
 
 
+@pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.SamplerWarning")  # 6 draws: R-hat above 1.1
 def test_log_likelihood_and_observed_data_are_in_data_set_order():
     # a shuffling loader that drops its last batch (60 = 3 x 17 + 9) and draws its order from its own generator:
     # from_pyro, pointwise_log_likelihood and ArviZ's own converter read every point once, in data-set order, and
