@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import math
 import os
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -107,7 +108,7 @@ def _available_memory(device: torch.device) -> int | None:
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
     try:
-        import psutil
+        import psutil  # type: ignore[import-untyped]  # optional, its stubs (types-psutil) need not be installed
 
         return int(psutil.virtual_memory().available)
     except ImportError:
@@ -184,6 +185,12 @@ class Laplace(BaselineMethod):
     >>> la.predict(x[:3]).probs.shape, la.predict(x[:3], pred_type="nn", num_samples=10).probs.shape
     (torch.Size([1, 3, 2]), torch.Size([10, 3, 2]))
     """
+
+    # the fitted posterior, set by ``fit`` (or ``load``): log p(D | w_hat), the eigenvalues of H_data (and its
+    # eigenvectors for "full"), and per layer (name, eigenvalues and eigenvectors of G, then of A) for "kron"
+    _log_likelihood: Tensor
+    _eig: tuple[Tensor, ...]
+    _kron: list[tuple[Any, ...]]
 
     def __init__(
         self,
@@ -436,6 +443,7 @@ class Laplace(BaselineMethod):
             device, dtype = _module_device_dtype(self.net)
             batches = iter_batches(loader, device, dtype, check_finite="x")
         else:
+            assert y is not None  # _TrainingData requires y with tensors
             batches = iter([(x, y)])  # the whole data set as one batch
         log_likelihood, curvature, n = None, None, 0
         for xb, yb in batches:
@@ -454,6 +462,7 @@ class Laplace(BaselineMethod):
             n += xb.shape[0]
         if curvature is None:
             raise ValueError("the loader yielded no batch")
+        assert log_likelihood is not None  # set with the curvature, batch by batch
         if sampler is not None:
             curvature, log_likelihood, n = _sum_over_ranks(curvature, log_likelihood, n)
         self._log_likelihood = log_likelihood
@@ -550,7 +559,7 @@ class Laplace(BaselineMethod):
     def _kron_factors(self, x: Tensor) -> dict[str, Tensor]:
         """``A:<layer>`` (sum of input outer products) and ``G:<layer>`` (sum, not yet divided by N)."""
         inputs = self._layer_inputs(x)
-        g_factors = {prefix: 0.0 for prefix, _ in self._layers}
+        g_factors: dict[str, float | Tensor] = {prefix: 0.0 for prefix, _ in self._layers}
         bias_names = [_join(prefix, "bias") for prefix, _ in self._layers]  # G needs only the bias Jacobians
         for jac, sqrt_lam in self._ggn_terms(x, bias_names):
             for prefix, _ in self._layers:
@@ -561,7 +570,7 @@ class Laplace(BaselineMethod):
         for prefix, _ in self._layers:
             a = inputs[prefix]
             factors[f"A:{prefix}"] = _wide(a.T @ a)
-            factors[f"G:{prefix}"] = g_factors[prefix]
+            factors[f"G:{prefix}"] = cast(Tensor, g_factors[prefix])  # a Tensor once a chunk of x is added
         return factors
 
     # ------------------------------------------------------------------ evidence
@@ -577,7 +586,7 @@ class Laplace(BaselineMethod):
     def _evidence_terms(self) -> tuple[Tensor, Tensor, Tensor]:
         """:math:`\\log p(\\mathcal D|\\hat w)`, :math:`\\|\\hat w\\|^2` and the eigenvalues of
         :math:`H_{\\mathrm{data}}`: all the evidence needs."""
-        sq_norm = sum(_wide(t).pow(2).sum() for t in self._theta_hat.values())
+        sq_norm = cast(Tensor, sum(_wide(t).pow(2).sum() for t in self._theta_hat.values()))  # >= 1 weight
         return _wide(self._log_likelihood), sq_norm, self._data_eigenvalues()
 
     def optimize_prior_precision(self, grid: Tensor | None = None) -> float:
@@ -622,6 +631,7 @@ class Laplace(BaselineMethod):
         if self.hessian_structure == "kron":
             return self._kron_functional_covariance(x)
         delta = self.prior_precision
+        assert delta is not None  # set by fit
         covs = []
         for chunk in self._chunks(x.shape[0]):
             jac = {k: v.detach() for k, v in self._jacobian(x[chunk]).items()}
@@ -637,6 +647,7 @@ class Laplace(BaselineMethod):
 
     def _kron_functional_covariance(self, x: Tensor) -> Tensor:
         delta = self.prior_precision
+        assert delta is not None  # set by fit
         bias_names = [_join(prefix, "bias") for prefix, _ in self._layers]
         width = sum(self._theta_hat[name].numel() for name in bias_names)
         covs = []
@@ -644,7 +655,7 @@ class Laplace(BaselineMethod):
             xc = x[chunk]
             jac = self._jacobian(xc, bias_names)  # d f / d bias = d f / d pre-activation: (N, K, out)
             inputs = self._layer_inputs(xc)
-            cov = 0.0
+            cov: float | Tensor = 0.0
             for prefix, eg, qg, ea, qa in self._kron:
                 b = jac[_join(prefix, "bias")].detach()
                 b = b @ qg.to(b)  # (N, K, out) in the eigenbasis of G
@@ -652,7 +663,7 @@ class Laplace(BaselineMethod):
                 inv = (1.0 / (torch.outer(eg, ea) + delta)).to(b)  # (out, in + 1)
                 weight = a.square() @ inv.T  # (N, out)
                 cov = cov + torch.einsum("nki,ni,nli->nkl", b, weight, b)
-            covs.append(cov)
+            covs.append(cast(Tensor, cov))  # a Tensor: _kron has a factor pair per layer, >= 1 layer
         return torch.cat(covs)
 
     @torch.no_grad()
@@ -660,6 +671,7 @@ class Laplace(BaselineMethod):
         """Draw ``(S, *shape)`` weights from :math:`\\mathcal N(\\hat w, H^{-1})` for the selected subset."""
         self._check_fitted()
         delta = self.prior_precision
+        assert delta is not None  # set by fit
         theta = self._theta_hat
         ref = next(iter(theta.values()))
         if self.hessian_structure == "kron":
@@ -782,6 +794,7 @@ class Laplace(BaselineMethod):
         if fitted not in (True, False) or (fitted and not isinstance(posterior, dict)):
             raise ValueError("the checkpoint's Laplace posterior is missing or malformed")
         if fitted:
+            assert isinstance(posterior, dict)  # checked above
             eig, kron = posterior.get("eig"), posterior.get("kron")
             num_params = sum(self.net.get_parameter(name).numel() for name in self._names)
             if (not isinstance(eig, list) or not eig or not all(isinstance(t, Tensor) for t in eig)

@@ -66,6 +66,7 @@ from pyro.poutine.runtime import _PYRO_STACK
 from pyro.poutine.trace_messenger import TraceMessenger
 from pyro.poutine.util import site_is_subsample
 from torch import Tensor, nn
+from torch.types import _size
 
 from pyro_sdebnn.distributions import OUPath
 from pyro_sdebnn.nn._param_store import ParamStoreModule
@@ -163,7 +164,7 @@ class NeuralSDEPath(TorchDistribution):
         return euler_maruyama_kl(self.init, self.times, dB, self.sigma.unsqueeze(-1), self.theta.unsqueeze(-1),
                                  self.correction, estimator=estimator)
 
-    def rsample(self, sample_shape: torch.Size = torch.Size()) -> Tensor:
+    def rsample(self, sample_shape: _size = torch.Size()) -> Tensor:
         shape = self._extended_shape(sample_shape)
         dB = brownian_increments(self.times, shape[:-2] + shape[-1:])
         return self.rsample_from_noise(dB)

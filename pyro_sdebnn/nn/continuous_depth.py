@@ -24,7 +24,7 @@ They differ only in where :math:`W_k` comes from: an OU weight path (SDE-BNN), o
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Sequence, cast
 
 import pyro
 import pyro.distributions as dist
@@ -106,10 +106,10 @@ class ContinuousDepthNet(PyroModule):
             if in_dim < 1:
                 raise ValueError(f"in_dim must be a positive int or a (C, H, W) shape, got {in_dim!r}")
             self.in_shape: tuple[int, ...] = (in_dim,)
-            self.field = TimeMLPField(in_dim + augment, hidden, activation)
+            self.field: TimeMLPField | ConvField = TimeMLPField(in_dim + augment, hidden, activation)
             state_size = in_dim + augment
         else:
-            self.in_shape = tuple(int(s) for s in in_dim)
+            self.in_shape = tuple(int(s) for s in cast(Sequence[int], in_dim))  # a (C, H, W) shape
             if len(self.in_shape) != 3 or self.in_shape[1] % 2 or self.in_shape[2] % 2:
                 raise ValueError(f"in_dim must be an int or a (C, H, W) shape with even H, W, got {in_dim}")
             channels, height, width = self.in_shape
@@ -230,6 +230,7 @@ class ContinuousDepthNet(PyroModule):
         log scale with Adam)."""
         self._obs_scale_from_data = False
         unconstrained = self._parameters["obs_scale_unconstrained"]
+        assert unconstrained is not None  # the PyroParam obs_scale of a regression
         if y.numel() < 2:
             return
         spread = y.detach().to(unconstrained.dtype).std()
@@ -237,12 +238,12 @@ class ContinuousDepthNet(PyroModule):
             with torch.no_grad():
                 unconstrained.copy_(spread.log())
 
-    def likelihood_dist(self, out: Tensor) -> dist.Distribution:
+    def likelihood_dist(self, out: Tensor) -> dist.TorchDistribution:
         """Observation distribution given the head output ``(..., N, out_dim)``; batch shape ``(..., N)``."""
         if self.likelihood == "categorical":
             return dist.Categorical(logits=out)
         loc = out.squeeze(-1) if self.out_dim == 1 else out
-        scale = self.obs_scale
+        scale = cast(Tensor, self.obs_scale)  # PyroModule reads a PyroParam as its constrained value
         if self.likelihood == "gaussian":
             d = dist.Normal(loc, scale)
         elif self.likelihood == "laplace":
@@ -262,4 +263,5 @@ class ContinuousDepthNet(PyroModule):
         if self.out_dim != 1:
             raise ValueError("predict() supports scalar regression (out_dim=1) or classification")
         loc = out.squeeze(-1)
-        return RegressionPrediction(loc, self.obs_scale.expand_as(loc).clone())
+        scale = cast(Tensor, self.obs_scale)  # PyroModule reads a PyroParam as its constrained value
+        return RegressionPrediction(loc, scale.expand_as(loc).clone())

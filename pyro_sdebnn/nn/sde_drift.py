@@ -179,12 +179,13 @@ class DriftMLP(nn.Module):
             layers.append(nn.Linear(width_in, hidden))
             width_in = hidden
         self.layers = nn.ModuleList(layers)
+        self.out: nn.Module
         if bottleneck:
-            self.out = nn.Sequential(nn.Linear(hidden, bottleneck), nn.Linear(bottleneck, dim))
-            last = self.out[-1]
+            first, last = nn.Linear(hidden, bottleneck), nn.Linear(bottleneck, dim)
+            self.out = nn.Sequential(first, last)
         else:
-            self.out = nn.Linear(hidden, dim)
-            last = self.out
+            last = nn.Linear(hidden, dim)
+            self.out = last
         nn.init.zeros_(last.weight)
         nn.init.zeros_(last.bias)
 

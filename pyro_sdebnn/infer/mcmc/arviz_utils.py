@@ -264,12 +264,15 @@ def from_pyro(mcmc: Any, *, log_likelihood: bool = True, **kwargs: Any) -> Any:
     posterior = {k: v.detach().cpu().numpy() for k, v in samples.items()}
     diverging = _diverging(mcmc, num_chains, num_draws)
     groups: dict[str, Any] = {"posterior": posterior, "sample_stats": {"diverging": diverging.numpy()}}
-    args, kw = mcmc._args or (), mcmc._kwargs or {}
+    args: tuple = mcmc._args or ()
+    kw: dict = mcmc._kwargs or {}
     model = mcmc.kernel.model
     flat = {k: v.flatten(0, 1) for k, v in samples.items()}
+    observed: dict[str, Any]  # site name -> numpy array
+    ll: Optional[dict[str, Tensor]]
     if len(args) == 1 and is_data_loader(args[0]):  # mcmc.run(loader): one pass over the loader gives all N points
-        observed, ll = _loader_log_likelihood(model, flat, args[0], None, kw)
-        observed = {n: v.numpy() for n, v in observed.items()}
+        observed_tensors, ll = _loader_log_likelihood(model, flat, args[0], None, kw)
+        observed = {n: v.numpy() for n, v in observed_tensors.items()}
     else:
         with poutine.block(), torch.no_grad():
             trace = poutine.trace(model).get_trace(*args, **kw)

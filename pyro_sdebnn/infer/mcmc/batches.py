@@ -29,7 +29,7 @@ argument, the batch and the first bad index, not a divergence or a failed warm s
 from __future__ import annotations
 
 import itertools
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Sized, cast
 
 import numpy as np
 import torch
@@ -103,7 +103,7 @@ def in_dataset_order(loader: Any, *, full_batches: bool = False) -> Any:
     """
     if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
         return loader
-    n, b = len(loader.dataset), loader.batch_size or 64
+    n, b = len(cast(Sized, loader.dataset)), loader.batch_size or 64  # a map-style data set has a length
     if full_batches and b < n:
         starts = list(range(0, n - b, b)) + [n - b]
         order: dict[str, Any] = {"batch_sampler": [list(range(i, i + b)) for i in starts]}
@@ -171,6 +171,7 @@ class BatchStream:
     def _raw_next(self) -> tuple[Tensor, Tensor]:
         if self._batches is None:
             self._start_epoch()
+        assert self._batches is not None  # set by _start_epoch
         try:
             return next(self._batches)
         except StopIteration:

@@ -50,6 +50,7 @@ import pyro
 import torch
 from pyro import poutine
 from pyro.poutine.messenger import Messenger
+from pyro.poutine.runtime import Message
 from pyro.poutine.util import site_is_subsample
 from torch import Tensor
 from torch.distributions import biject_to
@@ -114,7 +115,7 @@ class _DataScale(Messenger):
         super().__init__()
         self.sizes = dict(sizes)
 
-    def _process_message(self, msg: dict) -> None:
+    def _process_message(self, msg: Message) -> None:
         if msg["type"] != "sample" or site_is_subsample(msg):
             return
         for frame in msg["cond_indep_stack"]:
@@ -208,6 +209,16 @@ class MinibatchPotential:
     ('batch', 10)
     """
 
+    # the model's data plates, set by ``_find_data_plates`` (and ``_use_batch_data_size`` for a loader's batch)
+    data_plates: tuple[str, ...]
+    data_sizes: dict[str, int]
+    subsample_sizes: dict[str, int]
+    subsampled_plates: tuple[str, ...]
+    batch_size: Optional[int]
+    # the first data plate, for code written for one plate
+    data_plate: Optional[str]
+    data_size: Optional[int]
+
     def __init__(
         self,
         model: Callable,
@@ -275,6 +286,7 @@ class MinibatchPotential:
                 f"{list(self.data_plates) or 'none'}): put the likelihood in `with pyro.plate('data', len(x)):`, or "
                 "name the plate with data_plate="
             )
+        assert self.data_plate is not None  # set with the one data plate
         self.data_sizes = {self.data_plate: data_size}
         self.data_size = data_size
         self.subsample_sizes = {}
@@ -326,14 +338,14 @@ class MinibatchPotential:
         self, trace: Any, names: Optional[tuple[str, ...]], subsample_size: SubsampleSize
     ) -> None:
         names, sizes, batch = find_data_plates(trace, self.observed_sites, names, subsample_size)
-        self.data_plates: tuple[str, ...] = names
-        self.data_sizes: dict[str, int] = sizes
-        self.subsample_sizes: dict[str, int] = batch
-        self.subsampled_plates: tuple[str, ...] = tuple(batch)
-        self.batch_size: Optional[int] = sum(batch.values()) if batch else None
+        self.data_plates = names
+        self.data_sizes = sizes
+        self.subsample_sizes = batch
+        self.subsampled_plates = tuple(batch)
+        self.batch_size = sum(batch.values()) if batch else None
         # the first data plate, for code written for one plate
-        self.data_plate: Optional[str] = names[0] if names else None
-        self.data_size: Optional[int] = sizes[names[0]] if names else None
+        self.data_plate = names[0] if names else None
+        self.data_size = sizes[names[0]] if names else None
 
     def _check_subsampling(self) -> None:
         """Run the model once on a minibatch, as the model indexing the data with the plate's indices
@@ -418,7 +430,8 @@ class MinibatchPotential:
         """Inverse of :meth:`join_indices` (views)."""
         if len(self.subsampled_plates) == 1:
             return {self.subsampled_plates[0]: idx}
-        out, offset = {}, 0
+        out: dict[str, Tensor] = {}
+        offset = 0
         for p in self.subsampled_plates:
             b = self.subsample_sizes[p]
             out[p] = idx[..., offset : offset + b]
@@ -525,6 +538,7 @@ class MinibatchPotential:
         kwargs = self.model_kwargs if kwargs is None else kwargs
         model: Callable = self.model
         if self.minibatch_mode == "slice" and idx is not None:
+            assert self.data_size is not None  # "slice" is chosen only with a subsampled data plate
             args, kwargs = _slice_data((args, kwargs), self.data_size, idx)
             model = self._data_scaled_model
         elif self.minibatch_mode == "batch":
