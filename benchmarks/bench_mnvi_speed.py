@@ -145,7 +145,7 @@ def build_items(group: str, device: str | torch.device = "cpu", batch: int = 100
         fused_net = to_mnvi(det).eval()
         for module in fused_net.modules():
             if isinstance(module, MNReLU):
-                module.compile = True
+                module.use_compile = True
         fused = SamplingFreeBNN(fused_net, "categorical", num_data=60000, name="fused")
         det_compiled = torch.compile(det)
         mnvi_net_compiled = torch.compile(to_mnvi(det).eval())

@@ -286,6 +286,14 @@ def test_compiled_relu_matches_eager():
     assert torch.allclose(fused.var, eager.var, rtol=1e-5, atol=1e-6)
 
 
+def test_relu_compile_flag_does_not_shadow_module_compile():
+    relu = MNReLU(compile=True)
+    assert relu.use_compile is True and MNReLU().use_compile is False
+    # the flag lives beside nn.Module.compile, which must stay the bound method
+    assert relu.compile.__func__ is torch.nn.Module.compile
+    assert "compile=True" in repr(relu)
+
+
 def _wide_relu_inputs(dtype):
     # r = mu / s spans the lower tail, the centre, the band 4 < r < 6 where erf has not yet rounded to 1,
     # and far tails; s^2 spans 1e-8 (below the floor) to 1e4.

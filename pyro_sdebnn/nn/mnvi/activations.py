@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -45,6 +46,7 @@ class MNReLU(nn.Module):
         takes seconds and needs a C++ compiler). The default ``False`` runs the same function eagerly. The fused
         kernel also allocates fewer activation-sized temporaries, which matters on the CPU where the allocator
         returns freed memory to the operating system between passes (measured in ``BENCHMARKS.md``, MNVI section).
+        Stored as the attribute ``use_compile``.
 
     >>> relu = MNReLU()
     >>> out = relu(Moments(torch.tensor([-1.0, 0.0, 1.0]), torch.ones(3)))
@@ -57,19 +59,20 @@ class MNReLU(nn.Module):
         if not min_var > 0:
             raise ValueError(f"min_var must be positive, got {min_var!r}")
         self.min_var = float(min_var)
-        self.compile = bool(compile)
+        # not ``self.compile``: that would shadow the method ``nn.Module.compile``
+        self.use_compile = bool(compile)
 
     def forward(self, input: Tensor | Moments) -> Tensor | Moments:
         moments = as_moments(input)
-        if moments is None:
-            return F.relu(input)
+        if moments is None:  # as_moments returns None for a plain tensor only
+            return F.relu(cast(Tensor, input))
         if moments.var is None:
             return Moments(F.relu(moments.mean), None)
-        fn = _compiled_relu_moments() if self.compile else relu_moments
+        fn = _compiled_relu_moments() if self.use_compile else relu_moments
         return fn(moments.mean, moments.var, self.min_var)
 
     def extra_repr(self) -> str:
-        return f"min_var={self.min_var}" + (", compile=True" if self.compile else "")
+        return f"min_var={self.min_var}" + (", compile=True" if self.use_compile else "")
 
 
 @functools.cache
@@ -100,8 +103,8 @@ class MNActivation(nn.Module):
 
     def forward(self, input: Tensor | Moments) -> Tensor | Moments:
         moments = as_moments(input)
-        if moments is None:
-            return self.fn(input)
+        if moments is None:  # as_moments returns None for a plain tensor only
+            return self.fn(cast(Tensor, input))
         return taylor_moments(self.fn, moments.mean, moments.var)
 
     def extra_repr(self) -> str:

@@ -47,12 +47,14 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Callable
+from typing import cast
 
 import pyro
 import pyro.optim
 import pyro.poutine as poutine
 import torch
 from pyro.distributions import Categorical, Normal
+from pyro.distributions.torch_distribution import TorchDistribution, TorchDistributionMixin
 from pyro.infer import SVI, ELBO
 from pyro.infer.util import is_validation_enabled
 from pyro.optim import PyroOptim
@@ -148,8 +150,9 @@ class SamplingFreeBNN(nn.Module):
 
     def kl_divergence(self) -> Tensor:
         r"""Closed-form :math:`\mathrm{KL}(q(w)\,\|\,p(w))`, summed over all Bayesian weights."""
-        return sum(kl_divergence(layer.weight_distribution(), self.prior(layer)).sum()
-                   for _, layer in self.bayesian_layers())
+        # a Tensor: __init__ checked that there is at least one Bayesian layer
+        return cast(Tensor, sum(kl_divergence(layer.weight_distribution(), self.prior(layer)).sum()
+                                for _, layer in self.bayesian_layers()))
 
     # -------------------------------------------------------------------------------- pyro program
     def _check_outputs(self, mean: Tensor) -> None:
@@ -166,12 +169,13 @@ class SamplingFreeBNN(nn.Module):
         self._check_outputs(out.mean)
         return out
 
-    def _moment_likelihood(self, out: Moments) -> Distribution:
+    def _moment_likelihood(self, out: Moments) -> TorchDistribution:
+        assert out.var is not None  # out comes from moments(), which checked it
         if self.likelihood == "gaussian":
             return SamplingFreeNormal(out.mean[:, 0], out.var[:, 0], out.mean[:, 1], out.var[:, 1])
         return SamplingFreeCategorical(out.mean, out.var, self.num_logit_samples)
 
-    def _sampled_likelihood(self, out: Tensor) -> Distribution:
+    def _sampled_likelihood(self, out: Tensor) -> TorchDistributionMixin:
         self._check_outputs(out)
         if self.likelihood == "gaussian":
             return Normal(out[:, 0], torch.exp(0.5 * out[:, 1]))
@@ -186,14 +190,17 @@ class SamplingFreeBNN(nn.Module):
         pyro.module(self.name, self.net)
         weights = {}
         for layer_name, layer in self.bayesian_layers():
-            weights[f"{layer_name}.weight"] = pyro.sample(self._site(layer_name), self.prior(layer).to_event())
+            prior = cast(TorchDistributionMixin, self.prior(layer))  # a Pyro Normal
+            weights[f"{layer_name}.weight"] = pyro.sample(self._site(layer_name), prior.to_event())
         size = self.num_data if self.num_data is not None else x.shape[0]
         if size < x.shape[0]:
             raise ValueError(f"num_data={size} is smaller than the minibatch size {x.shape[0]}")
         subsample = torch.arange(x.shape[0], device=x.device)
         with pyro.plate("data", size, subsample=subsample):
+            fn: TorchDistributionMixin
             if is_sampling_free():
                 out = self.moments(x)
+                assert out.var is not None  # moments() checked it
                 if is_validation_enabled() and not bool(torch.isfinite(out.mean).all() & (~out.var.isnan()).all()):
                     raise FloatingPointError(f"{self.name}: the network's output moments are NaN or infinite: "
                                              "training diverged (lower the learning rate or clip the gradients) "
@@ -214,7 +221,8 @@ class SamplingFreeBNN(nn.Module):
                     f"{self.name}: the variational parameters of layer {layer_name!r} are invalid (NaN, or a noise "
                     "variance that underflowed to 0): training diverged; lower the learning rate or clip the "
                     "gradients (clip_norm / clip_inf_norm)") from err
-            pyro.sample(self._site(layer_name), q.to_event())
+            # the weight distributions of the Bayesian layers are Pyro distributions
+            pyro.sample(self._site(layer_name), cast(TorchDistributionMixin, q).to_event())
 
     # ---------------------------------------------------------------------------------- prediction
     def expected_log_likelihood(self, x: Tensor, y: Tensor) -> Tensor:

@@ -48,9 +48,9 @@ class MNSequential(nn.Sequential):
 
 
 def _add(a: Tensor | Moments, b: Tensor | Moments) -> Tensor | Moments:
-    if isinstance(a, Moments) != isinstance(b, Moments):
-        raise TypeError("MNResidualBlock: both branches must return the same kind (tensor or Moments)")
-    if not isinstance(a, Moments):
+    if not (isinstance(a, Moments) and isinstance(b, Moments)):
+        if isinstance(a, Moments) or isinstance(b, Moments):
+            raise TypeError("MNResidualBlock: both branches must return the same kind (tensor or Moments)")
         return a + b
     if a.mean.shape != b.mean.shape:
         raise ValueError(f"MNResidualBlock: branch shapes differ, {tuple(a.mean.shape)} vs {tuple(b.mean.shape)}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from typing import cast
 
 from torch import nn
 
@@ -65,15 +66,17 @@ def register_converter(module_type: type) -> Callable[[Converter], Converter]:
     return decorator
 
 
-def _copy_parameters(target: nn.Module, source: nn.Module) -> nn.Module:
+def _copy_parameters(target: nn.Linear | nn.Conv2d, source: nn.Linear | nn.Conv2d) -> nn.Module:
     target.weight.data.copy_(source.weight.data)
     if source.bias is not None:
+        assert target.bias is not None  # the converters give target a bias exactly when source has one
         target.bias.data.copy_(source.bias.data)
     return target
 
 
 @register_converter(nn.Linear)
-def _linear(module: nn.Linear, convert, kind: str, rho_init: float) -> nn.Module:
+def _linear(module: nn.Module, convert, kind: str, rho_init: float) -> nn.Module:
+    assert isinstance(module, nn.Linear)  # registered for nn.Linear: _convert dispatches on the type
     cls = MNLinear if kind == "mn" else MFLinear
     new = cls(module.in_features, module.out_features, module.bias is not None, rho_init=rho_init,
               device=module.weight.device, dtype=module.weight.dtype)
@@ -81,12 +84,15 @@ def _linear(module: nn.Linear, convert, kind: str, rho_init: float) -> nn.Module
 
 
 @register_converter(nn.Conv2d)
-def _conv2d(module: nn.Conv2d, convert, kind: str, rho_init: float) -> nn.Module:
+def _conv2d(module: nn.Module, convert, kind: str, rho_init: float) -> nn.Module:
+    assert isinstance(module, nn.Conv2d)  # registered for nn.Conv2d: _convert dispatches on the type
     if module.padding_mode != "zeros":
         raise TypeError(f"cannot convert Conv2d with padding_mode={module.padding_mode!r}; only 'zeros' is supported")
     cls = MNConv2d if kind == "mn" else MFConv2d
-    new = cls(module.in_channels, module.out_channels, module.kernel_size, module.stride, module.padding,
-              module.dilation, module.groups, module.bias is not None, rho_init=rho_init,
+    # Conv2d stores kernel_size, stride, padding and dilation as pairs (padding may also be a string)
+    new = cls(module.in_channels, module.out_channels, cast("tuple[int, int]", module.kernel_size),
+              cast("tuple[int, int]", module.stride), cast("tuple[int, int] | str", module.padding),
+              cast("tuple[int, int]", module.dilation), module.groups, module.bias is not None, rho_init=rho_init,
               device=module.weight.device, dtype=module.weight.dtype)
     return _copy_parameters(new, module)
 
@@ -146,8 +152,8 @@ def _dropout(module, convert, kind, rho_init):
     return MNDropout(module.p)
 
 
-for _cls in (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d):
-    register_converter(_cls)(_dropout)
+for _dropout_cls in (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d):
+    register_converter(_dropout_cls)(_dropout)
 
 
 @register_converter(nn.Identity)

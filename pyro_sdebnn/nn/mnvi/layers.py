@@ -32,6 +32,8 @@ The bias is a point estimate: the activation noise multiplies the inputs, not th
 
 from __future__ import annotations
 
+from typing import cast, overload
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -95,10 +97,16 @@ class _MomentLayer(BayesianLayer):
     def _propagate(self, mean: Tensor, var: Tensor | None) -> Moments:
         raise NotImplementedError
 
+    @overload
+    def forward(self, input: Tensor) -> Tensor: ...
+
+    @overload
+    def forward(self, input: Moments) -> Moments: ...
+
     def forward(self, input: Tensor | Moments) -> Tensor | Moments:
         moments = as_moments(input)
-        if moments is None:
-            return super().forward(input)
+        if moments is None:  # as_moments returns None for a plain tensor only
+            return super().forward(cast(Tensor, input))
         what = "features" if self._feature_dim == -1 else "channels"
         check_features(moments.mean, getattr(self, self._features), self._feature_dim, "input.mean", what)
         return self._propagate(moments.mean, moments.var)
@@ -153,7 +161,7 @@ class _MomentConv2d(_MomentLayer, nn.Conv2d):
                 f"padding_mode must be 'zeros' (the variance path pads with zeros), got {padding_mode!r}"
             )
         super().__init__(
-            in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, padding_mode,
+            in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, "zeros",
             device=device, dtype=dtype,
         )
         self._init_noise(self._rho_init if rho_init is None else float(rho_init))
@@ -164,7 +172,8 @@ class _MomentConv2d(_MomentLayer, nn.Conv2d):
 
 class _MultiplicativeMixin:
     rho: nn.Parameter
-    weight: nn.Parameter
+    weight: Tensor
+    _features: str
     _rho_init = RHO_INIT
 
     def _init_noise(self, rho_init: float) -> None:

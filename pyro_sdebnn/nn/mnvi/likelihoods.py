@@ -31,6 +31,7 @@ from pyro.distributions.torch_distribution import TorchDistribution
 from torch import Tensor
 from torch.distributions import constraints
 from torch.distributions.utils import broadcast_all, lazy_property
+from torch.types import _size
 
 from pyro_sdebnn.ops.moments import gaussian_expected_log_likelihood, gaussian_predictive_variance
 
@@ -139,7 +140,7 @@ class SamplingFreeNormal(TorchDistribution):
             self._validate_sample(value)
         return gaussian_expected_log_likelihood(value, self.loc, self.loc_var, self.log_var, self.log_var_var)
 
-    def sample(self, sample_shape: torch.Size = torch.Size()) -> Tensor:
+    def sample(self, sample_shape: _size = torch.Size()) -> Tensor:
         return Normal(self.loc, self.variance.sqrt()).sample(sample_shape)
 
 
@@ -220,5 +221,5 @@ class SamplingFreeCategorical(TorchDistribution):
         """Predictive class probabilities: the average softmax over ``num_samples`` logit draws."""
         return torch.softmax(self._sample_logits(), dim=-1).mean(0)
 
-    def sample(self, sample_shape: torch.Size = torch.Size()) -> Tensor:
+    def sample(self, sample_shape: _size = torch.Size()) -> Tensor:
         return Categorical(probs=self.probs).sample(sample_shape)

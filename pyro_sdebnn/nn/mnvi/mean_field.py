@@ -42,7 +42,7 @@ MF_RHO_INIT = -10.0
 
 
 class _MeanFieldMixin:
-    weight: nn.Parameter
+    weight: Tensor
     weight_rho: nn.Parameter
     _rho_init = MF_RHO_INIT
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from typing import TYPE_CHECKING, cast, overload
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -34,6 +35,11 @@ from pyro_sdebnn.ops.moments import Moments
 __all__ = ["MNBatchNorm1d", "MNBatchNorm2d", "frozen_running_stats"]
 
 _STATE = threading.local()
+
+if TYPE_CHECKING:  # the mixin reads the batch-norm attributes of the class it is mixed into
+    from torch.nn.modules.batchnorm import _BatchNorm as _BatchNormBase
+else:
+    _BatchNormBase = object
 
 
 @contextlib.contextmanager
@@ -58,7 +64,7 @@ def frozen_running_stats():
         _STATE.frozen = previous
 
 
-class _MomentBatchNorm:
+class _MomentBatchNorm(_BatchNormBase):
     _reduce_dims: tuple[int, ...]
 
     def _variance_scale(self, mean: Tensor) -> Tensor:
@@ -66,6 +72,7 @@ class _MomentBatchNorm:
         if use_batch:
             stat_var = mean.var(dim=self._reduce_dims, unbiased=False)
         else:
+            assert self.running_var is not None  # track_running_stats=True registers the running statistics
             stat_var = self.running_var
         scale = 1.0 / (stat_var + self.eps)
         if self.affine:
@@ -79,10 +86,16 @@ class _MomentBatchNorm:
             return F.batch_norm(x, None, None, self.weight, self.bias, True, 0.0, self.eps)
         return super().forward(x)
 
+    @overload
+    def forward(self, input: Tensor) -> Tensor: ...
+
+    @overload
+    def forward(self, input: Moments) -> Moments: ...
+
     def forward(self, input: Tensor | Moments) -> Tensor | Moments:
         moments = as_moments(input)
-        if moments is None:
-            return self._normalise(input)
+        if moments is None:  # as_moments returns None for a plain tensor only
+            return self._normalise(cast(Tensor, input))
         out_mean = self._normalise(moments.mean)
         if moments.var is None:
             return Moments(out_mean, None)
@@ -114,6 +127,12 @@ class MNBatchNorm1d(_MomentBatchNorm, nn.BatchNorm1d):
     """
 
     _reduce_dims = (0,)
+
+    @overload
+    def forward(self, input: Tensor) -> Tensor: ...
+
+    @overload
+    def forward(self, input: Moments) -> Moments: ...
 
     def forward(self, input: Tensor | Moments) -> Tensor | Moments:
         mean = input.mean if isinstance(input, Moments) else input

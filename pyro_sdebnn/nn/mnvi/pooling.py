@@ -18,6 +18,7 @@ r"""Pooling and reshaping layers for moment propagation ([1], Sec. 3.3.3).
 from __future__ import annotations
 
 import math
+from typing import cast, overload
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -51,10 +52,16 @@ class MNMaxPool2d(nn.MaxPool2d):
         if self.return_indices:
             raise ValueError("MNMaxPool2d does not support return_indices=True")
 
+    @overload
+    def forward(self, input: Tensor) -> Tensor: ...
+
+    @overload
+    def forward(self, input: Moments) -> Moments: ...
+
     def forward(self, input: Tensor | Moments) -> Tensor | Moments:
         moments = as_moments(input)
-        if moments is None:
-            return super().forward(input)
+        if moments is None:  # as_moments returns None for a plain tensor only
+            return super().forward(cast(Tensor, input))
         if moments.var is None:
             return Moments(super().forward(moments.mean), None)
         out, index = F.max_pool2d(
@@ -81,14 +88,21 @@ class MNAvgPool2d(nn.AvgPool2d):
         if self.divisor_override is not None:
             raise ValueError("MNAvgPool2d does not support divisor_override")
 
+    @overload
+    def forward(self, input: Tensor) -> Tensor: ...
+
+    @overload
+    def forward(self, input: Moments) -> Moments: ...
+
     def forward(self, input: Tensor | Moments) -> Tensor | Moments:
         moments = as_moments(input)
-        if moments is None:
-            return super().forward(input)
+        if moments is None:  # as_moments returns None for a plain tensor only
+            return super().forward(cast(Tensor, input))
         mean = super().forward(moments.mean)
         if moments.var is None:
             return Moments(mean, None)
         # the mean divides a window sum by d; for independent entries Var = sum(v) / d^2 = avg(v) / d.
+        divisor: float | Tensor
         if self.count_include_pad:
             divisor = float(math.prod(_pair(self.kernel_size)))
         else:
@@ -110,10 +124,16 @@ class MNAdaptiveAvgPool2d(nn.AdaptiveAvgPool2d):
         if output_size not in (1, (1, 1)):
             raise ValueError(f"MNAdaptiveAvgPool2d supports output_size=1 only, got {output_size!r}")
 
+    @overload
+    def forward(self, input: Tensor) -> Tensor: ...
+
+    @overload
+    def forward(self, input: Moments) -> Moments: ...
+
     def forward(self, input: Tensor | Moments) -> Tensor | Moments:
         moments = as_moments(input)
-        if moments is None:
-            return super().forward(input)
+        if moments is None:  # as_moments returns None for a plain tensor only
+            return super().forward(cast(Tensor, input))
         mean = moments.mean.mean(dim=(-2, -1), keepdim=True)
         if moments.var is None:
             return Moments(mean, None)
@@ -128,10 +148,16 @@ class MNFlatten(nn.Flatten):
     torch.Size([2, 48])
     """
 
+    @overload
+    def forward(self, input: Tensor) -> Tensor: ...
+
+    @overload
+    def forward(self, input: Moments) -> Moments: ...
+
     def forward(self, input: Tensor | Moments) -> Tensor | Moments:
         moments = as_moments(input)
-        if moments is None:
-            return super().forward(input)
+        if moments is None:  # as_moments returns None for a plain tensor only
+            return super().forward(cast(Tensor, input))
         var = None if moments.var is None else super().forward(moments.var)
         return Moments(super().forward(moments.mean), var)
 
@@ -142,6 +168,12 @@ class MNIdentity(nn.Identity):
     >>> MNIdentity()(Moments(torch.zeros(1), None)).mean
     tensor([0.])
     """
+
+    @overload
+    def forward(self, input: Tensor) -> Tensor: ...
+
+    @overload
+    def forward(self, input: Moments) -> Moments: ...
 
     def forward(self, input: Tensor | Moments) -> Tensor | Moments:
         as_moments(input)
