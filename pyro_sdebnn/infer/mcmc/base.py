@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import math
+from abc import abstractmethod
 import warnings
 from collections import deque
-from typing import Any, Callable, NamedTuple, Optional, Union
+from typing import Any, Callable, ContextManager, NamedTuple, Optional, Union
 
 import numpy as np
 import pyro
@@ -85,6 +86,85 @@ def _model_device_dtype(model: Callable) -> tuple[Any, Optional[torch.dtype]]:
             if t.is_floating_point():
                 return t.device, t.dtype
     return torch.get_default_device(), None
+
+
+class _KernelAttributes:
+    """The attributes and methods of :class:`SGMCMCKernel` that its mixins (``StepBackends``, ``DivergenceCheck``,
+    ``ResumableState``) use, for the type checker only.
+
+    The mixins are bases of the kernel, so they cannot name the kernel as their typed base (an inheritance cycle);
+    they take this class as their base under ``typing.TYPE_CHECKING`` (``object`` at run time) instead. The kernel
+    sets these in ``__init__``, ``_reset`` and ``setup``; here they are only declared.
+    """
+
+    # settings (``__init__``)
+    _name: str
+    _checkpointable: bool
+    _state_type: type
+    potential: Optional[MinibatchPotential]  # built by setup
+    num_steps: int
+    vectorized_chains: int
+    temperature: float
+    backend: str
+    compile_after: int
+    on_divergence: str
+    adapt_step_size: bool
+    # the chain (``_reset``, ``setup``, ``sample``)
+    _state: Optional[tuple]
+    _t: int  # inner gradient steps taken
+    _sample_count: int  # calls to sample()
+    _warmup_steps: int
+    _initial_params: Optional[dict[str, Tensor]]
+    _last_params: Optional[dict[str, Tensor]]
+    _last_potential: Optional[Tensor]
+    _eta_tensor: Optional[Tensor]
+    _step_scale: float
+    map_steps_taken: int
+    # minibatches
+    _stream: Optional[BatchStream]
+    _pending_batch: Optional[tuple]
+    _batches: Optional[Tensor]
+    _batch_pos: int
+    _resume: Optional[dict[str, Any]]  # a checkpoint to restore on the next setup
+    # the preconditioner and its adaptation
+    _precond: Optional[Tensor]
+    inverse_mass_matrix: Optional[Tensor]
+    _adapter: Optional[MassMatrixAdapter]
+    # divergence detection
+    _divergences: list[int]
+    divergence_log: list[dict[str, Any]]
+    _healthy: Optional[tuple]
+    _uncertified: Optional[tuple]
+    _healthy_energy: Optional[np.ndarray]
+    _energy_all: list[np.ndarray]
+    _energy_recent: deque[np.ndarray]
+    _energy_stride: int
+    _energy_seen: int
+
+    @abstractmethod
+    def _eta(self, t: int) -> float: ...
+
+    @abstractmethod
+    def _update(
+        self, noise: Tensor, state: tuple, grad: Tensor, step_size: Tensor, precond: Optional[Tensor] = None
+    ) -> tuple: ...
+
+    @abstractmethod
+    def _potential_fn(
+        self, flat: Tensor, idx: Optional[Tensor], *extra: Tensor, exclude_gaussian_prior: bool = False
+    ) -> Tensor: ...
+
+    @abstractmethod
+    def _potential_and_grad_inputs(self) -> tuple: ...
+
+    @abstractmethod
+    def _next_indices(self) -> Optional[Tensor]: ...
+
+    @abstractmethod
+    def _next_data(self) -> Optional[tuple]: ...
+
+    @abstractmethod
+    def _bind(self, data: Optional[tuple]) -> ContextManager[Any]: ...
 
 
 class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):

@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import warnings
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Optional
 
 import pyro
 import torch
@@ -43,8 +43,14 @@ from torch import Tensor
 
 from pyro_sdebnn.infer.mcmc.graph import _compile_graph
 
+if TYPE_CHECKING:
+    # the kernel's attributes and methods the mixin uses (the kernel itself would be a cycle: it subclasses the mixin)
+    from pyro_sdebnn.infer.mcmc.base import _KernelAttributes as _KernelBase
+else:
+    _KernelBase = object
 
-class StepBackends:
+
+class StepBackends(_KernelBase):
     """The inner step of :class:`~pyro_sdebnn.infer.mcmc.base.SGMCMCKernel` and its backends (a mixin: it reads the
     kernel's potential, update rule, chains and ``backend``)."""
 
@@ -184,7 +190,7 @@ class StepBackends:
         if self._graph_modules or self._resumed:
             random_state = torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
         else:
-            random_state = contextlib.nullcontext()
+            random_state: ContextManager[Any] = contextlib.nullcontext()
         try:
             with random_state, pyro.validation_enabled(False), poutine.block(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
