@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import math
+from abc import abstractmethod
 import warnings
 from collections import deque
-from typing import Any, Callable, NamedTuple, Optional, Union
+from typing import Any, Callable, ContextManager, NamedTuple, Optional, Union, cast
 
 import numpy as np
 import pyro
@@ -85,6 +86,89 @@ def _model_device_dtype(model: Callable) -> tuple[Any, Optional[torch.dtype]]:
             if t.is_floating_point():
                 return t.device, t.dtype
     return torch.get_default_device(), None
+
+
+class _KernelAttributes:
+    """The attributes and methods of :class:`SGMCMCKernel` that its mixins (``StepBackends``, ``DivergenceCheck``,
+    ``ResumableState``) use, for the type checker only.
+
+    The mixins are bases of the kernel, so they cannot name the kernel as their typed base (an inheritance cycle);
+    they take this class as their base under ``typing.TYPE_CHECKING`` (``object`` at run time) instead. The kernel
+    sets these in ``__init__``, ``_reset`` and ``setup``; here they are only declared.
+    """
+
+    # settings (``__init__``)
+    _name: str
+    _checkpointable: bool
+    _state_type: type
+    potential: Optional[MinibatchPotential]  # built by setup
+    num_steps: int
+    vectorized_chains: int
+    temperature: float
+    backend: str
+    compile_after: int
+    on_divergence: str
+    adapt_step_size: bool
+    # the chain (``_reset``, ``setup``, ``sample``)
+    _state: Optional[tuple]
+    _t: int  # inner gradient steps taken
+    _sample_count: int  # calls to sample()
+    _warmup_steps: int
+    _initial_params: Optional[dict[str, Tensor]]
+    _last_params: Optional[dict[str, Tensor]]
+    _last_potential: Optional[Tensor]
+    _eta_tensor: Optional[Tensor]
+    _step_scale: float
+    map_steps_taken: int
+    # minibatches
+    _stream: Optional[BatchStream]
+    _pending_batch: Optional[tuple]
+    _batches: Optional[Tensor]
+    _batch_pos: int
+    _resume: Optional[dict[str, Any]]  # a checkpoint to restore on the next setup
+    # the preconditioner and its adaptation
+    _precond: Optional[Tensor]
+    inverse_mass_matrix: Optional[Tensor]
+    _adapter: Optional[MassMatrixAdapter]
+    # divergence detection
+    _divergences: list[int]
+    divergence_log: list[dict[str, Any]]
+    _healthy: Optional[tuple]
+    _uncertified: Optional[tuple]
+    _healthy_energy: Optional[np.ndarray]
+    _energy_all: list[np.ndarray]
+    _energy_recent: deque[np.ndarray]
+    _energy_stride: int
+    _energy_seen: int
+
+    @abstractmethod
+    def _eta(self, t: int) -> float: ...
+
+    @abstractmethod
+    def _update(
+        self, noise: Tensor, state: tuple, grad: Tensor, step_size: Tensor, precond: Optional[Tensor] = None
+    ) -> tuple: ...
+
+    @abstractmethod
+    def _potential_fn(
+        self,
+        flat: Tensor | tuple[Tensor, ...],  # the flat vector, or its flat_parts (the step differentiates those)
+        idx: Optional[Tensor],
+        *extra: Tensor,
+        exclude_gaussian_prior: bool = False,
+    ) -> Tensor: ...
+
+    @abstractmethod
+    def _potential_and_grad_inputs(self) -> tuple: ...
+
+    @abstractmethod
+    def _next_indices(self) -> Optional[Tensor]: ...
+
+    @abstractmethod
+    def _next_data(self) -> Optional[tuple]: ...
+
+    @abstractmethod
+    def _bind(self, data: Optional[tuple]) -> ContextManager[Any]: ...
 
 
 class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
@@ -246,8 +330,13 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
         return ()
 
     def _potential_fn(
-        self, flat: Tensor, idx: Optional[Tensor], *extra: Tensor, exclude_gaussian_prior: bool = False
+        self,
+        flat: Tensor | tuple[Tensor, ...],  # the flat vector, or its flat_parts (the step differentiates those)
+        idx: Optional[Tensor],
+        *extra: Tensor,
+        exclude_gaussian_prior: bool = False,
     ) -> Tensor:
+        assert self.potential is not None  # built by setup
         return self.potential(flat, idx, exclude_gaussian_prior=exclude_gaussian_prior)
 
     # ----- bookkeeping -------------------------------------------------------------------------------------------
@@ -305,7 +394,7 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
         # Pyro's runner (for the number of samples and chains of the run, and its progress bar), if MCMC drives us
         self._mcmc_runner, self._progress_bar = find_runner(self)
         args = self._start_stream(args, kwargs)
-        key = (tuple(_arg_key(a) for a in args), tuple((k, _arg_key(v)) for k, v in sorted(kwargs.items())))
+        key: tuple = (tuple(_arg_key(a) for a in args), tuple((k, _arg_key(v)) for k, v in sorted(kwargs.items())))
         if self._stream is not None:  # the first batch stands for the loader: the key is the loader and its shapes
             key = ("loader", id(self._stream.loader), tuple(_arg_key(a)[2:4] for a in args), key[1])
         # the key holds the version counters of the tensors: data changed in place also rebuild the potential
@@ -318,10 +407,12 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
         # vectorised chains: MCMC stores them as chains, (num_chains * K, num_samples, *shape) (see _chains.py)
         self.transforms = chain_transforms(self.potential, self.vectorized_chains)
         U = self.potential
+        assert U is not None  # built by setup
         self._model_view.device, self._model_view.dtype = U.device, U.dtype
         if self._stream is not None:  # later batches follow the model's device and dtype
             self._stream.device, self._stream.dtype = U.device, U.dtype
             self._stream.follow_model(U)  # a plate that fixes its subsample_size passes over shorter batches
+            assert self._pending_batch is not None  # the loader's first batch, drawn by _start_stream
             self._pending_batch = tuple(move_batch(t, U.device, U.dtype) for t in self._pending_batch)
             self._kwarg_tensors = U.data_tensors()[len(self._pending_batch):]
         self._precond = torch.ones(U.dim, dtype=U.dtype, device=U.device)
@@ -335,6 +426,7 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
         drawn = self._initial_params is None  # the automatic warm start leaves a user's initial_params alone
         if drawn:
             self._initial_params = self._draw_initial_params()
+        assert self._initial_params is not None  # the user's or just drawn
         position = U.pack(self._initial_params).to(U.dtype)
         if self.vectorized_chains > 1 and position.dim() == 1:
             position = position.expand(self.vectorized_chains, -1).clone()
@@ -387,14 +479,17 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
             try:
                 return max(1, len(self._stream.loader))
             except TypeError:
+                assert self._pending_batch is not None  # the loader's first batch, drawn by _start_stream
                 return max(1, math.ceil(self._stream.size / max(1, int(self._pending_batch[0].shape[0]))))
         U = self.potential
+        assert U is not None  # built by setup
         if not U.subsample_sizes:
             return 1
         return max(1, max(math.ceil(U.data_sizes[p] / b) for p, b in U.subsample_sizes.items()))
 
     def _draw_initial_params(self) -> dict[str, Tensor]:
         U = self.potential
+        assert U is not None  # built by setup
         draws = []
         for _ in range(self.vectorized_chains):
             with poutine.block(), pyro.validation_enabled(False), torch.no_grad():
@@ -409,11 +504,13 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
     # ----- minibatches -------------------------------------------------------------------------------------------
     def _next_indices(self) -> Optional[Tensor]:
         U = self.potential
+        assert U is not None  # built by setup
         if not U.subsample_sizes:
             return None
         if self._batches is None or self._batch_pos >= len(self._batches):
             # one pass over the data: (batches, [chains,] indices of every subsampled plate, concatenated)
             self._batches = U.index_batches(self.vectorized_chains)
+            assert self._batches is not None  # U has subsampled plates
             self._batch_pos = 0
         idx = self._batches[self._batch_pos]
         self._batch_pos += 1
@@ -429,9 +526,12 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
             batch = self._stream.next()
         return tuple(batch) + self._kwarg_tensors
 
-    def _bind(self, data: Optional[tuple]) -> Any:
+    def _bind(self, data: Optional[tuple]) -> ContextManager[Any]:
         """Within the block the model runs on the batch ``data`` (a no-op with tensors)."""
-        return contextlib.nullcontext() if data is None else self.potential.bound_data(data)
+        if data is None:
+            return contextlib.nullcontext()
+        assert self.potential is not None  # built by setup
+        return self.potential.bound_data(data)
 
     # ----- warm start from a MAP fit ---------------------------------------------------------------------------
     def _map_fit(self, position: Tensor) -> Tensor:
@@ -443,8 +543,9 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
         position = position.detach().clone().requires_grad_()
         optim = torch.optim.Adam([position], lr=self.map_lr)
         auto = self.map_steps is None
-        limit = self.map_steps
-        if auto:
+        if self.map_steps is not None:
+            limit = self.map_steps
+        else:
             # one epoch; a pass of fewer than _MAP_WINDOW steps (full-batch gradients, a few batches) is not a
             # useful bound (one Adam step): there only the run's length bounds the warm start
             epoch = self._epoch_steps()
@@ -454,6 +555,7 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
                 limit = min(limit, max(1, math.ceil(_AUTO_MAP_RUN_FRACTION * run_steps)))
         self.map_steps_limit = limit
         shown = max(1, limit // 20)
+        assert self.potential is not None  # built by setup
         tolerance = 0.01 * (self.potential.dim + 1)
         window: list[Tensor] = []
         previous: Optional[float] = None
@@ -471,10 +573,10 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
                     if self.vectorized_chains == 1:
                         value = self._potential_fn(position, idx, *extra)
                     else:
-                        value = sum(
+                        value = cast(Tensor, sum(  # vectorized_chains >= 2 terms: a tensor
                             self._potential_fn(position[k], None if idx is None else idx[k], *extra)
                             for k in range(self.vectorized_chains)
-                        )
+                        ))
                 value.backward()
                 optim.step()
                 if auto:
@@ -515,6 +617,7 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
         idx = self._next_indices()
         data = self._next_data()
         extra = tuple(t.detach() if isinstance(t, Tensor) else t for t in self._potential_and_grad_inputs())
+        assert self.inverse_mass_matrix is not None  # called once a window has adapted M
         scale = self.inverse_mass_matrix.sqrt()
         positions = state[0] if self.vectorized_chains > 1 else state[0].unsqueeze(0)
         delta = 1e-2  # in standardised units
@@ -555,6 +658,8 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
 
     def sample(self, params: dict[str, Tensor]) -> dict[str, Tensor]:
         U = self.potential
+        assert U is not None  # built by setup
+        assert self._state is not None  # set by setup
         if params is not self._last_params:  # the runner (or a user) handed us other parameters
             position = U.pack(params).to(U.dtype)
             self._state = (position,) + tuple(self._state[1:])
@@ -611,8 +716,9 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
             finite = finite & torch.isfinite(potentials).reshape(self.num_steps, -1).all(0)
         energy = self._energy(state, potentials[-1]).reshape(-1)
         # the one host synchronisation per sample: per chain, finite or not, its energy and its potential
-        host = torch.stack([finite.to(energy.dtype), energy, potentials[-1].reshape(-1).to(energy.dtype)])
-        host = host.detach().cpu().double().numpy()
+        host = torch.stack(
+            [finite.to(energy.dtype), energy, potentials[-1].reshape(-1).to(energy.dtype)]
+        ).detach().cpu().double().numpy()
         if error is None:
             self._auto_switch()
         sample_index = self._sample_count - self._warmup_steps
@@ -651,6 +757,7 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
     def _restore(self, sd: dict[str, Any], warmup_steps: int) -> None:
         super()._restore(sd, warmup_steps)
         U = self.potential
+        assert U is not None  # built by setup
         saved = sd.get("adaptation") or {}
         self.inverse_mass_matrix = None
         self._precond = torch.ones(U.dim, dtype=U.dtype, device=U.device)
@@ -660,6 +767,7 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
         self._adapter = None
         if saved.get("adapter") is not None:
             total = int(sd["warmup_steps"]) * self.num_steps
+            assert self._state is not None  # restored by super()._restore
             self._adapter = MassMatrixAdapter(total, tuple(self._state[0].shape), U.dtype, U.device)
             self._adapter.load_state_dict(saved["adapter"])
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import sys
+from types import FrameType
 from typing import Any, Optional
 
 import torch
@@ -51,7 +52,7 @@ def find_runner(kernel: Any) -> tuple[Any, Any]:
     """The object of Pyro's ``MCMC`` that calls ``kernel.setup`` (``_UnarySampler``, or a worker's ``_Worker``), for its
     ``num_samples`` and ``num_chains``, and the progress bar of its ``run`` (or ``None``); ``(None, None)`` when the
     kernel is driven by hand. ``MCMCKernel.setup`` receives neither, so they are read from the caller's frame."""
-    frame = sys._getframe(1)
+    frame: Optional[FrameType] = sys._getframe(1)
     for _ in range(8):
         if frame is None:
             break

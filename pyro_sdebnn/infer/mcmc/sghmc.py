@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Union, cast
 
 import torch
 from torch import Tensor
@@ -93,6 +93,9 @@ class SGHMC(SGMCMCKernel):
     """
 
     _name = "SGHMC"
+    # the running sum and count of |v|^2 / D over the returned samples (set by _reset)
+    _kinetic_sum: Optional[Tensor]
+    _kinetic_count: int
     _state_type = SGHMCState
     _precond_power = 0.5  # the rule takes M^{-1/2}
     _CURVATURE_POWER, _CURVATURE_FACTOR = 0.5, 0.5  # the adapted step is at most 0.5 / sqrt(lambda)
@@ -135,8 +138,9 @@ class SGHMC(SGMCMCKernel):
     def _update(
         self, noise: Tensor, state: tuple, grad: Tensor, step_size: Tensor, precond: Optional[Tensor] = None
     ) -> tuple:
-        return sghmc_step(
-            noise, state, grad, step_size, self.friction, self.noise_estimate, self.temperature, precond
+        return sghmc_step(  # the step hands the state as an SGHMCState (_state_type)
+            noise, cast(SGHMCState, state), grad, step_size, self.friction, self.noise_estimate, self.temperature,
+            precond,
         )
 
     def _stable_step(self, state: tuple) -> float:
@@ -151,10 +155,12 @@ class SGHMC(SGMCMCKernel):
             )
         k = self.resample_momentum_every
         if k is not None and self._sample_count > 0 and self._sample_count % k == 0:
+            assert self._state is not None  # set by setup
             self._state = (self._state[0], torch.randn_like(self._state[1]) * self.temperature**0.5)
         returned = self._sample_count >= self._warmup_steps
         params = super().sample(params)
         if returned:  # a running sum on the device: no host sync per sample
+            assert self._state is not None  # set by setup
             kinetic = self._state[1].pow(2).mean(-1)
             self._kinetic_sum = kinetic if self._kinetic_sum is None else self._kinetic_sum + kinetic
             self._kinetic_count += 1
@@ -168,6 +174,7 @@ class SGHMC(SGMCMCKernel):
     _energy_name = "the energy U + |v|^2/2"
 
     def _describe_energy(self, energy: float, potential: float, threshold: float, level: float, spread: float) -> str:
+        assert self.potential is not None  # built by setup
         kinetic = 2.0 * (energy - potential) / self.potential.dim
         return super()._describe_energy(energy, potential, threshold, level, spread) + (
             f" (potential {potential:.4g}, kinetic temperature {kinetic:.3g} for a target {self.temperature:g})"
@@ -175,7 +182,7 @@ class SGHMC(SGMCMCKernel):
 
     def _reset(self) -> None:
         super()._reset()
-        self._kinetic_sum: Optional[Tensor] = None
+        self._kinetic_sum = None
         self._kinetic_count = 0
 
     def state_dict(self) -> dict[str, Any]:
@@ -190,6 +197,7 @@ class SGHMC(SGMCMCKernel):
         super()._restore(sd, warmup_steps)
         kinetic = sd.get("kinetic") or {"sum": None, "count": 0}
         total = kinetic["sum"]
+        assert self.potential is not None  # built by setup
         self._kinetic_sum = None if total is None else total.to(self.potential.device)
         self._kinetic_count = int(kinetic["count"])
 

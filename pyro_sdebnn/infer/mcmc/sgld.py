@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Union, cast
 
 from torch import Tensor
 
@@ -204,8 +204,10 @@ class SGLD(SGMCMCKernel):
     def _update(
         self, noise: Tensor, state: tuple, grad: Tensor, step_size: Tensor, precond: Optional[Tensor] = None
     ) -> tuple:
+        # the step hands the state as a _state_type, the NamedTuple set in __init__
         if self.preconditioned:
             return preconditioned_sgld_step(
-                noise, state, grad, step_size, self.temperature, alpha=self.precond_decay, eps=self.precond_eps
+                noise, cast(PreconditionedSGLDState, state), grad, step_size, self.temperature,
+                alpha=self.precond_decay, eps=self.precond_eps,
             )
-        return sgld_step(noise, state, grad, step_size, self.temperature, precond)
+        return sgld_step(noise, cast(SGLDState, state), grad, step_size, self.temperature, precond)

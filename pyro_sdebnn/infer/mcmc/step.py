@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import warnings
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Optional
 
 import pyro
 import torch
@@ -43,8 +43,14 @@ from torch import Tensor
 
 from pyro_sdebnn.infer.mcmc.graph import _compile_graph
 
+if TYPE_CHECKING:
+    # the kernel's attributes and methods the mixin uses (the kernel itself would be a cycle: it subclasses the mixin)
+    from pyro_sdebnn.infer.mcmc.base import _KernelAttributes as _KernelBase
+else:
+    _KernelBase = object
 
-class StepBackends:
+
+class StepBackends(_KernelBase):
     """The inner step of :class:`~pyro_sdebnn.infer.mcmc.base.SGMCMCKernel` and its backends (a mixin: it reads the
     kernel's potential, update rule, chains and ``backend``)."""
 
@@ -70,6 +76,7 @@ class StepBackends:
         # differentiate w.r.t. the per-site pieces, not the flat vector: the gradient of a slice of the flat vector
         # is a zero-padded copy of length D per site; one concatenation of the pieces' gradients is one pass
         U = self.potential
+        assert U is not None  # built by setup
         parts = U.flat_parts(state[0])
         split = U.has_gaussian_prior  # Gaussian weight priors in closed form, outside the autograd graph
         grads, value = torch.func.grad_and_value(self._potential_fn)(parts, idx, *extra, exclude_gaussian_prior=split)
@@ -149,6 +156,7 @@ class StepBackends:
     ) -> Optional[tuple]:
         """The step through the graph traced for the shapes of ``data`` (the model's own data tensors if ``None``);
         ``None`` if the model cannot be traced (``backend="auto"`` then continues eagerly)."""
+        assert self.potential is not None  # built by setup
         if data is None:
             data = self.potential.data_tensors()
         key = tuple(t.shape for t in data)
@@ -171,16 +179,19 @@ class StepBackends:
         from torch.fx.experimental.proxy_tensor import make_fx
 
         num_state, has_idx, num_data = len(state), idx is not None, len(data)
+        U = self.potential
+        assert U is not None  # built by setup
 
         def flat_step(*flat: Tensor) -> tuple[Tensor, ...]:  # (*state, [idx], step_size, precond, *extra, *data)
             inputs, batch = flat[: len(flat) - num_data], flat[len(flat) - num_data :]
             rest = inputs[num_state:]
             chain_idx, rest = (rest[0], rest[1:]) if has_idx else (None, rest)
-            with self.potential.bound_data(batch):
+            with U.bound_data(batch):
                 new_state, value = self._chains_step(inputs[:num_state], chain_idx, *rest)
             return (*new_state, value)
 
-        device = self.potential.device
+        device = U.device
+        random_state: ContextManager[Any]
         if self._graph_modules or self._resumed:
             random_state = torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
         else:
