@@ -46,7 +46,7 @@ automatically). Observed sites and ``pyro.factor`` terms outside the data plate 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Optional, Union
+from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 import pyro
 import torch
@@ -57,7 +57,7 @@ from pyro.contrib.gp.kernels import Kernel
 from torch import Tensor
 
 from pyro_sdebnn.infer.mcmc.model_checks import _is_factor
-from pyro_sdebnn.infer.mcmc.potential import MinibatchPotential, _no_validation
+from pyro_sdebnn.infer.mcmc.potential import MinibatchPotential, SubsampleSize, _no_validation
 from pyro_sdebnn.ops.gp import cholesky_with_jitter, gp_precision_matvec, gp_precision_residual
 
 __all__ = ["FunctionalPotential", "likelihood_outputs"]
@@ -160,8 +160,8 @@ class FunctionalPotential(MinibatchPotential):
         measurement_args: Optional[Callable[[Tensor], tuple[tuple, dict]]] = None,
         output_fn: Optional[Callable[[dict, Tensor], Tensor]] = None,
         concatenate_inputs: Optional[bool] = None,
-        subsample_size: Optional[int] = None,
-        data_plate: Optional[str] = None,
+        subsample_size: SubsampleSize = None,
+        data_plate: Union[None, str, Sequence[str]] = None,
         transforms: Optional[dict] = None,
         data_size: Optional[int] = None,
     ) -> None:
