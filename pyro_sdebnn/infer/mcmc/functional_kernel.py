@@ -246,7 +246,11 @@ class FunctionalKernelMixin(_KernelBase):
             generator.set_state(saved["generator"])
 
     def _potential_fn(
-        self, flat: Tensor, idx: Optional[Tensor], *extra: Tensor, exclude_gaussian_prior: bool = False
+        self,
+        flat: Tensor | tuple[Tensor, ...],  # the flat vector, or its flat_parts (the step differentiates those)
+        idx: Optional[Tensor],
+        *extra: Tensor,
+        exclude_gaussian_prior: bool = False,
     ) -> Tensor:
         points, factor = extra  # from _potential_and_grad_inputs
         assert self.potential is not None  # built by setup before any step
