@@ -138,8 +138,10 @@ class CheckpointHook:
             raise ValueError("CheckpointHook: runs of several sequential chains (num_chains > 1) cannot be "
                              "checkpointed; use vectorized_chains")
         if stage.startswith("Sample"):
+            transforms = kernel.transforms
+            assert transforms is not None  # set by the kernel's setup, before MCMC calls the hook
             for name, value in params.items():  # constrained, as MCMC returns them
-                self.samples.setdefault(name, []).append(kernel.transforms[name].inv(value).detach().cpu().clone())
+                self.samples.setdefault(name, []).append(transforms[name].inv(value).detach().cpu().clone())
         self.calls += 1
         if self.calls % self.every == 0:
             # the layout MCMC stores: (chains, draws, *shape), vectorised chains as chains (draws, K, ...) -> (K, draws, ...)

@@ -9,7 +9,7 @@ sample); the rule is documented on :class:`~pyro_sdebnn.infer.mcmc.SGLD`. A flag
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 import torch
@@ -69,7 +69,14 @@ def _median(rows: np.ndarray) -> np.ndarray:
     return rows[half] if len(rows) % 2 else (rows[half - 1] + rows[half]) / 2
 
 
-class DivergenceCheck:
+if TYPE_CHECKING:
+    # the kernel's attributes and methods the mixin uses (the kernel itself would be a cycle: it subclasses the mixin)
+    from pyro_sdebnn.infer.mcmc.base import _KernelAttributes as _KernelBase
+else:
+    _KernelBase = object
+
+
+class DivergenceCheck(_KernelBase):
     """The energy check and the restarts of :class:`~pyro_sdebnn.infer.mcmc.base.SGMCMCKernel` (a mixin: it reads
     the kernel's settings, step-size schedule and chain state)."""
 
@@ -88,6 +95,7 @@ class DivergenceCheck:
         """
         if not self._energy_recent:
             return None
+        assert self.potential is not None  # energies are recorded only after setup built it
         base = self.temperature * (self.potential.dim + 10)
         if len(self._energy_recent) < _MIN_HISTORY:  # too few for a spread: a rise by orders of magnitude only
             level = np.min(_rows(self._energy_recent), 0)
@@ -159,6 +167,8 @@ class DivergenceCheck:
         if not flagged:
             self._healthy = self._uncertified
         elif self.vectorized_chains > 1:
+            # setup sets all three to the initial state
+            assert self._state is not None and self._healthy is not None and self._uncertified is not None
             keep = torch.zeros(self.vectorized_chains, dtype=torch.bool, device=self._state[0].device)
             keep[list(flagged)] = True
             keep = keep.unsqueeze(-1)
@@ -211,6 +221,7 @@ class DivergenceCheck:
         elif sample_index >= 0:
             self._divergences.append(sample_index)
         healthy = self._healthy
+        assert healthy is not None  # setup sets it to the initial state
         if K == 1:
             return (healthy[0],) + tuple(torch.zeros_like(t) for t in healthy[1:])
         mask = torch.zeros(K, dtype=torch.bool, device=state[0].device)

@@ -46,7 +46,7 @@ automatically). Observed sites and ``pyro.factor`` terms outside the data plate 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Optional, Union
+from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 import pyro
 import torch
@@ -57,7 +57,7 @@ from pyro.contrib.gp.kernels import Kernel
 from torch import Tensor
 
 from pyro_sdebnn.infer.mcmc.model_checks import _is_factor
-from pyro_sdebnn.infer.mcmc.potential import MinibatchPotential, _no_validation
+from pyro_sdebnn.infer.mcmc.potential import MinibatchPotential, SubsampleSize, _no_validation
 from pyro_sdebnn.ops.gp import cholesky_with_jitter, gp_precision_matvec, gp_precision_residual
 
 __all__ = ["FunctionalPotential", "likelihood_outputs"]
@@ -160,8 +160,8 @@ class FunctionalPotential(MinibatchPotential):
         measurement_args: Optional[Callable[[Tensor], tuple[tuple, dict]]] = None,
         output_fn: Optional[Callable[[dict, Tensor], Tensor]] = None,
         concatenate_inputs: Optional[bool] = None,
-        subsample_size: Optional[int] = None,
-        data_plate: Optional[str] = None,
+        subsample_size: SubsampleSize = None,
+        data_plate: Union[None, str, Sequence[str]] = None,
         transforms: Optional[dict] = None,
         data_size: Optional[int] = None,
     ) -> None:
@@ -293,7 +293,7 @@ class FunctionalPotential(MinibatchPotential):
 
     def _concatenated_terms(
         self, values: dict[str, Tensor], idx: Optional[Tensor], points: Tensor, exclude: frozenset = frozenset()
-    ) -> tuple[Tensor, Tensor]:
+    ) -> tuple[Tensor | float, Tensor]:
         """:math:`\\frac{N}{b}\\sum_B \\log p(y|f) + \\log p(\\text{kept priors})` and :math:`f_M` from one trace."""
         args, kwargs, b = self._concatenated_args(idx, points)
         # the data plate spans b + M entries: the N/b scaling is applied below to the first b (not by _DataScale)
@@ -393,11 +393,13 @@ class FunctionalPotential(MinibatchPotential):
                 self._kernel_vmaps = False
         return torch.stack([self.kernel_matrix(p) for p in points])
 
-    def __call__(  # type: ignore[override]
+    def __call__(
         self, flat: Tensor | tuple[Tensor, ...], idx: Optional[Tensor] = None, points: Optional[Tensor] = None,
         scale_tril: Optional[Tensor] = None, *, precision: Optional[Tensor] = None,
         exclude_gaussian_prior: bool = False,
     ) -> Tensor:
+        if points is None:  # a default only so that the signature overrides MinibatchPotential.__call__
+            raise TypeError("FunctionalPotential: points (the measurement set X_M, a tensor) is required")
         values, logdet = self.unpack(flat)
         exclude = self.gaussian_prior_sites if exclude_gaussian_prior else frozenset()
         if self.concatenated:  # one forward pass on [x_B; X_M]

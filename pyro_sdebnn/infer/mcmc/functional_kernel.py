@@ -16,7 +16,7 @@ the same whatever the number of torch threads.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
 import torch
 from pyro.contrib.gp.kernels import Kernel
@@ -26,11 +26,21 @@ from pyro_sdebnn.infer.mcmc.functional import FunctionalPotential
 from pyro_sdebnn.infer.mcmc.measurement_points import MeasurementPoints
 from pyro_sdebnn.infer.mcmc.potential import MinibatchPotential
 
+if TYPE_CHECKING:
+    from pyro_sdebnn.infer.mcmc.base import SGMCMCKernel
+
+    # the mixin is only ever mixed into an SG-MCMC kernel (SGLD, SGHMC), whose attributes and methods it uses
+    _KernelBase = SGMCMCKernel
+else:
+    _KernelBase = object
+
 __all__ = ["FunctionalKernelMixin"]
 
 
-class FunctionalKernelMixin:
+class FunctionalKernelMixin(_KernelBase):
     """Turns an SG-MCMC kernel into its functional variant (fSGLD from SGLD, fSGHMC from SGHMC)."""
+
+    potential: Optional[FunctionalPotential]  # the potential _build_potential returns
 
     def __init__(
         self,
@@ -86,7 +96,7 @@ class FunctionalKernelMixin:
         self._sampler: Optional[MeasurementPoints] = None  # set up per run: the user's sampler or a default one
         self._set_queue: deque = deque()
         self._set_uses_left = 0
-        super().__init__(model, **kwargs)  # type: ignore[call-arg]
+        super().__init__(model, **kwargs)
 
     def _build_potential(self, args: tuple, kwargs: dict) -> MinibatchPotential:
         # the sampler in use: the user's, or a default one over this run's inputs (rebuilt for every new data set)
@@ -135,33 +145,38 @@ class FunctionalKernelMixin:
         self._set_uses_left = 0
         # what the step receives with X_M: the precision matrix (one product per step) where it is computed once
         # (fixed points), else the Cholesky factor of each fresh set (two triangular solves per step)
-        fixed = self._fixed_prior is not None or not self._sampler.redraw
-        self._factor_kind = "precision" if fixed else "cholesky"
         if self._fixed_prior is not None:
+            self._factor_kind = "precision"
             self._points_cache = (example, torch.cholesky_inverse(self._fixed_prior.scale_tril64))
-        elif fixed:
-            points = self._sampler()
-            self._points_cache = (points, potential.precision(points))
+        else:
+            assert self._sampler is not None  # the user's sampler or the default one, set above
+            fixed = not self._sampler.redraw
+            self._factor_kind = "precision" if fixed else "cholesky"
+            if fixed:
+                points = self._sampler()
+                self._points_cache = (points, potential.precision(points))
         return potential
 
     def _potential_and_grad_inputs(self) -> tuple:
         """``(X_M, factor)`` for the next step, the factor being the Cholesky factor or the precision matrix of
         :math:`K + \\delta I` (``_factor_kind``): a fixed set, or the next of ``prefetch`` fresh sets drawn and
         factorised together (each kept for ``redraw_every`` steps)."""
-        if self._fixed_prior is not None or not self._sampler.redraw:
-            return self._points_cache
-        if self._set_uses_left == 0:
-            if not self._set_queue:
-                sets, factors = self._next_batch()
-                self._set_queue.extend(zip(sets.unbind(0), factors.unbind(0)))
-            self._points_cache = self._set_queue.popleft()
-            self._set_uses_left = self._sampler.redraw_every
-        self._set_uses_left -= 1
+        sampler = self._sampler  # set by _build_potential unless the prior has fixed points
+        if self._fixed_prior is None and sampler is not None and sampler.redraw:
+            if self._set_uses_left == 0:
+                if not self._set_queue:
+                    sets, factors = self._next_batch()
+                    self._set_queue.extend(zip(sets.unbind(0), factors.unbind(0)))
+                self._points_cache = self._set_queue.popleft()
+                self._set_uses_left = sampler.redraw_every
+            self._set_uses_left -= 1
+        assert self._points_cache is not None  # the fixed set cached by _build_potential, or the fresh one above
         return self._points_cache
 
     def _next_batch(self) -> tuple[Tensor, Tensor]:
         """The next ``prefetch`` sets and their factors, drawn from the sampler's generator (else torch's) and
         factorised in one batched call (one kernel evaluation, one batched Cholesky factorisation)."""
+        assert self._sampler is not None and self.potential is not None  # both set by _build_potential
         sets = self._sampler.draw_sets(self._sampler.prefetch)
         with torch.no_grad():
             if self._factor_kind == "precision":
@@ -177,7 +192,8 @@ class FunctionalKernelMixin:
         chosen at set-up. The unused sets are stored rather than drawn again (at most one batch of ``prefetch``
         factors, about 8 MiB with the sampler's default ``prefetch``).
         """
-        sd = super().state_dict()  # type: ignore[misc]
+        sd = super().state_dict()
+        assert self.potential is not None  # super().state_dict() raised before the first run
         generator = None if self._sampler is None else self._sampler.generator
         cache = self._points_cache
         sd["functional"] = {
@@ -193,6 +209,7 @@ class FunctionalKernelMixin:
     def _restore(self, sd: dict[str, Any], warmup_steps: int) -> None:
         """Restore the chain (:meth:`SGMCMCKernel._restore`), then the measurement-set stream of
         :meth:`state_dict`."""
+        assert self.potential is not None  # setup restores after building the potential
         saved = sd.get("functional")
         if not isinstance(saved, dict):
             raise ValueError(
@@ -204,7 +221,8 @@ class FunctionalKernelMixin:
                 f"the checkpoint's measurement sets have {current[0].shape[0]} points but measurement_points draws "
                 f"{self._sampler.num_points}: resume with the sampler settings of the saved run"
             )
-        if saved["generator"] is not None and (self._sampler is None or self._sampler.generator is None):
+        generator = None if self._sampler is None else self._sampler.generator
+        if saved["generator"] is not None and generator is None:
             raise ValueError(
                 "the checkpoint's measurement points came from a sampler with its own generator: pass "
                 "measurement_points=MeasurementPoints(..., generator=...) on resuming, as in the saved run"
@@ -215,7 +233,7 @@ class FunctionalKernelMixin:
             self._factor_kind = saved["factor_kind"]
             self.potential.jitter = float(saved["jitter"])
             self._reset_graphs()
-        super()._restore(sd, warmup_steps)  # type: ignore[misc]
+        super()._restore(sd, warmup_steps)
         device = self._sampler.inputs.device if self._sampler is not None else self.potential.device
 
         def pair(p: Optional[list]) -> Optional[tuple[Tensor, Tensor]]:
@@ -224,12 +242,18 @@ class FunctionalKernelMixin:
         self._points_cache = pair(current)
         self._set_uses_left = int(saved["uses_left"])
         self._set_queue = deque(pair(p) for p in saved["queue"])
-        if saved["generator"] is not None:
-            self._sampler.generator.set_state(saved["generator"])
+        if saved["generator"] is not None and generator is not None:  # (a saved state without one raised above)
+            generator.set_state(saved["generator"])
 
     def _potential_fn(
-        self, flat: Tensor, idx: Optional[Tensor], points: Tensor, factor: Tensor, exclude_gaussian_prior: bool = False
+        self,
+        flat: Tensor | tuple[Tensor, ...],  # the flat vector, or its flat_parts (the step differentiates those)
+        idx: Optional[Tensor],
+        *extra: Tensor,
+        exclude_gaussian_prior: bool = False,
     ) -> Tensor:
+        points, factor = extra  # from _potential_and_grad_inputs
+        assert self.potential is not None  # built by setup before any step
         if self._factor_kind == "precision":
             return self.potential(flat, idx, points, precision=factor, exclude_gaussian_prior=exclude_gaussian_prior)
         return self.potential(flat, idx, points, factor, exclude_gaussian_prior=exclude_gaussian_prior)

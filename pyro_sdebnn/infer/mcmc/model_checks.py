@@ -249,7 +249,7 @@ def detect_data_plates(trace: Any, observed_sites: Sequence[str], subsampled: bo
     """The plate that contains every observed site in a plate; else the plate of each observed site (a site in
     several plates takes the one of them that is another site's only plate). Observed sites outside every plate
     (``pyro.factor``, a likelihood over all the data at once) are full-data terms."""
-    order = {}
+    order: dict[str, int] = {}
     for site in trace.nodes.values():
         if site["type"] == "sample":
             for f in site["cond_indep_stack"]:

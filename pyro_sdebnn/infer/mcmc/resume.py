@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional, cast
 
 import numpy as np
 import torch
@@ -16,7 +16,14 @@ from torch import Tensor
 from pyro_sdebnn.infer.mcmc.divergence import _RECENT
 
 
-class ResumableState:
+if TYPE_CHECKING:
+    # the kernel's attributes and methods the mixin uses (the kernel itself would be a cycle: it subclasses the mixin)
+    from pyro_sdebnn.infer.mcmc.base import _KernelAttributes as _KernelBase
+else:
+    _KernelBase = object
+
+
+class ResumableState(_KernelBase):
     """``state_dict`` / ``load_state_dict`` of :class:`~pyro_sdebnn.infer.mcmc.base.SGMCMCKernel` (a mixin)."""
 
     def _signature(self) -> dict[str, Any]:
@@ -110,6 +117,7 @@ class ResumableState:
         """Restore the chain saved by :meth:`state_dict` (called by ``setup``)."""
         self._resume = None
         U = self.potential
+        assert U is not None  # setup restores after building the potential
         saved, here = sd["signature"], self._signature_of_model()
         for key in ("sites", "data_sizes", "vectorized_chains"):
             if saved.get(key) != here[key]:
@@ -133,7 +141,9 @@ class ResumableState:
             return None if ts is None else tuple(t.to(device=U.device, dtype=U.dtype) for t in ts)
 
         state = tensors(sd["state"])
-        if len(state) != len(self._state_type._fields):
+        assert state is not None  # state_dict saves the chain's state (load_state_dict checked the key)
+        state_type = cast("type[NamedTuple]", self._state_type)  # the kernel's NamedTuple of its chain state
+        if len(state) != len(state_type._fields):
             raise ValueError("the checkpoint's chain state does not match this kernel's (e.g. preconditioned or not)")
         self._state = state
         self._healthy = tensors(sd["healthy"])
@@ -150,13 +160,13 @@ class ResumableState:
         self.map_steps_taken = int(sd["map_steps_taken"])
         energy = sd["energy"]
 
-        def array(t: Optional[Tensor]) -> Optional[np.ndarray]:
-            return None if t is None else t.numpy().copy()
+        def array(t: Tensor) -> np.ndarray:
+            return t.numpy().copy()
 
         self._energy_all = [array(r) for r in energy["all"]]
         self._energy_recent = deque((array(r) for r in energy["recent"]), maxlen=_RECENT)
         self._energy_stride, self._energy_seen = int(energy["stride"]), int(energy["seen"])
-        self._healthy_energy = array(energy["healthy"])
+        self._healthy_energy = None if energy["healthy"] is None else array(energy["healthy"])
         batches = sd.get("batches")
         self._batches = None if batches is None else batches.to(U.device)
         self._batch_pos = int(sd["batch_pos"])
@@ -171,6 +181,7 @@ class ResumableState:
 
     def _signature_of_model(self) -> dict[str, Any]:
         U = self.potential
+        assert U is not None  # called once setup built it (state_dict checks)
         return {
             "sites": [[site.name, list(site.shape)] for site in U.sites],
             "data_sizes": {p: int(n) for p, n in U.data_sizes.items()},

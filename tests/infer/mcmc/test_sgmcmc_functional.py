@@ -265,6 +265,8 @@ def test_precision_and_cholesky_give_the_same_potential_and_gradient():
     for value, grad in results[1:]:
         torch.testing.assert_close(value, results[0][0])
         torch.testing.assert_close(grad, results[0][1])
+    with pytest.raises(TypeError, match="points"):  # the measurement set is required
+        U(w)
 
 
 def test_measurement_points_draw_sets_and_bad_arguments():
