@@ -314,6 +314,7 @@ class FunctionalPotential(MinibatchPotential):
                 full_data = full_data + term
             else:
                 total = total + term
+        assert self.data_size is not None  # this path is taken only for a model with one data plate
         total = total * (self.data_size / b) + full_data + self.log_density(trace, likelihood=False, exclude=exclude)
         outputs = self._outputs(trace)
         return total, outputs.narrow(0, b, outputs.shape[0] - b)
@@ -328,6 +329,7 @@ class FunctionalPotential(MinibatchPotential):
             return f"the model has several data plates {list(self.data_plates)}"
         generator = torch.Generator(device=self.device).manual_seed(0)
         flat = 0.1 * torch.randn(self.dim, generator=generator, dtype=self.dtype, device=self.device)
+        assert self.data_size is not None  # set with the data plate, checked above
         b = self.subsample_sizes.get(self.data_plate)
         idx = None if b is None else torch.randperm(self.data_size, generator=generator, device=self.device)[:b]
         results = []
