@@ -20,11 +20,15 @@ __all__ = ["OUPath", "ou_stationary"]
 _METHODS = ("exact", "euler")
 
 
-def _check_times(times: torch.Tensor) -> None:
+def _check_times_shape(times: torch.Tensor) -> None:
     if times.dim() != 1 or times.shape[0] < 2:
         raise ValueError(
             f"OUPath: `times` must be a 1-D tensor with at least 2 entries, got shape {tuple(times.shape)}"
         )
+
+
+def _check_times_increasing(times: torch.Tensor) -> None:
+    """Reads the comparison back to the host (a device synchronisation on a GPU): run only under validation."""
     if not bool((times[1:] > times[:-1]).all()):
         raise ValueError(f"OUPath: `times` must be strictly increasing, got {times.tolist()}")
 
@@ -145,7 +149,7 @@ class OUPath(TorchDistribution):
         if method not in _METHODS:
             raise ValueError(f"OUPath: `method` must be one of {_METHODS}, got {method!r}")
         times = torch.as_tensor(times).to(dtype=init.dtype, device=init.device)
-        _check_times(times)
+        _check_times_shape(times)
         sigma = torch.as_tensor(sigma, dtype=init.dtype, device=init.device)  # differentiable
         theta = torch.as_tensor(theta, dtype=init.dtype, device=init.device)
         batch_shape = torch.broadcast_shapes(init.shape[:-1], sigma.shape, theta.shape)
@@ -156,6 +160,8 @@ class OUPath(TorchDistribution):
         self.method = method
         event_shape = torch.Size((times.shape[0] - 1, init.shape[-1]))
         super().__init__(batch_shape, event_shape, validate_args=validate_args)
+        if self._validate_args:  # as torch checks parameter constraints: skipped under pyro.enable_validation(False)
+            _check_times_increasing(times)
 
     def expand(self, batch_shape, _instance=None):
         new = self._get_checked_instance(OUPath, _instance)

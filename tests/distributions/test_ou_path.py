@@ -164,3 +164,13 @@ def test_bad_options_raise():
         OUPath(torch.tensor(0.0), 1.0, times)
     with pytest.raises(TypeError, match="init"):
         OUPath([0.0, 1.0], 1.0, times)
+
+
+def test_times_are_checked_for_shape_always_and_for_order_under_validation():
+    init = torch.zeros(3)
+    with pytest.raises(ValueError, match="at least 2 entries"):
+        OUPath(init, 1.0, torch.tensor([0.0]), validate_args=False)
+    with pytest.raises(ValueError, match="strictly increasing"):
+        OUPath(init, 1.0, torch.tensor([0.0, 0.5, 0.5]), validate_args=True)
+    # without validation the order is not read back to the host (a GPU synchronisation per path otherwise)
+    assert OUPath(init, 1.0, torch.tensor([0.0, 0.5, 0.5]), validate_args=False).event_shape == (2, 3)
