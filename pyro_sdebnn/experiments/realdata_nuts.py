@@ -178,7 +178,7 @@ def _write_tables(out_dir: Path, rows: list) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from pyro_sdebnn.infer.mcmc import SGHMC, SGLD, posterior_prediction
+    from pyro_sdebnn.infer.mcmc import SGHMC, SGLD, SamplerDivergenceError, posterior_prediction
 
     torch.set_num_threads(1)
     s = _settings(args.quick)
@@ -206,8 +206,15 @@ def run(args: argparse.Namespace) -> dict:
                         samples = _nuts(model, Xtr, ytr, s, args.seed)
                         torch.save({"key": json.dumps(key, sort_keys=True), "samples": samples}, cache)
                 else:
-                    samples, notes, kernel = _sgmcmc({"SGLD": SGLD, "SGHMC": SGHMC}[method], model, Xtr, ytr, s,
-                                                     args.seed)
+                    try:
+                        samples, notes, kernel = _sgmcmc({"SGLD": SGLD, "SGHMC": SGHMC}[method], model, Xtr, ytr, s,
+                                                         args.seed)
+                    except SamplerDivergenceError as err:  # a default that diverges is a result, not a crash
+                        nan = float("nan")
+                        results[method] = dict(data=data, method=method, spread=nan, nll=nan, fs_rhat=nan,
+                                               seconds=round(time.perf_counter() - t0, 1), warnings=0,
+                                               note=f"diverged: {str(err).split(':')[1].strip()}")
+                        continue
                     adapted = kernel.diagnostics()["mass matrix adapted"]
                     extra = f"adapted, step {kernel._eta(kernel._t):.3g}" if adapted else "unit mass (short warm-up)"
                 pred = posterior_prediction(model, samples, Xte)

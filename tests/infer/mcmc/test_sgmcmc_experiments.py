@@ -55,3 +55,22 @@ def test_realdata_nuts_quick(tmp_path):
     assert all(math.isfinite(r["ratio"]) and math.isfinite(r["fs_rhat"]) for r in result.values())
     assert (tmp_path / "realdata_nuts.md").read_text().count("| diabetes |") == 3
     assert (tmp_path / "nuts_diabetes.pt").exists()  # NUTS is cached for the next run
+
+
+def test_realdata_nuts_records_a_diverged_default_and_goes_on(tmp_path, monkeypatch):
+    from pyro_sdebnn.infer.mcmc import SamplerDivergenceError
+
+    module, args = _args("realdata-nuts", tmp_path, datasets=["diabetes"], methods=["SGHMC", "SGLD"])
+    real = module._sgmcmc
+
+    def sgmcmc(kernel_cls, *rest):
+        if kernel_cls.__name__ == "SGHMC":
+            raise SamplerDivergenceError("SGHMC chain 1: diverged at inner step 7 (step size 0.1): energy rose")
+        return real(kernel_cls, *rest)
+
+    monkeypatch.setattr(module, "_sgmcmc", sgmcmc)
+    result = module.run(args)
+    assert result["diabetes/SGHMC"]["met"] is False and math.isnan(result["diabetes/SGHMC"]["ratio"])
+    assert math.isfinite(result["diabetes/SGLD"]["ratio"])  # the run went on after the divergence
+    assert "| diabetes | SGHMC | nan |" in (tmp_path / "realdata_nuts.md").read_text()
+    assert "diverged: diverged at inner step 7 (step size 0.1)" in (tmp_path / "realdata_nuts.md").read_text()
