@@ -36,6 +36,22 @@ def _small_split(n_train=40, n_test=20):
                                  y_test=torch.randint(0, 10, (n_test,), generator=g))
 
 
+class _FakeMCMC:
+    """A stand-in for ``pyro.infer.MCMC``: runs nothing, returns no samples (the prediction is stubbed too)."""
+
+    def __init__(self, kernel, **kwargs):
+        pass
+
+    def run(self, *args):
+        pass
+
+    def get_samples(self):
+        return {}
+
+    def diagnostics(self):
+        return {"divergences": {"chain 0": []}}
+
+
 def _interrupted_readme(out, progress):
     last = (out / "README.md").read_text().splitlines()[-1]
     assert last.startswith("**Interrupted** (Ctrl-C / SIGINT)") and progress in last, last
@@ -138,20 +154,10 @@ def test_sgmcmc_uci(tmp_path, monkeypatch):
     from pyro_sdebnn.experiments import sgmcmc_uci
     from pyro_sdebnn.infer.predictive import RegressionPrediction
 
-    class FakeMCMC:
-        def __init__(self, kernel, **kwargs):
-            pass
-
-        def run(self, *args):
-            pass
-
-        def get_samples(self):
-            return {}
-
     def prediction(model, samples, x):
         return RegressionPrediction(torch.zeros(2, len(x)), torch.ones(2, len(x)))
 
-    monkeypatch.setattr("pyro.infer.MCMC", FakeMCMC)
+    monkeypatch.setattr("pyro.infer.MCMC", _FakeMCMC)
     monkeypatch.setattr("pyro_sdebnn.infer.mcmc.posterior_prediction", prediction)
     monkeypatch.setattr(sgmcmc_uci, "_kernel", _second_call_interrupts(None))
     code = main(["benchmark", "sgmcmc-uci", "--quick", "--methods", "SGLD", "SGHMC", "--output", str(tmp_path)])
@@ -168,23 +174,10 @@ def test_fsgmcmc_gap(tmp_path, monkeypatch):
     from pyro_sdebnn.experiments import fsgmcmc_gap
     from pyro_sdebnn.infer.predictive import RegressionPrediction
 
-    class FakeMCMC:
-        def __init__(self, kernel, **kwargs):
-            pass
-
-        def run(self, *args):
-            pass
-
-        def get_samples(self):
-            return {}
-
-        def diagnostics(self):
-            return {"divergences": {"chain 0": []}}
-
     def prediction(model, samples, x):
         return RegressionPrediction(torch.zeros(2, len(x)), torch.ones(2, len(x)))
 
-    monkeypatch.setattr("pyro.infer.MCMC", FakeMCMC)
+    monkeypatch.setattr("pyro.infer.MCMC", _FakeMCMC)
     monkeypatch.setattr("pyro_sdebnn.infer.mcmc.posterior_prediction", prediction)
     monkeypatch.setattr("pyro_sdebnn.distributions.fit_gp_kernel", lambda kernel, *args, **kwargs: kernel)
     monkeypatch.setattr(fsgmcmc_gap, "_kernel", _second_call_interrupts(types.SimpleNamespace()))
