@@ -14,7 +14,8 @@ from pyro.infer import MCMC, SVI
 
 from pyro_sdebnn.distributions import GPFunctionalPrior, MultiplicativeNormal, OUPath
 from pyro_sdebnn.infer import NeuralSDEGuide, SamplingFree_ELBO, TracePathKL_ELBO
-from pyro_sdebnn.infer.mcmc import SGHMC, SGLD
+from pyro_sdebnn.infer.mcmc import SGHMC, SGLD, BayesianMLP
+from pyro_sdebnn.infer.pyro_bnn import PyroBNN
 from pyro_sdebnn.nn import SDEBNN, SamplingFreeBNN, make_mlp, to_mnvi
 
 DEVICES = [
@@ -87,3 +88,23 @@ def test_sgmcmc_samples_follow_the_data(device, kernel_cls):
     mcmc = MCMC(kernel, num_samples=5, warmup_steps=5, disable_progbar=True)
     mcmc.run(x, y)
     _check(mcmc.get_samples()["w"], device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_example_bnns_moved_after_construction_draw_on_their_device(device):
+    # built on the CPU in float32, then moved: the weight priors must follow (.to(device, dtype))
+    x = torch.randn(12, 3, dtype=DTYPE, device=device)
+    y = (x[:, 0] > 0).to(DTYPE)
+    model = BayesianMLP([3, 8, 1], likelihood="bernoulli").to(device=device, dtype=DTYPE)
+    trace = pyro.poutine.trace(model).get_trace(x, y)
+    for name in ("layers.0.weight", "layers.1.bias", "f"):
+        _check(trace.nodes[name]["value"], device)
+    assert model.state_dict() == {}  # the priors' zero buffers stay out of the state dict
+    mcmc = MCMC(SGLD(model, step_size=1e-3, num_steps=2, subsample_size=6, map_steps=0), num_samples=3,
+                warmup_steps=2, disable_progbar=True)
+    mcmc.run(x, y)
+    _check(mcmc.get_samples()["layers.0.weight"], device)
+    bnn = PyroBNN(make_mlp([3, 8, 2]), "categorical").to(device=device, dtype=DTYPE)
+    trace = pyro.poutine.trace(bnn).get_trace(x, y.long())
+    for name in ("net.0.weight", "net.2.bias", "outputs"):
+        _check(trace.nodes[name]["value"], device)

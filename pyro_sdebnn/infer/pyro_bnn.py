@@ -48,6 +48,7 @@ from pyro.nn import PyroModule, PyroSample
 from pyro.params.param_store import StateDict
 from torch import Tensor, nn
 
+from pyro_sdebnn.nn._prior import ZeroMeanNormalPrior
 from pyro_sdebnn.infer._data import (
     _check_fit_args,
     _is_loader_arg,
@@ -112,9 +113,10 @@ class PyroBNN(PyroModule):
         for name, (shape, dtype, device) in self._shapes.items():
             path, _, leaf = name.rpartition(".")
             module = self.net.get_submodule(path)
-            loc = torch.zeros(shape, dtype=dtype, device=device)
-            prior = dist.Normal(loc, torch.full_like(loc, self.prior_scale)).to_event(len(shape))
-            setattr(module, leaf, PyroSample(prior))
+            # built at each draw on the module's device and dtype (the prior follows self.to(...))
+            if "_prior_zero" not in module._buffers:
+                module.register_buffer("_prior_zero", torch.zeros((), dtype=dtype, device=device), persistent=False)
+            setattr(module, leaf, PyroSample(ZeroMeanNormalPrior(self.prior_scale, shape)))
 
     def forward(self, x: Tensor, y: Tensor | None = None, *, subsample_size: int | None = None,
                 data_size: int | None = None) -> Tensor:

@@ -17,6 +17,8 @@ import torch
 from pyro.nn import PyroModule, PyroSample
 from torch import Tensor, nn
 
+from pyro_sdebnn.nn._prior import ZeroMeanNormalPrior
+
 __all__ = ["BayesianMLP"]
 
 _LIKELIHOODS = ("normal", "bernoulli", "categorical")
@@ -88,8 +90,10 @@ class BayesianMLP(PyroModule):
         for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
             layer = pyro_linear(fan_in, fan_out)
             scale = self.prior_scale / fan_in**0.5 if fan_in_scaling else self.prior_scale
-            layer.weight = PyroSample(dist.Normal(0.0, scale).expand([fan_out, fan_in]).to_event(2))
-            layer.bias = PyroSample(dist.Normal(0.0, self.prior_scale).expand([fan_out]).to_event(1))
+            # the priors are built at each draw on the layer's device and dtype, so they follow model.to(...)
+            layer.register_buffer("_prior_zero", torch.zeros(()), persistent=False)
+            layer.weight = PyroSample(ZeroMeanNormalPrior(scale, (fan_out, fan_in)))
+            layer.bias = PyroSample(ZeroMeanNormalPrior(self.prior_scale, (fan_out,)))
             layers.append(layer)
         self.layers = pyro_module_list(layers)
 
