@@ -63,7 +63,7 @@ def _bench(name: str):
 
 SECTIONS = ("tests", "job", "sync", "speed", "train", "nccl")
 #: share of ``--budget`` per section (they sum to 1).
-SHARES = {"tests": 0.125, "job": 0.375, "sync": 0.05, "speed": 0.30, "train": 0.10, "nccl": 0.05}
+SHARES = {"tests": 0.08, "job": 0.45, "sync": 0.04, "speed": 0.30, "train": 0.09, "nccl": 0.04}
 #: a dry run's subprocesses may outlast their budget on a loaded CI machine: they are cut off only after this.
 DRY_RUN_TIMEOUT = 120.0
 #: files the main job's smoke run must write (as CI checks them).
