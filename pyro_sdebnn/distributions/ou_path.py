@@ -8,6 +8,7 @@ import math
 import torch
 from pyro.distributions import Normal
 from pyro.distributions.torch_distribution import TorchDistribution
+from torch import Tensor
 from torch.distributions import constraints
 from torch.distributions.kl import register_kl
 from torch.distributions.utils import lazy_property
@@ -50,6 +51,14 @@ def ou_stationary(sigma: torch.Tensor | float, theta: torch.Tensor | float = 1.0
     theta = torch.as_tensor(theta, dtype=sigma.dtype, device=sigma.device)
     scale = ou_stationary_variance(sigma, theta).sqrt()
     return Normal(torch.zeros_like(scale), scale)
+
+
+def as_tensor_like(value: Tensor | float, like: Tensor) -> Tensor:
+    """``value`` as a tensor of ``like``'s dtype and device. A Python number becomes a device fill (no host-to-device
+    copy, which on a GPU would wait for the device: these distributions are built at every training step)."""
+    if isinstance(value, Tensor):
+        return value.to(dtype=like.dtype, device=like.device)
+    return torch.full((), float(value), dtype=like.dtype, device=like.device)
 
 
 class OUPath(TorchDistribution):
@@ -150,8 +159,8 @@ class OUPath(TorchDistribution):
             raise ValueError(f"OUPath: `method` must be one of {_METHODS}, got {method!r}")
         times = torch.as_tensor(times).to(dtype=init.dtype, device=init.device)
         _check_times_shape(times)
-        sigma = torch.as_tensor(sigma, dtype=init.dtype, device=init.device)  # differentiable
-        theta = torch.as_tensor(theta, dtype=init.dtype, device=init.device)
+        sigma = as_tensor_like(sigma, init)  # differentiable
+        theta = as_tensor_like(theta, init)
         batch_shape = torch.broadcast_shapes(init.shape[:-1], sigma.shape, theta.shape)
         self.init = init.expand(batch_shape + init.shape[-1:])
         self.sigma = sigma.expand(batch_shape)

@@ -69,6 +69,7 @@ from torch import Tensor, nn
 from torch.types import _size
 
 from pyro_sdebnn.distributions import OUPath
+from pyro_sdebnn.distributions.ou_path import as_tensor_like
 from pyro_sdebnn.nn._param_store import ParamStoreModule
 from pyro_sdebnn.nn.sde_drift import DriftMLP
 from pyro_sdebnn.ops.path_kl import check_estimator
@@ -127,8 +128,8 @@ class NeuralSDEPath(TorchDistribution):
         check_estimator(estimator)
         if estimator == "stl" and correction is not None and not isinstance(correction, nn.Module):
             raise TypeError("NeuralSDEPath: estimator='stl' needs `correction` to be an nn.Module")
-        sigma = torch.as_tensor(sigma, dtype=init.dtype, device=init.device)
-        theta = torch.as_tensor(theta, dtype=init.dtype, device=init.device)
+        sigma = as_tensor_like(sigma, init)
+        theta = as_tensor_like(theta, init)
         batch_shape = torch.broadcast_shapes(init.shape[:-1], sigma.shape, theta.shape)
         self.init = init.expand(batch_shape + init.shape[-1:])
         self.sigma, self.theta = sigma.expand(batch_shape), theta.expand(batch_shape)
@@ -308,6 +309,7 @@ class NeuralSDEGuide(ParamStoreModule, AutoGuide):
     :param str activation: activation of the default MLP.
 
     >>> from pyro_sdebnn.distributions import OUPath
+from pyro_sdebnn.distributions.ou_path import as_tensor_like
     >>> def model():
     ...     w = pyro.sample("w", OUPath(torch.zeros(2), 0.5, torch.linspace(0, 1, 5), method="euler"))
     ...     pyro.sample("y", pyro.distributions.Normal(w[-1].sum(), 1.0), obs=torch.tensor(1.0))

@@ -272,7 +272,7 @@ def relu_moments(mean: Tensor, var: Tensor, min_var: float = RELU_MIN_VAR) -> Mo
     std_pdf = var * inv_std  # s; times phi(r) below
     z = (mean * inv_std).mul_(_SQRT_HALF)  # r / sqrt(2)
     del inv_std
-    std_pdf.mul_(torch.addcmul(z.new_tensor(_LOG2_INV_SQRT_2PI), z, z, value=-_LOG2_E).exp2_())  # s phi(r)
+    std_pdf.mul_(torch.addcmul(z.new_full((), _LOG2_INV_SQRT_2PI), z, z, value=-_LOG2_E).exp2_())  # s phi(r)
     cdf2 = torch.erf(z).add_(1.0)  # 2 Phi(r); the factors 1/2 go into the addcmul's below (exact: a power of two)
     del z
     out_mean = torch.addcmul(std_pdf, mean, cdf2, value=0.5)  # mu Phi(r) + s phi(r)
