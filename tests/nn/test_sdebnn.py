@@ -17,7 +17,7 @@ def _data(n=20):
     return x, torch.sin(3 * x).squeeze(-1)
 
 
-def test_user_code_from_the_issue():
+def test_plain_user_code_trains_and_predicts():
     x, y = _data()
     net = SDEBNN(in_dim=1, out_dim=1, hidden=32, augment=2, sigma=0.2, t_span=(0.0, 1.0), dt=0.05)
     guide = NeuralSDEGuide(net, drift_hidden=64)
