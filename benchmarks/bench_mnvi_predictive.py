@@ -10,7 +10,7 @@ estimated with ``--reference`` independent draws per input (its standard error i
 
 - ``probit``: the deterministic probit approximation (MacKay 1992), the default;
 - ``mc``: ``--samples`` draws with common random numbers across inputs;
-- independent draws per input with ``--samples`` draws (the former default), for comparison.
+- independent draws per input with ``--samples`` draws, for comparison.
 
 Printed per predictive: max and mean absolute error of the class-1 probability, and the largest difference
 between two calls (run-to-run variation). Single-threaded, about a minute on an idle core.

@@ -10,8 +10,8 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 import pyro  # noqa: E402
 import torch  # noqa: E402
 
-# The suite is made of many small tensor ops; intra-op threads only add contention (measured 10-20x slower per
-# step on a loaded 2-core machine). Parallelism comes from pytest-xdist workers instead (`-n auto`).
+# The suite is made of many small tensor ops, for which intra-op threads only add contention (on a loaded machine,
+# far more than they save). Parallelism comes from pytest-xdist workers instead (`-n auto`).
 torch.set_num_threads(1)
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pyro
 import pytest
+import torch
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 TEXT = README.read_text()
@@ -26,11 +27,35 @@ def test_readme_python_block_runs(index, capsys):
     exec(compile(PYTHON_BLOCKS[index], f"README.md[python block {index}]", "exec"), namespace)
 
 
+def _block_with(text: str) -> str:
+    """The one README Python block that contains ``text``."""
+    blocks = [block for block in PYTHON_BLOCKS if text in block]
+    assert len(blocks) == 1, f"{len(blocks)} README blocks contain {text!r}"
+    return blocks[0]
+
+
+def test_readme_guide_swap_runs_on_the_readme_model(capsys):
+    # "swapping it is one line: Pyro's AutoNormal ... or NeuralSDEGuide": the quickstart with its guide line replaced
+    # by the AutoNormal of its comment, everything else unchanged, trains and predicts
+    block = _block_with("guide = NeuralSDEGuide(net)")
+    guide_line = re.search(r"^guide = NeuralSDEGuide\(net\) +# or: (guide = AutoNormal\(net\.model\))$", block,
+                           flags=re.M)
+    assert guide_line is not None, "the quickstart's guide line no longer names its AutoNormal swap"
+    code = block.replace(guide_line.group(0), guide_line.group(1))
+    assert code.count("AutoNormal(net.model)") == 1 and "NeuralSDEGuide(net)" not in code
+    namespace: dict = {"__name__": "readme_swap_AutoNormal"}
+    exec(compile(code, "README.md[quickstart, AutoNormal]", "exec"), namespace)
+    assert type(namespace["guide"]).__name__ == "AutoNormal"
+    assert namespace["probs"].shape == (500, 2)
+    assert torch.allclose(namespace["probs"].sum(-1), torch.ones(500))
+    assert "ECE" in capsys.readouterr().out
+
+
 def test_readme_kernel_swaps_run_on_the_readme_model(capsys):
-    # "Swap SGHMC(...) for SGLD(model, step_size=...), or for FSGLD(model, gp_prior=...)": the first example with
+    # "Swap SGHMC(...) for SGLD(model, step_size=...), or for FSGLD(model, gp_prior=...)": the SG-MCMC example with
     # each swap, its model unchanged (no deterministic site: fSGLD reads the logits of its likelihood); the runs are
     # shortened, the swap is the claim
-    block = PYTHON_BLOCKS[0]
+    block = _block_with("kernel = SGHMC(")
     kernel_line = re.search(r"^kernel = SGHMC\(.*\)$", block, flags=re.M).group(0)
     assert "Swap `SGHMC(...)` for `SGLD(model, step_size=...)`, or for `FSGLD(model, gp_prior=...)`" in TEXT
     swaps = {
@@ -40,7 +65,7 @@ def test_readme_kernel_swaps_run_on_the_readme_model(capsys):
                  "kernel = FSGLD(model, gp_prior=gp.kernels.RBF(2), step_size=1e-4, num_steps=10, subsample_size=32)",
     }
     for name, swap in swaps.items():
-        code = block.replace(kernel_line, swap).replace("num_samples=100, warmup_steps=200",
+        code = block.replace(kernel_line, swap).replace("num_samples=30, warmup_steps=50",
                                                         "num_samples=10, warmup_steps=10, disable_progbar=True")
         assert code.count(name + "(model") == 1 and "disable_progbar" in code
         namespace: dict = {"__name__": f"readme_swap_{name}"}

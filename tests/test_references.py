@@ -4,7 +4,8 @@
 Docstrings, docs, tutorials and benchmark reports must cite the published paper (authors, year, title,
 venue) or state the equation they use. This test scans every shipped text file for references that a
 reader of the released package cannot follow: internal note files, numbered internal source documents
-and bare issue numbers. Each hit is reported as ``path:line: text``.
+bare issue numbers, commit hashes, and remarks about how the work itself was done (the working session, the
+machine it was developed on, the team's shared folder). Each hit is reported as ``path:line: text``.
 
 The patterns are assembled from pieces so that this file does not match itself if it is ever scanned.
 """
@@ -24,7 +25,7 @@ SKIPPED_DIRS = frozenset({"_build", "generated", "_autosummary", "__pycache__", 
 
 #: Directories scanned recursively, and single files, relative to the repository root.
 SCANNED_DIRS = ("pyro_sdebnn", "tutorials", "benchmarks", "docs", "tests")
-SCANNED_FILES = ("README.md", "BENCHMARKS.md", "pyproject.toml", "setup.cfg")
+SCANNED_FILES = ("README.md", "BENCHMARKS.md", "CHANGELOG.md", "pyproject.toml", "setup.cfg")
 
 _SEED = "se" + "ed"
 _MD = r"\.md\b"
@@ -36,10 +37,16 @@ FORBIDDEN = (
     re.compile(r"\b" + "FSG" + "MCMC" + _MD),
     re.compile(r"\b" + "STY" + "LE" + _MD),
     re.compile(r"(?:\.\./)+" + "sha" + "red/"),
+    re.compile(r"(?<![\w/.-])" + "sha" + "red/"),
     # an unnamed tutorial the library was not built from in public
     re.compile(r"\bthe BNN " + "tut" + r"orial\b", re.IGNORECASE),
     # bare issue numbers: describe the thing itself instead
     re.compile(r"\b" + "iss" + r"ues? #?\d+", re.IGNORECASE),
+    # commit hashes: 7 to 40 hex digits with at least one digit and one letter
+    re.compile(r"\b(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b"),
+    # how the work was done, which a user cannot follow
+    re.compile(r"\bthis " + "sess" + r"ion\b", re.IGNORECASE),
+    re.compile(r"\bdevelopment " + "mach" + r"ine\b", re.IGNORECASE),
 )
 
 
@@ -101,6 +108,10 @@ def test_patterns_catch_internal_references_and_accept_citations(tmp_path):
         "Two Moons from the BNN " + "tut" + "orial",
         "measured in " + "iss" + "ue 5",
         "fixed in " + "Iss" + "ue #12",
+        "see " + "sha" + "red/repro/run.py",
+        "the same row in the CI build of " + "c50b" + "fe8",
+        "measured in " + "this sess" + "ion",
+        "on the " + "development mach" + "ine",
     ]
     clean = [
         "same " + _SEED + " same result; " + _SEED + "=0",
@@ -110,6 +121,9 @@ def test_patterns_catch_internal_references_and_accept_citations(tmp_path):
         "a tissue 5 mm thick",
         "report an issue on the tracker",
         "the methods.py module",
+        "a shared memory segment; /dev/shm/shared/x; lib/shared/util.py",
+        "a decade of faced beds; 1e-5 and 12345678",
+        "a user's session (Pyro validation on); a machine with two GPUs",
     ]
     for line in bad:
         assert find_forbidden(line) == [(1, line)], line

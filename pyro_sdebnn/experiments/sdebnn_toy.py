@@ -35,8 +35,8 @@ What it does (Xu et al. 2022 [1], Figs. 1, 3, 4 and 10; Xu et al. 2020 [2], Sec.
    - on the trained regression SDE-BNN (its last posterior). There the gradient's variance is that of the
      likelihood's reparameterisation noise (N = 100 points through the net), which the three estimators
      share; a neural-SDE posterior over all the field's weights does not reach the exact posterior, so the
-     STL term has nothing to cancel and STL ≈ analytic (to ~0.1 % in our runs). STL's advantage is a property
-     of the limit q → posterior, which this row shows is not reached there.
+     STL term has nothing to cancel and STL ≈ analytic. STL's advantage is a property of the limit
+     q → posterior, which is not reached there.
 
 **References**
 

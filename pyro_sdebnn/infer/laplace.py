@@ -1,9 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-# Longer than ~500 lines on purpose: the Laplace approximation is one object. Its fit, the three curvature
-# structures, the evidence, the predictives and the checkpoint all read one representation of the posterior
-# (the eigendecomposition ``_eig`` and the Kronecker factors ``_kron``), so they stay side by side, in the
-# order of the section comments below; split over files, every change of that representation would touch each.
-# The online training of the prior precision reads only the evidence, so it lives in ``_online_marglik.py``.
+# One module for one object: the fit, the three curvature structures, the evidence, the predictives and the
+# checkpoint of the Laplace approximation all read one representation of the posterior (the eigendecomposition
+# ``_eig`` and the Kronecker factors ``_kron``), so they stay side by side, in the order of the section comments
+# below. The online training of the prior precision reads only the evidence, so it lives in ``_online_marglik.py``.
 """The Laplace approximation of a network's weight posterior (MacKay [2]; Daxberger et al. [1]).
 
 Around the MAP :math:`\\hat w` the posterior is approximated by :math:`\\mathcal N(\\hat w, H^{-1})` with

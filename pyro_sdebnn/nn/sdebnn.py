@@ -199,8 +199,8 @@ class SDEBNN(ParamStoreModule, ContinuousDepthNet):
         :param str method: ``"euler"``, ``"milstein"`` or ``"srk"``.
         :param bool adjoint: gradients by :func:`torchsde.sdeint_adjoint` instead of backprop through
             the solver. The adjoint gradient is exact only as ``dt -> 0``: it differs from the gradient
-            of the discretised solve by :math:`O(\\Delta t)` (measured 4.3-12 % at ``dt = 0.05`` and
-            0.95-2.2 % at 0.01 on a small network; the constant depends on the network).
+            of the discretised solve by :math:`O(\\Delta t)`, with a constant that depends on the network
+            (:mod:`pyro_sdebnn.ops.sde_solve`, "Accuracy of the stochastic adjoint").
         :param float dt: solver step; default the network's ``dt``, and with ``adjoint=True`` the smaller
             of it and :data:`~pyro_sdebnn.ops.sde_solve.ADJOINT_DT` (0.01), where the adjoint gradient is
             within a few percent.

@@ -260,13 +260,12 @@ def relu_moments(mean: Tensor, var: Tensor, min_var: float = RELU_MIN_VAR) -> Mo
     >>> torch.allclose(m.mean, torch.tensor([(2 * torch.pi) ** -0.5]))
     True
     """
-    # Written for few activation-sized temporaries: the in-place operations (trailing underscore) act only on fresh
-    # temporaries that autograd has not saved, so this one function serves training and prediction, and ``del``
-    # drops the others as soon as they are used. Every fresh buffer is written to memory that is not in the cache
-    # (and, once the allocator has handed the last pass's memory back to the operating system, page by page through
-    # page faults); on a 2-core CPU this evaluation took 2.9 ms for LeNet-5's first layer (batch 100) where one with
-    # a fresh buffer per step took 4.3 ms. exp2, because on the CPU exp of arguments that underflow (confident
-    # units, |r| > 13) takes a slow path in MKL's vector math, measured 40x slower than exp2 there.
+    # Written for few activation-sized temporaries, because every fresh buffer is written to memory that is not in
+    # the cache (and, once the allocator has handed the last pass's memory back to the operating system, page by
+    # page through page faults): the in-place operations (trailing underscore) act only on fresh temporaries that
+    # autograd has not saved, so this one function serves training and prediction, and ``del`` drops the others as
+    # soon as they are used. exp2 rather than exp, because on the CPU exp of arguments that underflow (confident
+    # units, |r| > 13) takes a slow path in MKL's vector math that exp2 does not.
     var = var.clamp_min(min_var)
     inv_std = var.rsqrt()
     std_pdf = var * inv_std  # s; times phi(r) below

@@ -17,8 +17,8 @@ estimator, :math:`v = u` for ``full_mc``, :math:`v = u(\\cdot; \\mathrm{sg}(\\ph
 Two implementations:
 
 - :func:`euler_maruyama_kl`: our own fixed-step Euler–Maruyama loop over a given grid with explicit
-  Brownian increments. It is the training path: a plain loop of tensor operations (measured
-  overheads of torchsde at fixed step are 1.5-24x). It supports all three estimators
+  Brownian increments. It is the training path: a plain loop of tensor operations, without the
+  per-step overhead of a general-purpose solver. It supports all three estimators
   and, optionally, the hidden state in the same pass.
 - :func:`sdeint_augmented`: the same augmented SDE through :func:`torchsde.sdeint` /
   :func:`torchsde.sdeint_adjoint` (Milstein, SRK, adaptive steps, stochastic adjoint), with all three
@@ -43,10 +43,9 @@ Two implementations:
 **Accuracy of the stochastic adjoint.** :func:`torchsde.sdeint_adjoint` differentiates by solving
 the adjoint SDE backward in time with its own Euler steps, reconstructing the forward state on the
 way; its gradient is therefore not the exact gradient of the discretised forward solve, but differs
-from it by :math:`O(\\Delta t)`. Measured on a small SDE-BNN (same Brownian path, float64, relative
-2-norm of the gradient difference, ``estimator="stl"``, min-max over 3 seeds;
-``benchmarks/bench_sdebnn_adjoint_gap.py``): 7.7-19 % at ``dt = 0.1``, 4.3-12 % at 0.05, 0.95-2.2 % at
-0.01 and 0.19-0.53 % at 0.002 (the constant depends on the network). :data:`ADJOINT_DT` (0.01) is
+from it by :math:`O(\\Delta t)`, with a constant that depends on the network. The step
+:data:`ADJOINT_DT` (0.01), where the relative gap is a few percent on small SDE-BNNs
+(``benchmarks/bench_sdebnn_adjoint_gap.py`` measures it; the figures are in ``BENCHMARKS.md``), is
 therefore the default step of :meth:`pyro_sdebnn.nn.SDEBNN.fused_loss` with ``adjoint=True``.
 
 Shapes: paths are ``(..., K, D)`` (time before state, as ``OUPath``); torchsde internals are
@@ -101,7 +100,7 @@ def time_grid(t_span: tuple[float, float], dt: float, *, dtype: torch.dtype = to
     """A uniform grid from ``t0`` to ``t1`` with ``K = round((t1 - t0) / dt)`` steps, exact end points.
 
     The grid is built in float64 and cast once, so that accumulating ``dt`` in float32 never adds
-    a tiny extra step (which slowed torchsde down 24x in our measurements).
+    a tiny extra step, which torchsde would take as a step of its own at a large cost.
 
     :param tuple t_span: ``(t0, t1)`` with ``t0 < t1``.
     :param float dt: positive step; the actual step is ``(t1 - t0) / K``.

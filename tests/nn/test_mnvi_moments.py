@@ -319,7 +319,7 @@ def _relu_moments_ndtr(mean, var, min_var=1e-5):
 
 @pytest.mark.parametrize("requires_grad", [False, True])
 def test_relu_moments_single_erf_equals_ndtr_reference_float64(requires_grad):
-    # Same closed form, evaluated with one erf instead of two ndtr: in float64 they agree to rounding, measured on
+    # Same closed form, evaluated with one erf instead of two ndtr: in float64 they agree to rounding, compared on
     # the natural scales of the output (s for the mean, s^2 for the variance), with and without autograd.
     mu, s2 = _wide_relu_inputs(torch.float64)
     ref = _relu_moments_ndtr(mu, s2)
@@ -348,10 +348,9 @@ def test_relu_moments_gradients_are_exact():
 def test_relu_moments_single_erf_float32_error_bound():
     # float32 against the float64 reference, on every point of the wide input set. The erf tails carry an absolute
     # error of ~1 ulp, which enters the variance multiplied by ~r^2 where 2 < |r| < 6 (erf not yet rounded to +-1).
-    # Measured maximum over all points: 4.5 eps s^2; the bound 24 eps s^2 (2.9e-6 relative, the docstring's 3e-6)
-    # is the one every earlier evaluation met. The naive evaluation (mu^2 + s^2) Phi + mu s phi - E^2 fails it:
-    # 64 eps s^2 within |r| < 6 and ~8e6 eps s^2 beyond, where mu^2 cancels against E^2 and s^2 is lost entirely.
-    # The mean carries the rounding of mu itself (|mu| eps; measured at most 0.9 eps (|mu| + s)).
+    # The bound 24 eps s^2 (2.9e-6 relative, the docstring's 3e-6) covers that; the naive evaluation
+    # (mu^2 + s^2) Phi + mu s phi - E^2 does not, because mu^2 cancels against E^2 and, for |r| > 6, s^2 is lost
+    # entirely. The mean carries the rounding of mu itself (|mu| eps), bounded by a few eps (|mu| + s).
     mu, s2 = _wide_relu_inputs(torch.float64)
     ref = _relu_moments_ndtr(mu, s2)
     out = relu_moments(mu.float(), s2.float())

@@ -45,7 +45,7 @@ class MNReLU(nn.Module):
         (one pass over memory instead of about seventeen element-wise operations; the first call compiles, which
         takes seconds and needs a C++ compiler). The default ``False`` runs the same function eagerly. The fused
         kernel also allocates fewer activation-sized temporaries, which matters on the CPU where the allocator
-        returns freed memory to the operating system between passes (measured in ``BENCHMARKS.md``, MNVI section).
+        returns freed memory to the operating system between passes (``BENCHMARKS.md``, MNVI section).
         Stored as the attribute ``use_compile``.
 
     >>> relu = MNReLU()

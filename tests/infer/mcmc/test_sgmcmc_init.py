@@ -94,14 +94,13 @@ def test_default_start_is_robust_init_with_automatic_warm_start():
 @pytest.mark.slow
 @pytest.mark.parametrize("kernel_cls, min_ess", [(SGLD, None), (SGHMC, 10)])
 def test_tutorial_regression_matches_nuts_in_every_seed_with_the_defaults(kernel_cls, min_ess):
-    # Measured over seeds 0-4: init_to_sample without a warm start reaches the posterior in 2 of 5 (sigma stuck near
-    # its upper bound 10 in the others), init_to_median alone in 3 of 5; the kernels' defaults (init_to_robust + the
-    # automatic MAP warm start) in 5 of 5. The ratio of two sd estimates from S draws with effective size n has a
-    # relative standard error of about 1 / sqrt(2 n) ~ 0.05 here (n >= 200): 0.8-1.25 is over four standard errors.
-    # sigma is compared within four Monte Carlo standard errors (ArviZ's mcse, which accounts for the chains'
-    # autocorrelation). SGHMC's weights must mix: at step 1e-3 / friction 0.1 their effective sample size was 1-2 per
-    # 1000 draws here, with its defaults (0.01 / 1.0) it is 20-23. SGLD's default step (1e-3) has no momentum and
-    # mixes slowly here (2-16 per 1000): its effective sample size is not asserted.
+    # The kernels' defaults (init_to_robust + the automatic MAP warm start) must reach the posterior in every seed,
+    # where init_to_sample or init_to_median alone can leave sigma stuck near its upper bound 10. The ratio of two sd
+    # estimates from S draws with effective size n has a relative standard error of about 1 / sqrt(2 n) ~ 0.05 here
+    # (n >= 200): 0.8-1.25 is over four standard errors. sigma is compared within four Monte Carlo standard errors
+    # (ArviZ's mcse, which accounts for the chains' autocorrelation). SGHMC's weights must mix with its defaults
+    # (step 0.01, friction 1.0): min_ess per 1000 draws. SGLD's default step (1e-3) has no momentum and mixes slowly
+    # here: its effective sample size is not asserted.
     x, y, grid = _rugged_like()
     pyro.set_rng_seed(0)
     nuts = MCMC(NUTS(BayesianRegression(3, 1)), num_samples=300, warmup_steps=200, disable_progbar=True)
