@@ -4,6 +4,7 @@
 import argparse
 import csv
 import json
+import math
 
 import pyro
 import pytest
@@ -51,7 +52,10 @@ def test_mnist_quick_mode_seeds_and_curves(tmp_path):
         rows = list(csv.DictReader(fh))
     # 4 steps with curve points every max(1, 4 // 3) = 1 step: 4 points per method and seed
     assert len(rows) == 3 * 2 * 4 and {r["step"] for r in rows} == {"1", "2", "3", "4"}
-    assert all(float(r["train_loss"]) > 0 for r in rows)  # a cross-entropy or a negative ELBO of class labels
+    # the loss is per training example, in nats: 4 steps leave these 2-channel nets near their initialisation, whose
+    # predictive is close to uniform over the 10 classes (cross-entropy log 10; the negative ELBO adds a small KL / N),
+    # while a batch sum would be 32 times larger, a total over the data ~1400 times and bits 1.44 times
+    assert all(abs(float(r["train_loss"]) - math.log(10)) < 0.5 for r in rows), [r["train_loss"] for r in rows]
     assert (out / "sdebnn_mnist_curves.png").stat().st_size > 0
     summary = json.loads((out / "summary.json").read_text())
     runs = summary["methods"]["odenet"]["runs"]
