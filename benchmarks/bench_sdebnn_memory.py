@@ -2,7 +2,7 @@
 """Memory and time of the SDE-BNN's fused torchsde solve: stochastic adjoint vs backprop, vs number of steps.
 
 For each number of Euler steps K the augmented state ``[w, h, KL]`` of a small SDE-BNN (the same
-problem as ``tests/nn/test_sdebnn_solvers.py``, batch of 8 weight paths) is solved once with
+problem as ``tests/ops/test_sde_solve.py``, batch of 8 weight paths) is solved once with
 :func:`torchsde.sdeint` (backprop through the solver) and once with :func:`torchsde.sdeint_adjoint`,
 then differentiated. Reported per K:
 

@@ -339,8 +339,11 @@ def test_sigint_to_a_running_benchmark(tmp_path):
     import time
 
     code = (
-        "import sys, time, types\n"
+        "import signal, sys, time, types\n"
         "from pathlib import Path\n"
+        # a process started in the background by a non-interactive shell inherits SIGINT ignored, and Python then
+        # installs no KeyboardInterrupt handler: restore the handler a terminal's Ctrl-C finds
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "from pyro_sdebnn.cli import main\n"
         "def run(args):\n"
         "    (args.output / 'table.md').write_text('| finished |\\n')\n"

@@ -3,6 +3,7 @@
 
 import csv
 import math
+import time
 
 import pytest
 import torch
@@ -37,9 +38,11 @@ def test_mean_se_closed_form():
 
 
 def test_timer_and_threads():
+    outer_start = time.perf_counter()
     with common.Timer() as timer:
-        pass
-    assert timer.seconds >= 0
+        time.sleep(0.01)
+    outer = time.perf_counter() - outer_start
+    assert 0.01 <= timer.seconds <= outer  # the block's wall time: at least the sleep, at most the time around it
     with pytest.raises(RuntimeError), common.Timer() as failed:
         raise RuntimeError
     assert math.isnan(failed.seconds)  # a failed block is not timed

@@ -2,6 +2,8 @@
 """The main job, ``pyro-sdebnn --quick`` (benchmark two-moons), end to end in-process."""
 
 import csv
+import math
+import re
 
 from pyro_sdebnn.cli import main
 from pyro_sdebnn.experiments import discover
@@ -30,9 +32,20 @@ def test_quick_run_writes_every_file(tmp_path, capsys):
     for name in baselines:
         # 30 epochs on Two Moons already separate the classes well (full runs reach 0.96-0.97).
         assert float(ran[name]["accuracy"]) > 0.85, ran[name]
+    n_test = int(re.search(r"n_test=(\d+)", (tmp_path / "README.md").read_text()).group(1))  # 500
     for row in ran.values():
-        assert 0.0 <= float(row["accuracy"]) <= 1.0 and 0.0 <= float(row["ece"]) <= 1.0, row
-        assert float(row["nll"]) > 0 and float(row["temperature"]) > 0, row
+        accuracy, brier, ece, nll = (float(row[k]) for k in ("accuracy", "brier", "ece", "nll"))
+        # every method beats the predict-one-half baseline: its accuracy (0.5) by 5 binomial s.e., its two-class
+        # Brier score (exactly 0.5) by 3 s.e. bounded above by 1 / sqrt(n) (a per-example score lies in [0, 2])
+        # and its NLL (log 2)
+        assert accuracy > 0.5 + 5 * math.sqrt(0.25 / n_test), row
+        assert brier < 0.5 - 3 / math.sqrt(n_test) and nll < math.log(2), row
+        # binned top-label ECE <= sqrt(sum_b w_b (acc_b - conf_b)^2) <= sqrt(E[(conf - correct)^2]) = sqrt(BS / 2)
+        # for two classes (Jensen twice): the table's ECE and Brier score must agree with each other
+        assert ece <= math.sqrt(brier / 2) + 1e-6, row
+        # the fitted temperature is inside fit_temperature's search interval (0.01, 100): an interior minimum of
+        # the validation NLL (the noisy validation set is not separable)
+        assert 0.01 < float(row["temperature"]) < 100.0, row
         # Temperature scaling minimises the validation NLL; on the test set it stays close to or below.
         assert float(row["nll_ts"]) < float(row["nll"]) + 0.1, row
     readme = (tmp_path / "README.md").read_text()

@@ -94,7 +94,13 @@ def test_brier_decomposition_is_exact_for_one_forecast_value_per_bin_binary():
     y = torch.bernoulli(p.clamp(0.2, 0.9), generator=generator).long()  # miscalibrated on purpose
     rel, res, unc = brier_decomposition(p, y, num_bins=10)
     assert (rel - res + unc).item() == pytest.approx(brier_score(p, y).item(), abs=1e-12)
-    assert rel > 0 and res > 0
+    # Murphy's terms by hand, grouping the forecasts by their value (one per bin) instead of by bin index
+    groups = [(p == v) for v in values if (p == v).any()]
+    o_bar = y.double().mean()
+    rel_ref = sum(g.double().mean() * (p[g][0] - y[g].double().mean()) ** 2 for g in groups)
+    res_ref = sum(g.double().mean() * (y[g].double().mean() - o_bar) ** 2 for g in groups)
+    assert rel.item() == pytest.approx(rel_ref.item(), rel=1e-12)
+    assert res.item() == pytest.approx(res_ref.item(), rel=1e-12)
     assert unc.item() == pytest.approx(y.double().mean().item() * (1 - y.double().mean().item()), rel=1e-12)
 
 

@@ -51,8 +51,10 @@ def test_probs_and_labels_validation(metric, case):
 def test_rounding_error_in_row_sums_is_tolerated():
     # float32 softmax rows sum to 1 only up to round-off; integral float labels are accepted.
     probs = torch.randn(1000, 100).softmax(-1)
-    assert metrics.accuracy(probs, torch.zeros(1000)).item() >= 0
-    assert metrics.accuracy(np.asarray(probs), np.zeros(1000, dtype=np.int32)).item() >= 0
+    expected = (probs.argmax(-1) == 0).double().mean().item()  # the fraction of rows whose top class is 0
+    assert metrics.accuracy(probs, torch.zeros(1000)).item() == pytest.approx(expected, rel=1e-6)  # float32
+    as_numpy = metrics.accuracy(np.asarray(probs), np.zeros(1000, dtype=np.int32))
+    assert as_numpy.item() == pytest.approx(expected, rel=1e-6)  # float32
 
 
 @pytest.mark.parametrize(

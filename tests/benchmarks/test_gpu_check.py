@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py"
+_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
 _spec = importlib.util.spec_from_file_location("gpu_check", _PATH)
 gpu_check = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gpu_check)

@@ -1,9 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Shapes, dtypes, splits, determinism and normalisation of the tensor loaders of pyro_sdebnn.data."""
+"""The ``DataSplit`` every tensor loader of ``pyro_sdebnn.data`` returns: shapes, dtypes, disjoint splits, seeds and
+argument checks, over all the loaders."""
 
-import math
-
-import numpy as np
 import pytest
 import torch
 
@@ -86,103 +84,6 @@ def test_table_splits_are_disjoint_and_cover_the_table(loader):
     assert not train & test
     table_size = {data.uci_boston: 506, data.mnist_subset: 5000, data.digits: 1797}[loader]
     assert len(train) + len(test) == table_size
-
-
-def test_two_moons_test_set_is_a_different_draw():
-    split = data.two_moons(n_train=100, n_test=100, dtype=torch.float64)
-    assert not _rows(split.x_train) & _rows(split.x_test)
-    # make_moons balances the classes: n // 2 and n - n // 2 points.
-    assert torch.bincount(split.y_train).tolist() == [50, 50]
-
-
-def test_two_moons_noise_level():
-    # Without noise every point lies exactly on one of the two unit half circles.
-    split = data.two_moons(n_train=50, n_test=50, noise=0.0, dtype=torch.float64)
-    x, y = split.x_train, split.y_train
-    centre = torch.where(y[:, None] == 0, torch.tensor([0.0, 0.0]), torch.tensor([1.0, 0.5]))
-    radius = (x - centre).norm(dim=-1)
-    assert torch.allclose(radius, torch.ones_like(radius), atol=1e-12)
-
-
-def test_gap_regression_inputs_targets_and_noise():
-    split = data.gap_regression_1d(n_train=2000, n_test=200, dtype=torch.float64)
-    x = split.x_train[:, 0]
-    assert ((x.abs() >= 1) & (x.abs() <= 4)).all()
-    assert int((x < 0).sum()) == 1000  # half of the points on each side of the gap
-    grid = split.x_test[:, 0]
-    assert grid[0] == -6 and grid[-1] == 6 and (grid.diff() > 0).all()
-    residual = split.y_train - x**3
-    # The sample sd of n Gaussian residuals has standard error sigma / sqrt(2 n); allow 4 of them.
-    sigma, n = 3.0, len(residual)
-    assert abs(float(residual.std()) - sigma) < 4 * sigma / math.sqrt(2 * n)
-    assert abs(float(residual.mean())) < 4 * sigma / math.sqrt(n)
-
-
-def test_toy_regression_is_non_monotonic_with_the_stated_noise():
-    split = data.toy_regression_1d(n_train=2000, noise=0.1, dtype=torch.float64)
-    x = split.x_train[:, 0]
-    assert x.min() >= -2 and x.max() <= 2
-    truth = torch.sin(2 * x) + 0.2 * x**2
-    residual = split.y_train - truth
-    sigma, n = 0.1, len(residual)
-    assert abs(float(residual.std()) - sigma) < 4 * sigma / math.sqrt(2 * n)
-    order = x.argsort()
-    slope_signs = torch.sign(truth[order].diff())
-    assert (slope_signs > 0).any() and (slope_signs < 0).any()
-    grid = split.x_test[:, 0]
-    assert grid[0] == -3 and grid[-1] == 3
-
-
-@pytest.mark.parametrize("loader", [data.toy_regression_1d, data.gap_regression_1d], ids=lambda f: f.__name__)
-def test_toy_standardize_option(loader):
-    raw, std = loader(dtype=torch.float64), loader(standardize=True, dtype=torch.float64)
-    assert abs(float(std.y_train.mean())) < 1e-12
-    assert abs(float(std.y_train.std(unbiased=False)) - 1) < 1e-12
-    assert torch.allclose(std.to_original_units(std.y_test), raw.y_test, atol=1e-10)
-    assert torch.equal(std.x_train, raw.x_train)
-
-
-def test_uci_boston_standardised_on_the_training_split_only():
-    split = data.uci_boston(split=5, dtype=torch.float64)
-    assert torch.allclose(split.x_train.mean(0), torch.zeros(13, dtype=torch.float64), atol=1e-10)
-    assert torch.allclose(split.x_train.std(0, unbiased=False), torch.ones(13, dtype=torch.float64), atol=1e-10)
-    assert abs(float(split.y_train.mean())) < 1e-10
-    # The test split is transformed with the training statistics, so it is not exactly standardised.
-    assert float(split.x_test.mean(0).abs().max()) > 1e-3
-    raw = data.uci_boston(split=5, standardize=False, dtype=torch.float64)
-    assert (raw.y_loc, raw.y_scale) == (0.0, 1.0)
-    assert split.y_loc == pytest.approx(float(raw.y_train.mean()), rel=1e-12)
-    assert split.y_scale == pytest.approx(float(raw.y_train.std(unbiased=False)), rel=1e-12)
-    assert torch.allclose(split.to_original_units(split.y_test), raw.y_test, atol=1e-10)
-    assert torch.allclose(split.to_original_units(split.y_train), raw.y_train, atol=1e-10)
-
-
-def test_uci_boston_matches_the_mlxtend_table():
-    from mlxtend.data import boston_housing_data
-
-    x, y = boston_housing_data()
-    split = data.uci_boston(split=0, standardize=False, dtype=torch.float64)
-    targets = torch.cat([split.y_train, split.y_test]).sort().values
-    assert np.allclose(targets.numpy(), np.sort(y))
-    assert _rows(torch.cat([split.x_train, split.x_test])) == _rows(torch.from_numpy(x))
-
-
-def test_uci_boston_twenty_distinct_splits():
-    test_sets = [frozenset(_rows(data.uci_boston(split=k, standardize=False).y_test[:, None])) for k in range(20)]
-    assert len(set(test_sets)) == 20
-
-
-@pytest.mark.parametrize("loader", [data.mnist_subset, data.digits], ids=lambda f: f.__name__)
-def test_image_subsets_are_scaled_and_stratified(loader):
-    split = loader()
-    for x in (split.x_train, split.x_test):
-        assert float(x.min()) == 0.0 and float(x.max()) == 1.0
-    assert set(split.y_train.tolist()) == set(range(10))
-    counts = torch.bincount(split.y_test, minlength=10)
-    # Stratified: every class has (about) n_test / 10 test images.
-    assert int(counts.max() - counts.min()) <= 2
-    if loader is data.mnist_subset:
-        assert counts.tolist() == [100] * 10
 
 
 BAD_ARGUMENTS = [

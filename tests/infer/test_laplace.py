@@ -1,13 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
-"""MAP (AutoDelta), mean-field VI (AutoNormal) and the Laplace approximation on small problems."""
+"""The Laplace approximation (``infer.laplace.Laplace``) on small problems."""
 
 import math
 
-import pyro
 import pytest
 import torch
 
-from pyro_sdebnn.infer import Laplace, MAPEstimate, MeanFieldVI, PyroBNN
+from pyro_sdebnn.infer import Laplace, MAPEstimate
 from pyro_sdebnn.nn import make_mlp
 
 
@@ -25,74 +24,6 @@ def _blobs(n=64, spread=0.3):
     y = torch.arange(n) % 2
     x = torch.randn(n, 2) * spread + (2.0 * y - 1.0).unsqueeze(-1)
     return x, y
-
-
-def test_pyro_bnn_priors_and_subsampling():
-    model = PyroBNN(make_mlp([2, 4, 2]), "categorical", prior_scale=0.5)
-    x, y = _blobs(10)
-    trace = pyro.poutine.trace(model).get_trace(x, y, subsample_size=3)
-    weight = trace.nodes["net.0.weight"]
-    assert weight["fn"].base_dist.scale.unique().tolist() == [0.5]
-    assert weight["cond_indep_stack"] == ()  # weights are sampled outside the data plate
-    obs = trace.nodes["obs"]
-    # The subsampled plate rescales the likelihood by N / b.
-    assert obs["value"].shape == (3,) and obs["scale"] == pytest.approx(10 / 3)
-    frame = obs["cond_indep_stack"][0]
-    assert frame.size == 3 and frame.full_size == 10
-
-
-def test_map_recovers_weight_decay_solution():
-    """AutoDelta MAP == Adam on NLL + prior (same objective): logits agree."""
-    x, y = _blobs(32)
-    net = make_mlp([2, 2])  # logistic regression: a strictly convex MAP objective
-    fit = MAPEstimate(net, "categorical", prior_scale=1.0).fit(x, y, num_epochs=600, lr=0.05, batch_size=None)
-    w = torch.zeros(2, 2, requires_grad=True)
-    b = torch.zeros(2, requires_grad=True)
-    opt = torch.optim.LBFGS([w, b], max_iter=500, tolerance_grad=1e-9, line_search_fn="strong_wolfe")
-
-    def closure():
-        opt.zero_grad()
-        nll = torch.nn.functional.cross_entropy(x @ w.T + b, y, reduction="sum")
-        loss = nll + 0.5 * (w.square().sum() + b.square().sum())
-        loss.backward()
-        return loss
-
-    opt.step(closure)
-    expected = (x @ w.T + b).detach()
-    logits = fit.predict_outputs(x)[0]
-    # The logit differences (softmax is shift invariant per row) agree to Adam's convergence tolerance.
-    torch.testing.assert_close(logits[:, 1] - logits[:, 0], expected[:, 1] - expected[:, 0], atol=2e-2, rtol=1e-2)
-
-
-def test_mfvi_learns_and_has_spread():
-    x, y = _blobs()
-    vi = MeanFieldVI(make_mlp([2, 16, 2]), "categorical", prior_scale=1.0).fit(x, y, num_epochs=60, batch_size=16)
-    assert vi.losses[-1] < vi.losses[0]
-    pred = vi.predict(x, num_samples=30)
-    assert pred.probs.shape == (30, 64, 2)
-    assert (pred.mean_probs.argmax(-1) == y).float().mean() > 0.9
-    far = vi.predict(torch.tensor([[10.0, -10.0]]), num_samples=30).probs[..., 1]
-    assert far.var(0).item() > 1e-4  # posterior samples disagree off the data
-
-
-def test_two_svi_baselines_coexist():
-    """Each baseline has its own param-store scope: fitting a second one leaves the first unchanged."""
-    x, y = _blobs(16)
-    first = MAPEstimate(make_mlp([2, 4, 2]), "categorical").fit(x, y, num_epochs=5)
-    before = first.predict_outputs(x)
-    MAPEstimate(make_mlp([2, 4, 2]), "categorical").fit(x, y, num_epochs=5)
-    torch.testing.assert_close(first.predict_outputs(x), before)
-
-
-def test_map_laplace_approximation_full_hessian():
-    torch.manual_seed(0)
-    y = torch.arange(48) % 2
-    x = torch.randn(48, 2) * 0.8 + (1.0 * y - 0.5).unsqueeze(-1)
-    fit = MAPEstimate(make_mlp([2, 4, 2], "tanh"), "categorical").fit(x, y, num_epochs=400, lr=0.05, batch_size=None)
-    posterior = fit.laplace_approximation(x, y).get_posterior()
-    num_params = sum(v.numel() for v in fit.map_weights().values())
-    assert posterior.loc.shape == (num_params,)
-    assert (posterior.covariance_matrix.diagonal() > 0).all()
 
 
 def test_pyro_laplace_matches_own_exact_hessian_laplace():
@@ -113,12 +44,6 @@ def test_pyro_laplace_matches_own_exact_hessian_laplace():
     evals, evecs = la._eig
     ours = (evecs / (evals + 1.0)) @ evecs.T
     torch.testing.assert_close(posterior.covariance_matrix.double(), ours.double(), rtol=2e-3, atol=1e-5)
-
-
-def test_weight_decay_sets_prior_scale():
-    x, y = _blobs(40)
-    fit = MeanFieldVI(make_mlp([2, 4, 2]), "categorical").fit(x, y, num_epochs=1, weight_decay=1e-2)
-    assert math.isclose(fit.model.prior_scale, 1 / math.sqrt(40 * 1e-2))
 
 
 @pytest.mark.parametrize("subset", ["all", "last_layer"])
@@ -320,40 +245,6 @@ def test_laplace_sample_weights_have_the_posterior_covariance(structure):
     empirical = torch.cov(w.T, correction=0)
     se = ((sigma.square() + torch.outer(var, var)) / n).sqrt()
     assert ((empirical - sigma).abs() <= 5 * se).all(), ((empirical - sigma).abs() / se).max()
-
-
-@pytest.mark.parametrize(
-    "kwargs, match",
-    [
-        (dict(num_epochs=-1), "num_epochs"),
-        (dict(lr=0.0), "lr"),
-        (dict(batch_size=0), "batch_size"),
-        (dict(num_particles=0), "num_particles"),
-        (dict(weight_decay=0.0), "weight_decay"),
-    ],
-)
-def test_svi_bad_fit_arguments_leave_the_prior_unchanged(kwargs, match):
-    """Arguments are validated before weight_decay replaces the prior."""
-    x, y = _blobs(16)
-    vi = MeanFieldVI(make_mlp([2, 4, 2]), "categorical", prior_scale=0.5)
-    with pytest.raises(ValueError, match=match):
-        vi.fit(x, y, **{"num_epochs": 1, "weight_decay": 1e-2, **kwargs})
-    assert vi.model.prior_scale == 0.5
-    trace = pyro.poutine.trace(vi.model).get_trace(x, y)
-    assert trace.nodes["net.0.weight"]["fn"].base_dist.scale.unique().tolist() == [0.5]
-
-
-def test_map_is_one_sample():
-    """A point estimate has one predictive sample and one ELBO particle; other values are rejected."""
-    x, y = _blobs(16)
-    fit = MAPEstimate(make_mlp([2, 4, 2]), "categorical").fit(x, y, num_epochs=1)
-    assert fit.predict(x).probs.shape == (1, 16, 2) and fit.predict(x, num_samples=1).probs.shape == (1, 16, 2)
-    with pytest.raises(ValueError, match="num_samples must be 1"):
-        fit.predict(x, num_samples=10)
-    with pytest.raises(ValueError, match="num_samples must be 1"):
-        fit.predict_outputs(x, num_samples=10)
-    with pytest.raises(ValueError, match="num_particles must be 1"):
-        MAPEstimate(make_mlp([2, 4, 2]), "categorical").fit(x, y, num_epochs=1, num_particles=4)
 
 
 def test_laplace_kron_functional_covariance_of_deep_network():

@@ -319,7 +319,7 @@ def test_bad_prediction_inputs():
 
 @pytest.mark.parametrize("name", ["map", "mc-dropout", "ensemble", "laplace"])
 def test_nan_loss_on_the_loader_path_is_a_clear_error(name):
-    x, y = _data()  # finite data (a NaN in the data is refused before any step: test_baselines_bad_data.py)
+    x, y = _data()  # finite data (a NaN in the data is refused before any step: test_baseline_data_non_finite.py)
     # a diverging fit (lr = 1e30: the outputs overflow after one step). Pyro's distribution validation stops the
     # SVI baselines first (as on tensors); the others check each epoch.
     error, message = (ValueError, "invalid values") if name == "map" else (FloatingPointError, "became nan in epoch 0")

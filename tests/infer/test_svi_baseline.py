@@ -1,0 +1,70 @@
+# SPDX-License-Identifier: Apache-2.0
+"""PyroBNN (priors, subsampling) and what every SVI baseline shares: its own param-store scope, argument checks
+before ``weight_decay`` replaces the prior, and the prior scale ``weight_decay`` sets."""
+
+import math
+
+import pyro
+import pytest
+import torch
+
+from pyro_sdebnn.infer import MAPEstimate, MeanFieldVI, PyroBNN
+from pyro_sdebnn.nn import make_mlp
+
+
+def _blobs(n=64, spread=0.3):
+    torch.manual_seed(0)
+    y = torch.arange(n) % 2
+    x = torch.randn(n, 2) * spread + (2.0 * y - 1.0).unsqueeze(-1)
+    return x, y
+
+
+def test_pyro_bnn_priors_and_subsampling():
+    model = PyroBNN(make_mlp([2, 4, 2]), "categorical", prior_scale=0.5)
+    x, y = _blobs(10)
+    trace = pyro.poutine.trace(model).get_trace(x, y, subsample_size=3)
+    weight = trace.nodes["net.0.weight"]
+    assert weight["fn"].base_dist.scale.unique().tolist() == [0.5]
+    assert weight["cond_indep_stack"] == ()  # weights are sampled outside the data plate
+    obs = trace.nodes["obs"]
+    # The subsampled plate rescales the likelihood by N / b.
+    assert obs["value"].shape == (3,) and obs["scale"] == pytest.approx(10 / 3)
+    frame = obs["cond_indep_stack"][0]
+    assert frame.size == 3 and frame.full_size == 10
+
+
+def test_two_svi_baselines_coexist():
+    """Each baseline has its own param-store scope: fitting a second one leaves the first unchanged."""
+    x, y = _blobs(16)
+    first = MAPEstimate(make_mlp([2, 4, 2]), "categorical").fit(x, y, num_epochs=5)
+    before = first.predict_outputs(x)
+    MAPEstimate(make_mlp([2, 4, 2]), "categorical").fit(x, y, num_epochs=5)
+    torch.testing.assert_close(first.predict_outputs(x), before)
+
+
+def test_weight_decay_sets_prior_scale():
+    x, y = _blobs(40)
+    fit = MeanFieldVI(make_mlp([2, 4, 2]), "categorical").fit(x, y, num_epochs=1, weight_decay=1e-2)
+    assert math.isclose(fit.model.prior_scale, 1 / math.sqrt(40 * 1e-2))
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(num_epochs=-1), "num_epochs"),
+        (dict(lr=0.0), "lr"),
+        (dict(batch_size=0), "batch_size"),
+        (dict(num_particles=0), "num_particles"),
+        (dict(weight_decay=0.0), "weight_decay"),
+    ],
+)
+def test_svi_bad_fit_arguments_leave_the_prior_unchanged(kwargs, match):
+    """Arguments are validated before weight_decay replaces the prior."""
+    x, y = _blobs(16)
+    vi = MeanFieldVI(make_mlp([2, 4, 2]), "categorical", prior_scale=0.5)
+    with pytest.raises(ValueError, match=match):
+        vi.fit(x, y, **{"num_epochs": 1, "weight_decay": 1e-2, **kwargs})
+    assert vi.model.prior_scale == 0.5
+    trace = pyro.poutine.trace(vi.model).get_trace(x, y)
+    assert trace.nodes["net.0.weight"]["fn"].base_dist.scale.unique().tolist() == [0.5]
+
