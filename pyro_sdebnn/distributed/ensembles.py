@@ -30,7 +30,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from pyro_sdebnn.distributed.comm import all_gather_objects, gather_objects, rank, world_size
+from pyro_sdebnn.comm import all_gather_objects, gather_objects, rank, world_size
 from pyro_sdebnn.infer.methods import outputs_to_prediction
 
 __all__ = ["gather_predict_outputs", "gather_prediction", "local_members"]

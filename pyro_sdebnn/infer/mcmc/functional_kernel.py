@@ -185,7 +185,7 @@ class FunctionalKernelMixin(_KernelBase):
 
     # ----- checkpoints ------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The state of :meth:`ResumableState.state_dict <pyro_sdebnn.infer.mcmc.resume.ResumableState.state_dict>` plus,
+        """The state of :meth:`ResumableState.state_dict <pyro_sdebnn.infer.mcmc.checkpoint.ResumableState.state_dict>` plus,
         under ``"functional"``, the measurement-set stream: the current set and its factor and how many more steps
         use it, the sets (and factors) of the current batch not used yet, the state of the sampler's own generator
         (if it has one; otherwise the sets come from torch's, saved with the chain), and the jitter :math:`\\delta`
