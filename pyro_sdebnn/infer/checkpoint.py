@@ -75,6 +75,26 @@ def _check_path(path) -> Path:
     return Path(path)
 
 
+def envelope(kind: str) -> dict:
+    """The entries every checkpoint of ``kind`` starts with: ``{"format": "pyro_sdebnn/<kind>", "version": n}``."""
+    return {"format": _format(kind), "version": CHECKPOINT_VERSION}
+
+
+def check_envelope(state, kind: str | None, where: str = "the checkpoint") -> None:
+    """Check that ``state`` is a checkpoint dictionary of ``kind`` (any kind for ``None``) and of this version.
+
+    :raises ValueError: naming the format and version found and those expected.
+    """
+    expected = None if kind is None else _format(kind)
+    fmt = state.get("format") if isinstance(state, dict) else None
+    version = state.get("version") if isinstance(state, dict) else None
+    ours = isinstance(fmt, str) and fmt.startswith("pyro_sdebnn/") and fmt[len("pyro_sdebnn/"):] in KINDS
+    if not ours or (expected is not None and fmt != expected) or version != CHECKPOINT_VERSION:
+        found = f"a checkpoint of format {fmt!r} version {version!r}" if fmt is not None else "not a checkpoint"
+        wanted = f"format {expected!r}" if expected else "format 'pyro_sdebnn/<kind>'"
+        raise ValueError(f"{where} is {found}, expected {wanted} version {CHECKPOINT_VERSION}")
+
+
 def save_checkpoint(kind: str, state: dict, path) -> None:
     """Write ``{"format": "pyro_sdebnn/<kind>", "version": CHECKPOINT_VERSION, **state}`` to ``path`` with
     :func:`torch.save`, atomically: it goes to a temporary file in the same folder first and replaces ``path`` only
@@ -82,12 +102,12 @@ def save_checkpoint(kind: str, state: dict, path) -> None:
 
     :param str kind: one of :data:`KINDS`.
     :param dict state: tensors, numbers, strings, lists and dictionaries only (what ``weights_only=True`` loads);
-        its keys must not be ``"format"`` or ``"version"``.
-    :raises ValueError: for an unknown ``kind`` or a ``state`` holding the envelope's keys.
+        its ``"format"`` and ``"version"`` entries, if it has them, must be those of :func:`envelope`.
+    :raises ValueError: for an unknown ``kind`` or a ``state`` holding another envelope.
     """
-    header = {"format": _format(kind), "version": CHECKPOINT_VERSION}
-    if not isinstance(state, dict) or set(header) & set(state):
-        raise ValueError("state must be a dict without 'format' or 'version' entries (the envelope's)")
+    header = envelope(kind)
+    if not isinstance(state, dict) or any(state.get(k, v) != v for k, v in header.items()):
+        raise ValueError(f"state must be a dict whose 'format' and 'version', if any, are {header}")
     path = _check_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
@@ -111,7 +131,6 @@ def load_checkpoint(path, kind: str | None = None, map_location=None) -> dict:
     :raises ValueError: if the file cannot be read as a checkpoint (truncated, corrupted) or is of another format
         or version than expected (the message names both).
     """
-    expected = None if kind is None else _format(kind)
     path = _check_path(path)
     if not path.exists():
         raise FileNotFoundError(f"no checkpoint at {os.fspath(path)!r}")
@@ -122,14 +141,7 @@ def load_checkpoint(path, kind: str | None = None, map_location=None) -> dict:
             f"{os.fspath(path)!r} is not a readable checkpoint (truncated or corrupted file?): "
             f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
         ) from None
-    fmt = state.get("format") if isinstance(state, dict) else None
-    version = state.get("version") if isinstance(state, dict) else None
-    wanted = (f"format {expected!r}" if expected else "format 'pyro_sdebnn/<kind>'") + \
-        f" version {CHECKPOINT_VERSION}"
-    ours = isinstance(fmt, str) and fmt.startswith("pyro_sdebnn/") and fmt[len("pyro_sdebnn/"):] in KINDS
-    if not ours or (expected is not None and fmt != expected) or version != CHECKPOINT_VERSION:
-        found = f"a checkpoint of format {fmt!r} version {version!r}" if fmt is not None else "not a checkpoint"
-        raise ValueError(f"{os.fspath(path)!r} is {found}, expected {wanted}")
+    check_envelope(state, kind, repr(os.fspath(path)))
     return state
 
 

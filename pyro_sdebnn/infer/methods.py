@@ -49,9 +49,18 @@ from pyro_sdebnn.infer._likelihoods import (
     _check_outputs,
     negative_log_likelihood_terms,
 )
-from pyro_sdebnn.infer.checkpoint import detached, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from pyro_sdebnn.infer.checkpoint import (
+    check_envelope,
+    detached,
+    envelope,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from pyro_sdebnn.infer.map_training import _train_network, train_network
 from pyro_sdebnn.infer.predictive import ClassificationPrediction, RegressionPrediction
+from pyro_sdebnn.metrics import regression_variance_decomposition, uncertainty_decomposition
 
 __all__ = [
     "LIKELIHOODS",
@@ -202,6 +211,7 @@ class BaselineMethod:
         optimiser and scheduler states and torch's random state at its end.
         """
         return {
+            **envelope("baseline"),
             "method": type(self).__name__,
             "likelihood": self.likelihood,
             "epoch": self.epoch,
@@ -216,8 +226,9 @@ class BaselineMethod:
         :raises ValueError: if ``state`` is of another method, likelihood or network (parameter names or
             shapes); nothing is changed then.
         """
-        if not isinstance(state, dict) or state.get("method") != type(self).__name__:
-            method = state.get("method") if isinstance(state, dict) else None
+        check_envelope(state, "baseline")
+        if state.get("method") != type(self).__name__:
+            method = state.get("method")
             raise ValueError(f"the checkpoint is of a {method!r}, not of a {type(self).__name__!r}")
         if state.get("likelihood") != self.likelihood:
             raise ValueError(
@@ -268,7 +279,6 @@ class BaselineMethod:
         :math:`E_s[\\sigma_s^2] + \\mathrm{Var}_s[\\mu_s]`
         (:func:`pyro_sdebnn.metrics.regression_variance_decomposition`).
         """
-        
         prediction = self.predict(x)
         if isinstance(prediction, ClassificationPrediction):
             return uncertainty_decomposition(prediction.probs)

@@ -175,6 +175,7 @@ def test_wrong_or_broken_checkpoints_raise_and_change_nothing(name, tmp_path):
     (tmp_path / "truncated.pt").write_bytes(data[: len(data) // 2])
     (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint at all")
     torch.save({"weights": torch.zeros(3)}, tmp_path / "foreign.pt")
+    torch.save({**torch.load(good, weights_only=True), "version": 2}, tmp_path / "other_version.pt")
 
     cases = {
         "other_class.pt": "not of a",
@@ -182,7 +183,8 @@ def test_wrong_or_broken_checkpoints_raise_and_change_nothing(name, tmp_path):
         "other_lik.pt": "likelihood",
         "truncated.pt": "not a readable checkpoint",
         "garbage.pt": "not a readable checkpoint",
-        "foreign.pt": "not a checkpoint of a pyro_sdebnn baseline",
+        "foreign.pt": "is not a checkpoint, expected format 'pyro_sdebnn/baseline' version 1",
+        "other_version.pt": "version 2, expected format 'pyro_sdebnn/baseline' version 1",
     }
     for filename, message in cases.items():
         with pytest.raises(ValueError, match=message):
