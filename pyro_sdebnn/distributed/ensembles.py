@@ -71,8 +71,8 @@ def gather_prediction(method: Any, x, dst: int = 0, **kwargs: Any) -> Any:
     """The predictive of the members of all the ranks on rank ``dst`` (``None`` on the others).
 
     ``outputs_to_prediction`` of :func:`gather_predict_outputs`: a
-    :class:`~pyro_sdebnn.infer.predictive.ClassificationPrediction` or
-    :class:`~pyro_sdebnn.infer.predictive.RegressionPrediction` over all the members, as ``method.predict(x)`` of
+    :class:`~pyro_sdebnn.predictive.ClassificationPrediction` or
+    :class:`~pyro_sdebnn.predictive.RegressionPrediction` over all the members, as ``method.predict(x)`` of
     one ensemble holding them.
     """
     outputs = gather_predict_outputs(method, x, dst=dst, **kwargs)

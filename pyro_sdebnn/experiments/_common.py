@@ -201,7 +201,7 @@ def calibrated_metrics(test_probs: Tensor, y_test: Tensor, val_probs: Tensor, y_
 def regression_metrics(pred, y: Tensor, y_scale: float = 1.0, mask: Tensor | None = None) -> dict:
     """Test log-likelihood (mean per point) and RMSE of a Gaussian-mixture predictive, in original units.
 
-    :param pred: a :class:`~pyro_sdebnn.infer.predictive.RegressionPrediction` (``loc``/``scale`` ``(S, N)``).
+    :param pred: a :class:`~pyro_sdebnn.predictive.RegressionPrediction` (``loc``/``scale`` ``(S, N)``).
     :param Tensor y: standardised targets ``(N,)``.
     :param float y_scale: the standard deviation used to standardise the targets (1: already original units).
     :param mask: optional ``(N,)`` boolean mask: score only these points (e.g. a region of the inputs).

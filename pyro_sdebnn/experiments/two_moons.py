@@ -32,7 +32,7 @@ implemented" with the reason, never dropped. After Ctrl-C the files hold the met
 
 Methods are adapters in :data:`ADAPTERS`: a function ``(data, settings) -> predict`` that trains the
 method and returns a function mapping inputs to a
-:class:`~pyro_sdebnn.infer.predictive.ClassificationPrediction`.
+:class:`~pyro_sdebnn.predictive.ClassificationPrediction`.
 
 **References**
 

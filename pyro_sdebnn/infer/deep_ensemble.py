@@ -10,7 +10,7 @@ Each member is trained on the full data from its own random initialisation and d
 
 so for heteroscedastic regression the predictive variance splits into an aleatoric and an epistemic
 part, :math:`\\frac1K\\sum_k \\sigma_k^2(x) + \\operatorname{Var}_k[\\mu_k(x)]` ([1], Sec. 2.4), which
-:class:`~pyro_sdebnn.infer.predictive.RegressionPrediction` exposes; for classification use
+:class:`~pyro_sdebnn.predictive.RegressionPrediction` exposes; for classification use
 :func:`pyro_sdebnn.metrics.uncertainty_decomposition` on ``prediction.probs``.
 
 **References**

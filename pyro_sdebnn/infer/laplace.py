@@ -85,7 +85,7 @@ from pyro_sdebnn.infer.methods import (
     outputs_to_prediction,
     register_method,
 )
-from pyro_sdebnn.infer.predictive import ClassificationPrediction, RegressionPrediction
+from pyro_sdebnn.predictive import ClassificationPrediction, RegressionPrediction
 
 __all__ = ["Laplace"]
 

@@ -12,8 +12,8 @@ A baseline wraps a network (or, for ensembles, a zero-argument network factory) 
       -\\log p(y|x,w) = \\tfrac12\\left(\\log 2\\pi + s_w(x) + (y-\\mu_w(x))^2 e^{-s_w(x)}\\right).
 
 ``fit(x, y, *, num_epochs, lr, batch_size, weight_decay, ...)`` returns ``self`` and
-``predict(x)`` returns a :class:`~pyro_sdebnn.infer.predictive.ClassificationPrediction` or
-:class:`~pyro_sdebnn.infer.predictive.RegressionPrediction` whose leading dimension ``S`` counts
+``predict(x)`` returns a :class:`~pyro_sdebnn.predictive.ClassificationPrediction` or
+:class:`~pyro_sdebnn.predictive.RegressionPrediction` whose leading dimension ``S`` counts
 posterior samples (dropout masks, ensemble members, ...). :data:`METHODS` maps a short name to each
 class, so benchmarks can loop over them.
 
@@ -59,7 +59,7 @@ from pyro_sdebnn.infer.checkpoint import (
     set_rng_state,
 )
 from pyro_sdebnn.infer.map_training import _train_network, train_network
-from pyro_sdebnn.infer.predictive import ClassificationPrediction, RegressionPrediction
+from pyro_sdebnn.predictive import ClassificationPrediction, RegressionPrediction
 from pyro_sdebnn.metrics import regression_variance_decomposition, uncertainty_decomposition
 
 __all__ = [

@@ -63,7 +63,7 @@ from pyro_sdebnn.infer.mcmc.schedules import (
 from pyro_sdebnn.infer.mcmc.sghmc import SGHMC
 from pyro_sdebnn.infer.mcmc.sgld import SGLD
 from pyro_sdebnn.infer.mcmc.streaming import SampleWriter, load_samples
-from pyro_sdebnn.infer.predictive import ClassificationPrediction, RegressionPrediction
+from pyro_sdebnn.predictive import ClassificationPrediction, RegressionPrediction
 
 __all__ = [
     "BayesianMLP",

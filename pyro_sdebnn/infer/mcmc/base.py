@@ -31,7 +31,7 @@ from pyro.infer.autoguide.initialization import InitMessenger
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from torch import Tensor
 
-from pyro_sdebnn.data.loaders import move_batch
+from pyro_sdebnn.data.loaders import iter_batches, move_batch
 from pyro_sdebnn.infer.mcmc.adaptation import MassMatrixAdapter
 from pyro_sdebnn.infer.mcmc._chains import chain_transforms
 from pyro_sdebnn.infer.mcmc.batches import BatchStream, in_dataset_order, is_data_loader
@@ -70,8 +70,6 @@ class _ModelOverLoader:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if args and is_data_loader(args[0]):
-            from pyro_sdebnn.data.loaders import iter_batches
-
             with torch.random.fork_rng(devices=[]):  # a shuffling loader draws from torch's generator
                 xs, ys = zip(*iter_batches(in_dataset_order(args[0]), self.device, self.dtype))
             args = (torch.cat(xs), torch.cat(ys)) + args[1:]

@@ -22,6 +22,7 @@ import torch
 from pyro.contrib.gp.kernels import Kernel
 from torch import Tensor
 
+from pyro_sdebnn.distributions import GPFunctionalPrior
 from pyro_sdebnn.infer.mcmc.functional import FunctionalPotential
 from pyro_sdebnn.infer.mcmc.measurement_points import MeasurementPoints
 from pyro_sdebnn.infer.mcmc.potential import MinibatchPotential
@@ -62,8 +63,6 @@ class FunctionalKernelMixin(_KernelBase):
     ) -> None:
         """The functional-prior arguments (documented on :class:`~pyro_sdebnn.infer.mcmc.FSGLD`); ``kwargs`` go to
         the weight-space kernel (SGLD / SGHMC)."""
-        from pyro_sdebnn.distributions import GPFunctionalPrior
-
         self._fixed_prior = None
         if isinstance(gp_prior, GPFunctionalPrior):
             # a prior over fixed measurement points: reuse its kernel, jitter, mean and cached Cholesky factor
