@@ -22,9 +22,13 @@ prior the evidence chose. :class:`~pyro_sdebnn.infer.Laplace` calls :func:`train
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import Tensor, nn
+
+if TYPE_CHECKING:  # the class of `la`: it imports this module
+    from pyro_sdebnn.infer.laplace import Laplace
 
 from pyro_sdebnn.infer._data import _check_fit_args, _is_loader_arg
 from pyro_sdebnn.infer.map_training import _train_network
@@ -99,7 +103,7 @@ def train_online(la, x, y, n: int, *, num_epochs: int, weight_decay: float, burn
             done = end
         if end == total:
             break
-        evidence = type(la)(la.net, la.likelihood, hessian_structure=structure, prior_precision=delta)
+        evidence = cast("Laplace", type(la)(la.net, la.likelihood, hessian_structure=structure, prior_precision=delta))
         evidence.fit(x, y, num_epochs=0, batch_size=training["batch_size"], tune_prior_precision=False)
         terms = evidence._evidence_terms()
         for _ in range(steps):

@@ -64,6 +64,7 @@ from pyro_sdebnn.infer.mcmc.divergence import _RECENT
 
 if TYPE_CHECKING:
     # the kernel's attributes and methods the mixin uses (the kernel itself would be a cycle: it subclasses the mixin)
+    from pyro_sdebnn.infer.mcmc.base import SGMCMCKernel
     from pyro_sdebnn.infer.mcmc.base import _KernelAttributes as _KernelBase
 else:
     _KernelBase = object
@@ -303,7 +304,7 @@ class CheckpointHook:
             raise ValueError("CheckpointHook: runs of several sequential chains (num_chains > 1) cannot be "
                              "checkpointed; use vectorized_chains")
         if stage.startswith("Sample"):
-            transforms = kernel.transforms
+            transforms = cast("SGMCMCKernel", kernel).transforms
             assert transforms is not None  # set by the kernel's setup, before MCMC calls the hook
             for name, value in params.items():  # constrained, as MCMC returns them
                 self.samples.setdefault(name, []).append(transforms[name].inv(value).detach().cpu().clone())
