@@ -368,7 +368,7 @@ def distributed_loader(
     :param dataset: a map-style data set of ``(x, y)`` pairs.
     :param int batch_size: the global batch size :math:`b`, a multiple of the world size.
     :param bool shuffle: a new permutation every epoch (call ``loader.sampler.set_epoch(epoch)``;
-        :func:`train_svi` does).
+        :func:`pyro_sdebnn.infer.train_svi` does).
     :param int seed: the seed of the sampler's permutations (the same on every rank).
     :param bool drop_last: drop the tail of the data set that does not divide into the ranks; otherwise the
         sampler repeats up to ``world_size() - 1`` points so that all the ranks take the same number of steps.

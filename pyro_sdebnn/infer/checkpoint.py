@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Checkpoints of the package: one file format, one atomic writer, one reader, one capture of the random state.
 
-Every checkpoint the package writes -- a fitted baseline's (``method.save(path)``), a :func:`~pyro_sdebnn.infer.
-train_svi` run's (``checkpoint=path``), an SG-MCMC run's (:func:`~pyro_sdebnn.infer.mcmc.save_run`,
+Every checkpoint the package writes -- a fitted baseline's (``method.save(path)``), a
+:func:`~pyro_sdebnn.infer.train_svi` run's (``checkpoint=path``), an SG-MCMC run's (:func:`~pyro_sdebnn.infer.mcmc.save_run`,
 :class:`~pyro_sdebnn.infer.mcmc.CheckpointHook`) -- is one dictionary in one envelope::
 
     {"format": "pyro_sdebnn/<kind>", "version": 1, ...the state of that kind...}
@@ -102,7 +102,7 @@ def save_checkpoint(kind: str, state: dict, path) -> None:
 
     :param str kind: one of :data:`KINDS`.
     :param dict state: tensors, numbers, strings, lists and dictionaries only (what ``weights_only=True`` loads);
-        its ``"format"`` and ``"version"`` entries, if it has them, must be those of :func:`envelope`.
+        its ``"format"`` and ``"version"`` entries, if it has them, must be those of ``envelope(kind)``.
     :raises ValueError: for an unknown ``kind`` or a ``state`` holding another envelope.
     """
     header = envelope(kind)
