@@ -368,6 +368,7 @@ class ResumedMCMC(MCMC):
         super().__init__(*args, **kwargs)
         self.saved = dict(saved)
         self.new_samples = self.num_samples
+        self._all: dict[str, torch.Tensor] = {}
 
     def run(self, *args: Any, **kwargs: Any) -> None:
         """``MCMC.run`` for the new samples; afterwards ``num_samples`` counts the saved ones too."""
@@ -392,5 +393,8 @@ class ResumedMCMC(MCMC):
         return diag
 
     def summary(self, prob: float = 0.9) -> None:
-        """``MCMC.summary`` over all the samples."""
+        """``MCMC.summary`` over all the samples (the divergences: those of the new run)."""
         print_summary(self._all, prob=prob)
+        divergences = self.diagnostics().get("divergences")
+        if divergences is not None:
+            print(f"Number of divergences: {sum(len(v) for v in divergences.values())}")
