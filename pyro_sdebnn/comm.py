@@ -19,8 +19,9 @@ The collectives (:func:`all_reduce_mean`, :func:`all_reduce_sum`, :func:`broadca
 :func:`barrier`) move their tensors to the device the backend needs (the GPU for NCCL, the CPU for gloo) and back, and
 turn a failed or timed-out collective into a :class:`DistributedError` that says which collective failed.
 
-**Data-parallel fit.** What the training loops of the package do when a run is data-parallel. A run is *data-parallel* when a process group with more than one rank is running (``torchrun`` and
-:func:`init`) **and** the training data is a loader whose sampler is a
+**Data-parallel fit.** What the training loops of the package do when a run is data-parallel. A run is
+*data-parallel* when a process group with more than one rank is running (``torchrun`` and :func:`init`) **and** the
+training data is a loader whose sampler is a
 :class:`~torch.utils.data.distributed.DistributedSampler` (e.g. :func:`distributed_loader`):
 each rank then reads only its shard, and training on it alone would be wrong. In that case, and only then, the loops
 of :func:`pyro_sdebnn.infer.train_svi` (hence :meth:`~pyro_sdebnn.nn.mnvi.SamplingFreeBNN.fit`),
@@ -33,9 +34,9 @@ of :func:`pyro_sdebnn.infer.train_svi` (hence :meth:`~pyro_sdebnn.nn.mnvi.Sampli
 - copy the parameters of rank 0 to the other ranks before the first step (:func:`broadcast_module_` for
   ``nn.Module`` parameters, :class:`~pyro_sdebnn.infer.svi_training.AveragedGradients` for the Pyro param store);
 - average the gradients over the ranks before every optimiser step (:func:`average_gradients_`, which
-  :class:`~pyro_sdebnn.infer.svi_training.AveragedGradients` calls for the Pyro param store), before gradient clipping, so
-  that every rank applies the same update and holds the same parameters, and average the batch-norm running
-  statistics in the same all-reduce (below);
+  :class:`~pyro_sdebnn.infer.svi_training.AveragedGradients` calls for the Pyro param store), before gradient
+  clipping, so that every rank applies the same update and holds the same parameters, and average the batch-norm
+  running statistics in the same all-reduce (below);
 - call ``loader.sampler.set_epoch(e)`` at the start of epoch ``e`` (a new shared permutation every epoch);
 - report the epoch loss over all the ranks, and write checkpoints (``save``, ``checkpoint=``) on rank 0 only.
 

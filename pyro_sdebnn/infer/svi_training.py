@@ -45,9 +45,9 @@ such a checkpoint, is truncated, or belongs to another model (other parameter na
 a ``ValueError`` and changes nothing.
 
 **Data-parallel.** Under ``torchrun`` with a loader sharded by a
-:class:`~torch.utils.data.distributed.DistributedSampler` (:func:`~pyro_sdebnn.comm.distributed_loader`), :func:`train_svi`
-is data-parallel by itself. The one change from a single-process run: between
-``loss_and_grads`` and the optimiser step, the gradients of all the Pyro parameters of the step (model and guide,
+:class:`~torch.utils.data.distributed.DistributedSampler` (:func:`~pyro_sdebnn.comm.distributed_loader`),
+:func:`train_svi` is data-parallel by itself. The one change from a single-process run: between ``loss_and_grads``
+and the optimiser step, the gradients of all the Pyro parameters of the step (model and guide,
 ``pyro.get_param_store()``, which includes the weights of ``PyroModule`` networks and of modules registered with
 ``pyro.module``) are averaged across the ranks by one all-reduce (:class:`AveragedGradients`). Every rank therefore
 applies the same update and holds the same parameters, as with PyTorch's ``DistributedDataParallel``, but at the

@@ -21,8 +21,9 @@ default ``"auto"`` may switch to the compiled step at another point of the run):
 :class:`CheckpointHook` writes the same file periodically while ``MCMC`` runs (as its ``hook_fn``), so that a
 pre-empted run, even in warm-up, can be resumed from its last checkpoint. The file holds only tensors, numbers,
 strings, lists and dicts: it loads with ``torch.load(path, weights_only=True)``
-(:func:`~pyro_sdebnn.infer.checkpoint.load_checkpoint` checks it). Runs over a loader (``mcmc.run(loader)``) resume on the same loader: the epoch in progress
-is made again from its recorded random state (torch's, and that of the loader's own ``torch.Generator``, given as
+(:func:`~pyro_sdebnn.infer.checkpoint.load_checkpoint` checks it). Runs over a loader (``mcmc.run(loader)``) resume
+on the same loader: the epoch in progress is made again from its recorded random state (torch's, and that of the
+loader's own ``torch.Generator``, given as
 ``DataLoader(..., generator=g)`` or to its sampler) and the batches already used are skipped. A run of several
 sequential chains (``MCMC(num_chains > 1)``) cannot be checkpointed (the kernel holds the last chain only):
 use ``vectorized_chains`` instead.
@@ -310,7 +311,8 @@ class CheckpointHook:
                 self.samples.setdefault(name, []).append(transforms[name].inv(value).detach().cpu().clone())
         self.calls += 1
         if self.calls % self.every == 0:
-            # the layout MCMC stores: (chains, draws, *shape), vectorised chains as chains (draws, K, ...) -> (K, draws, ...)
+            # the layout MCMC stores: (chains, draws, *shape); vectorised chains as chains: (draws, K, ...) -> (K,
+            # draws, ...)
             vectorized = kernel.vectorized_chains > 1
             samples = {
                 k: torch.stack(v).transpose(0, 1) if vectorized else torch.stack(v).unsqueeze(0)
