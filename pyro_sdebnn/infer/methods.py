@@ -37,12 +37,12 @@ from typing import Any, Callable, TypeVar
 import torch
 from torch import Tensor, nn
 
+from pyro_sdebnn.comm import is_main
 from pyro_sdebnn.infer._data import (
     _data_parallel_sampler,
     _is_loader_arg,
     _is_sharded,
 )
-from pyro_sdebnn.comm import is_main
 from pyro_sdebnn.infer._likelihoods import (
     LIKELIHOODS,
     _check_likelihood,
@@ -59,8 +59,8 @@ from pyro_sdebnn.infer.checkpoint import (
     set_rng_state,
 )
 from pyro_sdebnn.infer.map_training import _train_network, train_network
-from pyro_sdebnn.predictive import ClassificationPrediction, RegressionPrediction
 from pyro_sdebnn.metrics import regression_variance_decomposition, uncertainty_decomposition
+from pyro_sdebnn.predictive import ClassificationPrediction, RegressionPrediction
 
 __all__ = [
     "LIKELIHOODS",

@@ -58,11 +58,11 @@ from pyro_sdebnn.infer._data import (
 from pyro_sdebnn.infer._training import SchedulerStepper, check_clip, svi_step
 from pyro_sdebnn.infer.checkpoint import check_tensors, detached
 from pyro_sdebnn.infer.map_training import _check_finite
-from pyro_sdebnn.infer.svi_training import AveragedGradients, svi_epochs
 from pyro_sdebnn.infer.methods import (
     BaselineMethod,
     _check_likelihood,
 )
+from pyro_sdebnn.infer.svi_training import AveragedGradients, svi_epochs
 
 __all__ = ["PyroBNN", "SVIBaseline"]
 

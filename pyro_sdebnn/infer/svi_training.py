@@ -107,15 +107,6 @@ from pyro.poutine.trace_struct import Trace
 from torch import Tensor, nn
 from tqdm.auto import trange
 
-from pyro_sdebnn.data.loaders import (
-    check_finite_batch,
-    dataset_size,
-    is_loader,
-    iter_batches,
-    minibatch_indices,
-    module_device_dtype,
-    move_batch,
-)
 from pyro_sdebnn.comm import (
     all_gather_objects,
     average_gradients_,
@@ -124,6 +115,15 @@ from pyro_sdebnn.comm import (
     rank,
     running_stats,
     world_size,
+)
+from pyro_sdebnn.data.loaders import (
+    check_finite_batch,
+    dataset_size,
+    is_loader,
+    iter_batches,
+    minibatch_indices,
+    module_device_dtype,
+    move_batch,
 )
 from pyro_sdebnn.infer._data import _data_parallel_sampler
 from pyro_sdebnn.infer._training import SchedulerStepper, check_clip, svi_update

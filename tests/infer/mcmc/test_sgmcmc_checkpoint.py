@@ -85,8 +85,8 @@ def test_resumed_run_equals_the_uninterrupted_run(tmp_path, name, through):
     assert resumed.kernel.diagnostics() == full.kernel.diagnostics()
     # an MCMC whose public views (grouped by chain, ESS and R-hat) cover all the draws; Pyro's own store untouched
     assert isinstance(resumed, MCMC) and next(iter(resumed._samples.values())).shape[1] == 14
-    torch.testing.assert_close(resumed.get_samples(group_by_chain=True)["w"], full.get_samples(group_by_chain=True)["w"],
-                               rtol=0, atol=0)
+    grouped = resumed.get_samples(group_by_chain=True)["w"]
+    torch.testing.assert_close(grouped, full.get_samples(group_by_chain=True)["w"], rtol=0, atol=0)
     torch.testing.assert_close(resumed.diagnostics()["w"]["r_hat"], full.diagnostics()["w"]["r_hat"], rtol=0, atol=0)
 
 
