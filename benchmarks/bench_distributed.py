@@ -3,7 +3,7 @@
 
 The script launches itself with ``torchrun --standalone --nproc_per_node=W`` for every ``W`` of ``--procs`` (CPU,
 gloo, ``--threads`` intra-op threads per process) and trains, with
-:func:`pyro_sdebnn.distributed.train_svi`, a Bayesian MLP (``PyroModule`` with ``Normal`` weight priors,
+:func:`pyro_sdebnn.infer.train_svi`, a Bayesian MLP (``PyroModule`` with ``Normal`` weight priors,
 ``AutoNormal`` guide, ``Trace_ELBO``) on synthetic regression data of ``--points`` points, at the global batch size
 ``--batch`` (each rank reads ``batch / W`` points per step). It reports, on rank 0 and after one warm-up epoch:
 
@@ -40,8 +40,9 @@ def worker(args) -> None:
     from pyro.nn import PyroModule, PyroSample
     from torch.utils.data import TensorDataset
 
-    import pyro_sdebnn.distributed.data_parallel as dp
+    import pyro_sdebnn.comm as dp
     from pyro_sdebnn import distributed
+    from pyro_sdebnn.infer import train_svi
 
     torch.set_num_threads(args.threads)
     distributed.init(backend="gloo", timeout=120.0, seed=0)
@@ -82,7 +83,7 @@ def worker(args) -> None:
         epochs.append({"seconds": ticks[-1] - ticks[-2], "comm": comm[0]})
         comm[0] = 0.0
 
-    distributed.train_svi(svi, loader, num_epochs=args.epochs, callback=on_epoch)
+    train_svi(svi, loader, num_epochs=args.epochs, callback=on_epoch, require_sharded=True)
     if distributed.is_main():
         timed_epochs = epochs[1:] or epochs  # the first epoch includes the parameters' creation
         seconds = statistics.median(e["seconds"] for e in timed_epochs)

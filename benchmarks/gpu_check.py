@@ -551,13 +551,14 @@ def section_train(report: Report, budget: Budget, args) -> None:
 # ------------------------------------------------------------------------------------------------- 6. NCCL
 def nccl_worker(backend: str = "nccl") -> None:
     """Under ``torchrun``: an NCCL world, one all-reduce checked against its closed form, two epochs of data-parallel
-    SVI (``pyro_sdebnn.distributed.train_svi``); rank 0 prints ``nccl world OK`` (``gloo``: a local check on CPUs)."""
+    SVI (``pyro_sdebnn.infer.train_svi``); rank 0 prints ``nccl world OK`` (``gloo``: a local check on CPUs)."""
     import pyro.distributions as dist
     from pyro.infer import SVI, Trace_ELBO
     from pyro.infer.autoguide import AutoNormal
     from torch.utils.data import TensorDataset
 
     from pyro_sdebnn import distributed
+    from pyro_sdebnn.infer import train_svi
 
     device = distributed.init(backend=backend, timeout=60.0, seed=0)
     value = distributed.all_reduce_mean(torch.full((3,), float(distributed.rank()), device=device))
@@ -574,7 +575,7 @@ def nccl_worker(backend: str = "nccl") -> None:
 
     svi = SVI(model, AutoNormal(model), pyro.optim.Adam({"lr": 1e-2}), Trace_ELBO())
     loader = distributed.distributed_loader(TensorDataset(x, y), 128, seed=0)
-    distributed.train_svi(svi, loader, num_epochs=2, device=device)
+    train_svi(svi, loader, num_epochs=2, device=device, require_sharded=True)
     if distributed.is_main():
         print(f"{backend} world OK", flush=True)
     distributed.shutdown()

@@ -1,6 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """Beyond one machine: data-parallel SVI and distributed SG-MCMC chains on :mod:`torch.distributed`.
 
+The layers: :mod:`pyro_sdebnn.comm` (process group, collectives, sharded loaders, gradient averaging; it imports
+nothing of :mod:`pyro_sdebnn.infer`) at the bottom, imported by the training loops of :mod:`pyro_sdebnn.infer`; the
+distributed wrappers of this package (:mod:`~pyro_sdebnn.distributed.chains`,
+:mod:`~pyro_sdebnn.distributed.ensembles`) above both. This package re-exports the names of all of them.
+
 Launch a script with ``torchrun --nproc_per_node=K script.py`` (gloo on CPUs, NCCL on GPUs); the same script run
 with plain ``python`` is a world of one and behaves as without this module.
 
@@ -8,9 +13,9 @@ with plain ``python`` is a world of one and behaves as without this module.
   timeout on every collective), :func:`rank`, :func:`world_size`, :func:`local_rank`, :func:`is_main`,
   :func:`barrier`, :func:`shutdown`, and the collectives :func:`all_reduce_mean`, :func:`all_reduce_sum`,
   :func:`broadcast_`, :func:`gather_objects`, which raise :class:`DistributedError` instead of hanging;
-- data-parallel SVI: :func:`train_svi` (gradients of the Pyro param store averaged across ranks between
-  ``loss_and_grads`` and the optimiser step, checkpoints on rank 0), :func:`distributed_loader`,
-  :class:`AveragedGradients`;
+- data-parallel SVI: :func:`pyro_sdebnn.infer.train_svi` on a loader from :func:`distributed_loader` (gradients of
+  the Pyro param store averaged across ranks between ``loss_and_grads`` and the optimiser step by
+  :class:`AveragedGradients`, checkpoints on rank 0);
 - data-parallel ``fit`` of the baselines: with a loader sharded by a ``DistributedSampler`` on several ranks,
   :func:`pyro_sdebnn.infer.train_svi`, ``MAPEstimate.fit``, ``MeanFieldVI.fit``, ``SamplingFreeBNN.fit``,
   :func:`~pyro_sdebnn.infer.map_training.train_network` and ``MCDropout.fit`` average their gradients (and batch-norm
@@ -28,31 +33,30 @@ with plain ``python`` is a world of one and behaves as without this module.
 (1, True)
 """
 
-from pyro_sdebnn.distributed.chains import DataParallelSGHMC, DataParallelSGLD, gather_inference_data, gather_samples
-from pyro_sdebnn.distributed.comm import (
+from pyro_sdebnn.comm import (
     DistributedError,
     all_gather_objects,
     all_reduce_mean,
     all_reduce_sum,
+    average_gradients_,
     barrier,
     broadcast_,
+    broadcast_module_,
+    data_parallel_sampler,
+    distributed_loader,
     gather_objects,
     init,
     is_initialized,
     is_main,
     local_rank,
     rank,
+    running_stats,
     shutdown,
     world_size,
 )
-from pyro_sdebnn.distributed.data_parallel import (
-    average_gradients_,
-    broadcast_module_,
-    data_parallel_sampler,
-    running_stats,
-)
+from pyro_sdebnn.distributed.chains import DataParallelSGHMC, DataParallelSGLD, gather_inference_data, gather_samples
 from pyro_sdebnn.distributed.ensembles import gather_predict_outputs, gather_prediction, local_members
-from pyro_sdebnn.distributed.svi import AveragedGradients, distributed_loader, train_svi
+from pyro_sdebnn.infer.svi_training import AveragedGradients
 
 __all__ = [
     "AveragedGradients",
@@ -81,6 +85,5 @@ __all__ = [
     "rank",
     "running_stats",
     "shutdown",
-    "train_svi",
     "world_size",
 ]

@@ -50,7 +50,7 @@ import torch
 from torch import Tensor
 from torch.utils.data.distributed import DistributedSampler
 
-from pyro_sdebnn.distributed.comm import (
+from pyro_sdebnn.comm import (
     all_gather_objects,
     all_reduce_mean,
     broadcast_,

@@ -30,7 +30,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from pyro_sdebnn.distributed.comm import all_gather_objects, gather_objects, rank, world_size
+from pyro_sdebnn.comm import all_gather_objects, gather_objects, rank, world_size
 from pyro_sdebnn.infer.methods import outputs_to_prediction
 
 __all__ = ["gather_predict_outputs", "gather_prediction", "local_members"]
@@ -71,8 +71,8 @@ def gather_prediction(method: Any, x, dst: int = 0, **kwargs: Any) -> Any:
     """The predictive of the members of all the ranks on rank ``dst`` (``None`` on the others).
 
     ``outputs_to_prediction`` of :func:`gather_predict_outputs`: a
-    :class:`~pyro_sdebnn.infer.predictive.ClassificationPrediction` or
-    :class:`~pyro_sdebnn.infer.predictive.RegressionPrediction` over all the members, as ``method.predict(x)`` of
+    :class:`~pyro_sdebnn.predictive.ClassificationPrediction` or
+    :class:`~pyro_sdebnn.predictive.RegressionPrediction` over all the members, as ``method.predict(x)`` of
     one ensemble holding them.
     """
     outputs = gather_predict_outputs(method, x, dst=dst, **kwargs)

@@ -49,6 +49,19 @@ from typing import Iterator, Mapping, Sequence
 import torch
 from torch import Tensor
 
+from pyro_sdebnn.metrics import (
+    accuracy,
+    brier_score,
+    calibration_bins,
+    expected_calibration_error,
+    fit_temperature,
+    gaussian_mixture_log_likelihood,
+    negative_log_likelihood,
+    rmse,
+    temperature_scale,
+    uncertainty_decomposition,
+)
+
 __all__ = [
     "Interrupted",
     "Timer",
@@ -162,7 +175,6 @@ def classification_metrics(probs: Tensor, labels: Tensor, *, ece_bins: Sequence[
 
     :return: ``{"accuracy", "ece", "ece15", "ece20", "brier", "nll"}`` (with the default ``ece_bins``) as floats.
     """
-    from pyro_sdebnn.metrics import accuracy, brier_score, expected_calibration_error, negative_log_likelihood
 
     if not ece_bins:
         raise ValueError("ece_bins must name at least one bin count")
@@ -184,7 +196,6 @@ def calibrated_metrics(test_probs: Tensor, y_test: Tensor, val_probs: Tensor, y_
     :return: the metrics of :func:`classification_metrics`, plus ``"ece_ts"``, ``"brier_ts"``, ``"nll_ts"``
         after scaling and ``"temperature"``.
     """
-    from pyro_sdebnn.metrics import fit_temperature, temperature_scale
 
     def log_probs(probs: Tensor) -> Tensor:
         return probs.double().clamp_min(1e-12).log()
@@ -201,14 +212,13 @@ def calibrated_metrics(test_probs: Tensor, y_test: Tensor, val_probs: Tensor, y_
 def regression_metrics(pred, y: Tensor, y_scale: float = 1.0, mask: Tensor | None = None) -> dict:
     """Test log-likelihood (mean per point) and RMSE of a Gaussian-mixture predictive, in original units.
 
-    :param pred: a :class:`~pyro_sdebnn.infer.predictive.RegressionPrediction` (``loc``/``scale`` ``(S, N)``).
+    :param pred: a :class:`~pyro_sdebnn.predictive.RegressionPrediction` (``loc``/``scale`` ``(S, N)``).
     :param Tensor y: standardised targets ``(N,)``.
     :param float y_scale: the standard deviation used to standardise the targets (1: already original units).
     :param mask: optional ``(N,)`` boolean mask: score only these points (e.g. a region of the inputs).
     :return: ``{"test_ll": ..., "rmse": ...}``, see :func:`~pyro_sdebnn.metrics.gaussian_mixture_log_likelihood`
         and :func:`~pyro_sdebnn.metrics.rmse`.
     """
-    from pyro_sdebnn.metrics import gaussian_mixture_log_likelihood, rmse
 
     loc, scale, mean = pred.loc, pred.scale, pred.mean
     if mask is not None:
@@ -341,7 +351,6 @@ def plot_reliability_curves(curves: Mapping[str, Tensor], labels: Tensor, path, 
     :param groups: the panels; every method of ``curves`` must be in one of them.
     :return: the :class:`~matplotlib.figure.Figure` (also saved as ``path``).
     """
-    from pyro_sdebnn.metrics import calibration_bins, expected_calibration_error
 
     groups = {name: [name] for name in curves} if groups is None else {k: list(v) for k, v in groups.items()}
     placed = [name for names in groups.values() for name in names]
@@ -434,7 +443,6 @@ def plot_uncertainty_decomposition(name: str, grid_probs: Tensor, grid_axes: tup
     :param grid_probs: ``(S, len(gy) * len(gx), C)`` class probabilities per posterior draw over the grid.
     :param grid_axes: ``(gx, gy)`` as in :func:`plot_grid_heatmaps`.
     """
-    from pyro_sdebnn.metrics import uncertainty_decomposition
 
     decomposition = uncertainty_decomposition(grid_probs)
     gx, gy = (g.cpu().numpy() for g in grid_axes)

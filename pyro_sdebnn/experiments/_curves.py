@@ -18,8 +18,10 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
+from pyro_sdebnn.data.loaders import iter_batches
 from pyro_sdebnn.experiments import _common as common
 from pyro_sdebnn.experiments._images import ImageLoaders, test_probs
+from pyro_sdebnn.metrics import accuracy, negative_log_likelihood
 
 __all__ = ["Curve", "fit_with_curve", "late_gain", "svi_fit_with_curve", "write_curves"]
 
@@ -41,7 +43,6 @@ class Curve:
         self._losses.append(float(loss) if per_example else float(loss) / self.num_data)
 
     def point(self, step: int) -> None:
-        from pyro_sdebnn.metrics import accuracy, negative_log_likelihood
 
         predict = self.predict
         if predict is None:
@@ -72,7 +73,6 @@ def fit_with_curve(args, data, step, curve: Curve, desc: str, per_example: bool 
     from tqdm import tqdm
 
     if isinstance(data, ImageLoaders):
-        from pyro_sdebnn.data.loaders import iter_batches
 
         steps, n = 0, data.num_train
         for _ in tqdm(range(args.epochs), leave=False, desc=desc):

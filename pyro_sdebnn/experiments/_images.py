@@ -18,6 +18,9 @@ from typing import Any, Protocol, cast
 import torch
 from torch import Tensor
 
+from pyro_sdebnn import data
+from pyro_sdebnn.data import images
+
 __all__ = ["ImageLoaders", "TensorImages", "bundled_split", "data_dir", "test_probs"]
 
 
@@ -39,8 +42,6 @@ def data_dir(args) -> Path | None:
 def bundled_split(dataset: str, seed: int, downsample: int = 1):
     """The bundled ``"digits"`` or ``"mnist_subset"`` (1,000 test images) split under ``seed``, average-pooled by
     ``downsample`` (1: full size)."""
-    from pyro_sdebnn import data
-
     split = data.digits(seed=seed) if dataset == "digits" else data.mnist_subset(seed=seed)
     if downsample > 1:
         pool = lambda x: torch.nn.functional.avg_pool2d(x, downsample)  # noqa: E731
@@ -98,16 +99,14 @@ class ImageLoaders:
     def __init__(self, args, name: str, root: Path, batch_size: int, test_batch_size: int = 250) -> None:
         from torch.utils.data import Subset
 
-        from pyro_sdebnn.data.images import augmentation, image_datasets
-
-        train_set, test_set = image_datasets(name, root, download=bool(getattr(args, "download", False)))
+        train_set, test_set = images.image_datasets(name, root, download=bool(getattr(args, "download", False)))
         # torchvision's data sets (and Subset) have a length; torch's Dataset type does not say so
         self.train_set, self.test_set = cast(_SizedDataset, train_set), cast(_SizedDataset, test_set)
         if args.quick:
             self.train_set = Subset(train_set, range(min(1000, len(self.train_set))))
             self.test_set = Subset(test_set, range(min(500, len(self.test_set))))
         self.name, self.args, self.batch_size, self.test_batch_size = name, args, batch_size, test_batch_size
-        self.augmented = augmentation(name) is not None
+        self.augmented = images.augmentation(name) is not None
         workers = int(getattr(args, "workers", 0))
         if workers < 0:
             raise ValueError(f"--workers must be >= 0, got {workers}")

@@ -42,9 +42,11 @@ import pyro
 import torch
 from tqdm.auto import tqdm
 
+from pyro_sdebnn.data import gap_regression_1d
 from pyro_sdebnn.experiments import REGISTRY
 from pyro_sdebnn.experiments import _args as check
 from pyro_sdebnn.experiments import _common as common
+from pyro_sdebnn.metrics import interval_coverage
 
 NAME = "fsgmcmc-gap"
 #: What ``--quick`` does (shown by ``--help``).
@@ -81,11 +83,9 @@ def run(args: argparse.Namespace) -> dict:
     import pyro.contrib.gp as gp
     from pyro.infer import MCMC
 
-    from pyro_sdebnn.data import gap_regression_1d
     from pyro_sdebnn.distributions import fit_gp_kernel
     from pyro_sdebnn.infer import RegressionPrediction
     from pyro_sdebnn.infer.mcmc import BayesianMLP, posterior_prediction
-    from pyro_sdebnn.metrics import interval_coverage
 
     device = torch.device(args.device)
     pyro.set_rng_seed(args.seed)

@@ -62,11 +62,13 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from pyro_sdebnn.data.loaders import is_loader, iter_batches
 from pyro_sdebnn.experiments import REGISTRY
 from pyro_sdebnn.experiments import _args as check
 from pyro_sdebnn.experiments import _common as common
 from pyro_sdebnn.experiments._curves import write_curves
 from pyro_sdebnn.experiments._images import ImageLoaders, TensorImages, bundled_split, data_dir, test_probs
+from pyro_sdebnn.metrics import aumrc, misclassification_at_rejection, reliability_diagram
 
 NAME = "mnvi-mnist"
 #: What ``--quick`` does (shown by ``--help``).
@@ -177,7 +179,6 @@ def _load(args, root, device):
 
 def _deterministic_predict(net: nn.Module, x) -> Tensor:
     """Softmax of ``net`` in eval mode, shape ``(1, N, C)``, for a tensor or a loader of test batches."""
-    from pyro_sdebnn.data.loaders import iter_batches, is_loader
 
     param = next(net.parameters())
     batches = [x] if isinstance(x, Tensor) or not is_loader(x) else (
@@ -248,7 +249,6 @@ def _inference_ms(predict, batch: Tensor, quick: bool) -> float:
 
 
 def _metrics(probs: Tensor, labels: Tensor) -> dict:
-    from pyro_sdebnn.metrics import aumrc, misclassification_at_rejection
 
     scores = common.classification_metrics(probs, labels, ece_bins=(20,))  # "ece": 20 bins
     rejection = misclassification_at_rejection(probs, labels, rates=(0.1, 0.25, 0.5))
@@ -340,7 +340,6 @@ def _summary(rows: list[dict], methods: list[str]) -> dict[str, dict[str, Any]]:
 
 def _figures(output: Path, losses: list[dict], first_probs: dict, labels: Tensor) -> None:
     """``mnvi_mnist_loss.csv`` / ``.png`` and ``mnvi_mnist_reliability.png`` (first run) of the finished methods."""
-    from pyro_sdebnn.metrics import reliability_diagram
 
     if losses:
         write_curves(output, "mnvi_mnist_loss", losses, "epoch", {"loss": "training loss per point"},

@@ -67,6 +67,9 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from pyro_sdebnn.data import DataSplit, NUM_UCI_SPLITS, uci_boston
+from pyro_sdebnn.data.split import _check_dtype, _standardize_columns, _to_split
+from pyro_sdebnn.data.uci import _boston_arrays
 from pyro_sdebnn.experiments import REGISTRY
 from pyro_sdebnn.experiments import _args as check
 from pyro_sdebnn.experiments import _common as common
@@ -88,7 +91,6 @@ HIDDEN = 50
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from pyro_sdebnn.data import NUM_UCI_SPLITS
 
     parser.add_argument("--protocol", choices=PROTOCOLS, default="paper",
                         help="paper: the authors' 10-fold partition repeated over --runs runs (default); "
@@ -124,9 +126,6 @@ def paper_fold(fold: int, *, dtype: torch.dtype = torch.float32):
     (torch.Size([455, 13]), torch.Size([51, 13]))
     """
     from sklearn.model_selection import KFold
-
-    from pyro_sdebnn.data.split import _check_dtype, _standardize_columns, _to_split
-    from pyro_sdebnn.data.uci import _boston_arrays
 
     if isinstance(fold, bool) or not isinstance(fold, int) or not 0 <= fold < NUM_FOLDS:
         raise ValueError(f"fold must be an int in [0, {NUM_FOLDS}), got {fold!r}")
@@ -228,7 +227,6 @@ def run(args: argparse.Namespace) -> dict:
 
 def _units(args: argparse.Namespace) -> tuple[str, list[tuple[int, int]]]:
     """The protocol and its ``(run, fold or split)`` units, validated."""
-    from pyro_sdebnn.data import NUM_UCI_SPLITS
 
     protocol = getattr(args, "protocol", "paper")
     if protocol not in PROTOCOLS:
@@ -261,7 +259,6 @@ def _summarise(rows: list[dict], key: str, protocol: str) -> tuple[float, float,
 
 
 def _run(args: argparse.Namespace) -> dict:
-    from pyro_sdebnn.data import DataSplit, uci_boston
 
     protocol, units = _units(args)
     epochs = args.epochs if getattr(args, "epochs", None) is not None else (20 if args.quick else 200)

@@ -42,6 +42,7 @@ from typing import TypedDict
 
 import torch
 
+from pyro_sdebnn import metrics
 from pyro_sdebnn.experiments import _common as common
 
 NAME = "realdata-nuts"
@@ -149,7 +150,6 @@ def _sgmcmc(kernel_cls, model, Xtr, ytr, s, seed):
 
 
 def _score(pred, yte, yscale, classify):
-    from pyro_sdebnn import metrics
     from pyro_sdebnn.infer.mcmc import function_space_diagnostics
 
     out = {"fs_rhat": float(function_space_diagnostics(pred, num_chains=2)["r_hat_max"])}

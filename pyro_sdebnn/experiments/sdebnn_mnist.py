@@ -70,6 +70,7 @@ from pyro.infer import SVI, TraceMeanField_ELBO
 from pyro.infer.autoguide import AutoNormal, init_to_value
 from pyro.optim import PyroOptim
 
+from pyro_sdebnn.data.images import IMAGE_DATASETS
 from pyro_sdebnn.experiments import REGISTRY
 from pyro_sdebnn.experiments import _args as check
 from pyro_sdebnn.experiments import _common as common
@@ -94,7 +95,6 @@ METHOD_NAMES = ("sdebnn", "sdebnn-stl", "odenet", "mf-odenet", "resnet", "mf-res
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from pyro_sdebnn.cli import add_data_dir_arguments
-    from pyro_sdebnn.data.images import IMAGE_DATASETS
 
     parser.add_argument("--dataset", default=None, choices=("mnist_subset", "digits") + IMAGE_DATASETS,
                         help="default: mnist with --data-dir, else the bundled mnist_subset (--quick: digits); "

@@ -38,6 +38,7 @@ import argparse
 import torch
 from tqdm.auto import tqdm
 
+from pyro_sdebnn.data import NUM_UCI_SPLITS, uci_boston
 from pyro_sdebnn.experiments import REGISTRY
 from pyro_sdebnn.experiments import _args as check
 from pyro_sdebnn.experiments import _common as common
@@ -55,7 +56,6 @@ BATCH = 32
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from pyro_sdebnn.data import NUM_UCI_SPLITS
 
     parser.add_argument("--splits", type=check.int_range(1, NUM_UCI_SPLITS), default=None,
                         help=f"number of splits, 1 to {NUM_UCI_SPLITS} (default 10; --quick: 2)")
@@ -83,7 +83,6 @@ def run(args: argparse.Namespace) -> dict:
     import pyro.contrib.gp as gp
     from pyro.infer import MCMC
 
-    from pyro_sdebnn.data import NUM_UCI_SPLITS, uci_boston
     from pyro_sdebnn.distributions import fit_gp_kernel
     from pyro_sdebnn.infer.mcmc import BayesianMLP, posterior_prediction
 

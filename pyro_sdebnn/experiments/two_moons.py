@@ -32,7 +32,7 @@ implemented" with the reason, never dropped. After Ctrl-C the files hold the met
 
 Methods are adapters in :data:`ADAPTERS`: a function ``(data, settings) -> predict`` that trains the
 method and returns a function mapping inputs to a
-:class:`~pyro_sdebnn.infer.predictive.ClassificationPrediction`.
+:class:`~pyro_sdebnn.predictive.ClassificationPrediction`.
 
 **References**
 
@@ -54,6 +54,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from pyro_sdebnn.data import two_moons
 from pyro_sdebnn.experiments import REGISTRY
 from pyro_sdebnn.experiments import _args as check
 from pyro_sdebnn.experiments import _common as common
@@ -436,8 +437,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> dict:
     """Train every method, write the table and figures, return ``{method: metrics}``."""
     from tqdm.auto import tqdm
-
-    from pyro_sdebnn.data import two_moons
 
     device = torch.device(getattr(args, "device", "cpu"))
     seed = int(getattr(args, "seed", 0))

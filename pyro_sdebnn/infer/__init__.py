@@ -8,7 +8,7 @@
 - Every method predicts a :class:`ClassificationPrediction` or a :class:`RegressionPrediction`.
 """
 
-from pyro_sdebnn.infer.predictive import ClassificationPrediction, RegressionPrediction
+from pyro_sdebnn.predictive import ClassificationPrediction, RegressionPrediction
 from pyro_sdebnn.infer.methods import METHODS, BaselineMethod
 from pyro_sdebnn.infer.mc_dropout import MCDropout
 from pyro_sdebnn.infer.deep_ensemble import DeepEnsemble

@@ -10,7 +10,7 @@
   :func:`~pyro_sdebnn.data.loaders.check_finite_batch`: a NaN or an infinity raises a ``ValueError`` naming
   the argument, the batch and the index (tensors are checked once, whole, so the index is the row of ``x``);
 - :func:`_data_parallel_sampler` / :func:`_is_sharded` tell whether a loader is sharded over several ranks
-  (:mod:`pyro_sdebnn.distributed.data_parallel`).
+  (:mod:`pyro_sdebnn.comm`).
 
 Loaders are handled by :mod:`pyro_sdebnn.data.loaders`; this module adds the error messages naming the
 argument and the random-state bookkeeping that keeps a peek at a loader from changing any later draw.
@@ -23,8 +23,18 @@ from typing import Iterator
 import torch
 from torch import Tensor, nn
 
-from pyro_sdebnn.data.loaders import check_finite_batch
+from pyro_sdebnn.comm import data_parallel_sampler, is_sharded
+from pyro_sdebnn.data.loaders import (
+    check_finite_batch,
+    dataset_size,
+    is_loader,
+    iter_batches,
+    minibatch_indices,
+    module_device_dtype,
+)
 from pyro_sdebnn.data.loaders import check_tensors as _check_data
+from pyro_sdebnn.infer._training import SchedulerStepper, check_clip
+from pyro_sdebnn.infer.checkpoint import rng_state, set_rng_state
 
 
 def _check_fit_args(n: int, *, num_epochs: int, lr: float, batch_size: int | None, weight_decay: float | None) -> int:
@@ -49,8 +59,6 @@ def _network_training_data(x, y, likelihood: str, *, num_epochs: int, lr: float,
                            weight_decay: float, scheduler_step: str, clip_norm, clip_inf_norm):
     """Check what every ``fit`` of a plain network shares (before any work); return the :class:`_TrainingData`, the
     minibatch size and the checked clipping thresholds ``(clip_norm, clip_inf_norm)``."""
-    from pyro_sdebnn.infer._training import SchedulerStepper, check_clip
-
     data = _TrainingData(x, y, likelihood, batch_size)
     size = _check_fit_args(data.n, num_epochs=num_epochs, lr=lr, batch_size=batch_size, weight_decay=weight_decay)
     clip_norm, clip_inf_norm = check_clip(clip_norm, clip_inf_norm)
@@ -59,8 +67,6 @@ def _network_training_data(x, y, likelihood: str, *, num_epochs: int, lr: float,
 
 def _is_loader_arg(x, name: str = "x") -> bool:
     """:func:`~pyro_sdebnn.data.loaders.is_loader` with an error naming the argument."""
-    from pyro_sdebnn.data.loaders import is_loader
-
     try:
         return is_loader(x)
     except TypeError:
@@ -73,8 +79,6 @@ def _is_loader_arg(x, name: str = "x") -> bool:
 def _module_device_dtype(module: nn.Module) -> tuple[torch.device, torch.dtype]:
     """Device and floating-point dtype of a module's first parameter (where every batch goes); without one, the
     CPU and torch's default dtype."""
-    from pyro_sdebnn.data.loaders import module_device_dtype
-
     device, dtype = module_device_dtype(module)
     if device is None or dtype is None:
         return torch.device("cpu"), torch.get_default_dtype()
@@ -94,8 +98,6 @@ class _TrainingData:
         self.x: Tensor | None
         self.y: Tensor | None
         if _is_loader_arg(x):
-            from pyro_sdebnn.data.loaders import dataset_size
-
             if y is not None:
                 raise TypeError("y must be omitted when x is a loader: the loader yields the (x, y) batches")
             self.loader, self.x, self.y = x, None, None
@@ -117,14 +119,10 @@ class _TrainingData:
     def batches(self, device=None, dtype=None) -> Iterator[tuple[Tensor, Tensor]]:
         """One epoch of ``(x, y)`` minibatches (loader batches on ``device`` / ``dtype``)."""
         if self.x is not None and self.y is not None:  # tensors (else a loader)
-            from pyro_sdebnn.data.loaders import minibatch_indices
-
             x, y = self.x, self.y
             for idx in minibatch_indices(self.n, int(self.batch_size), x.device):
                 yield x[idx], y[idx]
             return
-        from pyro_sdebnn.data.loaders import iter_batches
-
         for xb, yb in iter_batches(self.loader, device, dtype, check_finite="x"):
             _check_data(xb, yb, self.likelihood)
             yield xb, yb
@@ -137,8 +135,6 @@ class _TrainingData:
         """
         if self.x is not None and self.y is not None:
             return self.x, self.y
-        from pyro_sdebnn.infer.checkpoint import rng_state, set_rng_state
-
         state = rng_state(self.loader)
         try:
             return next(iter(self.batches(device, dtype)))
@@ -152,20 +148,16 @@ def _is_sharded(loader) -> bool:
     """Whether ``loader`` is sharded by a ``DistributedSampler`` over several running ranks (no collective)."""
     if loader is None or not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return False
-    from pyro_sdebnn.distributed.data_parallel import is_sharded
-
     return is_sharded(loader)
 
 
 def _data_parallel_sampler(loader):
     """The ``DistributedSampler`` of a data-parallel fit (several ranks, a sharded loader), else ``None``.
 
-    See :mod:`pyro_sdebnn.distributed.data_parallel`. On one process this returns ``None`` without importing it.
+    See :mod:`pyro_sdebnn.comm`.
     """
     if loader is None or not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return None
-    from pyro_sdebnn.distributed.data_parallel import data_parallel_sampler
-
     return data_parallel_sampler(loader)
 
 
@@ -176,8 +168,6 @@ def _iter_inputs(x, device=None, dtype=None, likelihood: str | None = None) -> I
         check_finite_batch(x, what="x")
         yield x
         return
-    from pyro_sdebnn.data.loaders import iter_batches
-
     for xb, _ in iter_batches(x, device, dtype, with_targets=False, check_finite="x"):
         _check_data(xb, None, likelihood or "categorical")
         yield xb
@@ -187,8 +177,6 @@ def _first_inputs(x, device=None, dtype=None, likelihood: str | None = None) -> 
     """The first inputs ``_iter_inputs`` yields, read without changing any random state."""
     if not _is_loader_arg(x):
         return next(_iter_inputs(x, device, dtype, likelihood))
-    from pyro_sdebnn.infer.checkpoint import rng_state, set_rng_state
-
     state = rng_state(x)
     try:
         return next(_iter_inputs(x, device, dtype, likelihood))

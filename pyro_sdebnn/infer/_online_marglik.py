@@ -22,11 +22,16 @@ prior the evidence chose. :class:`~pyro_sdebnn.infer.Laplace` calls :func:`train
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import Tensor, nn
 
+if TYPE_CHECKING:  # the class of `la`: it imports this module
+    from pyro_sdebnn.infer.laplace import Laplace
+
 from pyro_sdebnn.infer._data import _check_fit_args, _is_loader_arg
+from pyro_sdebnn.infer.map_training import _train_network
 
 
 def check_tuning(tune, burnin, frequency, steps, lr) -> str | None:
@@ -62,9 +67,6 @@ def train_online(la, x, y, n: int, *, num_epochs: int, weight_decay: float, burn
     over every ``fit``), one Adam optimiser going on across them with the weight decay :math:`\\delta / N`; sets
     ``la.prior_precision``, ``la.online_prior_precisions`` and the training state of a later ``resume``
     (``resume_state``: that state, whose run continues exactly)."""
-    from pyro_sdebnn.infer.laplace import Laplace
-    from pyro_sdebnn.infer.map_training import _train_network
-
     loader = x if _is_loader_arg(x) else None
     _check_fit_args(n, num_epochs=num_epochs, lr=training["lr"], batch_size=training["batch_size"],
                     weight_decay=weight_decay)
@@ -101,7 +103,7 @@ def train_online(la, x, y, n: int, *, num_epochs: int, weight_decay: float, burn
             done = end
         if end == total:
             break
-        evidence = Laplace(la.net, la.likelihood, hessian_structure=structure, prior_precision=delta)
+        evidence = cast("Laplace", type(la)(la.net, la.likelihood, hessian_structure=structure, prior_precision=delta))
         evidence.fit(x, y, num_epochs=0, batch_size=training["batch_size"], tune_prior_precision=False)
         terms = evidence._evidence_terms()
         for _ in range(steps):

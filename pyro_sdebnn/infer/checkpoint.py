@@ -1,26 +1,44 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Checkpoints of the baseline methods: plain files that load with ``torch.load(path, weights_only=True)``.
+"""Checkpoints of the package: one file format, one atomic writer, one reader, one capture of the random state.
 
-Every fitted baseline (:class:`~pyro_sdebnn.infer.MAPEstimate`, :class:`~pyro_sdebnn.infer.MeanFieldVI`,
-:class:`~pyro_sdebnn.infer.MCDropout`, :class:`~pyro_sdebnn.infer.DeepEnsemble`,
-:class:`~pyro_sdebnn.infer.Laplace`) has ``state_dict()`` / ``load_state_dict(sd)`` and ``save(path)`` /
-``load(path)``. A checkpoint is a dictionary of tensors, numbers, strings, lists and dictionaries only
-(no pickled objects, constraints or closures), holding
+Every checkpoint the package writes -- a fitted baseline's (``method.save(path)``), a
+:func:`~pyro_sdebnn.infer.train_svi` run's (``checkpoint=path``), an SG-MCMC run's
+(:func:`~pyro_sdebnn.infer.mcmc.save_run`, :class:`~pyro_sdebnn.infer.mcmc.CheckpointHook`) -- is one dictionary in
+one envelope::
 
-* ``"format"`` and ``"method"`` (the class name), checked on load;
-* the fitted state: Pyro guide parameters as *unconstrained* tensors with the names of their constraints
-  (the constraints themselves are rebuilt by the guide), network weights, ensemble members, the Laplace
-  curvature;
-* the training state needed to *resume*: the optimiser (and scheduler) state, the loss of every epoch
-  so far (its length is the epoch reached) and the state of torch's global random number generator
-  (and of any ``torch.Generator`` of the training loader) at the end of the last epoch.
+    {"format": "pyro_sdebnn/<kind>", "version": 1, ...the state of that kind...}
 
-``fit(..., resume=True)`` continues from that state, so ``fit(num_epochs=k)``, ``save``, ``load`` in a
-new object, ``fit(num_epochs=K - k, resume=True)`` ends with the same parameters as ``fit(num_epochs=K)``
-with the same seed (bitwise on CPU).
+with ``<kind>`` one of :data:`KINDS` (``"baseline"``, ``"svi"``, ``"sgmcmc"``). It holds only tensors, numbers,
+strings, lists and dictionaries (no pickled objects, constraints or closures), so that
+``torch.load(path, weights_only=True)`` reads it. :func:`save_checkpoint` writes it atomically (to a temporary file in
+the same folder, then moved into place: an interrupted write leaves the previous checkpoint);
+:func:`load_checkpoint` reads it back and checks the envelope: a file of another kind or version, or not a checkpoint
+at all (truncated, corrupted), raises a ``ValueError`` naming the format and version expected.
 
-A file that is not such a checkpoint (truncated, corrupted, another method's or another model's)
-raises ``ValueError`` and leaves the object unchanged.
+The training state a checkpoint needs to *resume* bitwise includes every random state a run reads: :func:`rng_state`
+captures torch's CPU generator, every initialised CUDA device's, NumPy's, Python's, and the ``torch.Generator`` objects
+a loader shuffles with (``DataLoader(generator=...)``, its sampler's); :func:`set_rng_state` restores them.
+
+Fitted baselines (:class:`~pyro_sdebnn.infer.MAPEstimate`, :class:`~pyro_sdebnn.infer.MeanFieldVI`,
+:class:`~pyro_sdebnn.infer.MCDropout`, :class:`~pyro_sdebnn.infer.DeepEnsemble`, :class:`~pyro_sdebnn.infer.Laplace`)
+have ``state_dict()`` / ``load_state_dict(sd)`` and ``save(path)`` / ``load(path)``; their checkpoint (kind
+``"baseline"``) holds the method's class name (checked on load), the fitted state (Pyro guide parameters as
+*unconstrained* tensors with the names of their constraints, network weights, ensemble members, the Laplace
+curvature) and the training state: optimiser (and scheduler) state, the loss of every epoch so far and the random
+state at the end of the last epoch. ``fit(..., resume=True)`` continues from it, so ``fit(num_epochs=k)``, ``save``,
+``load`` in a new object, ``fit(num_epochs=K - k, resume=True)`` ends with the same parameters as
+``fit(num_epochs=K)`` with the same seed (bitwise on CPU). A file of another method or model raises ``ValueError``
+and leaves the object unchanged.
+
+>>> import os, tempfile
+>>> path = os.path.join(tempfile.mkdtemp(), "state.pt")
+>>> save_checkpoint("svi", {"epoch": 3}, path)
+>>> sorted(torch.load(path, weights_only=True).items())
+[('epoch', 3), ('format', 'pyro_sdebnn/svi'), ('version', 1)]
+>>> load_checkpoint(path, "sgmcmc")  # doctest: +ELLIPSIS
+Traceback (most recent call last):
+...
+ValueError: ...is a checkpoint of format 'pyro_sdebnn/svi' version 1, expected format 'pyro_sdebnn/sgmcmc' version 1
 """
 
 from __future__ import annotations
@@ -37,56 +55,95 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["CHECKPOINT_FORMAT", "load_checkpoint", "save_checkpoint"]
+__all__ = ["CHECKPOINT_VERSION", "KINDS", "load_checkpoint", "rng_state", "save_checkpoint", "set_rng_state"]
 
-#: Format tag written into every checkpoint of the baselines.
-CHECKPOINT_FORMAT = "pyro_sdebnn.baseline/1"
+#: The version of the checkpoint layout written by this version of the package (the ``"version"`` entry).
+CHECKPOINT_VERSION = 1
+
+#: The kinds of checkpoint: the ``<kind>`` of the ``"format"`` entry ``"pyro_sdebnn/<kind>"``.
+KINDS = ("baseline", "svi", "sgmcmc")
 
 
-def save_checkpoint(state: dict, path) -> None:
-    """Write ``state`` to ``path`` with :func:`torch.save`, atomically: it goes to a temporary file in the same
-    folder first and replaces ``path`` only once complete, so an interrupted write leaves the previous checkpoint."""
+def _format(kind: str) -> str:
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    return f"pyro_sdebnn/{kind}"
+
+
+def _check_path(path) -> Path:
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
-    path = Path(path)
+    return Path(path)
+
+
+def envelope(kind: str) -> dict:
+    """The entries every checkpoint of ``kind`` starts with: ``{"format": "pyro_sdebnn/<kind>", "version": n}``."""
+    return {"format": _format(kind), "version": CHECKPOINT_VERSION}
+
+
+def check_envelope(state, kind: str | None, where: str = "the checkpoint") -> None:
+    """Check that ``state`` is a checkpoint dictionary of ``kind`` (any kind for ``None``) and of this version.
+
+    :raises ValueError: naming the format and version found and those expected.
+    """
+    expected = None if kind is None else _format(kind)
+    fmt = state.get("format") if isinstance(state, dict) else None
+    version = state.get("version") if isinstance(state, dict) else None
+    ours = isinstance(fmt, str) and fmt.startswith("pyro_sdebnn/") and fmt[len("pyro_sdebnn/"):] in KINDS
+    if not ours or (expected is not None and fmt != expected) or version != CHECKPOINT_VERSION:
+        found = f"a checkpoint of format {fmt!r} version {version!r}" if fmt is not None else "not a checkpoint"
+        wanted = f"format {expected!r}" if expected else "format 'pyro_sdebnn/<kind>'"
+        raise ValueError(f"{where} is {found}, expected {wanted} version {CHECKPOINT_VERSION}")
+
+
+def save_checkpoint(kind: str, state: dict, path) -> None:
+    """Write ``{"format": "pyro_sdebnn/<kind>", "version": CHECKPOINT_VERSION, **state}`` to ``path`` with
+    :func:`torch.save`, atomically: it goes to a temporary file in the same folder first and replaces ``path`` only
+    once complete, so an interrupted write leaves the previous checkpoint.
+
+    :param str kind: one of :data:`KINDS`.
+    :param dict state: tensors, numbers, strings, lists and dictionaries only (what ``weights_only=True`` loads);
+        its ``"format"`` and ``"version"`` entries, if it has them, must be those of ``envelope(kind)``.
+    :raises ValueError: for an unknown ``kind`` or a ``state`` holding another envelope.
+    """
+    header = envelope(kind)
+    if not isinstance(state, dict) or any(state.get(k, v) != v for k, v in header.items()):
+        raise ValueError(f"state must be a dict whose 'format' and 'version', if any, are {header}")
+    path = _check_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
-        torch.save(state, tmp)
+        torch.save({**header, **state}, tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
-def load_checkpoint(path, map_location=None) -> dict:
+def load_checkpoint(path, kind: str | None = None, map_location=None) -> dict:
     """Read a checkpoint written by :func:`save_checkpoint` with ``torch.load(..., weights_only=True)``.
 
-    :raises ValueError: if the file cannot be read as a checkpoint (truncated, corrupted, not a
-        checkpoint of this package).
+    :param path: the file.
+    :param str kind: the kind expected (one of :data:`KINDS`); ``None`` accepts any kind of this version.
+    :param map_location: passed to :func:`torch.load`.
+    :returns: the checkpoint dictionary, envelope included.
     :raises FileNotFoundError: if ``path`` does not exist.
+    :raises ValueError: if the file cannot be read as a checkpoint (truncated, corrupted) or is of another format
+        or version than expected (the message names both).
     """
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
-    if not os.path.exists(path):
+    path = _check_path(path)
+    if not path.exists():
         raise FileNotFoundError(f"no checkpoint at {os.fspath(path)!r}")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:  # truncated zip, bad pickle, unsupported globals, ...
         raise ValueError(
-            f"{os.fspath(path)!r} is not a readable checkpoint (truncated or corrupted file?): {err}"
+            f"{os.fspath(path)!r} is not a readable checkpoint (truncated or corrupted file?): "
+            f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
         ) from None
-    check_header(state, None)
+    check_envelope(state, kind, repr(os.fspath(path)))
     return state
-
-
-def check_header(state, method: str | None) -> None:
-    """Check the format tag and, if given, the method name of a checkpoint dictionary."""
-    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"not a checkpoint of a pyro_sdebnn baseline (expected format {CHECKPOINT_FORMAT!r})")
-    if method is not None and state.get("method") != method:
-        raise ValueError(f"the checkpoint is of a {state.get('method')!r}, not of a {method!r}")
 
 
 def check_tensors(saved, current: dict[str, Tensor], what: str) -> None:

@@ -10,7 +10,7 @@ Each member is trained on the full data from its own random initialisation and d
 
 so for heteroscedastic regression the predictive variance splits into an aleatoric and an epistemic
 part, :math:`\\frac1K\\sum_k \\sigma_k^2(x) + \\operatorname{Var}_k[\\mu_k(x)]` ([1], Sec. 2.4), which
-:class:`~pyro_sdebnn.infer.predictive.RegressionPrediction` exposes; for classification use
+:class:`~pyro_sdebnn.predictive.RegressionPrediction` exposes; for classification use
 :func:`pyro_sdebnn.metrics.uncertainty_decomposition` on ``prediction.probs``.
 
 **References**
@@ -34,7 +34,8 @@ from pyro_sdebnn.infer._data import (
     _network_training_data,
     _TrainingData,
 )
-from pyro_sdebnn.infer.checkpoint import detached
+from pyro_sdebnn.infer._training import SchedulerStepper, clip_gradients_batched, make_torch_scheduler
+from pyro_sdebnn.infer.checkpoint import check_tensors, detached
 from pyro_sdebnn.infer.map_training import _check_finite, _epochs, _NetworkTrainer, load_optimizer_state
 from pyro_sdebnn.infer.methods import (
     BaselineMethod,
@@ -211,8 +212,6 @@ class DeepEnsemble(BaselineMethod):
         """
         from torch.func import functional_call, stack_module_state, vmap
 
-        from pyro_sdebnn.infer._training import SchedulerStepper, clip_gradients_batched, make_torch_scheduler
-
         n, k = data.n, self.num_members
         params, _ = stack_module_state(list(self.members))
         params = {name: p.detach().requires_grad_() for name, p in params.items()}
@@ -287,13 +286,9 @@ class DeepEnsemble(BaselineMethod):
         return torch.cat(chunks, 1)
 
     def _fitted_state(self) -> dict:
-        from pyro_sdebnn.infer.checkpoint import detached
-
         return {"members": [detached(member.state_dict()) for member in self.members]}
 
     def _prepare_load(self, state: dict):
-        from pyro_sdebnn.infer.checkpoint import check_tensors
-
         saved = state.get("members")
         if not isinstance(saved, list) or len(saved) != self.num_members:
             count = len(saved) if isinstance(saved, list) else type(saved).__name__

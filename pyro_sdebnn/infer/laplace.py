@@ -65,7 +65,8 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, jacrev, vmap
 
-from pyro_sdebnn.data.loaders import check_finite_batch
+from pyro_sdebnn.comm import all_reduce_sum, broadcast_module_
+from pyro_sdebnn.data.loaders import check_finite_batch, iter_batches
 from pyro_sdebnn.infer._data import (
     _check_data,
     _check_fit_args,
@@ -75,6 +76,7 @@ from pyro_sdebnn.infer._data import (
     _TrainingData,
 )
 from pyro_sdebnn.infer._online_marglik import check_tuning, log_evidence, train_online
+from pyro_sdebnn.infer.checkpoint import check_tensors, detached
 from pyro_sdebnn.infer.methods import (
     BaselineMethod,
     Prediction,
@@ -82,7 +84,7 @@ from pyro_sdebnn.infer.methods import (
     outputs_to_prediction,
     register_method,
 )
-from pyro_sdebnn.infer.predictive import ClassificationPrediction, RegressionPrediction
+from pyro_sdebnn.predictive import ClassificationPrediction, RegressionPrediction
 
 __all__ = ["Laplace"]
 
@@ -138,8 +140,6 @@ def _gib(num_bytes: float) -> str:
 def _sum_over_ranks(curvature: dict[str, Tensor], log_likelihood: Tensor, n: int):
     """The sums over the ranks of the shards' curvature statistics, log-likelihoods and point counts (one
     all-reduce, in float64 where the device has it)."""
-    from pyro_sdebnn.distributed.comm import all_reduce_sum
-
     keys = sorted(curvature)
     parts = [curvature[k] for k in keys] + [log_likelihood.reshape(1)]
     flat = torch.cat([_wide(t).reshape(-1) for t in parts] + [_wide(log_likelihood.new_tensor([float(n)]))])
@@ -424,8 +424,6 @@ class Laplace(BaselineMethod):
         sampler = self._data_parallel_sampler(loader)  # several ranks, a sharded loader: the shards' sums add up
         keep = None
         if sampler is not None:
-            from pyro_sdebnn.distributed.data_parallel import broadcast_module_
-
             broadcast_module_(self.net)  # the same network on every rank (already so after a data-parallel MAP)
             # this rank's points without the ones the sampler repeats to even out the shards (positions >= N)
             keep = len(range(sampler.rank, min(data.n, sampler.total_size), sampler.num_replicas))
@@ -437,8 +435,6 @@ class Laplace(BaselineMethod):
         self.net.eval()  # dropout off (and left off): the approximation is around the deterministic network
         self._hold_map()
         if data.is_loader:
-            from pyro_sdebnn.data.loaders import iter_batches
-
             device, dtype = _module_device_dtype(self.net)
             batches = iter_batches(loader, device, dtype, check_finite="x")
         else:
@@ -761,8 +757,6 @@ class Laplace(BaselineMethod):
 
     # ------------------------------------------------------------------ checkpoints
     def _fitted_state(self) -> dict:
-        from pyro_sdebnn.infer.checkpoint import detached
-
         state = {
             "config": {"subset": self.subset, "hessian_structure": self.hessian_structure, "curvature": self.curvature},
             "net": detached(self.net.state_dict()),
@@ -779,8 +773,6 @@ class Laplace(BaselineMethod):
         return state
 
     def _prepare_load(self, state: dict):
-        from pyro_sdebnn.infer.checkpoint import check_tensors
-
         config = {"subset": self.subset, "hessian_structure": self.hessian_structure, "curvature": self.curvature}
         if state.get("config") != config:
             raise ValueError(f"the checkpoint is of a Laplace with {state.get('config')}, this one has {config}")

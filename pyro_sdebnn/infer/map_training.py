@@ -23,13 +23,16 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
+from pyro_sdebnn.comm import all_reduce_mean, average_gradients_, broadcast_module_, is_main, running_stats
 from pyro_sdebnn.infer._data import (
     _data_parallel_sampler,
     _module_device_dtype,
     _network_training_data,
     _TrainingData,
 )
-from pyro_sdebnn.infer.methods import _check_likelihood, negative_log_likelihood_terms
+from pyro_sdebnn.infer._likelihoods import _check_likelihood, negative_log_likelihood_terms
+from pyro_sdebnn.infer._training import SchedulerStepper, clip_gradients, make_torch_scheduler
+from pyro_sdebnn.infer.checkpoint import detached
 
 __all__ = ["train_network"]
 
@@ -63,12 +66,8 @@ class _NetworkTrainer:
     def __init__(self, net: nn.Module, likelihood: str, *, lr: float, weight_decay: float, scheduler=None,
                  scheduler_step: str = "epoch", clip_norm=None, clip_inf_norm=None, desc: str = "train",
                  state: dict | None = None, sampler=None, first_epoch: int = 0) -> None:
-        from pyro_sdebnn.infer._training import SchedulerStepper, make_torch_scheduler
-
         self.sampler, self.first_epoch = sampler, first_epoch
         if sampler is not None:
-            from pyro_sdebnn.distributed.data_parallel import broadcast_module_
-
             broadcast_module_(net)
         self.net, self.likelihood, self.lr, self.desc = net, likelihood, lr, desc
         self.clip_norm, self.clip_inf_norm = clip_norm, clip_inf_norm
@@ -80,15 +79,11 @@ class _NetworkTrainer:
 
     def run_epoch(self, data: _TrainingData, epoch: int) -> float:
         """One pass over ``data``; returns the mean loss per data point (checked to be finite)."""
-        from pyro_sdebnn.infer._training import clip_gradients
-
         net, optimizer, stepper = self.net, self.optimizer, self.stepper
         clipping = self.clip_norm is not None or self.clip_inf_norm is not None
         device, dtype = _module_device_dtype(net)
         parallel = self.sampler is not None
         if parallel:
-            from pyro_sdebnn.distributed.data_parallel import average_gradients_, running_stats
-
             self.sampler.set_epoch(self.first_epoch + epoch)
             params, stats = list(net.parameters()), running_stats([net])
             count = 0
@@ -112,8 +107,6 @@ class _NetworkTrainer:
         if total is None:
             raise ValueError("the loader yielded no batch in an epoch")
         if parallel:  # sum over the ranks' points / number of points (the shards may repeat up to W - 1 points)
-            from pyro_sdebnn.distributed.comm import all_reduce_mean
-
             total_and_count = all_reduce_mean(torch.stack([total, total.new_tensor(float(count))]))
             mean_loss = float(total_and_count[0]) / float(total_and_count[1])
         else:
@@ -123,8 +116,6 @@ class _NetworkTrainer:
         return mean_loss
 
     def state_dict(self) -> dict:
-        from pyro_sdebnn.infer.checkpoint import detached
-
         scheduler = self.stepper.scheduler
         return {
             "optimizer": detached(self.optimizer.state_dict()),
@@ -134,8 +125,6 @@ class _NetworkTrainer:
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, scheduler, state: dict) -> None:
     """Load a ``_NetworkTrainer.state_dict()`` into a freshly built optimiser (and scheduler)."""
-    from pyro_sdebnn.infer.checkpoint import detached
-
     try:
         optimizer.load_state_dict(detached(state["optimizer"]))
     except (KeyError, ValueError, TypeError) as err:
@@ -199,7 +188,7 @@ def train_network(
     every rank first, the gradients are averaged across the ranks before every Adam step (and before clipping),
     the batch-norm running statistics after every step, ``x.sampler.set_epoch(epoch)`` is called before every
     epoch (from 0 at every call) and the losses are over all the ranks' points. The ranks then hold the parameters
-    of one process on the combined batches (without batch norm). See :mod:`pyro_sdebnn.distributed.data_parallel`.
+    of one process on the combined batches (without batch norm). See :mod:`pyro_sdebnn.comm`.
     """
     history, _ = _train_network(
         net, x, y, likelihood, num_epochs=num_epochs, lr=lr, batch_size=batch_size, weight_decay=weight_decay,
@@ -227,8 +216,6 @@ def _train_network(net, x, y, likelihood, *, num_epochs, lr, batch_size, weight_
     )
     net.train()
     if sampler is not None:
-        from pyro_sdebnn.distributed.comm import is_main
-
         progress = progress and is_main()
     history = [trainer.run_epoch(data, epoch) for epoch in _epochs(num_epochs, progress, desc)]
     return history, trainer.state_dict()

@@ -25,6 +25,7 @@ from pyro_sdebnn.infer._data import (
     _iter_inputs,
     _module_device_dtype,
 )
+from pyro_sdebnn.infer.checkpoint import check_tensors, detached
 from pyro_sdebnn.infer.methods import (
     BaselineMethod,
     _dropout_layers,
@@ -159,13 +160,9 @@ class MCDropout(BaselineMethod):
             self.net.train(was_training)
 
     def _fitted_state(self) -> dict:
-        from pyro_sdebnn.infer.checkpoint import detached
-
         return {"net": detached(self.net.state_dict()), "num_samples": self.num_samples}
 
     def _prepare_load(self, state: dict):
-        from pyro_sdebnn.infer.checkpoint import check_tensors
-
         check_tensors(state.get("net"), self.net.state_dict(), "network weights")
         return lambda: self.net.load_state_dict(state["net"])
 

@@ -12,8 +12,8 @@ A baseline wraps a network (or, for ensembles, a zero-argument network factory) 
       -\\log p(y|x,w) = \\tfrac12\\left(\\log 2\\pi + s_w(x) + (y-\\mu_w(x))^2 e^{-s_w(x)}\\right).
 
 ``fit(x, y, *, num_epochs, lr, batch_size, weight_decay, ...)`` returns ``self`` and
-``predict(x)`` returns a :class:`~pyro_sdebnn.infer.predictive.ClassificationPrediction` or
-:class:`~pyro_sdebnn.infer.predictive.RegressionPrediction` whose leading dimension ``S`` counts
+``predict(x)`` returns a :class:`~pyro_sdebnn.predictive.ClassificationPrediction` or
+:class:`~pyro_sdebnn.predictive.RegressionPrediction` whose leading dimension ``S`` counts
 posterior samples (dropout masks, ensemble members, ...). :data:`METHODS` maps a short name to each
 class, so benchmarks can loop over them.
 
@@ -32,18 +32,35 @@ those on the concatenated tensors. Every method has ``save(path)`` / ``load(path
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, TypeVar
 
 import torch
 from torch import Tensor, nn
 
+from pyro_sdebnn.comm import is_main
 from pyro_sdebnn.infer._data import (
     _data_parallel_sampler,
     _is_loader_arg,
     _is_sharded,
 )
-from pyro_sdebnn.infer.predictive import ClassificationPrediction, RegressionPrediction
+from pyro_sdebnn.infer._likelihoods import (
+    LIKELIHOODS,
+    _check_likelihood,
+    _check_outputs,
+    negative_log_likelihood_terms,
+)
+from pyro_sdebnn.infer.checkpoint import (
+    check_envelope,
+    detached,
+    envelope,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from pyro_sdebnn.infer.map_training import _train_network, train_network
+from pyro_sdebnn.metrics import regression_variance_decomposition, uncertainty_decomposition
+from pyro_sdebnn.predictive import ClassificationPrediction, RegressionPrediction
 
 __all__ = [
     "LIKELIHOODS",
@@ -53,8 +70,6 @@ __all__ = [
     "outputs_to_prediction",
     "register_method",
 ]
-
-LIKELIHOODS = ("categorical", "gaussian")
 
 Prediction = ClassificationPrediction | RegressionPrediction
 T = TypeVar("T", bound=type)
@@ -73,44 +88,6 @@ def register_method(name: str) -> Callable[[T], T]:
         return cls
 
     return decorator
-
-
-def _check_likelihood(likelihood: str) -> str:
-    if likelihood not in LIKELIHOODS:
-        raise ValueError(f"likelihood must be one of {LIKELIHOODS}, got {likelihood!r}")
-    return likelihood
-
-
-def _check_outputs(outputs: Tensor, likelihood: str) -> None:
-    if likelihood == "gaussian" and outputs.shape[-1] != 2:
-        raise ValueError(
-            "likelihood='gaussian' needs a network with 2 output columns (mean, log-variance), "
-            f"got output shape {tuple(outputs.shape)}"
-        )
-    if likelihood == "categorical" and outputs.shape[-1] < 2:
-        raise ValueError(
-            "likelihood='categorical' needs a network with C >= 2 logit columns, "
-            f"got output shape {tuple(outputs.shape)}"
-        )
-
-
-def negative_log_likelihood_terms(outputs: Tensor, y: Tensor, likelihood: str) -> Tensor:
-    """Per-example negative log-likelihood :math:`-\\log p(y_n | f_n)`, shape ``outputs.shape[:-1]``.
-
-    :param Tensor outputs: network outputs ``(..., N, C)`` (logits) or ``(..., N, 2)`` (mean, log-variance).
-    :param Tensor y: labels / targets ``(N,)``.
-    :param str likelihood: ``"categorical"`` or ``"gaussian"``.
-
-    >>> negative_log_likelihood_terms(torch.zeros(3, 2), torch.tensor([0, 1, 1]), "categorical")
-    tensor([0.6931, 0.6931, 0.6931])
-    """
-    _check_likelihood(likelihood)
-    _check_outputs(outputs, likelihood)
-    if likelihood == "categorical":
-        logp = outputs.log_softmax(-1)
-        return -logp.gather(-1, y.expand(logp.shape[:-1]).unsqueeze(-1)).squeeze(-1)
-    mean, log_var = outputs.unbind(-1)
-    return 0.5 * (math.log(2 * math.pi) + log_var + (y - mean).pow(2) * torch.exp(-log_var))
 
 
 def outputs_to_prediction(outputs: Tensor, likelihood: str) -> Prediction:
@@ -176,8 +153,6 @@ class BaselineMethod:
 
     def _resume_state(self, resume: bool, loader=None) -> dict | None:
         """For ``fit(..., resume=True)``: the saved training state, with torch's random state restored."""
-        from pyro_sdebnn.infer.checkpoint import set_rng_state
-
         if not isinstance(resume, bool):
             raise TypeError(f"resume must be True or False, got {resume!r}")
         if not resume:
@@ -200,16 +175,12 @@ class BaselineMethod:
 
     @staticmethod
     def _is_main() -> bool:
-        from pyro_sdebnn.distributed.comm import is_main
-
         return is_main()
 
     def _fit_network(self, net: nn.Module, x, y, *, desc: str, resume: bool, **training) -> None:
         """``fit`` by :func:`~pyro_sdebnn.infer.map_training.train_network` of ``net`` (continuing the last run
         when ``resume``): the losses are appended to :attr:`losses` and the training state is kept for the next
         ``resume``. ``training`` holds ``train_network``'s keyword arguments (``num_epochs``, ``lr``, ...)."""
-        from pyro_sdebnn.infer.map_training import _train_network  # it builds on this module's likelihoods
-
         loader = x if _is_loader_arg(x) else None
         state = self._resume_state(resume, loader)
         self._note_data_parallel(loader)
@@ -222,8 +193,6 @@ class BaselineMethod:
 
     def _end_fit(self, loader=None, **training) -> None:
         """Keep what a resumed ``fit`` needs: ``training`` (optimiser states...) and the random state now."""
-        from pyro_sdebnn.infer.checkpoint import rng_state
-
         self._train_state = {**training, "rng": rng_state(loader)}
 
     def _fitted_state(self) -> dict:  # pragma: no cover - interface
@@ -241,10 +210,8 @@ class BaselineMethod:
         (``losses``; their number is the epoch reached) and the training state of the last ``fit``:
         optimiser and scheduler states and torch's random state at its end.
         """
-        from pyro_sdebnn.infer.checkpoint import CHECKPOINT_FORMAT, detached
-
         return {
-            "format": CHECKPOINT_FORMAT,
+            **envelope("baseline"),
             "method": type(self).__name__,
             "likelihood": self.likelihood,
             "epoch": self.epoch,
@@ -259,9 +226,10 @@ class BaselineMethod:
         :raises ValueError: if ``state`` is of another method, likelihood or network (parameter names or
             shapes); nothing is changed then.
         """
-        from pyro_sdebnn.infer.checkpoint import check_header, detached
-
-        check_header(state, type(self).__name__)
+        check_envelope(state, "baseline")
+        if state.get("method") != type(self).__name__:
+            method = state.get("method")
+            raise ValueError(f"the checkpoint is of a {method!r}, not of a {type(self).__name__!r}")
         if state.get("likelihood") != self.likelihood:
             raise ValueError(
                 f"the checkpoint's likelihood is {state.get('likelihood')!r}, this method's {self.likelihood!r}"
@@ -284,11 +252,9 @@ class BaselineMethod:
         After a data-parallel ``fit`` (every rank holds the same parameters) only rank 0 writes; on the other ranks
         this does nothing (call :func:`pyro_sdebnn.distributed.barrier` before they read the file).
         """
-        from pyro_sdebnn.infer.checkpoint import save_checkpoint
-
         if getattr(self, "_data_parallel", False) and not self._is_main():
             return
-        save_checkpoint(self.state_dict(), path)
+        save_checkpoint("baseline", self.state_dict(), path)
 
     def load(self, path, map_location=None) -> "BaselineMethod":
         """Load a checkpoint written by :meth:`save` into this (freshly constructed) method; returns ``self``.
@@ -296,9 +262,7 @@ class BaselineMethod:
         :raises ValueError: for a truncated or corrupted file, or a checkpoint of another method or model
             (the method is left unchanged).
         """
-        from pyro_sdebnn.infer.checkpoint import load_checkpoint
-
-        return self.load_state_dict(load_checkpoint(path, map_location))
+        return self.load_state_dict(load_checkpoint(path, "baseline", map_location))
 
     def predict_outputs(self, x: Tensor, *args, **kwargs) -> Tensor:  # pragma: no cover - interface
         raise NotImplementedError
@@ -315,8 +279,6 @@ class BaselineMethod:
         :math:`E_s[\\sigma_s^2] + \\mathrm{Var}_s[\\mu_s]`
         (:func:`pyro_sdebnn.metrics.regression_variance_decomposition`).
         """
-        from pyro_sdebnn.metrics import regression_variance_decomposition, uncertainty_decomposition
-
         prediction = self.predict(x)
         if isinstance(prediction, ClassificationPrediction):
             return uncertainty_decomposition(prediction.probs)
@@ -324,12 +286,3 @@ class BaselineMethod:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(likelihood={self.likelihood!r})"
-
-
-def __getattr__(name: str):
-    # ``train_network`` was defined here before it moved to :mod:`pyro_sdebnn.infer.map_training`.
-    if name == "train_network":
-        from pyro_sdebnn.infer.map_training import train_network
-
-        return train_network
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -56,11 +56,14 @@ from pyro_sdebnn.infer._data import (
     _iter_inputs,
     _TrainingData,
 )
-from pyro_sdebnn.infer.map_training import _check_finite, _epochs
+from pyro_sdebnn.infer._training import SchedulerStepper, check_clip, svi_step
+from pyro_sdebnn.infer.checkpoint import check_tensors, detached
+from pyro_sdebnn.infer.map_training import _check_finite
 from pyro_sdebnn.infer.methods import (
     BaselineMethod,
     _check_likelihood,
 )
+from pyro_sdebnn.infer.svi_training import AveragedGradients, svi_epochs
 
 __all__ = ["PyroBNN", "SVIBaseline"]
 
@@ -241,11 +244,8 @@ class SVIBaseline(BaselineMethod):
         (``len(x.dataset)``), ``x.sampler.set_epoch(epoch)`` is called before every epoch (counted as
         :attr:`epoch`), the losses are means over the ranks and :meth:`save` writes on rank 0 only. Every rank
         holds the same parameters: for MAP those of one process on the combined batches. See
-        :mod:`pyro_sdebnn.distributed.data_parallel`.
+        :mod:`pyro_sdebnn.comm`.
         """
-        from pyro_sdebnn.infer._training import SchedulerStepper, check_clip, svi_step
-        from pyro_sdebnn.infer.checkpoint import detached
-
         loader = x if _is_loader_arg(x) else None
         data = _TrainingData(x, y, self.likelihood, batch_size)
         n = data.n
@@ -284,29 +284,24 @@ class SVIBaseline(BaselineMethod):
             if sampler is None:
                 svi = SVI(self.model, self.guide, optim, elbo)
             else:  # several ranks, a sharded loader: the param store's gradients averaged (rank 0's start values)
-                from pyro_sdebnn.distributed.svi import AveragedGradients
-
                 svi = SVI(self.model, self.guide, optim, loss=elbo.loss,
                           loss_and_grads=AveragedGradients(elbo).loss_and_grads)
                 progress = progress and self._is_main()
-            for epoch in _epochs(num_epochs, progress, type(self).__name__):
-                total, steps = 0.0, 0
-                if sampler is not None:
-                    sampler.set_epoch(self.epoch)
-                batches: Iterator[tuple[Tensor, Tensor | None, dict[str, int | None]]]
+
+            def batches() -> Iterator[tuple[tuple, dict, float]]:
                 if loader is None:  # the model's plate draws every minibatch from the whole data
-                    batches = ((x, y, {"subsample_size": batch_size}) for _ in range(steps_per_epoch))
-                else:
-                    batches = ((xb, yb, {"data_size": n}) for xb, yb in data.batches(device, dtype))
-                for x_step, y_step, scale in batches:
-                    step_loss = svi_step(svi, x_step, y_step, **scale, **clip)
-                    total += step_loss
-                    steps += 1
-                    stepper.after_step(step_loss)
-                if steps == 0:
-                    raise ValueError("x: the loader yielded no batch in an epoch")
-                loss = total / (steps * n)
-                _check_finite(loss, desc=type(self).__name__, epoch=epoch, lr=lr, what="ELBO loss")
+                    return (((x, y), {"subsample_size": batch_size}, 1) for _ in range(steps_per_epoch))
+                return (((xb, yb), {"data_size": n}, 1) for xb, yb in data.batches(device, dtype))
+
+            def step(args: tuple, kwargs: dict, where: str) -> float:
+                return svi_step(svi, *args, **kwargs, **clip)
+
+            first = self.epoch  # the epochs are counted over every fit (the sampler's set_epoch)
+            for epoch, total, steps in svi_epochs(step, batches, start=first, num_epochs=first + num_epochs,
+                                                  stepper=stepper, sampler=sampler, progress=progress,
+                                                  desc=type(self).__name__, what="x"):
+                loss = total / (steps * n)  # per data point
+                _check_finite(loss, desc=type(self).__name__, epoch=epoch - first, lr=lr, what="ELBO loss")
                 self.losses.append(loss)
                 stepper.after_epoch(loss)
             optim_state = detached(optim.get_state())
@@ -400,8 +395,6 @@ class SVIBaseline(BaselineMethod):
         }
 
     def _prepare_load(self, state: dict):
-        from pyro_sdebnn.infer.checkpoint import check_tensors
-
         shape, prior_scale = state.get("input_shape"), state.get("prior_scale")
         if not isinstance(shape, list) or not all(isinstance(d, int) and d > 0 for d in shape):
             raise ValueError(f"the checkpoint's input_shape must be a list of positive integers, got {shape!r}")

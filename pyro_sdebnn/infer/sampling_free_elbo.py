@@ -43,6 +43,7 @@ from torch import Tensor
 from torch.distributions import kl_divergence
 
 from pyro_sdebnn.nn.mnvi.handlers import sampling_free
+from pyro_sdebnn.nn.mnvi.normalization import frozen_running_stats
 
 __all__ = ["ConstantKLSchedule", "LinearKLWarmup", "PiecewiseKLSchedule", "SamplingFree_ELBO"]
 
@@ -134,8 +135,6 @@ class SamplingFree_ELBO(TraceMeanField_ELBO):
         No side effects: batch-norm layers (:class:`~pyro_sdebnn.nn.mnvi.MNBatchNorm1d`, ``2d``) in training mode
         use the batch statistics, as in a training step, but their running statistics are not updated.
         """
-        from pyro_sdebnn.nn.mnvi.normalization import frozen_running_stats
-
         with torch.no_grad(), frozen_running_stats():
             return super().loss(model, guide, *args, **kwargs)
 

@@ -24,9 +24,9 @@ log-likelihood of a minibatch :math:`B` of size :math:`b` by :math:`N/b`:
 an unbiased estimate of the full-data ELBO. (A model that has no ``num_data`` parameter must know
 :math:`N` itself, as :class:`~pyro_sdebnn.nn.mnvi.SamplingFreeBNN` does.)
 
-**Checkpoints.** With ``checkpoint=path``, a file is written after every epoch (atomically: the
-previous one stays valid until the new one is complete). It holds only tensors, numbers, strings,
-lists and dicts, so that ``torch.load(path, weights_only=True)`` reads it:
+**Checkpoints.** With ``checkpoint=path``, a checkpoint of kind ``"svi"`` (:mod:`pyro_sdebnn.infer.checkpoint`:
+written atomically, read with ``torch.load(path, weights_only=True)``) is written after every epoch. Besides the
+envelope it holds
 
 * ``"params"``: the unconstrained values of the Pyro parameters that the model and guide use
   (``pyro.get_param_store()``), which include the parameters of ``PyroModule`` networks and of
@@ -34,15 +34,46 @@ lists and dicts, so that ``torch.load(path, weights_only=True)`` reads it:
 * ``"buffers"``: the buffers of the ``modules`` (e.g. batch-norm statistics), which are not parameters;
 * ``"optim"``: ``svi.optim.get_state()``, the ``state_dict`` of the optimiser (and of the
   learning-rate scheduler of a :class:`~pyro.optim.PyroLRScheduler`) of every parameter;
-* ``"epoch"`` (the number of finished epochs), ``"losses"`` (their losses) and ``"rng"`` (the states
-  of PyTorch's CPU and CUDA generators, of NumPy's and of Python's, and of the loader's own
-  ``generator`` if it has one).
+* ``"epoch"`` (the number of finished epochs), ``"losses"`` (their losses) and ``"rng"``
+  (:func:`~pyro_sdebnn.infer.checkpoint.rng_state`: torch's CPU and CUDA generators, NumPy's, Python's, and the
+  loader's own generators).
 
 ``resume=path`` restores all of these before the next epoch, so a run stopped after epoch :math:`k`
 and resumed ends with the same parameters as the run that was never stopped, bit for bit on the CPU,
 provided the model, guide, optimiser, data and loader are rebuilt in the same way. A file that is not
 such a checkpoint, is truncated, or belongs to another model (other parameter names or shapes) raises
 a ``ValueError`` and changes nothing.
+
+**Data-parallel.** Under ``torchrun`` with a loader sharded by a
+:class:`~torch.utils.data.distributed.DistributedSampler` (:func:`~pyro_sdebnn.comm.distributed_loader`),
+:func:`train_svi` is data-parallel by itself. The one change from a single-process run: between ``loss_and_grads``
+and the optimiser step, the gradients of all the Pyro parameters of the step (model and guide,
+``pyro.get_param_store()``, which includes the weights of ``PyroModule`` networks and of modules registered with
+``pyro.module``) are averaged across the ranks by one all-reduce (:class:`AveragedGradients`). Every rank therefore
+applies the same update and holds the same parameters, as with PyTorch's ``DistributedDataParallel``, but at the
+level of Pyro's param store, so any model, guide and ELBO work unchanged.
+
+With :math:`W` ranks, rank :math:`r` computes the ELBO estimate of its local batch :math:`B_r` of size :math:`b/W`
+with the *global* data size :math:`N` (``len(loader.dataset)`` is the whole data set also under a
+:class:`~torch.utils.data.distributed.DistributedSampler`), and the average over the ranks is
+
+.. math::
+
+    \frac1W \sum_{r=1}^{W} \Bigl(\frac{N}{b/W} \sum_{i \in B_r} \mathbb E_q[\log p(y_i \mid x_i, w)]
+    - \mathrm{KL}(q \,\|\, p)\Bigr)
+    = \frac{N}{b} \sum_{i \in B} \mathbb E_q[\log p(y_i \mid x_i, w)] - \mathrm{KL}(q \,\|\, p),
+
+the estimate of one process on the combined batch :math:`B = \cup_r B_r`: a deterministic objective (MAP with
+:class:`~pyro.infer.autoguide.AutoDelta`, the sampling-free ELBO) gives the parameters of the single-process run on
+the combined batches, up to rounding; a sampled ELBO gives an estimate with :math:`W` independent guide draws (one
+per rank, when the ranks are seeded with :func:`~pyro_sdebnn.comm.init`'s ``seed_per_rank=True``).
+
+Only rank 0 writes the ``checkpoint`` and shows the progress bar. The parameters are copied from rank 0 to the
+others before the first step, so the ranks need not share a seed for the initialisation.
+
+This follows the pattern of Pyro's Horovod example (``examples/svi_horovod.py``: gradient averaging around the
+optimiser, parameters broadcast from rank 0 before training), with ``torch.distributed`` in place of Horovod and
+the averaging placed *before* gradient clipping and the non-finite loss check, so that both see the global gradient.
 
 >>> import pyro, torch
 >>> from pyro.infer import SVI, Trace_ELBO
@@ -66,14 +97,25 @@ from __future__ import annotations
 import inspect
 import os
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import pyro
 import torch
 from pyro import poutine
+from pyro.infer.util import torch_item
+from pyro.poutine.trace_struct import Trace
 from torch import Tensor, nn
 from tqdm.auto import trange
 
+from pyro_sdebnn.comm import (
+    all_gather_objects,
+    average_gradients_,
+    broadcast_,
+    is_main,
+    rank,
+    running_stats,
+    world_size,
+)
 from pyro_sdebnn.data.loaders import (
     check_finite_batch,
     dataset_size,
@@ -85,37 +127,12 @@ from pyro_sdebnn.data.loaders import (
 )
 from pyro_sdebnn.infer._data import _data_parallel_sampler
 from pyro_sdebnn.infer._training import SchedulerStepper, check_clip, svi_update
-from pyro_sdebnn.infer.checkpoint import loader_generators, rng_state, save_checkpoint, set_rng_state
+from pyro_sdebnn.infer.checkpoint import load_checkpoint, loader_generators, rng_state, save_checkpoint, set_rng_state
 
-__all__ = ["CHECKPOINT_FORMAT", "load_svi_checkpoint", "train_svi"]
-
-#: The ``"format"`` entry of a checkpoint written by :func:`train_svi`.
-CHECKPOINT_FORMAT = "pyro_sdebnn.svi_checkpoint/1"
+__all__ = ["AveragedGradients", "train_svi"]
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints
-def load_svi_checkpoint(path: str | os.PathLike) -> dict:
-    """Read a checkpoint written by :func:`train_svi` with ``torch.load(path, weights_only=True)``.
-
-    :returns: the checkpoint dictionary (see the module description for its entries).
-    :raises ValueError: if the file is missing, truncated, not loadable with ``weights_only=True`` or
-        not a checkpoint of :func:`train_svi`.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"resume: no checkpoint file at {str(path)!r}")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # truncated or foreign files raise many different errors
-        raise ValueError(f"resume: {str(path)!r} is not a readable checkpoint (truncated or not written by "
-                         f"train_svi?): {type(err).__name__}: {err}") from None
-    keys = {"format", "epoch", "losses", "params", "buffers", "optim", "rng"}
-    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT or not keys <= set(state):
-        raise ValueError(f"resume: {str(path)!r} is not a checkpoint written by train_svi (expected format "
-                         f"{CHECKPOINT_FORMAT!r})")
-    return state
-
-
 def _buffers(modules: Sequence[nn.Module]) -> list[dict]:
     return [{name: b.detach().clone() for name, b in m.named_buffers()} for m in modules]
 
@@ -123,7 +140,6 @@ def _buffers(modules: Sequence[nn.Module]) -> list[dict]:
 def _checkpoint_state(svi, names: Iterable[str], modules, epoch: int, losses: list[float], loader) -> dict:
     params = dict(pyro.get_param_store().named_parameters())  # name -> unconstrained value
     return {
-        "format": CHECKPOINT_FORMAT,
         "epoch": int(epoch),
         "losses": [float(v) for v in losses],
         "params": {name: params[name].detach().clone() for name in sorted(names)},
@@ -135,7 +151,10 @@ def _checkpoint_state(svi, names: Iterable[str], modules, epoch: int, losses: li
 
 def _restore(svi, path, args, kwargs, modules, loader) -> tuple[int, list[float]]:
     """Load ``path`` into the param store, optimiser, modules and RNGs; all checks before any change."""
-    state = load_svi_checkpoint(path)
+    state = load_checkpoint(path, "svi", map_location="cpu")
+    keys = {"epoch", "losses", "params", "buffers", "optim", "rng"}
+    if not keys <= set(state):
+        raise ValueError(f"resume: {str(path)!r} is an incomplete checkpoint (it lacks {sorted(keys - set(state))})")
     store = pyro.get_param_store()
     before = set(store.keys())
     # The parameters of model and guide are created on their first call: trace them once (blocked from
@@ -191,6 +210,107 @@ def _restore(svi, path, args, kwargs, modules, loader) -> tuple[int, list[float]
     return int(state["epoch"]), list(state["losses"])
 
 
+# ---------------------------------------------------------------------------------------------- data-parallel
+def _site_names(trace: Trace) -> set[str]:
+    """The names of the sites of a trace (every site has one; Pyro types it as optional)."""
+    return {site["name"] for site in trace.nodes.values() if site["name"] is not None}
+
+
+class AveragedGradients:
+    """An ELBO's ``loss_and_grads`` followed by the averaging of the gradients and of the loss across the ranks.
+
+    Used as ``SVI(model, guide, optim, loss=elbo.loss, loss_and_grads=AveragedGradients(elbo).loss_and_grads)``: after
+    ``elbo.loss_and_grads`` has filled the ``.grad`` of the unconstrained parameters it touched, their gradients (in
+    the order of the parameter names), the loss and the batch-norm running statistics of ``modules`` are averaged by
+    one all-reduce (:func:`~pyro_sdebnn.distributed.average_gradients_`). A parameter without a gradient on a rank
+    counts as a zero gradient. The loss returned is the mean over the ranks, so that a non-finite loss on one rank is
+    non-finite on all of them and every rank raises.
+
+    On its first call it creates the parameters (one evaluation of the loss without gradients, after which the
+    buffers of ``modules`` are put back as they were) and copies the parameters and the buffers of ``modules`` other
+    than the running statistics from rank 0 to the other ranks.
+
+    :param elbo: a :class:`pyro.infer.ELBO` (any object with ``loss`` and ``loss_and_grads(model, guide, *args,
+        **kwargs)`` methods).
+    :param modules: the ``nn.Module`` objects whose batch-norm statistics are averaged (see
+        :mod:`pyro_sdebnn.comm`); default: the model and the guide when they are modules or
+        methods of modules (a ``PyroModule`` network, an autoguide), found at the first call.
+    :raises ValueError: (when called) if the ranks' parameters differ in names or shapes.
+    """
+
+    def __init__(self, elbo, modules: Iterable[nn.Module] | None = None) -> None:
+        if not (callable(getattr(elbo, "loss_and_grads", None)) and callable(getattr(elbo, "loss", None))):
+            raise TypeError(f"elbo must be a Pyro ELBO (with loss and loss_and_grads methods), got "
+                            f"{type(elbo).__name__}")
+        if modules is not None:
+            modules = list(modules)
+            if not all(isinstance(m, nn.Module) for m in modules):
+                raise TypeError("modules must be nn.Module objects")
+        self.elbo = elbo
+        self.modules = modules
+        self._layout: list | None = None  # [(name, shape)] agreed by all ranks
+        self._stats: list[Tensor] = []
+
+    # kl_schedule in train_svi assigns the ELBO's kl_scale through the object that owns loss_and_grads
+    @property
+    def kl_scale(self):
+        return self.elbo.kl_scale
+
+    @kl_scale.setter
+    def kl_scale(self, value) -> None:
+        self.elbo.kl_scale = value
+
+    def _agree(self, model, guide, args, kwargs) -> None:
+        if self.modules is None:
+            self.modules = _find_modules(model, guide)
+        buffers = [b for m in self.modules for b in m.buffers()]
+        saved = [b.clone() for b in buffers]
+        with torch.no_grad(), poutine.trace(param_only=True) as capture:
+            self.elbo.loss(model, guide, *args, **kwargs)  # creates the parameters
+        with torch.no_grad():  # a step of one process would not have run this forward pass
+            for b, value in zip(buffers, saved):
+                b.copy_(value)
+        store = dict(pyro.get_param_store().named_parameters())
+        names = sorted(_site_names(capture.trace))
+        self._stats = running_stats(self.modules)
+        layout = [(name, tuple(store[name].shape)) for name in names]
+        stats_layout = [tuple(t.shape) for t in self._stats]
+        for r, other in enumerate(all_gather_objects((layout, stats_layout))):
+            if other != (layout, stats_layout):
+                raise ValueError(f"the Pyro parameters or batch-norm statistics of rank {r} differ from those of rank "
+                                 f"{rank()} (names or shapes: {other[0][:5]} vs {layout[:5]}): every rank must build "
+                                 "the same model and guide")
+        for name in names:
+            broadcast_(store[name], src=0)
+        averaged = {id(t) for t in self._stats}  # not copied: they hold this rank's share of the first update
+        for b in buffers:
+            if id(b) not in averaged:
+                broadcast_(b, src=0)
+        self._layout = layout
+
+    def loss_and_grads(self, model, guide, *args, **kwargs) -> float:
+        """``elbo.loss_and_grads`` and the average of the gradients, the loss and the batch-norm statistics over
+        the ranks."""
+        if self._layout is None:
+            self._agree(model, guide, args, kwargs)
+        with poutine.trace(param_only=True) as capture:
+            loss = self.elbo.loss_and_grads(model, guide, *args, **kwargs)
+        seen = _site_names(capture.trace)
+        assert self._layout is not None  # set by _agree
+        names = [name for name, _ in self._layout]
+        if not seen <= set(names):
+            raise ValueError(f"parameters {sorted(seen - set(names))[:5]} appeared after the first step: data-parallel "
+                             "SVI needs every parameter to exist from the first step on every rank")
+        store = dict(pyro.get_param_store().named_parameters())
+        params = [store[name] for name in names]
+        mean_loss = average_gradients_(params, torch.tensor(torch_item(loss), dtype=torch.float64),
+                                       buffers=self._stats)
+        for name, p in zip(names, params):
+            if name not in seen:  # not updated by this rank's step (the optimiser sees the trace's parameters)
+                p.grad = None
+        return float(mean_loss[0])
+
+
 # ---------------------------------------------------------------------------------------------- training
 def _accepts_num_data(fn) -> bool:
     try:
@@ -239,6 +359,45 @@ def _check_data(data, batch_size):
     return True, dataset_size(data), None
 
 
+def svi_epochs(
+    step: Callable[[tuple, dict, str], float],
+    batches: Callable[[], Iterable[tuple[tuple, dict, float]]],
+    *,
+    start: int,
+    num_epochs: int,
+    stepper: SchedulerStepper,
+    sampler=None,
+    progress: bool = False,
+    desc: str = "train_svi",
+    what: str = "data",
+    before_epoch: Callable[[int], None] | None = None,
+) -> Iterator[tuple[int, float, float]]:
+    """The one SVI epoch loop of the package (:func:`train_svi`, :meth:`~pyro_sdebnn.infer.pyro_bnn.SVIBaseline.fit`).
+
+    For every epoch from ``start`` to ``num_epochs``: ``before_epoch(epoch)``, the sampler's ``set_epoch(epoch)``
+    (data-parallel), then ``step(args, kwargs, where)`` on every ``(args, kwargs, weight)`` of ``batches()``, with
+    ``stepper.after_step(loss)`` after each step. Yields ``(epoch, total, count)`` after each epoch: the weighted sum
+    of the step losses and the sum of the weights; the caller steps the scheduler after the epoch
+    (``stepper.after_epoch``) with the loss it reports.
+
+    :raises ValueError: if an epoch has no batch (naming the argument ``what``).
+    """
+    for epoch in trange(start, num_epochs, disable=not progress, desc=desc, leave=False):
+        if before_epoch is not None:
+            before_epoch(epoch)
+        if sampler is not None:
+            sampler.set_epoch(epoch)  # the ranks' shards of a new shared permutation
+        total, count = 0.0, 0.0
+        for i, (args, kwargs, weight) in enumerate(batches()):
+            loss = step(args, kwargs, f"epoch {epoch}, batch {i} of {desc}")
+            total += loss * weight
+            count += weight
+            stepper.after_step(loss)
+        if count == 0:
+            raise ValueError(f"{what}: the loader yielded no batch in an epoch")
+        yield epoch, total, count
+
+
 def train_svi(
     svi: pyro.infer.SVI,
     data,
@@ -258,6 +417,7 @@ def train_svi(
     checkpoint: str | os.PathLike | None = None,
     resume: str | os.PathLike | None = None,
     modules: Iterable[nn.Module] | None = None,
+    require_sharded: bool = False,
 ) -> list[float]:
     r"""Run ``num_epochs`` epochs of :meth:`pyro.infer.SVI.step` over a loader or tensors; return the epoch losses.
 
@@ -287,10 +447,14 @@ def train_svi(
     :param resume: continue from this checkpoint (the same path as ``checkpoint`` is fine).
     :param modules: the ``nn.Module`` objects whose buffers go into the checkpoint and whose first parameter gives
         the default device; default: the modules whose methods are the model and guide (or which they are).
+    :param bool require_sharded: with several ranks running, raise a ``ValueError`` unless ``data`` is a loader
+        sharded by a ``DistributedSampler`` (instead of letting every rank train on its own data).
     :returns: the loss of every epoch (including those before ``resume``): the mean of the step losses weighted by
         the batch sizes.
     :raises FloatingPointError: if a step's loss is NaN or infinite (the parameters keep their last finite values).
-    :raises ValueError: for a bad ``resume`` file (see :func:`load_svi_checkpoint`) or bad arguments; for data
+    :raises FileNotFoundError: if the ``resume`` file does not exist.
+    :raises ValueError: for a bad ``resume`` file (:func:`~pyro_sdebnn.infer.checkpoint.load_checkpoint`: not a
+        checkpoint of kind ``"svi"``, truncated, or of another model) or bad arguments; for data
         holding a NaN or an infinity (inputs, or floating-point targets), naming the batch of the loader and the
         index (:func:`~pyro_sdebnn.data.loaders.check_finite_batch`: tensors are checked once, a loader's batches
         as they are read, before their SVI step); when data-parallel, if the ranks' loaders take different numbers
@@ -299,11 +463,11 @@ def train_svi(
     **Data-parallel.** Under ``torchrun`` (a process group of :math:`W > 1` ranks) with a loader sharded by a
     :class:`~torch.utils.data.distributed.DistributedSampler` (e.g.
     :func:`pyro_sdebnn.distributed.distributed_loader`), the gradients of the Pyro parameters are averaged across
-    the ranks before every update (:class:`~pyro_sdebnn.distributed.AveragedGradients`, which also copies rank 0's
+    the ranks before every update (:class:`AveragedGradients`, which also copies rank 0's
     parameters to the others before the first step and averages the batch-norm running statistics of ``modules``),
     ``loader.sampler.set_epoch(epoch)`` is called at the start of every epoch, the losses are the means over the
     ranks, and only rank 0 writes the ``checkpoint``; ``svi``'s loss must then be a :class:`pyro.infer.ELBO`. See
-    :mod:`pyro_sdebnn.distributed.data_parallel`. On one process, or with tensors or a loader without a
+    :mod:`pyro_sdebnn.comm`. On one process, or with tensors or a loader without a
     ``DistributedSampler``, nothing changes.
     """
     if not isinstance(svi, pyro.infer.SVI):
@@ -330,10 +494,12 @@ def train_svi(
         device, dtype = module_device_dtype(*modules)
     loader_obj = data if loader else None  # whose own generators are part of the random state
     sampler = _data_parallel_sampler(loader_obj)
+    if require_sharded and sampler is None and world_size() > 1:
+        raise ValueError("data: with several ranks and require_sharded=True the data must be a loader sharded by a "
+                         "torch.utils.data.distributed.DistributedSampler (see pyro_sdebnn.distributed."
+                         f"distributed_loader), otherwise every rank trains on its own data; got "
+                         f"{type(getattr(data, 'sampler', data)).__name__}")
     if sampler is not None:  # several ranks, a sharded loader: gradients averaged, checkpoints on rank 0
-        from pyro_sdebnn.distributed.comm import is_main
-        from pyro_sdebnn.distributed.svi import AveragedGradients
-
         if not isinstance(elbo, pyro.infer.ELBO):
             raise TypeError("svi: data-parallel training needs an SVI built with a pyro.infer.ELBO as its loss, got "
                             f"{type(elbo).__name__}")
@@ -362,26 +528,25 @@ def train_svi(
         if start > num_epochs:
             raise ValueError(f"resume: the checkpoint is at epoch {start}, past num_epochs={num_epochs}")
     names: set[str] = set()
-    for epoch in trange(start, num_epochs, disable=not progress, desc="train_svi", leave=False):
+
+    def step(args, kw, where):
+        loss, seen = svi_update(svi, args, kw, clip_norm=clip_norm, clip_inf_norm=clip_inf_norm, where=where)
+        names.update(seen)
+        return loss
+
+    def set_kl_scale(epoch):
         if kl_schedule is not None and elbo is not None:  # (an ELBO with a kl_scale: checked above)
             elbo.kl_scale = float(kl_schedule(epoch))
-        total, count = 0.0, 0
-        if sampler is not None:
-            sampler.set_epoch(epoch)  # the ranks' shards of a new shared permutation
-        for i, (x, y) in enumerate(batches()):
-            loss, seen = svi_update(svi, (x, y), kwargs, clip_norm=clip_norm, clip_inf_norm=clip_inf_norm,
-                                    where=f"epoch {epoch}, batch {i} of train_svi")
-            names.update(seen)
-            total += loss * x.shape[0]
-            count += x.shape[0]
-            stepper.after_step(loss)
-        if count == 0:
-            raise ValueError("data: the loader yields no batch")
+
+    for epoch, total, count in svi_epochs(
+        step, lambda: (((x, y), kwargs, x.shape[0]) for x, y in batches()), start=start, num_epochs=num_epochs,
+        stepper=stepper, sampler=sampler, progress=progress, before_epoch=set_kl_scale,
+    ):
         epoch_loss = total / count
         history.append(epoch_loss)
         stepper.after_epoch(epoch_loss)
         if checkpoint is not None:
-            save_checkpoint(_checkpoint_state(svi, names, modules, epoch + 1, history, loader_obj), checkpoint)
+            save_checkpoint("svi", _checkpoint_state(svi, names, modules, epoch + 1, history, loader_obj), checkpoint)
         if callback is not None:
             callback(epoch, epoch_loss)
     return history

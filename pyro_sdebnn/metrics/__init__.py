@@ -2,9 +2,9 @@
 """Metrics of predictive distributions: calibration, proper scores, selective prediction, OOD, regression.
 
 Classification metrics take ``probs`` of shape ``(N, C)`` (or ``(N,)`` positive-class probabilities,
-or a :class:`~pyro_sdebnn.infer.predictive.ClassificationPrediction`) and integer ``labels`` ``(N,)``;
+or a :class:`~pyro_sdebnn.predictive.ClassificationPrediction`) and integer ``labels`` ``(N,)``;
 regression metrics take an equal-weight Gaussian mixture ``loc``/``scale`` of shape ``(S, N)``
-(the :class:`~pyro_sdebnn.infer.predictive.RegressionPrediction` convention). Inputs are validated:
+(the :class:`~pyro_sdebnn.predictive.RegressionPrediction` convention). Inputs are validated:
 wrong shapes, probabilities outside [0, 1] or not summing to 1, labels out of range and empty inputs
 raise ``ValueError`` naming the argument. Every function states its equation and its reference in its
 docstring.

@@ -9,13 +9,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from pyro_sdebnn import predictive
+
 
 def _is_prediction(value, class_name: str) -> bool:
-    """Whether ``value`` is a ``pyro_sdebnn.infer.predictive`` container (imported only when needed)."""
-    if isinstance(value, (Tensor, np.ndarray, list, tuple, int, float)):
-        return False
-    from pyro_sdebnn.infer import predictive
-
+    """Whether ``value`` is the :mod:`pyro_sdebnn.predictive` container named ``class_name``."""
     return isinstance(value, getattr(predictive, class_name))
 
 

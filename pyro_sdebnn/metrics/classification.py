@@ -5,7 +5,7 @@ Conventions shared by every classification metric of :mod:`pyro_sdebnn.metrics`:
 
 - ``probs``: predictive class probabilities of shape ``(N, C)`` (rows summing to 1), or ``(N,)``
   positive-class probabilities of a binary problem, or a
-  :class:`~pyro_sdebnn.infer.predictive.ClassificationPrediction` (its ``mean_probs`` are used).
+  :class:`~pyro_sdebnn.predictive.ClassificationPrediction` (its ``mean_probs`` are used).
 - ``labels``: integer class indices of shape ``(N,)`` in ``0..C-1``.
 - Results are 0-dim tensors (or ``(N,)`` per-point tensors) on the device of ``probs``, in its dtype for
   float32/float64 input and in float32 for float16/bfloat16 input: half-precision values are widened exactly to
@@ -157,7 +157,7 @@ def uncertainty_decomposition(sample_probs) -> UncertaintyDecomposition:
     For regression use :func:`~pyro_sdebnn.metrics.regression_variance_decomposition`.
 
     :param sample_probs: ``(S, N, C)`` per-sample class probabilities, ``(S, N)`` per-sample
-        positive-class probabilities, or a :class:`~pyro_sdebnn.infer.predictive.ClassificationPrediction`.
+        positive-class probabilities, or a :class:`~pyro_sdebnn.predictive.ClassificationPrediction`.
     :return: :class:`UncertaintyDecomposition` ``(total, aleatoric, epistemic)``, each ``(N,)``, in nats.
 
     **References**

@@ -23,6 +23,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from pyro_sdebnn.predictive import RegressionPrediction
+
 from ._validation import _check_vector, _float_tensor, _is_prediction
 
 __all__ = [
@@ -71,7 +73,7 @@ def rmse(mean, y, *, y_scale: float = 1.0) -> Tensor:
     .. math:: \\mathrm{RMSE} = s \\sqrt{\\frac1N \\sum_{i=1}^N (\\hat\\mu_i - y_i)^2}
 
     :param mean: ``(N,)`` predictive means (e.g. ``RegressionPrediction.mean``), or a
-        :class:`~pyro_sdebnn.infer.predictive.RegressionPrediction`.
+        :class:`~pyro_sdebnn.predictive.RegressionPrediction`.
     :param y: ``(N,)`` targets in the same units as ``mean``.
     :param float y_scale: :math:`s`, the factor back to the original units (``DataSplit.y_scale``).
     :return: 0-dim tensor.
@@ -100,7 +102,7 @@ def gaussian_mixture_log_likelihood(loc, scale, y, *, y_scale: float = 1.0) -> T
     ``y_scale=1``). Computed with ``logsumexp``, so it stays finite far in the tails.
 
     :param loc: ``(S, N)`` component means (``(N,)`` for a single Gaussian), or a
-        :class:`~pyro_sdebnn.infer.predictive.RegressionPrediction` (then ``scale=None``).
+        :class:`~pyro_sdebnn.predictive.RegressionPrediction` (then ``scale=None``).
     :param scale: ``(S, N)`` component standard deviations, positive.
     :param y: ``(N,)`` targets in the same units as ``loc``.
     :param float y_scale: :math:`s`, the factor back to the original units (``DataSplit.y_scale``).
@@ -131,7 +133,7 @@ def interval_coverage(loc, scale, y, level: float = 0.95) -> Tensor:
     A calibrated predictive has coverage :math:`\\approx \\ell`. Unit-free (no ``y_scale`` needed).
 
     :param loc: ``(S, N)`` component means (``(N,)`` for a single Gaussian), or a
-        :class:`~pyro_sdebnn.infer.predictive.RegressionPrediction` (then ``scale=None``).
+        :class:`~pyro_sdebnn.predictive.RegressionPrediction` (then ``scale=None``).
     :param scale: ``(S, N)`` component standard deviations, positive.
     :param y: ``(N,)`` targets.
     :param float level: the interval's probability :math:`\\ell \\in (0, 1)`.
@@ -166,7 +168,7 @@ def regression_variance_decomposition(loc, scale=None) -> VarianceDecomposition:
         + \\underbrace{\\mathrm{Var}_s[\\mu_s]}_{\\text{epistemic}}
 
     (population variance over the :math:`S` components). Delegates to
-    :class:`~pyro_sdebnn.infer.predictive.RegressionPrediction`.
+    :class:`~pyro_sdebnn.predictive.RegressionPrediction`.
 
     :param loc: ``(S, N)`` component means, or a ``RegressionPrediction`` (then ``scale=None``).
     :param scale: ``(S, N)`` component standard deviations, non-negative.
@@ -175,8 +177,6 @@ def regression_variance_decomposition(loc, scale=None) -> VarianceDecomposition:
     >>> regression_variance_decomposition(torch.tensor([[0.0], [2.0]]), torch.ones(2, 1))
     VarianceDecomposition(total=tensor([2.]), aleatoric=tensor([1.]), epistemic=tensor([1.]))
     """
-    from pyro_sdebnn.infer.predictive import RegressionPrediction
-
     loc, scale = _check_mixture(loc, scale, strictly_positive=False)
     prediction = RegressionPrediction(loc, scale)
     return VarianceDecomposition(prediction.variance, prediction.aleatoric_variance, prediction.epistemic_variance)

@@ -3,15 +3,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar, cast
+from typing import Any, Callable, Optional, TypeVar, cast
 
 import torch
 from torch import Tensor, nn
 
 from pyro_sdebnn.data.loaders import iter_batches, module_device_dtype
-
-if TYPE_CHECKING:
-    from pyro_sdebnn.infer.predictive import ClassificationPrediction, RegressionPrediction
+from pyro_sdebnn.predictive import ClassificationPrediction, RegressionPrediction
 
 # the CPU generator's state and, on a CUDA device, that device's generator state
 _RngStates = tuple[Tensor, Optional[Tensor]]
@@ -44,8 +42,6 @@ def stream_predict(
     :returns: a :class:`~pyro_sdebnn.infer.ClassificationPrediction` (``probs`` concatenated on dim 1)
         or :class:`~pyro_sdebnn.infer.RegressionPrediction` (``loc`` and ``scale`` concatenated on dim 1).
     """
-    from pyro_sdebnn.infer.predictive import ClassificationPrediction, RegressionPrediction
-
     device, dtype = module_device_dtype(module, buffers=True)
     start = _rng_states(device) if same_draws else None
     after: Optional[_RngStates] = None

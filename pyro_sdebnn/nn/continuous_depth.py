@@ -34,6 +34,7 @@ from torch import Tensor, nn
 
 from pyro_sdebnn.nn.sde_drift import ConvField, TimeMLPField
 from pyro_sdebnn.ops.sde_solve import time_grid
+from pyro_sdebnn.predictive import ClassificationPrediction, RegressionPrediction
 
 __all__ = ["LIKELIHOODS", "ContinuousDepthNet"]
 
@@ -256,8 +257,6 @@ class ContinuousDepthNet(PyroModule):
 
     def _prediction(self, out: Tensor):
         """Prediction container for head outputs ``(S, N, out_dim)`` (classification or scalar regression)."""
-        from pyro_sdebnn.infer.predictive import ClassificationPrediction, RegressionPrediction
-
         if self.likelihood == "categorical":
             return ClassificationPrediction(out.softmax(-1))
         if self.out_dim != 1:

@@ -51,6 +51,7 @@ from pyro_sdebnn.nn.sde_drift import ConvField
 from pyro_sdebnn.ops.path_kl import check_estimator
 from pyro_sdebnn.ops.sde_solve import (ADJOINT_DT, SOLVERS, AugmentedPathSDE, brownian_increments,
                                        euler_maruyama_kl, sdeint_augmented, time_grid)
+from pyro_sdebnn.predictive import ClassificationPrediction
 
 __all__ = ["LIKELIHOODS", "MultiScaleSDEBNN", "SDEBNN"]
 
@@ -378,8 +379,6 @@ class MultiScaleSDEBNN(ParamStoreModule, PyroModule):
         return self._predict_batch(x, guide, num_samples, None)
 
     def _predict_batch(self, x: Tensor, guide, num_samples: int, batch_index: int | None):
-        from pyro_sdebnn.infer.predictive import ClassificationPrediction
-
         check_finite_batch(x, what="x", batch_index=batch_index)
         _sync(self, guide, x)
         if guide is None:

@@ -150,10 +150,10 @@ def scenarios(out: str) -> dict:
     pyro.clear_param_store()
     loader = distributed.distributed_loader(TensorDataset(x, y), BATCH, shuffle=True, seed=0)
     ckpt = os.path.join(out, "svi.pt")
-    distributed.train_svi(make_svi(), loader, num_epochs=1, checkpoint=ckpt)
+    train_svi(make_svi(), loader, num_epochs=1, checkpoint=ckpt)
     distributed.barrier()  # rank 0 has written the checkpoint of epoch 1
     pyro.clear_param_store()  # a new run, resumed from it by every rank
-    losses = distributed.train_svi(make_svi(), loader, num_epochs=2, checkpoint=ckpt, resume=ckpt)
+    losses = train_svi(make_svi(), loader, num_epochs=2, checkpoint=ckpt, resume=ckpt)
     res["svi_params"], res["svi_losses"] = svi_params(), losses
     # 1b. the baselines' own fit loops on a sharded loader, data-parallel by themselves; each rank starts from its
     # own random weights (seeds FIT_SEED + rank), rank 0's are copied to the other ranks
@@ -228,7 +228,7 @@ def scenarios(out: str) -> dict:
     except ValueError as err:
         errors["batch"] = str(err)
     try:
-        distributed.train_svi(make_svi(), DataLoader(TensorDataset(x, y), batch_size=4), num_epochs=1)
+        train_svi(make_svi(), DataLoader(TensorDataset(x, y), batch_size=4), num_epochs=1, require_sharded=True)
     except ValueError as err:
         errors["sampler"] = str(err)
     distributed.init(seed=DP_SEED)  # seeds differ across ranks
@@ -309,7 +309,7 @@ def scenarios(out: str) -> dict:
     open(signal, "w").close()
     start = time.perf_counter()
     try:
-        distributed.train_svi(make_svi(), loader, num_epochs=1)
+        train_svi(make_svi(), loader, num_epochs=1)
     except distributed.DistributedError as err:
         res["dead"] = {"error": str(err), "seconds": time.perf_counter() - start}
     distributed.shutdown()

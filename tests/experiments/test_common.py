@@ -10,7 +10,7 @@ import torch
 
 from pyro_sdebnn.experiments import _common as common
 from pyro_sdebnn.experiments import discover
-from pyro_sdebnn.infer.predictive import RegressionPrediction
+from pyro_sdebnn.predictive import RegressionPrediction
 from pyro_sdebnn.metrics import expected_calibration_error, gaussian_mixture_log_likelihood, negative_log_likelihood
 
 

@@ -152,7 +152,7 @@ def test_sdebnn_toy(tmp_path, monkeypatch):
 
 def test_sgmcmc_uci(tmp_path, monkeypatch):
     from pyro_sdebnn.experiments import sgmcmc_uci
-    from pyro_sdebnn.infer.predictive import RegressionPrediction
+    from pyro_sdebnn.predictive import RegressionPrediction
 
     def prediction(model, samples, x):
         return RegressionPrediction(torch.zeros(2, len(x)), torch.ones(2, len(x)))
@@ -172,7 +172,7 @@ def test_fsgmcmc_gap(tmp_path, monkeypatch):
     import types
 
     from pyro_sdebnn.experiments import fsgmcmc_gap
-    from pyro_sdebnn.infer.predictive import RegressionPrediction
+    from pyro_sdebnn.predictive import RegressionPrediction
 
     def prediction(model, samples, x):
         return RegressionPrediction(torch.zeros(2, len(x)), torch.ones(2, len(x)))

@@ -11,7 +11,7 @@ from pyro.infer.autoguide import AutoNormal, init_to_value
 from torch.utils.data import DataLoader, TensorDataset
 
 from pyro_sdebnn.infer import NeuralSDEGuide, SamplingFree_ELBO, TracePathKL_ELBO, train_svi
-from pyro_sdebnn.infer.svi_training import CHECKPOINT_FORMAT, load_svi_checkpoint
+from pyro_sdebnn.infer.checkpoint import load_checkpoint
 from pyro_sdebnn.nn import SDEBNN, ODENet
 from pyro_sdebnn.nn.mnvi import MNLinear, MNReLU, MNSequential, SamplingFreeBNN
 
@@ -171,7 +171,7 @@ def test_resume_is_bitwise_sdebnn(tmp_path):
     assert resumed_losses == full_losses
     assert full.keys() == resumed.keys()
     assert all(torch.equal(full[k], resumed[k]) for k in full)
-    assert load_svi_checkpoint(path)["epoch"] == 4
+    assert load_checkpoint(path, "svi")["epoch"] == 4
 
 
 def test_resume_is_bitwise_sampling_free_bnn_fit(tmp_path):
@@ -199,7 +199,8 @@ def test_checkpoint_round_trip_weights_only(tmp_path):
     path = tmp_path / "c.pt"
     losses = _run_sdebnn(x, y, 1, checkpoint=path)
     state = torch.load(path, weights_only=True)
-    assert state["format"] == CHECKPOINT_FORMAT and state["epoch"] == 1 and state["losses"] == losses
+    assert state["format"] == "pyro_sdebnn/svi" and state["version"] == 1
+    assert state["epoch"] == 1 and state["losses"] == losses
     store = pyro.get_param_store()
     assert set(state["params"]) == set(store.keys())
     assert all(torch.equal(state["params"][k], store._params[k]) for k in store.keys())
@@ -250,9 +251,13 @@ def test_truncated_or_foreign_file_is_rejected(tmp_path):
         train_svi(svi, (x, y), num_epochs=2, batch_size=8, resume=bad)
     foreign = tmp_path / "foreign.pt"
     torch.save({"params": {}}, foreign)
-    with pytest.raises(ValueError, match="not a checkpoint written by train_svi"):
+    with pytest.raises(ValueError, match="is not a checkpoint, expected format 'pyro_sdebnn/svi' version 1"):
         train_svi(svi, (x, y), num_epochs=2, batch_size=8, resume=foreign)
-    with pytest.raises(ValueError, match="no checkpoint file"):
+    baseline = tmp_path / "baseline.pt"
+    torch.save({**torch.load(path, weights_only=True), "format": "pyro_sdebnn/baseline"}, baseline)
+    with pytest.raises(ValueError, match="format 'pyro_sdebnn/baseline' version 1, expected format 'pyro_sdebnn/svi'"):
+        train_svi(svi, (x, y), num_epochs=2, batch_size=8, resume=baseline)
+    with pytest.raises(FileNotFoundError, match="no checkpoint at"):
         train_svi(svi, (x, y), num_epochs=2, batch_size=8, resume=tmp_path / "missing.pt")
     _assert_unchanged(before)
 

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from pyro_sdebnn.infer.predictive import ClassificationPrediction
+from pyro_sdebnn.predictive import ClassificationPrediction
 from pyro_sdebnn.metrics import (
     accuracy,
     brier_score,

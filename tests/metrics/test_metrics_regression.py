@@ -74,7 +74,7 @@ def test_coverage_of_a_calibrated_mixture_is_the_level(level):
 
 
 def test_variance_decomposition_delegates_to_regression_prediction():
-    from pyro_sdebnn.infer.predictive import RegressionPrediction
+    from pyro_sdebnn.predictive import RegressionPrediction
 
     loc, scale = torch.randn(7, 11, dtype=torch.float64), torch.rand(7, 11, dtype=torch.float64)
     total, aleatoric, epistemic = regression_variance_decomposition(loc, scale)
@@ -85,7 +85,7 @@ def test_variance_decomposition_delegates_to_regression_prediction():
 
 
 def test_prediction_objects_are_accepted():
-    from pyro_sdebnn.infer.predictive import RegressionPrediction
+    from pyro_sdebnn.predictive import RegressionPrediction
 
     prediction = RegressionPrediction(torch.tensor([[0.0, 1.0], [2.0, 1.0]]), torch.ones(2, 2))
     y = torch.tensor([1.0, 1.0])

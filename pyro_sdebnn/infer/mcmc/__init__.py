@@ -26,7 +26,8 @@ gives R-hat over the ``K`` chains, and :func:`from_pyro` puts each divergence on
 - building blocks: :class:`MinibatchPotential`, :class:`FunctionalPotential`, :class:`MeasurementPoints`,
   :class:`SampleWriter` / :func:`load_samples` (stream samples to disk), :class:`BayesianMLP` (an example model);
 - data: tensors (``mcmc.run(x, y)``) or a loader (``mcmc.run(loader)``), for plain models as written for NUTS;
-- checkpoints: :func:`save_run`, :func:`resume_run`, :class:`CheckpointHook`, :func:`load_checkpoint`.
+- checkpoints: :func:`save_run`, :func:`resume_run`, :class:`CheckpointHook` (read a file with
+  :func:`pyro_sdebnn.infer.checkpoint.load_checkpoint`).
 
 The pure update rules live in :mod:`pyro_sdebnn.ops.sgmcmc`.
 
@@ -45,7 +46,7 @@ from pyro_sdebnn.infer.mcmc.arviz_utils import (
 )
 from pyro_sdebnn.infer.mcmc.base import MinibatchPotential, SamplerDivergenceError, SGMCMCKernel
 from pyro_sdebnn.infer.mcmc.run_checks import SamplerWarning
-from pyro_sdebnn.infer.mcmc.checkpoint import CheckpointHook, load_checkpoint, resume_run, save_run
+from pyro_sdebnn.infer.mcmc.checkpoint import CheckpointHook, resume_run, save_run
 from pyro_sdebnn.infer.mcmc.fsghmc import FSGHMC
 from pyro_sdebnn.infer.mcmc.fsgld import FSGLD
 from pyro_sdebnn.infer.mcmc.functional import FunctionalPotential
@@ -62,7 +63,7 @@ from pyro_sdebnn.infer.mcmc.schedules import (
 from pyro_sdebnn.infer.mcmc.sghmc import SGHMC
 from pyro_sdebnn.infer.mcmc.sgld import SGLD
 from pyro_sdebnn.infer.mcmc.streaming import SampleWriter, load_samples
-from pyro_sdebnn.infer.predictive import ClassificationPrediction, RegressionPrediction
+from pyro_sdebnn.predictive import ClassificationPrediction, RegressionPrediction
 
 __all__ = [
     "BayesianMLP",
@@ -89,7 +90,6 @@ __all__ = [
     "function_space_diagnostics",
     "get_samples",
     "init_to_robust",
-    "load_checkpoint",
     "load_samples",
     "resume_run",
     "save_run",

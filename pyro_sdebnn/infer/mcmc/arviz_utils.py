@@ -11,8 +11,8 @@
 - :func:`from_pyro`: ``arviz.InferenceData`` with posterior, divergences and a log-likelihood that always works,
   so that ``az.loo``/``az.waic`` apply.
 - :func:`posterior_prediction`: the predictive of the samples as a
-  :class:`~pyro_sdebnn.infer.predictive.ClassificationPrediction` or
-  :class:`~pyro_sdebnn.infer.predictive.RegressionPrediction`, read from the likelihood site of the model.
+  :class:`~pyro_sdebnn.predictive.ClassificationPrediction` or
+  :class:`~pyro_sdebnn.predictive.RegressionPrediction`, read from the likelihood site of the model.
 - :func:`function_space_diagnostics`: ESS and split R-hat of the *predictions* at given inputs (weight-space
   ESS/R-hat are uninformative for networks: symmetries and near-flat directions).
 """
@@ -32,7 +32,7 @@ from torch import Tensor
 
 from pyro_sdebnn.data.loaders import dataset_size, iter_batches
 from pyro_sdebnn.infer.mcmc.batches import in_dataset_order, is_data_loader
-from pyro_sdebnn.infer.predictive import ClassificationPrediction, RegressionPrediction
+from pyro_sdebnn.predictive import ClassificationPrediction, RegressionPrediction
 
 __all__ = [
     "from_pyro",

@@ -9,7 +9,7 @@ A kernel is three pieces, one module each:
   backends that run it (eager, traced, compiled: :mod:`~pyro_sdebnn.infer.mcmc.step`);
 - the kernel (this module): set-up, minibatches (indices or a loader's batches), the loop of ``num_steps`` inner
   steps per returned sample, the MAP warm start; with the divergence check (:mod:`~pyro_sdebnn.infer.mcmc.divergence`) and the checkpoint
-  state (:mod:`~pyro_sdebnn.infer.mcmc.resume`) mixed in.
+  state (:mod:`~pyro_sdebnn.infer.mcmc.checkpoint`) mixed in.
 
 A subclass names its state and its update rule (:class:`~pyro_sdebnn.infer.mcmc.SGLD` is about 40 lines of code).
 """
@@ -31,7 +31,7 @@ from pyro.infer.autoguide.initialization import InitMessenger
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from torch import Tensor
 
-from pyro_sdebnn.data.loaders import move_batch
+from pyro_sdebnn.data.loaders import iter_batches, move_batch
 from pyro_sdebnn.infer.mcmc.adaptation import MassMatrixAdapter
 from pyro_sdebnn.infer.mcmc._chains import chain_transforms
 from pyro_sdebnn.infer.mcmc.batches import BatchStream, in_dataset_order, is_data_loader
@@ -39,7 +39,7 @@ from pyro_sdebnn.infer.mcmc.divergence import _RECENT, DivergenceCheck, SamplerD
 from pyro_sdebnn.infer.mcmc.graph import _arg_key
 from pyro_sdebnn.infer.mcmc.initialization import init_to_robust
 from pyro_sdebnn.infer.mcmc.potential import MinibatchPotential, _check_subsample_size
-from pyro_sdebnn.infer.mcmc.resume import ResumableState
+from pyro_sdebnn.infer.mcmc.checkpoint import ResumableState
 from pyro_sdebnn.infer.mcmc.run_checks import RunChecks, SamplerWarning, find_runner
 from pyro_sdebnn.infer.mcmc.step import StepBackends
 from pyro_sdebnn.infer.mcmc.schedules import StepSizeSchedule, as_schedule
@@ -70,8 +70,6 @@ class _ModelOverLoader:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if args and is_data_loader(args[0]):
-            from pyro_sdebnn.data.loaders import iter_batches
-
             with torch.random.fork_rng(devices=[]):  # a shuffling loader draws from torch's generator
                 xs, ys = zip(*iter_batches(in_dataset_order(args[0]), self.device, self.dtype))
             args = (torch.cat(xs), torch.cat(ys)) + args[1:]
@@ -742,7 +740,7 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
     # ----- checkpoints ------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The chain's state
-        (:meth:`ResumableState.state_dict <pyro_sdebnn.infer.mcmc.resume.ResumableState.state_dict>`) plus, under
+        (:meth:`ResumableState.state_dict <pyro_sdebnn.infer.mcmc.checkpoint.ResumableState.state_dict>`) plus, under
         ``"adaptation"``, the adapted inverse mass matrix, its step size and, in warm-up, the adaptation window's
         running sums, so that a run resumed in warm-up adapts as the uninterrupted one."""
         out = super().state_dict()

@@ -2,10 +2,11 @@
 """Checkpoints of SG-MCMC runs: save a finished :class:`pyro.infer.MCMC` run and continue it later.
 
 Pyro's ``MCMC`` has no resume API. A run is therefore continued through the kernel: :func:`save_run` writes the
-kernel's :meth:`~pyro_sdebnn.infer.mcmc.resume.ResumableState.state_dict` (position, momentum, step-size schedule
+kernel's :meth:`ResumableState.state_dict` (position, momentum, step-size schedule
 position, random state, warm-up step-size factor, divergence records, minibatch position) and the samples so far
-to one file; :func:`resume_run` loads it into a kernel, runs ``MCMC`` for more samples from there and returns an
-``MCMC`` whose samples are the old ones followed by the new ones. With the same seed the continued run gives the
+to one checkpoint of kind ``"sgmcmc"`` (:mod:`pyro_sdebnn.infer.checkpoint`); :func:`resume_run` loads it into a
+kernel, runs ``MCMC`` for more samples from there and returns a :class:`ResumedMCMC`, an ``MCMC`` whose samples are
+the old ones followed by the new ones. With the same seed the continued run gives the
 same samples as an uninterrupted one (bitwise on CPU with a fixed ``backend``, ``"fx"`` or ``"eager"``: the
 default ``"auto"`` may switch to the compiled step at another point of the run)::
 
@@ -19,8 +20,10 @@ default ``"auto"`` may switch to the compiled step at another point of the run):
 
 :class:`CheckpointHook` writes the same file periodically while ``MCMC`` runs (as its ``hook_fn``), so that a
 pre-empted run, even in warm-up, can be resumed from its last checkpoint. The file holds only tensors, numbers,
-strings, lists and dicts: it loads with ``torch.load(path, weights_only=True)``. Runs over a loader (``mcmc.run(loader)``) resume on the same loader: the epoch in progress
-is made again from its recorded random state (torch's, and that of the loader's own ``torch.Generator``, given as
+strings, lists and dicts: it loads with ``torch.load(path, weights_only=True)``
+(:func:`~pyro_sdebnn.infer.checkpoint.load_checkpoint` checks it). Runs over a loader (``mcmc.run(loader)``) resume
+on the same loader: the epoch in progress is made again from its recorded random state (torch's, and that of the
+loader's own ``torch.Generator``, given as
 ``DataLoader(..., generator=g)`` or to its sampler) and the batches already used are skipped. A run of several
 sequential chains (``MCMC(num_chains > 1)``) cannot be checkpointed (the kernel holds the last chain only):
 use ``vectorized_chains`` instead.
@@ -48,19 +51,190 @@ torch.Size([8])
 from __future__ import annotations
 
 import os
-import pickle
-from typing import Any, Union
+from collections import deque
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Union, cast
 
+import numpy as np
 import torch
 from pyro.infer import MCMC
+from pyro.infer.mcmc.util import diagnostics, print_summary, select_samples
+from torch import Tensor
 
-from pyro_sdebnn.infer.mcmc.base import SGMCMCKernel
+from pyro_sdebnn.infer.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from pyro_sdebnn.infer.mcmc.divergence import _RECENT
 
-__all__ = ["CheckpointHook", "load_checkpoint", "resume_run", "save_run"]
+if TYPE_CHECKING:
+    # the kernel's attributes and methods the mixin uses (the kernel itself would be a cycle: it subclasses the mixin)
+    from pyro_sdebnn.infer.mcmc.base import SGMCMCKernel
+    from pyro_sdebnn.infer.mcmc.base import _KernelAttributes as _KernelBase
+else:
+    _KernelBase = object
 
-_FORMAT = "pyro_sdebnn.sgmcmc_checkpoint"
-_VERSION = 1
+__all__ = ["CheckpointHook", "ResumableState", "ResumedMCMC", "resume_run", "save_run"]
+
 PathLike = Union[str, "os.PathLike[str]"]
+
+
+class ResumableState(_KernelBase):
+    """``state_dict`` / ``load_state_dict`` of :class:`~pyro_sdebnn.infer.mcmc.base.SGMCMCKernel` (a mixin)."""
+
+    def _signature(self) -> dict[str, Any]:
+        """What a checkpoint must match: the kernel, its latent sites and the data sizes."""
+        return {"kernel": type(self).__name__, **self._signature_of_model()}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state of the chain after the last :meth:`~pyro_sdebnn.infer.mcmc.base.SGMCMCKernel.sample`, enough
+        to continue it exactly.
+
+        The position and auxiliary state (momentum, RMSprop average; unconstrained, flat), the inner step count
+        (the position in the step-size schedule), the sample count, the warm-up step-size factor and divergence
+        records, the energy history of the divergence check, the minibatch position (the index pass, or the loader's
+        epoch and batch) and the random state (:func:`~pyro_sdebnn.infer.checkpoint.rng_state`: torch's CPU and CUDA
+        generators, NumPy's and Python's). It holds only tensors, numbers, strings, lists and dicts, so
+        ``torch.save`` / ``torch.load(path, weights_only=True)`` round-trip it. See
+        :func:`save_run`.
+
+        :raises ValueError: before the kernel was set up (``mcmc.run``).
+        :raises TypeError: for a kernel class without checkpoints (``_checkpointable = False``).
+        """
+        if not self._checkpointable:
+            raise TypeError(f"{self._name} does not support checkpoints (state_dict)")
+        if self.potential is None or self._state is None:
+            raise ValueError("state_dict: the kernel has no chain yet; run it first (mcmc.run)")
+
+        def tensors(state: Optional[tuple]) -> Optional[list[Tensor]]:
+            return None if state is None else [t.detach().clone() for t in state]
+
+        def array(a: Optional[np.ndarray]) -> Optional[Tensor]:
+            return None if a is None else torch.as_tensor(np.asarray(a, dtype=np.float64).copy())
+
+        batch_pos = self._batch_pos
+        stream = None
+        if self._stream is not None:
+            stream = self._stream.state_dict()
+            if self._pending_batch is not None:  # the first batch was drawn but not used yet
+                stream["position"] -= 1
+        return {
+            "signature": self._signature(),
+            "state": tensors(self._state),
+            "healthy": tensors(self._healthy),
+            "uncertified": tensors(self._uncertified),
+            "last_potential": None if self._last_potential is None else self._last_potential.detach().clone(),
+            "t": int(self._t),
+            "sample_count": int(self._sample_count),
+            "warmup_steps": int(self._warmup_steps),
+            "step_scale": float(self._step_scale),
+            "divergences": [int(i) for i in self._divergences],
+            "divergence_log": [dict(r) for r in self.divergence_log],
+            "map_steps_taken": int(self.map_steps_taken),
+            "energy": {
+                "all": [array(r) for r in self._energy_all],
+                "recent": [array(r) for r in self._energy_recent],
+                "stride": int(self._energy_stride),
+                "seen": int(self._energy_seen),
+                "healthy": array(self._healthy_energy),
+            },
+            "batches": None if self._batches is None else self._batches.clone(),
+            "batch_pos": int(batch_pos),
+            "loader": stream,
+            "rng": rng_state(),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict` on the next ``setup`` (the next ``mcmc.run``), which must get the same
+        model and data (the same loader for a run over a loader): it restores the chain instead of drawing initial
+        values, and torch's random state, so the continued chain is the one an uninterrupted run would have given
+        (bitwise on CPU with a fixed ``backend``). The ``warmup_steps`` of that run must be the warm-up left in the
+        checkpoint (0 once sampling began); :func:`resume_run` does all this.
+
+        :raises TypeError: if ``state_dict`` is not a dict of the expected layout.
+        """
+        required = ("signature", "state", "t", "sample_count", "warmup_steps", "rng", "energy")
+        if not self._checkpointable:
+            raise TypeError(f"{self._name} does not support checkpoints (load_state_dict)")
+        if not isinstance(state_dict, dict) or any(k not in state_dict for k in required):
+            raise TypeError(
+                "state_dict must be a dict returned by SGMCMCKernel.state_dict() (keys "
+                f"{list(required)}), got {type(state_dict).__name__}"
+            )
+        if state_dict["signature"].get("kernel") != type(self).__name__:
+            raise ValueError(
+                f"the checkpoint is of a {state_dict['signature'].get('kernel')} kernel, not of {type(self).__name__}"
+            )
+        self._resume = state_dict
+
+    def _restore(self, sd: dict[str, Any], warmup_steps: int) -> None:
+        """Restore the chain saved by :meth:`state_dict` (called by ``setup``)."""
+        self._resume = None
+        U = self.potential
+        assert U is not None  # setup restores after building the potential
+        saved, here = sd["signature"], self._signature_of_model()
+        for key in ("sites", "data_sizes", "vectorized_chains"):
+            if saved.get(key) != here[key]:
+                raise ValueError(
+                    f"the checkpoint does not belong to this model and data: its {key} {saved.get(key)!r} differ "
+                    f"from {here[key]!r}"
+                )
+        if (sd.get("loader") is None) != (self._stream is None):
+            raise ValueError(
+                "the checkpoint was taken on a run over " + ("a loader" if sd.get("loader") is not None else "tensors")
+                + ": resume it on the same kind of data"
+            )
+        left = max(0, int(sd["warmup_steps"]) - int(sd["sample_count"]))
+        if warmup_steps != left:
+            raise ValueError(
+                f"warmup_steps={warmup_steps} on resuming, but the checkpoint has {left} warm-up step(s) left: "
+                f"run MCMC(..., warmup_steps={left}) (resume_run does)"
+            )
+
+        def tensors(ts: Optional[list]) -> Optional[tuple]:
+            return None if ts is None else tuple(t.to(device=U.device, dtype=U.dtype) for t in ts)
+
+        state = tensors(sd["state"])
+        assert state is not None  # state_dict saves the chain's state (load_state_dict checked the key)
+        state_type = cast("type[NamedTuple]", self._state_type)  # the kernel's NamedTuple of its chain state
+        if len(state) != len(state_type._fields):
+            raise ValueError("the checkpoint's chain state does not match this kernel's (e.g. preconditioned or not)")
+        self._state = state
+        self._healthy = tensors(sd["healthy"])
+        self._uncertified = tensors(sd["uncertified"])
+        last = sd.get("last_potential")
+        self._last_potential = None if last is None else last.to(U.device)
+        self._t = int(sd["t"])
+        self._sample_count = int(sd["sample_count"])
+        self._warmup_steps = int(sd["warmup_steps"])
+        self._step_scale = float(sd["step_scale"])
+        self._eta_tensor = None
+        self._divergences = [int(i) for i in sd["divergences"]]
+        self.divergence_log = [dict(r) for r in sd["divergence_log"]]
+        self.map_steps_taken = int(sd["map_steps_taken"])
+        energy = sd["energy"]
+
+        def array(t: Tensor) -> np.ndarray:
+            return t.numpy().copy()
+
+        self._energy_all = [array(r) for r in energy["all"]]
+        self._energy_recent = deque((array(r) for r in energy["recent"]), maxlen=_RECENT)
+        self._energy_stride, self._energy_seen = int(energy["stride"]), int(energy["seen"])
+        self._healthy_energy = None if energy["healthy"] is None else array(energy["healthy"])
+        batches = sd.get("batches")
+        self._batches = None if batches is None else batches.to(U.device)
+        self._batch_pos = int(sd["batch_pos"])
+        if self._stream is not None:
+            self._pending_batch = None
+            self._stream.restore(sd["loader"])
+        set_rng_state(sd["rng"])  # torch's (CPU and CUDA), NumPy's, Python's; the loader's are the stream's
+        self._initial_params = U.split(self._state[0])
+        self._last_params = self._initial_params
+
+    def _signature_of_model(self) -> dict[str, Any]:
+        U = self.potential
+        assert U is not None  # called once setup built it (state_dict checks)
+        return {
+            "sites": [[site.name, list(site.shape)] for site in U.sites],
+            "data_sizes": {p: int(n) for p, n in U.data_sizes.items()},
+            "vectorized_chains": int(self.vectorized_chains),
+        }
 
 
 def save_run(mcmc: MCMC, path: PathLike) -> None:
@@ -72,31 +246,24 @@ def save_run(mcmc: MCMC, path: PathLike) -> None:
     :raises TypeError: if ``mcmc`` is not an ``MCMC`` of an SG-MCMC kernel.
     :raises ValueError: if it has not run, or ran several sequential chains.
     """
-    if not isinstance(mcmc, MCMC) or not isinstance(mcmc.kernel, SGMCMCKernel):
+    if not isinstance(mcmc, MCMC) or not isinstance(mcmc.kernel, ResumableState):
         raise TypeError(f"mcmc must be a pyro.infer.MCMC of an SG-MCMC kernel, got {type(mcmc).__name__}")
     if mcmc.num_chains != 1:
         raise ValueError(
             f"save_run: the run has num_chains={mcmc.num_chains} sequential chains and the kernel holds only the "
             "last one; run several chains with vectorized_chains= to checkpoint them"
         )
-    samples = getattr(mcmc, "_samples", None)
+    samples = mcmc.get_samples(group_by_chain=True)  # None before mcmc.run
     if not samples:
         raise ValueError("save_run: the MCMC has no samples; call mcmc.run first")
     # constrained samples as MCMC keeps them: (chains, draws, *site shape), the vectorised chains as chains
     _write(path, mcmc.kernel, {k: v.detach().cpu().clone() for k, v in samples.items()})
 
 
-def _write(path: PathLike, kernel: SGMCMCKernel, samples: dict[str, torch.Tensor]) -> None:
-    """Write the checkpoint to a temporary file and move it into place: an interrupted write leaves the previous
-    checkpoint intact."""
+def _write(path: PathLike, kernel: ResumableState, samples: dict[str, torch.Tensor]) -> None:
+    """Write the checkpoint (atomically: an interrupted write leaves the previous checkpoint intact)."""
     num_samples = int(next(iter(samples.values())).shape[1]) if samples else 0
-    checkpoint = {
-        "format": _FORMAT, "version": _VERSION, "kernel": kernel.state_dict(), "samples": samples,
-        "num_samples": num_samples,
-    }
-    tmp = f"{os.fspath(path)}.tmp"
-    torch.save(checkpoint, tmp)
-    os.replace(tmp, path)
+    save_checkpoint("sgmcmc", {"kernel": kernel.state_dict(), "samples": samples, "num_samples": num_samples}, path)
 
 
 class CheckpointHook:
@@ -132,19 +299,20 @@ class CheckpointHook:
     def __call__(self, kernel: Any, params: dict[str, torch.Tensor], stage: str, i: int) -> None:
         if self.hook is not None:
             self.hook(kernel, params, stage, i)
-        if not isinstance(kernel, SGMCMCKernel):
+        if not isinstance(kernel, ResumableState):
             raise TypeError(f"CheckpointHook needs an SG-MCMC kernel, got {type(kernel).__name__}")
         if "[" in stage:  # "Sample [chain]": MCMC runs several sequential chains
             raise ValueError("CheckpointHook: runs of several sequential chains (num_chains > 1) cannot be "
                              "checkpointed; use vectorized_chains")
         if stage.startswith("Sample"):
-            transforms = kernel.transforms
+            transforms = cast("SGMCMCKernel", kernel).transforms
             assert transforms is not None  # set by the kernel's setup, before MCMC calls the hook
             for name, value in params.items():  # constrained, as MCMC returns them
                 self.samples.setdefault(name, []).append(transforms[name].inv(value).detach().cpu().clone())
         self.calls += 1
         if self.calls % self.every == 0:
-            # the layout MCMC stores: (chains, draws, *shape), vectorised chains as chains (draws, K, ...) -> (K, draws, ...)
+            # the layout MCMC stores: (chains, draws, *shape); vectorised chains as chains: (draws, K, ...) -> (K,
+            # draws, ...)
             vectorized = kernel.vectorized_chains > 1
             samples = {
                 k: torch.stack(v).transpose(0, 1) if vectorized else torch.stack(v).unsqueeze(0)
@@ -153,36 +321,9 @@ class CheckpointHook:
             _write(self.path, kernel, samples)
 
 
-def load_checkpoint(path: PathLike) -> dict[str, Any]:
-    """Read a checkpoint written by :func:`save_run` (``torch.load(path, weights_only=True)``) and check it.
-
-    :raises ValueError: if the file is truncated, is not a checkpoint of this package, or has another version.
-    """
-    try:
-        checkpoint = torch.load(path, weights_only=True, map_location="cpu")
-    except FileNotFoundError:
-        raise
-    except (RuntimeError, EOFError, pickle.UnpicklingError, OSError, ValueError) as e:
-        raise ValueError(
-            f"cannot read the SG-MCMC checkpoint {os.fspath(path)!r} ({type(e).__name__}: "
-            f"{str(e).splitlines()[0] if str(e) else ''}): the file is truncated or not a checkpoint of save_run"
-        ) from e
-    if not isinstance(checkpoint, dict) or checkpoint.get("format") != _FORMAT:
-        raise ValueError(f"{os.fspath(path)!r} is not an SG-MCMC checkpoint written by save_run")
-    if checkpoint.get("version") != _VERSION:
-        raise ValueError(
-            f"{os.fspath(path)!r} is a checkpoint of version {checkpoint.get('version')!r}; this version of the "
-            f"package reads version {_VERSION}"
-        )
-    for key in ("kernel", "samples", "num_samples"):
-        if key not in checkpoint:
-            raise ValueError(f"{os.fspath(path)!r} is an incomplete SG-MCMC checkpoint (no {key!r})")
-    return checkpoint
-
-
 def resume_run(
-    path: PathLike, kernel: SGMCMCKernel, *args: Any, num_samples: int, disable_progbar: bool = False, **kwargs: Any
-) -> MCMC:
+    path: PathLike, kernel: ResumableState, *args: Any, num_samples: int, disable_progbar: bool = False, **kwargs: Any
+) -> "ResumedMCMC":
     """Continue the run saved by :func:`save_run` for ``num_samples`` more samples.
 
     :param path: the checkpoint.
@@ -192,26 +333,70 @@ def resume_run(
     :param int num_samples: how many samples to add (the warm-up left in the checkpoint, if any, runs first).
     :param bool disable_progbar: passed to ``MCMC``.
     :param kwargs: the model's keyword arguments.
-    :return: an ``MCMC`` that has run, whose ``get_samples()`` are the saved samples followed by the new ones.
+    :return: a :class:`ResumedMCMC` that has run, whose ``get_samples()`` are the saved samples followed by the new
+        ones.
     :raises ValueError: for a checkpoint of another model, kernel or data, or a truncated file.
     """
-    if not isinstance(kernel, SGMCMCKernel):
+    if not isinstance(kernel, ResumableState):
         raise TypeError(f"kernel must be an SG-MCMC kernel (SGLD, SGHMC, ...), got {type(kernel).__name__}")
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
         raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
-    checkpoint = load_checkpoint(path)
+    checkpoint = load_checkpoint(path, "sgmcmc", map_location="cpu")
+    for key in ("kernel", "samples", "num_samples"):
+        if key not in checkpoint:
+            raise ValueError(f"{os.fspath(path)!r} is an incomplete SG-MCMC checkpoint (no {key!r})")
     state = checkpoint["kernel"]
     kernel.load_state_dict(state)
     warmup_left = max(0, int(state["warmup_steps"]) - int(state["sample_count"]))
-    mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=warmup_left, disable_progbar=disable_progbar)
+    mcmc = ResumedMCMC(checkpoint["samples"], kernel, num_samples=num_samples, warmup_steps=warmup_left,
+                       disable_progbar=disable_progbar)
     mcmc.run(*args, **kwargs)
-    old = checkpoint["samples"]
-    if not old:  # saved in warm-up: no samples yet
-        return mcmc
-    if set(old) != set(mcmc._samples):
-        raise ValueError(f"the checkpoint's samples are of sites {sorted(old)}, the run's of {sorted(mcmc._samples)}")
-    mcmc._samples = {
-        k: torch.cat([old[k].to(device=v.device, dtype=v.dtype), v], dim=1) for k, v in mcmc._samples.items()
-    }
-    mcmc.num_samples = int(checkpoint["num_samples"]) + num_samples
     return mcmc
+
+
+class ResumedMCMC(MCMC):
+    """A :class:`pyro.infer.MCMC` that continues earlier samples: its ``get_samples``, ``diagnostics`` and
+    ``summary`` see the ``saved`` samples followed by those of its own :meth:`run` (:func:`resume_run` builds it).
+
+    Only public parts of ``MCMC`` are used: the new samples are read with ``MCMC.get_samples(group_by_chain=True)``
+    and concatenated along the draws; ``num_samples`` counts all of them (what ``arviz.from_pyro`` reads).
+
+    :param dict saved: the earlier samples, ``{site: (chains, draws, *shape)}`` as ``get_samples(group_by_chain=True)``
+        returns them (empty for a run saved in warm-up).
+    :param args: the arguments of :class:`pyro.infer.MCMC` (``num_samples``: the new samples).
+    """
+
+    def __init__(self, saved: dict[str, torch.Tensor], *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.saved = dict(saved)
+        self.new_samples = self.num_samples
+        self._all: dict[str, torch.Tensor] = {}
+
+    def run(self, *args: Any, **kwargs: Any) -> None:
+        """``MCMC.run`` for the new samples; afterwards ``num_samples`` counts the saved ones too."""
+        self.num_samples = self.new_samples
+        super().run(*args, **kwargs)
+        new = super().get_samples(group_by_chain=True)
+        if self.saved and set(self.saved) != set(new):
+            raise ValueError(f"the checkpoint's samples are of sites {sorted(self.saved)}, the run's of {sorted(new)}")
+        self._all = {k: torch.cat([self.saved[k].to(device=v.device, dtype=v.dtype), v], dim=1) if self.saved else v
+                     for k, v in new.items()}
+        self.num_samples = self.new_samples + (int(next(iter(self.saved.values())).shape[1]) if self.saved else 0)
+
+    def get_samples(self, num_samples: int | None = None, group_by_chain: bool = False) -> dict[str, torch.Tensor]:
+        """The saved samples followed by the new ones (see :meth:`pyro.infer.MCMC.get_samples`)."""
+        return select_samples(self._all, num_samples, group_by_chain)
+
+    def diagnostics(self) -> dict:
+        """``MCMC.diagnostics`` with the sample statistics (ESS, R-hat) over all the samples; the kernel's
+        diagnostics (divergences, ...) are those of the new run."""
+        diag = super().diagnostics()
+        diag.update(diagnostics(self._all))
+        return diag
+
+    def summary(self, prob: float = 0.9) -> None:
+        """``MCMC.summary`` over all the samples (the divergences: those of the new run)."""
+        print_summary(self._all, prob=prob)
+        divergences = self.diagnostics().get("divergences")
+        if divergences is not None:
+            print(f"Number of divergences: {sum(len(v) for v in divergences.values())}")

@@ -22,6 +22,7 @@ import torch
 from pyro.contrib.gp.kernels import Kernel
 from torch import Tensor
 
+from pyro_sdebnn.distributions import GPFunctionalPrior
 from pyro_sdebnn.infer.mcmc.functional import FunctionalPotential
 from pyro_sdebnn.infer.mcmc.measurement_points import MeasurementPoints
 from pyro_sdebnn.infer.mcmc.potential import MinibatchPotential
@@ -62,8 +63,6 @@ class FunctionalKernelMixin(_KernelBase):
     ) -> None:
         """The functional-prior arguments (documented on :class:`~pyro_sdebnn.infer.mcmc.FSGLD`); ``kwargs`` go to
         the weight-space kernel (SGLD / SGHMC)."""
-        from pyro_sdebnn.distributions import GPFunctionalPrior
-
         self._fixed_prior = None
         if isinstance(gp_prior, GPFunctionalPrior):
             # a prior over fixed measurement points: reuse its kernel, jitter, mean and cached Cholesky factor
@@ -185,7 +184,7 @@ class FunctionalKernelMixin(_KernelBase):
 
     # ----- checkpoints ------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The state of :meth:`ResumableState.state_dict <pyro_sdebnn.infer.mcmc.resume.ResumableState.state_dict>` plus,
+        """The state of :meth:`ResumableState.state_dict <pyro_sdebnn.infer.mcmc.checkpoint.ResumableState.state_dict>` plus,
         under ``"functional"``, the measurement-set stream: the current set and its factor and how many more steps
         use it, the sets (and factors) of the current batch not used yet, the state of the sampler's own generator
         (if it has one; otherwise the sets come from torch's, saved with the chain), and the jitter :math:`\\delta`

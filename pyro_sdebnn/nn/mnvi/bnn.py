@@ -61,11 +61,13 @@ from pyro.optim import PyroOptim
 from torch import Tensor, nn
 from torch.distributions import Distribution, kl_divergence
 
-from pyro_sdebnn.data.loaders import check_finite_batch, check_tensors
+from pyro_sdebnn.data.loaders import check_finite_batch, check_tensors, dataset_size, is_loader
+from pyro_sdebnn.nn._streaming import stream_predict
 from pyro_sdebnn.nn.mnvi.handlers import is_sampling_free
 from pyro_sdebnn.nn.mnvi.layers import BayesianLayer
 from pyro_sdebnn.nn.mnvi.likelihoods import SamplingFreeCategorical, SamplingFreeNormal, probit_softmax
 from pyro_sdebnn.ops.moments import Moments, gaussian_predictive_variance
+from pyro_sdebnn.predictive import ClassificationPrediction, RegressionPrediction
 
 __all__ = ["SamplingFreeBNN"]
 
@@ -257,9 +259,6 @@ class SamplingFreeBNN(nn.Module):
         :param int num_samples: logit draws per input for ``predictive="mc"``.
         :raises ValueError: if ``x`` (or a batch of the loader) holds a NaN or an infinity.
         """
-        from pyro_sdebnn.data.loaders import is_loader
-        from pyro_sdebnn.nn._streaming import stream_predict
-
         if predictive not in _PREDICTIVES:
             raise ValueError(f"predictive must be one of {_PREDICTIVES}, got {predictive!r}")
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
@@ -271,8 +270,6 @@ class SamplingFreeBNN(nn.Module):
         return self._predict(x, predictive, num_samples, None)
 
     def _predict(self, x: Tensor, predictive: str, num_samples: int, batch_index: int | None):
-        from pyro_sdebnn.infer.predictive import ClassificationPrediction, RegressionPrediction
-
         check_tensors(x)
         check_finite_batch(x, what="x", batch_index=batch_index)
         was_training = self.net.training
@@ -346,7 +343,6 @@ class SamplingFreeBNN(nn.Module):
             holding a NaN or an infinity, naming the batch and index (checked by
             :func:`~pyro_sdebnn.infer.svi_training.train_svi` before any step on it).
         """
-        from pyro_sdebnn.data.loaders import dataset_size, is_loader
         from pyro_sdebnn.infer.sampling_free_elbo import SamplingFree_ELBO
         from pyro_sdebnn.infer.svi_training import train_svi
 

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributions import Distribution
 
+from pyro_sdebnn.distributions import MultiplicativeNormal
 from pyro_sdebnn.nn.mnvi._util import as_moments, check_features
 from pyro_sdebnn.ops.moments import Moments, multiplicative_conv2d_moments, multiplicative_linear_moments
 
@@ -214,8 +215,6 @@ class MNLinear(_MultiplicativeMixin, _MomentLinear):
     """
 
     def weight_distribution(self) -> Distribution:
-        from pyro_sdebnn.distributions import MultiplicativeNormal
-
         return MultiplicativeNormal(self.weight, self.alpha, noise_dim=-1)
 
     def _propagate(self, mean: Tensor, var: Tensor | None) -> Moments:
@@ -246,8 +245,6 @@ class MNConv2d(_MultiplicativeMixin, _MomentConv2d):
         return alpha.reshape(self.out_channels, per_group, 1, 1)
 
     def weight_distribution(self) -> Distribution:
-        from pyro_sdebnn.distributions import MultiplicativeNormal
-
         if self.groups == 1:
             return MultiplicativeNormal(self.weight, self.alpha, noise_dim=-3)
         return MultiplicativeNormal(self.weight, self._grouped_alpha(), noise_dim=None)

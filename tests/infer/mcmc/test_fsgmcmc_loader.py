@@ -209,7 +209,8 @@ class _Preempted(Exception):
 
 def test_checkpoint_hook_mid_run_resumes_bitwise(tmp_path):
     # a checkpoint written by the hook in the middle of a run over a loader, inside a batch of measurement sets
-    from pyro_sdebnn.infer.mcmc import CheckpointHook, load_checkpoint
+    from pyro_sdebnn.infer.checkpoint import load_checkpoint
+    from pyro_sdebnn.infer.mcmc import CheckpointHook
 
     x, y = _data()
 

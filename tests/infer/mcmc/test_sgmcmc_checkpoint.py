@@ -9,7 +9,8 @@ import torch
 from pyro.infer import MCMC
 from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
-from pyro_sdebnn.infer.mcmc import FSGLD, SGHMC, SGLD, PolynomialDecay, load_checkpoint, resume_run, save_run
+from pyro_sdebnn.infer.checkpoint import load_checkpoint
+from pyro_sdebnn.infer.mcmc import FSGLD, SGHMC, SGLD, PolynomialDecay, resume_run, save_run
 from pyro_sdebnn.data import two_moons
 from pyro_sdebnn.testing import ConjugateLinearRegression
 
@@ -82,6 +83,11 @@ def test_resumed_run_equals_the_uninterrupted_run(tmp_path, name, through):
     torch.testing.assert_close(resumed.get_samples()["w"], full.get_samples()["w"], rtol=0, atol=0)
     # divergence records, step size and SGHMC's kinetic temperature (a running sum) continue as well
     assert resumed.kernel.diagnostics() == full.kernel.diagnostics()
+    # an MCMC whose public views (grouped by chain, ESS and R-hat) cover all the draws; Pyro's own store untouched
+    assert isinstance(resumed, MCMC) and next(iter(resumed._samples.values())).shape[1] == 14
+    grouped = resumed.get_samples(group_by_chain=True)["w"]
+    torch.testing.assert_close(grouped, full.get_samples(group_by_chain=True)["w"], rtol=0, atol=0)
+    torch.testing.assert_close(resumed.diagnostics()["w"]["r_hat"], full.diagnostics()["w"]["r_hat"], rtol=0, atol=0)
 
 
 def readme_model(x, y=None):
@@ -179,7 +185,7 @@ def test_state_dict_round_trip(tmp_path):
     assert loaded["t"] == 10 and loaded["sample_count"] == 5 and loaded["warmup_steps"] == 2
     torch.testing.assert_close(loaded["state"][0], kernel._state[0])
     torch.testing.assert_close(loaded["state"][1], kernel._state[1])  # the momentum
-    assert torch.equal(loaded["rng"]["cpu"], torch.get_rng_state())
+    assert torch.equal(loaded["rng"]["torch"], torch.get_rng_state())
     assert loaded["kinetic"]["count"] == 3
 
 
@@ -193,14 +199,23 @@ def test_bad_checkpoints_are_clear_errors(tmp_path):
     data = path.read_bytes()
     truncated = tmp_path / "truncated.pt"
     truncated.write_bytes(data[: len(data) // 2])
-    with pytest.raises(ValueError, match="truncated or not a checkpoint"):
-        load_checkpoint(truncated)
-    with pytest.raises(ValueError, match="truncated or not a checkpoint"):
+    with pytest.raises(ValueError, match="not a readable checkpoint"):
+        load_checkpoint(truncated, "sgmcmc")
+    with pytest.raises(ValueError, match="not a readable checkpoint"):
         resume_run(truncated, SGLD(plain_model, subsample_size=10), x, y, num_samples=2)
     foreign = tmp_path / "foreign.pt"
     torch.save({"weights": torch.zeros(2)}, foreign)
-    with pytest.raises(ValueError, match="not an SG-MCMC checkpoint written by save_run"):
-        load_checkpoint(foreign)
+    with pytest.raises(ValueError, match="is not a checkpoint, expected format 'pyro_sdebnn/sgmcmc' version 1"):
+        load_checkpoint(foreign, "sgmcmc")
+    other_version = tmp_path / "other_version.pt"
+    torch.save({**torch.load(path, weights_only=True), "version": 0}, other_version)
+    with pytest.raises(ValueError, match="format 'pyro_sdebnn/sgmcmc' version 0, expected format 'pyro_sdebnn/sgmcmc' "
+                                         "version 1"):
+        resume_run(other_version, SGLD(plain_model, subsample_size=10), x, y, num_samples=2)
+    other_kind = tmp_path / "other_kind.pt"
+    torch.save({**torch.load(path, weights_only=True), "format": "pyro_sdebnn/svi"}, other_kind)
+    with pytest.raises(ValueError, match="format 'pyro_sdebnn/svi' version 1, expected format 'pyro_sdebnn/sgmcmc'"):
+        resume_run(other_kind, SGLD(plain_model, subsample_size=10), x, y, num_samples=2)
     with pytest.raises(ValueError, match="does not belong to this model and data: its sites"):
         resume_run(path, SGLD(other_model, step_size=1e-3, subsample_size=10), x, y, num_samples=2,
                    disable_progbar=True)

@@ -1,0 +1,60 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The likelihoods of the baselines: their names, the check of the network outputs and the per-example NLL.
+
+- ``"categorical"``: the network outputs ``C`` logits; :math:`p(y|x,w) = \\mathrm{softmax}(f_w(x))_y`.
+- ``"gaussian"``: the network outputs two columns, a mean and a log-variance :math:`s_w(x)` (heteroscedastic
+  regression, Lakshminarayanan et al. (2017), *Simple and scalable predictive uncertainty estimation using deep
+  ensembles*, NeurIPS), :math:`-\\log p(y|x,w) = \\tfrac12(\\log 2\\pi + s_w(x) + (y-\\mu_w(x))^2 e^{-s_w(x)})`.
+
+:mod:`pyro_sdebnn.infer.methods` re-exports them; the training loops (:mod:`pyro_sdebnn.infer.map_training`) import
+them from here, below the method classes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+__all__ = ["LIKELIHOODS", "negative_log_likelihood_terms"]
+
+LIKELIHOODS = ("categorical", "gaussian")
+
+
+def _check_likelihood(likelihood: str) -> str:
+    if likelihood not in LIKELIHOODS:
+        raise ValueError(f"likelihood must be one of {LIKELIHOODS}, got {likelihood!r}")
+    return likelihood
+
+
+def _check_outputs(outputs: Tensor, likelihood: str) -> None:
+    if likelihood == "gaussian" and outputs.shape[-1] != 2:
+        raise ValueError(
+            "likelihood='gaussian' needs a network with 2 output columns (mean, log-variance), "
+            f"got output shape {tuple(outputs.shape)}"
+        )
+    if likelihood == "categorical" and outputs.shape[-1] < 2:
+        raise ValueError(
+            "likelihood='categorical' needs a network with C >= 2 logit columns, "
+            f"got output shape {tuple(outputs.shape)}"
+        )
+
+
+def negative_log_likelihood_terms(outputs: Tensor, y: Tensor, likelihood: str) -> Tensor:
+    """Per-example negative log-likelihood :math:`-\\log p(y_n | f_n)`, shape ``outputs.shape[:-1]``.
+
+    :param Tensor outputs: network outputs ``(..., N, C)`` (logits) or ``(..., N, 2)`` (mean, log-variance).
+    :param Tensor y: labels / targets ``(N,)``.
+    :param str likelihood: ``"categorical"`` or ``"gaussian"``.
+
+    >>> negative_log_likelihood_terms(torch.zeros(3, 2), torch.tensor([0, 1, 1]), "categorical")
+    tensor([0.6931, 0.6931, 0.6931])
+    """
+    _check_likelihood(likelihood)
+    _check_outputs(outputs, likelihood)
+    if likelihood == "categorical":
+        logp = outputs.log_softmax(-1)
+        return -logp.gather(-1, y.expand(logp.shape[:-1]).unsqueeze(-1)).squeeze(-1)
+    mean, log_var = outputs.unbind(-1)
+    return 0.5 * (math.log(2 * math.pi) + log_var + (y - mean).pow(2) * torch.exp(-log_var))
