@@ -325,11 +325,3 @@ class BaselineMethod:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(likelihood={self.likelihood!r})"
 
-
-def __getattr__(name: str):
-    # ``train_network`` was defined here before it moved to :mod:`pyro_sdebnn.infer.map_training`.
-    if name == "train_network":
-        from pyro_sdebnn.infer.map_training import train_network
-
-        return train_network
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

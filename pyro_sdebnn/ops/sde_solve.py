@@ -63,7 +63,6 @@ Shapes: paths are ``(..., K, D)`` (time before state, as ``OUPath``); torchsde i
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Callable, NamedTuple
 
 import torch
@@ -302,39 +301,6 @@ class AugmentedPathSDE(nn.Module):
         return torch.cat([self.sigma * v, v.new_zeros(v.shape[0], y.shape[1] - self.weight_dim)], -1)
 
 
-class _FirstChannels(torchsde.BaseBrownian):
-    """The first ``d`` channels of a Brownian motion ``bm`` of size ``(batch, m)``, ``m >= d``."""
-
-    def __init__(self, bm, d: int) -> None:
-        super().__init__()
-        self.bm, self.d = bm, int(d)
-
-    def __call__(self, ta, tb=None, return_U=False, return_A=False):
-        out = self.bm(ta, tb, return_U=return_U, return_A=return_A)
-        if not isinstance(out, tuple):
-            return out[:, : self.d]
-        return tuple(o[:, : self.d] if o.dim() == 2 else o[:, : self.d, : self.d] for o in out)
-
-    def __repr__(self) -> str:
-        return f"_FirstChannels({self.bm!r}, d={self.d})"
-
-    @property
-    def dtype(self):
-        return self.bm.dtype
-
-    @property
-    def device(self):
-        return self.bm.device
-
-    @property
-    def shape(self):
-        return torch.Size((self.bm.shape[0], self.d))
-
-    @property
-    def levy_area_approximation(self):
-        return self.bm.levy_area_approximation
-
-
 def sdeint_augmented(sde: AugmentedPathSDE, init: Tensor, hidden_init: Tensor | None, times: Tensor, *,
                      method: str = "euler", adjoint: bool = False, bm=None, adaptive: bool = False,
                      rtol: float = 1e-3, atol: float = 1e-3, entropy: int | None = None,
@@ -372,10 +338,6 @@ def sdeint_augmented(sde: AugmentedPathSDE, init: Tensor, hidden_init: Tensor | 
     if bm is None:
         levy = "space-time" if method == "srk" else "none"
         bm = brownian_interval(times, (init.shape[0], sde.weight_dim), entropy=entropy, levy_area_approximation=levy)
-    elif tuple(bm.shape) == (init.shape[0], y0.shape[1]):  # the former (batch, D + H + 1) size
-        warnings.warn("sdeint_augmented: a Brownian motion of size (batch, D + H + 1) is deprecated (only the D weights "
-                      "are noisy); its first D channels are used", FutureWarning)
-        bm = _FirstChannels(bm, sde.weight_dim)
     elif tuple(bm.shape) != (init.shape[0], sde.weight_dim):
         raise ValueError(f"bm must have size (batch, D) = {(init.shape[0], sde.weight_dim)}, got {tuple(bm.shape)}")
     dt = float((times[1:] - times[:-1]).min())

@@ -287,11 +287,3 @@ def test_ensemble_reduce_on_plateau_trains_members_one_by_one():
     with pytest.raises(ValueError, match="ReduceLROnPlateau"):
         ens.fit(x, y, num_epochs=1, scheduler=factory, vectorize=True)
 
-
-def test_train_network_is_still_importable_from_methods():
-    # it lived in pyro_sdebnn.infer.methods before moving to pyro_sdebnn.infer.map_training
-    from pyro_sdebnn.infer import map_training, methods
-
-    assert methods.train_network is map_training.train_network
-    with pytest.raises(AttributeError, match="no attribute 'not_there'"):
-        methods.not_there
