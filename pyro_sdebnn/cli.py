@@ -54,7 +54,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Mapping, Sequence
 
-from pyro_sdebnn.experiments import _args as check
+from pyro_sdebnn.experiments import _arg_types as check
 from pyro_sdebnn.experiments import REGISTRY, load
 
 __all__ = ["add_data_dir_arguments", "build_parser", "end_of_run_report", "format_summary", "main",

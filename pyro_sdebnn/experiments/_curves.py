@@ -18,7 +18,7 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
-from pyro_sdebnn.experiments import _common as common
+from pyro_sdebnn.experiments import _harness as common
 from pyro_sdebnn.experiments._images import ImageLoaders, test_probs
 
 __all__ = ["Curve", "fit_with_curve", "late_gain", "svi_fit_with_curve", "write_curves"]

@@ -43,8 +43,8 @@ import torch
 from tqdm.auto import tqdm
 
 from pyro_sdebnn.experiments import REGISTRY
-from pyro_sdebnn.experiments import _args as check
-from pyro_sdebnn.experiments import _common as common
+from pyro_sdebnn.experiments import _arg_types as check
+from pyro_sdebnn.experiments import _harness as common
 
 NAME = "fsgmcmc-gap"
 #: What ``--quick`` does (shown by ``--help``).

@@ -42,7 +42,7 @@ from typing import TypedDict
 
 import torch
 
-from pyro_sdebnn.experiments import _common as common
+from pyro_sdebnn.experiments import _harness as common
 
 NAME = "realdata-nuts"
 DESCRIPTION = "SGLD / SGHMC defaults against NUTS on scikit-learn's diabetes and breast-cancer data"

@@ -71,8 +71,8 @@ from pyro.infer.autoguide import AutoNormal, init_to_value
 from pyro.optim import PyroOptim
 
 from pyro_sdebnn.experiments import REGISTRY
-from pyro_sdebnn.experiments import _args as check
-from pyro_sdebnn.experiments import _common as common
+from pyro_sdebnn.experiments import _arg_types as check
+from pyro_sdebnn.experiments import _harness as common
 from pyro_sdebnn.experiments._curves import Curve, fit_with_curve, late_gain, svi_fit_with_curve, write_curves
 from pyro_sdebnn.experiments._images import ImageLoaders, TensorImages, bundled_split, data_dir, test_probs
 from pyro_sdebnn.infer import NeuralSDEGuide, TracePathKL_ELBO

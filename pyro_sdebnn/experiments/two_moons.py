@@ -55,8 +55,8 @@ import torch
 from torch import Tensor
 
 from pyro_sdebnn.experiments import REGISTRY
-from pyro_sdebnn.experiments import _args as check
-from pyro_sdebnn.experiments import _common as common
+from pyro_sdebnn.experiments import _arg_types as check
+from pyro_sdebnn.experiments import _harness as common
 
 NAME = "two-moons"
 #: What ``--quick`` does (shown by ``--help``).

@@ -26,7 +26,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from pyro_sdebnn.infer._data import _check_fit_args, _is_loader_arg
+from pyro_sdebnn.infer._baseline_data import _check_fit_args, _is_loader_arg
 
 
 def check_tuning(tune, burnin, frequency, steps, lr) -> str | None:

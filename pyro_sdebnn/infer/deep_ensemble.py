@@ -26,7 +26,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from pyro_sdebnn.infer._data import (
+from pyro_sdebnn.infer._baseline_data import (
     _is_loader_arg,
     _is_sharded,
     _iter_inputs,

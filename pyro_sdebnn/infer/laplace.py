@@ -67,7 +67,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, jacrev, vmap
 
 from pyro_sdebnn.data.loaders import check_finite_batch
-from pyro_sdebnn.infer._data import (
+from pyro_sdebnn.infer._baseline_data import (
     _check_data,
     _check_fit_args,
     _is_loader_arg,

@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from pyro_sdebnn.infer._data import (
+from pyro_sdebnn.infer._baseline_data import (
     _data_parallel_sampler,
     _module_device_dtype,
     _network_training_data,

@@ -38,7 +38,7 @@ from typing import Any, Callable, TypeVar
 import torch
 from torch import Tensor, nn
 
-from pyro_sdebnn.infer._data import (
+from pyro_sdebnn.infer._baseline_data import (
     _data_parallel_sampler,
     _is_loader_arg,
     _is_sharded,

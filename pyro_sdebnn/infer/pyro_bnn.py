@@ -48,7 +48,7 @@ from pyro.nn import PyroModule, PyroSample
 from pyro.params.param_store import StateDict
 from torch import Tensor, nn
 
-from pyro_sdebnn.infer._data import (
+from pyro_sdebnn.infer._baseline_data import (
     _check_fit_args,
     _is_loader_arg,
     _first_inputs,

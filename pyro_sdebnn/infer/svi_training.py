@@ -83,7 +83,7 @@ from pyro_sdebnn.data.loaders import (
     module_device_dtype,
     move_batch,
 )
-from pyro_sdebnn.infer._data import _data_parallel_sampler
+from pyro_sdebnn.infer._baseline_data import _data_parallel_sampler
 from pyro_sdebnn.infer._training import SchedulerStepper, check_clip, svi_update
 from pyro_sdebnn.infer.checkpoint import loader_generators, rng_state, save_checkpoint, set_rng_state
 

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pyro_sdebnn.nn.mnvi._util import as_moments
+from pyro_sdebnn.nn.mnvi._moment_inputs import as_moments
 from pyro_sdebnn.ops.moments import RELU_MIN_VAR, Moments, relu_moments, taylor_moments
 
 __all__ = ["MNActivation", "MNReLU"]

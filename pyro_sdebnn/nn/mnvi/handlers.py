@@ -14,7 +14,7 @@ from pyro.poutine.messenger import Messenger
 from pyro.poutine.runtime import _PYRO_STACK
 from pyro.poutine.util import site_is_subsample
 
-__all__ = ["SamplingFreeMessenger", "is_sampling_free", "sampling_free"]
+__all__ = ["sampling_free"]
 
 
 class SamplingFreeMessenger(Messenger):

@@ -24,10 +24,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules.utils import _pair
 
-from pyro_sdebnn.nn.mnvi._util import as_moments
+from pyro_sdebnn.nn.mnvi._moment_inputs import as_moments
 from pyro_sdebnn.ops.moments import Moments
 
-__all__ = ["MNAdaptiveAvgPool2d", "MNAvgPool2d", "MNDropout", "MNFlatten", "MNIdentity", "MNMaxPool2d"]
+__all__ = ["MNAdaptiveAvgPool2d", "MNAvgPool2d", "MNFlatten", "MNMaxPool2d"]
 
 
 class MNMaxPool2d(nn.MaxPool2d):
