@@ -189,7 +189,7 @@ def module_device_dtype(*modules: nn.Module, buffers: bool = False) -> tuple[tor
 def check_tensors(x: Tensor, y: Tensor | None = None, likelihood: str | None = None) -> None:
     """Validate inputs ``x`` ``(N, ...)`` and targets ``y`` ``(N,)`` (or ``None``) given as tensors.
 
-    :param str likelihood: ``"categorical"`` (``y`` holds integer labels), ``"gaussian"`` (``y`` is floating
+    :param str likelihood: ``"categorical"`` (``y`` holds integer labels), ``"normal"`` (``y`` is floating
         point) or ``None`` (any dtype).
     :raises TypeError: when ``x`` or ``y`` is not a tensor, or ``y`` has the wrong dtype for the likelihood.
     :raises ValueError: when ``x`` has no feature dimension or ``y`` does not have one entry per row of ``x``.
@@ -211,8 +211,8 @@ def check_tensors(x: Tensor, y: Tensor | None = None, likelihood: str | None = N
         raise ValueError(f"y must have shape (N,) = {tuple(x.shape[:1])}, got {tuple(y.shape)}")
     if likelihood == "categorical" and (y.dtype.is_floating_point or y.dtype == torch.bool):
         raise TypeError(f"categorical labels y must be an integer tensor, got {y.dtype}")
-    if likelihood == "gaussian" and not y.dtype.is_floating_point:
-        raise TypeError(f"gaussian targets y must be a floating-point tensor, got {y.dtype}")
+    if likelihood == "normal" and not y.dtype.is_floating_point:
+        raise TypeError(f"normal-likelihood targets y must be a floating-point tensor, got {y.dtype}")
 
 
 def _target_name(what: str) -> str:

@@ -6,7 +6,7 @@ A run is *data-parallel* when a process group with more than one rank is running
 :class:`~torch.utils.data.distributed.DistributedSampler` (e.g. :func:`~pyro_sdebnn.distributed.distributed_loader`):
 each rank then reads only its shard, and training on it alone would be wrong. In that case, and only then, the loops
 of :func:`pyro_sdebnn.infer.train_svi` (hence :meth:`~pyro_sdebnn.nn.mnvi.SamplingFreeBNN.fit`),
-:meth:`~pyro_sdebnn.infer.pyro_bnn.SVIBaseline.fit` (:class:`~pyro_sdebnn.infer.MAPEstimate`,
+``SVIBaseline.fit`` (:class:`~pyro_sdebnn.infer.MAPEstimate`,
 :class:`~pyro_sdebnn.infer.MeanFieldVI`), :func:`~pyro_sdebnn.infer.map_training.train_network` and
 :meth:`~pyro_sdebnn.infer.MCDropout.fit`
 

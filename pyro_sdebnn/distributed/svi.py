@@ -2,7 +2,7 @@
 r"""Data-parallel SVI: every rank reads its shard of the data, the gradients are averaged across ranks.
 
 :func:`pyro_sdebnn.infer.train_svi` (and every ``fit`` built on it or on
-:meth:`~pyro_sdebnn.infer.pyro_bnn.SVIBaseline.fit`) is data-parallel by itself when it is given a loader sharded by a
+``SVIBaseline.fit``) is data-parallel by itself when it is given a loader sharded by a
 :class:`~torch.utils.data.distributed.DistributedSampler` in a group of several ranks
 (:mod:`pyro_sdebnn.distributed.data_parallel`); :func:`train_svi` is that function with the additional check that
 the loader is sharded (on several ranks a plain loader is an error rather than independent runs). The one change

@@ -191,7 +191,7 @@ def fit_sampling_free(kind: str, x: torch.Tensor, y: torch.Tensor, *, epochs: in
 
     milestones = [epochs // 2, (3 * epochs) // 4]
     net = build_network(kind, x.shape[1], device=x.device, dtype=x.dtype)
-    bnn = SamplingFreeBNN(net, "gaussian", num_data=x.shape[0], prior_scale=math.sqrt(PRIOR_VARIANCE), name=kind)
+    bnn = SamplingFreeBNN(net, "normal", num_data=x.shape[0], prior_scale=math.sqrt(PRIOR_VARIANCE), name=kind)
     optim = PyroLRScheduler(torch.optim.lr_scheduler.MultiStepLR, {
         "optimizer": torch.optim.SGD, "optim_args": {"lr": 0.05, "momentum": 0.9}, "milestones": milestones,
         "gamma": 0.1})  # = pyro.optim.MultiStepLR
@@ -207,9 +207,9 @@ def _fit_baseline(kind: str, split, epochs: int, quick: bool, device, dtype) -> 
     d = split.x_train.shape[1]
     method: MCDropout | DeepEnsemble
     if kind == "mc-dropout":
-        method = MCDropout(make_mlp([d, 50, 2], dropout=0.05, device=device, dtype=dtype), "gaussian", num_samples=50)
+        method = MCDropout(make_mlp([d, 50, 2], dropout=0.05, device=device, dtype=dtype), "normal", num_samples=50)
     else:
-        method = DeepEnsemble(lambda: make_mlp([d, 50, 2], device=device, dtype=dtype), "gaussian",
+        method = DeepEnsemble(lambda: make_mlp([d, 50, 2], device=device, dtype=dtype), "normal",
                               num_members=2 if quick else 5)
     return method.fit(split.x_train, split.y_train, num_epochs=epochs, lr=1e-2, batch_size=32, weight_decay=1e-4)
 

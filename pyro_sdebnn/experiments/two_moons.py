@@ -194,7 +194,7 @@ def _sgmcmc(kernel_name: str):
     def adapter(data: Data, s: Settings) -> Predictor:
         from pyro.infer import MCMC, Predictive
 
-        from pyro_sdebnn.infer import PyroBNN
+        from pyro_sdebnn.infer._svi_baseline import PyroBNN
         from pyro_sdebnn.infer import mcmc as sgmcmc
 
         model = PyroBNN(_mlp(s), "categorical", prior_scale=1.0)

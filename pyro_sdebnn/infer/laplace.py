@@ -172,7 +172,7 @@ class Laplace(BaselineMethod):
 
     :param nn.Module net: the network; it is trained in place by :meth:`fit` (use ``num_epochs=0``
         for an already trained network).
-    :param str likelihood: ``"categorical"`` or ``"gaussian"`` (2 outputs: mean, log-variance).
+    :param str likelihood: ``"categorical"`` or ``"normal"`` (2 outputs: mean, log-variance).
     :param str subset: ``"all"`` weights or the ``"last_layer"`` (the last ``nn.Linear``).
     :param str hessian_structure: ``"full"``, ``"diag"`` or ``"kron"``.
     :param str curvature: ``"ggn"`` (positive semi-definite) or, for ``"full"``, the exact ``"hessian"``.

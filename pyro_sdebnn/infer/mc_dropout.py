@@ -49,7 +49,7 @@ class MCDropout(BaselineMethod):
 
     :param nn.Module net: the network; must contain at least one ``nn.Dropout*`` module with ``p > 0``
         (e.g. ``make_mlp(sizes, dropout=0.1)``).
-    :param str likelihood: ``"categorical"`` (``C`` logits) or ``"gaussian"`` (mean, log-variance).
+    :param str likelihood: ``"categorical"`` (``C`` logits) or ``"normal"`` (mean, log-variance).
     :param int num_samples: ``T``, the number of stochastic forward passes at prediction.
 
     >>> from pyro_sdebnn.nn import make_mlp

@@ -4,7 +4,7 @@
 A baseline wraps a network (or, for ensembles, a zero-argument network factory) and a likelihood:
 
 - ``"categorical"``: the network outputs ``C`` logits; :math:`p(y|x,w) = \\mathrm{softmax}(f_w(x))_y`.
-- ``"gaussian"``: the network outputs two columns, a mean and a log-variance (heteroscedastic
+- ``"normal"``: the network outputs two columns, a mean and a log-variance (heteroscedastic
   regression, Lakshminarayanan et al. [1]):
 
   .. math::
@@ -38,6 +38,7 @@ from typing import Any, Callable, TypeVar
 import torch
 from torch import Tensor, nn
 
+from pyro_sdebnn._likelihoods import check_likelihood
 from pyro_sdebnn.infer._baseline_data import (
     _data_parallel_sampler,
     _is_loader_arg,
@@ -45,16 +46,10 @@ from pyro_sdebnn.infer._baseline_data import (
 )
 from pyro_sdebnn.infer.predictive import ClassificationPrediction, RegressionPrediction
 
-__all__ = [
-    "LIKELIHOODS",
-    "METHODS",
-    "BaselineMethod",
-    "negative_log_likelihood_terms",
-    "outputs_to_prediction",
-    "register_method",
-]
+__all__ = ["METHODS", "BaselineMethod"]
 
-LIKELIHOODS = ("categorical", "gaussian")
+#: The likelihoods of the baselines (Pyro's distribution names).
+LIKELIHOODS = ("normal", "categorical")
 
 Prediction = ClassificationPrediction | RegressionPrediction
 T = TypeVar("T", bound=type)
@@ -76,15 +71,13 @@ def register_method(name: str) -> Callable[[T], T]:
 
 
 def _check_likelihood(likelihood: str) -> str:
-    if likelihood not in LIKELIHOODS:
-        raise ValueError(f"likelihood must be one of {LIKELIHOODS}, got {likelihood!r}")
-    return likelihood
+    return check_likelihood(likelihood, LIKELIHOODS)
 
 
 def _check_outputs(outputs: Tensor, likelihood: str) -> None:
-    if likelihood == "gaussian" and outputs.shape[-1] != 2:
+    if likelihood == "normal" and outputs.shape[-1] != 2:
         raise ValueError(
-            "likelihood='gaussian' needs a network with 2 output columns (mean, log-variance), "
+            "likelihood='normal' needs a network with 2 output columns (mean, log-variance), "
             f"got output shape {tuple(outputs.shape)}"
         )
     if likelihood == "categorical" and outputs.shape[-1] < 2:
@@ -99,7 +92,7 @@ def negative_log_likelihood_terms(outputs: Tensor, y: Tensor, likelihood: str) -
 
     :param Tensor outputs: network outputs ``(..., N, C)`` (logits) or ``(..., N, 2)`` (mean, log-variance).
     :param Tensor y: labels / targets ``(N,)``.
-    :param str likelihood: ``"categorical"`` or ``"gaussian"``.
+    :param str likelihood: ``"categorical"`` or ``"normal"``.
 
     >>> negative_log_likelihood_terms(torch.zeros(3, 2), torch.tensor([0, 1, 1]), "categorical")
     tensor([0.6931, 0.6931, 0.6931])
@@ -118,7 +111,7 @@ def outputs_to_prediction(outputs: Tensor, likelihood: str) -> Prediction:
 
     >>> outputs_to_prediction(torch.zeros(4, 3, 2), "categorical").probs.shape
     torch.Size([4, 3, 2])
-    >>> outputs_to_prediction(torch.zeros(4, 3, 2), "gaussian").scale
+    >>> outputs_to_prediction(torch.zeros(4, 3, 2), "normal").scale
     tensor([[1., 1., 1.],
             [1., 1., 1.],
             [1., 1., 1.],

@@ -7,7 +7,8 @@ import pyro
 import pytest
 import torch
 
-from pyro_sdebnn.infer import Laplace, MAPEstimate, MeanFieldVI, PyroBNN
+from pyro_sdebnn.infer import Laplace, MAPEstimate, MeanFieldVI
+from pyro_sdebnn.infer._svi_baseline import PyroBNN
 from pyro_sdebnn.nn import make_mlp
 
 

@@ -61,8 +61,6 @@ from pyro_sdebnn.infer.methods import (
     _check_likelihood,
 )
 
-__all__ = ["PyroBNN", "SVIBaseline"]
-
 
 class PyroBNN(PyroModule):
     """A Pyro model with independent :math:`\\mathcal N(0, \\sigma_p^2)` priors on every weight of ``net``.
@@ -79,7 +77,7 @@ class PyroBNN(PyroModule):
 
     :param nn.Module net: the network (copied; the original is left untouched). Its current
         parameter values are kept in ``init_values`` for guide initialisation.
-    :param str likelihood: ``"categorical"`` or ``"gaussian"`` (2 outputs: mean, log-variance).
+    :param str likelihood: ``"categorical"`` or ``"normal"`` (2 outputs: mean, log-variance).
     :param float prior_scale: :math:`\\sigma_p`.
 
     >>> from pyro_sdebnn.nn import make_mlp
@@ -170,7 +168,7 @@ class SVIBaseline(BaselineMethod):
 
     >>> from pyro_sdebnn.infer import MAPEstimate
     >>> from pyro_sdebnn.nn import make_mlp
-    >>> method = MAPEstimate(make_mlp([1, 4, 2]), "gaussian").fit(torch.randn(8, 1), torch.randn(8), num_epochs=1)
+    >>> method = MAPEstimate(make_mlp([1, 4, 2]), "normal").fit(torch.randn(8, 1), torch.randn(8), num_epochs=1)
     >>> type(method).__mro__[1].__name__, type(method.guide).__name__, len(method.losses)
     ('SVIBaseline', 'AutoDelta', 1)
     """
