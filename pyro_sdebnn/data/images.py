@@ -21,8 +21,7 @@ from torch.utils.data import Dataset
 
 from .split import DataSplit, _check_dtype, _check_fraction, _check_positive_int, _child_seeds, _to_split
 
-__all__ = ["IMAGE_DATASETS", "augmentation", "cifar10", "digits", "fashion_mnist", "image_datasets", "mnist",
-           "mnist_subset"]
+__all__ = ["cifar10", "digits", "fashion_mnist", "mnist", "mnist_subset"]
 
 
 @functools.lru_cache(maxsize=None)

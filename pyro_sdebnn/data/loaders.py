@@ -35,17 +35,6 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-__all__ = [
-    "check_finite_batch",
-    "check_tensors",
-    "dataset_size",
-    "is_loader",
-    "iter_batches",
-    "minibatch_indices",
-    "module_device_dtype",
-    "move_batch",
-]
-
 
 def is_loader(data) -> bool:
     """``True`` for a loader (an iterable that is not a tensor, array, list, tuple or dict), ``False`` for a tensor.

@@ -10,7 +10,7 @@ import torch
 
 from .split import DataSplit, _check_dtype, _check_fraction, _standardize_columns, _to_split
 
-__all__ = ["NUM_UCI_SPLITS", "uci_boston"]
+__all__ = ["uci_boston"]
 
 #: Number of standard random train/test splits of each UCI data set (the protocol of the UCI tables).
 NUM_UCI_SPLITS = 20

@@ -21,8 +21,6 @@ import torch
 from pyro_sdebnn.experiments import _harness as common
 from pyro_sdebnn.experiments._images import ImageLoaders, test_probs
 
-__all__ = ["Curve", "fit_with_curve", "late_gain", "svi_fit_with_curve", "write_curves"]
-
 
 class Curve:
     """Training curve of one run: mean per-example training loss since the last point, test accuracy and NLL.

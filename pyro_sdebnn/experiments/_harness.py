@@ -49,31 +49,6 @@ from typing import Iterator, Mapping, Sequence
 import torch
 from torch import Tensor
 
-__all__ = [
-    "Interrupted",
-    "Timer",
-    "calibrated_metrics",
-    "chain_autocorr_figure",
-    "check_methods",
-    "classification_metrics",
-    "cpu_threads",
-    "figure",
-    "fmt",
-    "fmt_mean_se",
-    "fresh_start",
-    "markdown_table",
-    "mean_se",
-    "plot_grid_heatmaps",
-    "plot_reliability_curves",
-    "plot_uncertainty_decomposition",
-    "regression_metrics",
-    "save_figure",
-    "summarise",
-    "write_chain_diagnostics",
-    "write_csv",
-    "write_readme",
-]
-
 
 # --------------------------------------------------------------------------- running
 @contextlib.contextmanager

@@ -18,8 +18,6 @@ from typing import Any, Protocol, cast
 import torch
 from torch import Tensor
 
-__all__ = ["ImageLoaders", "TensorImages", "bundled_split", "data_dir", "test_probs"]
-
 
 def data_dir(args) -> Path | None:
     """The folder of ``--data-dir`` (or a benchmark's ``--root``), checked to exist unless ``--download``.

@@ -76,8 +76,6 @@ NAME = "mnvi-uci"
 QUICK = "1 run over 2 of the 10 folds (--protocol splits: 2 splits), 20 epochs, 2 ensemble members"
 DESCRIPTION = REGISTRY[NAME].description  # the one line of --help
 
-__all__ = ["DESCRIPTION", "METHODS", "NAME", "PROTOCOLS", "add_arguments", "build_network", "fit_sampling_free",
-           "paper_fold", "run"]
 
 METHODS = ("mnvi", "mfvi", "mc-dropout", "ensemble")
 PROTOCOLS = ("paper", "splits")
@@ -88,7 +86,7 @@ HIDDEN = 50
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from pyro_sdebnn.data import NUM_UCI_SPLITS
+    from pyro_sdebnn.data.uci import NUM_UCI_SPLITS
 
     parser.add_argument("--protocol", choices=PROTOCOLS, default="paper",
                         help="paper: the authors' 10-fold partition repeated over --runs runs (default); "
@@ -202,7 +200,7 @@ def fit_sampling_free(kind: str, x: torch.Tensor, y: torch.Tensor, *, epochs: in
 
 def _fit_baseline(kind: str, split, epochs: int, quick: bool, device, dtype) -> object:
     from pyro_sdebnn.infer import DeepEnsemble, MCDropout
-    from pyro_sdebnn.nn import make_mlp
+    from pyro_sdebnn.nn._mlp import make_mlp
 
     d = split.x_train.shape[1]
     method: MCDropout | DeepEnsemble
@@ -228,7 +226,7 @@ def run(args: argparse.Namespace) -> dict:
 
 def _units(args: argparse.Namespace) -> tuple[str, list[tuple[int, int]]]:
     """The protocol and its ``(run, fold or split)`` units, validated."""
-    from pyro_sdebnn.data import NUM_UCI_SPLITS
+    from pyro_sdebnn.data.uci import NUM_UCI_SPLITS
 
     protocol = getattr(args, "protocol", "paper")
     if protocol not in PROTOCOLS:

@@ -46,7 +46,6 @@ NAME = "sgmcmc-uci"
 #: What ``--quick`` does (shown by ``--help``).
 QUICK = "2 splits, 100 burn-in iterations, 5 samples every 10"
 DESCRIPTION = REGISTRY[NAME].description  # the one line of --help
-__all__ = ["DESCRIPTION", "METHODS", "NAME", "add_arguments", "run"]
 
 METHODS = ("SGLD", "SGHMC", "fSGLD", "fSGHMC")
 STEP_SIZES = {"SGLD": 1e-5, "SGHMC": 1e-3, "fSGLD": 1e-5, "fSGHMC": 1e-3}
@@ -55,7 +54,7 @@ BATCH = 32
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from pyro_sdebnn.data import NUM_UCI_SPLITS
+    from pyro_sdebnn.data.uci import NUM_UCI_SPLITS
 
     parser.add_argument("--splits", type=check.int_range(1, NUM_UCI_SPLITS), default=None,
                         help=f"number of splits, 1 to {NUM_UCI_SPLITS} (default 10; --quick: 2)")
@@ -83,7 +82,8 @@ def run(args: argparse.Namespace) -> dict:
     import pyro.contrib.gp as gp
     from pyro.infer import MCMC
 
-    from pyro_sdebnn.data import NUM_UCI_SPLITS, uci_boston
+    from pyro_sdebnn.data import uci_boston
+    from pyro_sdebnn.data.uci import NUM_UCI_SPLITS
     from pyro_sdebnn.distributions import fit_gp_kernel
     from pyro_sdebnn.infer.mcmc import BayesianMLP, posterior_prediction
 

@@ -64,7 +64,6 @@ QUICK = ("16-16 hidden units, 30 epochs (15 for SVI), 10 predictive samples, 2 e
          "samples thinned by 2, a 25x25 grid")
 DESCRIPTION = REGISTRY[NAME].description  # the one line of --help
 
-__all__ = ["ADAPTERS", "DESCRIPTION", "NAME", "Settings", "add_arguments", "run"]
 
 Predictor = Callable[[Tensor], "object"]
 
@@ -110,7 +109,7 @@ class Data:
 
 
 def _mlp(settings: Settings, dropout: float = 0.0):
-    from pyro_sdebnn.nn import make_mlp
+    from pyro_sdebnn.nn._mlp import make_mlp
 
     return make_mlp([2, *settings.hidden, 2], "relu", dropout=dropout, device=settings.device)
 

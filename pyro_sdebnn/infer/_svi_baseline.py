@@ -80,8 +80,8 @@ class PyroBNN(PyroModule):
     :param str likelihood: ``"categorical"`` or ``"normal"`` (2 outputs: mean, log-variance).
     :param float prior_scale: :math:`\\sigma_p`.
 
-    >>> from pyro_sdebnn.nn import make_mlp
-    >>> model = PyroBNN(make_mlp([2, 8, 2]), "categorical", prior_scale=1.0)
+    >>> from torch import nn
+    >>> model = PyroBNN(nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 2)), "categorical", prior_scale=1.0)
     >>> trace = pyro.poutine.trace(model).get_trace(torch.randn(10, 2), torch.zeros(10, dtype=torch.long),
     ...                                              subsample_size=4)
     >>> trace.nodes["net.0.weight"]["value"].shape, trace.nodes["obs"]["value"].shape
@@ -167,8 +167,8 @@ class SVIBaseline(BaselineMethod):
     ``guide``, so both also work with plain Pyro tools (``Predictive``, ``poutine``).
 
     >>> from pyro_sdebnn.infer import MAPEstimate
-    >>> from pyro_sdebnn.nn import make_mlp
-    >>> method = MAPEstimate(make_mlp([1, 4, 2]), "normal").fit(torch.randn(8, 1), torch.randn(8), num_epochs=1)
+    >>> from torch import nn
+    >>> method = MAPEstimate(nn.Sequential(nn.Linear(1, 4), nn.ReLU(), nn.Linear(4, 2)), "normal").fit(torch.randn(8, 1), torch.randn(8), num_epochs=1)
     >>> type(method).__mro__[1].__name__, type(method.guide).__name__, len(method.losses)
     ('SVIBaseline', 'AutoDelta', 1)
     """

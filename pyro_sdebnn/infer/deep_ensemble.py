@@ -65,9 +65,9 @@ class DeepEnsemble(BaselineMethod):
     :param str likelihood: ``"categorical"`` (``C`` logits) or ``"normal"`` (mean, log-variance).
     :param int num_members: ``K``.
 
-    >>> from pyro_sdebnn.nn import make_mlp
+    >>> from torch import nn
     >>> x, y = torch.randn(32, 1), torch.randn(32)
-    >>> ens = DeepEnsemble(lambda: make_mlp([1, 16, 2]), "normal", num_members=3)
+    >>> ens = DeepEnsemble(lambda: nn.Sequential(nn.Linear(1, 16), nn.ReLU(), nn.Linear(16, 2)), "normal", num_members=3)
     >>> pred = ens.fit(x, y, num_epochs=2).predict(x[:4])
     >>> pred.loc.shape, pred.epistemic_variance.shape
     (torch.Size([3, 4]), torch.Size([4]))

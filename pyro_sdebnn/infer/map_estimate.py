@@ -58,9 +58,9 @@ class MAPEstimate(SVIBaseline):
     ``MAPEstimate(net, likelihood)`` as for the fit, ``pyro.get_param_store().load(path)`` and ``predict``
     (see :class:`~pyro_sdebnn.infer.MeanFieldVI` for the fitted state in the param store).
 
-    >>> from pyro_sdebnn.nn import make_mlp
+    >>> from torch import nn
     >>> x, y = torch.randn(20, 2), torch.randint(0, 2, (20,))
-    >>> map_fit = MAPEstimate(make_mlp([2, 8, 2]), "categorical").fit(x, y, num_epochs=3, batch_size=10)
+    >>> map_fit = MAPEstimate(nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 2)), "categorical").fit(x, y, num_epochs=3, batch_size=10)
     >>> map_fit.predict(x[:3]).probs.shape
     torch.Size([1, 3, 2])
     """

@@ -53,9 +53,9 @@ class MeanFieldVI(SVIBaseline):
     ``MeanFieldVI(net, likelihood)`` as for the fit, ``pyro.get_param_store().load(path)`` and ``predict``
     (see :class:`~pyro_sdebnn.infer.MAPEstimate`).
 
-    >>> from pyro_sdebnn.nn import make_mlp
+    >>> from torch import nn
     >>> x, y = torch.randn(20, 2), torch.randint(0, 2, (20,))
-    >>> vi = MeanFieldVI(make_mlp([2, 8, 2]), "categorical").fit(x, y, num_epochs=3, batch_size=10)
+    >>> vi = MeanFieldVI(nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 2)), "categorical").fit(x, y, num_epochs=3, batch_size=10)
     >>> vi.predict(x[:3], num_samples=7).probs.shape
     torch.Size([7, 3, 2])
     """

@@ -144,8 +144,8 @@ class BaselineMethod:
     learning rate 1e-2, batch size 32, weight decay 1e-4.
 
     >>> from pyro_sdebnn.infer import DeepEnsemble
-    >>> from pyro_sdebnn.nn import make_mlp
-    >>> method = DeepEnsemble(lambda: make_mlp([2, 8, 3]), "categorical", num_members=2)
+    >>> from torch import nn
+    >>> method = DeepEnsemble(lambda: nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 3)), "categorical", num_members=2)
     >>> type(method).__mro__[1].__name__, method.likelihood
     ('BaselineMethod', 'categorical')
     >>> total, aleatoric, epistemic = method.uncertainty(torch.randn(4, 2))

@@ -26,7 +26,6 @@ from torch import Tensor
 from ._validation import _check_vector, _float_tensor, _is_prediction
 
 __all__ = [
-    "VarianceDecomposition",
     "gaussian_mixture_log_likelihood",
     "interval_coverage",
     "regression_variance_decomposition",

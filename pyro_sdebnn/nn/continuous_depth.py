@@ -36,6 +36,8 @@ from pyro_sdebnn._likelihoods import check_likelihood
 from pyro_sdebnn.nn.sde_drift import ConvField, TimeMLPField
 from pyro_sdebnn.ops.sde_solve import time_grid
 
+__all__ = ["ContinuousDepthNet"]
+
 #: Likelihood names accepted by :class:`~pyro_sdebnn.nn.SDEBNN`, :class:`~pyro_sdebnn.nn.ODENet` and
 #: :class:`~pyro_sdebnn.nn.ResNet` (Pyro's distribution names).
 LIKELIHOODS = ("normal", "categorical", "cauchy", "laplace", "studentt")

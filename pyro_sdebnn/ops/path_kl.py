@@ -42,7 +42,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["PATH_KL_ESTIMATORS", "check_estimator", "euler_path_log_ratio", "path_kl_increment"]
+__all__ = ["path_kl_increment"]
 
 #: Names accepted by every ``estimator=`` argument in the library.
 PATH_KL_ESTIMATORS = ("analytic", "full_mc", "stl")

@@ -72,14 +72,9 @@ from torch import Tensor, nn
 from pyro_sdebnn.ops.path_kl import check_estimator, path_kl_increment
 
 __all__ = [
-    "ADJOINT_DT",
     "AugmentedPathSDE",
     "EulerKLSolution",
-    "SOLVERS",
-    "brownian_increments",
-    "brownian_interval",
     "euler_maruyama_kl",
-    "increments_from_brownian",
     "sdeint_augmented",
     "time_grid",
 ]

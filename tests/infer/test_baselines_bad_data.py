@@ -75,11 +75,11 @@ def test_fit_rejects_a_nan_in_the_inputs_over_tensors_and_over_a_loader(name):
 
 @pytest.mark.parametrize("name", ["map", "mc-dropout", "sampling-free"])
 def test_fit_rejects_an_infinite_regression_target(name):
-    x, y = _data("gaussian", bad=float("inf"), where="y")
+    x, y = _data("normal", bad=float("inf"), where="y")
     with pytest.raises(ValueError, match=rf"^y contains Inf at index \({ROW},\)"):
-        _methods()[name]("gaussian").fit(x, y, num_epochs=1, batch_size=BATCH)
+        _methods()[name]("normal").fit(x, y, num_epochs=1, batch_size=BATCH)
     with pytest.raises(ValueError, match=rf"^y contains Inf at index \({ROW - 2 * BATCH},\) of batch 2 of the loader"):
-        _methods()[name]("gaussian").fit(_loader(x, y), num_epochs=1)
+        _methods()[name]("normal").fit(_loader(x, y), num_epochs=1)
 
 
 @pytest.mark.parametrize("name", list(_methods()))
@@ -105,7 +105,7 @@ def test_train_network_names_the_batch():
 
 
 def test_train_svi_checks_each_batch_before_its_step():
-    x, y = _data("gaussian")
+    x, y = _data("normal")
     net = SDEBNN(2, 1, hidden=4, augment=1, dt=0.5)
     guide = NeuralSDEGuide(net, drift_hidden=4)
     svi = SVI(net.model, guide, pyro.optim.Adam({"lr": 1e-2}), TracePathKL_ELBO())

@@ -7,7 +7,7 @@ import torch
 from pyro_sdebnn.infer import ClassificationPrediction, DeepEnsemble, MCDropout, RegressionPrediction
 from pyro_sdebnn.infer.map_training import train_network
 from pyro_sdebnn.infer.methods import METHODS, negative_log_likelihood_terms
-from pyro_sdebnn.nn import make_mlp
+from pyro_sdebnn.nn._mlp import make_mlp
 
 
 @pytest.fixture(autouse=True)
@@ -34,7 +34,7 @@ def test_gaussian_nll_matches_torch_distribution():
     outputs = torch.tensor([[0.3, -0.4], [1.0, 0.7]], dtype=torch.float64)
     y = torch.tensor([0.1, -2.0], dtype=torch.float64)
     expected = -torch.distributions.Normal(outputs[:, 0], outputs[:, 1].mul(0.5).exp()).log_prob(y)
-    torch.testing.assert_close(negative_log_likelihood_terms(outputs, y, "gaussian"), expected)
+    torch.testing.assert_close(negative_log_likelihood_terms(outputs, y, "normal"), expected)
 
 
 def test_mc_dropout_variance_positive_and_mode_restored():
@@ -52,7 +52,7 @@ def test_mc_dropout_variance_positive_and_mode_restored():
 
 def test_mc_dropout_regression_shapes():
     x = torch.linspace(-1, 1, 20).unsqueeze(-1)
-    pred = MCDropout(make_mlp([1, 16, 2], dropout=0.2), "gaussian", num_samples=5).fit(
+    pred = MCDropout(make_mlp([1, 16, 2], dropout=0.2), "normal", num_samples=5).fit(
         x, x.squeeze(-1), num_epochs=2
     ).predict(x)
     assert isinstance(pred, RegressionPrediction) and pred.loc.shape == (5, 20)
@@ -77,7 +77,7 @@ def test_bad_likelihood_and_labels():
     with pytest.raises(TypeError, match="integer"):
         MCDropout(make_mlp([2, 4, 2], dropout=0.1)).fit(x, y.float(), num_epochs=1)
     with pytest.raises(ValueError, match="2 output columns"):
-        MCDropout(make_mlp([2, 4, 3], dropout=0.1), "gaussian").fit(x, y.float(), num_epochs=1)
+        MCDropout(make_mlp([2, 4, 3], dropout=0.1), "normal").fit(x, y.float(), num_epochs=1)
 
 
 def test_deep_ensemble_members_differ_and_mixture():
@@ -102,7 +102,7 @@ def test_deep_ensemble_regression_decomposition():
     torch.manual_seed(1)
     x = torch.linspace(-2, 2, 40).unsqueeze(-1)
     y = torch.sin(2 * x.squeeze(-1)) + 0.1 * torch.randn(40)
-    pred = DeepEnsemble(lambda: make_mlp([1, 16, 2], "tanh"), "gaussian", num_members=4).fit(
+    pred = DeepEnsemble(lambda: make_mlp([1, 16, 2], "tanh"), "normal", num_members=4).fit(
         x, y, num_epochs=50
     ).predict(torch.tensor([[0.0], [6.0]]))
     torch.testing.assert_close(pred.variance, pred.aleatoric_variance + pred.epistemic_variance)
@@ -124,7 +124,7 @@ def test_training_detects_nan():
 
 
 @pytest.mark.parametrize("name", ["mc-dropout", "deep-ensemble", "laplace", "map", "mfvi"])
-@pytest.mark.parametrize("likelihood", ["categorical", "gaussian"])
+@pytest.mark.parametrize("likelihood", ["categorical", "normal"])
 def test_every_baseline_follows_float64(name, likelihood):
     """Same interface for every registered baseline; predictions keep the model's dtype."""
     torch.manual_seed(0)
@@ -134,7 +134,7 @@ def test_every_baseline_follows_float64(name, likelihood):
     method = METHODS[name](net if name == "deep-ensemble" else net(), likelihood)
     pred = method.fit(x, y, num_epochs=2, batch_size=8).predict(x[:3])
     values = pred.probs if likelihood == "categorical" else pred.loc
-    assert values.dtype == torch.float64 and values.shape[-1 if likelihood == "gaussian" else -2] == 3
+    assert values.dtype == torch.float64 and values.shape[-1 if likelihood == "normal" else -2] == 3
     assert torch.isfinite(values).all()
 
 

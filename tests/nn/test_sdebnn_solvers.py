@@ -6,8 +6,8 @@ import torch
 
 from pyro_sdebnn.nn import DriftMLP, TimeMLPField
 from pyro_sdebnn.testing import OUEndpointProblem
-from pyro_sdebnn.ops import (AugmentedPathSDE, brownian_interval, euler_maruyama_kl, increments_from_brownian,
-                             sdeint_augmented, time_grid)
+from pyro_sdebnn.ops import AugmentedPathSDE, euler_maruyama_kl, sdeint_augmented, time_grid
+from pyro_sdebnn.ops.sde_solve import brownian_interval, increments_from_brownian
 
 N, STATE, HIDDEN, SIGMA = 3, 3, 4, 0.5
 

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-r"""Element-wise activations acting on :class:`~pyro_sdebnn.ops.moments.Moments`.
+r"""Element-wise activations acting on :class:`~pyro_sdebnn.ops.Moments`.
 
 - :class:`MNReLU`: exact Gaussian moments of the rectifier ([1], eq. (11); [2]).
 - :class:`MNActivation`: any element-wise function by first-order Taylor expansion,
