@@ -57,8 +57,6 @@ from typing import Any, Callable, Mapping, Sequence
 from pyro_sdebnn.experiments import _arg_types as check
 from pyro_sdebnn.experiments import REGISTRY, load
 
-__all__ = ["main"]
-
 DEFAULT_BENCHMARK = "two-moons"
 #: The exit status after Ctrl-C (SIGINT), as a shell reports a process ended by that signal: 128 + 2.
 EXIT_INTERRUPTED = 130
