@@ -31,7 +31,7 @@ BUDGET = {
     "pyro_sdebnn.infer": 17,
     "pyro_sdebnn.infer.mcmc": 30,
     "pyro_sdebnn.kernels": 1,
-    "pyro_sdebnn.metrics": 19,
+    "pyro_sdebnn.metrics": 23,
     "pyro_sdebnn.nn": 8,
     "pyro_sdebnn.nn.mnvi": 24,
     "pyro_sdebnn.ops": 19,

@@ -54,7 +54,7 @@ LIKELIHOODS = ("normal", "categorical")
 Prediction = ClassificationPrediction | RegressionPrediction
 T = TypeVar("T", bound=type)
 
-#: Registry ``{name: class}`` of the baseline methods (filled by :func:`register_method`).
+#: Registry ``{name: class}`` of the baseline methods (filled by ``register_method``).
 METHODS: dict[str, type] = {}
 
 

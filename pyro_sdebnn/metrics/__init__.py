@@ -11,11 +11,14 @@ docstring.
 """
 
 from .calibration import (
+    BrierDecomposition,
+    CalibrationBins,
     brier_decomposition,
     calibration_bins,
     expected_calibration_error,
 )
 from .classification import (
+    UncertaintyDecomposition,
     accuracy,
     brier_score,
     negative_log_likelihood,
@@ -24,6 +27,7 @@ from .classification import (
 )
 from .ood import ood_auroc
 from .regression import (
+    VarianceDecomposition,
     gaussian_mixture_log_likelihood,
     interval_coverage,
     regression_variance_decomposition,
@@ -34,6 +38,10 @@ from .reliability import reliability_diagram
 from .temperature import fit_temperature, temperature_scale
 
 __all__ = [
+    "BrierDecomposition",
+    "CalibrationBins",
+    "UncertaintyDecomposition",
+    "VarianceDecomposition",
     "accuracy",
     "aumrc",
     "brier_decomposition",

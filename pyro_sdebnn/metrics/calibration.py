@@ -21,7 +21,13 @@ from torch import Tensor
 
 from ._validation import _check_labels, _check_num_bins, _check_probs
 
-__all__ = ["brier_decomposition", "calibration_bins", "expected_calibration_error"]
+__all__ = [
+    "BrierDecomposition",
+    "CalibrationBins",
+    "brier_decomposition",
+    "calibration_bins",
+    "expected_calibration_error",
+]
 
 
 def _bin_index(values: Tensor, num_bins: int) -> Tensor:

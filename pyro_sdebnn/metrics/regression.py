@@ -26,6 +26,7 @@ from torch import Tensor
 from ._validation import _check_vector, _float_tensor, _is_prediction
 
 __all__ = [
+    "VarianceDecomposition",
     "gaussian_mixture_log_likelihood",
     "interval_coverage",
     "regression_variance_decomposition",

@@ -203,7 +203,7 @@ class SDEBNN(ParamStoreModule, ContinuousDepthNet):
             of the discretised solve by :math:`O(\\Delta t)` (measured 4.3-12 % at ``dt = 0.05`` and
             0.95-2.2 % at 0.01 on a small network; the constant depends on the network).
         :param float dt: solver step; default the network's ``dt``, and with ``adjoint=True`` the smaller
-            of it and :data:`~pyro_sdebnn.ops.sde_solve.ADJOINT_DT` (0.01), where the adjoint gradient is
+            of it and ``ADJOINT_DT`` (0.01), where the adjoint gradient is
             within a few percent.
         """
         if y.shape[0] != x.shape[0]:
@@ -232,7 +232,7 @@ class SDEBNN(ParamStoreModule, ContinuousDepthNet):
             :class:`~pyro_sdebnn.infer.RegressionPrediction` with ``loc, scale (S, N)`` (Gaussian
             likelihood; other regression likelihoods report their location and scale parameters).
         :raises ValueError: if ``x`` (or a batch of the loader) holds a NaN or an infinity
-            (:func:`~pyro_sdebnn.data.loaders.check_finite_batch`).
+            (``check_finite_batch``).
 
         The network and the guide compute with the tensors of Pyro's param store, so a fit saved with
         ``pyro.get_param_store().save(path)`` predicts the same in a new process after::

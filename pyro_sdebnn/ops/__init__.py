@@ -1,7 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """Pure tensor maths behind the Pyro-facing classes: no Pyro handlers, no hidden random state.
 
-- :mod:`~pyro_sdebnn.ops.ou` -- Ornstein-Uhlenbeck (AR(1)) transitions, log-densities and KLs.
 - :mod:`~pyro_sdebnn.ops.path_kl` -- the analytic / full-MC / STL path-KL increments [1, 2].
 - :mod:`~pyro_sdebnn.ops.sde_solve` -- the fused Euler-Maruyama solve of weights, hidden state and KL; torchsde.
 - :mod:`~pyro_sdebnn.ops.moments` -- Gaussian moment propagation for MNVI [3].

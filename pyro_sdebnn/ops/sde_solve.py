@@ -38,7 +38,7 @@ Two implementations:
   hidden state, by far the larger part, keeps the adjoint's constant memory. torchsde's
   ``logqp=True`` is deliberately not used (it returns NaN when the diffusion is zero on the hidden
   dimensions). The Brownian motion is always an explicit :class:`torchsde.BrownianInterval` built
-  with ``dt`` (:func:`brownian_interval`), never torchsde's default.
+  with ``dt`` (``brownian_interval``), never torchsde's default.
 
 **Accuracy of the stochastic adjoint.** :func:`torchsde.sdeint_adjoint` differentiates by solving
 the adjoint SDE backward in time with its own Euler steps, reconstructing the forward state on the
@@ -46,7 +46,7 @@ way; its gradient is therefore not the exact gradient of the discretised forward
 from it by :math:`O(\\Delta t)`. Measured on a small SDE-BNN (same Brownian path, float64, relative
 2-norm of the gradient difference, ``estimator="stl"``, min-max over 3 seeds;
 ``benchmarks/bench_sdebnn_adjoint_gap.py``): 7.7-19 % at ``dt = 0.1``, 4.3-12 % at 0.05, 0.95-2.2 % at
-0.01 and 0.19-0.53 % at 0.002 (the constant depends on the network). :data:`ADJOINT_DT` (0.01) is
+0.01 and 0.19-0.53 % at 0.002 (the constant depends on the network). ``ADJOINT_DT`` (0.01) is
 therefore the default step of :meth:`pyro_sdebnn.nn.SDEBNN.fused_loss` with ``adjoint=True``.
 
 Shapes: paths are ``(..., K, D)`` (time before state, as ``OUPath``); torchsde internals are
@@ -310,7 +310,7 @@ def sdeint_augmented(sde: AugmentedPathSDE, init: Tensor, hidden_init: Tensor | 
     :param bool adjoint: use :func:`torchsde.sdeint_adjoint` (memory constant in the number of steps;
         its gradient is accurate to :math:`O(\\Delta t)`, see the module docstring). The backward solve
         uses Euler.
-    :param bm: a Brownian motion of size ``(batch, D)``; default :func:`brownian_interval`.
+    :param bm: a Brownian motion of size ``(batch, D)``; default ``brownian_interval``.
     :param bool adaptive: adaptive step size with ``rtol``/``atol`` (prediction time).
     :param bool return_path: output the weights at every grid point; with ``False`` torchsde is asked
         for the end point only (``ts = times[[0, -1]]``, the grid only sets ``dt``), so that the memory

@@ -36,7 +36,7 @@ class SamplingFreeMessenger(Messenger):
 
 
 def sampling_free(fn=None):
-    """Wrap ``fn`` (or open a context) in which :func:`is_sampling_free` is ``True``.
+    """Wrap ``fn`` (or open a context) in which ``is_sampling_free`` is ``True``.
 
     :param callable fn: a model or guide; ``None`` returns a context manager.
 
