@@ -26,7 +26,7 @@ _COMMON = textwrap.dedent("""
     import torch
     from pyro_sdebnn.infer import MAPEstimate, MeanFieldVI, NeuralSDEGuide
     from pyro_sdebnn.nn import SDEBNN
-from pyro_sdebnn.nn._mlp import make_mlp
+    from pyro_sdebnn.nn._mlp import make_mlp
 
     def build(seed):
         torch.manual_seed(seed)
