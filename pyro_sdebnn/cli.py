@@ -169,7 +169,7 @@ def build_parser(experiments: Mapping[str, ModuleType] | None = None) -> argpars
 
 
 def _run_datasets(args: argparse.Namespace) -> int:
-    from pyro_sdebnn.data.catalog import describe_datasets
+    from pyro_sdebnn.data._catalog import describe_datasets
 
     rows = describe_datasets()
     if args.json:

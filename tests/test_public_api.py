@@ -24,7 +24,7 @@ from pyro_sdebnn.nn.mnvi import MNLinear, MNSequential, SamplingFreeBNN
 #: Upper bound on the public names of each package. A new public name raises its package's bound here, on purpose.
 BUDGET = {
     "pyro_sdebnn": 1,
-    "pyro_sdebnn.data": 10,
+    "pyro_sdebnn.data": 14,
     "pyro_sdebnn.distributed": 28,
     "pyro_sdebnn.distributions": 5,
     "pyro_sdebnn.experiments": 0,
@@ -47,6 +47,9 @@ DUPLICATES_BEING_MERGED = {
     "RegressionPrediction": {"pyro_sdebnn.infer", "pyro_sdebnn.infer.mcmc"},
 }
 
+#: The benchmark programs run by ``pyro-sdebnn benchmark NAME`` list their interface (``NAME``, ``DESCRIPTION``,
+#: ``add_arguments``, ``run``) for their API page; the experiments package itself exports nothing.
+PROGRAMS = "pyro_sdebnn.experiments."
 #: Sub-packages whose own modules list more than their package exports; they are being restructured elsewhere.
 SUBMODULES_BEING_TRIMMED = ("pyro_sdebnn.infer.mcmc", "pyro_sdebnn.distributed")
 #: Modules of the infer package owned by the checkpoint rework (their ``__all__`` follows it).
@@ -131,6 +134,8 @@ def test_modules_list_only_what_their_package_exports(modules, packages):
         if not hasattr(module, "__all__") or hasattr(module, "__path__"):
             continue
         if name.startswith(SUBMODULES_BEING_TRIMMED) or name in MODULES_BEING_REWORKED:
+            continue
+        if name.startswith(PROGRAMS) and not name.rsplit(".", 1)[1].startswith("_"):
             continue
         package = name.rsplit(".", 1)[0]
         private = any(part.startswith("_") for part in name.split("."))

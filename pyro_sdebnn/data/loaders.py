@@ -35,6 +35,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+__all__ = ["check_finite_batch", "dataset_size", "iter_batches", "move_batch"]
+
 
 def is_loader(data) -> bool:
     """``True`` for a loader (an iterable that is not a tensor, array, list, tuple or dict), ``False`` for a tensor.

@@ -51,6 +51,8 @@ NAME = "fsgmcmc-gap"
 QUICK = "200 burn-in iterations, 40 samples every 20 (a smoke test, not a result)"
 DESCRIPTION = REGISTRY[NAME].description  # the one line of --help
 
+__all__ = ["DESCRIPTION", "METHODS", "NAME", "add_arguments", "run"]
+
 METHODS = ("SGLD", "SGHMC", "fSGLD", "fSGHMC")
 STEP_SIZES = {"SGLD": 1e-5, "SGHMC": 1e-4, "fSGLD": 1e-5, "fSGHMC": 1e-4}  # largest stable steps, full batch
 FRICTION = 10.0

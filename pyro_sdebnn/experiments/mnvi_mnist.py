@@ -74,6 +74,8 @@ QUICK = ("1 run, 1 epoch on the first 1,000 training and 500 test images of the 
          "--data-dir's data set)")
 DESCRIPTION = REGISTRY[NAME].description  # the one line of --help
 
+__all__ = ["ARCHS", "DESCRIPTION", "METHODS", "NAME", "PAPER_TABLE", "add_arguments", "lenet", "paper_lenet", "run"]
+
 
 METHODS = ("deterministic", "mc-dropout", "mfvi", "mnvi")
 PRIOR_VARIANCE = 1e-3  # Schmitt & Roth (2021), Table 4, LeNet

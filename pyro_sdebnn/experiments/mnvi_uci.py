@@ -76,6 +76,9 @@ NAME = "mnvi-uci"
 QUICK = "1 run over 2 of the 10 folds (--protocol splits: 2 splits), 20 epochs, 2 ensemble members"
 DESCRIPTION = REGISTRY[NAME].description  # the one line of --help
 
+__all__ = ["DESCRIPTION", "METHODS", "NAME", "PROTOCOLS", "add_arguments", "build_network", "fit_sampling_free",
+           "paper_fold", "run"]
+
 
 METHODS = ("mnvi", "mfvi", "mc-dropout", "ensemble")
 PROTOCOLS = ("paper", "splits")

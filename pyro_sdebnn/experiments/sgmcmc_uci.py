@@ -47,6 +47,8 @@ NAME = "sgmcmc-uci"
 QUICK = "2 splits, 100 burn-in iterations, 5 samples every 10"
 DESCRIPTION = REGISTRY[NAME].description  # the one line of --help
 
+__all__ = ["DESCRIPTION", "METHODS", "NAME", "add_arguments", "run"]
+
 METHODS = ("SGLD", "SGHMC", "fSGLD", "fSGHMC")
 STEP_SIZES = {"SGLD": 1e-5, "SGHMC": 1e-3, "fSGLD": 1e-5, "fSGHMC": 1e-3}
 FRICTION = 10.0

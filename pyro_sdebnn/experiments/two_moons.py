@@ -64,6 +64,8 @@ QUICK = ("16-16 hidden units, 30 epochs (15 for SVI), 10 predictive samples, 2 e
          "samples thinned by 2, a 25x25 grid")
 DESCRIPTION = REGISTRY[NAME].description  # the one line of --help
 
+__all__ = ["ADAPTERS", "DESCRIPTION", "NAME", "Settings", "add_arguments", "run"]
+
 
 Predictor = Callable[[Tensor], "object"]
 

@@ -7,7 +7,7 @@ TracePathKL_ELBO())``) over
 
 * a loader: any iterable of ``(x, y)`` batches whose ``dataset`` has a length, such as a
   :class:`~torch.utils.data.DataLoader` over a torchvision data set with augmentation; every batch
-  is moved to the model's device on its own (``iter_batches``), the
+  is moved to the model's device on its own (:func:`~pyro_sdebnn.data.loaders.iter_batches`), the
   data set never is;
 * or tensors ``(x, y)``, cut into (shuffled) minibatches of ``batch_size``.
 
@@ -292,7 +292,7 @@ def train_svi(
     :raises FloatingPointError: if a step's loss is NaN or infinite (the parameters keep their last finite values).
     :raises ValueError: for a bad ``resume`` file (see :func:`load_svi_checkpoint`) or bad arguments; for data
         holding a NaN or an infinity (inputs, or floating-point targets), naming the batch of the loader and the
-        index (``check_finite_batch``: tensors are checked once, a loader's batches
+        index (:func:`~pyro_sdebnn.data.loaders.check_finite_batch`: tensors are checked once, a loader's batches
         as they are read, before their SVI step); when data-parallel, if the ranks' loaders take different numbers
         of steps per epoch.
 

@@ -232,7 +232,7 @@ class SDEBNN(ParamStoreModule, ContinuousDepthNet):
             :class:`~pyro_sdebnn.infer.RegressionPrediction` with ``loc, scale (S, N)`` (Gaussian
             likelihood; other regression likelihoods report their location and scale parameters).
         :raises ValueError: if ``x`` (or a batch of the loader) holds a NaN or an infinity
-            (``check_finite_batch``).
+            (:func:`~pyro_sdebnn.data.check_finite_batch`).
 
         The network and the guide compute with the tensors of Pyro's param store, so a fit saved with
         ``pyro.get_param_store().save(path)`` predicts the same in a new process after::

@@ -4,7 +4,7 @@
 import pytest
 
 from pyro_sdebnn import data
-from pyro_sdebnn.data.catalog import describe_datasets
+from pyro_sdebnn.data._catalog import describe_datasets
 
 
 def test_rows_are_string_dicts_with_the_cli_keys():

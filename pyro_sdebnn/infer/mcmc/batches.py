@@ -5,7 +5,7 @@
 kernel one ``(x, y)`` batch per inner step, moved to the model's device (and floating-point inputs to its dtype)
 one batch at a time, cycling over epochs: at the end of an epoch the loader is iterated afresh, so that its
 shuffling and augmentation apply to every epoch. :math:`N` is ``len(loader.dataset)``
-(``dataset_size``).
+(:func:`pyro_sdebnn.data.loaders.dataset_size`).
 
 For checkpoints the stream records the random-number state from which the current epoch's iterator was made (torch's
 global state and the state of every ``torch.Generator`` of the loader: ``DataLoader(..., generator=g)`` and a
@@ -14,7 +14,7 @@ sampler's own ``generator``, e.g. ``RandomSampler(data, generator=g)``) and the 
 moving them to the device), so a resumed run sees the same batches as an uninterrupted one.
 
 Every batch is checked for NaN and infinities as it is read
-(``check_finite_batch``): a non-finite datum is a ``ValueError`` naming the model
+(:func:`~pyro_sdebnn.data.loaders.check_finite_batch`): a non-finite datum is a ``ValueError`` naming the model
 argument, the batch and the first bad index, not a divergence or a failed warm start later.
 
 >>> from torch.utils.data import DataLoader, TensorDataset
