@@ -6,7 +6,7 @@ Every ``fit`` and ``predict`` of the package accepts either the whole data set a
 ``dataset`` has a length, such as a :class:`~torch.utils.data.DataLoader` over a torchvision data set
 with augmentation. This module holds the three pieces they share:
 
-* :func:`is_loader` tells a loader from a tensor;
+* ``is_loader`` tells a loader from a tensor;
 * :func:`dataset_size` is the number of data points :math:`N` (the length of ``loader.dataset``),
   which scales the likelihood of a minibatch of size :math:`b` by :math:`N/b`, exactly as Pyro's
   subsampled :class:`~pyro.plate` does;
@@ -14,8 +14,8 @@ with augmentation. This module holds the three pieces they share:
   floating-point inputs to its dtype) with ``non_blocking=True`` when the loader pins memory; the
   whole data set is never copied to the device.
 
-Tensors are read in random minibatches (:func:`minibatch_indices`), and :func:`module_device_dtype` says where
-the batches go: the model's device and dtype. :func:`check_tensors` validates a data set (or a batch) given as
+Tensors are read in random minibatches (``minibatch_indices``), and ``module_device_dtype`` says where
+the batches go: the model's device and dtype. ``check_tensors`` validates a data set (or a batch) given as
 tensors, and :func:`check_finite_batch` rejects a batch (or a whole data set) holding a NaN or an infinity
 with a message naming the argument, the batch and the first bad index.
 
