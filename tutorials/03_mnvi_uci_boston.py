@@ -50,6 +50,11 @@ from pyro_sdebnn.nn.mnvi import SamplingFreeBNN, to_mnvi
 from pyro_sdebnn.ops import Moments
 
 
+def mlp() -> torch.nn.Sequential:
+    """The 13-50-2 ReLU network of the protocol: a mean and a log-variance per house."""
+    return torch.nn.Sequential(torch.nn.Linear(13, 50), torch.nn.ReLU(), torch.nn.Linear(50, 2))
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a few epochs only (smoke test)")
@@ -71,7 +76,7 @@ def main() -> None:
     # ## Data and network
     # Standardised features and targets; ``y_scale`` converts errors back to thousands of dollars.
     data = uci_boston(split=args.split)
-    net = to_mnvi(torch.nn.Sequential(torch.nn.Linear(13, 50), torch.nn.ReLU(), torch.nn.Linear(50, 2)))  # mean, log-var
+    net = to_mnvi(mlp())  # outputs (mean, log-variance)
     print(net)
     out = net(Moments(data.x_test[:3], None))
     print("one sampling-free pass: mean", tuple(out.mean.shape), "variance", tuple(out.var.shape))
@@ -119,7 +124,7 @@ def main() -> None:
     # ## The same model with sampling-based SVI
     # ``Trace_ELBO`` samples the weights from the guide's ``MultiplicativeNormal`` sites instead.
     pyro.clear_param_store()
-    sampled = SamplingFreeBNN(to_mnvi(torch.nn.Sequential(torch.nn.Linear(13, 50), torch.nn.ReLU(), torch.nn.Linear(50, 2))), "normal", num_data=len(data.y_train),
+    sampled = SamplingFreeBNN(to_mnvi(mlp()), "normal", num_data=len(data.y_train),
                               prior_scale=math.sqrt(10.0), name="sampled")
     sampled.fit(data.x_train, data.y_train, num_epochs=max(1, epochs // 4), batch_size=64,
                 optim=pyro.optim.Adam({"lr": 1e-2}), loss=Trace_ELBO())

@@ -168,7 +168,8 @@ class SVIBaseline(BaselineMethod):
 
     >>> from pyro_sdebnn.infer import MAPEstimate
     >>> from torch import nn
-    >>> method = MAPEstimate(nn.Sequential(nn.Linear(1, 4), nn.ReLU(), nn.Linear(4, 2)), "normal").fit(torch.randn(8, 1), torch.randn(8), num_epochs=1)
+    >>> net = nn.Sequential(nn.Linear(1, 4), nn.ReLU(), nn.Linear(4, 2))
+    >>> method = MAPEstimate(net, "normal").fit(torch.randn(8, 1), torch.randn(8), num_epochs=1)
     >>> type(method).__mro__[1].__name__, type(method.guide).__name__, len(method.losses)
     ('SVIBaseline', 'AutoDelta', 1)
     """

@@ -67,7 +67,9 @@ class DeepEnsemble(BaselineMethod):
 
     >>> from torch import nn
     >>> x, y = torch.randn(32, 1), torch.randn(32)
-    >>> ens = DeepEnsemble(lambda: nn.Sequential(nn.Linear(1, 16), nn.ReLU(), nn.Linear(16, 2)), "normal", num_members=3)
+    >>> def net():
+    ...     return nn.Sequential(nn.Linear(1, 16), nn.ReLU(), nn.Linear(16, 2))
+    >>> ens = DeepEnsemble(net, "normal", num_members=3)
     >>> pred = ens.fit(x, y, num_epochs=2).predict(x[:4])
     >>> pred.loc.shape, pred.epistemic_variance.shape
     (torch.Size([3, 4]), torch.Size([4]))

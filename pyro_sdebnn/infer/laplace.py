@@ -181,7 +181,8 @@ class Laplace(BaselineMethod):
 
     >>> from torch import nn
     >>> x, y = torch.randn(40, 2), torch.randint(0, 2, (40,))
-    >>> la = Laplace(nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 2)), "categorical", hessian_structure="kron").fit(x, y, num_epochs=5)
+    >>> net = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 2))
+    >>> la = Laplace(net, "categorical", hessian_structure="kron").fit(x, y, num_epochs=5)
     >>> la.predict(x[:3]).probs.shape, la.predict(x[:3], pred_type="nn", num_samples=10).probs.shape
     (torch.Size([1, 3, 2]), torch.Size([10, 3, 2]))
     """

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The point estimate: MAP weights of a Bayesian copy of the network (independent Gaussian priors on every weight) with ``AutoDelta``.
+"""The point estimate: ``AutoDelta`` MAP weights of a Bayesian copy of the network (Gaussian priors on every weight).
 
 .. math::
 
@@ -60,7 +60,8 @@ class MAPEstimate(SVIBaseline):
 
     >>> from torch import nn
     >>> x, y = torch.randn(20, 2), torch.randint(0, 2, (20,))
-    >>> map_fit = MAPEstimate(nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 2)), "categorical").fit(x, y, num_epochs=3, batch_size=10)
+    >>> net = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 2))
+    >>> map_fit = MAPEstimate(net, "categorical").fit(x, y, num_epochs=3, batch_size=10)
     >>> map_fit.predict(x[:3]).probs.shape
     torch.Size([1, 3, 2])
     """

@@ -54,7 +54,8 @@ class MCDropout(BaselineMethod):
 
     >>> from torch import nn
     >>> x, y = torch.randn(32, 2), torch.randint(0, 2, (32,))
-    >>> method = MCDropout(nn.Sequential(nn.Linear(2, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 2)), "categorical", num_samples=8)
+    >>> net = nn.Sequential(nn.Linear(2, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 2))
+    >>> method = MCDropout(net, "categorical", num_samples=8)
     >>> method.fit(x, y, num_epochs=2).predict(x[:5]).probs.shape
     torch.Size([8, 5, 2])
     """
@@ -65,7 +66,8 @@ class MCDropout(BaselineMethod):
             raise TypeError(f"net must be a torch.nn.Module, got {type(net).__name__}")
         self.dropout_layers = [m for m in _dropout_layers(net) if m.p > 0]
         if not self.dropout_layers:
-            raise ValueError("net has no dropout layer with p > 0; add e.g. nn.Dropout(0.1) after each hidden activation")
+            raise ValueError("net has no dropout layer with p > 0; add e.g. nn.Dropout(0.1) after each hidden "
+                             "activation")
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
         self.net = net

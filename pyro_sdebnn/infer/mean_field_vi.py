@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Mean-field Gaussian VI (Bayes by backprop) on a Bayesian copy of the network (independent Gaussian priors on every weight).
+"""Mean-field Gaussian VI (Bayes by backprop) on a Bayesian copy of the network (Gaussian priors on every weight).
 
 Guide :math:`q(w) = \\prod_j \\mathcal N(w_j; m_j, s_j^2)` (Pyro's ``AutoNormal``), trained on
 
@@ -55,7 +55,8 @@ class MeanFieldVI(SVIBaseline):
 
     >>> from torch import nn
     >>> x, y = torch.randn(20, 2), torch.randint(0, 2, (20,))
-    >>> vi = MeanFieldVI(nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 2)), "categorical").fit(x, y, num_epochs=3, batch_size=10)
+    >>> net = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 2))
+    >>> vi = MeanFieldVI(net, "categorical").fit(x, y, num_epochs=3, batch_size=10)
     >>> vi.predict(x[:3], num_samples=7).probs.shape
     torch.Size([7, 3, 2])
     """

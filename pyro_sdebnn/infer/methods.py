@@ -145,7 +145,9 @@ class BaselineMethod:
 
     >>> from pyro_sdebnn.infer import DeepEnsemble
     >>> from torch import nn
-    >>> method = DeepEnsemble(lambda: nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 3)), "categorical", num_members=2)
+    >>> def net():
+    ...     return nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 3))
+    >>> method = DeepEnsemble(net, "categorical", num_members=2)
     >>> type(method).__mro__[1].__name__, method.likelihood
     ('BaselineMethod', 'categorical')
     >>> total, aleatoric, epistemic = method.uncertainty(torch.randn(4, 2))

@@ -157,7 +157,8 @@ class SamplingFreeBNN(nn.Module):
     # -------------------------------------------------------------------------------- pyro program
     def _check_outputs(self, mean: Tensor) -> None:
         if self.likelihood == "normal" and (mean.dim() != 2 or mean.shape[-1] != 2):
-            raise ValueError(f"a normal likelihood needs a net that outputs (N, 2) = (mean, log-variance), got {tuple(mean.shape)}")
+            raise ValueError(f"a normal likelihood needs a net that outputs (N, 2) = (mean, log-variance), got "
+                             f"{tuple(mean.shape)}")
         if self.likelihood == "categorical" and mean.dim() != 2:
             raise ValueError(f"a categorical net must output (N, C) logits, got {tuple(mean.shape)}")
 
