@@ -22,7 +22,7 @@ import torch
 
 from pyro_sdebnn.data import two_moons
 from pyro_sdebnn.infer import Laplace, MAPEstimate, MeanFieldVI
-from pyro_sdebnn.nn import make_mlp
+from pyro_sdebnn.nn._mlp import make_mlp
 
 
 def _timeit(fn, repeats: int, number: int) -> list[float]:

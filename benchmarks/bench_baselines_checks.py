@@ -25,7 +25,8 @@ from torch.utils.data import DataLoader, TensorDataset
 import pyro_sdebnn.data.loaders as loaders
 import pyro_sdebnn.nn._param_store as param_store
 from pyro_sdebnn.infer import MCDropout, NeuralSDEGuide, TracePathKL_ELBO
-from pyro_sdebnn.nn import SDEBNN, make_mlp
+from pyro_sdebnn.nn import SDEBNN
+from pyro_sdebnn.nn._mlp import make_mlp
 
 
 def _ratios(run, patch, repeats: int) -> list[float]:

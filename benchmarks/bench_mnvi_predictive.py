@@ -37,7 +37,7 @@ import pyro
 import torch
 
 from pyro_sdebnn.data import two_moons
-from pyro_sdebnn.nn import make_mlp
+from pyro_sdebnn.nn._mlp import make_mlp
 from pyro_sdebnn.nn.mnvi import SamplingFreeBNN, to_mnvi
 
 

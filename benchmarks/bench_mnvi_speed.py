@@ -66,7 +66,8 @@ import torch.nn.functional as F
 
 from pyro_sdebnn.experiments.mnvi_mnist import lenet
 from pyro_sdebnn.infer import MCDropout, SamplingFree_ELBO
-from pyro_sdebnn.nn.mnvi import MNReLU, Moments, SamplingFreeBNN, to_mean_field, to_mnvi
+from pyro_sdebnn.nn.mnvi import MNReLU, SamplingFreeBNN, to_mean_field, to_mnvi
+from pyro_sdebnn.ops import Moments
 
 GROUPS = ("predict", "step", "others", "compile")
 

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 from pyro_sdebnn.data import uci_boston
 from pyro_sdebnn.metrics import gaussian_mixture_log_likelihood, rmse
-from pyro_sdebnn.nn import make_mlp
+from pyro_sdebnn.nn._mlp import make_mlp
 from pyro_sdebnn.nn.mnvi import SamplingFreeBNN, to_mnvi
 
 
@@ -62,7 +62,7 @@ def main(argv=None) -> list[dict]:
         d = uci_boston(split=k)
         net = to_mnvi(make_mlp([d.x_train.shape[1], 50, 2]))
         n = d.x_train.shape[0]
-        bnn = SamplingFreeBNN(net, "gaussian", num_data=n, prior_scale=math.sqrt(args.prior_var))
+        bnn = SamplingFreeBNN(net, "normal", num_data=n, prior_scale=math.sqrt(args.prior_var))
         opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
         start, epochs = time.perf_counter(), args.epochs
         for epoch in range(epochs):

@@ -33,7 +33,7 @@ from pyro.infer import Trace_ELBO
 from pyro_sdebnn.data import uci_boston
 from pyro_sdebnn.experiments.mnvi_uci import BATCH_SIZE, PRIOR_VARIANCE, _evaluate
 from pyro_sdebnn.infer import SamplingFree_ELBO
-from pyro_sdebnn.nn import make_mlp
+from pyro_sdebnn.nn._mlp import make_mlp
 from pyro_sdebnn.nn.mnvi import SamplingFreeBNN, to_mnvi
 
 
@@ -59,7 +59,7 @@ def main(argv=None) -> dict:
         for name in results:
             pyro.set_rng_seed(k)
             pyro.clear_param_store()
-            bnn = SamplingFreeBNN(to_mnvi(make_mlp([split.x_train.shape[1], 50, 2])), "gaussian",
+            bnn = SamplingFreeBNN(to_mnvi(make_mlp([split.x_train.shape[1], 50, 2])), "normal",
                                   num_data=split.x_train.shape[0], prior_scale=math.sqrt(PRIOR_VARIANCE), name=f"m{k}")
             if name == "Trace_ELBO":
                 loss = Trace_ELBO()

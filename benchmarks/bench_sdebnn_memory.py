@@ -31,7 +31,8 @@ from pathlib import Path
 import torch
 
 from pyro_sdebnn.nn import DriftMLP, TimeMLPField
-from pyro_sdebnn.ops import AugmentedPathSDE, brownian_interval, sdeint_augmented, time_grid
+from pyro_sdebnn.ops import AugmentedPathSDE, sdeint_augmented, time_grid
+from pyro_sdebnn.ops.sde_solve import brownian_interval
 
 
 def _measure(steps: int, adjoint: bool, device: torch.device, batch: int = 8, n: int = 16

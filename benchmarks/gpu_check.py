@@ -445,7 +445,7 @@ def section_speed(report: Report, budget: Budget, args) -> None:
     # training) against one plain gradient pass over the same data; the probit GLM predictive against the plain
     # forward pass
     from pyro_sdebnn.infer import Laplace
-    from pyro_sdebnn.nn import make_mlp
+    from pyro_sdebnn.nn._mlp import make_mlp
 
     n, widths = (128, [784, 32, 10]) if dry else (2048, [784, 100, 10])
     g = torch.Generator().manual_seed(0)

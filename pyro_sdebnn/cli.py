@@ -54,11 +54,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Mapping, Sequence
 
-from pyro_sdebnn.experiments import _args as check
+from pyro_sdebnn.experiments import _arg_types as check
 from pyro_sdebnn.experiments import REGISTRY, load
-
-__all__ = ["add_data_dir_arguments", "build_parser", "end_of_run_report", "format_summary", "main",
-           "resolve_device"]
 
 DEFAULT_BENCHMARK = "two-moons"
 #: The exit status after Ctrl-C (SIGINT), as a shell reports a process ended by that signal: 128 + 2.
@@ -172,7 +169,7 @@ def build_parser(experiments: Mapping[str, ModuleType] | None = None) -> argpars
 
 
 def _run_datasets(args: argparse.Namespace) -> int:
-    from pyro_sdebnn.data import describe_datasets
+    from pyro_sdebnn.data._catalog import describe_datasets
 
     rows = describe_datasets()
     if args.json:

@@ -25,7 +25,7 @@ training data is a loader whose sampler is a
 :class:`~torch.utils.data.distributed.DistributedSampler` (e.g. :func:`distributed_loader`):
 each rank then reads only its shard, and training on it alone would be wrong. In that case, and only then, the loops
 of :func:`pyro_sdebnn.infer.train_svi` (hence :meth:`~pyro_sdebnn.nn.mnvi.SamplingFreeBNN.fit`),
-:meth:`~pyro_sdebnn.infer.pyro_bnn.SVIBaseline.fit` (:class:`~pyro_sdebnn.infer.MAPEstimate`,
+``SVIBaseline.fit`` (:class:`~pyro_sdebnn.infer.MAPEstimate`,
 :class:`~pyro_sdebnn.infer.MeanFieldVI`), :func:`~pyro_sdebnn.infer.map_training.train_network` and
 :meth:`~pyro_sdebnn.infer.MCDropout.fit`
 
@@ -94,28 +94,6 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
-__all__ = [
-    "DistributedError",
-    "average_gradients_",
-    "broadcast_module_",
-    "data_parallel_sampler",
-    "distributed_loader",
-    "is_sharded",
-    "running_stats",
-    "all_gather_objects",
-    "all_reduce_mean",
-    "all_reduce_sum",
-    "barrier",
-    "broadcast_",
-    "gather_objects",
-    "init",
-    "is_initialized",
-    "is_main",
-    "local_rank",
-    "rank",
-    "shutdown",
-    "world_size",
-]
 
 #: Seconds a collective waits for the other ranks by default before it raises.
 DEFAULT_TIMEOUT = 300.0

@@ -18,8 +18,6 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-__all__ = ["ClassificationPrediction", "RegressionPrediction"]
-
 
 @dataclass(frozen=True)
 class ClassificationPrediction:

@@ -53,7 +53,7 @@ def test_python_dash_m_entry_point_and_a_light_start():
         "    except SystemExit as exit:\n"
         "        assert exit.code == 0, exit.code\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'pyro', 'numpy')\n"
-        "               or m.startswith('pyro_sdebnn.experiments.') and m != 'pyro_sdebnn.experiments._args')\n"
+        "               or m.startswith('pyro_sdebnn.experiments.') and m != 'pyro_sdebnn.experiments._arg_types')\n"
         "print(out.getvalue())\n"
         "print('HEAVY', heavy)\n"
     )
@@ -307,7 +307,7 @@ def test_quick_fills_in_only_the_options_not_given(tmp_path, monkeypatch):
 
 # --------------------------------------------------------------------------- Ctrl-C
 def test_interrupt_keeps_the_finished_part_and_exits_130(tmp_path, capsys):
-    from pyro_sdebnn.experiments._common import Interrupted
+    from pyro_sdebnn.experiments._harness import Interrupted
 
     def run(args):
         (args.output / "table.md").write_text("| a |\n")

@@ -14,9 +14,11 @@ from pyro.infer import MCMC, SVI
 
 from pyro_sdebnn.distributions import GPFunctionalPrior, MultiplicativeNormal, OUPath
 from pyro_sdebnn.infer import NeuralSDEGuide, SamplingFree_ELBO, TracePathKL_ELBO
+from pyro_sdebnn.infer._svi_baseline import PyroBNN
 from pyro_sdebnn.infer.mcmc import SGHMC, SGLD, BayesianMLP
-from pyro_sdebnn.infer.pyro_bnn import PyroBNN
-from pyro_sdebnn.nn import SDEBNN, SamplingFreeBNN, make_mlp, to_mnvi
+from pyro_sdebnn.nn import SDEBNN
+from pyro_sdebnn.nn._mlp import make_mlp
+from pyro_sdebnn.nn.mnvi import SamplingFreeBNN, to_mnvi
 
 DEVICES = [
     "cpu",
@@ -65,7 +67,7 @@ def test_mnvi_sampling_free_step_and_prediction_follow_module(device):
     x = torch.randn(16, 3, dtype=DTYPE, device=device)
     y = x.sum(-1)
     net = to_mnvi(make_mlp([3, 8, 2])).to(device=device, dtype=DTYPE)
-    bnn = SamplingFreeBNN(net, "gaussian", num_data=16)
+    bnn = SamplingFreeBNN(net, "normal", num_data=16)
     svi = SVI(bnn.model, bnn.guide, pyro.optim.Adam({"lr": 1e-3}), SamplingFree_ELBO())
     svi.step(x, y)
     pred = bnn.predict(x)

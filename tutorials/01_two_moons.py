@@ -44,7 +44,6 @@ from pyro_sdebnn.metrics import (
     temperature_scale,
     uncertainty_decomposition,
 )
-from pyro_sdebnn.nn import make_mlp
 
 
 def parse_args() -> argparse.Namespace:
@@ -77,7 +76,10 @@ def main() -> None:
     # Gaussian around its own MAP and predicts with the linearised network; MC-dropout keeps dropout
     # on at test time; the deep ensemble trains five networks from different initialisations.
     def net(dropout: float = 0.0):
-        return make_mlp([2, hidden, hidden, 2], "relu", dropout=dropout)
+        def block(fan_in: int) -> list:  # Linear -> ReLU [-> Dropout]
+            return [torch.nn.Linear(fan_in, hidden), torch.nn.ReLU()] + ([torch.nn.Dropout(dropout)] if dropout else [])
+
+        return torch.nn.Sequential(*block(2), *block(hidden), torch.nn.Linear(hidden, 2))
 
     fit_kwargs = dict(num_epochs=epochs, lr=1e-2, batch_size=32, weight_decay=1e-4)
     methods = {

@@ -46,8 +46,13 @@ from pyro.infer import Trace_ELBO
 from pyro_sdebnn.data import uci_boston
 from pyro_sdebnn.infer import PiecewiseKLSchedule, SamplingFree_ELBO
 from pyro_sdebnn.metrics import gaussian_mixture_log_likelihood, rmse
-from pyro_sdebnn.nn import make_mlp
-from pyro_sdebnn.nn.mnvi import Moments, SamplingFreeBNN, to_mnvi
+from pyro_sdebnn.nn.mnvi import SamplingFreeBNN, to_mnvi
+from pyro_sdebnn.ops import Moments
+
+
+def mlp() -> torch.nn.Sequential:
+    """The 13-50-2 ReLU network of the protocol: a mean and a log-variance per house."""
+    return torch.nn.Sequential(torch.nn.Linear(13, 50), torch.nn.ReLU(), torch.nn.Linear(50, 2))
 
 
 def parse_args() -> argparse.Namespace:
@@ -71,7 +76,7 @@ def main() -> None:
     # ## Data and network
     # Standardised features and targets; ``y_scale`` converts errors back to thousands of dollars.
     data = uci_boston(split=args.split)
-    net = to_mnvi(make_mlp([13, 50, 2]))  # outputs (mean, log-variance)
+    net = to_mnvi(mlp())  # outputs (mean, log-variance)
     print(net)
     out = net(Moments(data.x_test[:3], None))
     print("one sampling-free pass: mean", tuple(out.mean.shape), "variance", tuple(out.var.shape))
@@ -87,7 +92,7 @@ def main() -> None:
     # -2.52 with the authors' schedule). ``pyro-sdebnn benchmark mnvi-uci`` also uses Xavier-normal weights,
     # zero biases and separate mean / log-variance heads, as the authors' code does. On split 0 this cell
     # gives about -2.64 (the benchmark's network: -2.61).
-    bnn = SamplingFreeBNN(net, "gaussian", num_data=len(data.y_train), prior_scale=math.sqrt(10.0))
+    bnn = SamplingFreeBNN(net, "normal", num_data=len(data.y_train), prior_scale=math.sqrt(10.0))
     milestones = [epochs // 2, 3 * epochs // 4]
     start = time.perf_counter()
     history = bnn.fit(
@@ -119,7 +124,7 @@ def main() -> None:
     # ## The same model with sampling-based SVI
     # ``Trace_ELBO`` samples the weights from the guide's ``MultiplicativeNormal`` sites instead.
     pyro.clear_param_store()
-    sampled = SamplingFreeBNN(to_mnvi(make_mlp([13, 50, 2])), "gaussian", num_data=len(data.y_train),
+    sampled = SamplingFreeBNN(to_mnvi(mlp()), "normal", num_data=len(data.y_train),
                               prior_scale=math.sqrt(10.0), name="sampled")
     sampled.fit(data.x_train, data.y_train, num_epochs=max(1, epochs // 4), batch_size=64,
                 optim=pyro.optim.Adam({"lr": 1e-2}), loss=Trace_ELBO())

@@ -8,23 +8,20 @@ regression targets float ``(N,)``, classification labels ``torch.int64`` ``(N,)`
 downloaded except by the torchvision loaders when asked to (``download=True``).
 """
 
-from .catalog import describe_datasets
-from .loaders import dataset_size, is_loader, iter_batches, move_batch
 from .images import cifar10, digits, fashion_mnist, mnist, mnist_subset
+from .loaders import check_finite_batch, dataset_size, iter_batches, move_batch
 from .split import DataSplit
 from .synthetic import gap_regression_1d, toy_regression_1d, two_moons
-from .uci import NUM_UCI_SPLITS, uci_boston
+from .uci import uci_boston
 
 __all__ = [
-    "NUM_UCI_SPLITS",
     "DataSplit",
+    "check_finite_batch",
     "cifar10",
     "dataset_size",
-    "describe_datasets",
     "digits",
     "fashion_mnist",
     "gap_regression_1d",
-    "is_loader",
     "iter_batches",
     "mnist",
     "mnist_subset",

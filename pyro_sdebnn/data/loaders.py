@@ -6,7 +6,7 @@ Every ``fit`` and ``predict`` of the package accepts either the whole data set a
 ``dataset`` has a length, such as a :class:`~torch.utils.data.DataLoader` over a torchvision data set
 with augmentation. This module holds the three pieces they share:
 
-* :func:`is_loader` tells a loader from a tensor;
+* ``is_loader`` tells a loader from a tensor;
 * :func:`dataset_size` is the number of data points :math:`N` (the length of ``loader.dataset``),
   which scales the likelihood of a minibatch of size :math:`b` by :math:`N/b`, exactly as Pyro's
   subsampled :class:`~pyro.plate` does;
@@ -14,8 +14,8 @@ with augmentation. This module holds the three pieces they share:
   floating-point inputs to its dtype) with ``non_blocking=True`` when the loader pins memory; the
   whole data set is never copied to the device.
 
-Tensors are read in random minibatches (:func:`minibatch_indices`), and :func:`module_device_dtype` says where
-the batches go: the model's device and dtype. :func:`check_tensors` validates a data set (or a batch) given as
+Tensors are read in random minibatches (``minibatch_indices``), and ``module_device_dtype`` says where
+the batches go: the model's device and dtype. ``check_tensors`` validates a data set (or a batch) given as
 tensors, and :func:`check_finite_batch` rejects a batch (or a whole data set) holding a NaN or an infinity
 with a message naming the argument, the batch and the first bad index.
 
@@ -35,16 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-__all__ = [
-    "check_finite_batch",
-    "check_tensors",
-    "dataset_size",
-    "is_loader",
-    "iter_batches",
-    "minibatch_indices",
-    "module_device_dtype",
-    "move_batch",
-]
+__all__ = ["check_finite_batch", "dataset_size", "iter_batches", "move_batch"]
 
 
 def is_loader(data) -> bool:
@@ -189,7 +180,7 @@ def module_device_dtype(*modules: nn.Module, buffers: bool = False) -> tuple[tor
 def check_tensors(x: Tensor, y: Tensor | None = None, likelihood: str | None = None) -> None:
     """Validate inputs ``x`` ``(N, ...)`` and targets ``y`` ``(N,)`` (or ``None``) given as tensors.
 
-    :param str likelihood: ``"categorical"`` (``y`` holds integer labels), ``"gaussian"`` (``y`` is floating
+    :param str likelihood: ``"categorical"`` (``y`` holds integer labels), ``"normal"`` (``y`` is floating
         point) or ``None`` (any dtype).
     :raises TypeError: when ``x`` or ``y`` is not a tensor, or ``y`` has the wrong dtype for the likelihood.
     :raises ValueError: when ``x`` has no feature dimension or ``y`` does not have one entry per row of ``x``.
@@ -211,8 +202,8 @@ def check_tensors(x: Tensor, y: Tensor | None = None, likelihood: str | None = N
         raise ValueError(f"y must have shape (N,) = {tuple(x.shape[:1])}, got {tuple(y.shape)}")
     if likelihood == "categorical" and (y.dtype.is_floating_point or y.dtype == torch.bool):
         raise TypeError(f"categorical labels y must be an integer tensor, got {y.dtype}")
-    if likelihood == "gaussian" and not y.dtype.is_floating_point:
-        raise TypeError(f"gaussian targets y must be a floating-point tensor, got {y.dtype}")
+    if likelihood == "normal" and not y.dtype.is_floating_point:
+        raise TypeError(f"normal-likelihood targets y must be a floating-point tensor, got {y.dtype}")
 
 
 def _target_name(what: str) -> str:

@@ -10,7 +10,7 @@ import torch
 
 from .split import DataSplit, _check_dtype, _check_fraction, _standardize_columns, _to_split
 
-__all__ = ["NUM_UCI_SPLITS", "uci_boston"]
+__all__ = ["uci_boston"]
 
 #: Number of standard random train/test splits of each UCI data set (the protocol of the UCI tables).
 NUM_UCI_SPLITS = 20
@@ -33,7 +33,7 @@ def uci_boston(
 ) -> DataSplit:
     """The UCI Boston housing regression data (506 houses, 13 features), from the copy in ``mlxtend``.
 
-    The standard protocol of the UCI regression tables: :data:`NUM_UCI_SPLITS` = 20 random splits,
+    The standard protocol of the UCI regression tables: ``NUM_UCI_SPLITS`` = 20 random splits,
     split ``k`` a random permutation seeded by ``k`` with the last ``round(test_fraction * 506)``
     rows (51 for 10 %) held out. With ``standardize`` the features and the target are standardised
     with the mean and (population) standard deviation of the **training split only**; the target's

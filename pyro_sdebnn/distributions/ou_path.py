@@ -14,7 +14,7 @@ from torch.distributions.kl import register_kl
 from torch.distributions.utils import lazy_property
 from torch.types import _size
 
-from pyro_sdebnn.ops.ou import ar1_kl, ar1_log_prob, ar1_moments, ar1_sample, ou_stationary_variance, ou_transition
+from pyro_sdebnn.ops._ou import ar1_kl, ar1_log_prob, ar1_moments, ar1_sample, ou_stationary_variance, ou_transition
 
 __all__ = ["OUPath", "ou_stationary"]
 

@@ -24,8 +24,6 @@ import importlib
 from types import ModuleType
 from typing import NamedTuple
 
-__all__ = ["REGISTRY", "Benchmark", "discover", "load"]
-
 
 class Benchmark(NamedTuple):
     """One entry of :data:`REGISTRY`: the module (relative to this package) and the one-line description."""

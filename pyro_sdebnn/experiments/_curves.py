@@ -19,11 +19,9 @@ from typing import Callable, Mapping, Sequence
 import torch
 
 from pyro_sdebnn.data.loaders import iter_batches
-from pyro_sdebnn.experiments import _common as common
+from pyro_sdebnn.experiments import _harness as common
 from pyro_sdebnn.experiments._images import ImageLoaders, test_probs
 from pyro_sdebnn.metrics import accuracy, negative_log_likelihood
-
-__all__ = ["Curve", "fit_with_curve", "late_gain", "svi_fit_with_curve", "write_curves"]
 
 
 class Curve:

@@ -21,8 +21,6 @@ from torch import Tensor
 from pyro_sdebnn import data
 from pyro_sdebnn.data import images
 
-__all__ = ["ImageLoaders", "TensorImages", "bundled_split", "data_dir", "test_probs"]
-
 
 def data_dir(args) -> Path | None:
     """The folder of ``--data-dir`` (or a benchmark's ``--root``), checked to exist unless ``--download``.

@@ -44,14 +44,15 @@ from tqdm.auto import tqdm
 
 from pyro_sdebnn.data import gap_regression_1d
 from pyro_sdebnn.experiments import REGISTRY
-from pyro_sdebnn.experiments import _args as check
-from pyro_sdebnn.experiments import _common as common
+from pyro_sdebnn.experiments import _arg_types as check
+from pyro_sdebnn.experiments import _harness as common
 from pyro_sdebnn.metrics import interval_coverage
 
 NAME = "fsgmcmc-gap"
 #: What ``--quick`` does (shown by ``--help``).
 QUICK = "200 burn-in iterations, 40 samples every 20 (a smoke test, not a result)"
 DESCRIPTION = REGISTRY[NAME].description  # the one line of --help
+
 __all__ = ["DESCRIPTION", "METHODS", "NAME", "add_arguments", "run"]
 
 METHODS = ("SGLD", "SGHMC", "fSGLD", "fSGHMC")

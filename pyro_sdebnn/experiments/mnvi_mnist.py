@@ -64,8 +64,8 @@ from tqdm.auto import tqdm
 
 from pyro_sdebnn.data.loaders import is_loader, iter_batches
 from pyro_sdebnn.experiments import REGISTRY
-from pyro_sdebnn.experiments import _args as check
-from pyro_sdebnn.experiments import _common as common
+from pyro_sdebnn.experiments import _arg_types as check
+from pyro_sdebnn.experiments import _harness as common
 from pyro_sdebnn.experiments._curves import write_curves
 from pyro_sdebnn.experiments._images import ImageLoaders, TensorImages, bundled_split, data_dir, test_probs
 from pyro_sdebnn.metrics import aumrc, misclassification_at_rejection, reliability_diagram
@@ -77,6 +77,7 @@ QUICK = ("1 run, 1 epoch on the first 1,000 training and 500 test images of the 
 DESCRIPTION = REGISTRY[NAME].description  # the one line of --help
 
 __all__ = ["ARCHS", "DESCRIPTION", "METHODS", "NAME", "PAPER_TABLE", "add_arguments", "lenet", "paper_lenet", "run"]
+
 
 METHODS = ("deterministic", "mc-dropout", "mfvi", "mnvi")
 PRIOR_VARIANCE = 1e-3  # Schmitt & Roth (2021), Table 4, LeNet

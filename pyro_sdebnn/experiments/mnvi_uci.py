@@ -67,12 +67,12 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from pyro_sdebnn.data import DataSplit, NUM_UCI_SPLITS, uci_boston
+from pyro_sdebnn.data import DataSplit, uci_boston
 from pyro_sdebnn.data.split import _check_dtype, _standardize_columns, _to_split
-from pyro_sdebnn.data.uci import _boston_arrays
+from pyro_sdebnn.data.uci import NUM_UCI_SPLITS, _boston_arrays
 from pyro_sdebnn.experiments import REGISTRY
-from pyro_sdebnn.experiments import _args as check
-from pyro_sdebnn.experiments import _common as common
+from pyro_sdebnn.experiments import _arg_types as check
+from pyro_sdebnn.experiments import _harness as common
 
 NAME = "mnvi-uci"
 #: What ``--quick`` does (shown by ``--help``).
@@ -81,6 +81,7 @@ DESCRIPTION = REGISTRY[NAME].description  # the one line of --help
 
 __all__ = ["DESCRIPTION", "METHODS", "NAME", "PROTOCOLS", "add_arguments", "build_network", "fit_sampling_free",
            "paper_fold", "run"]
+
 
 METHODS = ("mnvi", "mfvi", "mc-dropout", "ensemble")
 PROTOCOLS = ("paper", "splits")
@@ -190,7 +191,7 @@ def fit_sampling_free(kind: str, x: torch.Tensor, y: torch.Tensor, *, epochs: in
 
     milestones = [epochs // 2, (3 * epochs) // 4]
     net = build_network(kind, x.shape[1], device=x.device, dtype=x.dtype)
-    bnn = SamplingFreeBNN(net, "gaussian", num_data=x.shape[0], prior_scale=math.sqrt(PRIOR_VARIANCE), name=kind)
+    bnn = SamplingFreeBNN(net, "normal", num_data=x.shape[0], prior_scale=math.sqrt(PRIOR_VARIANCE), name=kind)
     optim = PyroLRScheduler(torch.optim.lr_scheduler.MultiStepLR, {
         "optimizer": torch.optim.SGD, "optim_args": {"lr": 0.05, "momentum": 0.9}, "milestones": milestones,
         "gamma": 0.1})  # = pyro.optim.MultiStepLR
@@ -201,14 +202,14 @@ def fit_sampling_free(kind: str, x: torch.Tensor, y: torch.Tensor, *, epochs: in
 
 def _fit_baseline(kind: str, split, epochs: int, quick: bool, device, dtype) -> object:
     from pyro_sdebnn.infer import DeepEnsemble, MCDropout
-    from pyro_sdebnn.nn import make_mlp
+    from pyro_sdebnn.nn._mlp import make_mlp
 
     d = split.x_train.shape[1]
     method: MCDropout | DeepEnsemble
     if kind == "mc-dropout":
-        method = MCDropout(make_mlp([d, 50, 2], dropout=0.05, device=device, dtype=dtype), "gaussian", num_samples=50)
+        method = MCDropout(make_mlp([d, 50, 2], dropout=0.05, device=device, dtype=dtype), "normal", num_samples=50)
     else:
-        method = DeepEnsemble(lambda: make_mlp([d, 50, 2], device=device, dtype=dtype), "gaussian",
+        method = DeepEnsemble(lambda: make_mlp([d, 50, 2], device=device, dtype=dtype), "normal",
                               num_members=2 if quick else 5)
     return method.fit(split.x_train, split.y_train, num_epochs=epochs, lr=1e-2, batch_size=32, weight_decay=1e-4)
 

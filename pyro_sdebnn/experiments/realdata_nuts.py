@@ -43,12 +43,13 @@ from typing import TypedDict
 import torch
 
 from pyro_sdebnn import metrics
-from pyro_sdebnn.experiments import _common as common
+from pyro_sdebnn.experiments import _harness as common
 
 NAME = "realdata-nuts"
 DESCRIPTION = "SGLD / SGHMC defaults against NUTS on scikit-learn's diabetes and breast-cancer data"
 
 __all__ = ["DESCRIPTION", "NAME", "add_arguments", "run"]
+
 
 DATASETS = ("diabetes", "breast")
 METHODS = ("NUTS", "SGLD", "SGHMC")

@@ -29,7 +29,7 @@ MLP of widths 2, 128, 2 (``--drift-width``: a D → 2 bottleneck, one hidden lay
 Euler–Maruyama on a fixed grid of dt = 0.05 (20 steps; the code's ``nsteps=20``), Adam at lr 1e-3 (the paper's
 range [1e-4, 1e-3]), σ = 0.1 (from the paper's {0.1, 0.2, 0.5}), KL coefficient κ = 1e-3 (the code's
 ``kl_coef / train_size`` on the mean cross-entropy), no state augmentation, no data augmentation on MNIST and
-random crops and flips on CIFAR-10 (:func:`~pyro_sdebnn.data.images.augmentation`).
+random crops and flips on CIFAR-10 (``augmentation``).
 
 Reported: test accuracy, ECE (10 bins, Guo et al. [2]), NLL, training time, per seed and as mean ± s.e., and the
 training curves (per-example training loss and test accuracy / NLL every ``--eval-every`` steps, or every epoch
@@ -72,8 +72,8 @@ from pyro.optim import PyroOptim
 
 from pyro_sdebnn.data.images import IMAGE_DATASETS
 from pyro_sdebnn.experiments import REGISTRY
-from pyro_sdebnn.experiments import _args as check
-from pyro_sdebnn.experiments import _common as common
+from pyro_sdebnn.experiments import _arg_types as check
+from pyro_sdebnn.experiments import _harness as common
 from pyro_sdebnn.experiments._curves import Curve, fit_with_curve, late_gain, svi_fit_with_curve, write_curves
 from pyro_sdebnn.experiments._images import ImageLoaders, TensorImages, bundled_split, data_dir, test_probs
 from pyro_sdebnn.infer import NeuralSDEGuide, TracePathKL_ELBO

@@ -67,8 +67,8 @@ from tqdm import tqdm
 from pyro_sdebnn.data import toy_regression_1d
 from pyro_sdebnn.distributions import OUPath
 from pyro_sdebnn.experiments import REGISTRY
-from pyro_sdebnn.experiments import _args as check
-from pyro_sdebnn.experiments._common import Interrupted, cpu_threads
+from pyro_sdebnn.experiments import _arg_types as check
+from pyro_sdebnn.experiments._harness import Interrupted, cpu_threads
 from pyro_sdebnn.infer import NeuralSDEGuide, TracePathKL_ELBO
 from pyro_sdebnn.metrics import gaussian_mixture_log_likelihood, interval_coverage, rmse
 from pyro_sdebnn.nn import SDEBNN

@@ -38,15 +38,17 @@ import argparse
 import torch
 from tqdm.auto import tqdm
 
-from pyro_sdebnn.data import NUM_UCI_SPLITS, uci_boston
+from pyro_sdebnn.data import uci_boston
+from pyro_sdebnn.data.uci import NUM_UCI_SPLITS
 from pyro_sdebnn.experiments import REGISTRY
-from pyro_sdebnn.experiments import _args as check
-from pyro_sdebnn.experiments import _common as common
+from pyro_sdebnn.experiments import _arg_types as check
+from pyro_sdebnn.experiments import _harness as common
 
 NAME = "sgmcmc-uci"
 #: What ``--quick`` does (shown by ``--help``).
 QUICK = "2 splits, 100 burn-in iterations, 5 samples every 10"
 DESCRIPTION = REGISTRY[NAME].description  # the one line of --help
+
 __all__ = ["DESCRIPTION", "METHODS", "NAME", "add_arguments", "run"]
 
 METHODS = ("SGLD", "SGHMC", "fSGLD", "fSGHMC")

@@ -56,8 +56,8 @@ from torch import Tensor
 
 from pyro_sdebnn.data import two_moons
 from pyro_sdebnn.experiments import REGISTRY
-from pyro_sdebnn.experiments import _args as check
-from pyro_sdebnn.experiments import _common as common
+from pyro_sdebnn.experiments import _arg_types as check
+from pyro_sdebnn.experiments import _harness as common
 
 NAME = "two-moons"
 #: What ``--quick`` does (shown by ``--help``).
@@ -66,6 +66,7 @@ QUICK = ("16-16 hidden units, 30 epochs (15 for SVI), 10 predictive samples, 2 e
 DESCRIPTION = REGISTRY[NAME].description  # the one line of --help
 
 __all__ = ["ADAPTERS", "DESCRIPTION", "NAME", "Settings", "add_arguments", "run"]
+
 
 Predictor = Callable[[Tensor], "object"]
 
@@ -111,7 +112,7 @@ class Data:
 
 
 def _mlp(settings: Settings, dropout: float = 0.0):
-    from pyro_sdebnn.nn import make_mlp
+    from pyro_sdebnn.nn._mlp import make_mlp
 
     return make_mlp([2, *settings.hidden, 2], "relu", dropout=dropout, device=settings.device)
 
@@ -195,7 +196,7 @@ def _sgmcmc(kernel_name: str):
     def adapter(data: Data, s: Settings) -> Predictor:
         from pyro.infer import MCMC, Predictive
 
-        from pyro_sdebnn.infer import PyroBNN
+        from pyro_sdebnn.infer._svi_baseline import PyroBNN
         from pyro_sdebnn.infer import mcmc as sgmcmc
 
         model = PyroBNN(_mlp(s), "categorical", prior_scale=1.0)

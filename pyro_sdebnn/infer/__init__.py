@@ -4,7 +4,7 @@
 - SDE-BNN: :class:`NeuralSDEGuide` (neural-SDE posterior over ``OUPath`` sites) and :class:`TracePathKL_ELBO`.
 - MNVI: :class:`SamplingFree_ELBO` with KL schedules.
 - Baselines sharing one ``fit`` / ``predict`` interface (:data:`METHODS`): :class:`MAPEstimate`,
-  :class:`MeanFieldVI`, :class:`Laplace`, :class:`MCDropout`, :class:`DeepEnsemble`, on :class:`PyroBNN` models.
+  :class:`MeanFieldVI`, :class:`Laplace`, :class:`MCDropout`, :class:`DeepEnsemble`, on any ``torch.nn`` network.
 - Every method predicts a :class:`ClassificationPrediction` or a :class:`RegressionPrediction`.
 """
 
@@ -12,7 +12,6 @@ from pyro_sdebnn.predictive import ClassificationPrediction, RegressionPredictio
 from pyro_sdebnn.infer.methods import METHODS, BaselineMethod
 from pyro_sdebnn.infer.mc_dropout import MCDropout
 from pyro_sdebnn.infer.deep_ensemble import DeepEnsemble
-from pyro_sdebnn.infer.pyro_bnn import PyroBNN
 from pyro_sdebnn.infer.map_estimate import MAPEstimate
 from pyro_sdebnn.infer.mean_field_vi import MeanFieldVI
 from pyro_sdebnn.infer.laplace import Laplace
@@ -40,7 +39,6 @@ __all__ = [
     "NeuralSDEGuide",
     "NeuralSDEPath",
     "PiecewiseKLSchedule",
-    "PyroBNN",
     "RegressionPrediction",
     "SamplingFree_ELBO",
     "TracePathKL_ELBO",

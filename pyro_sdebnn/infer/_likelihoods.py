@@ -2,7 +2,7 @@
 """The likelihoods of the baselines: their names, the check of the network outputs and the per-example NLL.
 
 - ``"categorical"``: the network outputs ``C`` logits; :math:`p(y|x,w) = \\mathrm{softmax}(f_w(x))_y`.
-- ``"gaussian"``: the network outputs two columns, a mean and a log-variance :math:`s_w(x)` (heteroscedastic
+- ``"normal"``: the network outputs two columns, a mean and a log-variance :math:`s_w(x)` (heteroscedastic
   regression, Lakshminarayanan et al. (2017), *Simple and scalable predictive uncertainty estimation using deep
   ensembles*, NeurIPS), :math:`-\\log p(y|x,w) = \\tfrac12(\\log 2\\pi + s_w(x) + (y-\\mu_w(x))^2 e^{-s_w(x)})`.
 
@@ -17,21 +17,21 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["LIKELIHOODS", "negative_log_likelihood_terms"]
+from pyro_sdebnn._likelihoods import check_likelihood
 
-LIKELIHOODS = ("categorical", "gaussian")
+
+#: The likelihoods of the baselines (Pyro's distribution names).
+LIKELIHOODS = ("normal", "categorical")
 
 
 def _check_likelihood(likelihood: str) -> str:
-    if likelihood not in LIKELIHOODS:
-        raise ValueError(f"likelihood must be one of {LIKELIHOODS}, got {likelihood!r}")
-    return likelihood
+    return check_likelihood(likelihood, LIKELIHOODS)
 
 
 def _check_outputs(outputs: Tensor, likelihood: str) -> None:
-    if likelihood == "gaussian" and outputs.shape[-1] != 2:
+    if likelihood == "normal" and outputs.shape[-1] != 2:
         raise ValueError(
-            "likelihood='gaussian' needs a network with 2 output columns (mean, log-variance), "
+            "likelihood='normal' needs a network with 2 output columns (mean, log-variance), "
             f"got output shape {tuple(outputs.shape)}"
         )
     if likelihood == "categorical" and outputs.shape[-1] < 2:
@@ -46,7 +46,7 @@ def negative_log_likelihood_terms(outputs: Tensor, y: Tensor, likelihood: str) -
 
     :param Tensor outputs: network outputs ``(..., N, C)`` (logits) or ``(..., N, 2)`` (mean, log-variance).
     :param Tensor y: labels / targets ``(N,)``.
-    :param str likelihood: ``"categorical"`` or ``"gaussian"``.
+    :param str likelihood: ``"categorical"`` or ``"normal"``.
 
     >>> negative_log_likelihood_terms(torch.zeros(3, 2), torch.tensor([0, 1, 1]), "categorical")
     tensor([0.6931, 0.6931, 0.6931])

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 if TYPE_CHECKING:  # the class of `la`: it imports this module
     from pyro_sdebnn.infer.laplace import Laplace
 
-from pyro_sdebnn.infer._data import _check_fit_args, _is_loader_arg
+from pyro_sdebnn.infer._baseline_data import _check_fit_args, _is_loader_arg
 from pyro_sdebnn.infer.map_training import _train_network
 
 

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Learning-rate schedules and whole-gradient clipping shared by every ``fit`` of the package.
 
-Two pieces, used by the SVI loops (:meth:`~pyro_sdebnn.infer.pyro_bnn.SVIBaseline.fit`,
+Two pieces, used by the SVI loops (``SVIBaseline.fit``,
 :meth:`~pyro_sdebnn.nn.mnvi.SamplingFreeBNN.fit`) and the plain PyTorch loops
 (:func:`~pyro_sdebnn.infer.map_training.train_network` and the methods built on it):
 

@@ -26,7 +26,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from pyro_sdebnn.infer._data import (
+from pyro_sdebnn.infer._baseline_data import (
     _is_loader_arg,
     _is_sharded,
     _iter_inputs,
@@ -63,12 +63,14 @@ class DeepEnsemble(BaselineMethod):
        estimation using deep ensembles*, NeurIPS.
 
     :param net_factory: zero-argument callable returning a fresh, randomly initialised ``nn.Module``.
-    :param str likelihood: ``"categorical"`` (``C`` logits) or ``"gaussian"`` (mean, log-variance).
+    :param str likelihood: ``"categorical"`` (``C`` logits) or ``"normal"`` (mean, log-variance).
     :param int num_members: ``K``.
 
-    >>> from pyro_sdebnn.nn import make_mlp
+    >>> from torch import nn
     >>> x, y = torch.randn(32, 1), torch.randn(32)
-    >>> ens = DeepEnsemble(lambda: make_mlp([1, 16, 2]), "gaussian", num_members=3)
+    >>> def net():
+    ...     return nn.Sequential(nn.Linear(1, 16), nn.ReLU(), nn.Linear(16, 2))
+    >>> ens = DeepEnsemble(net, "normal", num_members=3)
     >>> pred = ens.fit(x, y, num_epochs=2).predict(x[:4])
     >>> pred.loc.shape, pred.epistemic_variance.shape
     (torch.Size([3, 4]), torch.Size([4]))

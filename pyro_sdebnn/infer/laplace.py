@@ -67,7 +67,7 @@ from torch.func import functional_call, jacrev, vmap
 
 from pyro_sdebnn.comm import all_reduce_sum, broadcast_module_
 from pyro_sdebnn.data.loaders import check_finite_batch, iter_batches
-from pyro_sdebnn.infer._data import (
+from pyro_sdebnn.infer._baseline_data import (
     _check_data,
     _check_fit_args,
     _is_loader_arg,
@@ -171,16 +171,17 @@ class Laplace(BaselineMethod):
 
     :param nn.Module net: the network; it is trained in place by :meth:`fit` (use ``num_epochs=0``
         for an already trained network).
-    :param str likelihood: ``"categorical"`` or ``"gaussian"`` (2 outputs: mean, log-variance).
+    :param str likelihood: ``"categorical"`` or ``"normal"`` (2 outputs: mean, log-variance).
     :param str subset: ``"all"`` weights or the ``"last_layer"`` (the last ``nn.Linear``).
     :param str hessian_structure: ``"full"``, ``"diag"`` or ``"kron"``.
     :param str curvature: ``"ggn"`` (positive semi-definite) or, for ``"full"``, the exact ``"hessian"``.
     :param prior_precision: :math:`\\delta`; ``None`` uses :math:`N\\lambda` from the weight decay of
         :meth:`fit` (before tuning by the evidence).
 
-    >>> from pyro_sdebnn.nn import make_mlp
+    >>> from torch import nn
     >>> x, y = torch.randn(40, 2), torch.randint(0, 2, (40,))
-    >>> la = Laplace(make_mlp([2, 8, 2]), "categorical", hessian_structure="kron").fit(x, y, num_epochs=5)
+    >>> net = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 2))
+    >>> la = Laplace(net, "categorical", hessian_structure="kron").fit(x, y, num_epochs=5)
     >>> la.predict(x[:3]).probs.shape, la.predict(x[:3], pred_type="nn", num_samples=10).probs.shape
     (torch.Size([1, 3, 2]), torch.Size([10, 3, 2]))
     """

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The point estimate: MAP weights of a :class:`~pyro_sdebnn.infer.pyro_bnn.PyroBNN` with ``AutoDelta``.
+"""The point estimate: ``AutoDelta`` MAP weights of a Bayesian copy of the network (Gaussian priors on every weight).
 
 .. math::
 
@@ -25,7 +25,7 @@ from pyro.infer.autoguide import AutoDelta, AutoLaplaceApproximation, init_to_va
 from torch import Tensor
 
 from pyro_sdebnn.infer.methods import register_method
-from pyro_sdebnn.infer.pyro_bnn import SVIBaseline
+from pyro_sdebnn.infer._svi_baseline import SVIBaseline
 
 __all__ = ["MAPEstimate"]
 
@@ -50,17 +50,18 @@ class MAPEstimate(SVIBaseline):
        Neural Computation.
 
     :param nn.Module net: the network (copied); its initial weights initialise the guide.
-    :param str likelihood: ``"categorical"`` or ``"gaussian"``.
+    :param str likelihood: ``"categorical"`` or ``"normal"``.
     :param float prior_scale: :math:`\\sigma_p` of the Gaussian weight prior.
 
     After ``fit`` Pyro's param store holds the guide's parameters (``"AutoDelta..."``), as after
     :class:`pyro.infer.SVI`: save them with ``pyro.get_param_store().save(path)``, and in a new process build
     ``MAPEstimate(net, likelihood)`` as for the fit, ``pyro.get_param_store().load(path)`` and ``predict``
-    (see :mod:`~pyro_sdebnn.infer.pyro_bnn`).
+    (see :class:`~pyro_sdebnn.infer.MeanFieldVI` for the fitted state in the param store).
 
-    >>> from pyro_sdebnn.nn import make_mlp
+    >>> from torch import nn
     >>> x, y = torch.randn(20, 2), torch.randint(0, 2, (20,))
-    >>> map_fit = MAPEstimate(make_mlp([2, 8, 2]), "categorical").fit(x, y, num_epochs=3, batch_size=10)
+    >>> net = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 2))
+    >>> map_fit = MAPEstimate(net, "categorical").fit(x, y, num_epochs=3, batch_size=10)
     >>> map_fit.predict(x[:3]).probs.shape
     torch.Size([1, 3, 2])
     """

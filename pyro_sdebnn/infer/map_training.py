@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from pyro_sdebnn.comm import all_reduce_mean, average_gradients_, broadcast_module_, is_main, running_stats
-from pyro_sdebnn.infer._data import (
+from pyro_sdebnn.infer._baseline_data import (
     _data_parallel_sampler,
     _module_device_dtype,
     _network_training_data,

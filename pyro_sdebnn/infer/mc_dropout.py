@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from pyro_sdebnn.infer._data import (
+from pyro_sdebnn.infer._baseline_data import (
     _first_inputs,
     _iter_inputs,
     _module_device_dtype,
@@ -49,13 +49,14 @@ class MCDropout(BaselineMethod):
     1. Y. Gal, Z. Ghahramani (2016), *Dropout as a Bayesian approximation*, ICML.
 
     :param nn.Module net: the network; must contain at least one ``nn.Dropout*`` module with ``p > 0``
-        (e.g. ``make_mlp(sizes, dropout=0.1)``).
-    :param str likelihood: ``"categorical"`` (``C`` logits) or ``"gaussian"`` (mean, log-variance).
+        (e.g. an ``nn.Dropout(0.1)`` after each hidden activation).
+    :param str likelihood: ``"categorical"`` (``C`` logits) or ``"normal"`` (mean, log-variance).
     :param int num_samples: ``T``, the number of stochastic forward passes at prediction.
 
-    >>> from pyro_sdebnn.nn import make_mlp
+    >>> from torch import nn
     >>> x, y = torch.randn(32, 2), torch.randint(0, 2, (32,))
-    >>> method = MCDropout(make_mlp([2, 16, 2], dropout=0.2), "categorical", num_samples=8)
+    >>> net = nn.Sequential(nn.Linear(2, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 2))
+    >>> method = MCDropout(net, "categorical", num_samples=8)
     >>> method.fit(x, y, num_epochs=2).predict(x[:5]).probs.shape
     torch.Size([8, 5, 2])
     """
@@ -66,7 +67,8 @@ class MCDropout(BaselineMethod):
             raise TypeError(f"net must be a torch.nn.Module, got {type(net).__name__}")
         self.dropout_layers = [m for m in _dropout_layers(net) if m.p > 0]
         if not self.dropout_layers:
-            raise ValueError("net has no dropout layer with p > 0; build it with e.g. make_mlp(sizes, dropout=0.1)")
+            raise ValueError("net has no dropout layer with p > 0; add e.g. nn.Dropout(0.1) after each hidden "
+                             "activation")
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
         self.net = net

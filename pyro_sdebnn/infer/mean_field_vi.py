@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Mean-field Gaussian VI (Bayes by backprop) on a :class:`~pyro_sdebnn.infer.pyro_bnn.PyroBNN`.
+"""Mean-field Gaussian VI (Bayes by backprop) on a Bayesian copy of the network (Gaussian priors on every weight).
 
 Guide :math:`q(w) = \\prod_j \\mathcal N(w_j; m_j, s_j^2)` (Pyro's ``AutoNormal``), trained on
 
@@ -24,7 +24,7 @@ from pyro.infer.autoguide import AutoNormal, init_to_value
 from torch import nn
 
 from pyro_sdebnn.infer.methods import register_method
-from pyro_sdebnn.infer.pyro_bnn import SVIBaseline
+from pyro_sdebnn.infer._svi_baseline import SVIBaseline
 
 __all__ = ["MeanFieldVI"]
 
@@ -44,18 +44,19 @@ class MeanFieldVI(SVIBaseline):
        networks*, ICML.
 
     :param nn.Module net: the network (copied); its initial weights initialise the guide means.
-    :param str likelihood: ``"categorical"`` or ``"gaussian"``.
+    :param str likelihood: ``"categorical"`` or ``"normal"``.
     :param float prior_scale: :math:`\\sigma_p` of the Gaussian weight prior.
     :param float init_scale: initial standard deviation of every guide factor.
 
     After ``fit`` Pyro's param store holds the guide's parameters (``"AutoNormal..."``), as after
     :class:`pyro.infer.SVI`: save them with ``pyro.get_param_store().save(path)``, and in a new process build
     ``MeanFieldVI(net, likelihood)`` as for the fit, ``pyro.get_param_store().load(path)`` and ``predict``
-    (see :mod:`~pyro_sdebnn.infer.pyro_bnn`).
+    (see :class:`~pyro_sdebnn.infer.MAPEstimate`).
 
-    >>> from pyro_sdebnn.nn import make_mlp
+    >>> from torch import nn
     >>> x, y = torch.randn(20, 2), torch.randint(0, 2, (20,))
-    >>> vi = MeanFieldVI(make_mlp([2, 8, 2]), "categorical").fit(x, y, num_epochs=3, batch_size=10)
+    >>> net = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 2))
+    >>> vi = MeanFieldVI(net, "categorical").fit(x, y, num_epochs=3, batch_size=10)
     >>> vi.predict(x[:3], num_samples=7).probs.shape
     torch.Size([7, 3, 2])
     """

@@ -4,7 +4,7 @@
 A baseline wraps a network (or, for ensembles, a zero-argument network factory) and a likelihood:
 
 - ``"categorical"``: the network outputs ``C`` logits; :math:`p(y|x,w) = \\mathrm{softmax}(f_w(x))_y`.
-- ``"gaussian"``: the network outputs two columns, a mean and a log-variance (heteroscedastic
+- ``"normal"``: the network outputs two columns, a mean and a log-variance (heteroscedastic
   regression, Lakshminarayanan et al. [1]):
 
   .. math::
@@ -38,7 +38,7 @@ import torch
 from torch import Tensor, nn
 
 from pyro_sdebnn.comm import is_main
-from pyro_sdebnn.infer._data import (
+from pyro_sdebnn.infer._baseline_data import (
     _data_parallel_sampler,
     _is_loader_arg,
     _is_sharded,
@@ -58,23 +58,16 @@ from pyro_sdebnn.infer.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from pyro_sdebnn.infer.map_training import _train_network, train_network
+from pyro_sdebnn.infer.map_training import _train_network
 from pyro_sdebnn.metrics import regression_variance_decomposition, uncertainty_decomposition
 from pyro_sdebnn.predictive import ClassificationPrediction, RegressionPrediction
 
-__all__ = [
-    "LIKELIHOODS",
-    "METHODS",
-    "BaselineMethod",
-    "negative_log_likelihood_terms",
-    "outputs_to_prediction",
-    "register_method",
-]
+__all__ = ["METHODS", "BaselineMethod"]
 
 Prediction = ClassificationPrediction | RegressionPrediction
 T = TypeVar("T", bound=type)
 
-#: Registry ``{name: class}`` of the baseline methods (filled by :func:`register_method`).
+#: Registry ``{name: class}`` of the baseline methods (filled by ``register_method``).
 METHODS: dict[str, type] = {}
 
 
@@ -95,7 +88,7 @@ def outputs_to_prediction(outputs: Tensor, likelihood: str) -> Prediction:
 
     >>> outputs_to_prediction(torch.zeros(4, 3, 2), "categorical").probs.shape
     torch.Size([4, 3, 2])
-    >>> outputs_to_prediction(torch.zeros(4, 3, 2), "gaussian").scale
+    >>> outputs_to_prediction(torch.zeros(4, 3, 2), "normal").scale
     tensor([[1., 1., 1.],
             [1., 1., 1.],
             [1., 1., 1.],
@@ -128,8 +121,10 @@ class BaselineMethod:
     learning rate 1e-2, batch size 32, weight decay 1e-4.
 
     >>> from pyro_sdebnn.infer import DeepEnsemble
-    >>> from pyro_sdebnn.nn import make_mlp
-    >>> method = DeepEnsemble(lambda: make_mlp([2, 8, 3]), "categorical", num_members=2)
+    >>> from torch import nn
+    >>> def net():
+    ...     return nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 3))
+    >>> method = DeepEnsemble(net, "categorical", num_members=2)
     >>> type(method).__mro__[1].__name__, method.likelihood
     ('BaselineMethod', 'categorical')
     >>> total, aleatoric, epistemic = method.uncertainty(torch.randn(4, 2))

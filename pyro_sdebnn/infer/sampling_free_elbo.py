@@ -70,7 +70,7 @@ class SamplingFree_ELBO(TraceMeanField_ELBO):
         must be reparametrised (``has_rsample``, else ``ValueError``).
 
     >>> from pyro_sdebnn.nn.mnvi import MNLinear, MNReLU, MNSequential, SamplingFreeBNN
-    >>> bnn = SamplingFreeBNN(MNSequential(MNLinear(1, 8), MNReLU(), MNLinear(8, 2)), "gaussian", num_data=20)
+    >>> bnn = SamplingFreeBNN(MNSequential(MNLinear(1, 8), MNReLU(), MNLinear(8, 2)), "normal", num_data=20)
     >>> svi = pyro.infer.SVI(bnn.model, bnn.guide, pyro.optim.Adam({"lr": 1e-2}), SamplingFree_ELBO(kl_scale=0.1))
     >>> x, y = torch.randn(20, 1), torch.randn(20)
     >>> loss = svi.step(x, y)

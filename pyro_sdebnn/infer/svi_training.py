@@ -125,7 +125,7 @@ from pyro_sdebnn.data.loaders import (
     module_device_dtype,
     move_batch,
 )
-from pyro_sdebnn.infer._data import _data_parallel_sampler
+from pyro_sdebnn.infer._baseline_data import _data_parallel_sampler
 from pyro_sdebnn.infer._training import SchedulerStepper, check_clip, svi_update
 from pyro_sdebnn.infer.checkpoint import load_checkpoint, loader_generators, rng_state, save_checkpoint, set_rng_state
 
@@ -372,7 +372,7 @@ def svi_epochs(
     what: str = "data",
     before_epoch: Callable[[int], None] | None = None,
 ) -> Iterator[tuple[int, float, float]]:
-    """The one SVI epoch loop of the package (:func:`train_svi`, :meth:`~pyro_sdebnn.infer.pyro_bnn.SVIBaseline.fit`).
+    """The one SVI epoch loop of the package (:func:`train_svi`, ``SVIBaseline.fit``).
 
     For every epoch from ``start`` to ``num_epochs``: ``before_epoch(epoch)``, the sampler's ``set_epoch(epoch)``
     (data-parallel), then ``step(args, kwargs, where)`` on every ``(args, kwargs, weight)`` of ``batches()``, with

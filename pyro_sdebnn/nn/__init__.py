@@ -1,11 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Network building blocks: the continuous-depth SDE-BNN and its baselines, MNVI layers, MLPs.
+"""Network building blocks: the continuous-depth SDE-BNN, its ODE-Net / ResNet baselines and drift networks.
 
 - :class:`SDEBNN`, :class:`MultiScaleSDEBNN` -- hidden units follow an ODE driven by an SDE weight path.
 - :class:`ODENet`, :class:`ResNet` -- the same network with constant / per-block weights (the baselines of
-  Table 1 in Xu et al. (2022) [1]).
-- :mod:`~pyro_sdebnn.nn.mnvi` -- moment-propagating layers for sampling-free VI (``MNLinear``, ``to_mnvi``, ...).
-- :func:`make_mlp` -- a plain MLP factory used by the baselines.
+  Table 1 in Xu et al. (2022) [1]); :class:`ContinuousDepthNet` is their shared base (model, guide, predict).
+- :class:`DriftMLP`, :class:`TimeMLPField`, :class:`ConvField` -- the drift networks of the weight SDE and the
+  hidden-state fields.
+- :mod:`pyro_sdebnn.nn.mnvi` -- moment-propagating layers for sampling-free VI (``MNLinear``, ``to_mnvi``, ...).
 
 **References**
 
@@ -13,46 +14,18 @@
    Networks with Stochastic Differential Equations". AISTATS 2022, PMLR 151. arXiv:2102.06559.
 """
 
-from pyro_sdebnn.nn.mlp import ACTIVATIONS, make_mlp
-from pyro_sdebnn.nn.sde_drift import ConvField, DriftMLP, TimeMLPField
 from pyro_sdebnn.nn.continuous_depth import ContinuousDepthNet
-from pyro_sdebnn.nn.sdebnn import LIKELIHOODS, SDEBNN, MultiScaleSDEBNN
+from pyro_sdebnn.nn.sde_drift import ConvField, DriftMLP, TimeMLPField
+from pyro_sdebnn.nn.sdebnn import SDEBNN, MultiScaleSDEBNN
 from pyro_sdebnn.nn.ode_net import ODENet, ResNet
-from pyro_sdebnn.nn import mnvi
-from pyro_sdebnn.nn.mnvi import (
-    MFConv2d,
-    MFLinear,
-    MNConv2d,
-    MNLinear,
-    MNReLU,
-    MNResidualBlock,
-    MNSequential,
-    Moments,
-    SamplingFreeBNN,
-    to_mnvi,
-)
 
 __all__ = [
-    "ACTIVATIONS",
     "ContinuousDepthNet",
     "ConvField",
     "DriftMLP",
-    "LIKELIHOODS",
-    "MFConv2d",
-    "MFLinear",
-    "MNConv2d",
-    "MNLinear",
-    "MNReLU",
-    "MNResidualBlock",
-    "MNSequential",
-    "Moments",
     "MultiScaleSDEBNN",
     "ODENet",
     "ResNet",
     "SDEBNN",
-    "SamplingFreeBNN",
     "TimeMLPField",
-    "make_mlp",
-    "mnvi",
-    "to_mnvi",
 ]

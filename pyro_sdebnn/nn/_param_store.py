@@ -28,8 +28,6 @@ from pyro.nn.module import _make_name
 from pyro.params.param_store import param_with_module_name
 from torch import nn
 
-__all__ = ["ParamStoreModule", "sync_from_param_store"]
-
 
 def _store_tensor(fullname: str, current: torch.Tensor) -> nn.Parameter | None:
     """The tensor the param store holds under ``fullname`` if it is not ``current`` (as an ``nn.Parameter``)."""

@@ -32,15 +32,16 @@ import torch
 from pyro.nn import PyroModule, PyroParam
 from torch import Tensor, nn
 
+from pyro_sdebnn._likelihoods import check_likelihood
 from pyro_sdebnn.nn.sde_drift import ConvField, TimeMLPField
 from pyro_sdebnn.ops.sde_solve import time_grid
 from pyro_sdebnn.predictive import ClassificationPrediction, RegressionPrediction
 
-__all__ = ["LIKELIHOODS", "ContinuousDepthNet"]
+__all__ = ["ContinuousDepthNet"]
 
 #: Likelihood names accepted by :class:`~pyro_sdebnn.nn.SDEBNN`, :class:`~pyro_sdebnn.nn.ODENet` and
-#: :class:`~pyro_sdebnn.nn.ResNet`.
-LIKELIHOODS = ("categorical", "cauchy", "gaussian", "laplace", "studentt")
+#: :class:`~pyro_sdebnn.nn.ResNet` (Pyro's distribution names).
+LIKELIHOODS = ("normal", "categorical", "cauchy", "laplace", "studentt")
 
 
 def _check_int(name: str, value, minimum: int) -> None:
@@ -76,7 +77,7 @@ class ContinuousDepthNet(PyroModule):
     ``_grid_like``.
 
     The constructor arguments (``in_dim``, ``out_dim``, ``hidden``, ``augment``, ``t_span``, ``dt``,
-    ``likelihood`` from :data:`LIKELIHOODS`, ``obs_scale``, ``df``, ``activation``) are validated here and
+    ``likelihood``, ``obs_scale``, ``df``, ``activation``) are validated here and
     documented on :class:`~pyro_sdebnn.nn.SDEBNN`.
 
     >>> from pyro_sdebnn.nn import ODENet, SDEBNN
@@ -91,8 +92,7 @@ class ContinuousDepthNet(PyroModule):
                  t_span: tuple[float, float], dt: float, *, likelihood: str, obs_scale: float | None, df: float,
                  activation: str) -> None:
         super().__init__()
-        if likelihood not in LIKELIHOODS:
-            raise ValueError(f"likelihood must be one of {LIKELIHOODS}, got {likelihood!r}")
+        check_likelihood(likelihood, LIKELIHOODS)
         _check_int("augment", augment, 0)
         _check_int("out_dim", out_dim, 1)
         _check_int("hidden", hidden, 1)
@@ -245,7 +245,7 @@ class ContinuousDepthNet(PyroModule):
             return dist.Categorical(logits=out)
         loc = out.squeeze(-1) if self.out_dim == 1 else out
         scale = cast(Tensor, self.obs_scale)  # PyroModule reads a PyroParam as its constrained value
-        if self.likelihood == "gaussian":
+        if self.likelihood == "normal":
             d = dist.Normal(loc, scale)
         elif self.likelihood == "laplace":
             d = dist.Laplace(loc, scale)

@@ -201,7 +201,7 @@ class ODENet(_ConstantWeightNet):
     :param int augment: A zero dimensions (channels) appended to the input.
     :param tuple t_span: ``(t0, t1)``, increasing.
     :param float dt: Euler step (> 0); K = round((t1 - t0) / dt) steps.
-    :param str likelihood: one of :data:`~pyro_sdebnn.nn.LIKELIHOODS`.
+    :param str likelihood: ``"normal"`` (default), ``"categorical"``, ``"cauchy"``, ``"laplace"`` or ``"studentt"``.
     :param float obs_scale: initial noise scale of regression likelihoods (learnable).
     :param float df: degrees of freedom of ``"studentt"``.
     :param str activation: activation of the MLP field.
@@ -223,7 +223,7 @@ class ODENet(_ConstantWeightNet):
     _per_step_weights = False
 
     def __init__(self, in_dim: int | Sequence[int], out_dim: int, hidden: int = 32, augment: int = 0,
-                 t_span: tuple[float, float] = (0.0, 1.0), dt: float = 0.05, *, likelihood: str = "gaussian",
+                 t_span: tuple[float, float] = (0.0, 1.0), dt: float = 0.05, *, likelihood: str = "normal",
                  obs_scale: float = 0.1, df: float = 4.0, activation: str = "tanh", prior_scale: float = 1.0) -> None:
         super().__init__(in_dim, out_dim, hidden, augment, t_span, dt, likelihood=likelihood, obs_scale=obs_scale,
                          df=df, activation=activation, prior_scale=prior_scale)
@@ -251,7 +251,7 @@ class ResNet(_ConstantWeightNet):
     :param int augment: A zero dimensions (channels) appended to the input.
     :param int blocks: K, the number of residual blocks.
     :param tuple t_span: ``(t0, t1)``, increasing; the blocks sit at ``t_k = t0 + k (t1 - t0) / K``.
-    :param str likelihood: one of :data:`~pyro_sdebnn.nn.LIKELIHOODS`.
+    :param str likelihood: ``"normal"`` (default), ``"categorical"``, ``"cauchy"``, ``"laplace"`` or ``"studentt"``.
     :param float obs_scale: initial noise scale of regression likelihoods (learnable).
     :param float df: degrees of freedom of ``"studentt"``.
     :param str activation: activation of the MLP field.
@@ -265,7 +265,7 @@ class ResNet(_ConstantWeightNet):
     _per_step_weights = True
 
     def __init__(self, in_dim: int | Sequence[int], out_dim: int, hidden: int = 32, augment: int = 0,
-                 blocks: int = 20, t_span: tuple[float, float] = (0.0, 1.0), *, likelihood: str = "gaussian",
+                 blocks: int = 20, t_span: tuple[float, float] = (0.0, 1.0), *, likelihood: str = "normal",
                  obs_scale: float = 0.1, df: float = 4.0, activation: str = "tanh", prior_scale: float = 1.0) -> None:
         if not (isinstance(blocks, int) and not isinstance(blocks, bool) and blocks >= 1):
             raise ValueError(f"blocks must be a positive int, got {blocks!r}")

@@ -46,14 +46,14 @@ from pyro_sdebnn.data.loaders import check_finite_batch, is_loader
 from pyro_sdebnn.distributions import OUPath
 from pyro_sdebnn.nn._param_store import ParamStoreModule, sync_from_param_store
 from pyro_sdebnn.nn._streaming import stream_predict
-from pyro_sdebnn.nn.continuous_depth import LIKELIHOODS, ContinuousDepthNet, drop_data_plate_slot
+from pyro_sdebnn.nn.continuous_depth import ContinuousDepthNet, drop_data_plate_slot
 from pyro_sdebnn.nn.sde_drift import ConvField
 from pyro_sdebnn.ops.path_kl import check_estimator
 from pyro_sdebnn.ops.sde_solve import (ADJOINT_DT, SOLVERS, AugmentedPathSDE, brownian_increments,
                                        euler_maruyama_kl, sdeint_augmented, time_grid)
 from pyro_sdebnn.predictive import ClassificationPrediction
 
-__all__ = ["LIKELIHOODS", "MultiScaleSDEBNN", "SDEBNN"]
+__all__ = ["MultiScaleSDEBNN", "SDEBNN"]
 
 
 class SDEBNN(ParamStoreModule, ContinuousDepthNet):
@@ -73,7 +73,8 @@ class SDEBNN(ParamStoreModule, ContinuousDepthNet):
     :param float theta: prior mean reversion :math:`\\theta > 0`.
     :param tuple t_span: ``(t0, t1)``, increasing.
     :param float dt: Euler step (> 0).
-    :param str likelihood: one of :data:`LIKELIHOODS`.
+    :param str likelihood: the observation distribution, named as in :mod:`pyro.distributions`: ``"normal"``
+        (default), ``"categorical"``, ``"cauchy"``, ``"laplace"`` or ``"studentt"``.
     :param float obs_scale: initial noise scale of regression likelihoods, learned with the other parameters
         (a positive ``PyroParam``). Default ``None``: scaled to the data -- the standard deviation of the targets
         of the first batch the model observes (1.0 before any), which a poor fit needs; a small fixed start such
@@ -90,7 +91,7 @@ class SDEBNN(ParamStoreModule, ContinuousDepthNet):
 
     def __init__(self, in_dim: int | Sequence[int], out_dim: int, hidden: int = 32, augment: int = 0,
                  sigma: float = 0.2, theta: float = 1.0, t_span: tuple[float, float] = (0.0, 1.0),
-                 dt: float = 0.05, *, likelihood: str = "gaussian", obs_scale: float | None = None, df: float = 4.0,
+                 dt: float = 0.05, *, likelihood: str = "normal", obs_scale: float | None = None, df: float = 4.0,
                  activation: str = "tanh") -> None:
         if not (isinstance(sigma, (int, float)) and sigma > 0):
             raise ValueError(f"sigma must be a positive float, got {sigma!r}")
@@ -203,7 +204,7 @@ class SDEBNN(ParamStoreModule, ContinuousDepthNet):
             of the discretised solve by :math:`O(\\Delta t)`, with a constant that depends on the network
             (:mod:`pyro_sdebnn.ops.sde_solve`, "Accuracy of the stochastic adjoint").
         :param float dt: solver step; default the network's ``dt``, and with ``adjoint=True`` the smaller
-            of it and :data:`~pyro_sdebnn.ops.sde_solve.ADJOINT_DT` (0.01), where the adjoint gradient is
+            of it and ``ADJOINT_DT`` (0.01), where the adjoint gradient is
             within a few percent.
         """
         if y.shape[0] != x.shape[0]:
@@ -232,7 +233,7 @@ class SDEBNN(ParamStoreModule, ContinuousDepthNet):
             :class:`~pyro_sdebnn.infer.RegressionPrediction` with ``loc, scale (S, N)`` (Gaussian
             likelihood; other regression likelihoods report their location and scale parameters).
         :raises ValueError: if ``x`` (or a batch of the loader) holds a NaN or an infinity
-            (:func:`~pyro_sdebnn.data.loaders.check_finite_batch`).
+            (:func:`~pyro_sdebnn.data.check_finite_batch`).
 
         The network and the guide compute with the tensors of Pyro's param store, so a fit saved with
         ``pyro.get_param_store().save(path)`` predicts the same in a new process after::

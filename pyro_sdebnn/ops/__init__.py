@@ -1,7 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """Pure tensor maths behind the Pyro-facing classes: no Pyro handlers, no hidden random state.
 
-- :mod:`~pyro_sdebnn.ops.ou` -- Ornstein-Uhlenbeck (AR(1)) transitions, log-densities and KLs.
 - :mod:`~pyro_sdebnn.ops.path_kl` -- the analytic / full-MC / STL path-KL increments [1, 2].
 - :mod:`~pyro_sdebnn.ops.sde_solve` -- the fused Euler-Maruyama solve of weights, hidden state and KL; torchsde.
 - :mod:`~pyro_sdebnn.ops.moments` -- Gaussian moment propagation for MNVI [3].
@@ -27,14 +26,7 @@
    MIT Press.
 """
 
-from pyro_sdebnn.ops.gp import (
-    JitterWarning,
-    cholesky_with_jitter,
-    gp_log_normalizer,
-    gp_precision_matvec,
-    gp_precision_residual,
-    gp_whiten,
-)
+from pyro_sdebnn.ops.gp import JitterWarning, cholesky_with_jitter
 from pyro_sdebnn.ops.moments import (
     Moments,
     gaussian_expected_log_likelihood,
@@ -42,18 +34,8 @@ from pyro_sdebnn.ops.moments import (
     relu_moments,
     taylor_moments,
 )
-from pyro_sdebnn.ops.ou import ar1_kl, ar1_log_prob, ar1_moments, ar1_sample, ou_stationary_variance, ou_transition
-from pyro_sdebnn.ops.path_kl import PATH_KL_ESTIMATORS, euler_path_log_ratio, path_kl_increment
-from pyro_sdebnn.ops.sde_solve import (
-    AugmentedPathSDE,
-    EulerKLSolution,
-    brownian_increments,
-    brownian_interval,
-    euler_maruyama_kl,
-    increments_from_brownian,
-    sdeint_augmented,
-    time_grid,
-)
+from pyro_sdebnn.ops.path_kl import path_kl_increment
+from pyro_sdebnn.ops.sde_solve import AugmentedPathSDE, EulerKLSolution, euler_maruyama_kl, sdeint_augmented, time_grid
 from pyro_sdebnn.ops.sgmcmc import (
     PreconditionedSGLDState,
     SGHMCState,
@@ -68,28 +50,13 @@ __all__ = [
     "EulerKLSolution",
     "JitterWarning",
     "Moments",
-    "PATH_KL_ESTIMATORS",
     "PreconditionedSGLDState",
     "SGHMCState",
     "SGLDState",
-    "ar1_kl",
-    "ar1_log_prob",
-    "ar1_moments",
-    "ar1_sample",
-    "brownian_increments",
-    "brownian_interval",
     "cholesky_with_jitter",
     "euler_maruyama_kl",
-    "euler_path_log_ratio",
     "gaussian_expected_log_likelihood",
-    "gp_log_normalizer",
-    "gp_precision_matvec",
-    "gp_precision_residual",
-    "gp_whiten",
-    "increments_from_brownian",
     "multiplicative_linear_moments",
-    "ou_stationary_variance",
-    "ou_transition",
     "path_kl_increment",
     "preconditioned_sgld_step",
     "relu_moments",

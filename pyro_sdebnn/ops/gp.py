@@ -24,13 +24,7 @@ import warnings
 
 import torch
 
-__all__ = [
-    "JitterWarning",
-    "cholesky_with_jitter",
-    "gp_log_normalizer",
-    "gp_precision_residual",
-    "gp_whiten",
-]
+__all__ = ["JitterWarning", "cholesky_with_jitter"]
 
 
 class JitterWarning(UserWarning):

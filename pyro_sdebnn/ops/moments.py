@@ -36,12 +36,7 @@ from torch import Tensor
 
 __all__ = [
     "Moments",
-    "check_moments",
     "gaussian_expected_log_likelihood",
-    "gaussian_predictive_variance",
-    "mean_field_conv2d_moments",
-    "mean_field_linear_moments",
-    "multiplicative_conv2d_moments",
     "multiplicative_linear_moments",
     "relu_moments",
     "taylor_moments",

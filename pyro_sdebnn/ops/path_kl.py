@@ -24,7 +24,7 @@ score-function part of its gradient (the gradient of the second term flows only 
 :math:`w_k`); all three have the same expectation. ``analytic`` is the estimator of [2] (torchsde's
 ``logqp``); ``full_mc`` and ``stl`` are App. A.1 and A.2 of [1], ``stl`` being the continuous-time form of
 the sticking-the-landing estimator of [3]. This module is pure tensor maths: the per-step
-increment :func:`path_kl_increment` and the Euler log-ratio :func:`euler_path_log_ratio` (an
+increment :func:`path_kl_increment` and the Euler log-ratio ``euler_path_log_ratio`` (an
 independent check of ``full_mc``); reference problems live in :mod:`pyro_sdebnn.testing.ou_problems`.
 
 **References**
@@ -42,7 +42,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["PATH_KL_ESTIMATORS", "check_estimator", "euler_path_log_ratio", "path_kl_increment"]
+__all__ = ["path_kl_increment"]
 
 #: Names accepted by every ``estimator=`` argument in the library.
 PATH_KL_ESTIMATORS = ("analytic", "full_mc", "stl")

@@ -38,7 +38,7 @@ Two implementations:
   hidden state, by far the larger part, keeps the adjoint's constant memory. torchsde's
   ``logqp=True`` is deliberately not used (it returns NaN when the diffusion is zero on the hidden
   dimensions). The Brownian motion is always an explicit :class:`torchsde.BrownianInterval` built
-  with ``dt`` (:func:`brownian_interval`), never torchsde's default.
+  with ``dt`` (``brownian_interval``), never torchsde's default.
 
 **Accuracy of the stochastic adjoint.** :func:`torchsde.sdeint_adjoint` differentiates by solving
 the adjoint SDE backward in time with its own Euler steps, reconstructing the forward state on the
@@ -62,7 +62,6 @@ Shapes: paths are ``(..., K, D)`` (time before state, as ``OUPath``); torchsde i
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Callable, NamedTuple
 
 import torch
@@ -72,14 +71,9 @@ from torch import Tensor, nn
 from pyro_sdebnn.ops.path_kl import check_estimator, path_kl_increment
 
 __all__ = [
-    "ADJOINT_DT",
     "AugmentedPathSDE",
     "EulerKLSolution",
-    "SOLVERS",
-    "brownian_increments",
-    "brownian_interval",
     "euler_maruyama_kl",
-    "increments_from_brownian",
     "sdeint_augmented",
     "time_grid",
 ]
@@ -301,39 +295,6 @@ class AugmentedPathSDE(nn.Module):
         return torch.cat([self.sigma * v, v.new_zeros(v.shape[0], y.shape[1] - self.weight_dim)], -1)
 
 
-class _FirstChannels(torchsde.BaseBrownian):
-    """The first ``d`` channels of a Brownian motion ``bm`` of size ``(batch, m)``, ``m >= d``."""
-
-    def __init__(self, bm, d: int) -> None:
-        super().__init__()
-        self.bm, self.d = bm, int(d)
-
-    def __call__(self, ta, tb=None, return_U=False, return_A=False):
-        out = self.bm(ta, tb, return_U=return_U, return_A=return_A)
-        if not isinstance(out, tuple):
-            return out[:, : self.d]
-        return tuple(o[:, : self.d] if o.dim() == 2 else o[:, : self.d, : self.d] for o in out)
-
-    def __repr__(self) -> str:
-        return f"_FirstChannels({self.bm!r}, d={self.d})"
-
-    @property
-    def dtype(self):
-        return self.bm.dtype
-
-    @property
-    def device(self):
-        return self.bm.device
-
-    @property
-    def shape(self):
-        return torch.Size((self.bm.shape[0], self.d))
-
-    @property
-    def levy_area_approximation(self):
-        return self.bm.levy_area_approximation
-
-
 def sdeint_augmented(sde: AugmentedPathSDE, init: Tensor, hidden_init: Tensor | None, times: Tensor, *,
                      method: str = "euler", adjoint: bool = False, bm=None, adaptive: bool = False,
                      rtol: float = 1e-3, atol: float = 1e-3, entropy: int | None = None,
@@ -348,7 +309,7 @@ def sdeint_augmented(sde: AugmentedPathSDE, init: Tensor, hidden_init: Tensor | 
     :param bool adjoint: use :func:`torchsde.sdeint_adjoint` (memory constant in the number of steps;
         its gradient is accurate to :math:`O(\\Delta t)`, see the module docstring). The backward solve
         uses Euler.
-    :param bm: a Brownian motion of size ``(batch, D)``; default :func:`brownian_interval`.
+    :param bm: a Brownian motion of size ``(batch, D)``; default ``brownian_interval``.
     :param bool adaptive: adaptive step size with ``rtol``/``atol`` (prediction time).
     :param bool return_path: output the weights at every grid point; with ``False`` torchsde is asked
         for the end point only (``ts = times[[0, -1]]``, the grid only sets ``dt``), so that the memory
@@ -371,10 +332,6 @@ def sdeint_augmented(sde: AugmentedPathSDE, init: Tensor, hidden_init: Tensor | 
     if bm is None:
         levy = "space-time" if method == "srk" else "none"
         bm = brownian_interval(times, (init.shape[0], sde.weight_dim), entropy=entropy, levy_area_approximation=levy)
-    elif tuple(bm.shape) == (init.shape[0], y0.shape[1]):  # the former (batch, D + H + 1) size
-        warnings.warn("sdeint_augmented: a Brownian motion of size (batch, D + H + 1) is deprecated (only the D weights "
-                      "are noisy); its first D channels are used", FutureWarning)
-        bm = _FirstChannels(bm, sde.weight_dim)
     elif tuple(bm.shape) != (init.shape[0], sde.weight_dim):
         raise ValueError(f"bm must have size (batch, D) = {(init.shape[0], sde.weight_dim)}, got {tuple(bm.shape)}")
     dt = float((times[1:] - times[:-1]).min())

@@ -4,10 +4,11 @@
 import pytest
 
 from pyro_sdebnn import data
+from pyro_sdebnn.data._catalog import describe_datasets
 
 
 def test_rows_are_string_dicts_with_the_cli_keys():
-    rows = data.describe_datasets()
+    rows = describe_datasets()
     assert [row["name"] for row in rows] == [
         "two_moons",
         "toy_regression_1d",
@@ -26,7 +27,7 @@ def test_rows_are_string_dicts_with_the_cli_keys():
 
 
 def _row(name):
-    return next(row for row in data.describe_datasets() if row["name"] == name)
+    return next(row for row in describe_datasets() if row["name"] == name)
 
 
 @pytest.mark.parametrize(
@@ -58,5 +59,5 @@ def test_cli_prints_the_table(capsys):
 
     assert main(["datasets"]) == 0
     out = capsys.readouterr().out
-    for row in data.describe_datasets():
+    for row in describe_datasets():
         assert row["name"] in out

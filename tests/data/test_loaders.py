@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
-from pyro_sdebnn.data import dataset_size, is_loader, iter_batches
+from pyro_sdebnn.data.loaders import dataset_size, is_loader, iter_batches
 
 
 def _loader(n=10, batch_size=4):

@@ -64,20 +64,20 @@ def sgld_kwargs() -> dict:
 
 def make_ensemble(num_members: int):
     from pyro_sdebnn.infer import DeepEnsemble
-    from pyro_sdebnn.nn import make_mlp
+    from pyro_sdebnn.nn._mlp import make_mlp
 
-    return DeepEnsemble(lambda: make_mlp([D, 8, 2]), "gaussian", num_members=num_members)
+    return DeepEnsemble(lambda: make_mlp([D, 8, 2]), "normal", num_members=num_members)
 
 
 def make_map():
     from pyro_sdebnn.infer import MAPEstimate
-    from pyro_sdebnn.nn import make_mlp
+    from pyro_sdebnn.nn._mlp import make_mlp
 
-    return MAPEstimate(make_mlp([D, 8, 2]), "gaussian")
+    return MAPEstimate(make_mlp([D, 8, 2]), "normal")
 
 
 def make_net(dropout: float = 0.0):
-    from pyro_sdebnn.nn import make_mlp
+    from pyro_sdebnn.nn._mlp import make_mlp
 
     return make_mlp([D, 8, 2], dropout=dropout)
 
@@ -85,7 +85,7 @@ def make_net(dropout: float = 0.0):
 def make_mnvi():
     from pyro_sdebnn.nn.mnvi import MNLinear, MNReLU, MNSequential, SamplingFreeBNN
 
-    return SamplingFreeBNN(MNSequential(MNLinear(D, 8), MNReLU(), MNLinear(8, 2)), "gaussian")
+    return SamplingFreeBNN(MNSequential(MNLinear(D, 8), MNReLU(), MNLinear(8, 2)), "normal")
 
 
 def mnvi_fit_kwargs() -> dict:
@@ -107,7 +107,7 @@ ODD_N, ODD_BATCH = 15, 2  # 15 points over 2 ranks: the sampler repeats one poin
 def make_laplace(structure: str):
     from pyro_sdebnn.infer import Laplace
 
-    return Laplace(make_net(), "gaussian", hessian_structure=structure)
+    return Laplace(make_net(), "normal", hessian_structure=structure)
 
 
 def laplace_summary(la, x) -> dict:
@@ -167,10 +167,10 @@ def scenarios(out: str) -> dict:
     from pyro_sdebnn.infer import MCDropout
 
     net = make_net()
-    res["net_losses"] = train_network(net, in_order, likelihood="gaussian", **NET_FIT)
+    res["net_losses"] = train_network(net, in_order, likelihood="normal", **NET_FIT)
     res["net_params"] = net_params(net)
     distributed.init(seed=FIT_SEED)
-    dropout = MCDropout(make_net(dropout=0.2), "gaussian").fit(loader, **NET_FIT)
+    dropout = MCDropout(make_net(dropout=0.2), "normal").fit(loader, **NET_FIT)
     res["dropout_params"], res["dropout_losses"] = net_params(dropout.net), list(dropout.losses)
     distributed.init(seed=FIT_SEED)
     bnn = make_mnvi()
@@ -181,7 +181,7 @@ def scenarios(out: str) -> dict:
     from pyro_sdebnn.nn import SDEBNN
 
     distributed.init(seed=FIT_SEED)
-    mfvi = MeanFieldVI(make_net(), "gaussian").fit(loader, num_epochs=2)
+    mfvi = MeanFieldVI(make_net(), "normal").fit(loader, num_epochs=2)
     res["mfvi_params"] = {k: v.detach().clone() for k, v in mfvi._store_state["params"].items()}
     res["mfvi_losses"] = list(mfvi.losses)
     distributed.init(seed=FIT_SEED)
@@ -276,10 +276,10 @@ def scenarios(out: str) -> dict:
     # 7. batch norm: the running statistics averaged over the ranks, in a PyTorch loop and in an SVI loop
     distributed.init(seed=FIT_SEED)
     net = make_bn_net()
-    train_network(net, in_order, likelihood="gaussian", **NET_FIT)
+    train_network(net, in_order, likelihood="normal", **NET_FIT)
     res["bn_net"] = net_params(net)
     distributed.init(seed=FIT_SEED)
-    bn_map = MAPEstimate(make_bn_net(), "gaussian").fit(in_order, num_epochs=2)
+    bn_map = MAPEstimate(make_bn_net(), "normal").fit(in_order, num_epochs=2)
     res["bn_map_buffers"] = {k: v.detach().clone() for k, v in bn_map.model.named_buffers()}
     res["bn_map_params"] = {k: v.detach().clone() for k, v in bn_map._store_state["params"].items()}
     # 8. the command line under torchrun: one replicate per rank, rank 0 writes the outputs

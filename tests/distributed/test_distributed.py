@@ -181,7 +181,7 @@ def test_data_parallel_train_network_equals_one_process_and_mc_dropout_stays_in_
     pyro.set_rng_seed(W.FIT_SEED)
     net = W.make_net()
     start = W.net_params(net)
-    losses = train_network(net, _single_process_loader(shuffle=False), likelihood="gaussian", **W.NET_FIT)
+    losses = train_network(net, _single_process_loader(shuffle=False), likelihood="normal", **W.NET_FIT)
     for res in results:
         _assert_same_params(res["net_params"], W.net_params(net), start)
         torch.testing.assert_close(torch.tensor(res["net_losses"]), torch.tensor(losses), rtol=1e-8, atol=0)
@@ -363,7 +363,7 @@ def test_batch_norm_statistics_are_averaged_over_the_ranks_in_train_network(grou
     # the running mean of a layer on the inputs is that of one process on the combined batches ...
     pyro.set_rng_seed(W.FIT_SEED)
     net = W.make_bn_net()
-    train_network(net, DataLoader(TensorDataset(x, y), batch_size=W.BATCH), likelihood="gaussian", **W.NET_FIT)
+    train_network(net, DataLoader(TensorDataset(x, y), batch_size=W.BATCH), likelihood="normal", **W.NET_FIT)
     torch.testing.assert_close(got["0.running_mean"], net.state_dict()["0.running_mean"], rtol=0, atol=1e-12)
     # ... and its running variance the moving average of the mean of the two shards' unbiased variances
     var = torch.ones(W.D)
@@ -384,7 +384,7 @@ def test_batch_norm_statistics_are_averaged_over_the_ranks_in_svi(group, float64
     _assert_same_params(results[1]["bn_map_params"], results[0]["bn_map_params"])
     x, y = W.data()
     pyro.set_rng_seed(W.FIT_SEED)
-    method = MAPEstimate(W.make_bn_net(), "gaussian").fit(DataLoader(TensorDataset(x, y), batch_size=W.BATCH),
+    method = MAPEstimate(W.make_bn_net(), "normal").fit(DataLoader(TensorDataset(x, y), batch_size=W.BATCH),
                                                           num_epochs=2)
     buffers = dict(method.model.named_buffers())
     # one forward pass of the guide's set-up and one per step, as on one process

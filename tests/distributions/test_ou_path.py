@@ -11,7 +11,7 @@ import torch
 from torch.distributions import kl_divergence
 
 from pyro_sdebnn.distributions import OUPath, ou_stationary
-from pyro_sdebnn.ops.ou import ou_transition
+from pyro_sdebnn.ops._ou import ou_transition
 
 DTYPE = torch.float64
 

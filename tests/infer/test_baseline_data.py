@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from pyro_sdebnn.infer import DeepEnsemble, Laplace, MAPEstimate, MCDropout, MeanFieldVI
 from pyro_sdebnn.infer.map_training import train_network
-from pyro_sdebnn.nn import make_mlp
+from pyro_sdebnn.nn._mlp import make_mlp
 
 N, BATCH = 20, 5
 ATOL = 1e-6  # float32 sums over the same examples in another order (about 10 ulp of O(1) values)
@@ -80,7 +80,7 @@ def _assert_same_weights(a, b, atol=ATOL):
         torch.testing.assert_close(wa[name], wb[name], atol=atol, rtol=0, msg=name)
 
 
-@pytest.mark.parametrize("likelihood", ["categorical", "gaussian"])
+@pytest.mark.parametrize("likelihood", ["categorical", "normal"])
 @pytest.mark.parametrize("name", ["map", "mfvi", "ensemble"])
 def test_full_batch_loader_fits_like_tensors(name, likelihood):
     x, y = _data(likelihood)
@@ -105,8 +105,8 @@ def test_minibatch_loader_fits_like_tensors(name):
 
 def test_minibatch_elbo_and_gradient_scaled_like_the_subsampled_plate():
     """``model(x_b, y_b, data_size=N)`` has the loss and gradient of ``model(x, y, subsample_size=b)``."""
-    x, y = _data("gaussian")
-    method = _build("map", "gaussian")
+    x, y = _data("normal")
+    method = _build("map", "normal")
     elbo = Trace_ELBO()
     with pyro.get_param_store().scope():
         method.guide(x, y)
@@ -136,7 +136,7 @@ def test_minibatch_elbo_and_gradient_scaled_like_the_subsampled_plate():
 PREDICTORS = ["map", "mfvi", "mc-dropout", "ensemble", "laplace"]
 
 
-@pytest.mark.parametrize("likelihood", ["categorical", "gaussian"])
+@pytest.mark.parametrize("likelihood", ["categorical", "normal"])
 @pytest.mark.parametrize("name", PREDICTORS)
 def test_predictions_over_a_loader_equal_those_on_tensors(name, likelihood):
     x, y = _data(likelihood)
@@ -195,21 +195,21 @@ def test_laplace_curvature_over_a_loader_equals_tensors(structure, subset):
 
 
 def test_laplace_exact_hessian_over_a_loader_equals_tensors():
-    x, y = _data("gaussian")
+    x, y = _data("normal")
     torch.manual_seed(0)
     net = make_mlp([2, 4, 2])
-    a = Laplace(net, "gaussian", curvature="hessian").fit(x, y, num_epochs=0, tune_prior_precision=False)
-    b = Laplace(net, "gaussian", curvature="hessian").fit(_full_loader(x, y, 6), num_epochs=0,
+    a = Laplace(net, "normal", curvature="hessian").fit(x, y, num_epochs=0, tune_prior_precision=False)
+    b = Laplace(net, "normal", curvature="hessian").fit(_full_loader(x, y, 6), num_epochs=0,
                                                         tune_prior_precision=False)
     torch.testing.assert_close(b.log_marginal_likelihood(), a.log_marginal_likelihood())
 
 
 def test_loader_batches_follow_the_model_dtype():
-    x, y = _data("gaussian")
+    x, y = _data("normal")
     net = make_mlp([2, 8, 2]).double()
-    history = train_network(net, DataLoader(TensorDataset(x, y), batch_size=8), likelihood="gaussian", num_epochs=2)
+    history = train_network(net, DataLoader(TensorDataset(x, y), batch_size=8), likelihood="normal", num_epochs=2)
     assert len(history) == 2 and net[0].weight.dtype == torch.float64
-    method = MCDropout(make_mlp([2, 8, 2], dropout=0.1).double(), "gaussian", num_samples=2)
+    method = MCDropout(make_mlp([2, 8, 2], dropout=0.1).double(), "normal", num_samples=2)
     pred = method.fit(DataLoader(TensorDataset(x, y), batch_size=8), num_epochs=1).predict(
         DataLoader(TensorDataset(x), batch_size=8))
     assert pred.loc.dtype == torch.float64 and pred.loc.shape == (2, N)

@@ -14,7 +14,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from pyro_sdebnn.infer import (DeepEnsemble, MAPEstimate, MCDropout, MeanFieldVI, NeuralSDEGuide, TracePathKL_ELBO,
                                train_svi)
 from pyro_sdebnn.infer.map_training import train_network
-from pyro_sdebnn.nn import SDEBNN, ODENet, make_mlp
+from pyro_sdebnn.nn import SDEBNN, ODENet
+from pyro_sdebnn.nn._mlp import make_mlp
 from pyro_sdebnn.nn.mnvi import MNLinear, MNReLU, MNSequential, SamplingFreeBNN
 
 N, BATCH, ROW, COL = 12, 4, 9, 1  # row 9 is row 1 of batch 2 in order
@@ -75,11 +76,11 @@ def test_fit_rejects_a_nan_in_the_inputs_over_tensors_and_over_a_loader(name):
 
 @pytest.mark.parametrize("name", ["map", "mc-dropout", "sampling-free"])
 def test_fit_rejects_an_infinite_regression_target(name):
-    x, y = _data("gaussian", bad=float("inf"), where="y")
+    x, y = _data("normal", bad=float("inf"), where="y")
     with pytest.raises(ValueError, match=rf"^y contains Inf at index \({ROW},\)"):
-        _methods()[name]("gaussian").fit(x, y, num_epochs=1, batch_size=BATCH)
+        _methods()[name]("normal").fit(x, y, num_epochs=1, batch_size=BATCH)
     with pytest.raises(ValueError, match=rf"^y contains Inf at index \({ROW - 2 * BATCH},\) of batch 2 of the loader"):
-        _methods()[name]("gaussian").fit(_loader(x, y), num_epochs=1)
+        _methods()[name]("normal").fit(_loader(x, y), num_epochs=1)
 
 
 @pytest.mark.parametrize("name", list(_methods()))
@@ -105,7 +106,7 @@ def test_train_network_names_the_batch():
 
 
 def test_train_svi_checks_each_batch_before_its_step():
-    x, y = _data("gaussian")
+    x, y = _data("normal")
     net = SDEBNN(2, 1, hidden=4, augment=1, dt=0.5)
     guide = NeuralSDEGuide(net, drift_hidden=4)
     svi = SVI(net.model, guide, pyro.optim.Adam({"lr": 1e-2}), TracePathKL_ELBO())

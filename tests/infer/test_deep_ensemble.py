@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from pyro_sdebnn.infer import DeepEnsemble
-from pyro_sdebnn.nn import make_mlp
+from pyro_sdebnn.nn._mlp import make_mlp
 
 
 @pytest.fixture(autouse=True)
@@ -46,7 +46,7 @@ def test_deep_ensemble_regression_decomposition():
     torch.manual_seed(1)
     x = torch.linspace(-2, 2, 40).unsqueeze(-1)
     y = torch.sin(2 * x.squeeze(-1)) + 0.1 * torch.randn(40)
-    pred = DeepEnsemble(lambda: make_mlp([1, 16, 2], "tanh"), "gaussian", num_members=4).fit(
+    pred = DeepEnsemble(lambda: make_mlp([1, 16, 2], "tanh"), "normal", num_members=4).fit(
         x, y, num_epochs=50
     ).predict(torch.tensor([[0.0], [6.0]]))
     torch.testing.assert_close(pred.variance, pred.aleatoric_variance + pred.epistemic_variance)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pyro_sdebnn.infer import Laplace, MAPEstimate
-from pyro_sdebnn.nn import make_mlp
+from pyro_sdebnn.nn._mlp import make_mlp
 
 
 @pytest.fixture(autouse=True)
@@ -101,7 +101,7 @@ def test_laplace_kron_equals_full_for_single_example_layer():
     torch.manual_seed(0)
     x, y = torch.randn(1, 3, dtype=torch.float64), torch.tensor([0.3], dtype=torch.float64)
     net = make_mlp([3, 4, 2], "tanh", dtype=torch.float64)
-    kw = dict(subset="last_layer", likelihood="gaussian")
+    kw = dict(subset="last_layer", likelihood="normal")
     full = Laplace(net, hessian_structure="full", **kw).fit(x, y, num_epochs=0, tune_prior_precision=False)
     kron = Laplace(net, hessian_structure="kron", **kw).fit(x, y, num_epochs=0, tune_prior_precision=False)
     x_test = torch.randn(5, 3, dtype=torch.float64)
@@ -126,7 +126,7 @@ def test_laplace_regression_and_hessian_curvature():
     torch.manual_seed(0)
     x = torch.linspace(-2, 2, 30).unsqueeze(-1)
     y = torch.sin(2 * x.squeeze(-1)) + 0.1 * torch.randn(30)
-    la = Laplace(make_mlp([1, 8, 2], "tanh"), "gaussian", curvature="hessian").fit(x, y, num_epochs=100)
+    la = Laplace(make_mlp([1, 8, 2], "tanh"), "normal", curvature="hessian").fit(x, y, num_epochs=100)
     pred = la.predict(torch.tensor([[0.0], [6.0]]))
     assert pred.loc.shape == (1, 2) and pred.scale[0, 1] > pred.scale[0, 0]
     sampled = la.predict(torch.tensor([[0.0], [6.0]]), pred_type="nn", num_samples=50)
@@ -376,7 +376,7 @@ def test_laplace_rejects_non_finite_data():
     targets = torch.randn(16, dtype=torch.float64)
     targets[2] = float("inf")
     with pytest.raises(ValueError, match=r"y contains Inf at index \(2,\)"):
-        Laplace(make_mlp([2, 4, 2], dtype=torch.float64), "gaussian").fit(x.double(), targets, num_epochs=3)
+        Laplace(make_mlp([2, 4, 2], dtype=torch.float64), "normal").fit(x.double(), targets, num_epochs=3)
     loader = DataLoader(TensorDataset(bad, y), batch_size=4)  # row 5 is row 1 of batch 1
     with pytest.raises(ValueError, match=r"x contains NaN at index \(1, 1\) of batch 1 of the loader"):
         Laplace(make_mlp([2, 4, 2]), "categorical", hessian_structure="kron").fit(loader, num_epochs=0)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from pyro_sdebnn.infer import ClassificationPrediction, DeepEnsemble, MCDropout, RegressionPrediction
-from pyro_sdebnn.nn import make_mlp
+from pyro_sdebnn.nn._mlp import make_mlp
 
 
 def _blobs(n=64):
@@ -30,7 +30,7 @@ def test_mc_dropout_variance_positive_and_mode_restored():
 
 def test_mc_dropout_regression_shapes():
     x = torch.linspace(-1, 1, 20).unsqueeze(-1)
-    pred = MCDropout(make_mlp([1, 16, 2], dropout=0.2), "gaussian", num_samples=5).fit(
+    pred = MCDropout(make_mlp([1, 16, 2], dropout=0.2), "normal", num_samples=5).fit(
         x, x.squeeze(-1), num_epochs=2
     ).predict(x)
     assert isinstance(pred, RegressionPrediction) and pred.loc.shape == (5, 20)

@@ -4,7 +4,7 @@
 import torch
 
 from pyro_sdebnn.infer import MeanFieldVI
-from pyro_sdebnn.nn import make_mlp
+from pyro_sdebnn.nn._mlp import make_mlp
 
 
 def _blobs(n=64, spread=0.3):

@@ -7,7 +7,7 @@ import torch
 
 from pyro_sdebnn.infer import MCDropout
 from pyro_sdebnn.infer.methods import METHODS, negative_log_likelihood_terms
-from pyro_sdebnn.nn import make_mlp
+from pyro_sdebnn.nn._mlp import make_mlp
 
 
 def _blobs(n=64):
@@ -25,7 +25,7 @@ def test_gaussian_nll_matches_torch_distribution():
     outputs = torch.tensor([[0.3, -0.4], [1.0, 0.7]], dtype=torch.float64)
     y = torch.tensor([0.1, -2.0], dtype=torch.float64)
     expected = -torch.distributions.Normal(outputs[:, 0], outputs[:, 1].mul(0.5).exp()).log_prob(y)
-    torch.testing.assert_close(negative_log_likelihood_terms(outputs, y, "gaussian"), expected)
+    torch.testing.assert_close(negative_log_likelihood_terms(outputs, y, "normal"), expected)
 
 
 def test_bad_likelihood_and_labels():
@@ -35,11 +35,11 @@ def test_bad_likelihood_and_labels():
     with pytest.raises(TypeError, match="integer"):
         MCDropout(make_mlp([2, 4, 2], dropout=0.1)).fit(x, y.float(), num_epochs=1)
     with pytest.raises(ValueError, match="2 output columns"):
-        MCDropout(make_mlp([2, 4, 3], dropout=0.1), "gaussian").fit(x, y.float(), num_epochs=1)
+        MCDropout(make_mlp([2, 4, 3], dropout=0.1), "normal").fit(x, y.float(), num_epochs=1)
 
 
 @pytest.mark.parametrize("name", ["mc-dropout", "deep-ensemble", "laplace", "map", "mfvi"])
-@pytest.mark.parametrize("likelihood", ["categorical", "gaussian"])
+@pytest.mark.parametrize("likelihood", ["categorical", "normal"])
 def test_every_baseline_follows_float64(name, likelihood):
     """Same interface for every registered baseline; predictions keep the model's dtype."""
     torch.manual_seed(0)
@@ -49,7 +49,7 @@ def test_every_baseline_follows_float64(name, likelihood):
     method = METHODS[name](net if name == "deep-ensemble" else net(), likelihood)
     pred = method.fit(x, y, num_epochs=2, batch_size=8).predict(x[:3])
     values = pred.probs if likelihood == "categorical" else pred.loc
-    assert values.dtype == torch.float64 and values.shape[-1 if likelihood == "gaussian" else -2] == 3
+    assert values.dtype == torch.float64 and values.shape[-1 if likelihood == "normal" else -2] == 3
     assert torch.isfinite(values).all()
 
 

@@ -7,7 +7,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from pyro_sdebnn.infer import DeepEnsemble, Laplace, MAPEstimate, MCDropout, MeanFieldVI
-from pyro_sdebnn.nn import make_mlp
+from pyro_sdebnn.nn._mlp import make_mlp
 
 N, BATCH = 20, 5
 NAMES = ["map", "mfvi", "mc-dropout", "ensemble", "ensemble-dropout", "laplace", "laplace-kron"]
@@ -59,7 +59,7 @@ def _fit(method, data, **kwargs):
     return method.fit(x, y, lr=0.05, batch_size=BATCH, **kwargs)
 
 
-@pytest.mark.parametrize("likelihood", ["categorical", "gaussian"])
+@pytest.mark.parametrize("likelihood", ["categorical", "normal"])
 @pytest.mark.parametrize("name", NAMES)
 def test_round_trip_in_a_fresh_object(name, likelihood, tmp_path):
     x, y = _data(likelihood)
@@ -168,7 +168,7 @@ def test_wrong_or_broken_checkpoints_raise_and_change_nothing(name, tmp_path):
     other_class = "map" if name != "map" else "mfvi"
     _fit(_build(other_class), (x, y), num_epochs=1).save(tmp_path / "other_class.pt")
     _fit(_build(name, hidden=5), (x, y), num_epochs=1).save(tmp_path / "other_shape.pt")
-    _fit(_build(name, likelihood="gaussian"), _data("gaussian"), num_epochs=1).save(tmp_path / "other_lik.pt")
+    _fit(_build(name, likelihood="normal"), _data("normal"), num_epochs=1).save(tmp_path / "other_lik.pt")
     good = tmp_path / "good.pt"
     _fit(_build(name), (x, y), num_epochs=2).save(good)
     data = good.read_bytes()

@@ -38,7 +38,7 @@ Z = 5.0
 
 def _regression_bnn(num_data=None, dtype=torch.float64, layer=MNLinear, **kwargs):
     net = MNSequential(layer(2, 16, dtype=dtype), MNReLU(), layer(16, 2, dtype=dtype))
-    return SamplingFreeBNN(net, "gaussian", num_data=num_data, **kwargs)
+    return SamplingFreeBNN(net, "normal", num_data=num_data, **kwargs)
 
 
 @pytest.mark.parametrize("loc_var,log_var_var", [(0.0, 0.0), (0.3, 0.1), (1.0, 1.0), (0.2, 2.0)])
@@ -352,12 +352,12 @@ def test_bad_data_raises():
     bnn = _regression_bnn(num_data=10)
     with pytest.raises(ValueError, match="y must have shape"):
         bnn.model(torch.randn(4, 2, dtype=torch.float64), torch.randn(5, dtype=torch.float64))
-    with pytest.raises(TypeError, match="gaussian targets y must be a floating-point tensor"):
+    with pytest.raises(TypeError, match="normal-likelihood targets y must be a floating-point tensor"):
         bnn.model(torch.randn(4, 2, dtype=torch.float64), torch.arange(4))
     with pytest.raises(TypeError, match="categorical labels y must be an integer tensor"):
         SamplingFreeBNN(MNSequential(MNLinear(2, 3)), "categorical").model(torch.randn(4, 2), torch.zeros(4))
     with pytest.raises(ValueError, match=r"\(N, 2\)"):
-        SamplingFreeBNN(MNSequential(MNLinear(2, 3)), "gaussian").predict(torch.randn(4, 2))
+        SamplingFreeBNN(MNSequential(MNLinear(2, 3)), "normal").predict(torch.randn(4, 2))
 
 
 def test_piecewise_schedule_is_the_published_uci_schedule():

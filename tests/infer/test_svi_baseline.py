@@ -8,8 +8,9 @@ import pyro
 import pytest
 import torch
 
-from pyro_sdebnn.infer import MAPEstimate, MeanFieldVI, PyroBNN
-from pyro_sdebnn.nn import make_mlp
+from pyro_sdebnn.infer import MAPEstimate, MeanFieldVI
+from pyro_sdebnn.infer._svi_baseline import PyroBNN
+from pyro_sdebnn.nn._mlp import make_mlp
 
 
 def _blobs(n=64, spread=0.3):

@@ -33,7 +33,7 @@ def _sdebnn_svi(optim=None):
 def _bnn(num_data=None):
     pyro.set_rng_seed(0)
     net = MNSequential(MNLinear(2, 8), MNReLU(), MNLinear(8, 2))
-    return SamplingFreeBNN(net, "gaussian", num_data=num_data)
+    return SamplingFreeBNN(net, "normal", num_data=num_data)
 
 
 def _params():

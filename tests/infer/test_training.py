@@ -11,7 +11,7 @@ import torch
 from pyro_sdebnn.infer import DeepEnsemble, Laplace, MAPEstimate, MCDropout, MeanFieldVI
 from pyro_sdebnn.infer._training import clip_gradients, clip_gradients_batched, svi_step
 from pyro_sdebnn.infer.map_training import train_network
-from pyro_sdebnn.nn import make_mlp
+from pyro_sdebnn.nn._mlp import make_mlp
 from pyro_sdebnn.nn.mnvi import MNLinear, MNReLU, MNSequential, SamplingFreeBNN
 
 LRS = [0.1, 0.01, 0.001, 0.001]  # MultiStepLR(milestones=[1, 2], gamma=0.1): the LR of epochs 1, 2, 3, 4
@@ -28,16 +28,16 @@ def _pyro_lrs(optim):
     return {group["lr"] for sched in optim.optim_objs.values() for group in sched.optimizer.param_groups}
 
 
-def _data(n=20, likelihood="gaussian"):
+def _data(n=20, likelihood="normal"):
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(n, 2, generator=gen)
-    y = torch.randn(n, generator=gen) if likelihood == "gaussian" else (x[:, 0] > 0).long()
+    y = torch.randn(n, generator=gen) if likelihood == "normal" else (x[:, 0] > 0).long()
     return x, y
 
 
 def _sampling_free_bnn(n=20):
     net = MNSequential(MNLinear(2, 8), MNReLU(), MNLinear(8, 2))
-    return SamplingFreeBNN(net, "gaussian", num_data=n)
+    return SamplingFreeBNN(net, "normal", num_data=n)
 
 
 # ------------------------------------------------------------------ Pyro schedulers in the SVI fits
@@ -47,7 +47,7 @@ def _fit_svi(kind, optim, num_epochs, **kwargs):
         _sampling_free_bnn().fit(x, y, num_epochs=num_epochs, batch_size=5, optim=optim, **kwargs)
     else:
         cls = MAPEstimate if kind == "map" else MeanFieldVI
-        cls(make_mlp([2, 8, 2]), "gaussian").fit(x, y, num_epochs=num_epochs, batch_size=5, optim=optim, **kwargs)
+        cls(make_mlp([2, 8, 2]), "normal").fit(x, y, num_epochs=num_epochs, batch_size=5, optim=optim, **kwargs)
 
 
 @pytest.mark.parametrize("kind", ["sampling_free", "map", "mean_field"])
@@ -201,7 +201,7 @@ def test_svi_fit_clip_norm_bounds_the_sgd_update(kind):
         bnn.fit(x, y, num_epochs=1, batch_size=20, optim=pyro.optim.SGD({"lr": 1.0}), clip_norm=c)
         after = torch.cat([p.detach().flatten() for p in bnn.parameters()])
     else:
-        method = MAPEstimate(make_mlp([2, 8, 2]), "gaussian")
+        method = MAPEstimate(make_mlp([2, 8, 2]), "normal")
         method.fit(x, y, num_epochs=1, batch_size=None, optim=pyro.optim.SGD({"lr": 0.0}))
 
         def values():
@@ -264,7 +264,7 @@ def test_same_seed_same_result():
     def run():
         pyro.set_rng_seed(3)
         x, y = _data()
-        method = MeanFieldVI(make_mlp([2, 8, 2]), "gaussian")
+        method = MeanFieldVI(make_mlp([2, 8, 2]), "normal")
         method.fit(x, y, num_epochs=3, batch_size=5, optim=_pyro_multistep(), scheduler_step="step", clip_norm=0.5)
         return method.losses
 
@@ -287,11 +287,3 @@ def test_ensemble_reduce_on_plateau_trains_members_one_by_one():
     with pytest.raises(ValueError, match="ReduceLROnPlateau"):
         ens.fit(x, y, num_epochs=1, scheduler=factory, vectorize=True)
 
-
-def test_train_network_is_still_importable_from_methods():
-    # it lived in pyro_sdebnn.infer.methods before moving to pyro_sdebnn.infer.map_training
-    from pyro_sdebnn.infer import map_training, methods
-
-    assert methods.train_network is map_training.train_network
-    with pytest.raises(AttributeError, match="no attribute 'not_there'"):
-        methods.not_there

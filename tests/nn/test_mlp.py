@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from pyro_sdebnn.nn import ACTIVATIONS, make_mlp
+from pyro_sdebnn.nn._mlp import ACTIVATIONS, make_mlp
 
 
 @pytest.mark.parametrize("activation", sorted(ACTIVATIONS))

@@ -16,11 +16,11 @@ from pyro_sdebnn.nn.mnvi import (
     MNReLU,
     MNResidualBlock,
     MNSequential,
-    Moments,
     SamplingFreeBNN,
     to_mean_field,
     to_mnvi,
 )
+from pyro_sdebnn.ops import Moments
 
 
 def lenet(dropout: float = 0.1) -> nn.Sequential:

@@ -26,8 +26,8 @@ from pyro_sdebnn.nn.mnvi import (
     MNReLU,
     MNResidualBlock,
     MNSequential,
-    Moments,
 )
+from pyro_sdebnn.ops import Moments
 from pyro_sdebnn.ops.moments import relu_moments
 
 Z = 5.0

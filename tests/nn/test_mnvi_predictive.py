@@ -20,10 +20,10 @@ from pyro_sdebnn.nn.mnvi import (
     MNLinear,
     MNReLU,
     MNSequential,
-    Moments,
     SamplingFreeBNN,
     probit_softmax,
 )
+from pyro_sdebnn.ops import Moments
 
 Z = 5.0
 # The probit approximation is biased, not noisy: on this network (logit standard deviations ~0.2) its error is
@@ -157,7 +157,7 @@ def test_mn_concat_stacks_branch_moments():
 def test_elbo_loss_leaves_batch_norm_statistics_unchanged():
     torch.manual_seed(0)
     net = MNSequential(MNLinear(2, 8), MNBatchNorm1d(8), MNReLU(), MNLinear(8, 2))
-    bnn = SamplingFreeBNN(net, "gaussian", num_data=16)
+    bnn = SamplingFreeBNN(net, "normal", num_data=16)
     x, y = torch.randn(16, 2) * 3 + 1, torch.randn(16)
     bn = net[1]
     net.train()
@@ -172,15 +172,15 @@ def test_elbo_loss_leaves_batch_norm_statistics_unchanged():
     assert int(bn.num_batches_tracked) == 1
 
 
-@pytest.mark.parametrize("likelihood", ["gaussian", "categorical"])
+@pytest.mark.parametrize("likelihood", ["normal", "categorical"])
 @pytest.mark.parametrize("layer", [MNLinear, MFLinear])
 def test_diverging_fit_raises_floating_point_error(likelihood, layer):
     pyro.clear_param_store()
     pyro.set_rng_seed(0)
-    c = 2 if likelihood == "gaussian" else 3
+    c = 2 if likelihood == "normal" else 3
     bnn = SamplingFreeBNN(MNSequential(layer(2, 8), MNReLU(), layer(8, c)), likelihood, num_data=32)
     x = torch.randn(32, 2)
-    y = torch.randn(32) if likelihood == "gaussian" else torch.randint(0, 3, (32,))
+    y = torch.randn(32) if likelihood == "normal" else torch.randint(0, 3, (32,))
     with pytest.raises(FloatingPointError, match="learning rate"):
         bnn.fit(x, y, num_epochs=20, batch_size=8, optim=pyro.optim.SGD({"lr": 1e6}))
 

@@ -10,7 +10,8 @@ from pyro.infer.autoguide import AutoNormal, init_to_value
 from pyro.optim import Adam
 
 from pyro_sdebnn.infer import ClassificationPrediction, RegressionPrediction
-from pyro_sdebnn.nn import LIKELIHOODS, SDEBNN, ODENet, ResNet
+from pyro_sdebnn.nn import SDEBNN, ODENet, ResNet
+from pyro_sdebnn.nn.continuous_depth import LIKELIHOODS
 
 # float64, same operations in the same order: the identities below hold to rounding, ~1e-15 relative;
 # 1e-12 leaves room for a different summation order in BLAS / grouped convolutions.

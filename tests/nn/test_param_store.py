@@ -18,18 +18,20 @@ import torch
 
 import pyro_sdebnn
 from pyro_sdebnn.infer import MAPEstimate, MeanFieldVI, NeuralSDEGuide, TracePathKL_ELBO, train_svi
-from pyro_sdebnn.nn import SDEBNN, make_mlp
+from pyro_sdebnn.nn import SDEBNN
+from pyro_sdebnn.nn._mlp import make_mlp
 
 # Builds the three methods; ``predict_all`` returns their predictions under fixed seeds. Run here and in the child.
 _COMMON = textwrap.dedent("""
     import torch
     from pyro_sdebnn.infer import MAPEstimate, MeanFieldVI, NeuralSDEGuide
-    from pyro_sdebnn.nn import SDEBNN, make_mlp
+    from pyro_sdebnn.nn import SDEBNN
+    from pyro_sdebnn.nn._mlp import make_mlp
 
     def build(seed):
         torch.manual_seed(seed)
         vi = MeanFieldVI(make_mlp([2, 6, 2]), "categorical")
-        map_fit = MAPEstimate(make_mlp([2, 6, 2]), "gaussian")
+        map_fit = MAPEstimate(make_mlp([2, 6, 2]), "normal")
         net = SDEBNN(2, 1, hidden=4, augment=1, dt=0.5)
         return vi, map_fit, net, NeuralSDEGuide(net, drift_hidden=4)
 

@@ -9,7 +9,8 @@ from pyro.infer import SVI, Predictive
 from pyro.optim import Adam
 
 from pyro_sdebnn.infer import ClassificationPrediction, NeuralSDEGuide, RegressionPrediction, TracePathKL_ELBO
-from pyro_sdebnn.nn import LIKELIHOODS, SDEBNN, MultiScaleSDEBNN, ODENet
+from pyro_sdebnn.nn import SDEBNN, MultiScaleSDEBNN, ODENet
+from pyro_sdebnn.nn.continuous_depth import LIKELIHOODS
 
 
 def _data(n=20):

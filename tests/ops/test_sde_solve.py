@@ -6,8 +6,8 @@ import torch
 
 from pyro_sdebnn.nn import DriftMLP, TimeMLPField
 from pyro_sdebnn.testing import OUEndpointProblem
-from pyro_sdebnn.ops import (AugmentedPathSDE, brownian_interval, euler_maruyama_kl, increments_from_brownian,
-                             sdeint_augmented, time_grid)
+from pyro_sdebnn.ops import AugmentedPathSDE, euler_maruyama_kl, sdeint_augmented, time_grid
+from pyro_sdebnn.ops.sde_solve import brownian_interval, increments_from_brownian
 
 N, STATE, HIDDEN, SIGMA = 3, 3, 4, 0.5
 
@@ -179,14 +179,12 @@ def test_adjoint_memory_of_the_hidden_state_constant_in_steps(estimator):
     assert per_step(300, False) > 10 * large
 
 
-def test_former_brownian_size_still_accepted():
-    # a Brownian motion of the former size (batch, D + H + 1): its first D channels drive the weights, as before
+def test_brownian_of_another_size_rejected():
+    # only the D weights are noisy: a Brownian motion must have size (batch, D), and one that also spans the hidden
+    # state and the KL channel, (batch, D + H + 1), is refused with the size expected
     times, sde, drift, w0, h0, _ = _problem(0.1)
     wide = brownian_interval(times, (2, sde.weight_dim + sde.hidden_dim + 1), entropy=2)
-    with pytest.warns(FutureWarning, match="deprecated"):
-        old = sdeint_augmented(sde, w0.detach().expand(2, -1), h0.reshape(1, -1).expand(2, -1), times, bm=wide)
-    dB = increments_from_brownian(wide, times)[..., : sde.weight_dim].transpose(0, 1)
-    ours = euler_maruyama_kl(w0.detach(), times, dB, SIGMA, 1.0, drift, estimator="analytic")
-    assert torch.allclose(old.path, ours.path, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="bm must have size"):
+        sdeint_augmented(sde, w0.detach().expand(2, -1), h0.reshape(1, -1).expand(2, -1), times, bm=wide)
     with pytest.raises(ValueError, match="bm must have size"):
         sdeint_augmented(sde, w0.detach().expand(2, -1), None, times, bm=brownian_interval(times, (2, 5)))

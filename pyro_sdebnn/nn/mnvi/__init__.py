@@ -1,14 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
 """Sampling-free variational inference with multiplicative activation noise (MNVI [1]).
 
-Layers carry :class:`~pyro_sdebnn.ops.moments.Moments` ``(mean, var)`` pairs (pass ``Moments(x, None)``
+Layers carry :class:`~pyro_sdebnn.ops.Moments` ``(mean, var)`` pairs (pass ``Moments(x, None)``
 for a deterministic input) and act as ordinary layers on plain tensors:
 
 - Bayesian layers: :class:`MNLinear`, :class:`MNConv2d` (MNVI, one noise variance per input unit /
   channel) and the mean-field twins :class:`MFLinear`, :class:`MFConv2d`.
 - Moment layers: :class:`MNReLU` (exact), :class:`MNActivation` (first-order Taylor),
   :class:`MNBatchNorm1d`, :class:`MNBatchNorm2d`, :class:`MNMaxPool2d`, :class:`MNAvgPool2d`,
-  :class:`MNAdaptiveAvgPool2d`, :class:`MNFlatten`, :class:`MNDropout` (no-op), :class:`MNIdentity`.
+  :class:`MNAdaptiveAvgPool2d`, :class:`MNFlatten` (:func:`to_mnvi` turns dropout into a no-op and keeps
+  identities).
 - Containers: :class:`MNSequential`, :class:`MNResidualBlock`, :class:`MNConcat`; converters :func:`to_mnvi`,
   :func:`to_mean_field` from plain ``torch.nn`` networks (extend them with :func:`register_converter`).
 - Pyro: :class:`SamplingFreeBNN` (model/guide pair, one-pass predictive), the :func:`sampling_free`
@@ -27,20 +28,12 @@ from pyro_sdebnn.nn.mnvi.activations import MNActivation, MNReLU
 from pyro_sdebnn.nn.mnvi.bnn import SamplingFreeBNN
 from pyro_sdebnn.nn.mnvi.container import MNConcat, MNResidualBlock, MNSequential
 from pyro_sdebnn.nn.mnvi.convert import register_converter, to_mean_field, to_mnvi
-from pyro_sdebnn.nn.mnvi.handlers import is_sampling_free, sampling_free
+from pyro_sdebnn.nn.mnvi.handlers import sampling_free
 from pyro_sdebnn.nn.mnvi.layers import BayesianLayer, MNConv2d, MNLinear
 from pyro_sdebnn.nn.mnvi.likelihoods import SamplingFreeCategorical, SamplingFreeNormal, probit_softmax
 from pyro_sdebnn.nn.mnvi.mean_field import MFConv2d, MFLinear
 from pyro_sdebnn.nn.mnvi.normalization import MNBatchNorm1d, MNBatchNorm2d
-from pyro_sdebnn.nn.mnvi.pooling import (
-    MNAdaptiveAvgPool2d,
-    MNAvgPool2d,
-    MNDropout,
-    MNFlatten,
-    MNIdentity,
-    MNMaxPool2d,
-)
-from pyro_sdebnn.ops.moments import Moments
+from pyro_sdebnn.nn.mnvi.pooling import MNAdaptiveAvgPool2d, MNAvgPool2d, MNFlatten, MNMaxPool2d
 
 __all__ = [
     "BayesianLayer",
@@ -53,19 +46,15 @@ __all__ = [
     "MNBatchNorm2d",
     "MNConcat",
     "MNConv2d",
-    "MNDropout",
     "MNFlatten",
-    "MNIdentity",
     "MNLinear",
     "MNMaxPool2d",
     "MNReLU",
     "MNResidualBlock",
     "MNSequential",
-    "Moments",
     "SamplingFreeBNN",
     "SamplingFreeCategorical",
     "SamplingFreeNormal",
-    "is_sampling_free",
     "probit_softmax",
     "register_converter",
     "sampling_free",

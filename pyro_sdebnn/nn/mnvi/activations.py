@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-r"""Element-wise activations acting on :class:`~pyro_sdebnn.ops.moments.Moments`.
+r"""Element-wise activations acting on :class:`~pyro_sdebnn.ops.Moments`.
 
 - :class:`MNReLU`: exact Gaussian moments of the rectifier ([1], eq. (11); [2]).
 - :class:`MNActivation`: any element-wise function by first-order Taylor expansion,
@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pyro_sdebnn.nn.mnvi._util import as_moments
+from pyro_sdebnn.nn.mnvi._moment_inputs import as_moments
 from pyro_sdebnn.ops.moments import RELU_MIN_VAR, Moments, relu_moments, taylor_moments
 
 __all__ = ["MNActivation", "MNReLU"]

@@ -66,12 +66,13 @@ from pyro_sdebnn.nn._streaming import stream_predict
 from pyro_sdebnn.nn.mnvi.handlers import is_sampling_free
 from pyro_sdebnn.nn.mnvi.layers import BayesianLayer
 from pyro_sdebnn.nn.mnvi.likelihoods import SamplingFreeCategorical, SamplingFreeNormal, probit_softmax
+from pyro_sdebnn._likelihoods import check_likelihood
 from pyro_sdebnn.ops.moments import Moments, gaussian_predictive_variance
 from pyro_sdebnn.predictive import ClassificationPrediction, RegressionPrediction
 
 __all__ = ["SamplingFreeBNN"]
 
-_LIKELIHOODS = ("gaussian", "categorical")
+_LIKELIHOODS = ("normal", "categorical")
 _PREDICTIVES = ("probit", "mc")
 
 
@@ -91,9 +92,9 @@ class SamplingFreeBNN(nn.Module):
         for n in plate("data", num_data):  y[n] ~ likelihood(net(x[n]; weight))
 
     :param nn.Module net: a network of :mod:`pyro_sdebnn.nn.mnvi` layers with at least one
-        :class:`~pyro_sdebnn.nn.mnvi.BayesianLayer`; outputs ``(N, 2)`` for ``"gaussian"``
+        :class:`~pyro_sdebnn.nn.mnvi.BayesianLayer`; outputs ``(N, 2)`` for ``"normal"``
         (mean, log-variance), ``(N, C)`` logits for ``"categorical"``.
-    :param str likelihood: ``"gaussian"`` (heteroscedastic regression) or ``"categorical"``.
+    :param str likelihood: ``"normal"`` (heteroscedastic regression) or ``"categorical"``.
     :param int num_data: the data-set size :math:`N` used to scale minibatches (``None``: no scaling).
     :param float prior_scale: prior standard deviation :math:`\sigma_p`.
     :param int num_logit_samples: logit samples per data point for the sampling-free categorical
@@ -101,7 +102,7 @@ class SamplingFreeBNN(nn.Module):
     :param str name: prefix of the Pyro parameter and sample-site names.
 
     >>> from pyro_sdebnn.nn.mnvi import MNLinear, MNReLU, MNSequential
-    >>> bnn = SamplingFreeBNN(MNSequential(MNLinear(3, 8), MNReLU(), MNLinear(8, 2)), "gaussian", num_data=100)
+    >>> bnn = SamplingFreeBNN(MNSequential(MNLinear(3, 8), MNReLU(), MNLinear(8, 2)), "normal", num_data=100)
     >>> pred = bnn.predict(torch.randn(5, 3))
     >>> pred.loc.shape, pred.scale.shape
     (torch.Size([1, 5]), torch.Size([1, 5]))
@@ -110,7 +111,7 @@ class SamplingFreeBNN(nn.Module):
     def __init__(
         self,
         net: nn.Module,
-        likelihood: str = "gaussian",
+        likelihood: str = "normal",
         *,
         num_data: int | None = None,
         prior_scale: float = 1.0,
@@ -120,8 +121,7 @@ class SamplingFreeBNN(nn.Module):
         super().__init__()
         if not isinstance(net, nn.Module):
             raise TypeError(f"net must be an nn.Module, got {type(net).__name__}")
-        if likelihood not in _LIKELIHOODS:
-            raise ValueError(f"likelihood must be one of {_LIKELIHOODS}, got {likelihood!r}")
+        check_likelihood(likelihood, _LIKELIHOODS)
         if num_data is not None and (not isinstance(num_data, int) or num_data < 1):
             raise ValueError(f"num_data must be a positive int or None, got {num_data!r}")
         if not (isinstance(prior_scale, (int, float)) and prior_scale > 0):
@@ -158,8 +158,9 @@ class SamplingFreeBNN(nn.Module):
 
     # -------------------------------------------------------------------------------- pyro program
     def _check_outputs(self, mean: Tensor) -> None:
-        if self.likelihood == "gaussian" and (mean.dim() != 2 or mean.shape[-1] != 2):
-            raise ValueError(f"a gaussian net must output (N, 2) = (mean, log-variance), got {tuple(mean.shape)}")
+        if self.likelihood == "normal" and (mean.dim() != 2 or mean.shape[-1] != 2):
+            raise ValueError(f"a normal likelihood needs a net that outputs (N, 2) = (mean, log-variance), got "
+                             f"{tuple(mean.shape)}")
         if self.likelihood == "categorical" and mean.dim() != 2:
             raise ValueError(f"a categorical net must output (N, C) logits, got {tuple(mean.shape)}")
 
@@ -173,13 +174,13 @@ class SamplingFreeBNN(nn.Module):
 
     def _moment_likelihood(self, out: Moments) -> TorchDistribution:
         assert out.var is not None  # out comes from moments(), which checked it
-        if self.likelihood == "gaussian":
+        if self.likelihood == "normal":
             return SamplingFreeNormal(out.mean[:, 0], out.var[:, 0], out.mean[:, 1], out.var[:, 1])
         return SamplingFreeCategorical(out.mean, out.var, self.num_logit_samples)
 
     def _sampled_likelihood(self, out: Tensor) -> TorchDistributionMixin:
         self._check_outputs(out)
-        if self.likelihood == "gaussian":
+        if self.likelihood == "normal":
             return Normal(out[:, 0], torch.exp(0.5 * out[:, 1]))
         return Categorical(logits=out)
 
@@ -236,7 +237,7 @@ class SamplingFreeBNN(nn.Module):
     def predict(self, x, *, predictive: str = "probit", num_samples: int = 32):
         """Predictive distribution from **one** sampling-free forward pass (``net`` in eval mode).
 
-        - ``"gaussian"``: :class:`~pyro_sdebnn.infer.RegressionPrediction` with ``S = 1``,
+        - ``"normal"``: :class:`~pyro_sdebnn.infer.RegressionPrediction` with ``S = 1``,
           ``loc`` :math:`\\bar\\mu`, ``scale`` :math:`\\sqrt{v_\\mu + e^{\\bar c + v_c/2}}`
           (Schmitt & Roth (2021), eq. (19)); ``predictive`` and ``num_samples`` are not used.
         - ``"categorical"``: :class:`~pyro_sdebnn.infer.ClassificationPrediction` approximating the predictive
@@ -283,7 +284,7 @@ class SamplingFreeBNN(nn.Module):
                 self.net.train(was_training)
         mean, out_var = out.mean, out.var
         assert out_var is not None  # moments() raises for a network without a variance
-        if self.likelihood == "gaussian":
+        if self.likelihood == "normal":
             var = gaussian_predictive_variance(out_var[:, 0], mean[:, 1], out_var[:, 1])
             return RegressionPrediction(mean[:, 0].unsqueeze(0), var.sqrt().unsqueeze(0))
         if predictive == "probit":

@@ -4,7 +4,7 @@ r"""Containers for building moment-propagating networks (LeNet, All-CNN, ResNet-
 :class:`MNSequential` chains layers; :class:`MNResidualBlock` adds a main branch and a shortcut;
 :class:`MNConcat` runs branches side by side on the same input (e.g. separate mean and log-variance heads).
 All pass plain tensors (the deterministic / sampled-weight network) or
-:class:`~pyro_sdebnn.ops.moments.Moments` (sampling-free propagation) through unchanged in kind.
+:class:`~pyro_sdebnn.ops.Moments` (sampling-free propagation) through unchanged in kind.
 
 .. warning:: In a residual block the two branches see the same input, so their outputs are
     correlated; like every layer here the sum adds variances as if they were independent
@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from pyro_sdebnn.nn.mnvi._util import as_moments
+from pyro_sdebnn.nn.mnvi._moment_inputs import as_moments
 from pyro_sdebnn.ops.moments import Moments
 
 __all__ = ["MNConcat", "MNResidualBlock", "MNSequential"]

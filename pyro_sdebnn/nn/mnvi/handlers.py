@@ -14,7 +14,7 @@ from pyro.poutine.messenger import Messenger
 from pyro.poutine.runtime import _PYRO_STACK
 from pyro.poutine.util import site_is_subsample
 
-__all__ = ["SamplingFreeMessenger", "is_sampling_free", "sampling_free"]
+__all__ = ["sampling_free"]
 
 
 class SamplingFreeMessenger(Messenger):
@@ -36,7 +36,7 @@ class SamplingFreeMessenger(Messenger):
 
 
 def sampling_free(fn=None):
-    """Wrap ``fn`` (or open a context) in which :func:`is_sampling_free` is ``True``.
+    """Wrap ``fn`` (or open a context) in which ``is_sampling_free`` is ``True``.
 
     :param callable fn: a model or guide; ``None`` returns a context manager.
 

@@ -40,7 +40,7 @@ from torch import Tensor, nn
 from torch.distributions import Distribution
 
 from pyro_sdebnn.distributions import MultiplicativeNormal
-from pyro_sdebnn.nn.mnvi._util import as_moments, check_features
+from pyro_sdebnn.nn.mnvi._moment_inputs import as_moments, check_features
 from pyro_sdebnn.ops.moments import Moments, multiplicative_conv2d_moments, multiplicative_linear_moments
 
 __all__ = ["BayesianLayer", "MNConv2d", "MNLinear"]

@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, cast, overload
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pyro_sdebnn.nn.mnvi._util import as_moments
+from pyro_sdebnn.nn.mnvi._moment_inputs import as_moments
 from pyro_sdebnn.ops.moments import Moments
 
-__all__ = ["MNBatchNorm1d", "MNBatchNorm2d", "frozen_running_stats"]
+__all__ = ["MNBatchNorm1d", "MNBatchNorm2d"]
 
 _STATE = threading.local()
 

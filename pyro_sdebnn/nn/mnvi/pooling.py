@@ -5,8 +5,8 @@ r"""Pooling and reshaping layers for moment propagation ([1], Sec. 3.3.3).
   along (the max of several Gaussians has no closed form; this keeps the sparsity of max-pooling).
 - :class:`MNAvgPool2d` / :class:`MNAdaptiveAvgPool2d`: averages of independent entries,
   :math:`v' = \frac{1}{k^2}\operatorname{avg}(v)` for a window of :math:`k` entries.
-- :class:`MNFlatten`, :class:`MNDropout` (a no-op: the multiplicative noise replaces dropout),
-  :class:`MNIdentity`.
+- :class:`MNFlatten`, ``MNDropout`` (a no-op: the multiplicative noise replaces dropout),
+  ``MNIdentity``.
 
 **References**
 
@@ -24,10 +24,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules.utils import _pair
 
-from pyro_sdebnn.nn.mnvi._util import as_moments
+from pyro_sdebnn.nn.mnvi._moment_inputs import as_moments
 from pyro_sdebnn.ops.moments import Moments
 
-__all__ = ["MNAdaptiveAvgPool2d", "MNAvgPool2d", "MNDropout", "MNFlatten", "MNIdentity", "MNMaxPool2d"]
+__all__ = ["MNAdaptiveAvgPool2d", "MNAvgPool2d", "MNFlatten", "MNMaxPool2d"]
 
 
 class MNMaxPool2d(nn.MaxPool2d):

@@ -19,14 +19,6 @@ import math
 
 import torch
 
-__all__ = [
-    "ar1_kl",
-    "ar1_log_prob",
-    "ar1_moments",
-    "ar1_sample",
-    "ou_stationary_variance",
-    "ou_transition",
-]
 
 _METHODS = ("exact", "euler")
 

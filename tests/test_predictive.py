@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The prediction containers (``infer.predictive``): the regression mixture's variance decomposition."""
+"""The prediction containers (``pyro_sdebnn.predictive``): the regression mixture's variance decomposition."""
 
 import pytest
 import torch

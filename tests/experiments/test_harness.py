@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The evaluation and report code shared by the experiments (``pyro_sdebnn.experiments._common``)."""
+"""The evaluation and report code shared by the experiments (``pyro_sdebnn.experiments._harness``)."""
 
 import csv
 import math
@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from pyro_sdebnn.experiments import _common as common
+from pyro_sdebnn.experiments import _harness as common
 from pyro_sdebnn.experiments import discover
 from pyro_sdebnn.predictive import RegressionPrediction
 from pyro_sdebnn.metrics import expected_calibration_error, gaussian_mixture_log_likelihood, negative_log_likelihood
@@ -90,7 +90,7 @@ def test_regression_metrics_with_a_mask_score_the_subset():
 
 
 def test_heatmaps_grid_shares_one_std_scale_and_titles_every_panel(tmp_path):
-    from pyro_sdebnn.experiments._common import plot_grid_heatmaps
+    from pyro_sdebnn.experiments._harness import plot_grid_heatmaps
 
     gx, gy = torch.linspace(-1, 1, 6), torch.linspace(-1, 1, 5)
     maps = {f"method number {i} with a long descriptive name": (torch.rand(30), 0.1 * i * torch.rand(30))
@@ -111,7 +111,7 @@ def test_heatmaps_grid_shares_one_std_scale_and_titles_every_panel(tmp_path):
 
 
 def test_reliability_small_multiples_by_group(tmp_path):
-    from pyro_sdebnn.experiments._common import plot_reliability_curves
+    from pyro_sdebnn.experiments._harness import plot_reliability_curves
 
     labels = torch.randint(0, 2, (200,), generator=torch.Generator().manual_seed(0))
     curves = {name: torch.softmax(torch.randn(200, 2, generator=torch.Generator().manual_seed(i)), -1)
@@ -126,7 +126,7 @@ def test_reliability_small_multiples_by_group(tmp_path):
 
 
 def test_autocorrelation_panels_are_titled_by_sampler():
-    from pyro_sdebnn.experiments._common import chain_autocorr_figure
+    from pyro_sdebnn.experiments._harness import chain_autocorr_figure
 
     g = torch.Generator().manual_seed(0)
     chains = {"SGLD": (torch.rand(30, 4, generator=g), 1.0), "SGHMC": (torch.rand(30, 4, generator=g), 1.0)}

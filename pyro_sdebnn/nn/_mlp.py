@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A small multi-layer perceptron factory shared by the baselines, benchmarks and tutorials.
+"""A plain multi-layer perceptron factory (private): the networks of the experiments, benchmarks and tests.
 
 .. math::
 
@@ -16,8 +16,6 @@ from typing import Callable, Sequence
 
 import torch
 from torch import nn
-
-__all__ = ["ACTIVATIONS", "make_mlp"]
 
 #: Activation names accepted by :func:`make_mlp`.
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {

@@ -49,7 +49,7 @@ from pyro.params.param_store import StateDict
 from torch import Tensor, nn
 
 from pyro_sdebnn.nn._prior import ZeroMeanNormalPrior
-from pyro_sdebnn.infer._data import (
+from pyro_sdebnn.infer._baseline_data import (
     _check_fit_args,
     _is_loader_arg,
     _first_inputs,
@@ -64,8 +64,6 @@ from pyro_sdebnn.infer.methods import (
     _check_likelihood,
 )
 from pyro_sdebnn.infer.svi_training import AveragedGradients, svi_epochs
-
-__all__ = ["PyroBNN", "SVIBaseline"]
 
 
 class PyroBNN(PyroModule):
@@ -83,11 +81,11 @@ class PyroBNN(PyroModule):
 
     :param nn.Module net: the network (copied; the original is left untouched). Its current
         parameter values are kept in ``init_values`` for guide initialisation.
-    :param str likelihood: ``"categorical"`` or ``"gaussian"`` (2 outputs: mean, log-variance).
+    :param str likelihood: ``"categorical"`` or ``"normal"`` (2 outputs: mean, log-variance).
     :param float prior_scale: :math:`\\sigma_p`.
 
-    >>> from pyro_sdebnn.nn import make_mlp
-    >>> model = PyroBNN(make_mlp([2, 8, 2]), "categorical", prior_scale=1.0)
+    >>> from torch import nn
+    >>> model = PyroBNN(nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 2)), "categorical", prior_scale=1.0)
     >>> trace = pyro.poutine.trace(model).get_trace(torch.randn(10, 2), torch.zeros(10, dtype=torch.long),
     ...                                              subsample_size=4)
     >>> trace.nodes["net.0.weight"]["value"].shape, trace.nodes["obs"]["value"].shape
@@ -174,8 +172,9 @@ class SVIBaseline(BaselineMethod):
     ``guide``, so both also work with plain Pyro tools (``Predictive``, ``poutine``).
 
     >>> from pyro_sdebnn.infer import MAPEstimate
-    >>> from pyro_sdebnn.nn import make_mlp
-    >>> method = MAPEstimate(make_mlp([1, 4, 2]), "gaussian").fit(torch.randn(8, 1), torch.randn(8), num_epochs=1)
+    >>> from torch import nn
+    >>> net = nn.Sequential(nn.Linear(1, 4), nn.ReLU(), nn.Linear(4, 2))
+    >>> method = MAPEstimate(net, "normal").fit(torch.randn(8, 1), torch.randn(8), num_epochs=1)
     >>> type(method).__mro__[1].__name__, type(method.guide).__name__, len(method.losses)
     ('SVIBaseline', 'AutoDelta', 1)
     """

@@ -20,8 +20,6 @@ import math
 from pathlib import Path
 from typing import Callable
 
-__all__ = ["MAX_SEED", "float_range", "int_range", "nonnegative_float", "nonnegative_int", "output_folder",
-           "positive_float", "positive_int", "probability", "seed"]
 
 #: The largest ``--seed``: NumPy's generator takes seeds below 2**32, and the benchmarks add offsets (runs, ranks).
 MAX_SEED = 2**31 - 1

@@ -62,31 +62,6 @@ from pyro_sdebnn.metrics import (
     uncertainty_decomposition,
 )
 
-__all__ = [
-    "Interrupted",
-    "Timer",
-    "calibrated_metrics",
-    "chain_autocorr_figure",
-    "check_methods",
-    "classification_metrics",
-    "cpu_threads",
-    "figure",
-    "fmt",
-    "fmt_mean_se",
-    "fresh_start",
-    "markdown_table",
-    "mean_se",
-    "plot_grid_heatmaps",
-    "plot_reliability_curves",
-    "plot_uncertainty_decomposition",
-    "regression_metrics",
-    "save_figure",
-    "summarise",
-    "write_chain_diagnostics",
-    "write_csv",
-    "write_readme",
-]
-
 
 # --------------------------------------------------------------------------- running
 @contextlib.contextmanager

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-__all__ = ["describe_datasets"]
 
 # (name, task, shapes with default arguments, source). The shapes are checked against the real
 # loaders in tests/data/test_catalog.py.
