@@ -309,7 +309,6 @@ class NeuralSDEGuide(ParamStoreModule, AutoGuide):
     :param str activation: activation of the default MLP.
 
     >>> from pyro_sdebnn.distributions import OUPath
-from pyro_sdebnn.distributions.ou_path import as_tensor_like
     >>> def model():
     ...     w = pyro.sample("w", OUPath(torch.zeros(2), 0.5, torch.linspace(0, 1, 5), method="euler"))
     ...     pyro.sample("y", pyro.distributions.Normal(w[-1].sum(), 1.0), obs=torch.tensor(1.0))
