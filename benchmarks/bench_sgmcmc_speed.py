@@ -37,7 +37,7 @@ import torch._inductor.config as inductor_config
 from pyro.infer import MCMC
 from torch import nn
 
-from pyro_sdebnn.infer.mcmc import SGLD, BayesianMLP
+from pyro_sdebnn.infer.mcmc import BayesianMLP, SGLD
 
 inductor_config.fallback_random = True
 

@@ -267,7 +267,7 @@ def count_host_syncs(fn, steps: int, device: torch.device) -> dict[str, float]:
 def _sgld_step(device: torch.device, sizes, n: int, batch: int, num_steps: int, backend: str):
     """``kernel.sample`` of SGLD (``num_steps`` inner steps, no MAP warm start) on the data of
     ``benchmarks/bench_sgmcmc_speed.py``, on ``device``."""
-    from pyro_sdebnn.infer.mcmc import SGLD, BayesianMLP
+    from pyro_sdebnn.infer.mcmc import BayesianMLP, SGLD
 
     x, y = _bench("bench_sgmcmc_speed")._data(sizes, n)
     likelihood = "bernoulli" if sizes[-1] == 1 else "categorical"

@@ -468,7 +468,7 @@ def write_chain_diagnostics(chains: Mapping[str, tuple[Tensor, float]], out: Pat
     """
     if not chains:
         raise ValueError("write_chain_diagnostics: chains is empty")
-    from pyro_sdebnn.infer.mcmc import function_space_diagnostics
+    from pyro_sdebnn.infer.mcmc.arviz import function_space_diagnostics
 
     rows = []
     for name, (draws, seconds) in chains.items():

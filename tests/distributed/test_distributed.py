@@ -23,7 +23,7 @@ from torch.utils.data.distributed import DistributedSampler
 from pyro_sdebnn import distributed
 from pyro_sdebnn.infer import MAPEstimate, TracePathKL_ELBO, train_svi
 from pyro_sdebnn.infer.map_training import train_network
-from pyro_sdebnn.infer.mcmc import SGHMC, SGLD, from_pyro
+from pyro_sdebnn.infer.mcmc import SGHMC, SGLD, to_inference_data
 
 import _workers as W  # noqa: E402  (tests/distributed is on sys.path: pytest's rootdir-relative import)
 
@@ -231,7 +231,7 @@ def test_chains_over_ranks_equal_one_process_runs_with_the_rank_seeds(group, flo
                     disable_progbar=True)
         mcmc.run(x, y)
         runs.append(mcmc.get_samples(group_by_chain=True)["w"])
-        idatas.append(from_pyro(mcmc))
+        idatas.append(to_inference_data(mcmc))
     expected = torch.cat(runs)  # (4, 6, D): chain r * 2 + k is chain k of rank r
     got = results[0]["chains"]["w"]
     assert got.shape == (4, 6, W.D)

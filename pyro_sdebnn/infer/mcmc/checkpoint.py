@@ -54,7 +54,7 @@ from typing import Any, Union
 import torch
 from pyro.infer import MCMC
 
-from pyro_sdebnn.infer.mcmc.base import SGMCMCKernel
+from pyro_sdebnn.infer.mcmc.kernel import SGMCMCKernel
 
 __all__ = ["CheckpointHook", "load_checkpoint", "resume_run", "save_run"]
 

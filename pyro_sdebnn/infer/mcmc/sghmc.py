@@ -8,7 +8,7 @@ from typing import Any, Callable, Optional, Union, cast
 import torch
 from torch import Tensor
 
-from pyro_sdebnn.infer.mcmc.base import SGMCMCKernel
+from pyro_sdebnn.infer.mcmc.kernel import SGMCMCKernel
 from pyro_sdebnn.infer.mcmc.schedules import StepSizeSchedule
 from pyro_sdebnn.ops.sgmcmc import SGHMCState, sghmc_step
 

@@ -7,7 +7,7 @@ from typing import Any, Callable, Optional, Union, cast
 
 from torch import Tensor
 
-from pyro_sdebnn.infer.mcmc.base import SGMCMCKernel
+from pyro_sdebnn.infer.mcmc.kernel import SGMCMCKernel
 from pyro_sdebnn.infer.mcmc.schedules import StepSizeSchedule
 from pyro_sdebnn.ops.sgmcmc import PreconditionedSGLDState, SGLDState, preconditioned_sgld_step, sgld_step
 
@@ -36,7 +36,7 @@ class SGLD(SGMCMCKernel):
 
     The model is a plain Pyro model over the *full* data, as written for NUTS: the likelihood sits in a plate over
     the data (``with pyro.plate("data", len(x)): ... obs=y``) and the weights are sampled outside that plate, so that
-    ``MCMC.run(x, y)``, :class:`~pyro.infer.Predictive` and :func:`~pyro_sdebnn.infer.mcmc.from_pyro` all see the
+    ``MCMC.run(x, y)``, :class:`~pyro.infer.Predictive` and :func:`~pyro_sdebnn.infer.mcmc.to_inference_data` all see the
     full data. The data come in one of two ways:
 
     - *tensors*, ``mcmc.run(x, y)`` with ``subsample_size=b``: each inner step slices every argument whose leading

@@ -9,9 +9,10 @@ import torch
 from pyro.infer import MCMC
 from torch.utils.data import DataLoader, TensorDataset
 
-from pyro_sdebnn.infer.mcmc import SGHMC, SGLD, SamplerDivergenceError, SamplerWarning
-from pyro_sdebnn.infer.mcmc import adaptation
-from pyro_sdebnn.infer.mcmc.adaptation import MIN_ADAPT_STEPS, adaptation_windows
+from pyro_sdebnn.infer.mcmc import SGHMC, SGLD
+from pyro_sdebnn.infer.mcmc.diagnostics import SamplerDivergenceError, SamplerWarning
+from pyro_sdebnn.infer.mcmc import kernel as adaptation
+from pyro_sdebnn.infer.mcmc.kernel import MIN_ADAPT_STEPS, adaptation_windows
 
 # conjugate problem: w_j ~ N(0, 1), y_ij ~ N(w_j, s_j) for i = 1..n; the posterior of w_j is N(m_j, v_j) with
 # v_j = 1 / (1 + n / s_j^2) and m_j = v_j * sum_i y_ij / s_j^2. With s = (100, 0.1) and n = 100 the posterior sds are

@@ -7,8 +7,9 @@ import pytest
 import torch
 from pyro.infer import MCMC
 
-from pyro_sdebnn.infer.mcmc import SGLD, BayesianMLP, MinibatchPotential
-from pyro_sdebnn.infer.mcmc import step as step_module
+from pyro_sdebnn.infer.mcmc import BayesianMLP, SGLD
+from pyro_sdebnn.infer.mcmc.potential import MinibatchPotential
+from pyro_sdebnn.infer.mcmc import kernel as step_module
 
 
 def _float64_bnn(sizes, **kwargs):

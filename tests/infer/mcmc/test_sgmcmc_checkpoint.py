@@ -9,7 +9,8 @@ import torch
 from pyro.infer import MCMC
 from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
-from pyro_sdebnn.infer.mcmc import FSGLD, SGHMC, SGLD, PolynomialDecay, load_checkpoint, resume_run, save_run
+from pyro_sdebnn.infer.mcmc import FSGLD, PolynomialDecay, SGHMC, SGLD, resume_run, save_run
+from pyro_sdebnn.infer.mcmc.checkpoint import load_checkpoint
 from pyro_sdebnn.data import two_moons
 from pyro_sdebnn.testing import ConjugateLinearRegression
 
@@ -244,7 +245,7 @@ class _Preempted(Exception):
 
 @pytest.mark.parametrize("stop_at", [6, 23])  # in warm-up (no samples yet), in sampling
 def test_checkpoint_hook_resumes_an_interrupted_run(tmp_path, stop_at):
-    from pyro_sdebnn.infer.mcmc import CheckpointHook
+    from pyro_sdebnn.infer.mcmc.checkpoint import CheckpointHook
 
     x, y = _data()
     make = _kernels()["sghmc"]
@@ -274,7 +275,7 @@ def test_checkpoint_hook_resumes_an_interrupted_run(tmp_path, stop_at):
 
 
 def test_checkpoint_hook_checks_its_arguments(tmp_path):
-    from pyro_sdebnn.infer.mcmc import CheckpointHook
+    from pyro_sdebnn.infer.mcmc.checkpoint import CheckpointHook
 
     with pytest.raises(ValueError, match="every must be a positive int"):
         CheckpointHook(tmp_path / "run.pt", every=0)

@@ -6,7 +6,7 @@ import torch
 from pyro.infer import MCMC, NUTS
 from pyro.ops.stats import effective_sample_size
 
-from pyro_sdebnn.infer.mcmc import SGHMC, SGLD, PolynomialDecay
+from pyro_sdebnn.infer.mcmc import PolynomialDecay, SGHMC, SGLD
 from pyro_sdebnn.testing import ConjugateLinearRegression
 
 PROBLEM = ConjugateLinearRegression(dim=2, prior_scale=1.0, noise_scale=1.0)
