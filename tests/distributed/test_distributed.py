@@ -220,7 +220,7 @@ def test_data_parallel_sampled_elbos_keep_one_set_of_parameters(group, float64, 
     assert all(torch.isfinite(torch.tensor(results[0][f"{method}_losses"])))
 
 
-@pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.SamplerWarning")  # short chains: R-hat above 1.1
+@pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.diagnostics.SamplerWarning")  # short chains: R-hat above 1.1
 def test_chains_over_ranks_equal_one_process_runs_with_the_rank_seeds(group, float64):
     results, _ = group
     x, y = W.data()
@@ -262,7 +262,7 @@ def test_data_parallel_chain_equals_the_single_process_chain(group, float64):
     assert expected.std(0).min() > 0  # the chain moved
 
 
-@pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.SamplerWarning")  # short chains: R-hat above 1.1
+@pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.diagnostics.SamplerWarning")  # short chains: R-hat above 1.1
 def test_data_parallel_sghmc_with_vectorised_chains_equals_the_single_process_run(group, float64):
     results, _ = group
     x, y = W.data()

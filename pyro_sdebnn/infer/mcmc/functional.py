@@ -462,7 +462,7 @@ class MeasurementPoints:
         set per ``redraw_every`` steps. The sets do not depend on the chain, so this changes nothing but the
         cost: per-call overheads of the draw, the kernel evaluation and the factorisation are paid once per
         ``prefetch`` sets instead of once per step. Default ``None``: 64, fewer where the batch of
-        ``M x M`` float64 factors would exceed 8 MiB (16 sets at M = 256, one at M >= 1024).
+        ``M x M`` float64 factors would exceed 8 MiB.
     :param torch.Generator generator: optional generator (on the inputs' device) for reproducible sets.
 
     >>> x = torch.linspace(-1.0, 1.0, 10)
@@ -716,7 +716,7 @@ class FunctionalKernelMixin(_KernelBase):
         use it, the sets (and factors) of the current batch not used yet, the state of the sampler's own generator
         (if it has one; otherwise the sets come from torch's, saved with the chain), and the jitter :math:`\\delta`
         chosen at set-up. The unused sets are stored rather than drawn again (at most one batch of ``prefetch``
-        factors, about 8 MiB with the sampler's default ``prefetch``).
+        factors).
         """
         sd = super().state_dict()
         assert self.potential is not None  # super().state_dict() raised before the first run
@@ -805,30 +805,19 @@ class FSGLD(FunctionalKernelMixin, SGLD):
             f = pyro.deterministic("f", net(x[idx]))
             pyro.sample("obs", dist.Normal(f, sigma), obs=None if y is None else y[idx])
 
-    or, for a model written as for NUTS without that site, from its likelihood: the ``loc`` of a ``Normal``, the
-    ``logits`` of a ``Bernoulli`` or ``Categorical`` at its one observed site in the data plate (for ``Categorical``
-    normalised to log-probabilities; :func:`~pyro_sdebnn.infer.mcmc.functional.likelihood_outputs`). The kernel evaluates it at :math:`X_M` in the same pass as the minibatch: the model runs once on the
-    concatenated inputs :math:`[x_B; X_M]` (one forward/backward pass) when that reproduces the
-    two-pass potential at set-up; otherwise it runs ``model(X_M)`` (or ``measurement_args(X_M)``) separately, or
-    calls a user function ``output_fn(values, X_M)``.
-    All options of :class:`~pyro_sdebnn.infer.mcmc.SGLD` apply.
-
-    *Loaders and checkpoints.* ``mcmc.run(loader)`` takes the likelihood term of each inner step from the loader's
-    next ``(x, y)`` batch (scaled by :math:`N/b`, as for SGLD) and the prior term from the measurement points; the
-    concatenated pass then runs on :math:`[x_B; X_M]`. A loader does not hold the training inputs, so it needs
-    ``measurement_points=`` (a :class:`~pyro_sdebnn.infer.mcmc.MeasurementPoints` over a subset of the inputs on the
-    model's device, e.g. ``MeasurementPoints(next(iter(loader))[0])``) or a
-    :class:`~pyro_sdebnn.distributions.GPFunctionalPrior` as ``gp_prior``; without either it is a ``ValueError``.
-    :meth:`state_dict` holds the measurement-set stream as well (current set, unused prefetched sets, the sampler's
-    generator), so :func:`~pyro_sdebnn.infer.mcmc.resume_run` continues a run bitwise on CPU (with a fixed
-    ``backend``).
+    or, for a model written as for NUTS without that site, from its likelihood (the ``loc`` of a ``Normal``, the
+    ``logits`` of a ``Bernoulli`` or ``Categorical``: :func:`likelihood_outputs`), evaluated at :math:`X_M` in the
+    same forward pass as the minibatch when that reproduces the two-pass potential at set-up
+    (:class:`FunctionalPotential`). Over a loader (``mcmc.run(loader)``) the kernel needs ``measurement_points=``
+    (e.g. ``MeasurementPoints(next(iter(loader))[0])``) or a :class:`~pyro_sdebnn.distributions.GPFunctionalPrior`;
+    checkpoints hold the measurement-set stream. All settings of :class:`~pyro_sdebnn.infer.mcmc.SGLD` apply.
 
     :param callable model: the Pyro model.
     :param gp_prior: a ``pyro.contrib.gp`` kernel (``RBF``, ``Matern52``, :class:`~pyro_sdebnn.kernels.NNGP`, ...;
         fit it with :func:`pyro_sdebnn.distributions.fit_gp_kernel`), or a
         :class:`~pyro_sdebnn.distributions.GPFunctionalPrior` on fixed measurement points (its cached Cholesky
         factor is reused).
-    :param measurement_points: a :class:`~pyro_sdebnn.infer.mcmc.MeasurementPoints` sampler; by default
+    :param measurement_points: a :class:`~pyro_sdebnn.infer.mcmc.functional.MeasurementPoints` sampler; by default
         ``num_measurement_data`` training inputs (the model's first argument) plus ``num_measurement_box`` box points,
         redrawn every step. Required over a loader (unless ``gp_prior`` is a ``GPFunctionalPrior``).
     :param gp_mean: GP mean: ``None`` (zero), a tensor or a callable of :math:`X_M`.
@@ -843,7 +832,7 @@ class FSGLD(FunctionalKernelMixin, SGLD):
     :param concatenate_inputs: ``None`` (default): evaluate the network once on :math:`[x_B; X_M]` (one trace, one
         forward/backward pass) when that reproduces the two-trace potential and gradient at set-up, else trace the
         model twice per step; ``True`` requires the single pass; ``False`` always traces twice
-        (see :class:`~pyro_sdebnn.infer.mcmc.FunctionalPotential`).
+        (see :class:`~pyro_sdebnn.infer.mcmc.functional.FunctionalPotential`).
 
     **References**
 
@@ -885,14 +874,11 @@ class FSGHMC(FunctionalKernelMixin, SGHMC):
     :class:`~pyro_sdebnn.infer.mcmc.FSGLD`.
 
     *A collapsed chain is not a divergence.* With too little friction for the step size the chain can stay finite
-    and still be useless: on Two Moons (2-50-50-1 ReLU network, RBF prior, 3000 steps) step 3e-4 with friction 0.1
-    ends at a constant function (accuracy 0.5) with kinetic temperature 7.8 instead of :math:`T = 1` (the
-    potential energy released from the initial point is dissipated only over :math:`1/(\\eta c) \\approx 33000`
-    steps), most hidden ReLUs dead and their weights drifting, unopposed since the weight prior is dropped;
-    ``resample_momentum_every=1`` gives 1.01 (accuracy 0.83), friction 10 at step 1e-3 gives 1.02. Nothing in it
-    is non-finite, so it is detected by diagnostics, not by the divergence check: ``diagnostics()["kinetic
-    temperature"]`` (see :class:`~pyro_sdebnn.infer.mcmc.SGHMC`, remedies there) and function-space diagnostics
-    (the predictive at a few probe inputs per draw, its trace and ESS).
+    and still be useless (a constant function, dead hidden units whose weights drift unopposed since the weight
+    prior is dropped, a kinetic temperature well above :math:`T`). Nothing in it is non-finite, so the divergence
+    check does not see it: watch ``diagnostics()["kinetic temperature"]`` (remedies on
+    :class:`~pyro_sdebnn.infer.mcmc.SGHMC`) and the function-space diagnostics
+    (:func:`~pyro_sdebnn.infer.mcmc.arviz.function_space_diagnostics`).
 
     **References**
 

@@ -405,16 +405,36 @@ class _KernelAttributes:
 
 
 class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
-    """Base class of the SG-MCMC kernels: minibatch potential, backends, schedules, divergences, warm start.
+    """Base class of the SG-MCMC kernels: set-up, the loop of inner steps, warm-up, divergences, diagnostics.
 
-    Subclasses define ``_state_type`` (a ``NamedTuple`` whose first field is ``position``),
-    :meth:`_init_state` and :meth:`_update` (a pure rule from :mod:`pyro_sdebnn.ops.sgmcmc`).
+    A subclass names its chain state (``_state_type``, a ``NamedTuple`` whose first field is the position),
+    :meth:`_init_state` and :meth:`_update` (a pure rule of :mod:`pyro_sdebnn.ops.sgmcmc`). Returned ``params`` are
+    unconstrained, as for Pyro's ``HMC``; ``MCMC`` maps them back through ``kernel.transforms``. With
+    ``vectorized_chains=K`` every site carries a leading chain dimension and ``MCMC`` stores ``num_chains * K``
+    chains, so ``Predictive``, ``mcmc.summary()`` and :func:`~pyro_sdebnn.infer.mcmc.to_inference_data` see them.
 
-    Returned ``params`` are unconstrained, as for Pyro's ``HMC``: ``MCMC`` maps them back through
-    ``kernel.transforms``. With ``vectorized_chains=K > 1`` every site carries a leading chain dimension
-    ``(K, *shape)``, and ``MCMC`` stores the ``K`` chains as chains: ``mcmc.get_samples(group_by_chain=True)`` is
-    ``(num_chains * K, num_samples, *shape)``, so ``Predictive``, ``mcmc.summary()`` and
-    :func:`pyro_sdebnn.infer.mcmc.to_inference_data` see them as chains.
+    :param data_plate: the plate(s) over the data (default: found from the observed sites).
+    :param float temperature: :math:`T`: samples :math:`\\propto \\exp(-U/T)`.
+    :param callable init_strategy: Pyro init strategy (default :func:`init_to_robust`).
+    :param int map_steps: ``None``: an automatic MAP warm start (Adam on the minibatch potential, at most one epoch,
+        10 % of the run's inner steps and 500 steps, stopped when it levels off; only from initial values the kernel
+        drew); an int: that many Adam steps; ``0``: none.
+    :param float map_lr: learning rate of the warm start.
+    :param int vectorized_chains: ``K`` chains at once in this process.
+    :param str on_divergence: ``"raise"`` (:class:`~pyro_sdebnn.infer.mcmc.diagnostics.SamplerDivergenceError`) or
+        ``"continue"`` (record it in ``diagnostics()["divergence log"]`` and restart the chain from its last healthy
+        state); the rule is in :mod:`~pyro_sdebnn.infer.mcmc.diagnostics`.
+    :param bool adapt_step_size: in warm-up, halve the step size whenever a chain diverges (at most 30 times).
+    :param bool adapt_mass_matrix: ``None``: adapt a diagonal mass matrix in warm-up when the step size is a constant
+        and the warm-up has at least 1000 inner steps; ``False``: unit mass throughout.
+    :param float adapted_step_size: the step in standardised units once :math:`M` is adapted (default 0.1 for SGLD),
+        capped by the curvature (half the stability limit of SGLD, a quarter of SGHMC's).
+    :param str backend: ``"auto"``, ``"eager"``, ``"fx"`` or ``"compile"`` (see the module).
+    :param int compile_after: with ``backend="auto"``, the inner steps after which the step is compiled.
+    :param bool closed_form_prior: add constant ``Normal`` priors in closed form outside the traced graph.
+    :param bool cache_graphs: keep the potential and traced graphs between runs on the same, unchanged data.
+    :param sample_writer: a :class:`~pyro_sdebnn.infer.mcmc.arviz.SampleWriter` streaming the samples to disk.
+    :param dict transforms: ``{site: transform}`` from constrained to unconstrained space, as for ``HMC``.
 
     >>> from pyro_sdebnn.infer.mcmc import SGLD, SGHMC
     >>> issubclass(SGLD, SGMCMCKernel) and issubclass(SGHMC, SGMCMCKernel)
@@ -835,7 +855,9 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         return position.detach()
 
     # ----- the step ------------------------------------------------------------------------------------------------
-    def _step(self, state: tuple, idx: Optional[Tensor], step_size: Tensor, precond: Tensor, *extra: Tensor) -> tuple:
+    def _step(
+        self, state: tuple, idx: Optional[Tensor], step_size: Tensor, precond: Optional[Tensor], *extra: Tensor
+    ) -> tuple:
         """One inner step of one chain: the gradient and value of the potential on the minibatch, then the update
         rule with fresh noise; returns ``(new state, potential)``. Every backend runs this function: ``"eager"`` as
         it is, chain by chain, the others as the graph traced from it (``vmap``-ed over the chains). ``precond`` is
@@ -1096,8 +1118,8 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         start_t = self._t
         state = self._state
         # the potential of every inner step, written into one buffer: a list of per-step scalars would scatter small
-        # long-lived allocations between the steps' large temporaries, and glibc's allocator then keeps a heap that
-        # grows with num_steps (measured: +220 MiB over one 469-step epoch of a 784-400-400-10 MLP at batch 128)
+        # long-lived allocations between the steps' large temporaries, and the allocator's heap then grows with
+        # num_steps
         potentials: Optional[Tensor] = None
         constant = self.step_size.is_constant
         eta = self._eta_tensor if constant else None

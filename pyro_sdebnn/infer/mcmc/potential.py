@@ -319,7 +319,7 @@ class MinibatchPotential:
 
     def gaussian_prior(self, flat: Tensor) -> tuple[Tensor, Tensor]:
         """:math:`-\\log p` of the constant-Normal prior sites and its gradient, in closed form on the flat vector
-        (:class:`~pyro_sdebnn.infer.mcmc.gaussian_prior.ClosedFormGaussianPrior`)."""
+        (:class:`~pyro_sdebnn.infer.mcmc.potential.ClosedFormGaussianPrior`)."""
         return self._closed_form_prior(flat)
 
 
@@ -605,9 +605,8 @@ def _constant_normal(fn: Any, shape: torch.Size) -> Optional[tuple[Param, Param]
     ``scale`` need no gradient, each a float when all its elements are equal, else a flat tensor over ``shape``
     (the site's shape); ``None`` for any other distribution.
 
-    Pyro's ``Normal.log_prob`` takes about 7 elementwise passes (and as many in the backward) over the weights;
-    on a 784-400-400-10 network that made the prior cost as much as the likelihood. For such priors the
-    potential uses :math:`-\frac12 \sum_i (w_i - \mu_i)^2 / s_i^2 - \sum_i \log s_i - \frac n2 \log 2\pi`.
+    For such priors the potential uses :math:`-\\frac12 \\sum_i (w_i - \\mu_i)^2 / s_i^2 - \\sum_i \\log s_i -
+    \\frac n2 \\log 2\\pi`, a few passes over the weights instead of those of ``Normal.log_prob``.
     """
     base = fn
     wrappers = (torch.distributions.Independent, pyro.distributions.torch_distribution.ExpandedDistribution)
@@ -668,7 +667,18 @@ def find_constant_normal_priors(
 
 
 class ClosedFormGaussianPrior:
-    """The constant-Normal prior terms of a potential, in closed form on the flat vector."""
+    """The constant-Normal prior terms of a potential, in closed form on the flat vector:
+
+    .. math::
+
+        -\\log p(u) = \\tfrac12 (u - \\mu)^\\top \\Lambda (u - \\mu) + c, \\qquad \\nabla = \\Lambda (u - \\mu),
+
+    with :math:`\\Lambda` diagonal. The traced step leaves these terms out of its autograd graph and adds them
+    here (a speed device, on by default: the kernels' ``closed_form_prior=False`` turns it off). Such priors are
+    recognised by their values, not by how they are written (:func:`find_constant_normal_priors`): a
+    ``PyroSample``, ``dist.Normal(0., 1.).expand([m, n]).to_event(2)`` or ``dist.Normal(torch.zeros(m, n),
+    1.).to_event(2)`` qualify, a prior whose scale is another latent variable does not.
+    """
 
     def __init__(
         self, sites: Sequence[Any], trace: Any, constant_normal_priors: dict, prior_filter: Optional[Callable],

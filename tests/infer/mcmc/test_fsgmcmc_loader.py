@@ -14,7 +14,7 @@ from pyro_sdebnn.infer.mcmc.arviz import pointwise_log_likelihood
 from pyro_sdebnn.infer.mcmc.functional import MeasurementPoints
 
 # short runs of a few draws: the end-of-run check finds R-hat above 1.1 (not what these tests are about)
-pytestmark = pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.SamplerWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.diagnostics.SamplerWarning")
 
 N = 60
 BATCH = 20

@@ -17,7 +17,7 @@ from pyro_sdebnn.infer.mcmc.diagnostics import SamplerWarning
 
 # the chains here are short (a few draws): the end-of-run check finds R-hat above 1.1; the tests where a warning is
 # the point assert it with pytest.warns
-pytestmark = pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.SamplerWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.diagnostics.SamplerWarning")
 
 N = 30
 

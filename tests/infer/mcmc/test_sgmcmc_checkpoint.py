@@ -15,7 +15,7 @@ from pyro_sdebnn.data import two_moons
 from pyro_sdebnn.testing import ConjugateLinearRegression
 
 # short runs of a few draws: the end-of-run check finds R-hat above 1.1 (not what these tests are about)
-pytestmark = pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.SamplerWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.diagnostics.SamplerWarning")
 
 PROBLEM = ConjugateLinearRegression(dim=2, prior_scale=1.0, noise_scale=1.0)
 N = 50

@@ -37,7 +37,7 @@ def _assert_matches(w, mean, var, *, var_rtol=0.2, k_sigma=4.0, extra_se=None):
 
 
 @pytest.mark.slow
-@pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.SamplerWarning")  # 32 short chains: R-hat 1.11
+@pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.diagnostics.SamplerWarning")  # 32 short chains: R-hat 1.11
 def test_sgld_decaying_steps_recovers_posterior():
     x, y = _data()
     mean, cov = PROBLEM.posterior(x, y)

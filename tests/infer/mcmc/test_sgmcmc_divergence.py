@@ -21,7 +21,7 @@ from pyro_sdebnn.infer.mcmc import BayesianMLP, FSGHMC, FSGLD, SGHMC, SGLD
 from pyro_sdebnn.infer.mcmc.diagnostics import SamplerDivergenceError
 
 # runs that diverge on purpose (on_divergence='continue'), and short runs: the end-of-run check reports them
-pytestmark = pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.SamplerWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.diagnostics.SamplerWarning")
 
 BACKENDS = ("eager", "fx", "compile")
 

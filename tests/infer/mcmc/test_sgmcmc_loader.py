@@ -134,7 +134,7 @@ def test_last_smaller_batch_has_its_own_graph_scaled_by_its_own_size():
     w = mcmc.get_samples()["w"][0]
     xb, yb = x[50:], y[50:]
     expected = -(6.0 * dist.Normal(xb @ w, 1.0).log_prob(yb).sum() + dist.Normal(0.0, 1.0).log_prob(w).sum())
-    _, value = kernel._graph_step((w,), None, torch.tensor(0.0, dtype=w.dtype), (), (xb, yb))
+    _, value = kernel._traced_step((w,), None, torch.tensor(0.0, dtype=w.dtype), (), (xb, yb))
     torch.testing.assert_close(value, expected, rtol=1e-12, atol=1e-12)
 
 
@@ -192,7 +192,7 @@ def test_arviz_from_pyro_reads_the_whole_loader():
     assert torch.equal(torch.get_rng_state(), state) and trace.nodes["y"]["value"].shape == (N,)
 
 
-@pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.SamplerWarning")  # 5 draws: R-hat above 1.1
+@pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.diagnostics.SamplerWarning")  # 5 draws: R-hat above 1.1
 def test_vectorised_chains_over_a_loader_are_distinct_chains():
     x, y = _data()
     kernel = SGLD(plain_model, step_size=1e-3, num_steps=2, vectorized_chains=3, backend="fx")
@@ -365,7 +365,7 @@ def test_iterable_model_arguments_are_not_taken_for_loaders():
     assert kernel._stream is None and kernel.potential.minibatch_mode == "slice"
 
 
-@pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.SamplerWarning")  # 6 draws: R-hat above 1.1
+@pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.diagnostics.SamplerWarning")  # 6 draws: R-hat above 1.1
 def test_log_likelihood_and_observed_data_are_in_data_set_order():
     # a shuffling loader that drops its last batch (60 = 3 x 17 + 9) and draws its order from its own generator:
     # to_inference_data, pointwise_log_likelihood and ArviZ's own converter read every point once, in data-set order, and

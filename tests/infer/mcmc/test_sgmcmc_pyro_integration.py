@@ -56,7 +56,7 @@ class BNN(PyroModule):
             return pyro.sample("y", dist.Normal(f[idx], 0.5), obs=None if y is None else y[idx])
 
 
-@pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.SamplerWarning")  # a short run: R-hat above 1.1
+@pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.diagnostics.SamplerWarning")  # a short run: R-hat above 1.1
 @pytest.mark.filterwarnings("ignore:Estimated shape parameter of Pareto")  # 60 draws: ArviZ's LOO caveat
 def test_two_sequential_chains_arviz_summary_and_loo():
     x, y = _data()
@@ -115,7 +115,7 @@ def test_predictive_with_samples():
     torch.testing.assert_close(reg.loc, mcmc.get_samples()["w"][:, None] * x_new)
 
 
-@pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.SamplerWarning")  # a short run: R-hat above 1.1
+@pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.diagnostics.SamplerWarning")  # a short run: R-hat above 1.1
 def test_non_vectorising_pyromodule_gets_log_likelihood_and_loo():
     x, y = _data(torch.float32)
     model = BNN()
