@@ -174,7 +174,7 @@ def _fmt(ratio: tuple[float, float, float]) -> str:
 
 # ------------------------------------------------------------------------------------------------- 1. tests
 def section_tests(report: Report, budget: Budget, args) -> None:
-    files = ["tests/test_devices.py", "tests/infer/mcmc/test_sgmcmc_loader.py"]
+    files = ["tests/test_devices.py", "tests/infer/mcmc/test_potential_loader.py"]
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "cuda", *files]
     if report.dry:
         cmd.append("--collect-only")  # the CUDA cases skip without a GPU: check they are collected

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""SGLD / SGHMC against the closed-form posterior of conjugate Bayesian linear regression (and against NUTS)."""
+"""SGLD (and SGHMC, its momentum variant) against the closed-form posterior of conjugate Bayesian linear regression (and
+against NUTS)."""
 
 import pytest
 import torch
@@ -51,7 +52,7 @@ def test_sgld_decaying_steps_recovers_posterior():
 def test_sghmc_recovers_posterior():
     x, y = _data()
     mean, cov = PROBLEM.posterior(x, y)
-    # the unit-mass SGHMC with this step and friction (the adapted mass matrix is tested in test_sgmcmc_adaptation)
+    # the unit-mass SGHMC with this step and friction (the adapted mass matrix is tested in test_kernel_adaptation)
     kernel = SGHMC(PROBLEM.model, step_size=2e-2, friction=10.0, num_steps=10, subsample_size=25,
                    vectorized_chains=32, adapt_mass_matrix=False)
     w = _run(kernel, 250, 100, x, y)
