@@ -11,29 +11,15 @@ Per step, with minibatch :math:`B` (size :math:`b`) and measurement points :math
         + \\tfrac12 (f_M - m_M)^\\top (K + \\delta I)^{-1} (f_M - m_M),
     \\qquad f_M = f(X_M; w),\\ K = k(X_M, X_M).
 
-The gradient comes from one backward pass of the surrogate
-:math:`\\frac{N}{b}\\text{NLL} + \\langle \\mathrm{sg}(\\alpha), f_M \\rangle`,
-:math:`\\alpha = (K+\\delta I)^{-1}(f_M - m_M)`
-solved in float64 with the Cholesky factor, so that :math:`\\nabla \\tilde U = \\nabla\\text{NLL} + J_M^\\top \\alpha`
-without any Jacobian. The network outputs at :math:`X_M` are read from a ``pyro.deterministic`` site of the model
-(default ``"f"``). A model without that site, written as for NUTS, gives them through its likelihood: the parameter
-of the distribution at its one observed site in the data plate, the ``loc`` of a ``Normal`` and the ``logits`` of a
-``Bernoulli`` or ``Categorical`` (``Categorical`` normalises them to log-probabilities, so the prior is then on
-:math:`\\log \\mathrm{softmax}(f)`, the part of :math:`f` that the likelihood sees).
-
-Two ways to evaluate :math:`f_B` and :math:`f_M`, chosen at set-up:
-
-- *concatenated* (default when the model allows it): the model is traced **once** on the
-  concatenated inputs :math:`[x_B; X_M]` (every data argument gathered at the minibatch and extended by the
-  measurement arguments, with the targets at :math:`X_M` padded by a copy of a minibatch target); the
-  likelihood keeps the first :math:`b` entries of the data plate and :math:`f_M` is the tail of the output site.
-  One forward and one backward pass of the network on :math:`b + M` inputs.
-- *two traces* (fallback): the model is traced on the minibatch and again on :math:`X_M`
-  (``model(X_M)``, or ``measurement_args(X_M)``).
-
-The concatenated path is used only after it reproduced the two-trace potential and gradient at a random point
-(models whose data plate size or data arguments do not follow the inputs, or with several data plates, fall back
-automatically). Observed sites and ``pyro.factor`` terms outside the data plate are full-data terms (not rescaled).
+The gradient comes from one backward pass of the surrogate :math:`\\frac{N}{b}\\text{NLL} + \\langle
+\\mathrm{sg}(\\alpha), f_M \\rangle` with :math:`\\alpha = (K+\\delta I)^{-1}(f_M - m_M)` solved in float64, so that
+:math:`\\nabla \\tilde U = \\nabla\\text{NLL} + J_M^\\top \\alpha` without any Jacobian. The outputs :math:`f` are read
+from a ``pyro.deterministic`` site (default ``"f"``) or, for a model written as for NUTS, from the parameter of its
+likelihood (the ``loc`` of a ``Normal``, the ``logits`` of a ``Bernoulli`` or ``Categorical``, the latter normalised
+to log-probabilities). When it reproduces the two-trace potential and gradient at set-up, the model is traced once
+per step on the concatenated inputs :math:`[x_B; X_M]` (one forward and backward pass on :math:`b + M` inputs, the
+padded targets at :math:`X_M` masked out of the likelihood); otherwise twice, on the minibatch and on :math:`X_M`.
+Observed sites and ``pyro.factor`` terms outside the data plate are full-data terms (not rescaled).
 
 **References**
 
@@ -821,18 +807,15 @@ class FSGLD(FunctionalKernelMixin, SGLD):
         ``num_measurement_data`` training inputs (the model's first argument) plus ``num_measurement_box`` box points,
         redrawn every step. Required over a loader (unless ``gp_prior`` is a ``GPFunctionalPrior``).
     :param gp_mean: GP mean: ``None`` (zero), a tensor or a callable of :math:`X_M`.
-    :param float jitter: relative jitter :math:`\\delta/\\sigma_f^2` (default 1e-4, raised at set-up if needed).
+    :param float jitter: relative jitter :math:`\\delta/\\sigma_f^2` (raised at set-up if needed).
     :param str output_site: deterministic site with the network outputs, or a likelihood site whose distribution
         gives them; without a site of the default name ``"f"``, the model's one likelihood site in the data plate.
     :param prior_sites: latent sites whose priors are kept (e.g. ``("sigma",)``).
     :param float weight_prior_scale: optional weak weight prior scale.
     :param callable measurement_args: ``X_M -> (args, kwargs)`` of the model.
-    :param callable output_fn: alternatively ``output_fn(values, X_M) -> f(X_M)`` from the constrained latent values
-        (dict by site name), instead of running the model on :math:`X_M`.
-    :param concatenate_inputs: ``None`` (default): evaluate the network once on :math:`[x_B; X_M]` (one trace, one
-        forward/backward pass) when that reproduces the two-trace potential and gradient at set-up, else trace the
-        model twice per step; ``True`` requires the single pass; ``False`` always traces twice
-        (see :class:`~pyro_sdebnn.infer.mcmc.functional.FunctionalPotential`).
+    :param callable output_fn: ``output_fn(values, X_M) -> f(X_M)`` instead of running the model on :math:`X_M`.
+    :param concatenate_inputs: ``None``: one pass on :math:`[x_B; X_M]` when it reproduces the two-trace potential
+        at set-up (:class:`FunctionalPotential`); ``True``: require it; ``False``: always trace twice.
 
     **References**
 

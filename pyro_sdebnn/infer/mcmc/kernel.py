@@ -869,14 +869,24 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
 
     def _gradient(self, position: Tensor, idx: Optional[Tensor], *extra: Tensor) -> tuple[Tensor, Tensor]:
         """:math:`\\nabla \\tilde U` and :math:`\\tilde U` at ``position`` (the data-parallel kernels override this:
-        an all-reduce over the ranks). The per-site pieces of the flat vector are differentiated (one concatenation
-        of their gradients); while tracing, constant-Normal prior terms are added in closed form outside the graph
-        (``closed_form_prior``), the eager step keeps Pyro's log-density of every site."""
+        an all-reduce over the ranks).
+
+        Eagerly, plain autograd through Pyro's handlers, every site's log-density included. Traced, the gradient
+        is ``torch.func``'s (it composes with ``vmap`` over the chains) of the per-site pieces of the flat vector (one
+        concatenation of their gradients), and constant-Normal prior terms are added in closed form outside the
+        graph (``closed_form_prior``)."""
+        if not self._tracing:
+            with torch.enable_grad():
+                position = position.detach().requires_grad_()
+                value = self._potential_fn(position, idx, *extra)
+                (grad,) = torch.autograd.grad(value, position)
+            return grad, value.detach()
         U = self.potential
         assert U is not None  # built by setup
-        split = self._tracing and self.closed_form_prior and U.has_gaussian_prior
-        parts = U.flat_parts(position)
-        grads, value = torch.func.grad_and_value(self._potential_fn)(parts, idx, *extra, exclude_gaussian_prior=split)
+        split = self.closed_form_prior and U.has_gaussian_prior
+        grads, value = torch.func.grad_and_value(self._potential_fn)(
+            U.flat_parts(position), idx, *extra, exclude_gaussian_prior=split
+        )
         grad = torch.cat(grads)
         if split:
             prior_value, prior_grad = U.gaussian_prior(position)
