@@ -111,8 +111,8 @@ def main() -> None:
     # %% [markdown]
     # ## Divergences
     # An SG-MCMC kernel flags a divergence when a chain's state turns non-finite or its energy leaves the level it
-    # had settled at (the rule is in ``SGLD``'s docstring). ``to_inference_data`` puts each one on the vectorised chain that
-    # diverged, in ``sample_stats.diverging`` (``mcmc.diagnostics()`` sees the vectorised chains as one Pyro chain).
+    # had settled at (the rule is in ``pyro_sdebnn.infer.mcmc.diagnostics``). ``to_inference_data`` puts each one on
+    # the vectorised chain that diverged, in ``sample_stats.diverging`` (``mcmc.diagnostics()`` sees the vectorised chains as one Pyro chain).
     per_chain = idata.sample_stats["diverging"].values.sum(axis=1).tolist()
     print(f"divergences per chain: {per_chain} ({chains} chains x {samples} draws)")
     if sum(per_chain) == 0:

@@ -105,7 +105,8 @@ def gather_inference_data(mcmc: Any, dst: int = 0, **kwargs: Any) -> Any:
 
     :param mcmc: a finished :class:`pyro.infer.MCMC` run on this rank.
     :param int dst: the rank that receives the data.
-    :param kwargs: passed to :func:`~pyro_sdebnn.infer.mcmc.to_inference_data` (``log_likelihood``, ``coords``, ``dims``).
+    :param kwargs: passed to :func:`~pyro_sdebnn.infer.mcmc.to_inference_data` (``log_likelihood``, ``coords``,
+        ``dims``).
     :returns: an ``arviz.InferenceData`` with ``W * K`` chains on rank ``dst``; ``None`` on the other ranks.
     :raises ValueError: if the ranks' sites, chain counts or sample counts differ.
     """

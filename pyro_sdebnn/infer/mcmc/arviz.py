@@ -144,7 +144,8 @@ def pointwise_log_likelihood(
     :param callable model: the Pyro model.
     :param dict samples: constrained posterior samples, each ``(S, *site_shape)``.
     :param args: model arguments (the full data), or a loader of ``(x, y)`` batches alone: the model then runs
-        on every batch of one pass over the loader's data set *in data-set order* (:func:`~pyro_sdebnn.infer.mcmc.potential.in_dataset_order`:
+        on every batch of one pass over the loader's data set *in data-set order* 
+        (:func:`~pyro_sdebnn.infer.mcmc.potential.in_dataset_order`:
         no shuffling, no dropped last batch) and the log-likelihoods are concatenated along the data dimension
         (all :math:`N` points, entry ``i`` being ``loader.dataset[i]``; the batches go to the samples' device one
         at a time).
@@ -234,7 +235,8 @@ def to_inference_data(mcmc: Any, *, log_likelihood: bool = True, **kwargs: Any) 
     diverged, vectorised chains included), ``observed_data`` and the pointwise log-likelihood on the full data
     passed to ``mcmc.run`` (for ``az.loo``/``az.waic``), computed draw by draw when the model does not vectorise.
     For a run over a loader (``mcmc.run(loader)``) both are read in one pass over ``loader.dataset`` in data-set
-    order, whatever the loader's shuffling (:func:`~pyro_sdebnn.infer.mcmc.potential.in_dataset_order`): the last axis of ``observed_data`` and
+    order, whatever the loader's shuffling
+    (:func:`~pyro_sdebnn.infer.mcmc.potential.in_dataset_order`): the last axis of ``observed_data`` and
     ``log_likelihood`` is the index of the data point in the data set, as for the tensors of the data set.
     Prefer it to ``arviz.from_pyro``, which drops the log-likelihood of models that do not vectorise over draws,
     sizes ``sample_stats`` by ``MCMC``'s ``num_chains`` (not the vectorised chains) and orders 11 or more chains'

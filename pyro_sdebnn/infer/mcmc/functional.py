@@ -382,7 +382,8 @@ class FunctionalPotential(MinibatchPotential):
     def kernel_matrix(self, points: Tensor) -> Tensor:
         """:math:`k(X_M, X_M)`, evaluated in a private Pyro param-store scope: ``pyro.contrib.gp`` kernels read their
         hyper-parameters from the global store by name, so without the scope a second kernel (e.g. one refitted per
-        data split) would silently take the first one's values (as :class:`~pyro_sdebnn.distributions.GPFunctionalPrior` also guards against)."""
+        data split) would silently take the first one's values (as
+        :class:`~pyro_sdebnn.distributions.GPFunctionalPrior` also guards against)."""
         with pyro.get_param_store().scope():
             return self.gp_kernel(points)
 
@@ -697,7 +698,8 @@ class FunctionalKernelMixin(_KernelBase):
 
     # ----- checkpoints ------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The state of :meth:`ResumableState.state_dict <pyro_sdebnn.infer.mcmc.resume.ResumableState.state_dict>` plus,
+        """The state of
+        :meth:`ResumableState.state_dict <pyro_sdebnn.infer.mcmc.resume.ResumableState.state_dict>` plus,
         under ``"functional"``, the measurement-set stream: the current set and its factor and how many more steps
         use it, the sets (and factors) of the current batch not used yet, the state of the sampler's own generator
         (if it has one; otherwise the sets come from torch's, saved with the chain), and the jitter :math:`\\delta`

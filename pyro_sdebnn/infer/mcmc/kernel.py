@@ -7,7 +7,8 @@ Every inner step is :meth:`SGMCMCKernel._step`: the gradient and value of the mi
 
 .. math::
 
-    w \\leftarrow w - \\frac{\\eta}{2} \\nabla \\tilde U(w) + \\sqrt{\\eta T}\\, \\xi, \\qquad \\xi \\sim \\mathcal N(0, I).
+    w \\leftarrow w - \\frac{\\eta}{2} \\nabla \\tilde U(w) + \\sqrt{\\eta T}\\, \\xi,
+    \\qquad \\xi \\sim \\mathcal N(0, I).
 
 The backends run that one function: ``"eager"`` calls it chain by chain with Pyro's handlers live (any model);
 ``"fx"`` traces it once per shape of the data (``make_fx``, vectorised over the chains with ``vmap``) into a graph
@@ -294,7 +295,8 @@ class _ModelOverLoader:
     Tools that call ``kernel.model(*mcmc._args)`` (ArviZ's ``az.from_pyro`` does, for the observed data and the
     pointwise log-likelihood) then run the model once on the whole data set: the ``(x, y)`` batches of the loader's
     data set in data-set order (:func:`~pyro_sdebnn.infer.mcmc.potential.in_dataset_order`) are concatenated, moved to
-    the model's device, and torch's random state is left as it was (workers draw their seeds from it). This holds the whole data set in memory once; :func:`pyro_sdebnn.infer.mcmc.to_inference_data` streams it instead.
+    the model's device, and torch's random state is left as it was (workers draw their seeds from it). This holds the whole data
+    set in memory once; :func:`~pyro_sdebnn.infer.mcmc.to_inference_data` streams it instead.
     Any other call is passed to the model unchanged.
     """
 
@@ -901,7 +903,9 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
             if self.vectorized_chains == 1:
                 return self._step(state, idx, step_size, self._precond, *extra)
             outs = [
-                self._step(tuple(t[k] for t in state), None if idx is None else idx[k], step_size, self._precond, *extra)
+                self._step(
+                    tuple(t[k] for t in state), None if idx is None else idx[k], step_size, self._precond, *extra
+                )
                 for k in range(self.vectorized_chains)
             ]
         new_state = tuple(torch.stack([o[0][j] for o in outs]) for j in range(len(state)))

@@ -852,7 +852,8 @@ class BatchStream:
                 batch = next(raw)
             except StopIteration:
                 raise ValueError(
-                    f"the loader has fewer than {skip + int(lookahead)} batches per epoch: it is not the loader of the checkpoint"
+                    f"the loader has fewer than {skip + int(lookahead)} batches per epoch: it is not the loader of the "
+                    "checkpoint"
                 ) from None
         if lookahead:  # a sampler draws its order lazily, on the epoch's first batch: draw it from this state
             raw = itertools.chain([batch], raw)

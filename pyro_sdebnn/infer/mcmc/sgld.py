@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Stochastic-gradient Langevin dynamics (SGLD) as a Pyro MCMC kernel, with an RMSprop-preconditioned variant (pSGLD)."""
+"""Stochastic-gradient Langevin dynamics (SGLD) as a Pyro MCMC kernel, with its RMSprop-preconditioned variant."""
 
 from __future__ import annotations
 

@@ -101,7 +101,8 @@ def test_adapted_sghmc_recovers_posterior_scales_100x_apart(adapted_run):
         assert abs(est_sd / chain_sd - 1) < 4 / (2 * ess) ** 0.5, (j, est_sd, chain_sd, ess)
 
 
-@pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.diagnostics.SamplerWarning")  # the unadapted chains do not mix
+# the unadapted chains do not mix
+@pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.diagnostics.SamplerWarning")
 def test_one_global_step_fails_where_the_adapted_one_succeeds():
     y, _, sd = _conjugate_data()
     # stable for the tight coordinate (eta * curvature = 0.4 < 4), the loose one barely moves

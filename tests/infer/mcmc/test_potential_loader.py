@@ -368,8 +368,8 @@ def test_iterable_model_arguments_are_not_taken_for_loaders():
 @pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.diagnostics.SamplerWarning")  # 6 draws: R-hat above 1.1
 def test_log_likelihood_and_observed_data_are_in_data_set_order():
     # a shuffling loader that drops its last batch (60 = 3 x 17 + 9) and draws its order from its own generator:
-    # to_inference_data, pointwise_log_likelihood and ArviZ's own converter read every point once, in data-set order, and
-    # leave the loader's generator and torch's random state alone
+    # to_inference_data, pointwise_log_likelihood and ArviZ's own converter read every point once, in data-set order,
+    # and leave the loader's generator and torch's random state alone
     x, y = _data()
     g = torch.Generator().manual_seed(3)
     loader = _loader(x, y, batch_size=17, drop_last=True, generator=g)
