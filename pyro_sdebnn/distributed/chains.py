@@ -176,7 +176,7 @@ class _DataParallelMixin(_KernelBase):
 
     def _gradient(self, position: Tensor, idx: Optional[Tensor], *extra: Tensor) -> tuple[Tensor, Tensor]:
         """The gradient and potential of the combined batch: this rank's, weighted by its batch size :math:`b_r`,
-        all-reduced over the ranks (:math:`\sum_r b_r (N / b_r) \sum_{B_r} + b_r \text{prior}`, the combined
+        all-reduced over the ranks (:math:`\\sum_r b_r (N / b_r) \\sum_{B_r} + b_r \\text{prior}`, the combined
         batch's estimate times :math:`b`); the rest of the step is the kernel's own."""
         b = self._local_size
         if b == 0:  # a batch smaller than the world size leaves this rank without data: it adds nothing
