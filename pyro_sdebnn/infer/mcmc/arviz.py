@@ -71,7 +71,7 @@ def get_samples(mcmc: Any, *, group_by_chain: bool = False) -> dict[str, Tensor]
     >>> def model():
     ...     pyro.sample("z", dist.Normal(0.0, 1.0))
     >>> import warnings
-    >>> from pyro_sdebnn.infer.mcmc import SamplerWarning
+    >>> from pyro_sdebnn.infer.mcmc.diagnostics import SamplerWarning
     >>> mcmc = MCMC(SGLD(model, step_size=0.1, vectorized_chains=3), num_samples=5, warmup_steps=0,
     ...             disable_progbar=True)
     >>> with warnings.catch_warnings():  # 5 draws per chain cannot mix: the kernel would warn about R-hat
@@ -256,7 +256,7 @@ def to_inference_data(mcmc: Any, *, log_likelihood: bool = True, **kwargs: Any) 
     >>> kernel = SGLD(model, step_size=0.1, vectorized_chains=2)
     >>> mcmc = MCMC(kernel, num_samples=10, warmup_steps=0, disable_progbar=True)
     >>> import warnings
-    >>> from pyro_sdebnn.infer.mcmc import SamplerWarning
+    >>> from pyro_sdebnn.infer.mcmc.diagnostics import SamplerWarning
     >>> with warnings.catch_warnings():  # 10 draws per chain cannot mix: the kernel would warn about R-hat
     ...     warnings.simplefilter("ignore", SamplerWarning)
     ...     mcmc.run(torch.zeros(3))
