@@ -59,7 +59,7 @@ if TYPE_CHECKING:
 else:
     _KernelBase = object
 
-__all__ = ["FSGHMC", "FSGLD", "FunctionalPotential", "MeasurementPoints", "likelihood_outputs"]
+__all__ = ["FSGHMC", "FSGLD", "FunctionalKernelMixin", "FunctionalPotential", "MeasurementPoints", "likelihood_outputs"]
 
 
 class _NoSampling(Messenger):

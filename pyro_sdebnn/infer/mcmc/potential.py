@@ -675,7 +675,7 @@ class ClosedFormGaussianPrior:
 
     with :math:`\\Lambda` diagonal. The traced step leaves these terms out of its autograd graph and adds them
     here (a speed device, on by default: the kernels' ``closed_form_prior=False`` turns it off). Such priors are
-    recognised by their values, not by how they are written (:func:`find_constant_normal_priors`): a
+    recognised by their values, not by how they are written (``find_constant_normal_priors``): a
     ``PyroSample``, ``dist.Normal(0., 1.).expand([m, n]).to_event(2)`` or ``dist.Normal(torch.zeros(m, n),
     1.).to_event(2)`` qualify, a prior whose scale is another latent variable does not.
     """
