@@ -150,7 +150,7 @@ def sgld_workload(n: int, device):
     """(ours, plain, loader): one SGLD epoch of a 784-400-400-10 tanh MLP, one inner step per batch."""
     import pyro
 
-    from pyro_sdebnn.infer.mcmc import SGLD, BayesianMLP
+    from pyro_sdebnn.infer.mcmc import BayesianMLP, SGLD
 
     eta = 1e-6
     loader = _flat_loader(n)

@@ -23,7 +23,7 @@ import pyro
 import torch
 from pyro.infer import MCMC
 
-from pyro_sdebnn.infer.mcmc import SGLD, BayesianMLP
+from pyro_sdebnn.infer.mcmc import BayesianMLP, SGLD
 
 
 def _run(backend, x, y, warmup, samples):

@@ -16,7 +16,7 @@ import time
 import torch
 
 from pyro_sdebnn.data.loaders import check_finite_batch
-from pyro_sdebnn.infer.mcmc.batches import _sum_is_finite
+from pyro_sdebnn.infer.mcmc.potential import _sum_is_finite
 
 
 def _time(fn, calls):

@@ -25,7 +25,8 @@ import pyro
 import pyro.contrib.gp as gp
 import torch
 
-from pyro_sdebnn.infer.mcmc import FSGLD, SGLD, BayesianMLP, MeasurementPoints
+from pyro_sdebnn.infer.mcmc import BayesianMLP, FSGLD, SGLD
+from pyro_sdebnn.infer.mcmc.functional import MeasurementPoints
 
 
 def _stepper(kernel, x, y):

@@ -33,13 +33,10 @@ import time
 
 import pyro
 import torch
-import torch._inductor.config as inductor_config
 from pyro.infer import MCMC
 from torch import nn
 
-from pyro_sdebnn.infer.mcmc import SGLD, BayesianMLP
-
-inductor_config.fallback_random = True
+from pyro_sdebnn.infer.mcmc import BayesianMLP, SGLD
 
 
 def _data(sizes, n, seed=0):
@@ -95,7 +92,7 @@ def plain_compiled_stepper(sizes, x, y, batch, eta):
         out = torch.func.functional_call(net, p, (xb,))
         return scale * _nll(out, yb) + 0.5 * sum((v * v).sum() for v in p.values())
 
-    @torch.compile
+    @torch.compile(options={"fallback_random": True})
     def update(p, xb, yb):
         g = torch.func.grad(loss_fn)(p, xb, yb)
         return {k: p[k] - 0.5 * eta * g[k] + eta**0.5 * torch.randn_like(p[k]) for k in p}

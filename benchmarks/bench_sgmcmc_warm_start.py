@@ -31,7 +31,7 @@ def ours_epoch(loader) -> tuple[float, int]:
     import pyro
     from pyro.infer import MCMC
 
-    from pyro_sdebnn.infer.mcmc import SGLD, BayesianMLP
+    from pyro_sdebnn.infer.mcmc import BayesianMLP, SGLD
 
     start = time.perf_counter()
     model = BayesianMLP([784, 400, 400, 10], likelihood="categorical", activation="tanh")

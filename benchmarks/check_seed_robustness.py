@@ -23,11 +23,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = [
-    "tests/infer/mcmc/test_sgmcmc_conjugate.py::test_sgld_decaying_steps_recovers_posterior",
-    "tests/infer/mcmc/test_sgmcmc_conjugate.py::test_sghmc_recovers_posterior",
-    "tests/infer/mcmc/test_sgmcmc_conjugate.py::test_preconditioned_sgld_recovers_posterior_mean",
-    "tests/infer/mcmc/test_sgmcmc_conjugate.py::test_full_batch_sgld_matches_nuts",
-    "tests/infer/mcmc/test_sgmcmc_functional.py::test_recovers_gp_posterior_at_measurement_points",
+    "tests/infer/mcmc/test_sgld.py::test_sgld_decaying_steps_recovers_posterior",
+    "tests/infer/mcmc/test_sgld.py::test_sghmc_recovers_posterior",
+    "tests/infer/mcmc/test_sgld.py::test_preconditioned_sgld_recovers_posterior_mean",
+    "tests/infer/mcmc/test_sgld.py::test_full_batch_sgld_matches_nuts",
+    "tests/infer/mcmc/test_functional.py::test_recovers_gp_posterior_at_measurement_points",
 ]
 
 

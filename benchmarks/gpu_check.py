@@ -175,7 +175,7 @@ def _fmt(ratio: tuple[float, float, float]) -> str:
 
 # ------------------------------------------------------------------------------------------------- 1. tests
 def section_tests(report: Report, budget: Budget, args) -> None:
-    files = ["tests/test_devices.py", "tests/infer/mcmc/test_sgmcmc_loader.py"]
+    files = ["tests/test_devices.py", "tests/infer/mcmc/test_potential_loader.py"]
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "cuda", *files]
     if report.dry:
         cmd.append("--collect-only")  # the CUDA cases skip without a GPU: check they are collected
@@ -268,7 +268,7 @@ def count_host_syncs(fn, steps: int, device: torch.device) -> dict[str, float]:
 def _sgld_step(device: torch.device, sizes, n: int, batch: int, num_steps: int, backend: str):
     """``kernel.sample`` of SGLD (``num_steps`` inner steps, no MAP warm start) on the data of
     ``benchmarks/bench_sgmcmc_speed.py``, on ``device``."""
-    from pyro_sdebnn.infer.mcmc import SGLD, BayesianMLP
+    from pyro_sdebnn.infer.mcmc import BayesianMLP, SGLD
 
     x, y = _bench("bench_sgmcmc_speed")._data(sizes, n)
     likelihood = "bernoulli" if sizes[-1] == 1 else "categorical"

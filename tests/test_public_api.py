@@ -29,7 +29,7 @@ BUDGET = {
     "pyro_sdebnn.distributions": 5,
     "pyro_sdebnn.experiments": 0,
     "pyro_sdebnn.infer": 17,
-    "pyro_sdebnn.infer.mcmc": 30,
+    "pyro_sdebnn.infer.mcmc": 10,
     "pyro_sdebnn.kernels": 1,
     "pyro_sdebnn.metrics": 23,
     "pyro_sdebnn.nn": 8,
@@ -41,23 +41,13 @@ TOTAL_BOUND = sum(BUDGET.values())
 
 #: Names exported by two packages whose merge into one is under way elsewhere; each entry must still be a duplicate
 #: (the test below fails once it is not, so that the entry is deleted then).
-DUPLICATES_BEING_MERGED = {
-    "ClassificationPrediction": {"pyro_sdebnn.infer", "pyro_sdebnn.infer.mcmc"},
-    "RegressionPrediction": {"pyro_sdebnn.infer", "pyro_sdebnn.infer.mcmc"},
-}
+DUPLICATES_BEING_MERGED: dict[str, set[str]] = {}
 
 #: The benchmark programs run by ``pyro-sdebnn benchmark NAME`` list their interface (``NAME``, ``DESCRIPTION``,
 #: ``add_arguments``, ``run``) for their API page; the experiments package itself exports nothing.
 PROGRAMS = "pyro_sdebnn.experiments."
-#: Sub-packages whose own modules list more than their package exports; they are being restructured elsewhere.
-SUBMODULES_BEING_TRIMMED = ("pyro_sdebnn.infer.mcmc", "pyro_sdebnn.distributed")
-#: Modules of the infer package owned by the checkpoint rework (their ``__all__`` follows it).
-MODULES_BEING_REWORKED = (
-    "pyro_sdebnn.infer.checkpoint",
-    "pyro_sdebnn.infer.svi_training",
-    "pyro_sdebnn.infer.map_training",
-    "pyro_sdebnn.infer._training",
-)
+#: Upper bound on the names that public modules list beyond what their package exports.
+MODULE_ONLY_BOUND = 35
 
 
 def _all_modules() -> dict[str, object]:
@@ -127,21 +117,24 @@ def test_the_top_level_package_exports_its_version_only():
     assert pyro_sdebnn.__all__ == ["__version__"]
 
 
-def test_modules_list_only_what_their_package_exports(modules, packages):
-    stray = {}
+def test_module_level_public_names_are_bounded(modules, packages):
+    """A private module lists nothing; a public module may list names its package does not re-export (its own API,
+    documented on its page, e.g. ``pyro_sdebnn.infer.mcmc.arviz.get_samples``), and those count towards a bound."""
+    stray, module_only = {}, {}
     for name, module in modules.items():
         if not hasattr(module, "__all__") or hasattr(module, "__path__"):
             continue
-        if name.startswith(SUBMODULES_BEING_TRIMMED) or name in MODULES_BEING_REWORKED:
-            continue
         if name.startswith(PROGRAMS) and not name.rsplit(".", 1)[1].startswith("_"):
             continue
-        package = name.rsplit(".", 1)[0]
-        private = any(part.startswith("_") for part in name.split("."))
-        extra = set(module.__all__) if private else set(module.__all__) - set(packages.get(package, []))
+        if any(part.startswith("_") for part in name.split(".")):
+            stray[name] = sorted(module.__all__)
+            continue
+        extra = set(module.__all__) - set(packages.get(name.rsplit(".", 1)[0], []))
         if extra:
-            stray[name] = sorted(extra)
-    assert not stray, f"module __all__ entries that their package does not export: {stray}"
+            module_only[name] = sorted(extra)
+    assert not stray, f"private modules with an __all__: {stray}"
+    count = sum(len(v) for v in module_only.values())
+    assert count <= MODULE_ONLY_BOUND, f"{count} module-level public names (bound {MODULE_ONLY_BOUND}): {module_only}"
 
 
 def test_the_0_1_shims_are_gone():

@@ -14,7 +14,7 @@ What you learn:
    all see the full data, so the pointwise log-likelihood behind LOO is computed on every data point;
 2. ``MCMC`` runs the kernel with its progress bar, ``num_chains``, ``hook_fn``, ``save_params``; several chains
    are cheapest as *vectorised* chains in one process (``vectorized_chains=4``);
-3. ``pyro_sdebnn.infer.mcmc.from_pyro`` builds the ``InferenceData`` (``az.from_pyro`` silently drops the
+3. ``pyro_sdebnn.infer.mcmc.to_inference_data`` builds the ``InferenceData`` (``az.from_pyro`` silently drops the
    log-likelihood for networks built from ``nn.Linear``, which do not vectorise over draws);
 4. weight-space ESS / R-hat of a network are nearly meaningless (permutation symmetries, flat directions);
    diagnose the chains on their *predictions* instead (function-space ESS / R-hat);
@@ -50,8 +50,9 @@ import torch
 from pyro.infer import MCMC
 
 from pyro_sdebnn.data import two_moons
-from pyro_sdebnn.infer.mcmc import SGHMC, BayesianMLP, from_pyro, function_space_diagnostics, get_samples
-from pyro_sdebnn.infer.mcmc import posterior_prediction
+from pyro_sdebnn.infer.mcmc import BayesianMLP, SGHMC, to_inference_data
+from pyro_sdebnn.infer.mcmc.arviz import function_space_diagnostics, get_samples
+from pyro_sdebnn.infer.mcmc.arviz import posterior_prediction
 from pyro_sdebnn.metrics import accuracy, expected_calibration_error
 
 matplotlib.use("Agg")
@@ -96,7 +97,7 @@ def main() -> None:
 
     # %% [markdown]
     # ## ArviZ
-    # ``from_pyro`` moves the vectorised chains to ArviZ's chain dimension and computes the pointwise
+    # ``to_inference_data`` moves the vectorised chains to ArviZ's chain dimension and computes the pointwise
     # log-likelihood on all 200 training points draw by draw when the model does not vectorise.
     with warnings.catch_warnings(record=True) as caught:  # shown below, with what it means
         warnings.simplefilter("always")
@@ -104,14 +105,14 @@ def main() -> None:
     print("az.from_pyro groups:", plain.groups(), "(no log_likelihood: the nn.Linear model does not vectorise)")
     for warning in caught:
         print(f"  az.from_pyro warned ({warning.category.__name__}): {str(warning.message).strip()}")
-    idata = from_pyro(mcmc)
-    print("from_pyro groups:   ", idata.groups())
+    idata = to_inference_data(mcmc)
+    print("to_inference_data groups:   ", idata.groups())
 
     # %% [markdown]
     # ## Divergences
     # An SG-MCMC kernel flags a divergence when a chain's state turns non-finite or its energy leaves the level it
-    # had settled at (the rule is in ``SGLD``'s docstring). ``from_pyro`` puts each one on the vectorised chain that
-    # diverged, in ``sample_stats.diverging`` (``mcmc.diagnostics()`` sees the vectorised chains as one Pyro chain).
+    # had settled at (the rule is in ``pyro_sdebnn.infer.mcmc.diagnostics``). ``to_inference_data`` puts each one on
+    # the vectorised chain that diverged, in ``sample_stats.diverging`` (``mcmc.diagnostics()`` sees the vectorised chains as one Pyro chain).
     per_chain = idata.sample_stats["diverging"].values.sum(axis=1).tolist()
     print(f"divergences per chain: {per_chain} ({chains} chains x {samples} draws)")
     if sum(per_chain) == 0:

@@ -35,7 +35,9 @@ from pyro.infer import MCMC
 
 from pyro_sdebnn.data import gap_regression_1d
 from pyro_sdebnn.distributions import fit_gp_kernel
-from pyro_sdebnn.infer.mcmc import FSGLD, SGLD, BayesianMLP, MeasurementPoints, posterior_prediction
+from pyro_sdebnn.infer.mcmc import BayesianMLP, FSGLD, SGLD
+from pyro_sdebnn.infer.mcmc.arviz import posterior_prediction
+from pyro_sdebnn.infer.mcmc.functional import MeasurementPoints
 from pyro_sdebnn.kernels import NNGP
 from pyro_sdebnn.metrics import interval_coverage
 

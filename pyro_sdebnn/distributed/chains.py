@@ -7,8 +7,8 @@ with ``seed + rank`` (``seed_per_rank=True``), so rank :math:`r` runs exactly th
 with ``seed + r`` would run. :func:`gather_samples` puts them together on rank 0 in the layout of
 ``mcmc.get_samples(group_by_chain=True)``, ``(W * K, num_samples, *shape)`` with chain ``r * K + k`` the chain
 ``k`` of rank ``r``, and :func:`gather_inference_data` does the same for the ArviZ data of
-:func:`~pyro_sdebnn.infer.mcmc.from_pyro` (each rank computes the pointwise log-likelihood of its own chains), so
-that ``az.summary`` gives R-hat over all :math:`W K` chains.
+:func:`~pyro_sdebnn.infer.mcmc.to_inference_data` (each rank computes the pointwise log-likelihood of its own
+chains), so that ``az.summary`` gives R-hat over all :math:`W K` chains.
 
 **One chain, data-parallel gradients.** :class:`DataParallelSGLD` and :class:`DataParallelSGHMC` run one chain (or
 ``K`` vectorised chains) held identically by all the ranks, after ``init(seed=s, seed_per_rank=False)``. At every
@@ -45,7 +45,6 @@ from __future__ import annotations
 import hashlib
 from typing import TYPE_CHECKING, Any, Optional
 
-import pyro
 import torch
 from torch import Tensor
 from torch.utils.data.distributed import DistributedSampler
@@ -58,12 +57,12 @@ from pyro_sdebnn.comm import (
     rank,
     world_size,
 )
-from pyro_sdebnn.infer.mcmc.arviz_utils import from_pyro, get_samples
+from pyro_sdebnn.infer.mcmc.arviz import get_samples, to_inference_data
 from pyro_sdebnn.infer.mcmc.sghmc import SGHMC
 from pyro_sdebnn.infer.mcmc.sgld import SGLD
 
 if TYPE_CHECKING:
-    from pyro_sdebnn.infer.mcmc.base import SGMCMCKernel
+    from pyro_sdebnn.infer.mcmc.kernel import SGMCMCKernel
 
     # the mixin is only ever mixed into an SG-MCMC kernel, whose attributes and methods it uses
     _KernelBase = SGMCMCKernel
@@ -99,14 +98,15 @@ def gather_samples(mcmc: Any, dst: int = 0) -> Optional[dict[str, Tensor]]:
 
 
 def gather_inference_data(mcmc: Any, dst: int = 0, **kwargs: Any) -> Any:
-    """:func:`~pyro_sdebnn.infer.mcmc.from_pyro` over the chains of all the ranks, on rank ``dst``.
+    """:func:`~pyro_sdebnn.infer.mcmc.to_inference_data` over the chains of all the ranks, on rank ``dst``.
 
     Every rank builds the ArviZ data of its own chains (posterior, divergences, observed data and the pointwise
     log-likelihood, computed in parallel); rank ``dst`` concatenates them along ``chain``, rank after rank.
 
     :param mcmc: a finished :class:`pyro.infer.MCMC` run on this rank.
     :param int dst: the rank that receives the data.
-    :param kwargs: passed to :func:`~pyro_sdebnn.infer.mcmc.from_pyro` (``log_likelihood``, ``coords``, ``dims``).
+    :param kwargs: passed to :func:`~pyro_sdebnn.infer.mcmc.to_inference_data` (``log_likelihood``, ``coords``,
+        ``dims``).
     :returns: an ``arviz.InferenceData`` with ``W * K`` chains on rank ``dst``; ``None`` on the other ranks.
     :raises ValueError: if the ranks' sites, chain counts or sample counts differ.
     """
@@ -114,7 +114,7 @@ def gather_inference_data(mcmc: Any, dst: int = 0, **kwargs: Any) -> Any:
 
     local = get_samples(mcmc, group_by_chain=True)
     _check_same("sample sites and shapes", sorted((k, tuple(v.shape)) for k, v in local.items()))
-    gathered = gather_objects(from_pyro(mcmc, **kwargs), dst=dst)
+    gathered = gather_objects(to_inference_data(mcmc, **kwargs), dst=dst)
     if gathered is None:
         return None
     if len(gathered) == 1:
@@ -174,40 +174,19 @@ class _DataParallelMixin(_KernelBase):
         self._local_size = hi - lo
         return (data[0][lo:hi], data[1][lo:hi]) + tuple(data[2:])
 
-    def _eager_step(self, state: tuple, idx: Optional[Tensor], step_size: Tensor, *extra: Tensor) -> tuple:
-        num_chains = self.vectorized_chains
-        chains = [state] if num_chains == 1 else [tuple(t[k] for t in state) for k in range(num_chains)]
+    def _gradient(self, position: Tensor, idx: Optional[Tensor], *extra: Tensor) -> tuple[Tensor, Tensor]:
+        """The gradient and potential of the combined batch: this rank's, weighted by its batch size :math:`b_r`,
+        all-reduced over the ranks (:math:`\\sum_r b_r (N / b_r) \\sum_{B_r} + b_r \\text{prior}`, the combined
+        batch's estimate times :math:`b`); the rest of the step is the kernel's own."""
         b = self._local_size
-        grads, values = [], []
-        for chain_state in chains:
-            if b == 0:  # a batch smaller than the world size leaves this rank without data: it adds nothing
-                grads.append(chain_state[0].new_zeros(chain_state[0].numel()))
-                values.append(chain_state[0].new_zeros(1))
-                continue
-            # as SGMCMCKernel._eager_step: no argument validation in the hot loop (a non-finite state is a divergence)
-            with torch.enable_grad(), pyro.validation_enabled(False):
-                position = chain_state[0].detach().requires_grad_()
-                value = self._potential_fn(position, None, *extra)
-                (grad,) = torch.autograd.grad(value, position)
-            grads.append(b * grad.reshape(-1))
-            values.append(b * value.detach().reshape(1))
-        # one all-reduce for the gradients and potentials of all the chains, weighted by the local batch sizes
-        # b_r: sum_r b_r (N / b_r) sum_{B_r} + b_r prior = N sum_B + b prior, the combined batch's estimate times b
-        ref = chains[0][0]
-        mean = all_reduce_mean(torch.cat(grads + values + [ref.new_full((1,), float(b))]))
-        mean = mean[:-1] / mean[-1]
-        dim = ref.numel()
-        outs = []
-        with torch.no_grad():
-            for k, chain_state in enumerate(chains):
-                grad = mean[k * dim:(k + 1) * dim].view_as(chain_state[0])
-                new_state = self._update(torch.randn_like(chain_state[0]), self._state_type(*chain_state), grad,
-                                         step_size, self._precond)
-                outs.append((tuple(new_state), mean[num_chains * dim + k]))
-        if num_chains == 1:
-            return outs[0]
-        new_state = tuple(torch.stack([o[0][j] for o in outs]) for j in range(len(state)))
-        return new_state, torch.stack([o[1] for o in outs])
+        if b == 0:  # a batch smaller than the world size leaves this rank without data: it adds nothing
+            grad, value = position.new_zeros(position.numel()), position.new_zeros(1)
+        else:
+            grad, value = super()._gradient(position, idx, *extra)
+            grad, value = b * grad.reshape(-1), b * value.reshape(1)
+        total = all_reduce_mean(torch.cat([grad, value, position.new_full((1,), float(b))]))
+        total = total[:-1] / total[-1]
+        return total[:-1].view_as(position), total[-1]
 
 
 def _slice_bounds(n: int, size: int, index: int) -> tuple[int, int]:

@@ -437,7 +437,7 @@ def write_chain_diagnostics(chains: Mapping[str, tuple[Tensor, float]], out: Pat
 
     Weight-space ESS says little for networks (symmetries), so the diagnostics follow a few scalar predictions
     per draw, e.g. the class-1 probability at a few test inputs. The ESS is Pyro's
-    (:func:`~pyro_sdebnn.infer.mcmc.function_space_diagnostics`); the autocorrelation ArviZ's (``az.autocorr``,
+    (:func:`~pyro_sdebnn.infer.mcmc.arviz.function_space_diagnostics`); the autocorrelation ArviZ's (``az.autocorr``,
     drawn by :func:`chain_autocorr_figure`: a panel per sampler titled with its name, a line per test point).
 
     :param chains: ``{sampler name: (draws (S, P) of P scalar predictions, sampling seconds)}``, not empty.
@@ -451,7 +451,7 @@ def write_chain_diagnostics(chains: Mapping[str, tuple[Tensor, float]], out: Pat
     """
     if not chains:
         raise ValueError("write_chain_diagnostics: chains is empty")
-    from pyro_sdebnn.infer.mcmc import function_space_diagnostics
+    from pyro_sdebnn.infer.mcmc.arviz import function_space_diagnostics
 
     rows = []
     for name, (draws, seconds) in chains.items():

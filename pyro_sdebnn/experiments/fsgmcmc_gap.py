@@ -67,7 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _kernel(method, model, gp_kernel, x, steps, backend):
-    from pyro_sdebnn.infer.mcmc import FSGHMC, FSGLD, SGHMC, SGLD, MeasurementPoints
+    from pyro_sdebnn.infer.mcmc import FSGHMC, FSGLD, SGHMC, SGLD
+    from pyro_sdebnn.infer.mcmc.functional import MeasurementPoints
 
     common = dict(step_size=STEP_SIZES[method], num_steps=steps, map_steps=500, map_lr=1e-2, backend=backend)
     if method == "SGLD":
@@ -86,7 +87,8 @@ def run(args: argparse.Namespace) -> dict:
 
     from pyro_sdebnn.distributions import fit_gp_kernel
     from pyro_sdebnn.infer import RegressionPrediction
-    from pyro_sdebnn.infer.mcmc import BayesianMLP, posterior_prediction
+    from pyro_sdebnn.infer.mcmc import BayesianMLP
+    from pyro_sdebnn.infer.mcmc.arviz import posterior_prediction
 
     device = torch.device(args.device)
     pyro.set_rng_seed(args.seed)

@@ -136,7 +136,8 @@ def _sgmcmc(kernel_cls, model, Xtr, ytr, s, seed):
     from pyro.infer import MCMC
     from torch.utils.data import DataLoader, TensorDataset
 
-    from pyro_sdebnn.infer.mcmc import SamplerWarning, get_samples
+    from pyro_sdebnn.infer.mcmc.arviz import get_samples
+    from pyro_sdebnn.infer.mcmc.diagnostics import SamplerWarning
 
     pyro.set_rng_seed(seed)
     loader = DataLoader(TensorDataset(Xtr, ytr), batch_size=s["batch"], shuffle=True,
@@ -151,7 +152,7 @@ def _sgmcmc(kernel_cls, model, Xtr, ytr, s, seed):
 
 
 def _score(pred, yte, yscale, classify):
-    from pyro_sdebnn.infer.mcmc import function_space_diagnostics
+    from pyro_sdebnn.infer.mcmc.arviz import function_space_diagnostics
 
     out = {"fs_rhat": float(function_space_diagnostics(pred, num_chains=2)["r_hat_max"])}
     if classify:
@@ -179,7 +180,9 @@ def _write_tables(out_dir: Path, rows: list) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from pyro_sdebnn.infer.mcmc import SGHMC, SGLD, SamplerDivergenceError, posterior_prediction
+    from pyro_sdebnn.infer.mcmc import SGHMC, SGLD
+    from pyro_sdebnn.infer.mcmc.arviz import posterior_prediction
+    from pyro_sdebnn.infer.mcmc.diagnostics import SamplerDivergenceError
 
     torch.set_num_threads(1)
     s = _settings(args.quick)

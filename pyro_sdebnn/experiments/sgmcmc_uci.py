@@ -66,7 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _kernel(method, model, gp_kernel, x, thin, backend):
-    from pyro_sdebnn.infer.mcmc import FSGHMC, FSGLD, SGHMC, SGLD, MeasurementPoints
+    from pyro_sdebnn.infer.mcmc import FSGHMC, FSGLD, SGHMC, SGLD
+    from pyro_sdebnn.infer.mcmc.functional import MeasurementPoints
 
     common = dict(step_size=STEP_SIZES[method], num_steps=thin, subsample_size=BATCH, map_steps=500, map_lr=1e-2,
                   backend=backend)
@@ -86,7 +87,8 @@ def run(args: argparse.Namespace) -> dict:
     from pyro.infer import MCMC
 
     from pyro_sdebnn.distributions import fit_gp_kernel
-    from pyro_sdebnn.infer.mcmc import BayesianMLP, posterior_prediction
+    from pyro_sdebnn.infer.mcmc import BayesianMLP
+    from pyro_sdebnn.infer.mcmc.arviz import posterior_prediction
 
     num_splits = args.splits if args.splits is not None else (2 if args.quick else 10)
     if not 1 <= num_splits <= NUM_UCI_SPLITS:

@@ -248,6 +248,7 @@ def _functional_sgmcmc(kernel_name: str, step_size: float, friction: float = 0.1
         from pyro.infer import MCMC
 
         from pyro_sdebnn.infer import mcmc as sgmcmc
+        from pyro_sdebnn.infer.mcmc.arviz import posterior_prediction
 
         # One GP prior on the class-1 logit: RBF with logit standard deviation 2 and length scale 0.5 (the
         # width of a moon); measurement points = training inputs + uniform box points, redrawn every step.
@@ -262,7 +263,7 @@ def _functional_sgmcmc(kernel_name: str, step_size: float, friction: float = 0.1
         samples = mcmc.get_samples()
 
         def predict(x: Tensor):  # Bernoulli likelihood site -> two-class probabilities per draw
-            return sgmcmc.posterior_prediction(model, samples, x)
+            return posterior_prediction(model, samples, x)
 
         return predict
 

@@ -46,16 +46,6 @@ from pyro.infer.util import torch_item
 from pyro.optim import PyroLRScheduler
 from torch import Tensor
 
-__all__ = [
-    "SCHEDULER_STEPS",
-    "SchedulerStepper",
-    "check_clip",
-    "clip_gradients",
-    "clip_gradients_batched",
-    "make_torch_scheduler",
-    "svi_step",
-    "svi_update",
-]
 
 SCHEDULER_STEPS = ("epoch", "step")
 

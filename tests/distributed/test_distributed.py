@@ -23,7 +23,7 @@ from torch.utils.data.distributed import DistributedSampler
 from pyro_sdebnn import distributed
 from pyro_sdebnn.infer import MAPEstimate, TracePathKL_ELBO, train_svi
 from pyro_sdebnn.infer.map_training import train_network
-from pyro_sdebnn.infer.mcmc import SGHMC, SGLD, from_pyro
+from pyro_sdebnn.infer.mcmc import SGHMC, SGLD, to_inference_data
 
 import _workers as W  # noqa: E402  (tests/distributed is on sys.path: pytest's rootdir-relative import)
 
@@ -220,7 +220,7 @@ def test_data_parallel_sampled_elbos_keep_one_set_of_parameters(group, float64, 
     assert all(torch.isfinite(torch.tensor(results[0][f"{method}_losses"])))
 
 
-@pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.SamplerWarning")  # short chains: R-hat above 1.1
+@pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.diagnostics.SamplerWarning")  # short chains: R-hat above 1.1
 def test_chains_over_ranks_equal_one_process_runs_with_the_rank_seeds(group, float64):
     results, _ = group
     x, y = W.data()
@@ -231,7 +231,7 @@ def test_chains_over_ranks_equal_one_process_runs_with_the_rank_seeds(group, flo
                     disable_progbar=True)
         mcmc.run(x, y)
         runs.append(mcmc.get_samples(group_by_chain=True)["w"])
-        idatas.append(from_pyro(mcmc))
+        idatas.append(to_inference_data(mcmc))
     expected = torch.cat(runs)  # (4, 6, D): chain r * 2 + k is chain k of rank r
     got = results[0]["chains"]["w"]
     assert got.shape == (4, 6, W.D)
@@ -262,7 +262,7 @@ def test_data_parallel_chain_equals_the_single_process_chain(group, float64):
     assert expected.std(0).min() > 0  # the chain moved
 
 
-@pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.SamplerWarning")  # short chains: R-hat above 1.1
+@pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.diagnostics.SamplerWarning")  # short chains: R-hat above 1.1
 def test_data_parallel_sghmc_with_vectorised_chains_equals_the_single_process_run(group, float64):
     results, _ = group
     x, y = W.data()

@@ -61,12 +61,12 @@ from pyro.infer.mcmc.util import diagnostics, print_summary, select_samples
 from torch import Tensor
 
 from pyro_sdebnn.infer.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from pyro_sdebnn.infer.mcmc.divergence import _RECENT
+from pyro_sdebnn.infer.mcmc.diagnostics import _RECENT
 
 if TYPE_CHECKING:
     # the kernel's attributes and methods the mixin uses (the kernel itself would be a cycle: it subclasses the mixin)
-    from pyro_sdebnn.infer.mcmc.base import SGMCMCKernel
-    from pyro_sdebnn.infer.mcmc.base import _KernelAttributes as _KernelBase
+    from pyro_sdebnn.infer.mcmc.kernel import SGMCMCKernel
+    from pyro_sdebnn.infer.mcmc.kernel import _KernelAttributes as _KernelBase
 else:
     _KernelBase = object
 
@@ -76,14 +76,14 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 
 class ResumableState(_KernelBase):
-    """``state_dict`` / ``load_state_dict`` of :class:`~pyro_sdebnn.infer.mcmc.base.SGMCMCKernel` (a mixin)."""
+    """``state_dict`` / ``load_state_dict`` of :class:`~pyro_sdebnn.infer.mcmc.kernel.SGMCMCKernel` (a mixin)."""
 
     def _signature(self) -> dict[str, Any]:
         """What a checkpoint must match: the kernel, its latent sites and the data sizes."""
         return {"kernel": type(self).__name__, **self._signature_of_model()}
 
     def state_dict(self) -> dict[str, Any]:
-        """The state of the chain after the last :meth:`~pyro_sdebnn.infer.mcmc.base.SGMCMCKernel.sample`, enough
+        """The state of the chain after the last :meth:`~pyro_sdebnn.infer.mcmc.kernel.SGMCMCKernel.sample`, enough
         to continue it exactly.
 
         The position and auxiliary state (momentum, RMSprop average; unconstrained, flat), the inner step count

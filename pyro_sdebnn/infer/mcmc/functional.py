@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The functional-prior potential of fSGLD / fSGHMC [1] and the kernel mixin that uses it.
+"""fSGLD and fSGHMC [1]: SG-MCMC with a Gaussian-process prior on the network outputs, and its potential.
 
 The prior is a Gaussian process :math:`GP(m, k)` on the function the network computes, evaluated at a finite set
 of measurement points :math:`X_M` (as in functional variational BNNs [2]); the weights get no prior of their own.
@@ -11,29 +11,15 @@ Per step, with minibatch :math:`B` (size :math:`b`) and measurement points :math
         + \\tfrac12 (f_M - m_M)^\\top (K + \\delta I)^{-1} (f_M - m_M),
     \\qquad f_M = f(X_M; w),\\ K = k(X_M, X_M).
 
-The gradient comes from one backward pass of the surrogate
-:math:`\\frac{N}{b}\\text{NLL} + \\langle \\mathrm{sg}(\\alpha), f_M \\rangle`,
-:math:`\\alpha = (K+\\delta I)^{-1}(f_M - m_M)`
-solved in float64 with the Cholesky factor, so that :math:`\\nabla \\tilde U = \\nabla\\text{NLL} + J_M^\\top \\alpha`
-without any Jacobian. The network outputs at :math:`X_M` are read from a ``pyro.deterministic`` site of the model
-(default ``"f"``). A model without that site, written as for NUTS, gives them through its likelihood: the parameter
-of the distribution at its one observed site in the data plate, the ``loc`` of a ``Normal`` and the ``logits`` of a
-``Bernoulli`` or ``Categorical`` (``Categorical`` normalises them to log-probabilities, so the prior is then on
-:math:`\\log \\mathrm{softmax}(f)`, the part of :math:`f` that the likelihood sees).
-
-Two ways to evaluate :math:`f_B` and :math:`f_M`, chosen at set-up:
-
-- *concatenated* (default when the model allows it): the model is traced **once** on the
-  concatenated inputs :math:`[x_B; X_M]` (every data argument gathered at the minibatch and extended by the
-  measurement arguments, with the targets at :math:`X_M` padded by a copy of a minibatch target); the
-  likelihood keeps the first :math:`b` entries of the data plate and :math:`f_M` is the tail of the output site.
-  One forward and one backward pass of the network on :math:`b + M` inputs.
-- *two traces* (fallback): the model is traced on the minibatch and again on :math:`X_M`
-  (``model(X_M)``, or ``measurement_args(X_M)``).
-
-The concatenated path is used only after it reproduced the two-trace potential and gradient at a random point
-(models whose data plate size or data arguments do not follow the inputs, or with several data plates, fall back
-automatically). Observed sites and ``pyro.factor`` terms outside the data plate are full-data terms (not rescaled).
+The gradient comes from one backward pass of the surrogate :math:`\\frac{N}{b}\\text{NLL} + \\langle
+\\mathrm{sg}(\\alpha), f_M \\rangle` with :math:`\\alpha = (K+\\delta I)^{-1}(f_M - m_M)` solved in float64, so that
+:math:`\\nabla \\tilde U = \\nabla\\text{NLL} + J_M^\\top \\alpha` without any Jacobian. The outputs :math:`f` are read
+from a ``pyro.deterministic`` site (default ``"f"``) or, for a model written as for NUTS, from the parameter of its
+likelihood (the ``loc`` of a ``Normal``, the ``logits`` of a ``Bernoulli`` or ``Categorical``, the latter normalised
+to log-probabilities). When it reproduces the two-trace potential and gradient at set-up, the model is traced once
+per step on the concatenated inputs :math:`[x_B; X_M]` (one forward and backward pass on :math:`b + M` inputs, the
+padded targets at :math:`X_M` masked out of the likelihood); otherwise twice, on the minibatch and on :math:`X_M`.
+Observed sites and ``pyro.factor`` terms outside the data plate are full-data terms (not rescaled).
 
 **References**
 
@@ -44,23 +30,37 @@ automatically). Observed sites and ``pyro.factor`` terms outside the data plate 
     Shengyang Sun, Guodong Zhang, Jiaxin Shi, Roger Grosse. ICLR 2019.
 """
 
+
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Optional, Sequence, Union
+from collections import deque
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Sequence, Union
 
 import pyro
 import torch
 from pyro import poutine
+from pyro.contrib.gp.kernels import Kernel
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import site_is_subsample
-from pyro.contrib.gp.kernels import Kernel
 from torch import Tensor
 
-from pyro_sdebnn.infer.mcmc.model_checks import _is_factor
+from pyro_sdebnn.distributions import GPFunctionalPrior
+from pyro_sdebnn.infer.mcmc.diagnostics import _is_factor
 from pyro_sdebnn.infer.mcmc.potential import MinibatchPotential, SubsampleSize, _no_validation
+from pyro_sdebnn.infer.mcmc.schedules import StepSizeSchedule
+from pyro_sdebnn.infer.mcmc.sghmc import SGHMC
+from pyro_sdebnn.infer.mcmc.sgld import SGLD
 from pyro_sdebnn.ops.gp import cholesky_with_jitter, gp_precision_matvec, gp_precision_residual
 
-__all__ = ["FunctionalPotential", "likelihood_outputs"]
+if TYPE_CHECKING:
+    from pyro_sdebnn.infer.mcmc.kernel import SGMCMCKernel
+
+    # the mixin is only ever mixed into an SG-MCMC kernel (SGLD, SGHMC), whose attributes and methods it uses
+    _KernelBase = SGMCMCKernel
+else:
+    _KernelBase = object
+
+__all__ = ["FSGHMC", "FSGLD", "FunctionalKernelMixin", "FunctionalPotential", "MeasurementPoints", "likelihood_outputs"]
 
 
 class _NoSampling(Messenger):
@@ -383,7 +383,8 @@ class FunctionalPotential(MinibatchPotential):
     def kernel_matrix(self, points: Tensor) -> Tensor:
         """:math:`k(X_M, X_M)`, evaluated in a private Pyro param-store scope: ``pyro.contrib.gp`` kernels read their
         hyper-parameters from the global store by name, so without the scope a second kernel (e.g. one refitted per
-        data split) would silently take the first one's values (as :class:`~pyro_sdebnn.distributions.GPFunctionalPrior` also guards against)."""
+        data split) would silently take the first one's values (as
+        :class:`~pyro_sdebnn.distributions.GPFunctionalPrior` also guards against)."""
         with pyro.get_param_store().scope():
             return self.gp_kernel(points)
 
@@ -424,3 +425,464 @@ class FunctionalPotential(MinibatchPotential):
             weak = sum(part.pow(2).sum() for s, part in zip(self.sites, parts) if s.name not in self.prior_sites)
             potential = potential + 0.5 * weak / self.weight_prior_scale**2
         return potential
+
+
+# ----- measurement points ----------------------------------------------------------------------------------------
+class MeasurementPoints:
+    """Measurement points :math:`X_M`: ``num_data`` training inputs plus ``num_box`` uniform points in a box.
+
+    The box is the coordinate-wise range of the training inputs widened by ``margin`` times that range on each
+    side, so the functional prior also acts where there is no data (which is what gives the extrapolation
+    uncertainty). With ``redraw=True`` (default) every call draws a fresh set; with ``redraw=False`` one set is
+    drawn at construction and returned every time (the kernels then cache its Cholesky factor).
+
+    :param Tensor inputs: training inputs ``(N,)``, ``(N, d)`` or ``(N, ...)`` (e.g. images).
+    :param int num_data: training inputs per set (drawn without replacement; all of them if ``>= N``).
+    :param int num_box: uniform box points per set.
+    :param float margin: relative widening of the box on each side.
+    :param bool redraw: draw new sets (``False``: one fixed set).
+    :param int redraw_every: with ``redraw``, keep each set for this many calls (default 1: a new set every step).
+        The kernels factorise the kernel matrix once per set, so ``redraw_every > 1`` amortises the
+        :math:`O(M^3)` Cholesky factorisation (a deviation from Wu, Xuan and Lu (2024), who draw a new set every
+        step).
+    :param int prefetch: with ``redraw``, the fSGLD/fSGHMC kernels draw this many independent sets at once
+        (:meth:`draw_sets`) and evaluate and factorise their kernel matrices in one batched call, then use one
+        set per ``redraw_every`` steps. The sets do not depend on the chain, so this changes nothing but the
+        cost: per-call overheads of the draw, the kernel evaluation and the factorisation are paid once per
+        ``prefetch`` sets instead of once per step. Default ``None``: 64, fewer where the batch of
+        ``M x M`` float64 factors would exceed 8 MiB.
+    :param torch.Generator generator: optional generator (on the inputs' device) for reproducible sets.
+
+    >>> x = torch.linspace(-1.0, 1.0, 10)
+    >>> sampler = MeasurementPoints(x, num_data=4, num_box=3, margin=0.5)
+    >>> xm = sampler()
+    >>> xm.shape, bool(xm.min() >= -2.0), bool(xm.max() <= 2.0)
+    (torch.Size([7]), True, True)
+    """
+
+    def __init__(
+        self,
+        inputs: Tensor,
+        num_data: int = 40,
+        num_box: int = 40,
+        *,
+        margin: float = 0.5,
+        redraw: bool = True,
+        redraw_every: int = 1,
+        prefetch: Optional[int] = None,
+        generator: Optional[torch.Generator] = None,
+    ) -> None:
+        if not isinstance(inputs, Tensor) or inputs.dim() < 1 or inputs.shape[0] < 1:
+            raise ValueError("inputs must be a tensor of shape (N, ...) with N >= 1")
+        for name, value in (("num_data", num_data), ("num_box", num_box)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+        if num_data + num_box < 1:
+            raise ValueError("num_data + num_box must be at least 1")
+        if isinstance(redraw_every, bool) or not isinstance(redraw_every, int) or redraw_every < 1:
+            raise ValueError(f"redraw_every must be a positive int, got {redraw_every!r}")
+        if prefetch is not None and (isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1):
+            raise ValueError(f"prefetch must be a positive int or None, got {prefetch!r}")
+        if not margin >= 0:
+            raise ValueError(f"margin must be non-negative, got {margin!r}")
+        self.inputs = inputs
+        self.num_data = min(num_data, inputs.shape[0])
+        self.num_box = num_box
+        self.margin = float(margin)
+        self.redraw = bool(redraw)
+        self.redraw_every = redraw_every
+        self.prefetch = prefetch if prefetch is not None else max(1, min(64, 2**20 // self.num_points**2))
+        self.generator = generator
+        self._calls = 0
+        self._current: Optional[Tensor] = None
+        low, high = inputs.min(0).values, inputs.max(0).values
+        width = high - low
+        self.low, self.high = low - self.margin * width, high + self.margin * width
+        self._fixed = None if self.redraw else self.draw()
+
+    @property
+    def num_points(self) -> int:
+        """:math:`M`, the number of points per set."""
+        return self.num_data + self.num_box
+
+    def draw(self) -> Tensor:
+        """A fresh set of measurement points ``(M, ...)``."""
+        return self.draw_sets(1)[0]
+
+    def draw_sets(self, count: int, generator: Optional[torch.Generator] = None) -> Tensor:
+        """``count`` independent fresh sets ``(count, M, ...)`` (training inputs drawn without replacement
+        within each set), from ``generator`` (default: the sampler's).
+
+        >>> MeasurementPoints(torch.arange(10.0), num_data=3, num_box=2).draw_sets(4).shape
+        torch.Size([4, 5])
+        """
+        return self.sets_from_uniforms(*self.draw_uniforms(count, generator))
+
+    def draw_uniforms(self, count: int, generator: Optional[torch.Generator] = None) -> tuple[Tensor, Tensor]:
+        """The random numbers behind :meth:`draw_sets`: ``count x N`` keys (each set takes the training inputs
+        with the ``num_data`` largest keys: a uniform draw without replacement) and ``(count, num_box, ...)``
+        uniforms for the box points (empty tensors for a part that is not used)."""
+        x, generator = self.inputs, self.generator if generator is None else generator
+        num_keys = x.shape[0] if self.num_data else 0
+        keys = torch.rand(count, num_keys, generator=generator, device=x.device) if num_keys else x.new_empty(count, 0)
+        shape = (count, self.num_box) + x.shape[1:]
+        if self.num_box:
+            box = torch.rand(shape, generator=generator, dtype=x.dtype, device=x.device)
+        else:
+            box = x.new_empty(shape)
+        return keys, box
+
+    def sets_from_uniforms(self, keys: Tensor, box: Tensor) -> Tensor:
+        """Sets ``(count, M, ...)`` from the output of :meth:`draw_uniforms` (deterministic, traceable)."""
+        parts = []
+        if self.num_data:
+            parts.append(self.inputs[keys.topk(self.num_data, dim=1, sorted=False).indices])
+        if self.num_box:
+            parts.append(self.low + box * (self.high - self.low))
+        return torch.cat(parts, 1)
+
+    def __call__(self) -> Tensor:
+        if self._fixed is not None:
+            return self._fixed
+        if self._current is None or self._calls % self.redraw_every == 0:
+            self._current = self.draw()
+        self._calls += 1
+        return self._current
+
+
+# ----- the kernels -----------------------------------------------------------------------------------------------
+class FunctionalKernelMixin(_KernelBase):
+    """Turns an SG-MCMC kernel into its functional variant (fSGLD from SGLD, fSGHMC from SGHMC)."""
+
+    potential: Optional[FunctionalPotential]  # the potential _build_potential returns
+
+    def __init__(
+        self,
+        model: Callable,
+        *,
+        gp_prior: Any,
+        measurement_points: Optional[MeasurementPoints] = None,
+        num_measurement_data: int = 40,
+        num_measurement_box: int = 40,
+        gp_mean: Any = None,
+        jitter: float = 1e-4,
+        output_site: str = "f",
+        prior_sites: Iterable[str] = (),
+        weight_prior_scale: Optional[float] = None,
+        measurement_args: Optional[Callable] = None,
+        output_fn: Optional[Callable] = None,
+        concatenate_inputs: Optional[bool] = None,
+        **kwargs: Any,
+    ) -> None:
+        """The functional-prior arguments (documented on :class:`~pyro_sdebnn.infer.mcmc.FSGLD`); ``kwargs`` go to
+        the weight-space kernel (SGLD / SGHMC)."""
+        self._fixed_prior = None
+        if isinstance(gp_prior, GPFunctionalPrior):
+            # a prior over fixed measurement points: reuse its kernel, jitter, mean and cached Cholesky factor
+            if gp_mean is not None:
+                raise ValueError("gp_mean: a GPFunctionalPrior carries its own mean; pass it there, not both")
+            self._fixed_prior = gp_prior
+            gp_kernel, jitter, gp_mean = gp_prior.kernel, gp_prior.jitter, gp_prior.loc
+        elif isinstance(gp_prior, Kernel):
+            gp_kernel = gp_prior
+        else:
+            raise TypeError(
+                "gp_prior must be a pyro.contrib.gp.kernels.Kernel (e.g. RBF, NNGP) or a GPFunctionalPrior, got "
+                f"{type(gp_prior).__name__}"
+            )
+        if measurement_points is not None and not isinstance(measurement_points, MeasurementPoints):
+            raise TypeError("measurement_points must be a MeasurementPoints sampler or None")
+        self.gp_kernel = gp_kernel
+        self.measurement_points = measurement_points
+        self.num_measurement_data = num_measurement_data
+        self.num_measurement_box = num_measurement_box
+        self.gp_mean = gp_mean
+        self.jitter = jitter
+        self.output_site = output_site
+        self.prior_sites = tuple(prior_sites)
+        self.weight_prior_scale = weight_prior_scale
+        self.measurement_args = measurement_args
+        self.output_fn = output_fn
+        self.concatenate_inputs = concatenate_inputs
+        self._points_cache: Optional[tuple] = None
+        self._sampler: Optional[MeasurementPoints] = None  # set up per run: the user's sampler or a default one
+        self._set_queue: deque = deque()
+        self._set_uses_left = 0
+        super().__init__(model, **kwargs)
+
+    def _build_potential(self, args: tuple, kwargs: dict) -> MinibatchPotential:
+        # the sampler in use: the user's, or a default one over this run's inputs (rebuilt for every new data set)
+        self._sampler = self.measurement_points
+        if self._fixed_prior is not None:
+            example = self._fixed_prior.inputs
+        else:
+            if self._sampler is None:
+                if self._stream is not None:
+                    raise ValueError(
+                        f"{self._name} over a loader needs measurement_points=: the default draws them from the full "
+                        "training inputs, which a loader does not hold in memory. Pass a MeasurementPoints sampler "
+                        "over a subset of the inputs on the model's device, e.g. measurement_points=MeasurementPoints("
+                        "next(iter(loader))[0]) (or a GPFunctionalPrior on fixed points as gp_prior=)"
+                    )
+                if not args or not torch.is_tensor(args[0]):
+                    raise ValueError("pass measurement_points= (the model's first argument is not the input tensor)")
+                self._sampler = MeasurementPoints(args[0], self.num_measurement_data, self.num_measurement_box)
+            example = self._sampler()
+            if args and torch.is_tensor(args[0]) and example.device != args[0].device:
+                raise ValueError(
+                    f"measurement_points: the sampler's inputs are on {example.device} but the data reach the model "
+                    f"on {args[0].device}; build the MeasurementPoints from inputs on the model's device"
+                )
+        potential = FunctionalPotential(
+            self._model,
+            args,
+            kwargs,
+            gp_kernel=self.gp_kernel,
+            example_points=example,
+            gp_mean=self.gp_mean,
+            jitter=self.jitter,
+            output_site=self.output_site,
+            prior_sites=self.prior_sites,
+            weight_prior_scale=self.weight_prior_scale,
+            measurement_args=self.measurement_args,
+            output_fn=self.output_fn,
+            concatenate_inputs=self.concatenate_inputs,
+            subsample_size=self.subsample_size,
+            data_plate=self.data_plate,
+            transforms=self.user_transforms,
+            data_size=None if self._stream is None else self._stream.size,
+        )
+        self._points_cache = None
+        self._set_queue.clear()
+        self._set_uses_left = 0
+        # what the step receives with X_M: the precision matrix (one product per step) where it is computed once
+        # (fixed points), else the Cholesky factor of each fresh set (two triangular solves per step)
+        if self._fixed_prior is not None:
+            self._factor_kind = "precision"
+            self._points_cache = (example, torch.cholesky_inverse(self._fixed_prior.scale_tril64))
+        else:
+            assert self._sampler is not None  # the user's sampler or the default one, set above
+            fixed = not self._sampler.redraw
+            self._factor_kind = "precision" if fixed else "cholesky"
+            if fixed:
+                points = self._sampler()
+                self._points_cache = (points, potential.precision(points))
+        return potential
+
+    def _potential_and_grad_inputs(self) -> tuple:
+        """``(X_M, factor)`` for the next step, the factor being the Cholesky factor or the precision matrix of
+        :math:`K + \\delta I` (``_factor_kind``): a fixed set, or the next of ``prefetch`` fresh sets drawn and
+        factorised together (each kept for ``redraw_every`` steps)."""
+        sampler = self._sampler  # set by _build_potential unless the prior has fixed points
+        if self._fixed_prior is None and sampler is not None and sampler.redraw:
+            if self._set_uses_left == 0:
+                if not self._set_queue:
+                    sets, factors = self._next_batch()
+                    self._set_queue.extend(zip(sets.unbind(0), factors.unbind(0)))
+                self._points_cache = self._set_queue.popleft()
+                self._set_uses_left = sampler.redraw_every
+            self._set_uses_left -= 1
+        assert self._points_cache is not None  # the fixed set cached by _build_potential, or the fresh one above
+        return self._points_cache
+
+    def _next_batch(self) -> tuple[Tensor, Tensor]:
+        """The next ``prefetch`` sets and their factors, drawn from the sampler's generator (else torch's) and
+        factorised in one batched call (one kernel evaluation, one batched Cholesky factorisation)."""
+        assert self._sampler is not None and self.potential is not None  # both set by _build_potential
+        sets = self._sampler.draw_sets(self._sampler.prefetch)
+        with torch.no_grad():
+            if self._factor_kind == "precision":
+                return sets, self.potential.precision(sets, batched=True)
+            return sets, self.potential.cholesky(sets, batched=True)
+
+    # ----- checkpoints ------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The state of
+        :meth:`ResumableState.state_dict <pyro_sdebnn.infer.mcmc.checkpoint.ResumableState.state_dict>` plus,
+        under ``"functional"``, the measurement-set stream: the current set and its factor and how many more steps
+        use it, the sets (and factors) of the current batch not used yet, the state of the sampler's own generator
+        (if it has one; otherwise the sets come from torch's, saved with the chain), and the jitter :math:`\\delta`
+        chosen at set-up. The unused sets are stored rather than drawn again (at most one batch of ``prefetch``
+        factors).
+        """
+        sd = super().state_dict()
+        assert self.potential is not None  # super().state_dict() raised before the first run
+        generator = None if self._sampler is None else self._sampler.generator
+        cache = self._points_cache
+        sd["functional"] = {
+            "jitter": float(self.potential.jitter),
+            "factor_kind": str(self._factor_kind),
+            "current": None if cache is None else [cache[0].clone(), cache[1].clone()],
+            "uses_left": int(self._set_uses_left),
+            "queue": [[points.clone(), factor.clone()] for points, factor in self._set_queue],
+            "generator": None if generator is None else generator.get_state(),
+        }
+        return sd
+
+    def _restore(self, sd: dict[str, Any], warmup_steps: int) -> None:
+        """Restore the chain (:meth:`SGMCMCKernel._restore`), then the measurement-set stream of
+        :meth:`state_dict`."""
+        assert self.potential is not None  # setup restores after building the potential
+        saved = sd.get("functional")
+        if not isinstance(saved, dict):
+            raise ValueError(
+                f"the checkpoint has no measurement-set state: it was not written by an {self._name} kernel"
+            )
+        current = saved["current"]
+        if current is not None and self._sampler is not None and current[0].shape[0] != self._sampler.num_points:
+            raise ValueError(
+                f"the checkpoint's measurement sets have {current[0].shape[0]} points but measurement_points draws "
+                f"{self._sampler.num_points}: resume with the sampler settings of the saved run"
+            )
+        generator = None if self._sampler is None else self._sampler.generator
+        if saved["generator"] is not None and generator is None:
+            raise ValueError(
+                "the checkpoint's measurement points came from a sampler with its own generator: pass "
+                "measurement_points=MeasurementPoints(..., generator=...) on resuming, as in the saved run"
+            )
+        # the jitter (raised at set-up if an example set needed it) and the kind of factor the saved sets carry
+        # enter the step graph
+        if saved["factor_kind"] != self._factor_kind or float(saved["jitter"]) != self.potential.jitter:
+            self._factor_kind = saved["factor_kind"]
+            self.potential.jitter = float(saved["jitter"])
+            self._reset_graphs()
+        super()._restore(sd, warmup_steps)
+        device = self._sampler.inputs.device if self._sampler is not None else self.potential.device
+
+        def pair(p: Optional[list]) -> Optional[tuple[Tensor, Tensor]]:
+            return None if p is None else (p[0].to(device), p[1].to(device))
+
+        self._points_cache = pair(current)
+        self._set_uses_left = int(saved["uses_left"])
+        self._set_queue = deque(pair(p) for p in saved["queue"])
+        if saved["generator"] is not None and generator is not None:  # (a saved state without one raised above)
+            generator.set_state(saved["generator"])
+
+    def _potential_fn(
+        self,
+        flat: Tensor | tuple[Tensor, ...],  # the flat vector, or its flat_parts (the step differentiates those)
+        idx: Optional[Tensor],
+        *extra: Tensor,
+        exclude_gaussian_prior: bool = False,
+    ) -> Tensor:
+        points, factor = extra  # from _potential_and_grad_inputs
+        assert self.potential is not None  # built by setup before any step
+        if self._factor_kind == "precision":
+            return self.potential(flat, idx, points, precision=factor, exclude_gaussian_prior=exclude_gaussian_prior)
+        return self.potential(flat, idx, points, factor, exclude_gaussian_prior=exclude_gaussian_prior)
+
+
+class FSGLD(FunctionalKernelMixin, SGLD):
+    """Functional stochastic-gradient Langevin dynamics [1]: SGLD on the functional-prior potential.
+
+    .. math::
+
+        \\tilde U(w) = \\frac{N}{b} \\sum_{i \\in B} -\\log p(y_i | f(x_i; w))
+            + \\tfrac12 (f_M - m_M)^\\top (K + \\delta I)^{-1} (f_M - m_M),
+        \\qquad w \\leftarrow w - \\frac{\\eta_t}{2} \\nabla \\tilde U(w) + \\sqrt{\\eta_t T}\\, \\xi
+
+    with :math:`f_M = f(X_M; w)` at measurement points :math:`X_M` (training inputs plus uniform box points,
+    redrawn every step by default) and a GP prior :math:`\\mathcal{GP}(m, k)`. The weight-space prior of the model
+    is dropped (no weight prior, as in [1]); keep the priors of other latent sites with ``prior_sites`` and add a
+    weak isotropic weight prior with ``weight_prior_scale`` (a deviation from [1], off by default).
+
+    The prior is on the network outputs, read from a deterministic site (default ``"f"``)::
+
+        with pyro.plate("data", len(x)) as idx:
+            f = pyro.deterministic("f", net(x[idx]))
+            pyro.sample("obs", dist.Normal(f, sigma), obs=None if y is None else y[idx])
+
+    or, for a model written as for NUTS without that site, from its likelihood (the ``loc`` of a ``Normal``, the
+    ``logits`` of a ``Bernoulli`` or ``Categorical``: :func:`likelihood_outputs`), evaluated at :math:`X_M` in the
+    same forward pass as the minibatch when that reproduces the two-pass potential at set-up
+    (:class:`FunctionalPotential`). Over a loader (``mcmc.run(loader)``) the kernel needs ``measurement_points=``
+    (e.g. ``MeasurementPoints(next(iter(loader))[0])``) or a :class:`~pyro_sdebnn.distributions.GPFunctionalPrior`;
+    checkpoints hold the measurement-set stream. All settings of :class:`~pyro_sdebnn.infer.mcmc.SGLD` apply.
+
+    :param callable model: the Pyro model.
+    :param gp_prior: a ``pyro.contrib.gp`` kernel (``RBF``, ``Matern52``, :class:`~pyro_sdebnn.kernels.NNGP`, ...;
+        fit it with :func:`pyro_sdebnn.distributions.fit_gp_kernel`), or a
+        :class:`~pyro_sdebnn.distributions.GPFunctionalPrior` on fixed measurement points (its cached Cholesky
+        factor is reused).
+    :param measurement_points: a :class:`~pyro_sdebnn.infer.mcmc.functional.MeasurementPoints` sampler; by default
+        ``num_measurement_data`` training inputs (the model's first argument) plus ``num_measurement_box`` box points,
+        redrawn every step. Required over a loader (unless ``gp_prior`` is a ``GPFunctionalPrior``).
+    :param gp_mean: GP mean: ``None`` (zero), a tensor or a callable of :math:`X_M`.
+    :param float jitter: relative jitter :math:`\\delta/\\sigma_f^2` (raised at set-up if needed).
+    :param str output_site: deterministic site with the network outputs, or a likelihood site whose distribution
+        gives them; without a site of the default name ``"f"``, the model's one likelihood site in the data plate.
+    :param prior_sites: latent sites whose priors are kept (e.g. ``("sigma",)``).
+    :param float weight_prior_scale: optional weak weight prior scale.
+    :param callable measurement_args: ``X_M -> (args, kwargs)`` of the model.
+    :param callable output_fn: ``output_fn(values, X_M) -> f(X_M)`` instead of running the model on :math:`X_M`.
+    :param concatenate_inputs: ``None``: one pass on :math:`[x_B; X_M]` when it reproduces the two-trace potential
+        at set-up (:class:`FunctionalPotential`); ``True``: require it; ``False``: always trace twice.
+
+    **References**
+
+    [1] Mengjing Wu, Junyu Xuan, Jie Lu (2024). "Functional Stochastic Gradient MCMC for Bayesian Neural
+        Networks". arXiv:2409.16632.
+
+    >>> import pyro.contrib.gp as gp
+    >>> from pyro.infer import MCMC
+    >>> from pyro_sdebnn.infer.mcmc import BayesianMLP
+    >>> x = torch.linspace(-1, 1, 20).unsqueeze(-1); y = torch.sin(3 * x[:, 0])
+    >>> model = BayesianMLP([1, 10, 1], noise_scale=0.1)
+    >>> kernel = FSGLD(model, gp_prior=gp.kernels.RBF(1), step_size=1e-5, num_steps=2, subsample_size=10,
+    ...                num_measurement_data=5, num_measurement_box=5)
+    >>> mcmc = MCMC(kernel, num_samples=5, warmup_steps=5, disable_progbar=True)
+    >>> mcmc.run(x, y)
+    >>> mcmc.get_samples()["layers.0.weight"].shape
+    torch.Size([5, 10, 1])
+    """
+
+    _name = "fSGLD"
+
+    def __init__(self, model: Callable, *, step_size: Union[float, StepSizeSchedule] = 1e-5, **kwargs: Any) -> None:
+        super().__init__(model, step_size=step_size, **kwargs)
+
+
+class FSGHMC(FunctionalKernelMixin, SGHMC):
+    """Functional stochastic-gradient HMC [1]: SGHMC on the functional-prior potential of
+    :class:`~pyro_sdebnn.infer.mcmc.FSGLD`.
+
+    .. math::
+
+        v \\leftarrow (1 - \\eta c) v - \\eta \\nabla \\tilde U(w) + \\sqrt{2 \\eta (c - \\hat B) T}\\, \\xi,
+        \\qquad w \\leftarrow w + \\eta v
+
+    Momentum resampling every ``resample_momentum_every`` returned samples follows the paper's Alg. 2 (which
+    resamples at each outer iteration). Arguments: those of :class:`~pyro_sdebnn.infer.mcmc.FSGLD` (functional
+    prior, measurement points, output site) and of :class:`~pyro_sdebnn.infer.mcmc.SGHMC` (friction, noise
+    estimate). Loaders (``mcmc.run(loader)``, with ``measurement_points=``) and checkpoints work as for
+    :class:`~pyro_sdebnn.infer.mcmc.FSGLD`.
+
+    *A collapsed chain is not a divergence.* With too little friction for the step size the chain can stay finite
+    and still be useless (a constant function, dead hidden units whose weights drift unopposed since the weight
+    prior is dropped, a kinetic temperature well above :math:`T`). Nothing in it is non-finite, so the divergence
+    check does not see it: watch ``diagnostics()["kinetic temperature"]`` (remedies on
+    :class:`~pyro_sdebnn.infer.mcmc.SGHMC`) and the function-space diagnostics
+    (:func:`~pyro_sdebnn.infer.mcmc.arviz.function_space_diagnostics`).
+
+    **References**
+
+    [1] Mengjing Wu, Junyu Xuan, Jie Lu (2024). "Functional Stochastic Gradient MCMC for Bayesian Neural
+        Networks". arXiv:2409.16632.
+
+    >>> import pyro.contrib.gp as gp
+    >>> from pyro.infer import MCMC
+    >>> from pyro_sdebnn.infer.mcmc import BayesianMLP
+    >>> x = torch.linspace(-1, 1, 20).unsqueeze(-1); y = torch.sin(3 * x[:, 0])
+    >>> model = BayesianMLP([1, 10, 1], noise_scale=0.1)
+    >>> kernel = FSGHMC(model, gp_prior=gp.kernels.RBF(1), step_size=1e-4, friction=10.0, num_steps=2,
+    ...                 subsample_size=10, num_measurement_data=5, num_measurement_box=5)
+    >>> mcmc = MCMC(kernel, num_samples=5, warmup_steps=5, disable_progbar=True)
+    >>> mcmc.run(x, y)
+    >>> mcmc.get_samples()["layers.1.bias"].shape
+    torch.Size([5, 1])
+    """
+
+    _name = "fSGHMC"
+
+    def __init__(self, model: Callable, *, step_size: Union[float, StepSizeSchedule] = 1e-4, **kwargs: Any) -> None:
+        super().__init__(model, step_size=step_size, **kwargs)

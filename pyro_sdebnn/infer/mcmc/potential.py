@@ -1,51 +1,42 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The minibatch potential of a Pyro model, as a function of one flat unconstrained vector.
+"""From a Pyro model to the minibatch potential of one flat unconstrained vector, and the minibatches that feed it.
 
-A Pyro model is traced once to learn its latent sites, their supports and the plate over the data. From that
-:class:`MinibatchPotential` builds a *functional* potential of one flat unconstrained vector
-:math:`u \\in \\mathbb R^D` (the concatenation of all latent sites mapped to unconstrained space by
-``biject_to(site.support)``):
-
-.. math::
-
-    \\tilde U(u) = -\\frac{N}{b} \\sum_{i \\in B} \\log p(y_i | x_i, w) - \\log p(w)
-                   - \\log |\\det J_{T}(u)|, \\qquad w = T(u),
-
-where the minibatch :math:`B` of size :math:`b` is injected as the ``subsample`` of the model's data plate
-(Pyro's ``plate`` then scales the likelihood by :math:`N/b`). A model may have several data plates (for example
-two data sets of sizes :math:`N_1` and :math:`N_2`), each subsampled with its own size :math:`b_p` and scaled by its
-own :math:`N_p/b_p`; observed sites and ``pyro.factor`` terms outside every data plate are full-data terms
-(scale 1):
+The model is traced once to learn its latent sites, their supports and the plates over the data.
+:class:`MinibatchPotential` is then a function of :math:`u \\in \\mathbb R^D`, the latent sites mapped to
+unconstrained space by ``biject_to(site.support)`` and concatenated:
 
 .. math::
 
-    \\tilde U(u) = -\\sum_p \\frac{N_p}{b_p} \\sum_{i \\in B_p} \\log p(y_{p,i} | w)
-                   - \\sum_{\\text{full-data terms } t} \\log p_t(w) - \\log p(w) - \\log |\\det J_{T}(u)|.
+    \\tilde U(u) = -\\sum_p \\frac{N_p}{b_p} \\sum_{i \\in B_p} \\log p(y_{p,i} | x_{p,i}, w)
+                   - \\sum_{\\text{full-data terms } t} \\log p_t(w) - \\log p(w) - \\log |\\det J_{T}(u)|,
+    \\qquad w = T(u),
 
-This is an unbiased estimate of the full-data potential because the minibatches :math:`B_p` are uniform draws
-without replacement of each plate (Welling and Teh, 2011). The data are validated when the potential is built:
-a non-finite value in a tensor argument of the model or in an observed value, or an observed value outside the
-support of its distribution, is reported as a data problem (naming the argument or site) instead of surfacing as a
-divergence of the sampler.
+with one term per data plate :math:`p` (of size :math:`N_p`, minibatch :math:`B_p` of size :math:`b_p`); observed
+sites and ``pyro.factor`` terms outside every data plate are full-data terms. The minibatches are uniform draws
+without replacement, so :math:`\\tilde U` is an unbiased estimate of the full-data potential (Welling and Teh,
+2011). A minibatch reaches the model in one of three ways: as the ``subsample`` of its data plate (a model that
+indexes the data with the plate's indices), as its data arguments sliced by the minibatch indices (a plain model),
+or as the next batch of a loader (:class:`BatchStream`, ``mcmc.run(loader)``); the last two scale the data plate by
+:math:`N/b` themselves.
 
-The module is longer than the others (about 560 lines) because :class:`MinibatchPotential` carries the three
-ways a minibatch reaches a model (plate indices, sliced arguments, a loader's batch) with their index bookkeeping;
-what it checks in the model and data is in :mod:`~pyro_sdebnn.infer.mcmc.model_checks`, the closed-form Gaussian
-prior in :mod:`~pyro_sdebnn.infer.mcmc.gaussian_prior`.
+The model and the data are checked when the potential is built (:mod:`~pyro_sdebnn.infer.mcmc.diagnostics`).
+Latent sites whose prior is a ``Normal`` with fixed parameters can be taken out of the traced graph and added in
+closed form (:class:`ClosedFormGaussianPrior`; the kernels' ``closed_form_prior=`` switch).
 
 **References**
 
-[1] `Bayesian Learning via Stochastic Gradient Langevin Dynamics`,
-    Max Welling, Yee Whye Teh. ICML 2011.
+[1] Max Welling, Yee Whye Teh (2011). "Bayesian Learning via Stochastic Gradient Langevin Dynamics". ICML 2011.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import math
-from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Sequence, Sized, Union, cast
 
+import numpy as np
 import pyro
 import torch
 from pyro import poutine
@@ -53,16 +44,14 @@ from pyro.poutine.messenger import Messenger
 from pyro.poutine.runtime import Message
 from pyro.poutine.util import site_is_subsample
 from torch import Tensor
-from torch.distributions import biject_to
+from torch.distributions import Distribution, biject_to
 from torch.distributions.transforms import ComposeTransform, IndependentTransform
 from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils.data import DataLoader, IterableDataset
 
-from pyro_sdebnn.infer.mcmc.gaussian_prior import (
-    ClosedFormGaussianPrior,
-    _normal_log_prob_sum,
-    find_constant_normal_priors,
-)
-from pyro_sdebnn.infer.mcmc.model_checks import (
+from pyro_sdebnn.data.loaders import check_finite_batch, dataset_size, is_loader, iter_batches, move_batch
+from pyro_sdebnn.infer.mcmc.diagnostics import (
+    _argument_names,
     _check_finite_arguments,
     _check_latents_outside_plate,
     _check_observed_values,
@@ -73,7 +62,7 @@ from pyro_sdebnn.infer.mcmc.model_checks import (
     find_data_plates,
 )
 
-__all__ = ["MinibatchPotential"]
+__all__ = ["BatchStream", "ClosedFormGaussianPrior", "MinibatchPotential", "in_dataset_order", "is_data_loader"]
 
 SubsampleSize = Union[None, int, Mapping[str, int]]
 
@@ -330,7 +319,7 @@ class MinibatchPotential:
 
     def gaussian_prior(self, flat: Tensor) -> tuple[Tensor, Tensor]:
         """:math:`-\\log p` of the constant-Normal prior sites and its gradient, in closed form on the flat vector
-        (:class:`~pyro_sdebnn.infer.mcmc.gaussian_prior.ClosedFormGaussianPrior`)."""
+        (:class:`~pyro_sdebnn.infer.mcmc.potential.ClosedFormGaussianPrior`)."""
         return self._closed_form_prior(flat)
 
 
@@ -591,3 +580,359 @@ class MinibatchPotential:
         if not torch.is_tensor(value):  # every term excluded: a model that is only a fixed Normal prior
             value = torch.full((), value, dtype=self.dtype, device=self.device)
         return value
+
+
+# ----- the closed-form Gaussian prior -------------------------------------------------------------------------------
+_HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
+
+
+Param = Union[float, Tensor]
+
+
+def _constant(t: Tensor, shape: torch.Size) -> Param:
+    """A float when every element of ``t`` is the same number (a scalar, an ``expand``-ed scalar or e.g.
+    ``torch.zeros(n)``), else ``t`` broadcast to ``shape`` and flattened (a detached copy)."""
+    if t.numel() == 1 or all(st == 0 for st in t.stride()):  # one element, possibly broadcast (all strides 0)
+        return float(t.reshape(-1)[0])
+    first = t.reshape(-1)[0]
+    if bool((t == first).all()):
+        return float(first)
+    return t.detach().expand(shape).reshape(-1).clone()
+
+
+def _constant_normal(fn: Any, shape: torch.Size) -> Optional[tuple[Param, Param]]:
+    r"""``(loc, scale)`` when ``fn`` is a Normal (possibly ``expand``-ed or ``to_event``-ed) whose ``loc`` and
+    ``scale`` need no gradient, each a float when all its elements are equal, else a flat tensor over ``shape``
+    (the site's shape); ``None`` for any other distribution.
+
+    For such priors the potential uses :math:`-\\frac12 \\sum_i (w_i - \\mu_i)^2 / s_i^2 - \\sum_i \\log s_i -
+    \\frac n2 \\log 2\\pi`, a few passes over the weights instead of those of ``Normal.log_prob``.
+    """
+    base = fn
+    wrappers = (torch.distributions.Independent, pyro.distributions.torch_distribution.ExpandedDistribution)
+    while isinstance(base, wrappers):
+        base = base.base_dist
+    if type(base) not in (torch.distributions.Normal, pyro.distributions.Normal):
+        return None
+    loc, scale = base.loc, base.scale
+    if loc.requires_grad or scale.requires_grad:
+        return None
+    return _constant(loc, shape), _constant(scale, shape)
+
+
+def _same(a: Param, b: Param) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(a, float) and isinstance(b, float) and a == b
+    return a.shape == b.shape and bool(torch.equal(a, b))
+
+
+def _normal_log_prob_sum(value: Tensor, loc: Param, scale: Param) -> Tensor:
+    flat = value.reshape(-1)
+    centred = flat if isinstance(loc, float) and loc == 0.0 else flat - loc
+    if isinstance(scale, float):
+        return -0.5 / scale**2 * torch.dot(centred, centred) - flat.numel() * (math.log(scale) + _HALF_LOG_2PI)
+    return -0.5 * (centred / scale).pow(2).sum() - scale.log().sum() - flat.numel() * _HALF_LOG_2PI
+
+
+def find_constant_normal_priors(
+    model: Callable, args: tuple, kwargs: dict, trace: Any, sites: Sequence[Any]
+) -> dict[str, tuple[Param, Param]]:
+    """Latent sites whose prior is a Normal with fixed parameters, recognised by their values.
+
+    However the prior is written -- ``Normal(0., 1.).expand([m, n]).to_event(2)``, ``Normal(torch.zeros(m, n),
+    1.).to_event(2)`` or a ``PyroSample`` -- a site qualifies when its distribution is a (reshaped) Normal whose
+    ``loc`` and ``scale`` need no gradient and take the same values in the prototype trace and in a second run of
+    the model with fresh draws of every latent variable (so they depend on no other latent variable, e.g. a
+    hierarchical scale). Found outside any graph tracing, at the model's arguments when the potential is built: a
+    prior whose numbers change with the arguments of later calls (such as the minibatch) is outside this rule.
+    """
+    with pyro.validation_enabled(False), poutine.block(), torch.no_grad():
+        second = poutine.trace(model).get_trace(*args, **kwargs)
+    out = {}
+    for s in sites:
+        site, other = trace.nodes[s.name], second.nodes.get(s.name)
+        if other is None or other.get("type") != "sample" or site["mask"] is not None or other["mask"] is not None:
+            continue
+        fn, shape = site["fn"], site["value"].shape
+        if fn.batch_shape + fn.event_shape != shape:
+            continue
+        params = _constant_normal(fn, shape)
+        other_fn = cast(Distribution, other["fn"])  # a sample site's fn is its distribution
+        if params is None or other_fn.batch_shape + other_fn.event_shape != shape:
+            continue
+        again = _constant_normal(other_fn, shape)
+        if again is not None and all(_same(a, b) for a, b in zip(params, again)):
+            out[s.name] = params
+    return out
+
+
+class ClosedFormGaussianPrior:
+    """The constant-Normal prior terms of a potential, in closed form on the flat vector:
+
+    .. math::
+
+        -\\log p(u) = \\tfrac12 (u - \\mu)^\\top \\Lambda (u - \\mu) + c, \\qquad \\nabla = \\Lambda (u - \\mu),
+
+    with :math:`\\Lambda` diagonal. The traced step leaves these terms out of its autograd graph and adds them
+    here (a speed device, on by default: the kernels' ``closed_form_prior=False`` turns it off). Such priors are
+    recognised by their values, not by how they are written (``find_constant_normal_priors``): a
+    ``PyroSample``, ``dist.Normal(0., 1.).expand([m, n]).to_event(2)`` or ``dist.Normal(torch.zeros(m, n),
+    1.).to_event(2)`` qualify, a prior whose scale is another latent variable does not.
+    """
+
+    def __init__(
+        self, sites: Sequence[Any], trace: Any, constant_normal_priors: dict, prior_filter: Optional[Callable],
+        dim: int, dtype: torch.dtype, device: Any,
+    ) -> None:
+        """Coordinates of the flat vector whose prior is a constant Normal on an unconstrained site (typically all
+        network weights): their prior term and its gradient have a closed form on the flat vector (:meth:`__call__`)."""
+        all_sites = sites
+        sites = []
+        for s in all_sites:
+            site = trace.nodes[s.name]
+            if not (s.is_identity and s.name in constant_normal_priors and site["mask"] is None):
+                continue
+            if not (isinstance(site["scale"], float) and site["scale"] == 1.0):
+                continue
+            if prior_filter is not None and not prior_filter(s.name, site):
+                continue
+            sites.append(s)
+        self.site_names = frozenset(s.name for s in sites)
+        self._gaussian_scalar: Optional[tuple[float, float]] = None
+        self._gaussian_vectors: Optional[tuple[Tensor, Tensor]] = None
+        self._gaussian_const = 0.0
+        if not sites:
+            return
+        params = [constant_normal_priors[s.name] for s in sites]
+        self._gaussian_const = sum(
+            s.numel * _HALF_LOG_2PI + (s.numel * math.log(sc) if isinstance(sc, float) else float(sc.log().sum()))
+            for s, (_, sc) in zip(sites, params)
+        )
+        scalars = all(isinstance(v, float) for p in params for v in p)
+        if len(sites) == len(all_sites) and scalars and len(set(params)) == 1:  # one Normal(loc, scale) everywhere
+            self._gaussian_scalar = params[0]
+            return
+        precision = torch.zeros(dim, dtype=dtype, device=device)
+        loc = torch.zeros(dim, dtype=dtype, device=device)
+        for s, (mu, sc) in zip(sites, params):
+            precision[s.offset : s.offset + s.numel] = sc**-2 if isinstance(sc, float) else sc.to(dtype).pow(-2)
+            loc[s.offset : s.offset + s.numel] = mu
+        self._gaussian_vectors = (precision, loc)
+
+    def __call__(self, flat: Tensor) -> tuple[Tensor, Tensor]:
+        """:math:`-\\log p` of the constant-Normal prior sites and its gradient, in closed form on the flat vector.
+
+        .. math::
+
+            -\\log p(u) = \\tfrac12 (u - \\mu)^\\top \\Lambda (u - \\mu) + c, \\qquad
+            \\nabla = \\Lambda (u - \\mu)
+
+        with :math:`\\Lambda` diagonal (zero on the other sites). The potential called with
+        ``exclude_gaussian_prior=True`` gives the rest, so the sum of both is :math:`\\tilde U`.
+        """
+        if self._gaussian_scalar is not None:
+            mu, sc = self._gaussian_scalar
+            centred = flat if mu == 0.0 else flat - mu
+            grad = centred * sc**-2
+        else:
+            assert self._gaussian_vectors is not None, "no constant-Normal prior site (see site_names)"
+            precision, loc = self._gaussian_vectors
+            centred = flat - loc
+            grad = centred * precision
+        return 0.5 * (centred * grad).sum(-1) + self._gaussian_const, grad
+
+
+# ----- the minibatches of a loader ----------------------------------------------------------------------------------
+def is_data_loader(arg: Any) -> bool:
+    """Whether a model argument handed to ``mcmc.run`` is a loader: an iterable of batches with a ``dataset``
+    (a :class:`~torch.utils.data.DataLoader`), or an iterator such as a generator (refused later for want of a
+    dataset length). Tensors, containers, NumPy arrays and modules (an ``nn.Sequential`` is iterable) are model
+    arguments."""
+    if isinstance(arg, (np.ndarray, torch.nn.Module)):
+        return False
+    if not (isinstance(arg, DataLoader) or hasattr(arg, "dataset") or isinstance(arg, Iterator)):
+        return False
+    try:
+        return is_loader(arg)
+    except TypeError:
+        return False
+
+
+def loader_generators(loader: Any) -> list[torch.Generator]:
+    """The ``torch.Generator`` objects a loader draws its order from, each once, in a fixed order: the loader's own
+    (``DataLoader(..., generator=g)``, which also seeds the workers), its sampler's and its batch sampler's
+    sampler's (``RandomSampler(data, generator=g)``, ``SubsetRandomSampler``, ``WeightedRandomSampler``).
+
+    >>> from torch.utils.data import TensorDataset
+    >>> g = torch.Generator().manual_seed(0)
+    >>> loader = DataLoader(TensorDataset(torch.zeros(4)), batch_size=2, shuffle=True, generator=g)
+    >>> loader_generators(loader) == [g]
+    True
+    """
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    owners = (loader, getattr(loader, "sampler", None), batch_sampler, getattr(batch_sampler, "sampler", None))
+    found: list[torch.Generator] = []
+    for owner in owners:
+        g = getattr(owner, "generator", None)
+        if isinstance(g, torch.Generator) and all(g is not h for h in found):
+            found.append(g)
+    return found
+
+
+def in_dataset_order(loader: Any, *, full_batches: bool = False) -> Any:
+    """A loader over the same data as ``loader`` that reads ``loader.dataset`` in data-set order, once.
+
+    A training loader usually shuffles (and may drop its last batch); the full-data log-likelihood must cover
+    every point once, in the order of the data set, so that its ``i``-th entry is data point ``i``
+    (``az.loo``'s pointwise results map back to the rows of the data set). For a
+    :class:`~torch.utils.data.DataLoader` over a map-style data set this is a ``DataLoader`` over ``loader.dataset``
+    with the loader's batch size (64 for a loader given a ``batch_sampler``), ``collate_fn``, workers and memory
+    pinning, in order and without dropping the last batch; any other loader is read as it is.
+
+    With ``full_batches=True`` every batch has the loader's batch size :math:`b`: the last one is the last :math:`b`
+    points of the data set, overlapping the one before by :math:`b - (N \\bmod b)` points, which the reader drops
+    (a model whose plate fixes ``subsample_size=b`` runs on no other size).
+
+    >>> from torch.utils.data import TensorDataset
+    >>> loader = DataLoader(TensorDataset(torch.arange(5.0), torch.arange(5)), batch_size=2, shuffle=True,
+    ...                     drop_last=True)
+    >>> [y.tolist() for _, y in in_dataset_order(loader)]
+    [[0, 1], [2, 3], [4]]
+    >>> [y.tolist() for _, y in in_dataset_order(loader, full_batches=True)]
+    [[0, 1], [2, 3], [3, 4]]
+    """
+    if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
+        return loader
+    n, b = len(cast(Sized, loader.dataset)), loader.batch_size or 64  # a map-style data set has a length
+    if full_batches and b < n:
+        starts = list(range(0, n - b, b)) + [n - b]
+        order: dict[str, Any] = {"batch_sampler": [list(range(i, i + b)) for i in starts]}
+    else:
+        order = {"batch_size": b, "shuffle": False, "drop_last": False}
+    return DataLoader(
+        loader.dataset, collate_fn=loader.collate_fn, num_workers=loader.num_workers, pin_memory=loader.pin_memory,
+        worker_init_fn=loader.worker_init_fn, multiprocessing_context=loader.multiprocessing_context, **order,
+    )
+
+
+class BatchStream:
+    """An endless stream of the ``(x, y)`` batches of a loader, epoch after epoch.
+
+    :param loader: an iterable of ``(x, y)`` batches whose ``dataset`` has a length (e.g. a
+        :class:`~torch.utils.data.DataLoader`).
+    :param device: where the batches go (the model's device); ``None`` leaves them where they are.
+    :param dtype: the model's floating-point dtype (inputs only; integer labels keep theirs).
+    :param model: the model the batches are for: a non-finite batch is reported under the name of its first
+        argument (``"x"`` without a model).
+    :raises TypeError: if the loader's ``dataset`` has no length.
+    :raises ValueError: from :meth:`next`, for a batch holding a NaN or an infinity.
+    """
+
+    def __init__(
+        self, loader: Any, device: Any = None, dtype: Optional[torch.dtype] = None, model: Optional[Any] = None
+    ) -> None:
+        self.loader = loader
+        self.size = dataset_size(loader)
+        self.device = device
+        self.dtype = dtype
+        self.name = "x" if model is None else _argument_names(model, 1)[0]
+        self.position = 0  # batches taken from the current epoch's iterator
+        self.epoch_rng: Optional[Tensor] = None  # torch's CPU RNG state from which that iterator was made
+        self.generators = loader_generators(loader)
+        self.epoch_generators: list[Tensor] = []  # the states of the loader's generators at that point
+        self.fixed_batch_size: Optional[int] = None  # the subsample_size the model's data plate fixes, if any
+        self._batches: Optional[Iterator] = None
+
+    def _start_epoch(self, skip: int = 0, lookahead: bool = False) -> None:
+        self.epoch_rng = torch.get_rng_state()
+        self.epoch_generators = [g.get_state() for g in self.generators]
+        raw = iter(self.loader)  # a DataLoader draws its shuffling (and its workers' seeds) here
+        for i in range(skip + int(lookahead)):
+            try:
+                batch = next(raw)
+            except StopIteration:
+                raise ValueError(
+                    f"the loader has fewer than {skip + int(lookahead)} batches per epoch: it is not the loader of the "
+                    "checkpoint"
+                ) from None
+        if lookahead:  # a sampler draws its order lazily, on the epoch's first batch: draw it from this state
+            raw = itertools.chain([batch], raw)
+        self._batches = iter_batches(raw)
+        self.position = skip
+
+    def follow_model(self, potential: Any) -> None:
+        """Read from the model (its :class:`~pyro_sdebnn.infer.mcmc.potential.MinibatchPotential`) whether its data
+        plate fixes its own ``subsample_size`` (``pyro.plate("data", len(x), subsample_size=b)``): Pyro's plate then
+        cannot run on a shorter batch (``subsample_size`` must match the indices), so :meth:`next` passes over the
+        batches of another size, as ``drop_last=True`` would."""
+        site = potential.prototype_trace.nodes.get(potential.data_plate) if potential.data_plate else None
+        fixed = getattr(site["fn"], "subsample_size", None) if site is not None and site_is_subsample(site) else None
+        self.fixed_batch_size = None if fixed is None else int(fixed)
+
+    def _raw_next(self) -> tuple[Tensor, Tensor]:
+        if self._batches is None:
+            self._start_epoch()
+        assert self._batches is not None  # set by _start_epoch
+        try:
+            return next(self._batches)
+        except StopIteration:
+            if self.position == 0:
+                raise ValueError("the loader yielded no batch in an epoch") from None
+            self._start_epoch()
+            try:
+                return next(self._batches)
+            except StopIteration:
+                raise ValueError("the loader yielded no batch in an epoch") from None
+
+    def next(self) -> tuple[Tensor, Tensor]:
+        """The next ``(x, y)`` batch on the model's device, starting a new epoch when the loader is exhausted.
+
+        :raises ValueError: for a batch holding a NaN or an infinity."""
+        while True:
+            x, y = self._raw_next()
+            if self.fixed_batch_size is None or x.shape[0] == self.fixed_batch_size:
+                break
+            # a batch of another size than the plate's subsample_size (the short last one; the first batch, which
+            # the potential was built on, has that size): passed over, counted for the checkpoint's position
+            self.position += 1
+        check_finite_batch(x, y, what=self.name, batch_index=self.position)
+        self.position += 1
+        return move_batch(x, self.device, self.dtype), move_batch(y, self.device, self.dtype)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the stream is: ``{"epoch_rng": ByteTensor or None, "generators": [ByteTensor, ...],
+        "position": int, "size": int}``."""
+        rng = None if self.epoch_rng is None else self.epoch_rng.clone()
+        generators = [state.clone() for state in self.epoch_generators]
+        return {"epoch_rng": rng, "generators": generators, "position": int(self.position), "size": int(self.size)}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict`: the loader's generators are put back in their state at the start of the
+        current epoch, its iterator is made again from the recorded random state and the batches already taken are
+        skipped (the generators then stand where they stood in the uninterrupted run); torch's global random state
+        is left as it was before.
+
+        :raises ValueError: if the loader has another size, or other generators, than the checkpoint's.
+        """
+        if int(state["size"]) != self.size:
+            raise ValueError(
+                f"the loader has {self.size} data points but the checkpoint was taken with {int(state['size'])}"
+            )
+        if state["epoch_rng"] is None:
+            self._batches, self.position, self.epoch_rng = None, 0, None
+            return
+        saved = list(state.get("generators", []))
+        if len(saved) != len(self.generators):
+            raise ValueError(
+                f"the loader draws its order from {len(self.generators)} torch.Generator(s) (generator= of the "
+                f"DataLoader or of its sampler) but the checkpoint's loader from {len(saved)}: resume on a loader "
+                "built as the saved run's"
+            )
+        for g, g_state in zip(self.generators, saved):
+            g.set_state(g_state)
+        position = int(state["position"])
+        with torch.random.fork_rng(devices=[]):  # torch's random state is put back on exit
+            torch.set_rng_state(state["epoch_rng"])
+            self._start_epoch(skip=position, lookahead=position == 0)
+            self.epoch_rng = state["epoch_rng"].clone()
+            self.epoch_generators = [g_state.clone() for g_state in saved]

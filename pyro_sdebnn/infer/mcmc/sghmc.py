@@ -8,7 +8,7 @@ from typing import Any, Callable, Optional, Union, cast
 import torch
 from torch import Tensor
 
-from pyro_sdebnn.infer.mcmc.base import SGMCMCKernel
+from pyro_sdebnn.infer.mcmc.kernel import SGMCMCKernel
 from pyro_sdebnn.infer.mcmc.schedules import StepSizeSchedule
 from pyro_sdebnn.ops.sgmcmc import SGHMCState, sghmc_step
 
@@ -16,55 +16,32 @@ __all__ = ["SGHMC"]
 
 
 class SGHMC(SGMCMCKernel):
-    """Stochastic-gradient HMC [1] with friction :math:`C = cI`, unit mass and noise estimate :math:`\\hat B`.
+    """Stochastic-gradient HMC (Chen, Fox and Guestrin [1]) with friction :math:`C = cI`, unit mass and noise
+    estimate :math:`\\hat B`, in the SGD-with-momentum form of [1]:
 
     .. math::
 
         v \\leftarrow (1 - \\eta c) v - \\eta \\hat g + \\sqrt{2 \\eta (c - \\hat B) T}\\, \\xi, \\qquad
-        w \\leftarrow w + \\eta v
+        w \\leftarrow w + \\eta v,
 
-    (the SGD-with-momentum form of [1], unit mass), ``num_steps`` inner steps on fresh minibatches per returned
-    sample. By default the warm-up adapts a diagonal mass matrix :math:`M` (see
-    :mod:`~pyro_sdebnn.infer.mcmc.adaptation`), frozen for sampling, which then runs
-    :math:`v \\leftarrow (1 - \\epsilon c) v - \\epsilon M^{-1/2} \\hat g
-    + \\sqrt{2 \\epsilon (c - \\hat B) T}\\, \\xi`,
-    :math:`w \\leftarrow w + \\epsilon M^{-1/2} v` (the momentum in standardised coordinates; a constant :math:`M`
-    keeps the target stationary, Ma, Chen & Fox 2015) with ``adapted_step_size`` :math:`\\epsilon` (default 0.1,
-    capped at :math:`0.5/\\sqrt\\lambda` for the largest eigenvalue :math:`\\lambda` of the preconditioned Hessian
-    and at :math:`\\epsilon c \\le 0.5`); ``step_size`` is then the step of the unit-mass phase before the first
-    estimate, and ``adapt_mass_matrix=False`` keeps the unit mass throughout. The momentum persists
-    across samples; with ``resample_momentum_every=k`` it is redrawn from :math:`\\mathcal N(0, T I)` every ``k``
-    returned samples. All other options (minibatching over tensors or a loader, plain models, schedules,
-    temperature, warm start, vectorised chains, divergence handling, backends, checkpoints) are those of
+    ``num_steps`` inner steps on fresh minibatches per returned sample; the momentum persists across samples
+    (``resample_momentum_every=k`` redraws it from :math:`\\mathcal N(0, T I)` every ``k`` samples). By default the
+    warm-up adapts a diagonal mass matrix :math:`M`, frozen for sampling, which then runs with the momentum in
+    standardised coordinates (:math:`\\hat g \\to M^{-1/2} \\hat g`, :math:`w \\leftarrow w + \\epsilon M^{-1/2} v`;
+    a constant :math:`M` keeps the target stationary, Ma, Chen and Fox 2015), the step :math:`\\epsilon` capped at
+    :math:`0.5/\\sqrt\\lambda` and at :math:`\\epsilon c \\le 0.5`. All other settings are those of
     :class:`~pyro_sdebnn.infer.mcmc.SGLD`.
 
-    *Kinetic temperature.* At stationarity :math:`v \\sim \\mathcal N(0, T I)`, so the kinetic temperature
-    :math:`\\hat T_{\\text{kin}} = \\|v\\|^2 / D` must be close to :math:`T` (standard deviation
-    :math:`T\\sqrt{2/D}` per sample); ``diagnostics()["kinetic temperature"]`` is its mean over the returned
-    samples. A value well above :math:`T` means the chain is hotter than the target and its samples are not from
-    the posterior. Two sources of heat stay finite, so they are not divergences: the potential energy released
-    while the chain descends from its initial point (friction removes it only at rate :math:`\\eta c` per step,
-    i.e. over about :math:`1/(\\eta c)` steps), and the minibatch gradient noise (about
-    :math:`\\eta \\operatorname{Var}(\\hat g)/2` per coordinate and step, which :math:`c` must dominate:
-    :math:`\\hat B \\le c` in [1]). Remedies: a larger ``friction`` (keeping :math:`\\eta c < 1`), a warm-up much
-    longer than :math:`1/(\\eta c)` steps, ``resample_momentum_every`` (which resets :math:`v`), or a smaller
-    ``step_size``.
+    *Kinetic temperature.* At stationarity :math:`v \\sim \\mathcal N(0, T I)`, so :math:`\\|v\\|^2 / D` should be
+    close to :math:`T`; ``diagnostics()["kinetic temperature"]`` is its mean over the returned samples. A value well
+    above :math:`T` means the chain is hotter than the target: the energy released while it descends from its
+    initial point (friction removes it over about :math:`1/(\\eta c)` steps) or minibatch noise that :math:`c` does
+    not dominate (:math:`\\hat B \\le c` in [1]). Remedies: a larger ``friction`` (keeping :math:`\\eta c < 1`), a
+    longer warm-up, ``resample_momentum_every``, a smaller ``step_size``. The divergence check watches the total
+    energy :math:`H = U + \\|v\\|^2/2`, which friction dissipates.
 
-    *Divergences.* The divergence check of :class:`~pyro_sdebnn.infer.mcmc.SGLD` watches the total energy
-    :math:`H = U + \\|v\\|^2/2`, which friction dissipates: the oscillations of :math:`U` while the chain descends
-    do not trip it, a step size above the stability limit (:math:`\\eta > 2/\\sqrt{\\lambda_{\\max}}` for small
-    :math:`c`) does;
-    the report gives the kinetic temperature of the diverging chain.
-
-    *Defaults.* ``step_size=0.01`` and ``friction=1.0`` (:math:`\\eta c = 0.01`: the momentum remembers about
-    100 steps). The step is stable up to a curvature of :math:`(2/\\eta)^2 = 40{,}000`, ten times SGLD's default
-    (``1e-3``, stable up to :math:`4/\\eta = 4{,}000`), and the position moves by :math:`\\eta\\|v\\|` per step, in
-    runs of about :math:`1/(\\eta c)` steps. Measured with the defaults against the once-common
-    ``step_size=1e-3, friction=0.1`` (which moves the position ten times less per step): on Pyro's
-    Bayesian-regression tutorial model the weights' effective sample size (ArviZ) is 20-23 per 1000 draws
-    against 1-2; on the Two Moons 2-50-50-2 network the class-1 probability's is 69-101 per 100 draws against
-    9-10. A larger step mixes faster on small problems (``0.03`` with friction ``3.0``: 47-55 per 1000 on the
-    regression) but diverged on the Two Moons network.
+    *Defaults.* ``step_size=0.01`` and ``friction=1.0`` (:math:`\\eta c = 0.01`: the momentum remembers about 100
+    steps); the step is stable up to a curvature of :math:`(2/\\eta)^2`.
 
     :param callable model: the Pyro model (see :class:`~pyro_sdebnn.infer.mcmc.SGLD` for its form).
     :param step_size: :math:`\\eta` or a schedule (default 0.01).
@@ -186,7 +163,7 @@ class SGHMC(SGMCMCKernel):
         self._kinetic_count = 0
 
     def state_dict(self) -> dict[str, Any]:
-        """That of :class:`~pyro_sdebnn.infer.mcmc.base.SGMCMCKernel` plus the running kinetic-energy sum of
+        """That of :class:`~pyro_sdebnn.infer.mcmc.kernel.SGMCMCKernel` plus the running kinetic-energy sum of
         :meth:`diagnostics`."""
         out = super().state_dict()
         total = None if self._kinetic_sum is None else self._kinetic_sum.detach().clone()

@@ -15,7 +15,7 @@ from pyro_sdebnn.data import two_moons
 from pyro_sdebnn.testing import ConjugateLinearRegression
 
 # short runs of a few draws: the end-of-run check finds R-hat above 1.1 (not what these tests are about)
-pytestmark = pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.SamplerWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.diagnostics.SamplerWarning")
 
 PROBLEM = ConjugateLinearRegression(dim=2, prior_scale=1.0, noise_scale=1.0)
 N = 50
@@ -259,7 +259,7 @@ class _Preempted(Exception):
 
 @pytest.mark.parametrize("stop_at", [6, 23])  # in warm-up (no samples yet), in sampling
 def test_checkpoint_hook_resumes_an_interrupted_run(tmp_path, stop_at):
-    from pyro_sdebnn.infer.mcmc import CheckpointHook
+    from pyro_sdebnn.infer.mcmc.checkpoint import CheckpointHook
 
     x, y = _data()
     make = _kernels()["sghmc"]
@@ -289,7 +289,7 @@ def test_checkpoint_hook_resumes_an_interrupted_run(tmp_path, stop_at):
 
 
 def test_checkpoint_hook_checks_its_arguments(tmp_path):
-    from pyro_sdebnn.infer.mcmc import CheckpointHook
+    from pyro_sdebnn.infer.mcmc.checkpoint import CheckpointHook
 
     with pytest.raises(ValueError, match="every must be a positive int"):
         CheckpointHook(tmp_path / "run.pt", every=0)

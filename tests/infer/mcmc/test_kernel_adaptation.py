@@ -9,9 +9,10 @@ import torch
 from pyro.infer import MCMC
 from torch.utils.data import DataLoader, TensorDataset
 
-from pyro_sdebnn.infer.mcmc import SGHMC, SGLD, SamplerDivergenceError, SamplerWarning
-from pyro_sdebnn.infer.mcmc import adaptation
-from pyro_sdebnn.infer.mcmc.adaptation import MIN_ADAPT_STEPS, adaptation_windows
+from pyro_sdebnn.infer.mcmc import SGHMC, SGLD
+from pyro_sdebnn.infer.mcmc.diagnostics import SamplerDivergenceError, SamplerWarning
+from pyro_sdebnn.infer.mcmc import kernel as adaptation
+from pyro_sdebnn.infer.mcmc.kernel import MIN_ADAPT_STEPS, adaptation_windows
 
 # conjugate problem: w_j ~ N(0, 1), y_ij ~ N(w_j, s_j) for i = 1..n; the posterior of w_j is N(m_j, v_j) with
 # v_j = 1 / (1 + n / s_j^2) and m_j = v_j * sum_i y_ij / s_j^2. With s = (100, 0.1) and n = 100 the posterior sds are
@@ -100,7 +101,8 @@ def test_adapted_sghmc_recovers_posterior_scales_100x_apart(adapted_run):
         assert abs(est_sd / chain_sd - 1) < 4 / (2 * ess) ** 0.5, (j, est_sd, chain_sd, ess)
 
 
-@pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.SamplerWarning")  # the unadapted chains do not mix
+# the unadapted chains do not mix
+@pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.diagnostics.SamplerWarning")
 def test_one_global_step_fails_where_the_adapted_one_succeeds():
     y, _, sd = _conjugate_data()
     # stable for the tight coordinate (eta * curvature = 0.4 < 4), the loose one barely moves

@@ -1,25 +1,50 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The base class of the SG-MCMC kernels: a Pyro ``MCMCKernel`` around a pure update rule.
+"""The base class of the SG-MCMC kernels: a Pyro ``MCMCKernel`` around one step function.
 
-A kernel is three pieces, one module each:
+Every inner step is :meth:`SGMCMCKernel._step`: the gradient and value of the minibatch potential
+:math:`\\tilde U` (:mod:`~pyro_sdebnn.infer.mcmc.potential`), then a pure update rule of
+:mod:`pyro_sdebnn.ops.sgmcmc`, e.g. for SGLD
 
-- the bridge from a Pyro model to a potential :math:`\\tilde U(u)` of one flat unconstrained vector, with the
-  minibatch scaled by :math:`N/b` (:class:`~pyro_sdebnn.infer.mcmc.MinibatchPotential`, :mod:`~pyro_sdebnn.infer.mcmc.potential`);
-- the inner step, :math:`\\nabla \\tilde U` followed by an update rule of :mod:`pyro_sdebnn.ops.sgmcmc`, and the
-  backends that run it (eager, traced, compiled: :mod:`~pyro_sdebnn.infer.mcmc.step`);
-- the kernel (this module): set-up, minibatches (indices or a loader's batches), the loop of ``num_steps`` inner
-  steps per returned sample, the MAP warm start; with the divergence check (:mod:`~pyro_sdebnn.infer.mcmc.divergence`) and the checkpoint
-  state (:mod:`~pyro_sdebnn.infer.mcmc.checkpoint`) mixed in.
+.. math::
 
-A subclass names its state and its update rule (:class:`~pyro_sdebnn.infer.mcmc.SGLD` is about 40 lines of code).
+    w \\leftarrow w - \\frac{\\eta}{2} \\nabla \\tilde U(w) + \\sqrt{\\eta T}\\, \\xi,
+    \\qquad \\xi \\sim \\mathcal N(0, I).
+
+The backends run that one function: ``"eager"`` calls it chain by chain with Pyro's handlers live (any model);
+``"fx"`` traces it once per shape of the data (``make_fx``, vectorised over the chains with ``vmap``) into a graph
+of ATen calls and runs that graph; ``"compile"`` compiles the graph with ``torch.compile``; ``"auto"`` (default)
+runs ``"fx"`` and compiles after ``compile_after`` inner steps (a step count, not a time, so that a seed gives the
+same chain on any machine). The data are inputs of the graph, never constants; tensors the model reads from
+outside (module parameters, a GP kernel's hyper-parameters) stay references, so changes in place are seen.
+
+Around the step the kernel does set-up (potential, minibatches, initial values), the loop of ``num_steps`` inner
+steps per returned sample, divergence checks (:mod:`~pyro_sdebnn.infer.mcmc.diagnostics`) and checkpoints
+(:mod:`~pyro_sdebnn.infer.mcmc.checkpoint`). Heuristics that a user did not ask for, each with its switch:
+
+- ``init_strategy=init_to_robust``: prior draws for real-valued sites, prior medians for constrained ones;
+- ``map_steps=None``: a short MAP warm start by Adam (``map_steps=0`` turns it off);
+- ``adapt_mass_matrix=None``: a diagonal mass matrix adapted in Stan's warm-up windows, then frozen (``False``);
+- ``closed_form_prior=True``: constant ``Normal`` priors added in closed form outside the traced graph (``False``);
+- ``cache_graphs=True``: the potential and traced graphs kept between runs on the same, unchanged data (``False``);
+- ``backend="auto"`` with ``compile_after``: the compiled step after that many inner steps (``backend="fx"``).
+
+**References**
+
+[1] Bob Carpenter, Andrew Gelman, Matthew D. Hoffman, Daniel Lee, Ben Goodrich, Michael Betancourt, Marcus
+    Brubaker, Jiqiang Guo, Peter Li, Allen Riddell (2017). "Stan: A Probabilistic Programming Language". Journal of
+    Statistical Software 76(1) (the windowed adaptation of the mass matrix).
+
+[2] Yi-An Ma, Tianqi Chen, Emily B. Fox (2015). "A Complete Recipe for Stochastic Gradient MCMC". NeurIPS 2015
+    (a constant preconditioner keeps the target stationary).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
-from abc import abstractmethod
 import warnings
+from abc import abstractmethod
 from collections import deque
 from typing import Any, Callable, ContextManager, NamedTuple, Optional, Union, cast
 
@@ -27,24 +52,235 @@ import numpy as np
 import pyro
 import torch
 from pyro import poutine
-from pyro.infer.autoguide.initialization import InitMessenger
+from pyro.distributions import constraints
+from pyro.infer.autoguide.initialization import InitMessenger, init_to_median, init_to_sample
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from torch import Tensor
+from torch.distributions.transforms import Transform
 
 from pyro_sdebnn.data.loaders import iter_batches, move_batch
-from pyro_sdebnn.infer.mcmc.adaptation import MassMatrixAdapter
-from pyro_sdebnn.infer.mcmc._chains import chain_transforms
-from pyro_sdebnn.infer.mcmc.batches import BatchStream, in_dataset_order, is_data_loader
-from pyro_sdebnn.infer.mcmc.divergence import _RECENT, DivergenceCheck, SamplerDivergenceError, _chain_finite, _finite_state
-from pyro_sdebnn.infer.mcmc.graph import _arg_key
-from pyro_sdebnn.infer.mcmc.initialization import init_to_robust
-from pyro_sdebnn.infer.mcmc.potential import MinibatchPotential, _check_subsample_size
+from pyro_sdebnn.infer.mcmc.diagnostics import (
+    _RECENT,
+    DivergenceCheck,
+    _check_subsample_size,
+    RunChecks,
+    SamplerDivergenceError,
+    SamplerWarning,
+    _chain_finite,
+    _finite_state,
+    find_runner,
+)
+from pyro_sdebnn.infer.mcmc.potential import BatchStream, MinibatchPotential, in_dataset_order, is_data_loader
 from pyro_sdebnn.infer.mcmc.checkpoint import ResumableState
-from pyro_sdebnn.infer.mcmc.run_checks import RunChecks, SamplerWarning, find_runner
-from pyro_sdebnn.infer.mcmc.step import StepBackends
 from pyro_sdebnn.infer.mcmc.schedules import StepSizeSchedule, as_schedule
 
-__all__ = ["MinibatchPotential", "SGMCMCKernel", "SamplerDivergenceError", "SamplerWarning"]
+__all__ = ["SGMCMCKernel", "init_to_robust"]
+
+
+# ----- the default start ---------------------------------------------------------------------------------------------
+def _is_real(support) -> bool:
+    while isinstance(support, constraints.independent):
+        support = support.base_constraint
+    return support is constraints.real
+
+
+def init_to_robust(site: dict | None = None, num_samples: int = 15):
+    """Pyro init strategy: ``init_to_sample`` for real-valued sites, ``init_to_median`` for constrained ones.
+
+    :param dict site: the sample site (Pyro calls the strategy with it); ``None`` returns the strategy itself.
+    :param int num_samples: prior draws whose median starts a constrained site.
+    """
+    if site is None:
+        return init_to_robust
+    if _is_real(site["fn"].support):
+        return init_to_sample(site)
+    return init_to_median(site, num_samples=num_samples)
+
+
+# ----- warm-up adaptation of a diagonal mass matrix -----------------------------------------------------------------
+MIN_ADAPT_STEPS = 1000  # warm-ups of fewer inner steps keep the unit preconditioner (too short to estimate)
+_INIT_FRACTION, _TERM_FRACTION = 0.15, 0.10
+_WINDOW_RATIOS = (1, 2, 4, 8)
+_SHRINK_DRAWS, _SHRINK_TARGET = 5.0, 1e-3
+
+
+def adaptation_windows(total: int) -> list[tuple[int, int]]:
+    """The slow windows ``[start, end)`` (inner-step indices) of a warm-up of ``total`` inner steps.
+
+    >>> adaptation_windows(1000)
+    [(150, 200), (200, 300), (300, 500), (500, 900)]
+    >>> adaptation_windows(500)
+    []
+    """
+    if total < MIN_ADAPT_STEPS:
+        return []
+    start = int(round(_INIT_FRACTION * total))
+    end = total - int(round(_TERM_FRACTION * total))
+    slow = end - start
+    unit = slow / sum(_WINDOW_RATIOS)
+    windows, cursor, acc = [], start, 0
+    for r in _WINDOW_RATIOS:
+        acc += r
+        stop = end if acc == sum(_WINDOW_RATIOS) else start + int(round(unit * acc))
+        windows.append((cursor, stop))
+        cursor = stop
+    return windows
+
+
+class MassMatrixAdapter:
+    """Collects the positions of the warm-up's slow windows and returns the preconditioner at the end of each.
+
+    :param int total: the warm-up's inner steps (``warmup_steps * num_steps``).
+    :param tuple shape: the shape of the chain's position, ``(D,)`` or ``(K, D)``.
+    """
+
+    def __init__(self, total: int, shape: tuple, dtype: torch.dtype, device: Any) -> None:
+        self.windows = adaptation_windows(total)
+        self.window = 0  # index of the current (or next) slow window
+        self._zeros = lambda: torch.zeros(shape, dtype=dtype, device=device)
+        self.count = 0
+        self.mean = self._zeros()
+        self.m2 = self._zeros()
+
+    @property
+    def done(self) -> bool:
+        return self.window >= len(self.windows)
+
+    def restart_window(self) -> None:
+        """Forget the draws of the current window (a chain was restarted from an earlier state)."""
+        self.count = 0
+        self.mean = self._zeros()
+        self.m2 = self._zeros()
+
+    def observe(self, t: int, position: Tensor) -> Optional[Tensor]:
+        """Record the position after inner step ``t`` (0-based); the new inverse mass matrix ``(D,)`` at the end
+        of a slow window, else ``None``."""
+        if self.done:
+            return None
+        start, end = self.windows[self.window]
+        if t < start:
+            return None
+        self.count += 1  # Welford's update, on the device (no synchronisation)
+        delta = position - self.mean
+        self.mean = self.mean + delta / self.count
+        self.m2 = self.m2 + delta * (position - self.mean)
+        if t + 1 < end:
+            return None
+        n = self.count
+        variance = self.m2 / max(n - 1, 1)
+        if variance.dim() > 1:  # vectorised chains: the mean of the within-chain variances
+            variance = variance.mean(0)
+        estimate = (n / (n + _SHRINK_DRAWS)) * variance + _SHRINK_TARGET * (_SHRINK_DRAWS / (n + _SHRINK_DRAWS))
+        self.window += 1
+        self.restart_window()
+        return estimate
+
+    # ----- checkpoints --------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"window": int(self.window), "count": int(self.count), "mean": self.mean.clone(),
+                "m2": self.m2.clone()}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self.window, self.count = int(sd["window"]), int(sd["count"])
+        self.mean = sd["mean"].to(self.mean)
+        self.m2 = sd["m2"].to(self.m2)
+
+
+# ----- vectorised chains stored by MCMC as chains -------------------------------------------------------------------
+class VectorizedChainsTransform(Transform):
+    """``transform`` (constrained -> unconstrained) whose inverse also lays ``(C, S, K, *shape)`` out as
+    ``(C * K, S, *shape)``.
+
+    :param transform: the site's constrained -> unconstrained transform.
+    :param torch.Size shape: the unconstrained shape of the site in one chain.
+
+    >>> t = VectorizedChainsTransform(torch.distributions.transforms.ExpTransform().inv, torch.Size([3]))
+    >>> t.inv(torch.zeros(2, 5, 4, 3)).shape  # 2 MCMC chains x 4 vectorised chains, 5 draws
+    torch.Size([8, 5, 3])
+    >>> t.inv(torch.zeros(4, 3)).shape  # one sample of the 4 chains: unchanged
+    torch.Size([4, 3])
+    """
+
+    bijective = True
+
+    def __init__(self, transform: Transform, shape: torch.Size) -> None:
+        super().__init__()
+        self.transform = transform
+        self.shape = torch.Size(shape)
+        self.domain = transform.domain
+        self.codomain = transform.codomain
+
+    def _call(self, x: Tensor) -> Tensor:
+        return self.transform(x)
+
+    def _inverse(self, y: Tensor) -> Tensor:
+        if y.dim() == 3 + len(self.shape):  # (C, S, K, *shape) as MCMC stacks it
+            y = y.transpose(1, 2).flatten(0, 1)
+        return self.transform.inv(y)
+
+    def log_abs_det_jacobian(self, x: Tensor, y: Tensor) -> Tensor:
+        return self.transform.log_abs_det_jacobian(x, y)
+
+
+def chain_transforms(potential: Any, vectorized_chains: int) -> dict[str, Transform]:
+    """``kernel.transforms`` for ``MCMC``: the potential's transforms, wrapped when ``vectorized_chains > 1``."""
+    if vectorized_chains == 1:
+        return dict(potential.transforms)
+    return {s.name: VectorizedChainsTransform(potential.transforms[s.name], s.shape) for s in potential.sites}
+
+
+# ----- the identity of the model's arguments, torch.compile ------------------------------------------------------
+def _version(tensor: Tensor) -> int:
+    """The version counter of a tensor (bumped by every in-place change); -1 for inference tensors, which have none
+    (and cannot be changed in place outside inference mode)."""
+    try:
+        return int(tensor._version)
+    except RuntimeError:
+        return -1
+
+
+def _arg_key(arg: Any) -> Any:
+    """Identity of a model argument: tensors by storage and version counter (``MCMC.run`` hands over fresh
+    ``detach()``-ed views, which share both), containers by their items, other objects by ``id``."""
+    if torch.is_tensor(arg):
+        return (
+            "tensor", arg.data_ptr(), tuple(arg.shape), tuple(arg.stride()), arg.dtype, str(arg.device), _version(arg)
+        )
+    if isinstance(arg, (list, tuple)):
+        return (type(arg).__name__, tuple(_arg_key(a) for a in arg))
+    if isinstance(arg, dict):
+        return ("dict", tuple((k, _arg_key(v)) for k, v in arg.items()))
+    return ("object", id(arg))
+
+
+def _compile_graph(graph: Any, on_failure: Optional[Callable[[Exception], Callable]] = None) -> Callable:
+    """``torch.compile`` the step graph (compiled on the first call). If that first call fails and ``on_failure`` is
+    given, the step continues with ``on_failure(error)`` instead of raising.
+
+    The compiled step draws its noise from ATen's generator (Inductor's ``fallback_random``, for this compilation
+    only), as the eager graph does: the same seed then gives the same noise, and on CPU Inductor's own
+    random-number generation is slow."""
+    compiled = torch.compile(graph, dynamic=False, options={"fallback_random": True})
+    state: dict[str, Any] = {"fn": None}
+
+    def run(*args: Tensor) -> tuple:
+        if state["fn"] is not None:
+            return state["fn"](*args)
+        try:  # the first call compiles; the compiler's own deprecation notices are not ours
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                out = compiled(*args)
+            state["fn"] = compiled
+            return out
+        except Exception as e:  # noqa: BLE001 - re-raised unless the caller has a fallback
+            if on_failure is None:
+                raise
+            fallback = on_failure(e)
+            state["fn"] = fallback
+            return fallback(*args)
+
+    return run
+
 
 _BACKENDS = ("auto", "eager", "fx", "compile")
 _ON_DIVERGENCE = ("raise", "continue")
@@ -58,8 +294,9 @@ class _ModelOverLoader:
 
     Tools that call ``kernel.model(*mcmc._args)`` (ArviZ's ``az.from_pyro`` does, for the observed data and the
     pointwise log-likelihood) then run the model once on the whole data set: the ``(x, y)`` batches of the loader's
-    data set in data-set order (:func:`~pyro_sdebnn.infer.mcmc.batches.in_dataset_order`) are concatenated, moved to
-    the model's device, and torch's random state is left as it was (workers draw their seeds from it). This holds the whole data set in memory once; :func:`pyro_sdebnn.infer.mcmc.from_pyro` streams it instead.
+    data set in data-set order (:func:`~pyro_sdebnn.infer.mcmc.potential.in_dataset_order`) are concatenated, moved to
+    the model's device, and torch's random state is left as it was (workers draw their seeds from it). This holds the whole data
+    set in memory once; :func:`~pyro_sdebnn.infer.mcmc.to_inference_data` streams it instead.
     Any other call is passed to the model unchanged.
     """
 
@@ -87,7 +324,7 @@ def _model_device_dtype(model: Callable) -> tuple[Any, Optional[torch.dtype]]:
 
 
 class _KernelAttributes:
-    """The attributes and methods of :class:`SGMCMCKernel` that its mixins (``StepBackends``, ``DivergenceCheck``,
+    """The attributes and methods of :class:`SGMCMCKernel` that its mixins (``DivergenceCheck``,
     ``ResumableState``) use, for the type checker only.
 
     The mixins are bases of the kernel, so they cannot name the kernel as their typed base (an inheritance cycle);
@@ -169,17 +406,37 @@ class _KernelAttributes:
     def _bind(self, data: Optional[tuple]) -> ContextManager[Any]: ...
 
 
-class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
-    """Base class of the SG-MCMC kernels: minibatch potential, backends, schedules, divergences, warm start.
+class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
+    """Base class of the SG-MCMC kernels: set-up, the loop of inner steps, warm-up, divergences, diagnostics.
 
-    Subclasses define ``_state_type`` (a ``NamedTuple`` whose first field is ``position``),
-    :meth:`_init_state` and :meth:`_update` (a pure rule from :mod:`pyro_sdebnn.ops.sgmcmc`).
+    A subclass names its chain state (``_state_type``, a ``NamedTuple`` whose first field is the position),
+    :meth:`_init_state` and :meth:`_update` (a pure rule of :mod:`pyro_sdebnn.ops.sgmcmc`). Returned ``params`` are
+    unconstrained, as for Pyro's ``HMC``; ``MCMC`` maps them back through ``kernel.transforms``. With
+    ``vectorized_chains=K`` every site carries a leading chain dimension and ``MCMC`` stores ``num_chains * K``
+    chains, so ``Predictive``, ``mcmc.summary()`` and :func:`~pyro_sdebnn.infer.mcmc.to_inference_data` see them.
 
-    Returned ``params`` are unconstrained, as for Pyro's ``HMC``: ``MCMC`` maps them back through
-    ``kernel.transforms``. With ``vectorized_chains=K > 1`` every site carries a leading chain dimension
-    ``(K, *shape)``, and ``MCMC`` stores the ``K`` chains as chains: ``mcmc.get_samples(group_by_chain=True)`` is
-    ``(num_chains * K, num_samples, *shape)``, so ``Predictive``, ``mcmc.summary()`` and
-    :func:`pyro_sdebnn.infer.mcmc.from_pyro` see them as chains.
+    :param data_plate: the plate(s) over the data (default: found from the observed sites).
+    :param float temperature: :math:`T`: samples :math:`\\propto \\exp(-U/T)`.
+    :param callable init_strategy: Pyro init strategy (default :func:`init_to_robust`).
+    :param int map_steps: ``None``: an automatic MAP warm start (Adam on the minibatch potential, at most one epoch,
+        10 % of the run's inner steps and 500 steps, stopped when it levels off; only from initial values the kernel
+        drew); an int: that many Adam steps; ``0``: none.
+    :param float map_lr: learning rate of the warm start.
+    :param int vectorized_chains: ``K`` chains at once in this process.
+    :param str on_divergence: ``"raise"`` (:class:`~pyro_sdebnn.infer.mcmc.diagnostics.SamplerDivergenceError`) or
+        ``"continue"`` (record it in ``diagnostics()["divergence log"]`` and restart the chain from its last healthy
+        state); the rule is in :mod:`~pyro_sdebnn.infer.mcmc.diagnostics`.
+    :param bool adapt_step_size: in warm-up, halve the step size whenever a chain diverges (at most 30 times).
+    :param bool adapt_mass_matrix: ``None``: adapt a diagonal mass matrix in warm-up when the step size is a constant
+        and the warm-up has at least 1000 inner steps; ``False``: unit mass throughout.
+    :param float adapted_step_size: the step in standardised units once :math:`M` is adapted (default 0.1 for SGLD),
+        capped by the curvature (half the stability limit of SGLD, a quarter of SGHMC's).
+    :param str backend: ``"auto"``, ``"eager"``, ``"fx"`` or ``"compile"`` (see the module).
+    :param int compile_after: with ``backend="auto"``, the inner steps after which the step is compiled.
+    :param bool closed_form_prior: add constant ``Normal`` priors in closed form outside the traced graph.
+    :param bool cache_graphs: keep the potential and traced graphs between runs on the same, unchanged data.
+    :param sample_writer: a :class:`~pyro_sdebnn.infer.mcmc.arviz.SampleWriter` streaming the samples to disk.
+    :param dict transforms: ``{site: transform}`` from constrained to unconstrained space, as for ``HMC``.
 
     >>> from pyro_sdebnn.infer.mcmc import SGLD, SGHMC
     >>> issubclass(SGLD, SGMCMCKernel) and issubclass(SGHMC, SGMCMCKernel)
@@ -214,12 +471,20 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
         sample_writer: Any = None,
         transforms: Optional[dict] = None,
         compile_after: int = 10_000,
+        closed_form_prior: bool = True,
+        cache_graphs: bool = True,
     ) -> None:
         if not callable(model):
             raise TypeError(f"model must be callable, got {type(model).__name__}")
         if isinstance(compile_after, bool) or not isinstance(compile_after, int) or compile_after < 0:
             raise ValueError(f"compile_after must be a non-negative int (inner steps), got {compile_after!r}")
+        for name, flag in (("closed_form_prior", closed_form_prior), ("cache_graphs", cache_graphs)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be a bool, got {flag!r}")
         self.compile_after = compile_after
+        self.closed_form_prior = closed_form_prior
+        self.cache_graphs = cache_graphs
+        self._tracing = False  # True while the step is traced (see _gradient)
         self._model = model
         self._model_view = _ModelOverLoader(model)
         self.user_transforms = transforms
@@ -397,12 +662,12 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
             key = ("loader", id(self._stream.loader), tuple(_arg_key(a)[2:4] for a in args), key[1])
         # the key holds the version counters of the tensors: data changed in place also rebuild the potential
         # (validating the data again) and trace the step again
-        if self.potential is None or key != self._graph_key:
+        if self.potential is None or key != self._graph_key or not self.cache_graphs:
             self.potential = self._build_potential(args, kwargs)
             self._reset_graphs()
             self._graph_key = key
             self._args = (args, kwargs)  # keep the arguments alive: ids are only meaningful while they are
-        # vectorised chains: MCMC stores them as chains, (num_chains * K, num_samples, *shape) (see _chains.py)
+        # vectorised chains: MCMC stores them as chains, (num_chains * K, num_samples, *shape)
         self.transforms = chain_transforms(self.potential, self.vectorized_chains)
         U = self.potential
         assert U is not None  # built by setup
@@ -591,6 +856,209 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
             raise SamplerDivergenceError(f"{self._name}: the MAP warm start diverged; use a smaller map_lr")
         return position.detach()
 
+    # ----- the step ------------------------------------------------------------------------------------------------
+    def _step(
+        self, state: tuple, idx: Optional[Tensor], step_size: Tensor, precond: Optional[Tensor], *extra: Tensor
+    ) -> tuple:
+        """One inner step of one chain: the gradient and value of the potential on the minibatch, then the update
+        rule with fresh noise; returns ``(new state, potential)``. Every backend runs this function: ``"eager"`` as
+        it is, chain by chain, the others as the graph traced from it (``vmap``-ed over the chains). ``precond`` is
+        the update rule's diagonal preconditioner (ones until warm-up adapts the mass matrix)."""
+        grad, value = self._gradient(state[0], idx, *extra)
+        noise = torch.randn_like(state[0])
+        new_state = self._update(noise, self._state_type(*state), grad, step_size, precond)
+        return tuple(new_state), value
+
+    def _gradient(self, position: Tensor, idx: Optional[Tensor], *extra: Tensor) -> tuple[Tensor, Tensor]:
+        """:math:`\\nabla \\tilde U` and :math:`\\tilde U` at ``position`` (the data-parallel kernels override this:
+        an all-reduce over the ranks).
+
+        Eagerly, plain autograd through Pyro's handlers, every site's log-density included. Traced, the gradient
+        is ``torch.func``'s (it composes with ``vmap`` over the chains) of the per-site pieces of the flat vector (one
+        concatenation of their gradients), and constant-Normal prior terms are added in closed form outside the
+        graph (``closed_form_prior``)."""
+        if not self._tracing:
+            with torch.enable_grad():
+                position = position.detach().requires_grad_()
+                value = self._potential_fn(position, idx, *extra)
+                (grad,) = torch.autograd.grad(value, position)
+            return grad, value.detach()
+        U = self.potential
+        assert U is not None  # built by setup
+        split = self.closed_form_prior and U.has_gaussian_prior
+        grads, value = torch.func.grad_and_value(self._potential_fn)(
+            U.flat_parts(position), idx, *extra, exclude_gaussian_prior=split
+        )
+        grad = torch.cat(grads)
+        if split:
+            prior_value, prior_grad = U.gaussian_prior(position)
+            grad, value = grad + prior_grad, value + prior_value
+        return grad, value
+
+    def _eager_step(self, state: tuple, idx: Optional[Tensor], step_size: Tensor, *extra: Tensor) -> tuple:
+        """``backend="eager"``: :meth:`_step` chain by chain, with Pyro's handlers running. No argument validation in
+        the hot loop (the model was validated at set-up): a non-finite state is a divergence, not a validation
+        error."""
+        with pyro.validation_enabled(False):
+            if self.vectorized_chains == 1:
+                return self._step(state, idx, step_size, self._precond, *extra)
+            outs = [
+                self._step(
+                    tuple(t[k] for t in state), None if idx is None else idx[k], step_size, self._precond, *extra
+                )
+                for k in range(self.vectorized_chains)
+            ]
+        new_state = tuple(torch.stack([o[0][j] for o in outs]) for j in range(len(state)))
+        return new_state, torch.stack([o[1] for o in outs])
+
+    def _take_step(self, state: tuple, eta: Tensor) -> tuple:
+        """One inner step on the next minibatch (indices with tensors, the next batch with a loader)."""
+        idx = self._next_indices()
+        data = self._next_data()
+        extra = tuple(self._potential_and_grad_inputs())
+        if self.backend_used != "eager":
+            out = self._traced_step(state, idx, eta, extra, data)
+            if out is not None:
+                return out
+        with self._bind(data):
+            return self._eager_step(state, idx, eta, *extra)
+
+    def build_step_fn(self) -> Callable:
+        """The inner step ``(state, idx, step_size, *extra) -> (state, potential)`` on the model's current data, with
+        the kernel's backend and current preconditioner (traced on the first call)."""
+        if self.backend_used == "eager":
+            return self._eager_step
+
+        def step(state: tuple, idx: Optional[Tensor], step_size: Tensor, *extra: Tensor) -> tuple:
+            out = self._traced_step(state, idx, step_size, extra, None)
+            return self._eager_step(state, idx, step_size, *extra) if out is None else out
+
+        return step
+
+    # ----- the traced step -------------------------------------------------------------------------------------------
+    def _reset_graphs(self) -> None:
+        """Forget the traced graphs (new data or model): the next step traces again."""
+        self._graphs: dict[Any, Callable] = {}  # shapes of the data inputs -> the graph's runner
+        self._graph_modules: dict[Any, Any] = {}  # shapes of the data inputs -> the traced graph
+        self.backend_used = "fx" if self.backend == "auto" else self.backend
+        self._fx_steps = 0  # inner steps taken with the eager graph (backend="auto")
+        self._resumed = False  # a chain restored from a checkpoint: its first trace must not draw (see below)
+
+    @property
+    def _graph_module(self) -> Any:
+        """The first traced graph (``None`` before the first traced step)."""
+        return next(iter(self._graph_modules.values()), None)
+
+    def _traced_step(
+        self, state: tuple, idx: Optional[Tensor], step_size: Tensor, extra: tuple, data: Optional[tuple]
+    ) -> Optional[tuple]:
+        """The step through the graph traced for the shapes of ``data`` (the model's own data tensors if ``None``),
+        traced on first use; ``None`` if the model cannot be traced (``backend="auto"`` then continues eagerly)."""
+        assert self.potential is not None  # built by setup
+        if data is None:
+            data = self.potential.data_tensors()
+        key = tuple(t.shape for t in data)
+        run = self._graphs.get(key)
+        if run is None:
+            run = self._trace_graph(state, idx, step_size, extra, data, key)
+            if run is None:
+                return None
+        # the preconditioner is an input of the graph: it changes only at the ends of the adaptation windows
+        out = run(*state, *(() if idx is None else (idx,)), step_size, self._precond, *extra, *data)
+        return tuple(out[: len(state)]), out[len(state)]
+
+    def _trace_graph(
+        self, state: tuple, idx: Optional[Tensor], step_size: Tensor, extra: tuple, data: tuple, key: Any
+    ) -> Optional[Callable]:
+        """Trace :meth:`_step` (``vmap``-ed over vectorised chains) into a graph whose inputs are the state, the
+        minibatch indices, the step size, the preconditioner, the extra inputs and the data.
+
+        Tracing runs the step once and draws its noise. The first graph of a fresh chain draws it from torch's random
+        stream, as the first step always has; every later trace (another batch shape, or the first after resuming
+        from a checkpoint) puts the random state back, so that the chain does not depend on when a graph was
+        traced."""
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        num_state, has_idx, num_data = len(state), idx is not None, len(data)
+        U = self.potential
+        assert U is not None  # built by setup
+
+        def chains_step(state: tuple, idx: Optional[Tensor], *rest: Tensor) -> tuple:
+            if self.vectorized_chains == 1:
+                return self._step(state, idx, *rest)
+            in_dims = (0, None if idx is None else 0) + (None,) * len(rest)
+            return torch.func.vmap(self._step, in_dims=in_dims, randomness="different")(state, idx, *rest)
+
+        def flat_step(*flat: Tensor) -> tuple[Tensor, ...]:  # (*state, [idx], step_size, precond, *extra, *data)
+            inputs, batch = flat[: len(flat) - num_data], flat[len(flat) - num_data :]
+            rest = inputs[num_state:]
+            chain_idx, rest = (rest[0], rest[1:]) if has_idx else (None, rest)
+            with U.bound_data(batch):
+                new_state, value = chains_step(inputs[:num_state], chain_idx, *rest)
+            return (*new_state, value)
+
+        device = U.device
+        random_state: ContextManager[Any]
+        if self._graph_modules or self._resumed:
+            random_state = torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
+        else:
+            random_state = contextlib.nullcontext()
+        self._tracing = True
+        try:
+            with random_state, pyro.validation_enabled(False), poutine.block(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                graph = make_fx(flat_step)(*state, *([idx] if has_idx else []), step_size, self._precond, *extra, *data)
+        except Exception as e:  # noqa: BLE001 - any untraceable model falls back to the generic eager path
+            if self.backend != "auto":
+                raise RuntimeError(
+                    f"backend={self.backend!r}: could not trace the model's step into a graph ({e}); "
+                    "use backend='eager'"
+                ) from e
+            warnings.warn(
+                f"{self._name}: could not trace the model's step into a graph ({type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else ''}); falling back to the slower per-step Pyro trace "
+                "(backend='eager'; pass it explicitly to silence this warning)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            self.backend_used = "eager"
+            return None
+        finally:
+            self._tracing = False
+        self._graph_modules[key] = graph
+        self._graphs[key] = self._runner(graph)
+        return self._graphs[key]
+
+    def _runner(self, graph: Any) -> Callable:
+        if self.backend_used == "compile":
+            return _compile_graph(graph, functools.partial(self._compile_failed, graph))
+        return graph.forward
+
+    def _compile_failed(self, graph: Any, error: Exception) -> Callable:
+        first_line = str(error).splitlines()[0] if str(error) else ""
+        warnings.warn(
+            f"{self._name}: compiling the step failed ({type(error).__name__}: {first_line}); continuing with the "
+            "eager graph (backend='fx')",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        self.backend_used = "fx"
+        self._fx_steps = -1  # backend="auto" does not try again
+        return graph.forward
+
+    def _auto_switch(self) -> None:
+        """``backend="auto"``: compile the step graphs once the chain has taken ``compile_after`` inner steps with the
+        eager graph: short runs never pay the compilation, long ones run compiled. The switch is a step count, not a
+        measured time: the compiled step rounds differently, so a time-dependent switch would give different chains
+        for the same seed."""
+        if self.backend != "auto" or self.backend_used != "fx" or self._fx_steps < 0:
+            return
+        self._fx_steps += self.num_steps
+        if self._fx_steps >= self.compile_after:
+            self.backend_used = "compile"
+            self._graphs = {key: self._runner(graph) for key, graph in self._graph_modules.items()}
+
+
     # ----- MCMCKernel API --------------------------------------------------------------------------------------
     def _eta(self, t: int) -> float:
         """The step size of inner step ``t``: the schedule (``adapted_step_size`` once warm-up has adapted the mass
@@ -664,8 +1132,8 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
         start_t = self._t
         state = self._state
         # the potential of every inner step, written into one buffer: a list of per-step scalars would scatter small
-        # long-lived allocations between the steps' large temporaries, and glibc's allocator then keeps a heap that
-        # grows with num_steps (measured: +220 MiB over one 469-step epoch of a 784-400-400-10 MLP at batch 128)
+        # long-lived allocations between the steps' large temporaries, and the allocator's heap then grows with
+        # num_steps
         potentials: Optional[Tensor] = None
         constant = self.step_size.is_constant
         eta = self._eta_tensor if constant else None
@@ -778,7 +1246,7 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
 
     def _end_of_chain(self) -> None:
         """Close the chain's end-of-run checks (Pyro calls ``cleanup`` twice per chain: once is enough); after the
-        run's last chain, one :class:`SamplerWarning` per problem (see :mod:`~pyro_sdebnn.infer.mcmc.run_checks`)."""
+        run's last chain, one :class:`SamplerWarning` per problem (see :mod:`~pyro_sdebnn.infer.mcmc.diagnostics`)."""
         if self._chain_closed or self._run_checks is None:
             return
         self._chain_closed = True

@@ -10,7 +10,9 @@ import pytest
 import torch
 from pyro.infer import MCMC
 
-from pyro_sdebnn.infer.mcmc import FSGLD, SGHMC, SGLD, MeasurementPoints, MinibatchPotential
+from pyro_sdebnn.infer.mcmc import FSGLD, SGHMC, SGLD
+from pyro_sdebnn.infer.mcmc.functional import MeasurementPoints
+from pyro_sdebnn.infer.mcmc.potential import MinibatchPotential
 
 N, NOISE, PRIOR = 50, 0.1, 10.0
 BACKENDS = ["eager", "fx", "auto", pytest.param("compile", marks=pytest.mark.slow)]

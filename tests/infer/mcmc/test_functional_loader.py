@@ -9,10 +9,12 @@ import torch
 from pyro.infer import MCMC
 from torch.utils.data import DataLoader, TensorDataset
 
-from pyro_sdebnn.infer.mcmc import FSGHMC, FSGLD, MeasurementPoints, pointwise_log_likelihood, resume_run, save_run
+from pyro_sdebnn.infer.mcmc import FSGHMC, FSGLD, resume_run, save_run
+from pyro_sdebnn.infer.mcmc.arviz import pointwise_log_likelihood
+from pyro_sdebnn.infer.mcmc.functional import MeasurementPoints
 
 # short runs of a few draws: the end-of-run check finds R-hat above 1.1 (not what these tests are about)
-pytestmark = pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.SamplerWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.diagnostics.SamplerWarning")
 
 N = 60
 BATCH = 20
@@ -210,7 +212,7 @@ class _Preempted(Exception):
 def test_checkpoint_hook_mid_run_resumes_bitwise(tmp_path):
     # a checkpoint written by the hook in the middle of a run over a loader, inside a batch of measurement sets
     from pyro_sdebnn.infer.checkpoint import load_checkpoint
-    from pyro_sdebnn.infer.mcmc import CheckpointHook
+    from pyro_sdebnn.infer.mcmc.checkpoint import CheckpointHook
 
     x, y = _data()
 

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Backends of the SG-MCMC step: the closed-form Gaussian prior, the lean graph, and the ``auto`` rule."""
+"""Backends of the SG-MCMC step (one step function, traced or not), the closed-form Gaussian prior, the graph cache
+and the ``auto`` rule."""
 
 import pyro
 import pyro.distributions as dist
@@ -7,8 +8,9 @@ import pytest
 import torch
 from pyro.infer import MCMC
 
-from pyro_sdebnn.infer.mcmc import SGLD, BayesianMLP, MinibatchPotential
-from pyro_sdebnn.infer.mcmc import step as step_module
+from pyro_sdebnn.infer.mcmc import BayesianMLP, SGLD
+from pyro_sdebnn.infer.mcmc.potential import MinibatchPotential
+from pyro_sdebnn.infer.mcmc import kernel as step_module
 
 
 def _float64_bnn(sizes, **kwargs):
@@ -178,3 +180,61 @@ def test_auto_backend_survives_a_failing_compiler(monkeypatch):
     assert kernel.backend_used == "fx"
     params = kernel.sample(kernel.sample(params))
     assert kernel.backend_used == "fx" and all(torch.isfinite(v).all() for v in params.values())
+
+
+def test_closed_form_prior_off_traces_pyro_log_density_and_gives_the_same_step():
+    # closed_form_prior=False: the traced graph holds the prior's log-density (more nodes) and its step is the eager
+    # step's; with the switch on, the same step up to rounding (temperature 0: tracing draws the noise of one step)
+    x, y = _data()
+    results, nodes = {}, {}
+    for label, backend, closed in (("eager", "eager", True), ("fx", "fx", True), ("fx-off", "fx", False)):
+        pyro.set_rng_seed(0)
+        kernel = SGLD(_float64_bnn([2, 5, 1]), step_size=1e-3, subsample_size=10, backend=backend,
+                      closed_form_prior=closed, map_steps=0, temperature=0.0)
+        kernel.setup(0, x, y)
+        results[label] = kernel.sample(kernel.initial_params)
+        if backend == "fx":
+            nodes[label] = len(kernel._graph_module.graph.nodes)
+    assert nodes["fx-off"] > nodes["fx"]
+    for name in results["eager"]:
+        assert torch.equal(results["fx-off"][name], results["eager"][name])
+        torch.testing.assert_close(results["fx"][name], results["eager"][name])
+
+
+def test_cache_graphs_off_rebuilds_the_potential_on_every_run():
+    x, y = _data()
+    kept = {}
+    for cache in (True, False):
+        kernel = SGLD(_float64_bnn([2, 5, 1]), step_size=1e-4, subsample_size=10, cache_graphs=cache, map_steps=0)
+        kernel.setup(0, x, y)
+        first = kernel.potential
+        kernel.setup(0, x, y)
+        kept[cache] = kernel.potential is first
+    assert kept == {True: True, False: False}
+
+
+@pytest.mark.parametrize("name", ["closed_form_prior", "cache_graphs"])
+def test_bad_switches(name):
+    with pytest.raises(TypeError, match=name):
+        SGLD(mixed_prior_model, **{name: 1})
+
+
+def test_compile_asks_for_aten_random_numbers_for_its_graph_only(monkeypatch):
+    # the compiled step draws its noise from ATen's generator (same seed, same noise); the setting is an option of
+    # that one compilation, not a change to the process-wide Inductor configuration
+    import torch._inductor.config as inductor_config
+
+    seen = []
+
+    def recording_compile(graph, **kwargs):
+        seen.append(kwargs)
+        return graph
+
+    monkeypatch.setattr(torch, "compile", recording_compile)
+    before = inductor_config.fallback_random
+    x, y = _data()
+    kernel = SGLD(_float64_bnn([2, 5, 1]), step_size=1e-4, subsample_size=10, backend="compile", map_steps=0)
+    kernel.setup(0, x, y)
+    kernel.sample(kernel.initial_params)
+    assert seen and all(kw.get("options") == {"fallback_random": True} for kw in seen)
+    assert inductor_config.fallback_random == before

@@ -58,7 +58,7 @@ def test_realdata_nuts_quick(tmp_path):
 
 
 def test_realdata_nuts_records_a_diverged_default_and_goes_on(tmp_path, monkeypatch):
-    from pyro_sdebnn.infer.mcmc import SamplerDivergenceError
+    from pyro_sdebnn.infer.mcmc.diagnostics import SamplerDivergenceError
 
     module, args = _args("realdata-nuts", tmp_path, datasets=["diabetes"], methods=["SGHMC", "SGLD"])
     real = module._sgmcmc

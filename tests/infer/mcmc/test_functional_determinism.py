@@ -10,8 +10,9 @@ import pytest
 import torch
 from pyro.infer import MCMC
 
-from pyro_sdebnn.infer.mcmc import FSGHMC, FSGLD, BayesianMLP, MeasurementPoints
-from pyro_sdebnn.infer.mcmc import step as step_module
+from pyro_sdebnn.infer.mcmc import BayesianMLP, FSGHMC, FSGLD
+from pyro_sdebnn.infer.mcmc.functional import MeasurementPoints
+from pyro_sdebnn.infer.mcmc import kernel as step_module
 
 KERNELS = [(FSGLD, {"step_size": 1e-3}), (FSGHMC, {"step_size": 1e-2, "friction": 5.0})]
 

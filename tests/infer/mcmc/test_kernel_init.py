@@ -19,7 +19,8 @@ from pyro.infer import MCMC, NUTS, Predictive
 from pyro.infer.autoguide.initialization import init_to_median
 from pyro.nn import PyroModule, PyroSample
 
-from pyro_sdebnn.infer.mcmc import SGHMC, SGLD, init_to_robust
+from pyro_sdebnn.infer.mcmc import SGHMC, SGLD
+from pyro_sdebnn.infer.mcmc.kernel import init_to_robust
 
 ROBUST_START = dict(init_strategy=init_to_median, map_steps=None, map_lr=0.1)
 

@@ -11,19 +11,15 @@ import torch
 from pyro.infer import MCMC, Predictive
 from pyro.nn import PyroModule, PyroSample
 
-from pyro_sdebnn.infer.mcmc import (
-    SGHMC,
-    SGLD,
-    ClassificationPrediction,
-    RegressionPrediction,
-    SamplerDivergenceError,
-    SamplerWarning,
-    from_pyro,
+from pyro_sdebnn.infer.mcmc import SGHMC, SGLD, to_inference_data
+from pyro_sdebnn.infer.mcmc.arviz import (
     function_space_diagnostics,
     get_samples,
     pointwise_log_likelihood,
     posterior_prediction,
 )
+from pyro_sdebnn.infer.mcmc.diagnostics import SamplerDivergenceError, SamplerWarning
+from pyro_sdebnn.infer.predictive import ClassificationPrediction, RegressionPrediction
 
 N = 40
 
@@ -60,7 +56,7 @@ class BNN(PyroModule):
             return pyro.sample("y", dist.Normal(f[idx], 0.5), obs=None if y is None else y[idx])
 
 
-@pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.SamplerWarning")  # a short run: R-hat above 1.1
+@pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.diagnostics.SamplerWarning")  # a short run: R-hat above 1.1
 @pytest.mark.filterwarnings("ignore:Estimated shape parameter of Pareto")  # 60 draws: ArviZ's LOO caveat
 def test_two_sequential_chains_arviz_summary_and_loo():
     x, y = _data()
@@ -119,7 +115,7 @@ def test_predictive_with_samples():
     torch.testing.assert_close(reg.loc, mcmc.get_samples()["w"][:, None] * x_new)
 
 
-@pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.SamplerWarning")  # a short run: R-hat above 1.1
+@pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.diagnostics.SamplerWarning")  # a short run: R-hat above 1.1
 def test_non_vectorising_pyromodule_gets_log_likelihood_and_loo():
     x, y = _data(torch.float32)
     model = BNN()
@@ -130,7 +126,7 @@ def test_non_vectorising_pyromodule_gets_log_likelihood_and_loo():
         warnings.simplefilter("ignore")  # ArviZ warns that it cannot vectorise this model
         plain = az.from_pyro(mcmc, log_likelihood=True)
     assert "log_likelihood" not in plain.groups()  # the ArviZ limitation we work around
-    idata = from_pyro(mcmc)
+    idata = to_inference_data(mcmc)
     assert idata.posterior["fc1.weight"].shape == (2, 30, 5, 1)
     assert idata.log_likelihood["y"].shape == (2, 30, N)
     with warnings.catch_warnings():
@@ -190,7 +186,7 @@ def test_divergence_marked_and_reported_to_arviz():
     with pytest.warns(SamplerWarning, match=r"SGLD: 5 divergence\(s\)"):
         mcmc.run(x, y)
     assert mcmc.diagnostics()["divergences"]["chain 0"] == [0, 1, 2, 3, 4]
-    idata = from_pyro(mcmc, log_likelihood=False)
+    idata = to_inference_data(mcmc, log_likelihood=False)
     assert bool(idata.sample_stats["diverging"].all())
 
 

@@ -11,7 +11,8 @@ from pyro.infer import MCMC
 from pyro.ops.stats import effective_sample_size
 
 from pyro_sdebnn.distributions import GPFunctionalPrior
-from pyro_sdebnn.infer.mcmc import FSGHMC, FSGLD, BayesianMLP, FunctionalPotential, MeasurementPoints
+from pyro_sdebnn.infer.mcmc import BayesianMLP, FSGHMC, FSGLD
+from pyro_sdebnn.infer.mcmc.functional import FunctionalPotential, MeasurementPoints
 
 POINTS = torch.tensor([-1.0, 0.0, 1.0], dtype=torch.float64)  # measurement points X_M
 CENTRES = POINTS.clone()

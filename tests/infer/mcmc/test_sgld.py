@@ -1,12 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
-"""SGLD / SGHMC against the closed-form posterior of conjugate Bayesian linear regression (and against NUTS)."""
+"""SGLD (and SGHMC, its momentum variant) against the closed-form posterior of conjugate Bayesian linear regression (and
+against NUTS)."""
 
 import pytest
 import torch
 from pyro.infer import MCMC, NUTS
 from pyro.ops.stats import effective_sample_size
 
-from pyro_sdebnn.infer.mcmc import SGHMC, SGLD, PolynomialDecay
+from pyro_sdebnn.infer.mcmc import PolynomialDecay, SGHMC, SGLD
 from pyro_sdebnn.testing import ConjugateLinearRegression
 
 PROBLEM = ConjugateLinearRegression(dim=2, prior_scale=1.0, noise_scale=1.0)
@@ -37,7 +38,7 @@ def _assert_matches(w, mean, var, *, var_rtol=0.2, k_sigma=4.0, extra_se=None):
 
 
 @pytest.mark.slow
-@pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.SamplerWarning")  # 32 short chains: R-hat 1.11
+@pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.diagnostics.SamplerWarning")  # 32 short chains: R-hat 1.11
 def test_sgld_decaying_steps_recovers_posterior():
     x, y = _data()
     mean, cov = PROBLEM.posterior(x, y)
@@ -51,7 +52,7 @@ def test_sgld_decaying_steps_recovers_posterior():
 def test_sghmc_recovers_posterior():
     x, y = _data()
     mean, cov = PROBLEM.posterior(x, y)
-    # the unit-mass SGHMC with this step and friction (the adapted mass matrix is tested in test_sgmcmc_adaptation)
+    # the unit-mass SGHMC with this step and friction (the adapted mass matrix is tested in test_kernel_adaptation)
     kernel = SGHMC(PROBLEM.model, step_size=2e-2, friction=10.0, num_steps=10, subsample_size=25,
                    vectorized_chains=32, adapt_mass_matrix=False)
     w = _run(kernel, 250, 100, x, y)

@@ -11,11 +11,13 @@ import torch
 from pyro.infer import MCMC, Predictive
 from pyro.ops.stats import split_gelman_rubin
 
-from pyro_sdebnn.infer.mcmc import SGHMC, SGLD, SamplerWarning, from_pyro, get_samples
+from pyro_sdebnn.infer.mcmc import SGHMC, SGLD, to_inference_data
+from pyro_sdebnn.infer.mcmc.arviz import get_samples
+from pyro_sdebnn.infer.mcmc.diagnostics import SamplerWarning
 
 # the chains here are short (a few draws): the end-of-run check finds R-hat above 1.1; the tests where a warning is
 # the point assert it with pytest.warns
-pytestmark = pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.SamplerWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.diagnostics.SamplerWarning")
 
 N = 30
 
@@ -102,7 +104,7 @@ def test_summary_and_diagnostics_see_k_chains_and_their_r_hat(capsys):
     rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip().startswith(("w", "sigma"))]
     assert [row[0] for row in rows] == ["sigma", "w"]  # one row per site, not one per vectorised chain
     assert float(rows[1][-1]) > 10
-    idata = from_pyro(mcmc, log_likelihood=False)
+    idata = to_inference_data(mcmc, log_likelihood=False)
     assert idata.posterior.sizes["chain"] == 4 and float(az.rhat(idata)["w"]) > 2  # rank-normalised: bounded
 
     mixing = SGLD(model, step_size=2e-3, num_steps=5, vectorized_chains=4)
@@ -110,7 +112,7 @@ def test_summary_and_diagnostics_see_k_chains_and_their_r_hat(capsys):
     mcmc = MCMC(mixing, num_samples=200, warmup_steps=50, disable_progbar=True)
     mcmc.run(x, y)
     assert float(mcmc.diagnostics()["w"]["r_hat"]) < 1.1
-    assert float(az.rhat(from_pyro(mcmc, log_likelihood=False))["w"]) < 1.1
+    assert float(az.rhat(to_inference_data(mcmc, log_likelihood=False))["w"]) < 1.1
 
 
 def test_from_pyro_chains_of_sequential_and_vectorised_chains(monkeypatch):
@@ -123,7 +125,7 @@ def test_from_pyro_chains_of_sequential_and_vectorised_chains(monkeypatch):
     mcmc.run(x, y)
     grouped = mcmc.get_samples(group_by_chain=True)
     assert grouped["w"].shape == (6, 8)
-    idata = from_pyro(mcmc)
+    idata = to_inference_data(mcmc)
     assert idata.posterior["w"].shape == (6, 8)
     assert idata.sample_stats["diverging"].shape == (6, 8)
     assert idata.log_likelihood["y"].shape == (6, 8, N)
@@ -146,7 +148,7 @@ def test_divergence_of_one_vectorised_chain_marks_that_chain_only():
     with pytest.warns(SamplerWarning, match=r"SGLD: 15 divergence\(s\)"):
         mcmc.run(x, y)
     assert {r["chain"] for r in kernel.divergence_log} == {10}
-    idata = from_pyro(mcmc, log_likelihood=False)
+    idata = to_inference_data(mcmc, log_likelihood=False)
     assert idata.sample_stats["diverging"].shape == (K, 15)
     assert _diverging_rows(idata) == [10]
     assert bool(idata.sample_stats["diverging"].values[10].all())
@@ -167,5 +169,5 @@ def test_divergences_of_eleven_sequential_chains_in_numeric_order(monkeypatch):
     with pytest.warns(SamplerWarning, match=r"divergence\(s\)"):  # once, after the last of the 11 chains
         mcmc.run(x, y)
     assert [len(mcmc.diagnostics()["divergences"][f"chain {c}"]) > 0 for c in range(C)] == [c == 2 for c in range(C)]
-    idata = from_pyro(mcmc, log_likelihood=False)
+    idata = to_inference_data(mcmc, log_likelihood=False)
     assert _diverging_rows(idata) == [2]

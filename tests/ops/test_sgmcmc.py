@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from pyro_sdebnn.infer.mcmc import ConstantStepSize, CyclicalStepSize, PolynomialDecay, as_schedule
+from pyro_sdebnn.infer.mcmc import CyclicalStepSize, PolynomialDecay
+from pyro_sdebnn.infer.mcmc.schedules import ConstantStepSize, as_schedule
 from pyro_sdebnn.ops.sgmcmc import (
     PreconditionedSGLDState,
     SGHMCState,

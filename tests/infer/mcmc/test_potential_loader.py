@@ -13,7 +13,8 @@ from pyro.infer import MCMC, Predictive
 from pyro.ops.stats import effective_sample_size
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
-from pyro_sdebnn.infer.mcmc import FSGLD, SGHMC, SGLD, from_pyro, get_samples, pointwise_log_likelihood
+from pyro_sdebnn.infer.mcmc import FSGLD, SGHMC, SGLD, to_inference_data
+from pyro_sdebnn.infer.mcmc.arviz import get_samples, pointwise_log_likelihood
 from pyro_sdebnn.infer.mcmc.potential import MinibatchPotential
 from pyro_sdebnn.testing import ConjugateLinearRegression
 
@@ -133,7 +134,7 @@ def test_last_smaller_batch_has_its_own_graph_scaled_by_its_own_size():
     w = mcmc.get_samples()["w"][0]
     xb, yb = x[50:], y[50:]
     expected = -(6.0 * dist.Normal(xb @ w, 1.0).log_prob(yb).sum() + dist.Normal(0.0, 1.0).log_prob(w).sum())
-    _, value = kernel._graph_step((w,), None, torch.tensor(0.0, dtype=w.dtype), (), (xb, yb))
+    _, value = kernel._traced_step((w,), None, torch.tensor(0.0, dtype=w.dtype), (), (xb, yb))
     torch.testing.assert_close(value, expected, rtol=1e-12, atol=1e-12)
 
 
@@ -145,7 +146,7 @@ def test_loader_run_gives_full_data_log_likelihood_loo_and_predictive():
     loader = _loader(x, y)
     mcmc.run(loader)
     state = torch.get_rng_state()
-    idata = from_pyro(mcmc)
+    idata = to_inference_data(mcmc)
     assert torch.equal(torch.get_rng_state(), state)  # a shuffling loader's pass leaves the random state alone
     assert idata.posterior["w"].shape == (4, 40, 2)  # vectorised chains as ArviZ chains
     assert idata.log_likelihood["y"].shape == (4, 40, N)  # every data point, not a batch
@@ -180,7 +181,7 @@ def test_arviz_from_pyro_reads_the_whole_loader():
         idata = az.from_pyro(mcmc)
     ll = idata.log_likelihood["y"].values  # (chains, draws, N)
     assert ll.shape == (1, 10, N)
-    ours = from_pyro(mcmc).log_likelihood["y"].values
+    ours = to_inference_data(mcmc).log_likelihood["y"].values
     # the same points, possibly in another order (a shuffling loader): compare each draw's sorted values
     torch.testing.assert_close(torch.as_tensor(ll).sort(-1).values, torch.as_tensor(ours).sort(-1).values)
     assert sorted(idata.observed_data["y"].values.tolist()) == sorted(y.tolist())
@@ -191,7 +192,7 @@ def test_arviz_from_pyro_reads_the_whole_loader():
     assert torch.equal(torch.get_rng_state(), state) and trace.nodes["y"]["value"].shape == (N,)
 
 
-@pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.SamplerWarning")  # 5 draws: R-hat above 1.1
+@pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.diagnostics.SamplerWarning")  # 5 draws: R-hat above 1.1
 def test_vectorised_chains_over_a_loader_are_distinct_chains():
     x, y = _data()
     kernel = SGLD(plain_model, step_size=1e-3, num_steps=2, vectorized_chains=3, backend="fx")
@@ -343,7 +344,7 @@ def test_loader_batches_follow_the_module_device(device, tmp_path):
                 disable_progbar=True)
     mcmc.run(loader)
     assert mcmc.get_samples()["w"].device.type == device
-    assert from_pyro(mcmc).log_likelihood["y"].shape == (1, 4, N)
+    assert to_inference_data(mcmc).log_likelihood["y"].shape == (1, 4, N)
     save_run(mcmc, tmp_path / "run.pt")
     resumed = resume_run(tmp_path / "run.pt", SGHMC(model, step_size=1e-2, num_steps=2, backend="fx"), loader,
                          num_samples=2, disable_progbar=True)
@@ -364,11 +365,11 @@ def test_iterable_model_arguments_are_not_taken_for_loaders():
     assert kernel._stream is None and kernel.potential.minibatch_mode == "slice"
 
 
-@pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.SamplerWarning")  # 6 draws: R-hat above 1.1
+@pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.diagnostics.SamplerWarning")  # 6 draws: R-hat above 1.1
 def test_log_likelihood_and_observed_data_are_in_data_set_order():
     # a shuffling loader that drops its last batch (60 = 3 x 17 + 9) and draws its order from its own generator:
-    # from_pyro, pointwise_log_likelihood and ArviZ's own converter read every point once, in data-set order, and
-    # leave the loader's generator and torch's random state alone
+    # to_inference_data, pointwise_log_likelihood and ArviZ's own converter read every point once, in data-set order,
+    # and leave the loader's generator and torch's random state alone
     x, y = _data()
     g = torch.Generator().manual_seed(3)
     loader = _loader(x, y, batch_size=17, drop_last=True, generator=g)
@@ -378,7 +379,7 @@ def test_log_likelihood_and_observed_data_are_in_data_set_order():
     mcmc.run(loader)
     samples = get_samples(mcmc)
     states = torch.get_rng_state(), g.get_state()
-    idata = from_pyro(mcmc)
+    idata = to_inference_data(mcmc)
     ll_loader = pointwise_log_likelihood(plain_model, samples, loader)["y"]
     assert torch.equal(torch.get_rng_state(), states[0]) and torch.equal(g.get_state(), states[1])
     ll_tensors = pointwise_log_likelihood(plain_model, samples, x, y)["y"]
@@ -433,7 +434,7 @@ def test_a_plate_with_its_own_subsample_size_passes_over_the_short_last_batch(ba
     torch.testing.assert_close(runs[False].get_samples()["w"], runs[True].get_samples()["w"], rtol=0, atol=0)
     assert runs[False].kernel._stream.fixed_batch_size == BATCH
     samples = get_samples(runs[False])
-    ll = from_pyro(runs[False]).log_likelihood["y"].values.reshape(6, 66)
+    ll = to_inference_data(runs[False]).log_likelihood["y"].values.reshape(6, 66)
     torch.testing.assert_close(torch.as_tensor(ll), pointwise_log_likelihood(plain_model, samples, x, y)["y"])
     with pytest.raises(ValueError, match=r"already subsamples \(subsample_size=20\)"):  # batches of 21: it does
         MCMC(SGLD(_fixed_batch_model, step_size=1e-3, map_steps=0), num_samples=2, warmup_steps=0,

@@ -17,10 +17,11 @@ import torch
 from pyro.infer import MCMC
 
 from pyro_sdebnn.data import two_moons
-from pyro_sdebnn.infer.mcmc import FSGHMC, FSGLD, SGHMC, SGLD, BayesianMLP, SamplerDivergenceError
+from pyro_sdebnn.infer.mcmc import BayesianMLP, FSGHMC, FSGLD, SGHMC, SGLD
+from pyro_sdebnn.infer.mcmc.diagnostics import SamplerDivergenceError
 
 # runs that diverge on purpose (on_divergence='continue'), and short runs: the end-of-run check reports them
-pytestmark = pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.SamplerWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.diagnostics.SamplerWarning")
 
 BACKENDS = ("eager", "fx", "compile")
 
@@ -74,7 +75,7 @@ def test_overflowing_finite_state_is_a_divergence(moons, backend):
 
 
 def test_finite_bound_is_the_dtypes():
-    from pyro_sdebnn.infer.mcmc.divergence import _finite_state
+    from pyro_sdebnn.infer.mcmc.diagnostics import _finite_state
 
     for dtype in (torch.float32, torch.float64):
         bound = math.sqrt(torch.finfo(dtype).max)
@@ -89,7 +90,7 @@ def test_energy_check_median_equals_numpys(length, chains):
     """The energy check's median is ``np.median(rows, 0)`` bit for bit (odd and even histories, several chains)."""
     import numpy as np
 
-    from pyro_sdebnn.infer.mcmc.divergence import _median, _rows
+    from pyro_sdebnn.infer.mcmc.diagnostics import _median, _rows
 
     rng = np.random.default_rng(length * 10 + chains)
     history = [rng.standard_normal(chains) * 10.0 ** rng.integers(-3, 7) for _ in range(length)]

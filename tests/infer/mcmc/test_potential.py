@@ -9,7 +9,9 @@ import pytest
 import torch
 from pyro.infer import MCMC
 
-from pyro_sdebnn.infer.mcmc import SGLD, FunctionalPotential, MinibatchPotential
+from pyro_sdebnn.infer.mcmc import SGLD
+from pyro_sdebnn.infer.mcmc.functional import FunctionalPotential
+from pyro_sdebnn.infer.mcmc.potential import MinibatchPotential
 
 N1, N2, NOISE, PRIOR = 200, 120, 0.5, 10.0
 

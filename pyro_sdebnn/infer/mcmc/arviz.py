@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""From SG-MCMC samples to ArviZ, predictions and function-space diagnostics.
+"""From SG-MCMC samples to ArviZ, predictions, function-space diagnostics and files on disk.
 
 - :func:`get_samples`: samples of a finished :class:`pyro.infer.MCMC` run with vectorised chains as chains
   (``(chains, draws, ...)``) or flattened (``(chains * draws, ...)``). ``MCMC`` itself stores a kernel's
@@ -8,38 +8,43 @@
 - :func:`pointwise_log_likelihood`: :math:`\\log p(y_i | \\theta_s)` on the *full* data for every draw, vectorised
   over draws when the model allows it, else draw by draw (models built from ``nn.Linear`` inside a
   ``PyroModule`` do not vectorise, and ``arviz.from_pyro`` then silently drops the log-likelihood).
-- :func:`from_pyro`: ``arviz.InferenceData`` with posterior, divergences and a log-likelihood that always works,
+- :func:`to_inference_data`: ``arviz.InferenceData`` with posterior, divergences and a log-likelihood that always works,
   so that ``az.loo``/``az.waic`` apply.
 - :func:`posterior_prediction`: the predictive of the samples as a
   :class:`~pyro_sdebnn.predictive.ClassificationPrediction` or
   :class:`~pyro_sdebnn.predictive.RegressionPrediction`, read from the likelihood site of the model.
 - :func:`function_space_diagnostics`: ESS and split R-hat of the *predictions* at given inputs (weight-space
   ESS/R-hat are uninformative for networks: symmetries and near-flat directions).
+- :class:`SampleWriter` / :func:`load_samples`: stream the samples of large networks to disk.
 """
 
 from __future__ import annotations
 
+import os
 import warnings
+from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 import pyro
 import pyro.distributions as dist
 import torch
 from pyro import poutine
-from pyro.poutine.util import site_is_subsample
 from pyro.ops.stats import effective_sample_size, split_gelman_rubin
+from pyro.poutine.util import site_is_subsample
 from torch import Tensor
 
 from pyro_sdebnn.data.loaders import dataset_size, iter_batches
-from pyro_sdebnn.infer.mcmc.batches import in_dataset_order, is_data_loader
+from pyro_sdebnn.infer.mcmc.potential import in_dataset_order, is_data_loader
 from pyro_sdebnn.predictive import ClassificationPrediction, RegressionPrediction
 
 __all__ = [
-    "from_pyro",
+    "SampleWriter",
     "function_space_diagnostics",
     "get_samples",
+    "load_samples",
     "pointwise_log_likelihood",
     "posterior_prediction",
+    "to_inference_data",
 ]
 
 
@@ -66,7 +71,7 @@ def get_samples(mcmc: Any, *, group_by_chain: bool = False) -> dict[str, Tensor]
     >>> def model():
     ...     pyro.sample("z", dist.Normal(0.0, 1.0))
     >>> import warnings
-    >>> from pyro_sdebnn.infer.mcmc import SamplerWarning
+    >>> from pyro_sdebnn.infer.mcmc.diagnostics import SamplerWarning
     >>> mcmc = MCMC(SGLD(model, step_size=0.1, vectorized_chains=3), num_samples=5, warmup_steps=0,
     ...             disable_progbar=True)
     >>> with warnings.catch_warnings():  # 5 draws per chain cannot mix: the kernel would warn about R-hat
@@ -139,7 +144,8 @@ def pointwise_log_likelihood(
     :param callable model: the Pyro model.
     :param dict samples: constrained posterior samples, each ``(S, *site_shape)``.
     :param args: model arguments (the full data), or a loader of ``(x, y)`` batches alone: the model then runs
-        on every batch of one pass over the loader's data set *in data-set order* (:func:`~pyro_sdebnn.infer.mcmc.batches.in_dataset_order`:
+        on every batch of one pass over the loader's data set *in data-set order* 
+        (:func:`~pyro_sdebnn.infer.mcmc.potential.in_dataset_order`:
         no shuffling, no dropped last batch) and the log-likelihoods are concatenated along the data dimension
         (all :math:`N` points, entry ``i`` being ``loader.dataset[i]``; the batches go to the samples' device one
         at a time).
@@ -203,7 +209,7 @@ def _loader_log_likelihood(
     model: Callable, samples: dict[str, Tensor], loader: Any, vectorize: Optional[bool], kwargs: dict
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """The observed values and the pointwise log-likelihood over one pass of ``loader`` in data-set order
-    (:func:`~pyro_sdebnn.infer.mcmc.batches.in_dataset_order`, every batch of the loader's size, the overlap of the
+    (:func:`~pyro_sdebnn.infer.mcmc.potential.in_dataset_order`, every batch of the loader's size, the overlap of the
     last one dropped), batch by batch (each batch traced once for both), concatenated along the data
     dimension. Torch's random state is left unchanged (a loader's workers draw their seeds from it)."""
     like = next(iter(samples.values()))
@@ -222,14 +228,15 @@ def _loader_log_likelihood(
     return {k: torch.cat(v) for k, v in observed.items()}, {k: torch.cat(v, 1) for k, v in ll.items()}
 
 
-def from_pyro(mcmc: Any, *, log_likelihood: bool = True, **kwargs: Any) -> Any:
+def to_inference_data(mcmc: Any, *, log_likelihood: bool = True, **kwargs: Any) -> Any:
     """``arviz.InferenceData`` of a finished ``MCMC`` run of an SG-MCMC kernel.
 
     Posterior (vectorised chains as ArviZ chains), ``sample_stats.diverging`` (each divergence on the chain that
     diverged, vectorised chains included), ``observed_data`` and the pointwise log-likelihood on the full data
     passed to ``mcmc.run`` (for ``az.loo``/``az.waic``), computed draw by draw when the model does not vectorise.
     For a run over a loader (``mcmc.run(loader)``) both are read in one pass over ``loader.dataset`` in data-set
-    order, whatever the loader's shuffling (:func:`~pyro_sdebnn.infer.mcmc.batches.in_dataset_order`): the last axis of ``observed_data`` and
+    order, whatever the loader's shuffling
+    (:func:`~pyro_sdebnn.infer.mcmc.potential.in_dataset_order`): the last axis of ``observed_data`` and
     ``log_likelihood`` is the index of the data point in the data set, as for the tensors of the data set.
     Prefer it to ``arviz.from_pyro``, which drops the log-likelihood of models that do not vectorise over draws,
     sizes ``sample_stats`` by ``MCMC``'s ``num_chains`` (not the vectorised chains) and orders 11 or more chains'
@@ -249,11 +256,11 @@ def from_pyro(mcmc: Any, *, log_likelihood: bool = True, **kwargs: Any) -> Any:
     >>> kernel = SGLD(model, step_size=0.1, vectorized_chains=2)
     >>> mcmc = MCMC(kernel, num_samples=10, warmup_steps=0, disable_progbar=True)
     >>> import warnings
-    >>> from pyro_sdebnn.infer.mcmc import SamplerWarning
+    >>> from pyro_sdebnn.infer.mcmc.diagnostics import SamplerWarning
     >>> with warnings.catch_warnings():  # 10 draws per chain cannot mix: the kernel would warn about R-hat
     ...     warnings.simplefilter("ignore", SamplerWarning)
     ...     mcmc.run(torch.zeros(3))
-    >>> idata = from_pyro(mcmc)
+    >>> idata = to_inference_data(mcmc)
     >>> idata.log_likelihood["y"].shape
     (2, 10, 3)
     """
@@ -396,3 +403,76 @@ def function_space_diagnostics(
         "ess_median": ess.nanmedian(),
         "r_hat_max": r_hat.nan_to_num(nan=0.0).max(),
     }
+
+
+# ----- samples on disk ------------------------------------------------------------------------------------------
+class SampleWriter:
+    """Write the post-warm-up samples of a kernel to ``directory`` in chunks of ``chunk_size`` samples.
+
+    Pass it as ``sample_writer=`` to an SG-MCMC kernel, and ``save_params=[]`` to :class:`pyro.infer.MCMC` so that
+    nothing is also kept in memory; read the samples back with :func:`load_samples`. Every chain (every
+    ``setup``, also in worker processes) writes its own files ``chain-<pid>-<k>-<chunk>.pt`` of constrained values,
+    moved to the CPU.
+
+    :param directory: output folder (created if needed).
+    :param int chunk_size: samples per file.
+
+    >>> import tempfile, pyro.distributions as dist
+    >>> from pyro.infer import MCMC
+    >>> from pyro_sdebnn.infer.mcmc import SGLD
+    >>> def model():
+    ...     pyro.sample("z", dist.LogNormal(0.0, 1.0))
+    >>> folder = tempfile.mkdtemp()
+    >>> mcmc = MCMC(SGLD(model, step_size=0.1, sample_writer=SampleWriter(folder, chunk_size=4)), num_samples=10,
+    ...             warmup_steps=2, save_params=[], disable_progbar=True)
+    >>> mcmc.run()
+    >>> samples = load_samples(folder)
+    >>> samples["z"].shape, bool((samples["z"] > 0).all())
+    (torch.Size([1, 10]), True)
+    """
+
+    def __init__(self, directory: Union[str, Path], chunk_size: int = 100) -> None:
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+            raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.chunk_size = chunk_size
+        self._chains = 0
+        self._buffer: list[dict[str, Tensor]] = []
+        self._chunk = 0
+        self._prefix = ""
+
+    def start_chain(self) -> None:
+        self.flush()
+        self._prefix = f"chain-{os.getpid()}-{self._chains:04d}"
+        self._chains += 1
+        self._chunk = 0
+
+    def write(self, sample: dict[str, Tensor]) -> None:
+        self._buffer.append({k: v.detach().to("cpu", copy=True) for k, v in sample.items()})
+        if len(self._buffer) >= self.chunk_size:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._buffer:
+            return
+        stacked = {k: torch.stack([s[k] for s in self._buffer]) for k in self._buffer[0]}
+        torch.save(stacked, self.directory / f"{self._prefix}-{self._chunk:06d}.pt")
+        self._chunk += 1
+        self._buffer = []
+
+
+def load_samples(directory: Union[str, Path]) -> dict[str, Tensor]:
+    """Read the samples written by :class:`SampleWriter`: ``(chains, draws, *shape)`` per site.
+
+    (Vectorised chains keep their chain dimension after ``draws``.)
+    """
+    directory = Path(directory)
+    files = sorted(directory.glob("chain-*.pt"))
+    if not files:
+        raise ValueError(f"no sample files in {directory}")
+    chains: dict[str, list[dict[str, Tensor]]] = {}
+    for f in files:
+        chains.setdefault(f.name.rsplit("-", 1)[0], []).append(torch.load(f, weights_only=True))
+    per_chain = [{k: torch.cat([c[k] for c in chunks]) for k in chunks[0]} for _, chunks in sorted(chains.items())]
+    return {k: torch.stack([c[k] for c in per_chain]) for k in per_chain[0]}

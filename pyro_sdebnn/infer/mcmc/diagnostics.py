@@ -1,0 +1,728 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Checks of the SG-MCMC kernels: the model and its data before sampling, divergences while sampling, the run after.
+
+- *Model and data* (at set-up, :class:`~pyro_sdebnn.infer.mcmc.potential.MinibatchPotential`): the data are finite
+  and inside the support of their likelihood (else a ``ValueError`` names the argument or site: a data problem, not
+  a divergence), the latent sites are sampled outside the subsampled data plates, and the plates over the data are
+  found with their sizes :math:`N_p` and minibatch sizes :math:`b_p`.
+- *Divergences* (once per returned sample, per chain, on values the step already computed): a non-finite state,
+  potential or gradient, or a chain whose energy leaves the typical set (:class:`DivergenceCheck`). A flagged
+  chain stops the run (:class:`SamplerDivergenceError`) or, with ``on_divergence="continue"``, restarts from its
+  last healthy state.
+- *The run* (at the end of ``MCMC.run``, :class:`RunChecks`): one :class:`SamplerWarning` per problem, as Stan
+  prints them: a site whose split :math:`\\hat R` across the chains exceeds 1.1 (Gelman et al. [1]), a chain sitting
+  at a support boundary for more than half of its draws, divergences.
+
+The energy rule. A step size above the stability limit (:math:`\\eta > 4/\\lambda_{\\max}` for SGLD) makes the chain
+grow geometrically long before it overflows. The check watches the energy :math:`E` of each chain (the potential of
+the last inner step; :math:`U + \\|v\\|^2/2` for SGHMC) and flags it when
+
+.. math::
+
+    E > m + 20\\, s + T (D + 10) + 10^{-3} (|m| + 1),
+
+with :math:`m` the smaller of the medians of its last 32 and of all its healthy energies (kept decimated to 128)
+and :math:`s` the smaller of their median absolute deviations times 1.4826; before 8 samples, when
+:math:`E > m + 100 (|m| + T (D + 10) + 1)` with :math:`m` the lowest energy so far. :math:`T (D + 10)` is twice the
+mean excess :math:`T D / 2` of the energy over its minimum in a Gaussian posterior of dimension :math:`D`. The
+energy of a sample is the potential at the start of its last inner step: it certifies the state the *previous*
+sample returned, and a restart goes back to the last certified state.
+
+**References**
+
+[1] Andrew Gelman, John B. Carlin, Hal S. Stern, David B. Dunson, Aki Vehtari, Donald B. Rubin (2013). "Bayesian Data
+    Analysis", 3rd edition, Chapman & Hall/CRC, Section 11.4.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import sys
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
+
+import numpy as np
+import torch
+from pyro import poutine
+from pyro.poutine.util import site_is_subsample
+from torch import Tensor
+from torch.utils._pytree import tree_flatten
+
+if TYPE_CHECKING:
+    # the kernel's attributes and methods the mixin uses (the kernel itself would be a cycle: it subclasses the mixin)
+    from pyro_sdebnn.infer.mcmc.kernel import _KernelAttributes as _KernelBase
+else:
+    _KernelBase = object
+
+__all__ = ["DivergenceCheck", "RunChecks", "SamplerDivergenceError", "SamplerWarning"]
+
+
+# ----- the model and its data --------------------------------------------------------------------------------------
+def _check_subsample_size(subsample_size: Any) -> None:
+    """``subsample_size`` is ``None``, a positive int (every data plate) or a dict ``{plate name: positive int}``."""
+
+    def positive_int(value: Any) -> bool:
+        return not isinstance(value, bool) and isinstance(value, int) and value >= 1
+
+    if subsample_size is None or positive_int(subsample_size):
+        return
+    if isinstance(subsample_size, Mapping):
+        for name, value in subsample_size.items():
+            if not isinstance(name, str):
+                raise TypeError(f"subsample_size: plate names must be str, got {type(name).__name__}")
+            if not positive_int(value):
+                raise ValueError(f"subsample_size['{name}'] must be a positive int, got {value!r}")
+        if not subsample_size:
+            raise ValueError("subsample_size must name at least one plate (an empty dict subsamples nothing)")
+        return
+    raise ValueError(
+        f"subsample_size must be a positive int (every data plate), a dict {{plate name: positive int}} or None, got "
+        f"{subsample_size!r}"
+    )
+
+
+def _data_plate_names(data_plate: Any) -> Optional[tuple[str, ...]]:
+    if data_plate is None:
+        return None
+    if isinstance(data_plate, str):
+        return (data_plate,)
+    if isinstance(data_plate, Sequence) and data_plate and all(isinstance(p, str) for p in data_plate):
+        return tuple(dict.fromkeys(data_plate))
+    raise TypeError(f"data_plate must be a str, a non-empty sequence of str or None, got {data_plate!r}")
+
+
+def _argument_names(model: Callable, num_args: int) -> list[str]:
+    """Names of the first ``num_args`` positional parameters of ``model`` (``args[i]`` where unknown)."""
+    fn = model.forward if isinstance(model, torch.nn.Module) else model
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    positional = [
+        p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    return [positional[i] if i < len(positional) else f"args[{i}]" for i in range(num_args)]
+
+
+def _first_bad(mask: Tensor, what: str) -> str:
+    """``"<count> <what>, the first at index <index>"`` for a boolean mask of bad entries."""
+    count = f"{int(mask.sum())} {what}"
+    return f"{count}, the first at index {tuple(int(i) for i in mask.nonzero()[0])}" if mask.dim() else count
+
+
+def _check_finite_arguments(model: Callable, args: tuple, kwargs: dict) -> None:
+    """A non-finite entry in a floating-point tensor argument of the model is a data problem, named here."""
+    names = _argument_names(model, len(args))
+    named = list(zip(names, args)) + list(kwargs.items())
+    for name, arg in named:
+        leaves, _ = tree_flatten(arg)
+        for k, leaf in enumerate(leaves):
+            if not (torch.is_tensor(leaf) and (leaf.is_floating_point() or leaf.is_complex())):
+                continue
+            bad = ~torch.isfinite(leaf.detach())
+            if bool(bad.any()):
+                where = f"'{name}'" if len(leaves) == 1 else f"'{name}' (its tensor {k})"
+                raise ValueError(
+                    f"data problem: model argument {where} has "
+                    + _first_bad(bad, "non-finite value(s) (NaN or Inf)")
+                    + ". SG-MCMC needs finite data: remove or impute these entries (a non-finite datum makes the "
+                    "potential or its gradient non-finite, which the sampler could only report as a divergence)."
+                )
+
+
+def _is_deterministic(site: dict) -> bool:
+    return bool(site["infer"].get("_deterministic", False)) if site.get("infer") else False
+
+
+def _plates_of(site: dict) -> set[str]:
+    return {f.name for f in site["cond_indep_stack"] if f.vectorized}
+
+
+def _is_factor(site: dict) -> bool:
+    """A ``pyro.factor`` site (an observed ``Unit`` distribution): a log-density term, not data."""
+    return bool(site.get("infer") and site["infer"].get("is_auxiliary")) or type(site["fn"]).__name__ == "Unit"
+
+
+def _check_observed_values(trace: Any, observed_sites: Sequence[str]) -> None:
+    """An observed value that is not finite, or outside the support of its distribution, is a data problem."""
+    for name in observed_sites:
+        site = trace.nodes[name]
+        if _is_factor(site):
+            continue
+        value = site["value"]
+        if not torch.is_tensor(value):
+            continue
+        value = value.detach()
+        if value.is_floating_point() or value.is_complex():
+            bad = ~torch.isfinite(value)
+            if bool(bad.any()):
+                raise ValueError(
+                    f"data problem: observed site '{name}' has "
+                    + _first_bad(bad, "non-finite value(s) (NaN or Inf)")
+                    + ". SG-MCMC needs finite data: remove or impute these entries (or mask them out of the "
+                    "likelihood with `obs_mask`/`poutine.mask` and replace them by any finite value)."
+                )
+        try:
+            inside = site["fn"].support.check(value)
+        except Exception:  # noqa: BLE001 - a support that cannot be checked (dependent, unknown): not our data check
+            continue
+        if torch.is_tensor(inside) and not bool(inside.all()):
+            raise ValueError(
+                f"data problem: observed site '{name}' has "
+                + _first_bad(~inside, "value(s) outside the support of its distribution")
+                + f" ({site['fn'].support}). Check the data (labels, counts, encoding) against the likelihood."
+            )
+
+
+def _trace_explained(model: Callable, args: tuple, kwargs: dict, data_plates: Optional[Sequence[str]] = None) -> Any:
+    """Trace ``model``; if it fails, explain the usual cause (weights sampled inside the data plate)."""
+    tracer = poutine.trace(model)
+    try:
+        return tracer.get_trace(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - re-raised with an explanation or unchanged
+        _check_latents_outside_plate(tracer.msngr.trace, data_plates, cause=e)
+        raise
+
+
+_PYROSAMPLE_HINT = (
+    "With a PyroModule, PyroSample weights are drawn on first access, so call the network (or touch its weights) "
+    "before entering `with pyro.plate('data', N) as idx:`."
+)
+
+
+def _check_latents_outside_plate(
+    trace: Any, data_plates: Optional[Sequence[str]], cause: Optional[Exception] = None
+) -> None:
+    """Under subsampling, no latent site may be sampled inside a subsampled data plate."""
+    plates = set()
+    for site in trace.nodes.values():
+        # on a failed trace the observed sites may not have been reached: then every plate is suspect
+        if site["type"] == "sample" and (site["is_observed"] or cause is not None):
+            plates |= _plates_of(site)
+    if data_plates is not None:
+        plates = set(data_plates)
+    for name, site in trace.nodes.items():
+        if site["type"] != "sample" or site["is_observed"] or site_is_subsample(site):
+            continue
+        inside = _plates_of(site) & plates
+        if not inside:
+            continue
+        plate = sorted(inside)[0]
+        if cause is not None:  # the model failed: typically weights drawn inside the plate get a batch dimension
+            raise ValueError(
+                f"Latent site '{name}' is sampled inside the data plate '{plate}' and the model then failed. Network "
+                "weights must be sampled outside the plate over the data: inside it they get a batch dimension (one "
+                f"weight per data point) and, under subsampling, a prior scaled by N/b. {_PYROSAMPLE_HINT}"
+            ) from cause
+        raise ValueError(
+            f"Latent site '{name}' is sampled inside the data plate '{plate}' (one value per data point): it is a "
+            "local latent variable, and local latent variables are not supported by the SG-MCMC kernels under "
+            "subsampling (a minibatch step would see only the values of its minibatch, with their prior scaled by "
+            "N/b). To fix it: marginalise it out of the likelihood (e.g. a Normal random effect added to a Normal "
+            "likelihood widens its variance); or, if it is a global parameter such as network weights, sample it "
+            f"outside the plate ({_PYROSAMPLE_HINT}); or sample without subsampling (subsample_size=None: the kernel "
+            "then updates it jointly with the other latent sites); or use SVI or NUTS, which handle local latent "
+            "variables."
+        )
+
+
+def find_data_plates(
+    trace: Any, observed_sites: Sequence[str], names: Optional[tuple[str, ...]], subsample_size: Any
+) -> tuple[tuple[str, ...], dict[str, int], dict[str, int]]:
+    """The plates over the data (``data_plate=`` or detected), their sizes and the minibatch size of each subsampled
+    one (``subsample_size=``), checked against the model's plates."""
+    frames: dict[str, Any] = {}
+    for site in trace.nodes.values():
+        if site["type"] == "sample":
+            for f in site["cond_indep_stack"]:
+                if f.vectorized:
+                    frames.setdefault(f.name, f)
+    subsampled = subsample_size is not None
+    requested = dict(subsample_size) if isinstance(subsample_size, Mapping) else None
+    for name in names or ():
+        if name not in frames:
+            raise ValueError(f"data_plate '{name}' is not a plate of the model (plates: {sorted(frames)})")
+    for name in requested or ():
+        if name not in frames:
+            raise ValueError(f"subsample_size: '{name}' is not a plate of the model (plates: {sorted(frames)})")
+    if names is None:
+        names = tuple(requested) if requested is not None else detect_data_plates(trace, observed_sites, subsampled)
+    elif requested is not None:
+        missing = [p for p in requested if p not in names]
+        if missing:
+            raise ValueError(
+                f"subsample_size names plate(s) {missing}, which are not among the data plates {list(names)} "
+                "given as data_plate="
+            )
+    if subsampled and not names:
+        raise ValueError(
+            "subsample_size was given but the model has no plate over the data. Put the likelihood in "
+            "`with pyro.plate('data', len(x)) as idx:` and index the data with idx (obs=y[idx]); the kernel "
+            "then draws the minibatch indices. (pyro.factor terms and observations outside every plate are "
+            "fine: they are full-data terms.)"
+        )
+    sizes: dict[str, int] = {}
+    for name in names:
+        sub = trace.nodes.get(name)
+        if sub is not None and sub["fn"].subsample_size is not None and sub["fn"].subsample_size < sub["fn"].size:
+            raise ValueError(
+                f"the model's plate '{name}' already subsamples (subsample_size={sub['fn'].subsample_size}). "
+                "Subsampling is a kernel setting: remove subsample_size from the model's plate and pass "
+                "subsample_size= to the kernel, so that ArviZ and Predictive see the full data."
+            )
+        sizes[name] = int(frames[name].size if sub is None else sub["fn"].size)
+    if requested is not None:
+        batch = {name: requested[name] for name in names if name in requested}
+    elif subsampled:
+        batch = {name: int(subsample_size) for name in names}
+    else:
+        batch = {}
+    for name, b in batch.items():
+        if b > sizes[name]:
+            hint = "; pass a dict {plate name: size} to subsample each plate differently" if len(names) > 1 else ""
+            raise ValueError(f"subsample_size={b} exceeds the data size {sizes[name]} of plate '{name}'{hint}")
+    return tuple(names), sizes, batch
+
+
+def detect_data_plates(trace: Any, observed_sites: Sequence[str], subsampled: bool) -> tuple[str, ...]:
+    """The plate that contains every observed site in a plate; else the plate of each observed site (a site in
+    several plates takes the one of them that is another site's only plate). Observed sites outside every plate
+    (``pyro.factor``, a likelihood over all the data at once) are full-data terms."""
+    order: dict[str, int] = {}
+    for site in trace.nodes.values():
+        if site["type"] == "sample":
+            for f in site["cond_indep_stack"]:
+                if f.vectorized:
+                    order.setdefault(f.name, len(order))
+    plated = {n: _plates_of(trace.nodes[n]) for n in observed_sites}
+    plated = {n: p for n, p in plated.items() if p}
+    if not plated:
+        return ()
+    common = set.intersection(*plated.values())
+    if len(common) == 1:
+        return tuple(common)
+    singles = {next(iter(p)) for p in plated.values() if len(p) == 1}
+    names = set(singles)
+    for site, plates in plated.items():
+        if len(plates) == 1:
+            continue
+        candidates = plates & singles
+        if len(candidates) != 1:
+            if not subsampled:
+                return ()  # full-batch gradients do not need to know the plates over the data
+            raise ValueError(
+                f"observed site '{site}' sits in several plates {sorted(plates)}: pass data_plate= (a plate name "
+                "or a list of names) to say which are over the data, or subsample_size={plate name: size} to "
+                "name the subsampled plates and their minibatch sizes"
+            )
+        names |= candidates
+    return tuple(sorted(names, key=order.__getitem__))
+
+
+# ----- divergences ------------------------------------------------------------------------------------------------
+# thresholds of the energy check (the rule of the module docstring)
+_MAD_MULTIPLE = 20.0  # robust standard deviations above the reference level
+_HISTORY = 128  # energies kept over the whole run (decimated by two whenever full)
+_RECENT = 32  # the most recent energies
+_MIN_HISTORY = 8  # samples before the spread is estimated
+_EARLY_MULTIPLE = 100.0  # before that: the energy may not exceed its lowest value by 100 (|level| + T (D + 10) + 1)
+_MAX_HALVINGS = 30  # the warm-up step-size search gives up below 2**-30 of the initial step size
+
+
+class SamplerDivergenceError(RuntimeError):
+    """Raised when an SG-MCMC chain produces a non-finite potential, gradient or position (or one whose square
+    overflows), or when an op of the step raises on such a state (chained as ``__cause__``)."""
+
+
+def _representable_bound(dtype: torch.dtype) -> float:
+    """:math:`\\sqrt{\\text{finfo(dtype).max}}`: beyond it the square of a coordinate overflows to ``inf``."""
+    return math.sqrt(torch.finfo(dtype).max)
+
+
+def _finite_state(state: tuple) -> Tensor:
+    """Whether every coordinate of the state is finite and its square representable, as one 0-d bool tensor.
+
+    A coordinate above :math:`\\sqrt{\\text{finfo.max}}` (about 1.8e19 in float32) is finite, but the kinetic energy,
+    a Gaussian prior term or a squared norm of it is ``inf`` and a network evaluated there can overflow at other inputs
+    (``inf - inf = nan`` in a matrix product): the chain has numerically diverged, even if the minibatch potential
+    still happens to be finite. The bound is the dtype's, not a tuning threshold. ``NaN`` fails the comparison.
+    """
+    return torch.stack([(t.abs() <= _representable_bound(t.dtype)).all() for t in state]).all()
+
+
+def _chain_finite(state: tuple) -> Tensor:
+    """Per chain, whether its state is finite with a representable square (:func:`_finite_state`): a bool tensor of
+    shape ``(chains,)`` for a ``(chains, D)`` state, ``(1,)`` for a ``(D,)`` one."""
+    chains = state[0].shape[0] if state[0].dim() > 1 else 1
+    return torch.stack(
+        [(t.abs() <= _representable_bound(t.dtype)).reshape(chains, -1).all(-1) for t in state]
+    ).all(0)
+
+
+def _rows(history: Any) -> np.ndarray:
+    """The energies of a history (a sequence of ``(chains,)`` rows) as one ``(len, chains)`` array."""
+    return np.concatenate(history).reshape(len(history), -1)
+
+
+def _median(rows: np.ndarray) -> np.ndarray:
+    """``np.median(rows, 0)`` of finite rows, bit for bit (the middle row of the sorted rows, or the mean of the two
+    middle ones), at a tenth of its cost on the short histories of the check (it runs once per returned sample)."""
+    rows = np.sort(rows, 0)
+    half = len(rows) // 2
+    return rows[half] if len(rows) % 2 else (rows[half - 1] + rows[half]) / 2
+
+
+class DivergenceCheck(_KernelBase):
+    """The energy check and the restarts of :class:`~pyro_sdebnn.infer.mcmc.kernel.SGMCMCKernel` (a mixin: it reads
+    the kernel's settings, step-size schedule and chain state)."""
+
+    def _energy(self, state: tuple, potential: Tensor) -> Tensor:
+        """The energy watched by the divergence check: the potential of the last inner step (SGHMC adds the
+        kinetic energy)."""
+        return potential
+
+    def _energy_threshold(self) -> Optional[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Per chain ``(threshold, level, spread)`` of the energy check, or ``None`` before ``_MIN_HISTORY`` samples.
+
+        The level is the smaller of the medians of the recent and of all healthy energies, the spread the smaller of
+        their median absolute deviations times 1.4826 (a standard deviation for Gaussian fluctuations): the smaller
+        ones, so that neither a slow rise (which drags the recent median up with it) nor the initial descent
+        (which inflates the all-time statistics) hides a divergence.
+        """
+        if not self._energy_recent:
+            return None
+        assert self.potential is not None  # energies are recorded only after setup built it
+        base = self.temperature * (self.potential.dim + 10)
+        if len(self._energy_recent) < _MIN_HISTORY:  # too few for a spread: a rise by orders of magnitude only
+            level = np.min(_rows(self._energy_recent), 0)
+            return level + _EARLY_MULTIPLE * (np.abs(level) + base + 1), level, np.full_like(level, np.nan)
+        stats = []
+        for rows in (_rows(self._energy_all), _rows(self._energy_recent)):
+            median = _median(rows)
+            stats.append((median, 1.4826 * _median(np.abs(rows - median))))
+        level = np.minimum(stats[0][0], stats[1][0])
+        spread = np.minimum(stats[0][1], stats[1][1])
+        allowance = base + 1e-3 * (np.abs(level) + 1)
+        return level + _MAD_MULTIPLE * spread + allowance, level, spread
+
+    def _record_energy(self, energy: np.ndarray, flagged: dict) -> None:
+        row = energy.copy()
+        for k in flagged:  # a restarted chain is back at its last healthy energy
+            row[k] = np.nan if self._healthy_energy is None else self._healthy_energy[k]
+        if not np.isfinite(row).all():
+            return
+        self._healthy_energy = row
+        self._energy_recent.append(row)
+        if self._energy_seen % self._energy_stride == 0:
+            self._energy_all.append(row)
+            if len(self._energy_all) > _HISTORY:
+                self._energy_all = self._energy_all[::2]
+                self._energy_stride *= 2
+        self._energy_seen += 1
+
+    _energy_name = "the potential"
+
+    def _describe_energy(self, energy: float, potential: float, threshold: float, level: float, spread: float) -> str:
+        if np.isnan(spread):
+            rule = f"its lowest value {level:.4g} + 100 (|lowest| + T (D + 10) + 1)"
+        else:
+            rule = f"its running level {level:.4g} + 20 x its spread {spread:.3g} + T (D + 10) + 1e-3 (|level| + 1)"
+        return f"{self._energy_name} {energy:.4g} rose above {threshold:.4g} ({rule}): the chain left the typical set"
+
+    def _check_chains(
+        self, host: np.ndarray, potentials: Tensor, start_t: int, failed_at: int, error: Optional[Exception]
+    ) -> dict[int, tuple[int, str]]:
+        """``{chain: (inner step, cause)}`` of the chains that diverged in this sample (see the class docstring)."""
+        flagged: dict[int, tuple[int, str]] = {}
+        bad = np.flatnonzero(host[0] == 0)
+        if len(bad):
+            nonfinite = (~torch.isfinite(potentials.reshape(self.num_steps, -1))).cpu().numpy()  # only on divergence
+            for k in bad:
+                steps = np.flatnonzero(nonfinite[:, k if nonfinite.shape[1] > 1 else 0])
+                step = start_t + (int(steps[0]) if len(steps) else self.num_steps - 1)
+                if error is not None:  # the step that produced the state the failing op refused
+                    step = max(failed_at - 1, start_t)
+                cause = (
+                    f"the step raised {type(error).__name__} on a non-finite state at inner step {failed_at}"
+                    if error is not None
+                    else "the potential or its gradient is not finite, or the state overflowed"
+                )
+                flagged[int(k)] = (step, cause)
+        if error is None:
+            limits = self._energy_threshold()
+            if limits is not None:
+                threshold, level, spread = limits
+                for k in np.flatnonzero((host[0] > 0) & (host[1] > threshold)):
+                    cause = self._describe_energy(host[1, k], host[2, k], threshold[k], level[k], spread[k])
+                    flagged[int(k)] = (start_t + self.num_steps - 1, cause)
+        return flagged
+
+    def _certify(self, flagged: dict) -> None:
+        """The energy of a sample is the potential at the start of its last inner step, which comes after the state
+        the previous sample returned: a passing check certifies that state (one sample late), not the new one."""
+        if not flagged:
+            self._healthy = self._uncertified
+        elif self.vectorized_chains > 1:
+            # setup sets all three to the initial state
+            assert self._state is not None and self._healthy is not None and self._uncertified is not None
+            keep = torch.zeros(self.vectorized_chains, dtype=torch.bool, device=self._state[0].device)
+            keep[list(flagged)] = True
+            keep = keep.unsqueeze(-1)
+            self._healthy = tuple(torch.where(keep, h, p) for h, p in zip(self._healthy, self._uncertified))
+        self._uncertified = self._state
+
+    def _handle_divergences(
+        self, flagged: dict[int, tuple[int, str]], state: tuple, sample_index: int, error: Optional[Exception]
+    ) -> tuple:
+        """Raise, or restart the flagged chains (only those) from their last healthy state with zero auxiliary
+        state (momentum, RMSprop average), recording each restart; in warm-up with ``adapt_step_size`` or with
+        the mass-matrix adaptation (which sets the step size), also halve the step size."""
+        K = self.vectorized_chains
+        adapting = sample_index < 0 and (
+            self.adapt_step_size or self._adapter is not None or self.inverse_mass_matrix is not None
+        )
+        if self._adapter is not None:  # the window's draws led to the divergence: collect them afresh
+            self._adapter.restart_window()
+        if self.on_divergence == "raise" and not adapting:
+            lines = [
+                (f"chain {k}: " if K > 1 else "")
+                + f"diverged at inner step {step} (step size {self._eta(step):.3g}): {cause}"
+                for k, (step, cause) in sorted(flagged.items())
+            ]
+            raise SamplerDivergenceError(
+                f"{self._name} " + "; ".join(lines) + ". Use a smaller step_size (or a decaying schedule, or "
+                "adapt_step_size=True to search a stable one in warm-up), or pass on_divergence='continue' to "
+                "record a divergence and restart the chain from its last healthy state."
+                + (" A chain that diverges in its first steps often starts at a bad point (e.g. a scale drawn close "
+                   "to 0): keep the default start (init_strategy=init_to_robust with the automatic MAP warm start, "
+                   "map_steps=None) and let adapt_step_size=True find a stable step."
+                   if min(step for step, _ in flagged.values()) < 10 else "")
+            ) from error
+        for k, (step, cause) in sorted(flagged.items()):
+            self.divergence_log.append(
+                {"sample": sample_index, "warmup": sample_index < 0, "chain": k, "step": step,
+                 "step_size": self._eta(step), "cause": cause}
+            )
+        if adapting:
+            if len([r for r in self.divergence_log if r.get("halved")]) >= _MAX_HALVINGS:
+                raise SamplerDivergenceError(
+                    f"{self._name}: the warm-up step-size search halved the step size {_MAX_HALVINGS} times (to "
+                    f"{self._eta(self._t):.3g}) and the chain still diverges: " + "; ".join(
+                        c for _, c in flagged.values()
+                    ) + ". Check the model or start from a MAP fit (map_steps)."
+                ) from error
+            self._step_scale *= 0.5
+            self._eta_tensor = None
+            self.divergence_log[-1]["halved"] = True
+        elif sample_index >= 0:
+            self._divergences.append(sample_index)
+        healthy = self._healthy
+        assert healthy is not None  # setup sets it to the initial state
+        if K == 1:
+            return (healthy[0],) + tuple(torch.zeros_like(t) for t in healthy[1:])
+        mask = torch.zeros(K, dtype=torch.bool, device=state[0].device)
+        mask[list(flagged)] = True
+        mask = mask.unsqueeze(-1)
+        restarted = [torch.where(mask, healthy[0], state[0])]
+        restarted += [torch.where(mask, torch.zeros_like(t), t) for t in state[1:]]
+        return tuple(restarted)
+
+
+# ----- the end-of-run checks -------------------------------------------------------------------------------------
+RHAT_THRESHOLD = 1.1
+_BOUNDARY_TOL = 1e-6
+
+
+class SamplerWarning(UserWarning):
+    """A problem with a finished SG-MCMC run: :math:`\\hat R > 1.1`, a chain stuck at a support boundary,
+    divergences. Filter it as any warning (``warnings.simplefilter("ignore", SamplerWarning)``)."""
+
+
+def find_runner(kernel: Any) -> tuple[Any, Any]:
+    """The object of Pyro's ``MCMC`` that calls ``kernel.setup`` (``_UnarySampler``, or a worker's ``_Worker``), for its
+    ``num_samples`` and ``num_chains``, and the progress bar of its ``run`` (or ``None``); ``(None, None)`` when the
+    kernel is driven by hand. ``MCMCKernel.setup`` receives neither, so they are read from the caller's frame."""
+    frame: Optional[FrameType] = sys._getframe(1)
+    for _ in range(8):
+        if frame is None:
+            break
+        owner = frame.f_locals.get("self")
+        if owner is not None and owner is not kernel and getattr(owner, "kernel", None) is kernel \
+                and isinstance(getattr(owner, "num_samples", None), int):
+            bar = frame.f_locals.get("progress_bar")
+            return owner, bar if hasattr(bar, "set_description") else None
+        frame = frame.f_back
+    return None, None
+
+
+def split_rhat(count: Tensor, mean: Tensor, m2: Tensor) -> Tensor:
+    """Split :math:`\\hat R` per coordinate from ``(halves,)`` counts and ``(halves, D)`` means and sums of squared
+    deviations (all halves of equal length). Constant coordinates give 1; halves that differ while constant, inf.
+
+    >>> g = torch.Generator().manual_seed(0)
+    >>> x = torch.randn(4, 1000, 1, generator=g)  # four halves of the same law
+    >>> r = split_rhat(torch.full((4,), 1000.0), x.mean(1), ((x - x.mean(1, keepdim=True)) ** 2).sum(1))
+    >>> bool(r < 1.01)
+    True
+    """
+    n = count[0]
+    var = m2 / (n - 1)
+    w = var.mean(0)
+    b_over_n = mean.var(0)  # B / n
+    var_plus = (n - 1) / n * w + b_over_n
+    rhat = (var_plus / w).sqrt()
+    rhat = torch.where(w > 0, rhat, torch.where(b_over_n > 0, torch.full_like(w, math.inf), torch.ones_like(w)))
+    return rhat
+
+
+def _bounds(site: Any) -> Optional[tuple[Optional[float], Optional[float]]]:
+    """``(lower, upper)`` of a site's support where its transform saturates (``None`` on an unbounded side), found by
+    evaluating the transform far out (:math:`u = \\pm 10^4` and :math:`\\pm 2 \\cdot 10^4`, in float64): a side is
+    bounded where both give the same finite value. ``None`` for sites without a bound (and for transforms that
+    change the number of elements, e.g. a simplex's)."""
+    if site.is_identity:
+        return None
+    out = []
+    for sign in (-1.0, 1.0):
+        with torch.no_grad():
+            try:
+                near, far = (site.transform(torch.full(tuple(site.shape), sign * r, dtype=torch.float64))
+                             for r in (1e4, 2e4))
+            except Exception:  # noqa: BLE001 - a transform that cannot be evaluated there has no bound we can find
+                return None
+        if near.numel() != site.numel:
+            return None
+        value = near.reshape(-1)[0]
+        same = bool(torch.isfinite(near).all() and (near == far).all() and (near == value).all())
+        out.append(float(value) if same else None)
+    lower, upper = out
+    if lower is not None and upper is not None and lower > upper:
+        lower, upper = upper, lower
+    return None if lower is None and upper is None else (lower, upper)
+
+
+class RunChecks:
+    """The running statistics of the post-warm-up draws of a run (all its chains) and the end-of-run warnings."""
+
+    def __init__(self, potential: Any, num_samples: Optional[int], num_chains: int) -> None:
+        self.potential = potential
+        self.num_samples = num_samples
+        self.num_chains = num_chains  # MCMC's chains (each may hold vectorised chains)
+        self.chains_done = 0
+        self.halves: list[tuple[Tensor, Tensor, Tensor]] = []  # (count, mean, m2) per finished half, per chain
+        self.boundary_sites = [(s, b) for s in potential.sites if (b := _bounds(s)) is not None]
+        self.boundary: list[tuple[str, int, int, float]] = []  # (site, chain, draws at the bound, bound)
+        self.divergences = 0
+        self.chain_offset = 0
+        self._begin_chain()
+
+    def _begin_chain(self) -> None:
+        self._seen = 0
+        self._acc: Optional[list] = None  # per half: [count, mean, m2], each (K, D)
+        self._at_bound: dict[str, Tensor] = {}
+
+    def constrained(self, position: Tensor) -> Tensor:
+        """The position with every site in its constrained space, flat ``([K,] D')``."""
+        U = self.potential
+        batch = position.shape[:-1]
+        parts = []
+        for s in U.sites:
+            u = position[..., s.offset : s.offset + s.numel]
+            if not s.is_identity:
+                u = s.transform(u.reshape(batch + s.shape)).reshape(batch + (-1,))
+            parts.append(u)
+        return torch.cat(parts, -1)
+
+    def observe(self, position: Tensor) -> None:
+        """Record one post-warm-up draw ``([K,] D)`` (unconstrained)."""
+        position = position.detach()
+        if position.dim() == 1:
+            position = position.unsqueeze(0)
+        U = self.potential
+        for s, (lo, hi) in self.boundary_sites:
+            y = s.transform(position[:, s.offset : s.offset + s.numel].reshape((-1,) + s.shape))
+            y = y.reshape(position.shape[0], -1)
+            width = (hi - lo) if lo is not None and hi is not None else None
+            near = torch.zeros_like(y, dtype=torch.bool)
+            for b in (lo, hi):
+                if b is not None:
+                    tol = _BOUNDARY_TOL * (width if width is not None else max(1.0, abs(b)))
+                    near = near | ((y - b).abs() <= tol)
+            hits = near.any(-1).to(torch.long)
+            self._at_bound[s.name] = hits if s.name not in self._at_bound else self._at_bound[s.name] + hits
+        n = self.num_samples
+        if n is None or n < 4:
+            self._seen += 1
+            return
+        half_len = n // 2
+        i = self._seen
+        self._seen += 1
+        if i < half_len:
+            h = 0
+        elif i >= n - half_len:
+            h = 1
+        else:
+            return
+        x = self.constrained(position)
+        if x.device.type in ("cpu", "cuda"):  # float64 sums where the device has them (not on MPS)
+            x = x.to(torch.float64)
+        if self._acc is None:
+            z = torch.zeros_like(x)
+            self._acc = [[0, z.clone(), z.clone()], [0, z.clone(), z.clone()]]
+        acc = self._acc[h]
+        acc[0] += 1
+        delta = x - acc[1]
+        acc[1] = acc[1] + delta / acc[0]
+        acc[2] = acc[2] + delta * (x - acc[1])
+
+    def end_chain(self, divergences: int) -> bool:
+        """Close the chain just run; ``True`` when it was the run's last."""
+        self.divergences += divergences
+        k = None
+        if self._acc is not None and self._acc[0][0] > 1 and self._acc[0][0] == self._acc[1][0]:
+            for count, mean, m2 in self._acc:
+                self.halves.append((torch.full((mean.shape[0],), float(count)), mean, m2))
+        for name, hits in self._at_bound.items():
+            for c, h in enumerate(hits.tolist()):
+                if self._seen and h > self._seen / 2:
+                    self.boundary.append((name, self.chain_offset + c, int(h), self._seen))
+            k = hits.shape[0]
+        self.chain_offset += k if k is not None else (0 if self._acc is None else self._acc[0][1].shape[0])
+        self.chains_done += 1
+        self._begin_chain()
+        return self.chains_done >= self.num_chains
+
+    def messages(self, name: str) -> list[str]:
+        """One line per problem found in the run."""
+        out = []
+        if self.halves:
+            count = torch.cat([c for c, _, _ in self.halves])
+            mean = torch.cat([m for _, m, _ in self.halves])
+            m2 = torch.cat([s for _, _, s in self.halves])
+            chains = mean.shape[0] // 2
+            if chains >= 2:
+                rhat = split_rhat(count, mean, m2)
+                offset = 0
+                # each site's number of constrained elements (a transform may change it, e.g. a simplex's)
+                zero = torch.zeros(1, self.potential.dim, dtype=self.potential.dtype, device=self.potential.device)
+                for s in self.potential.sites:
+                    u = zero[..., s.offset : s.offset + s.numel]
+                    numel = u.numel() if s.is_identity else s.transform(u.reshape((1,) + s.shape)).numel()
+                    worst = float(rhat[offset : offset + numel].max()) if numel else 1.0
+                    offset += numel
+                    if not worst <= RHAT_THRESHOLD:
+                        out.append(
+                            f"{name}: site {s.name!r} has split R-hat {worst:.3g} > {RHAT_THRESHOLD} across {chains} "
+                            "chains: the chains have not mixed; run longer or check the model and step size"
+                        )
+        for site, chain, hits, seen in self.boundary:
+            out.append(
+                f"{name}: chain {chain} sat at a support boundary of site {site!r} for {hits} of its {seen} draws: "
+                "the chain is stuck where the transform saturates; check the prior's support and the step size"
+            )
+        if self.divergences:
+            out.append(
+                f"{name}: {self.divergences} divergence(s) (restarted chains); see diagnostics()['divergence log']"
+            )
+        return out
