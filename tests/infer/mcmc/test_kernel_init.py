@@ -92,9 +92,20 @@ def test_default_start_is_robust_init_with_automatic_warm_start():
     assert kernel.init_strategy is init_to_robust and kernel.map_steps is None and kernel.map_lr == 0.1
 
 
+@pytest.fixture(scope="module")
+def rugged_nuts_reference():
+    """NUTS on the tutorial-like regression, run once for both kernels: data, grid, predictive sd, sigma."""
+    x, y, grid = _rugged_like()
+    pyro.set_rng_seed(0)
+    nuts = MCMC(NUTS(BayesianRegression(3, 1)), num_samples=300, warmup_steps=200, disable_progbar=True)
+    nuts.run(x, y)
+    reference = _predictive_std(BayesianRegression(3, 1), nuts.get_samples(), grid)
+    return x, y, grid, reference, _mean_and_se(nuts.get_samples()["sigma"])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kernel_cls, min_ess", [(SGLD, None), (SGHMC, 10)])
-def test_tutorial_regression_matches_nuts_in_every_seed_with_the_defaults(kernel_cls, min_ess):
+def test_tutorial_regression_matches_nuts_in_every_seed_with_the_defaults(kernel_cls, min_ess, rugged_nuts_reference):
     # The kernels' defaults (init_to_robust + the automatic MAP warm start) must reach the posterior in every seed,
     # where init_to_sample or init_to_median alone can leave sigma stuck near its upper bound 10. The ratio of two sd
     # estimates from S draws with effective size n has a relative standard error of about 1 / sqrt(2 n) ~ 0.05 here
@@ -102,12 +113,7 @@ def test_tutorial_regression_matches_nuts_in_every_seed_with_the_defaults(kernel
     # (ArviZ's mcse, which accounts for the chains' autocorrelation). SGHMC's weights must mix with its defaults
     # (step 0.01, friction 1.0): min_ess per 1000 draws. SGLD's default step (1e-3) has no momentum and mixes slowly
     # here: its effective sample size is not asserted.
-    x, y, grid = _rugged_like()
-    pyro.set_rng_seed(0)
-    nuts = MCMC(NUTS(BayesianRegression(3, 1)), num_samples=300, warmup_steps=200, disable_progbar=True)
-    nuts.run(x, y)
-    reference = _predictive_std(BayesianRegression(3, 1), nuts.get_samples(), grid)
-    sigma_ref, sigma_ref_se = _mean_and_se(nuts.get_samples()["sigma"])
+    x, y, grid, reference, (sigma_ref, sigma_ref_se) = rugged_nuts_reference
     for seed in range(5):
         pyro.set_rng_seed(seed)
         model = BayesianRegression(3, 1)

@@ -19,7 +19,7 @@ from pyro_sdebnn.infer.mcmc.arviz import (
     posterior_prediction,
 )
 from pyro_sdebnn.infer.mcmc.diagnostics import SamplerDivergenceError, SamplerWarning
-from pyro_sdebnn.infer.predictive import ClassificationPrediction, RegressionPrediction
+from pyro_sdebnn.predictive import ClassificationPrediction, RegressionPrediction
 
 N = 40
 
