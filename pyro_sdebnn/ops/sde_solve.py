@@ -44,7 +44,7 @@ Two implementations:
 the adjoint SDE backward in time with its own Euler steps, reconstructing the forward state on the
 way; its gradient is therefore not the exact gradient of the discretised forward solve, but differs
 from it by :math:`O(\\Delta t)`, with a constant that depends on the network. The step
-:data:`ADJOINT_DT` (0.01), where the relative gap is a few percent on small SDE-BNNs
+``ADJOINT_DT`` (0.01), where the relative gap is a few percent on small SDE-BNNs
 (``benchmarks/bench_sdebnn_adjoint_gap.py`` measures it; the figures are in ``BENCHMARKS.md``), is
 therefore the default step of :meth:`pyro_sdebnn.nn.SDEBNN.fused_loss` with ``adjoint=True``.
 
