@@ -606,6 +606,7 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
     _CURVATURE_POWER = 1.0  # eta <= _CURVATURE_FACTOR * lambda ** -_CURVATURE_POWER
     _CURVATURE_FACTOR = 2.0
     _CURVATURE_ITERATIONS = 20
+    _CURVATURE_BATCHES = 8  # minibatches averaged in each Hessian-vector product
 
     def _stable_step(self, state: tuple) -> float:
         """``adapted_step_size``, or less where the preconditioned potential is stiffer: the largest eigenvalue
@@ -614,21 +615,26 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
         :math:`a \\lambda^{-p}` (``_CURVATURE_FACTOR`` :math:`a`, ``_CURVATURE_POWER`` :math:`p`: :math:`2/\\lambda`
         for SGLD, half of its stability limit :math:`4/\\lambda`; :math:`0.5/\\sqrt\\lambda` for SGHMC, a quarter
         of its limit :math:`2/\\sqrt\\lambda`)."""
-        idx = self._next_indices()
-        data = self._next_data()
+        # the minibatches whose mean Hessian is estimated (one with full-batch gradients)
+        batches = [(self._next_indices(), self._next_data())
+                   for _ in range(min(self._CURVATURE_BATCHES, self._epoch_steps()))]
         extra = tuple(t.detach() if isinstance(t, Tensor) else t for t in self._potential_and_grad_inputs())
         assert self.inverse_mass_matrix is not None  # called once a window has adapted M
         scale = self.inverse_mass_matrix.sqrt()
         positions = state[0] if self.vectorized_chains > 1 else state[0].unsqueeze(0)
         delta = 1e-2  # in standardised units
         top = 0.0
-        with self._bind(data), pyro.validation_enabled(False), torch.enable_grad():
+        with pyro.validation_enabled(False), torch.enable_grad():
             for k in range(positions.shape[0]):
-                chain_idx = idx if (idx is None or self.vectorized_chains == 1) else idx[k]
 
-                def grad(point: Tensor) -> Tensor:
+                def grad(point: Tensor) -> Tensor:  # the gradient of the potential averaged over the minibatches
                     point = point.detach().requires_grad_()
-                    return torch.autograd.grad(self._potential_fn(point, chain_idx, *extra), point)[0]
+                    total = torch.zeros_like(point)
+                    for idx, data in batches:
+                        chain_idx = idx if (idx is None or self.vectorized_chains == 1) else idx[k]
+                        with self._bind(data):
+                            total += torch.autograd.grad(self._potential_fn(point, chain_idx, *extra), point)[0]
+                    return total / len(batches)
 
                 x = positions[k].detach()
                 lam = 0.0

@@ -128,7 +128,7 @@ class SGHMC(SGMCMCKernel):
             or resample_momentum_every < 1
         ):
             raise ValueError(f"resample_momentum_every must be a positive int or None, got {resample_momentum_every!r}")
-        self.friction = float(friction)
+        self.friction = self._base_friction = float(friction)  # friction: the one in use (adapted in warm-up)
         self.noise_estimate = float(noise_estimate)
         self.resample_momentum_every = resample_momentum_every
 
@@ -143,9 +143,26 @@ class SGHMC(SGMCMCKernel):
             precond,
         )
 
+    # with the adapted mass matrix, the friction is at least _ADAPTED_MOMENTUM_DECAY / eta: the momentum loses at
+    # least that fraction per step (alpha = eta c of Chen et al.'s momentum form), so that the friction dominates the
+    # heat of the minibatch gradients, eta Var(g) / 2 per step (their condition B <= C)
+    _ADAPTED_MOMENTUM_DECAY = 0.1
+
     def _stable_step(self, state: tuple) -> float:
-        # also keep eta * c <= 1/2, so that the friction damps the momentum
-        return min(super()._stable_step(state), 0.5 / self.friction)
+        # also keep eta * c <= 1/2 for the user's friction, so that the friction damps the momentum
+        eta = min(super()._stable_step(state), 0.5 / self._base_friction)
+        self._set_friction(max(self._base_friction, self._ADAPTED_MOMENTUM_DECAY / eta))
+        return eta
+
+    def _set_friction(self, friction: float) -> None:
+        """Use ``friction`` from the next step on; the friction is a constant of the traced step, which is traced
+        again (without drawing from the random generator, as after a restore)."""
+        if friction == self.friction:
+            return
+        self.friction = friction
+        self._graphs.clear()
+        self._graph_modules.clear()
+        self._resumed = True
 
     def sample(self, params: dict[str, Tensor]) -> dict[str, Tensor]:
         if not self.step_size.is_constant and self.step_size(self._t) * self.friction >= 1:
@@ -182,6 +199,8 @@ class SGHMC(SGMCMCKernel):
 
     def _reset(self) -> None:
         super()._reset()
+        if hasattr(self, "_base_friction"):  # a new run starts with the user's friction
+            self._set_friction(self._base_friction)
         self._kinetic_sum = None
         self._kinetic_count = 0
 
@@ -191,6 +210,7 @@ class SGHMC(SGMCMCKernel):
         out = super().state_dict()
         total = None if self._kinetic_sum is None else self._kinetic_sum.detach().clone()
         out["kinetic"] = {"sum": total, "count": int(self._kinetic_count)}
+        out["friction"] = float(self.friction)
         return out
 
     def _restore(self, sd: dict[str, Any], warmup_steps: int) -> None:
@@ -200,6 +220,7 @@ class SGHMC(SGMCMCKernel):
         assert self.potential is not None  # built by setup
         self._kinetic_sum = None if total is None else total.to(self.potential.device)
         self._kinetic_count = int(kinetic["count"])
+        self._set_friction(float(sd.get("friction", self._base_friction)))
 
     def diagnostics(self) -> dict[str, Any]:
         """Those of :class:`~pyro_sdebnn.infer.mcmc.SGLD` plus ``"kinetic temperature"``: the mean of
