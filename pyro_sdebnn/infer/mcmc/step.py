@@ -58,6 +58,7 @@ class StepBackends(_KernelBase):
         """Forget the traced graphs (new data or model): the next step traces again."""
         self._graphs: dict[Any, Callable] = {}  # shapes of the data inputs -> the graph's runner
         self._graph_modules: dict[Any, Any] = {}  # shapes of the data inputs -> the traced graph
+        self._shapes_seen: set = set()  # shapes of the data inputs stepped once eagerly, traced when seen again
         self.backend_used = "fx" if self.backend == "auto" else self.backend
         self._fx_steps = 0  # inner steps taken with the eager graph (backend="auto")
         self._resumed = False  # a chain restored from a checkpoint: its first trace must not draw (see the module)
@@ -161,6 +162,11 @@ class StepBackends(_KernelBase):
             data = self.potential.data_tensors()
         key = tuple(t.shape for t in data)
         run = self._graphs.get(key)
+        if run is None and self._graphs and key not in self._shapes_seen:
+            # a second shape (a loader's short last batch) is traced when it recurs: seen once per epoch, a one-epoch
+            # run would pay a whole trace for one step (the caller takes that step eagerly)
+            self._shapes_seen.add(key)
+            return None
         if run is None:
             run = self._trace_graph(state, idx, step_size, extra, data, key)
             if run is None:
