@@ -610,10 +610,11 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
 
     def _stable_step(self, state: tuple) -> float:
         """``adapted_step_size``, or less where the preconditioned potential is stiffer: the largest eigenvalue
-        :math:`\\lambda` of :math:`M^{-1/2} \\nabla^2 \\tilde U M^{-1/2}` (every chain's, on one minibatch), by
-        ``_CURVATURE_ITERATIONS`` power iterations with central finite differences of the gradient, caps the step at
-        :math:`a \\lambda^{-p}` (``_CURVATURE_FACTOR`` :math:`a`, ``_CURVATURE_POWER`` :math:`p`: :math:`2/\\lambda`
-        for SGLD, half of its stability limit :math:`4/\\lambda`; :math:`0.5/\\sqrt\\lambda` for SGHMC, a quarter
+        :math:`\\lambda` of :math:`M^{-1/2} \\nabla^2 \\tilde U M^{-1/2}` (every chain's, for the Hessian averaged
+        over ``_CURVATURE_BATCHES`` minibatches, at most one epoch: the Hessian of a single minibatch of a network's
+        potential varies several-fold from batch to batch), by ``_CURVATURE_ITERATIONS`` power iterations with
+        central finite differences of the gradient, caps the step at :math:`a \\lambda^{-p}` (``_CURVATURE_FACTOR``
+        :math:`a`, ``_CURVATURE_POWER`` :math:`p`: :math:`2/\\lambda` for SGLD, half of its stability limit :math:`4/\\lambda`; :math:`0.5/\\sqrt\\lambda` for SGHMC, a quarter
         of its limit :math:`2/\\sqrt\\lambda`)."""
         # the minibatches whose mean Hessian is estimated (one with full-batch gradients)
         batches = [(self._next_indices(), self._next_data())
