@@ -165,6 +165,9 @@ class _KernelAttributes:
     def _next_indices(self) -> Optional[Tensor]: ...
 
     @abstractmethod
+    def _epoch_steps(self) -> int: ...
+
+    @abstractmethod
     def _next_data(self) -> Optional[tuple]: ...
 
     @abstractmethod

@@ -50,6 +50,11 @@ else:
     _KernelBase = object
 
 
+def _batch_size(key: tuple) -> int:
+    """The leading size of the first data tensor of a graph's key (its shapes), 0 for none."""
+    return int(key[0][0]) if key and len(key[0]) else 0
+
+
 class StepBackends(_KernelBase):
     """The inner step of :class:`~pyro_sdebnn.infer.mcmc.base.SGMCMCKernel` and its backends (a mixin: it reads the
     kernel's potential, update rule, chains and ``backend``)."""
@@ -58,7 +63,6 @@ class StepBackends(_KernelBase):
         """Forget the traced graphs (new data or model): the next step traces again."""
         self._graphs: dict[Any, Callable] = {}  # shapes of the data inputs -> the graph's runner
         self._graph_modules: dict[Any, Any] = {}  # shapes of the data inputs -> the traced graph
-        self._shapes_seen: set = set()  # shapes of the data inputs stepped once eagerly, traced when seen again
         self.backend_used = "fx" if self.backend == "auto" else self.backend
         self._fx_steps = 0  # inner steps taken with the eager graph (backend="auto")
         self._resumed = False  # a chain restored from a checkpoint: its first trace must not draw (see the module)
@@ -162,10 +166,11 @@ class StepBackends(_KernelBase):
             data = self.potential.data_tensors()
         key = tuple(t.shape for t in data)
         run = self._graphs.get(key)
-        if run is None and self._graphs and key not in self._shapes_seen:
-            # a second shape (a loader's short last batch) is traced when it recurs: seen once per epoch, a one-epoch
-            # run would pay a whole trace for one step (the caller takes that step eagerly)
-            self._shapes_seen.add(key)
+        if run is None and self._graphs and self._t < self._epoch_steps() and _batch_size(key) < max(
+                _batch_size(k) for k in self._graphs):
+            # a smaller batch than one traced (a loader's short last batch, once per epoch) is traced from the second
+            # epoch on: a one-epoch run would pay a whole trace for one step (the caller takes the step eagerly). The
+            # rule depends on the step count only, so that a resumed chain steps as the uninterrupted one
             return None
         if run is None:
             run = self._trace_graph(state, idx, step_size, extra, data, key)

@@ -116,8 +116,7 @@ def test_loader_and_tensors_with_the_same_batches_give_the_same_samples():
 
 
 def test_last_smaller_batch_has_its_own_graph_scaled_by_its_own_size():
-    # 60 = 2 x 25 + 10: the batch of 10 runs eagerly the first time (a one-epoch run does not pay a trace for one
-    # step) and gets its own traced graph when it recurs (traced once, not once per epoch), scaled by 60 / 10
+    # 60 = 2 x 25 + 10: the batch of 10 gets its own traced graph (traced once, not once per epoch), scaled by 60 / 10
     x, y = _data()
     eager_steps = []
 
@@ -129,13 +128,30 @@ def test_last_smaller_batch_has_its_own_graph_scaled_by_its_own_size():
     kernel = Recording(plain_model, step_size=1e-3, num_steps=3, backend="fx")
     mcmc = MCMC(kernel, num_samples=4, warmup_steps=0, disable_progbar=True)
     mcmc.run(_loader(x, y, shuffle=False, batch_size=25))
-    assert eager_steps == [10] and kernel.backend_used == "fx"  # the first epoch's short batch only
+    assert eager_steps == [] and kernel.backend_used == "fx"
     assert sorted(shapes[0][0] for shapes in kernel._graph_modules) == [10, 25]  # four epochs, two graphs
     w = mcmc.get_samples()["w"][0]
     xb, yb = x[50:], y[50:]
     expected = -(6.0 * dist.Normal(xb @ w, 1.0).log_prob(yb).sum() + dist.Normal(0.0, 1.0).log_prob(w).sum())
     _, value = kernel._graph_step((w,), None, torch.tensor(0.0, dtype=w.dtype), (), (xb, yb))
     torch.testing.assert_close(value, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_last_smaller_batch_runs_eagerly_in_the_first_epoch_and_traced_after():
+    # a one-epoch run does not pay a trace for its one short batch; from the second epoch on it has its own graph
+    x, y = _data()
+    eager_steps = []
+
+    class Recording(SGLD):
+        def _eager_step(self, state, idx, step_size, *extra):
+            eager_steps.append(self._t)
+            return super()._eager_step(state, idx, step_size, *extra)
+
+    kernel = Recording(plain_model, step_size=1e-3, num_steps=3, backend="fx", map_steps=0)
+    MCMC(kernel, num_samples=1, warmup_steps=0, disable_progbar=True).run(_loader(x, y, shuffle=False, batch_size=25))
+    assert eager_steps == [2] and [shapes[0][0] for shapes in kernel._graph_modules] == [25]  # 25, 25, then 10
+    MCMC(kernel, num_samples=2, warmup_steps=0, disable_progbar=True).run(_loader(x, y, shuffle=False, batch_size=25))
+    assert eager_steps == [2, 2] and sorted(shapes[0][0] for shapes in kernel._graph_modules) == [10, 25]
 
 
 def test_loader_run_gives_full_data_log_likelihood_loo_and_predictive():
