@@ -128,6 +128,7 @@ class _KernelAttributes:
     _resume: Optional[dict[str, Any]]  # a checkpoint to restore on the next setup
     # the preconditioner and its adaptation
     _precond: Optional[Tensor]
+    _unit_mass: Optional[bool]  # the traced step has no preconditioner (no mass matrix in this run)
     inverse_mass_matrix: Optional[Tensor]
     _adapter: Optional[MassMatrixAdapter]
     # divergence detection
@@ -368,6 +369,7 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
         self.map_steps_limit = 0  # ... and the bound it ran under
         # the diagonal preconditioner: ones (none) until a window of the warm-up adapts it, then frozen
         self._precond: Optional[Tensor] = None
+        self._unit_mass: Optional[bool] = getattr(self, "_unit_mass", None)  # that of the traced step (set by sample)
         self.inverse_mass_matrix: Optional[Tensor] = None  # the adapted diagonal M^{-1} (None: unit mass)
         self._adapter: Optional[MassMatrixAdapter] = None
         self._adapted_eta = self.adapted_step_size  # the step in standardised units, once M is adapted
@@ -666,10 +668,24 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
         self._precond = estimate if self._precond_power == 1.0 else estimate.pow(self._precond_power)
         self._eta_tensor = None
 
+    def _retrace(self) -> None:
+        """Trace the step again on its next call (a constant of the traced step changed), without drawing from the
+        random generator (as after a restore)."""
+        if self._graph_modules:
+            self._resumed = True
+        self._graphs.clear()
+        self._graph_modules.clear()
+
     def sample(self, params: dict[str, Tensor]) -> dict[str, Tensor]:
         U = self.potential
         assert U is not None  # built by setup
         assert self._state is not None  # set by setup
+        # a run that neither adapts nor restored a mass matrix steps without the preconditioner: the update rule then
+        # skips its element-wise products with ones (several passes over the parameters per step)
+        unit = self._adapter is None and self.inverse_mass_matrix is None
+        if unit != self._unit_mass:
+            self._unit_mass = unit
+            self._retrace()
         if params is not self._last_params:  # the runner (or a user) handed us other parameters
             position = U.pack(params).to(U.dtype)
             self._state = (position,) + tuple(self._state[1:])

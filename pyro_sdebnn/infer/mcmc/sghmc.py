@@ -145,7 +145,7 @@ class SGHMC(SGMCMCKernel):
     ) -> tuple:
         return sghmc_step(  # the step hands the state as an SGHMCState (_state_type)
             noise, cast(SGHMCState, state), grad, step_size, self.friction, self.noise_estimate, self.temperature,
-            precond,
+            None if self._unit_mass else precond,
         )
 
     # with the adapted mass matrix, the friction is at least _ADAPTED_MOMENTUM_DECAY / eta: the momentum loses at
@@ -164,9 +164,7 @@ class SGHMC(SGMCMCKernel):
         if friction == self.friction:
             return
         self.friction = friction
-        self._graphs.clear()
-        self._graph_modules.clear()
-        self._resumed = True
+        self._retrace()
 
     def sample(self, params: dict[str, Tensor]) -> dict[str, Tensor]:
         if not self.step_size.is_constant and self.step_size(self._t) * self.friction >= 1:
