@@ -607,9 +607,11 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
         return self.step_size(t) * self._step_scale
 
     # the largest step in standardised units, given the largest eigenvalue lambda of the preconditioned Hessian:
-    # SGLD's update is stable up to eta = 4 / lambda, SGHMC's up to eta = 2 / sqrt(lambda); half, a quarter of that
+    # SGLD's update is stable up to eta = 4 / lambda, SGHMC's up to eta = 2 / sqrt(lambda): a quarter of that each.
+    # For SGLD the quarter also bounds the discretisation's bias: its stationary variance along a direction of
+    # curvature h is 1 / (h (1 - eta h / 4)), at most 4/3 of the target's at eta = 1 / lambda (2x at 2 / lambda)
     _CURVATURE_POWER = 1.0  # eta <= _CURVATURE_FACTOR * lambda ** -_CURVATURE_POWER
-    _CURVATURE_FACTOR = 2.0
+    _CURVATURE_FACTOR = 1.0
     _CURVATURE_ITERATIONS = 20
     _CURVATURE_BATCHES = 8  # minibatches averaged in each Hessian-vector product
 
@@ -619,8 +621,9 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
         over ``_CURVATURE_BATCHES`` minibatches, at most one epoch: the Hessian of a single minibatch of a network's
         potential varies several-fold from batch to batch), by ``_CURVATURE_ITERATIONS`` power iterations with
         central finite differences of the gradient, caps the step at :math:`a \\lambda^{-p}` (``_CURVATURE_FACTOR``
-        :math:`a`, ``_CURVATURE_POWER`` :math:`p`: :math:`2/\\lambda` for SGLD, half of its stability limit :math:`4/\\lambda`; :math:`0.5/\\sqrt\\lambda` for SGHMC, a quarter
-        of its limit :math:`2/\\sqrt\\lambda`)."""
+        :math:`a`, ``_CURVATURE_POWER`` :math:`p`: :math:`1/\\lambda` for SGLD, a quarter of its stability limit
+        :math:`4/\\lambda`, where its stationary variance along the stiffest direction is at most 4/3 of the
+        target's; :math:`0.5/\\sqrt\\lambda` for SGHMC, a quarter of its limit :math:`2/\\sqrt\\lambda`)."""
         # the minibatches whose mean Hessian is estimated (one with full-batch gradients)
         batches = [(self._next_indices(), self._next_data())
                    for _ in range(min(self._CURVATURE_BATCHES, self._epoch_steps()))]

@@ -59,8 +59,11 @@ class SGLD(SGMCMCKernel):
         a constant and ``preconditioned`` is off; warm-ups of fewer than 1000 inner steps keep the unit mass.
         ``False``: unit mass and ``step_size`` throughout. ``kernel.inverse_mass_matrix`` holds the estimate.
     :param float adapted_step_size: the step :math:`\\epsilon` in standardised units once :math:`M` is adapted
-        (default 0.1), capped at :math:`2/\\lambda` for the largest eigenvalue :math:`\\lambda` of the
-        preconditioned Hessian (half the stability limit); ``diagnostics()["step size"]`` gives the one used.
+        (default 0.1), capped at :math:`1/\\lambda` for the largest eigenvalue :math:`\\lambda` of the
+        preconditioned Hessian averaged over minibatches (a quarter of the stability limit :math:`4/\\lambda`: the
+        stationary variance of the discretised chain along a direction of curvature :math:`h` is
+        :math:`1/(h(1 - \\epsilon h/4))`, at most 4/3 of the target's there); ``diagnostics()["step size"]`` gives
+        the one used.
     :param int num_steps: inner gradient steps per returned sample (thinning), default 1.
     :param int subsample_size: minibatch size :math:`b` with tensors; ``None`` for full-batch gradients, and with a
         loader (whose batch size is :math:`b`).
