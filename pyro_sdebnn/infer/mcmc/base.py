@@ -373,6 +373,7 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
         self.inverse_mass_matrix: Optional[Tensor] = None  # the adapted diagonal M^{-1} (None: unit mass)
         self._adapter: Optional[MassMatrixAdapter] = None
         self._adapted_eta = self.adapted_step_size  # the step in standardised units, once M is adapted
+        self._recheck_step = False  # check the adapted step again at the end of warm-up
         self.max_curvature: Optional[float] = None  # the last estimate of the standardised Hessian's top eigenvalue
         self._mcmc_runner: Any = None
         self._progress_bar: Any = None
@@ -662,6 +663,9 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
             return self.adapted_step_size
         return min(self.adapted_step_size, self._CURVATURE_FACTOR * top ** -self._CURVATURE_POWER)
 
+    def _follow_step(self) -> None:
+        """Before each sample: a kernel whose other constants follow the step size adjusts them (SGHMC's friction)."""
+
     def _set_inverse_mass(self, estimate: Tensor) -> None:
         """Install a new diagonal :math:`M^{-1}` (coordinates whose estimate is not a positive finite number keep
         the previous value): the update rule's preconditioner and the step size change with it."""
@@ -689,6 +693,13 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
         if unit != self._unit_mass:
             self._unit_mass = unit
             self._retrace()
+        if self._recheck_step and self._sample_count == self._warmup_steps:
+            # the end of an adapted warm-up: the step is checked once more, at the settled chain's position with the
+            # final mass matrix, and lowered if the potential is stiffer there
+            self._recheck_step = False
+            self._adapted_eta = min(self._adapted_eta, self._stable_step(self._state))
+            self._eta_tensor = None
+        self._follow_step()
         if params is not self._last_params:  # the runner (or a user) handed us other parameters
             position = U.pack(params).to(U.dtype)
             self._state = (position,) + tuple(self._state[1:])
@@ -728,6 +739,7 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
                         eta = self._eta_tensor = torch.tensor(self._eta(self._t), dtype=U.dtype, device=U.device)
                         if self._adapter.done:  # frozen from here on
                             self._adapter = None
+                            self._recheck_step = True
         failed_at = self._t
         finite = _chain_finite(state)  # (chains,)
         if potentials is None:  # the first step raised
@@ -780,6 +792,7 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
             "inverse_mass": None if inverse is None else inverse.detach().clone(),
             "step": float(self._adapted_eta),
             "adapter": None if self._adapter is None else self._adapter.state_dict(),
+            "recheck": bool(self._recheck_step),
         }
         return out
 
@@ -794,6 +807,7 @@ class SGMCMCKernel(StepBackends, DivergenceCheck, ResumableState, MCMCKernel):
             self._set_inverse_mass(saved["inverse_mass"].to(device=U.device, dtype=U.dtype))
             self._adapted_eta = float(saved["step"])
         self._adapter = None
+        self._recheck_step = bool(saved.get("recheck", False))
         if saved.get("adapter") is not None:
             total = int(sd["warmup_steps"]) * self.num_steps
             assert self._state is not None  # restored by super()._restore

@@ -158,6 +158,11 @@ class SGHMC(SGMCMCKernel):
         self._set_friction(max(self._base_friction, self._ADAPTED_MOMENTUM_DECAY / eta))
         return eta
 
+    def _follow_step(self) -> None:
+        # the friction follows the step in use (a divergence in warm-up halves it, the end of warm-up may lower it)
+        if self.inverse_mass_matrix is not None:
+            self._set_friction(max(self._base_friction, self._ADAPTED_MOMENTUM_DECAY / self._eta(self._t)))
+
     def _set_friction(self, friction: float) -> None:
         """Use ``friction`` from the next step on; the friction is a constant of the traced step, which is traced
         again (without drawing from the random generator, as after a restore)."""
