@@ -18,7 +18,8 @@ windows, as Stan [1] and Pyro's NUTS adapt their mass matrix:
   (Stan's shrinkage, ``n`` draws per chain), and the step size becomes the kernel's ``adapted_step_size``, a step in
   the standardised coordinates :math:`M^{1/2} w`. Each window starts afresh, so the later (longer) windows see a
   chain that already moves at the posterior's scales;
-- a final *fast* window (the last 10 %), in which the chain settles with the final preconditioner.
+- a final *fast* window (the last 10 %), in which the chain settles with the final preconditioner; at its end the
+  kernel checks the step once more at the settled position and lowers it if the potential is stiffer there.
 
 After warm-up the preconditioner is frozen: the sampling phase runs the update rule with a *constant* :math:`M`, whose
 stationary law is the target with no correction term (Ma, Chen & Fox [3]), unlike a running RMSprop estimate

@@ -314,3 +314,30 @@ def test_adapted_sghmc_friction_damps_at_least_seven_percent_of_the_momentum_per
     assert restored.friction == pytest.approx(7.0)
     MCMC(kernel, num_samples=5, warmup_steps=10, disable_progbar=True).run(y)  # too short to adapt
     assert kernel.friction == 1.0 and kernel.inverse_mass_matrix is None
+
+
+@pytest.mark.parametrize("at_end", [0.01, 10.0])
+def test_adapted_step_is_checked_again_at_the_end_of_warm_up_and_only_lowered(monkeypatch, at_end):
+    monkeypatch.setattr(adaptation, "MIN_ADAPT_STEPS", 100)
+    y, _, _ = _conjugate_data()
+    calls = []
+
+    class Checked(SGHMC):
+        def _stable_step(self, state):
+            eta = super()._stable_step(state)
+            calls.append((self._sample_count, eta))
+            return at_end if self._sample_count == self._warmup_steps else eta
+
+    pyro.set_rng_seed(0)
+    kernel = Checked(scales_model, step_size=1e-4, backend="fx", map_steps=0)
+    MCMC(kernel, num_samples=5, warmup_steps=100, disable_progbar=True).run(y)
+    # at the ends of the four windows (inner steps 20, 30, 50, 90: within samples 19, 29, 49, 89), then once more
+    # before the first returned sample
+    assert [count for count, _ in calls] == [19, 29, 49, 89, 100]
+    window_step = calls[-2][1]
+    assert kernel._eta(kernel._t) == pytest.approx(min(window_step, at_end))
+    # the friction follows the step in use (also when a warm-up divergence halves it)
+    assert kernel.friction == pytest.approx(max(1.0, 0.07 / kernel._eta(kernel._t)))
+    kernel._step_scale = 0.5
+    kernel._follow_step()
+    assert kernel.friction == pytest.approx(max(1.0, 0.07 / (0.5 * min(window_step, at_end))))
