@@ -37,12 +37,12 @@ class SGHMC(SGMCMCKernel):
     chain picks up from the minibatch gradients and from the energy it releases while it settles (with the unit
     friction and the small adapted step, :math:`\\alpha` would be 0.02-0.03: measured on a 30-32-2 network, the
     kinetic temperature then ran away after warm-up); ``kernel.friction`` is the one in use (it follows the step,
-    which the end of warm-up checks once more at the settled chain's position). ``step_size`` is then
-    the step of the unit-mass phase before the first estimate, and ``adapt_mass_matrix=False`` keeps the unit mass throughout. The momentum persists
-    across samples; with ``resample_momentum_every=k`` it is redrawn from :math:`\\mathcal N(0, T I)` every ``k``
-    returned samples. All other options (minibatching over tensors or a loader, plain models, schedules,
-    temperature, warm start, vectorised chains, divergence handling, backends, checkpoints) are those of
-    :class:`~pyro_sdebnn.infer.mcmc.SGLD`.
+    which the end of warm-up checks once more at the settled chain's position). ``step_size`` is then the step of
+    the unit-mass phase before the first estimate, and ``adapt_mass_matrix=False`` keeps the unit mass throughout.
+    The momentum persists across samples; with ``resample_momentum_every=k`` it is redrawn from
+    :math:`\\mathcal N(0, T I)` every ``k`` returned samples. All other options (minibatching over tensors or a
+    loader, plain models, schedules, temperature, warm start, vectorised chains, divergence handling, backends,
+    checkpoints) are those of :class:`~pyro_sdebnn.infer.mcmc.SGLD`.
 
     *Kinetic temperature.* At stationarity :math:`v \\sim \\mathcal N(0, T I)`, so the kinetic temperature
     :math:`\\hat T_{\\text{kin}} = \\|v\\|^2 / D` must be close to :math:`T` (standard deviation
