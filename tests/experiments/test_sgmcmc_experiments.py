@@ -93,3 +93,20 @@ def test_realdata_nuts_records_a_diverged_default_and_goes_on(tmp_path, monkeypa
     assert math.isfinite(result["diabetes/SGLD"]["ratio"])  # the run went on after the divergence
     assert "| diabetes | SGHMC | nan |" in (tmp_path / "realdata_nuts.md").read_text()
     assert "diverged: diverged at inner step 7 (step size 0.1)" in (tmp_path / "realdata_nuts.md").read_text()
+
+
+def test_realdata_nuts_reuses_the_reference_of_nuts_seed(tmp_path, monkeypatch):
+    # --nuts-seed 0: a run of another --seed compares its chains with the cached seed-0 NUTS reference
+    pytest.importorskip("sklearn")
+    module, args = _args("realdata-nuts", tmp_path, datasets=["diabetes"], methods=["NUTS"])
+    module.run(args)
+    calls = []
+    reference = torch.load(tmp_path / "nuts_diabetes.pt", weights_only=True)["samples"]
+    monkeypatch.setattr(module, "_nuts", lambda *a: calls.append(a) or reference)
+    args.seed, args.nuts_seed = 1, 0
+    module.run(args)
+    assert calls == [] and "| diabetes | NUTS |" in (tmp_path / "realdata_nuts.md").read_text()
+    assert "cached" in (tmp_path / "realdata_nuts.md").read_text()
+    args.nuts_seed = None  # the default: NUTS of --seed, not cached yet
+    module.run(args)
+    assert len(calls) == 1 and calls[0][-1] == 1

@@ -253,6 +253,11 @@ def _arg_key(arg: Any) -> Any:
     return ("object", id(arg))
 
 
+def _batch_size(key: tuple) -> int:
+    """The leading size of the first data tensor of a graph's key (its shapes), 0 for none."""
+    return int(key[0][0]) if key and len(key[0]) else 0
+
+
 def _compile_graph(graph: Any, on_failure: Optional[Callable[[Exception], Callable]] = None) -> Callable:
     """``torch.compile`` the step graph (compiled on the first call). If that first call fails and ``on_failure`` is
     given, the step continues with ``on_failure(error)`` instead of raising.
@@ -363,6 +368,7 @@ class _KernelAttributes:
     _resume: Optional[dict[str, Any]]  # a checkpoint to restore on the next setup
     # the preconditioner and its adaptation
     _precond: Optional[Tensor]
+    _unit_mass: Optional[bool]  # the traced step has no preconditioner (no mass matrix in this run)
     inverse_mass_matrix: Optional[Tensor]
     _adapter: Optional[MassMatrixAdapter]
     # divergence detection
@@ -400,6 +406,9 @@ class _KernelAttributes:
     def _next_indices(self) -> Optional[Tensor]: ...
 
     @abstractmethod
+    def _epoch_steps(self) -> int: ...
+
+    @abstractmethod
     def _next_data(self) -> Optional[tuple]: ...
 
     @abstractmethod
@@ -430,7 +439,9 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
     :param bool adapt_mass_matrix: ``None``: adapt a diagonal mass matrix in warm-up when the step size is a constant
         and the warm-up has at least 1000 inner steps; ``False``: unit mass throughout.
     :param float adapted_step_size: the step in standardised units once :math:`M` is adapted (default 0.1 for SGLD),
-        capped by the curvature (half the stability limit of SGLD, a quarter of SGHMC's).
+        capped by the curvature of the preconditioned Hessian averaged over up to 8 minibatches (a quarter of the
+        stability limit of each: :math:`1/\\lambda` for SGLD, :math:`0.5/\\sqrt\\lambda` for SGHMC), and checked once
+        more at the end of warm-up, at the settled chain's position.
     :param str backend: ``"auto"``, ``"eager"``, ``"fx"`` or ``"compile"`` (see the module).
     :param int compile_after: with ``backend="auto"``, the inner steps after which the step is compiled.
     :param bool closed_form_prior: add constant ``Normal`` priors in closed form outside the traced graph.
@@ -628,9 +639,11 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         self.map_steps_limit = 0  # ... and the bound it ran under
         # the diagonal preconditioner: ones (none) until a window of the warm-up adapts it, then frozen
         self._precond: Optional[Tensor] = None
+        self._unit_mass: Optional[bool] = getattr(self, "_unit_mass", None)  # that of the traced step (set by sample)
         self.inverse_mass_matrix: Optional[Tensor] = None  # the adapted diagonal M^{-1} (None: unit mass)
         self._adapter: Optional[MassMatrixAdapter] = None
         self._adapted_eta = self.adapted_step_size  # the step in standardised units, once M is adapted
+        self._recheck_step = False  # check the adapted step again at the end of warm-up
         self.max_curvature: Optional[float] = None  # the last estimate of the standardised Hessian's top eigenvalue
         self._mcmc_runner: Any = None
         self._progress_bar: Any = None
@@ -959,6 +972,12 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
             data = self.potential.data_tensors()
         key = tuple(t.shape for t in data)
         run = self._graphs.get(key)
+        if run is None and self._graphs and self._t < self._epoch_steps() and _batch_size(key) < max(
+                _batch_size(k) for k in self._graphs):
+            # a smaller batch than one traced (a loader's short last batch, once per epoch) is traced from the second
+            # epoch on: a one-epoch run would pay a whole trace for one step (the caller takes the step eagerly). The
+            # rule depends on the step count only, so that a resumed chain steps as the uninterrupted one
+            return None
         if run is None:
             run = self._trace_graph(state, idx, step_size, extra, data, key)
             if run is None:
@@ -1068,33 +1087,43 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         return self.step_size(t) * self._step_scale
 
     # the largest step in standardised units, given the largest eigenvalue lambda of the preconditioned Hessian:
-    # SGLD's update is stable up to eta = 4 / lambda, SGHMC's up to eta = 2 / sqrt(lambda); half, a quarter of that
+    # SGLD's update is stable up to eta = 4 / lambda, SGHMC's up to eta = 2 / sqrt(lambda): a quarter of that each.
+    # For SGLD the quarter also bounds the discretisation's bias: its stationary variance along a direction of
+    # curvature h is 1 / (h (1 - eta h / 4)), at most 4/3 of the target's at eta = 1 / lambda (2x at 2 / lambda)
     _CURVATURE_POWER = 1.0  # eta <= _CURVATURE_FACTOR * lambda ** -_CURVATURE_POWER
-    _CURVATURE_FACTOR = 2.0
+    _CURVATURE_FACTOR = 1.0
     _CURVATURE_ITERATIONS = 20
+    _CURVATURE_BATCHES = 8  # minibatches averaged in each Hessian-vector product
 
     def _stable_step(self, state: tuple) -> float:
         """``adapted_step_size``, or less where the preconditioned potential is stiffer: the largest eigenvalue
-        :math:`\\lambda` of :math:`M^{-1/2} \\nabla^2 \\tilde U M^{-1/2}` (every chain's, on one minibatch), by
-        ``_CURVATURE_ITERATIONS`` power iterations with central finite differences of the gradient, caps the step at
-        :math:`a \\lambda^{-p}` (``_CURVATURE_FACTOR`` :math:`a`, ``_CURVATURE_POWER`` :math:`p`: :math:`2/\\lambda`
-        for SGLD, half of its stability limit :math:`4/\\lambda`; :math:`0.5/\\sqrt\\lambda` for SGHMC, a quarter
-        of its limit :math:`2/\\sqrt\\lambda`)."""
-        idx = self._next_indices()
-        data = self._next_data()
+        :math:`\\lambda` of :math:`M^{-1/2} \\nabla^2 \\tilde U M^{-1/2}` (every chain's, for the Hessian averaged
+        over ``_CURVATURE_BATCHES`` minibatches, at most one epoch: the Hessian of a single minibatch of a network's
+        potential varies several-fold from batch to batch), by ``_CURVATURE_ITERATIONS`` power iterations with
+        central finite differences of the gradient, caps the step at :math:`a \\lambda^{-p}` (``_CURVATURE_FACTOR``
+        :math:`a`, ``_CURVATURE_POWER`` :math:`p`: :math:`1/\\lambda` for SGLD, a quarter of its stability limit
+        :math:`4/\\lambda`, where its stationary variance along the stiffest direction is at most 4/3 of the
+        target's; :math:`0.5/\\sqrt\\lambda` for SGHMC, a quarter of its limit :math:`2/\\sqrt\\lambda`)."""
+        # the minibatches whose mean Hessian is estimated (one with full-batch gradients)
+        batches = [(self._next_indices(), self._next_data())
+                   for _ in range(min(self._CURVATURE_BATCHES, self._epoch_steps()))]
         extra = tuple(t.detach() if isinstance(t, Tensor) else t for t in self._potential_and_grad_inputs())
         assert self.inverse_mass_matrix is not None  # called once a window has adapted M
         scale = self.inverse_mass_matrix.sqrt()
         positions = state[0] if self.vectorized_chains > 1 else state[0].unsqueeze(0)
         delta = 1e-2  # in standardised units
         top = 0.0
-        with self._bind(data), pyro.validation_enabled(False), torch.enable_grad():
+        with pyro.validation_enabled(False), torch.enable_grad():
             for k in range(positions.shape[0]):
-                chain_idx = idx if (idx is None or self.vectorized_chains == 1) else idx[k]
 
-                def grad(point: Tensor) -> Tensor:
+                def grad(point: Tensor) -> Tensor:  # the gradient of the potential averaged over the minibatches
                     point = point.detach().requires_grad_()
-                    return torch.autograd.grad(self._potential_fn(point, chain_idx, *extra), point)[0]
+                    total = torch.zeros_like(point)
+                    for idx, data in batches:
+                        chain_idx = idx if (idx is None or self.vectorized_chains == 1) else idx[k]
+                        with self._bind(data):
+                            total += torch.autograd.grad(self._potential_fn(point, chain_idx, *extra), point)[0]
+                    return total / len(batches)
 
                 x = positions[k].detach()
                 lam = 0.0
@@ -1113,6 +1142,9 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
             return self.adapted_step_size
         return min(self.adapted_step_size, self._CURVATURE_FACTOR * top ** -self._CURVATURE_POWER)
 
+    def _follow_step(self) -> None:
+        """Before each sample: a kernel whose other constants follow the step size adjusts them (SGHMC's friction)."""
+
     def _set_inverse_mass(self, estimate: Tensor) -> None:
         """Install a new diagonal :math:`M^{-1}` (coordinates whose estimate is not a positive finite number keep
         the previous value): the update rule's preconditioner and the step size change with it."""
@@ -1122,10 +1154,31 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         self._precond = estimate if self._precond_power == 1.0 else estimate.pow(self._precond_power)
         self._eta_tensor = None
 
+    def _retrace(self) -> None:
+        """Trace the step again on its next call (a constant of the traced step changed), without drawing from the
+        random generator (as after a restore)."""
+        if self._graph_modules:
+            self._resumed = True
+        self._graphs.clear()
+        self._graph_modules.clear()
+
     def sample(self, params: dict[str, Tensor]) -> dict[str, Tensor]:
         U = self.potential
         assert U is not None  # built by setup
         assert self._state is not None  # set by setup
+        # a run that neither adapts nor restored a mass matrix steps without the preconditioner: the update rule then
+        # skips its element-wise products with ones (several passes over the parameters per step)
+        unit = self._adapter is None and self.inverse_mass_matrix is None
+        if unit != self._unit_mass:
+            self._unit_mass = unit
+            self._retrace()
+        if self._recheck_step and self._sample_count == self._warmup_steps:
+            # the end of an adapted warm-up: the step is checked once more, at the settled chain's position with the
+            # final mass matrix, and lowered if the potential is stiffer there
+            self._recheck_step = False
+            self._adapted_eta = min(self._adapted_eta, self._stable_step(self._state))
+            self._eta_tensor = None
+        self._follow_step()
         if params is not self._last_params:  # the runner (or a user) handed us other parameters
             position = U.pack(params).to(U.dtype)
             self._state = (position,) + tuple(self._state[1:])
@@ -1165,6 +1218,7 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
                         eta = self._eta_tensor = torch.tensor(self._eta(self._t), dtype=U.dtype, device=U.device)
                         if self._adapter.done:  # frozen from here on
                             self._adapter = None
+                            self._recheck_step = True
         failed_at = self._t
         finite = _chain_finite(state)  # (chains,)
         if potentials is None:  # the first step raised
@@ -1217,6 +1271,7 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
             "inverse_mass": None if inverse is None else inverse.detach().clone(),
             "step": float(self._adapted_eta),
             "adapter": None if self._adapter is None else self._adapter.state_dict(),
+            "recheck": bool(self._recheck_step),
         }
         return out
 
@@ -1231,6 +1286,7 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
             self._set_inverse_mass(saved["inverse_mass"].to(device=U.device, dtype=U.dtype))
             self._adapted_eta = float(saved["step"])
         self._adapter = None
+        self._recheck_step = bool(saved.get("recheck", False))
         if saved.get("adapter") is not None:
             total = int(sd["warmup_steps"]) * self.num_steps
             assert self._state is not None  # restored by super()._restore

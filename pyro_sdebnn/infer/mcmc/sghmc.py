@@ -29,7 +29,11 @@ class SGHMC(SGMCMCKernel):
     warm-up adapts a diagonal mass matrix :math:`M`, frozen for sampling, which then runs with the momentum in
     standardised coordinates (:math:`\\hat g \\to M^{-1/2} \\hat g`, :math:`w \\leftarrow w + \\epsilon M^{-1/2} v`;
     a constant :math:`M` keeps the target stationary, Ma, Chen and Fox 2015), the step :math:`\\epsilon` capped at
-    :math:`0.5/\\sqrt\\lambda` and at :math:`\\epsilon c \\le 0.5`. All other settings are those of
+    :math:`0.5/\\sqrt\\lambda` (the Hessian averaged over minibatches) and at :math:`\\epsilon c \\le 0.5`, and the
+    friction raised to at least :math:`0.07/\\epsilon`, so that the momentum loses at least 7 % per step (the momentum
+    decay :math:`\\alpha = \\epsilon c` of the SGD-with-momentum form of [1], section 3.3): that damps the heat of the
+    minibatch gradients and of the energy the chain releases as it settles. ``kernel.friction`` is the one in use.
+    All other settings are those of
     :class:`~pyro_sdebnn.infer.mcmc.SGLD`.
 
     *Kinetic temperature.* At stationarity :math:`v \\sim \\mathcal N(0, T I)`, so :math:`\\|v\\|^2 / D` should be
@@ -105,7 +109,7 @@ class SGHMC(SGMCMCKernel):
             or resample_momentum_every < 1
         ):
             raise ValueError(f"resample_momentum_every must be a positive int or None, got {resample_momentum_every!r}")
-        self.friction = float(friction)
+        self.friction = self._base_friction = float(friction)  # friction: the one in use (adapted in warm-up)
         self.noise_estimate = float(noise_estimate)
         self.resample_momentum_every = resample_momentum_every
 
@@ -117,12 +121,31 @@ class SGHMC(SGMCMCKernel):
     ) -> tuple:
         return sghmc_step(  # the step hands the state as an SGHMCState (_state_type)
             noise, cast(SGHMCState, state), grad, step_size, self.friction, self.noise_estimate, self.temperature,
-            precond,
+            None if self._unit_mass else precond,
         )
 
+    # with the adapted mass matrix, the friction is at least _ADAPTED_MOMENTUM_DECAY / eta: the momentum loses at
+    # least that fraction per step (alpha = eta c in the momentum form of Chen et al. 2014, section 3.3)
+    _ADAPTED_MOMENTUM_DECAY = 0.07
+
     def _stable_step(self, state: tuple) -> float:
-        # also keep eta * c <= 1/2, so that the friction damps the momentum
-        return min(super()._stable_step(state), 0.5 / self.friction)
+        # also keep eta * c <= 1/2 for the user's friction, so that the friction damps the momentum
+        eta = min(super()._stable_step(state), 0.5 / self._base_friction)
+        self._set_friction(max(self._base_friction, self._ADAPTED_MOMENTUM_DECAY / eta))
+        return eta
+
+    def _follow_step(self) -> None:
+        # the friction follows the step in use (a divergence in warm-up halves it, the end of warm-up may lower it)
+        if self.inverse_mass_matrix is not None:
+            self._set_friction(max(self._base_friction, self._ADAPTED_MOMENTUM_DECAY / self._eta(self._t)))
+
+    def _set_friction(self, friction: float) -> None:
+        """Use ``friction`` from the next step on; the friction is a constant of the traced step, which is traced
+        again (without drawing from the random generator, as after a restore)."""
+        if friction == self.friction:
+            return
+        self.friction = friction
+        self._retrace()
 
     def sample(self, params: dict[str, Tensor]) -> dict[str, Tensor]:
         if not self.step_size.is_constant and self.step_size(self._t) * self.friction >= 1:
@@ -159,6 +182,8 @@ class SGHMC(SGMCMCKernel):
 
     def _reset(self) -> None:
         super()._reset()
+        if hasattr(self, "_base_friction"):  # a new run starts with the user's friction
+            self._set_friction(self._base_friction)
         self._kinetic_sum = None
         self._kinetic_count = 0
 
@@ -168,6 +193,7 @@ class SGHMC(SGMCMCKernel):
         out = super().state_dict()
         total = None if self._kinetic_sum is None else self._kinetic_sum.detach().clone()
         out["kinetic"] = {"sum": total, "count": int(self._kinetic_count)}
+        out["friction"] = float(self.friction)
         return out
 
     def _restore(self, sd: dict[str, Any], warmup_steps: int) -> None:
@@ -177,6 +203,7 @@ class SGHMC(SGMCMCKernel):
         assert self.potential is not None  # built by setup
         self._kinetic_sum = None if total is None else total.to(self.potential.device)
         self._kinetic_count = int(kinetic["count"])
+        self._set_friction(float(sd.get("friction", self._base_friction)))
 
     def diagnostics(self) -> dict[str, Any]:
         """Those of :class:`~pyro_sdebnn.infer.mcmc.SGLD` plus ``"kinetic temperature"``: the mean of

@@ -120,4 +120,5 @@ class SGLD(SGMCMCKernel):
                 noise, cast(PreconditionedSGLDState, state), grad, step_size, self.temperature,
                 alpha=self.precond_decay, eps=self.precond_eps,
             )
-        return sgld_step(noise, cast(SGLDState, state), grad, step_size, self.temperature, precond)
+        return sgld_step(noise, cast(SGLDState, state), grad, step_size, self.temperature,
+                         None if self._unit_mass else precond)

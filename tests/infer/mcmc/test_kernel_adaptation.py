@@ -259,3 +259,87 @@ def test_warm_start_shows_in_the_progress_bar(monkeypatch):
     pyro.set_rng_seed(0)
     MCMC(SGLD(bounded_model, subsample_size=5), num_samples=5, warmup_steps=5).run(x, y)
     assert any(str(s).startswith("Warm start 0/") for s in shown)
+
+
+# ----- the adapted step: curvature of the mean minibatch Hessian, SGHMC's friction ----------------------------------
+def slope_model(x, y=None):
+    w = pyro.sample("w", dist.Normal(x.new_zeros(()), 1.0))
+    with pyro.plate("data", x.shape[0]):
+        pyro.sample("y", dist.Normal(w * x, 1.0), obs=y)
+
+
+def test_curvature_is_that_of_the_hessian_averaged_over_minibatches():
+    # U(w) = w^2 / 2 + (N / b) sum_{i in B} (y_i - w x_i)^2 / 2: a minibatch's Hessian is 1 + (N / b) sum_B x_i^2,
+    # their mean over one pass (4 batches of 10) the full-data Hessian 1 + sum x_i^2, exactly (a quadratic: the
+    # central differences are exact)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(40, generator=g, dtype=torch.float64) * torch.linspace(0.1, 3.0, 40, dtype=torch.float64)
+    y = 0.5 * x + torch.randn(40, generator=g, dtype=torch.float64)
+    pyro.set_rng_seed(0)
+    kernel = SGLD(slope_model, subsample_size=10, map_steps=0)
+    kernel.setup(10, x, y)
+    inverse_mass = 1.0
+    kernel._set_inverse_mass(torch.tensor([inverse_mass], dtype=torch.float64))
+    eta = kernel._stable_step(kernel._state)
+    full = inverse_mass * (1.0 + float((x**2).sum()))
+    assert kernel.max_curvature == pytest.approx(full, rel=1e-6)
+    assert eta == pytest.approx(min(kernel.adapted_step_size, 1.0 / full), rel=1e-6)  # SGLD: a quarter of 4 / lambda
+    # one minibatch alone would be off by more than 10 % (what averaging removes)
+    batches = kernel.potential.index_batches(1)
+    single = [inverse_mass * (1.0 + 4.0 * float((x[b] ** 2).sum())) for b in batches]
+    assert max(abs(s / full - 1) for s in single) > 0.1
+
+
+def test_adapted_sghmc_friction_damps_at_least_seven_percent_of_the_momentum_per_step(monkeypatch):
+    monkeypatch.setattr(adaptation, "MIN_ADAPT_STEPS", 100)
+    y, _, _ = _conjugate_data()
+    pyro.set_rng_seed(1)
+    # adapted step 0.01: the friction rises from the user's 1.0 to 0.07 / 0.01 = 7 (eta c = 0.07)
+    kernel = SGHMC(scales_model, step_size=1e-4, adapted_step_size=0.01, backend="fx", map_steps=0)
+    MCMC(kernel, num_samples=5, warmup_steps=100, disable_progbar=True).run(y)
+    eta = kernel._eta(kernel._t)
+    assert eta == pytest.approx(0.01) and kernel.friction == pytest.approx(7.0)
+    # the traced step (traced again when the friction changed) uses it
+    state = kernel._state
+    position = state[0].detach().requires_grad_()
+    (grad,) = torch.autograd.grad(kernel.potential(position, None), position)
+    torch.manual_seed(5)
+    noise = torch.randn_like(position)
+    momentum = (1 - eta * 7.0) * state[1] - eta * kernel._precond * grad + (2 * eta * 7.0) ** 0.5 * noise
+    torch.manual_seed(5)
+    new_state, _ = kernel.build_step_fn()(state, None, torch.tensor(eta, dtype=torch.float64))
+    torch.testing.assert_close(new_state[1], momentum, rtol=1e-9, atol=1e-12)
+    # a checkpoint keeps it; a new run starts again from the user's friction
+    restored = SGHMC(scales_model, step_size=1e-4, adapted_step_size=0.01, backend="fx", map_steps=0)
+    restored.load_state_dict(kernel.state_dict())
+    restored.setup(0, y)
+    assert restored.friction == pytest.approx(7.0)
+    MCMC(kernel, num_samples=5, warmup_steps=10, disable_progbar=True).run(y)  # too short to adapt
+    assert kernel.friction == 1.0 and kernel.inverse_mass_matrix is None
+
+
+@pytest.mark.parametrize("at_end", [0.01, 10.0])
+def test_adapted_step_is_checked_again_at_the_end_of_warm_up_and_only_lowered(monkeypatch, at_end):
+    monkeypatch.setattr(adaptation, "MIN_ADAPT_STEPS", 100)
+    y, _, _ = _conjugate_data()
+    calls = []
+
+    class Checked(SGHMC):
+        def _stable_step(self, state):
+            eta = super()._stable_step(state)
+            calls.append((self._sample_count, eta))
+            return at_end if self._sample_count == self._warmup_steps else eta
+
+    pyro.set_rng_seed(0)
+    kernel = Checked(scales_model, step_size=1e-4, backend="fx", map_steps=0)
+    MCMC(kernel, num_samples=5, warmup_steps=100, disable_progbar=True).run(y)
+    # at the ends of the four windows (inner steps 20, 30, 50, 90: within samples 19, 29, 49, 89), then once more
+    # before the first returned sample
+    assert [count for count, _ in calls] == [19, 29, 49, 89, 100]
+    window_step = calls[-2][1]
+    assert kernel._eta(kernel._t) == pytest.approx(min(window_step, at_end))
+    # the friction follows the step in use (also when a warm-up divergence halves it)
+    assert kernel.friction == pytest.approx(max(1.0, 0.07 / kernel._eta(kernel._t)))
+    kernel._step_scale = 0.5
+    kernel._follow_step()
+    assert kernel.friction == pytest.approx(max(1.0, 0.07 / (0.5 * min(window_step, at_end))))

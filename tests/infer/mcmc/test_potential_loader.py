@@ -138,6 +138,23 @@ def test_last_smaller_batch_has_its_own_graph_scaled_by_its_own_size():
     torch.testing.assert_close(value, expected, rtol=1e-12, atol=1e-12)
 
 
+def test_last_smaller_batch_runs_eagerly_in_the_first_epoch_and_traced_after():
+    # a one-epoch run does not pay a trace for its one short batch; from the second epoch on it has its own graph
+    x, y = _data()
+    eager_steps = []
+
+    class Recording(SGLD):
+        def _eager_step(self, state, idx, step_size, *extra):
+            eager_steps.append(self._t)
+            return super()._eager_step(state, idx, step_size, *extra)
+
+    kernel = Recording(plain_model, step_size=1e-3, num_steps=3, backend="fx", map_steps=0)
+    MCMC(kernel, num_samples=1, warmup_steps=0, disable_progbar=True).run(_loader(x, y, shuffle=False, batch_size=25))
+    assert eager_steps == [2] and [shapes[0][0] for shapes in kernel._graph_modules] == [25]  # 25, 25, then 10
+    MCMC(kernel, num_samples=2, warmup_steps=0, disable_progbar=True).run(_loader(x, y, shuffle=False, batch_size=25))
+    assert eager_steps == [2, 2] and sorted(shapes[0][0] for shapes in kernel._graph_modules) == [10, 25]
+
+
 def test_loader_run_gives_full_data_log_likelihood_loo_and_predictive():
     x, y = _data()
     kernel = SGHMC(plain_model, step_size=2e-2, friction=10.0, num_steps=5, vectorized_chains=4, backend="fx")
