@@ -44,6 +44,7 @@ from typing import TypedDict
 import torch
 
 from pyro_sdebnn import metrics
+from pyro_sdebnn.experiments import _arg_types as check
 from pyro_sdebnn.experiments import _harness as common
 
 NAME = "realdata-nuts"
@@ -68,7 +69,7 @@ TARGETS: _Targets = {"ratio": (0.8, 1.25), "nll": {"diabetes": 0.10, "breast": 0
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=DATASETS)
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
-    parser.add_argument("--nuts-seed", type=int, default=None,
+    parser.add_argument("--nuts-seed", type=check.seed, default=None,
                         help="seed of the NUTS reference (default: --seed); a cached reference of that seed is reused")
 
 
