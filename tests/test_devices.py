@@ -5,12 +5,15 @@ Runs on every available device (CUDA cases skip cleanly on machines without a GP
 hard-coded ``torch.float32`` or CPU tensor inside the library fails here.
 """
 
+import traceback
+
 import pyro
 import pyro.distributions as dist
 import pytest
 import torch
 from pyro.contrib.gp.kernels import RBF
 from pyro.infer import MCMC, SVI
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from pyro_sdebnn.distributions import GPFunctionalPrior, MultiplicativeNormal, OUPath
 from pyro_sdebnn.infer import NeuralSDEGuide, SamplingFree_ELBO, TracePathKL_ELBO
@@ -110,3 +113,41 @@ def test_example_bnns_moved_after_construction_draw_on_their_device(device):
     trace = pyro.poutine.trace(bnn).get_trace(x, y.long())
     for name in ("net.0.weight", "net.2.bias", "outputs"):
         _check(trace.nodes[name]["value"], device)
+
+
+class _TensorsFromPython(TorchDispatchMode):
+    """Records where package code turns a Python number into a tensor (``torch.tensor``, ``as_tensor``,
+    ``new_tensor``): on a GPU each is a host-to-device copy that waits for the device."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sites: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default):
+            caller = next((f for f in reversed(traceback.extract_stack()[:-1]) if "/torch/" not in f.filename), None)
+            if caller is not None and "/pyro_sdebnn/" in caller.filename:
+                self.sites.append(f"{caller.filename.rsplit('/pyro_sdebnn/', 1)[1]}:{caller.lineno}")
+        return func(*args, **(kwargs or {}))
+
+
+def test_training_steps_make_no_tensor_from_a_python_number():
+    # one SVI step of the SDE-BNN (OU prior, neural-SDE guide) and of MNVI, and one SG-MCMC potential evaluation of
+    # BayesianMLP with a learned noise scale: none may copy a Python number to the model's device
+    pyro.set_rng_seed(0)
+    x, y = torch.randn(8, 2), torch.randn(8)
+    net = SDEBNN(in_dim=2, out_dim=1, hidden=4, augment=1, sigma=0.2, dt=0.5)
+    guide = NeuralSDEGuide(net, drift_hidden=4)
+    sde = SVI(net.model, guide, pyro.optim.Adam({"lr": 1e-3}), loss=TracePathKL_ELBO(estimator="stl"))
+    bnn = SamplingFreeBNN(to_mnvi(make_mlp([2, 4, 2])), "normal", num_data=8)
+    mnvi = SVI(bnn.model, bnn.guide, pyro.optim.Adam({"lr": 1e-3}), SamplingFree_ELBO())
+    mlp = BayesianMLP([2, 4, 1], noise_scale=None)
+    studentt = SDEBNN(in_dim=2, out_dim=1, hidden=4, dt=0.5, likelihood="studentt")
+    sde.step(x, y), mnvi.step(x, y)  # parameters created outside the recorded steps
+    mode = _TensorsFromPython()
+    with mode:
+        sde.step(x, y)
+        mnvi.step(x, y)
+        pyro.poutine.trace(mlp).get_trace(x, y)
+        pyro.poutine.trace(studentt.model).get_trace(x, y)
+    assert mode.sites == []

@@ -252,7 +252,7 @@ class ContinuousDepthNet(PyroModule):
         elif self.likelihood == "cauchy":
             d = dist.Cauchy(loc, scale)
         else:
-            d = dist.StudentT(torch.as_tensor(self.df, dtype=loc.dtype, device=loc.device), loc, scale)
+            d = dist.StudentT(loc.new_full((), self.df), loc, scale)
         return d if self.out_dim == 1 else d.to_event(1)
 
     def _prediction(self, out: Tensor):

@@ -113,7 +113,7 @@ class BayesianMLP(PyroModule):
         sigma: Union[Tensor, float, None] = None
         if self.likelihood == "normal":
             sigma = (
-                pyro.sample("sigma", dist.LogNormal(x.new_tensor(-1.0), x.new_tensor(1.0)))
+                pyro.sample("sigma", dist.LogNormal(x.new_full((), -1.0), x.new_full((), 1.0)))
                 if self.noise_scale is None
                 else self.noise_scale
             )
