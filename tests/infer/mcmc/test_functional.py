@@ -296,15 +296,6 @@ def test_output_fn_matches_the_deterministic_site():
         FunctionalPotential(linear_model, (x, y), gp_kernel=prior.kernel, example_points=POINTS, output_fn=3)
 
 
-def _float64_bnn(sizes, **kwargs):
-    """A BayesianMLP whose priors (built from Python floats) are float64."""
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    try:
-        return BayesianMLP(sizes, **kwargs)
-    finally:
-        torch.set_default_dtype(default)
-
 
 def _bnn_potentials(model, x, y, points, **kwargs):
     return {
@@ -320,7 +311,7 @@ def test_concatenated_forward_pass_matches_two_traces(subsample_size):
     x = torch.linspace(-2, 2, 30, dtype=torch.float64).unsqueeze(-1)
     y = torch.sin(2 * x[:, 0])
     points = MeasurementPoints(x, num_data=8, num_box=8)()
-    model = _float64_bnn([1, 16, 16, 1], noise_scale=None)
+    model = BayesianMLP([1, 16, 16, 1], noise_scale=None).double()
     potentials = _bnn_potentials(model, x, y, points, prior_sites=("sigma",), subsample_size=subsample_size)
     assert potentials[True].concatenated and not potentials[False].concatenated
     u = 0.5 * torch.randn(potentials[True].dim, dtype=torch.float64)
@@ -338,7 +329,7 @@ def test_concatenated_step_matches_two_trace_step_with_vectorized_chains():
     x = torch.linspace(-2, 2, 30, dtype=torch.float64).unsqueeze(-1)
     y = torch.sin(2 * x[:, 0])
     points = MeasurementPoints(x, num_data=8, num_box=8, redraw=False)
-    model = _float64_bnn([1, 8, 1])
+    model = BayesianMLP([1, 8, 1]).double()
     results = {}
     for concatenate in (True, False):
         pyro.set_rng_seed(1)

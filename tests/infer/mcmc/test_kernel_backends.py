@@ -13,14 +13,6 @@ from pyro_sdebnn.infer.mcmc.potential import MinibatchPotential
 from pyro_sdebnn.infer.mcmc import kernel as step_module
 
 
-def _float64_bnn(sizes, **kwargs):
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    try:
-        return BayesianMLP(sizes, **kwargs)
-    finally:
-        torch.set_default_dtype(default)
-
 
 def _data(n=40):
     g = torch.Generator().manual_seed(0)
@@ -61,7 +53,7 @@ def handwritten_mlp(spelling, sizes=(2, 5, 1)):
 
 @pytest.mark.parametrize("model, sites", [
     (mixed_prior_model, {"a", "b"}),
-    (_float64_bnn([2, 5, 1]), {"layers.0.weight", "layers.0.bias", "layers.1.weight", "layers.1.bias"}),
+    (BayesianMLP([2, 5, 1]).double(), {"layers.0.weight", "layers.0.bias", "layers.1.weight", "layers.1.bias"}),
     (handwritten_mlp("expand"), {"w0", "b0", "w1", "b1"}),
     (handwritten_mlp("zeros"), {"w0", "b0", "w1", "b1"}),
 ], ids=["mixed", "PyroSample", "expand", "zeros"])
@@ -80,7 +72,7 @@ def test_closed_form_gaussian_prior_adds_up_to_the_potential(model, sites):
     torch.testing.assert_close(grad_rest + prior_grad, grad_full)
 
 
-@pytest.mark.parametrize("make_model", [lambda: _float64_bnn([2, 5, 1]), lambda: handwritten_mlp("expand")],
+@pytest.mark.parametrize("make_model", [lambda: BayesianMLP([2, 5, 1]).double(), lambda: handwritten_mlp("expand")],
                          ids=["PyroSample", "expand"])
 def test_traced_step_matches_eager_step_on_a_bnn(make_model):
     # temperature 0: one SGLD step is w - eta/2 grad; the traced graph (closed-form prior) and the
@@ -111,7 +103,7 @@ def test_auto_backend_compiles_after_its_budget_of_steps(monkeypatch):
     fake = _FakeCompiler()
     monkeypatch.setattr(step_module, "_compile_graph", fake)
     x, y = _data()
-    kernel = SGLD(_float64_bnn([2, 5, 1]), step_size=1e-4, num_steps=3, subsample_size=10, compile_after=6)
+    kernel = SGLD(BayesianMLP([2, 5, 1]).double(), step_size=1e-4, num_steps=3, subsample_size=10, compile_after=6)
     kernel.setup(0, x, y)
     params = kernel.sample(kernel.initial_params)  # 3 inner steps with the eager graph: below the budget of 6
     assert kernel.backend_used == "fx" and fake.calls == 0
@@ -135,7 +127,7 @@ def test_auto_backend_switches_at_the_same_step_whatever_the_timing(monkeypatch)
         fake = _FakeCompiler()
         monkeypatch.setattr(step_module, "_compile_graph", fake)
         monkeypatch.setattr(time, "perf_counter", lambda: speed * real())
-        kernel = SGLD(_float64_bnn([2, 5, 1]), step_size=1e-4, num_steps=2, subsample_size=10, compile_after=8)
+        kernel = SGLD(BayesianMLP([2, 5, 1]).double(), step_size=1e-4, num_steps=2, subsample_size=10, compile_after=8)
         kernel.setup(0, x, y)
         params, backends = kernel.initial_params, []
         for _ in range(6):
@@ -150,7 +142,7 @@ def test_auto_backend_stays_eager_graph_for_short_runs(monkeypatch):
     fake = _FakeCompiler()
     monkeypatch.setattr(step_module, "_compile_graph", fake)
     x, y = _data()
-    kernel = SGLD(_float64_bnn([2, 5, 1]), step_size=1e-4, num_steps=2, subsample_size=10)  # 10000 inner steps
+    kernel = SGLD(BayesianMLP([2, 5, 1]).double(), step_size=1e-4, num_steps=2, subsample_size=10)  # 10000 inner steps
     mcmc = MCMC(kernel, num_samples=20, warmup_steps=20, disable_progbar=True)
     mcmc.run(x, y)
     assert kernel.backend_used == "fx" and fake.calls == 0
@@ -171,7 +163,7 @@ def test_auto_backend_survives_a_failing_compiler(monkeypatch):
 
     monkeypatch.setattr(torch, "compile", broken_compile)
     x, y = _data()
-    kernel = SGLD(_float64_bnn([2, 5, 1]), step_size=1e-4, subsample_size=10, compile_after=0)
+    kernel = SGLD(BayesianMLP([2, 5, 1]).double(), step_size=1e-4, subsample_size=10, compile_after=0)
     kernel.setup(0, x, y)
     params = kernel.sample(kernel.initial_params)
     assert kernel.backend_used == "compile"
@@ -189,7 +181,7 @@ def test_closed_form_prior_off_traces_pyro_log_density_and_gives_the_same_step()
     results, nodes = {}, {}
     for label, backend, closed in (("eager", "eager", True), ("fx", "fx", True), ("fx-off", "fx", False)):
         pyro.set_rng_seed(0)
-        kernel = SGLD(_float64_bnn([2, 5, 1]), step_size=1e-3, subsample_size=10, backend=backend,
+        kernel = SGLD(BayesianMLP([2, 5, 1]).double(), step_size=1e-3, subsample_size=10, backend=backend,
                       closed_form_prior=closed, map_steps=0, temperature=0.0)
         kernel.setup(0, x, y)
         results[label] = kernel.sample(kernel.initial_params)
@@ -205,7 +197,7 @@ def test_cache_graphs_off_rebuilds_the_potential_on_every_run():
     x, y = _data()
     kept = {}
     for cache in (True, False):
-        kernel = SGLD(_float64_bnn([2, 5, 1]), step_size=1e-4, subsample_size=10, cache_graphs=cache, map_steps=0)
+        kernel = SGLD(BayesianMLP([2, 5, 1]).double(), step_size=1e-4, subsample_size=10, cache_graphs=cache, map_steps=0)
         kernel.setup(0, x, y)
         first = kernel.potential
         kernel.setup(0, x, y)
@@ -233,7 +225,7 @@ def test_compile_asks_for_aten_random_numbers_for_its_graph_only(monkeypatch):
     monkeypatch.setattr(torch, "compile", recording_compile)
     before = inductor_config.fallback_random
     x, y = _data()
-    kernel = SGLD(_float64_bnn([2, 5, 1]), step_size=1e-4, subsample_size=10, backend="compile", map_steps=0)
+    kernel = SGLD(BayesianMLP([2, 5, 1]).double(), step_size=1e-4, subsample_size=10, backend="compile", map_steps=0)
     kernel.setup(0, x, y)
     kernel.sample(kernel.initial_params)
     assert seen and all(kw.get("options") == {"fallback_random": True} for kw in seen)
