@@ -197,7 +197,8 @@ def test_cache_graphs_off_rebuilds_the_potential_on_every_run():
     x, y = _data()
     kept = {}
     for cache in (True, False):
-        kernel = SGLD(BayesianMLP([2, 5, 1]).double(), step_size=1e-4, subsample_size=10, cache_graphs=cache, map_steps=0)
+        kernel = SGLD(BayesianMLP([2, 5, 1]).double(), step_size=1e-4, subsample_size=10, cache_graphs=cache,
+                      map_steps=0)
         kernel.setup(0, x, y)
         first = kernel.potential
         kernel.setup(0, x, y)
