@@ -24,6 +24,7 @@ steps per returned sample, divergence checks (:mod:`~pyro_sdebnn.infer.mcmc.diag
 - ``init_strategy=init_to_robust``: prior draws for real-valued sites, prior medians for constrained ones;
 - ``map_steps=None``: a short MAP warm start by Adam (``map_steps=0`` turns it off);
 - ``adapt_mass_matrix=None``: a diagonal mass matrix adapted in Stan's warm-up windows, then frozen (``False``);
+- ``warmup_step_factor=2``: between adaptation windows the chain explores with twice the adapted step (``1``);
 - ``closed_form_prior=True``: constant ``Normal`` priors added in closed form outside the traced graph (``False``);
 - ``cache_graphs=True``: the potential and traced graphs kept between runs on the same, unchanged data (``False``);
 - ``backend="auto"`` with ``compile_after``: the compiled step after that many inner steps (``backend="fx"``).
@@ -442,6 +443,13 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         capped by the curvature of the preconditioned Hessian averaged over up to 8 minibatches (a quarter of the
         stability limit of each: :math:`1/\\lambda` for SGLD, :math:`0.5/\\sqrt\\lambda` for SGHMC), and checked once
         more at the end of warm-up, at the settled chain's position.
+    :param float warmup_step_factor: :math:`f \\in [1, 4)`: from the end of the first adaptation window to the end of
+        the last, the chain steps :math:`f` times the capped step (half the stability limit at the default 2). The
+        windows estimate :math:`M^{-1}` from the chain's own positions; a chain that moves too slowly to cross the
+        loosely determined directions underestimates their variances, and the sampling step, capped by the stiffest
+        direction, then mixes them slowly. The windows' draws are discarded, so their larger discretisation bias
+        costs nothing; the last window's end and the end of warm-up set the sampling step. ``1``: the sampling step
+        throughout.
     :param str backend: ``"auto"``, ``"eager"``, ``"fx"`` or ``"compile"`` (see the module).
     :param int compile_after: with ``backend="auto"``, the inner steps after which the step is compiled.
     :param bool closed_form_prior: add constant ``Normal`` priors in closed form outside the traced graph.
@@ -478,6 +486,7 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         adapt_step_size: bool = False,
         adapt_mass_matrix: Optional[bool] = None,
         adapted_step_size: Optional[float] = None,
+        warmup_step_factor: float = 2.0,
         backend: str = "auto",
         sample_writer: Any = None,
         transforms: Optional[dict] = None,
@@ -523,6 +532,10 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         if isinstance(adapted_step_size, bool) or not isinstance(adapted_step_size, (int, float)) \
                 or not adapted_step_size > 0:
             raise ValueError(f"adapted_step_size must be a positive float, got {adapted_step_size!r}")
+        if isinstance(warmup_step_factor, bool) or not isinstance(warmup_step_factor, (int, float)):
+            raise TypeError(f"warmup_step_factor must be a float, got {warmup_step_factor!r}")
+        if not 1.0 <= warmup_step_factor < 4.0:
+            raise ValueError(f"warmup_step_factor must be in [1, 4) (4: the stability limit), got {warmup_step_factor!r}")
         if backend not in _BACKENDS:
             raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
         if not callable(init_strategy):
@@ -540,6 +553,7 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         # automatic: adapt whenever the step size is a constant (a schedule keeps its own step sizes)
         self.adapt_mass_matrix = self.step_size.is_constant if adapt_mass_matrix is None else adapt_mass_matrix
         self.adapted_step_size = float(adapted_step_size)
+        self.warmup_step_factor = float(warmup_step_factor)
         self._run_checks: Optional[RunChecks] = None
         self._runner_id: Optional[int] = None
         self.backend = backend
@@ -1214,11 +1228,13 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
                     if estimate is not None:
                         self._set_inverse_mass(estimate)
                         self._adapted_eta = self._stable_step(state)
-                        self._step_scale = 1.0  # a step found for the previous preconditioner is moot
-                        eta = self._eta_tensor = torch.tensor(self._eta(self._t), dtype=U.dtype, device=U.device)
-                        if self._adapter.done:  # frozen from here on
+                        if not self._adapter.done:  # explore until the last window ends (see warmup_step_factor)
+                            self._adapted_eta *= self.warmup_step_factor
+                        else:  # frozen from here on
                             self._adapter = None
                             self._recheck_step = True
+                        self._step_scale = 1.0  # a step found for the previous preconditioner is moot
+                        eta = self._eta_tensor = torch.tensor(self._eta(self._t), dtype=U.dtype, device=U.device)
         failed_at = self._t
         finite = _chain_finite(state)  # (chains,)
         if potentials is None:  # the first step raised
