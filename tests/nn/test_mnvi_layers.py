@@ -1,6 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """MNVI layers: parameter counts, gradient flow, dtype handling, input validation and the converter."""
 
+import subprocess
+import sys
+
 import pyro
 import pytest
 import torch
@@ -192,3 +195,12 @@ def test_noise_parameter_initialisation(factory, noise_name, shape, default):
     assert noise.shape == shape and torch.equal(noise, torch.full(shape, default))
     noise = getattr(factory(rho_init=-1.5, dtype=torch.float64), noise_name)
     assert noise.dtype == torch.float64 and torch.equal(noise, torch.full(shape, -1.5, dtype=torch.float64))
+
+
+def test_importing_the_package_does_not_import_torchvision():
+    # torchvision takes seconds to import; its converters are registered when a torchvision module is converted
+    code = ("import sys, pyro_sdebnn.nn.mnvi, pyro_sdebnn.infer, pyro_sdebnn.infer.mcmc, pyro_sdebnn.data\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torchvision'))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]", proc.stdout

@@ -166,8 +166,14 @@ def _sequential(module, convert, kind, rho_init):
     return MNSequential(*(convert(child) for child in module))
 
 
-try:  # torchvision residual networks
+def _register_torchvision_converters() -> None:
+    """Converters for torchvision's residual networks (``BasicBlock``, ``ResNet``), registered when the first
+    torchvision module is converted: importing torchvision takes seconds, and a user converting one has imported it
+    already."""
     from torchvision.models.resnet import BasicBlock, ResNet
+
+    if ResNet in _CONVERTERS:
+        return
 
     @register_converter(BasicBlock)
     def _basic_block(module, convert, kind, rho_init):
@@ -182,20 +188,20 @@ try:  # torchvision residual networks
                  module.layer4, module.avgpool]
         return MNSequential(*(convert(p) for p in parts), MNFlatten(), convert(module.fc))
 
-except ImportError:  # pragma: no cover - torchvision is a declared dependency
-    pass
-
 
 def _convert(module: nn.Module, kind: str, rho_init: float) -> nn.Module:
     def convert(child: nn.Module) -> nn.Module:
         if isinstance(child, _MOMENT_MODULES):
             return copy.deepcopy(child)
+        if type(child).__module__.startswith("torchvision."):
+            _register_torchvision_converters()
         for cls in type(child).__mro__:
             if cls in _CONVERTERS:
                 return _CONVERTERS[cls](child, convert, kind, rho_init)
         raise TypeError(
             f"cannot convert {type(child).__name__} to a moment-propagating module; supported: "
-            f"{sorted(c.__name__ for c in _CONVERTERS)} (register more with register_converter)"
+            f"{sorted(c.__name__ for c in _CONVERTERS)}, torchvision's BasicBlock and ResNet (register more with "
+            "register_converter)"
         )
 
     if not isinstance(module, nn.Module):
