@@ -693,8 +693,9 @@ class RunChecks:
         self._begin_chain()
         return self.chains_done >= self.num_chains
 
-    def messages(self, name: str) -> list[str]:
-        """One line per problem found in the run."""
+    def messages(self, name: str, faster: Optional[str] = None) -> list[str]:
+        """One line per problem found in the run; ``faster`` names a kernel that mixes in fewer steps (for the R-hat
+        line)."""
         out = []
         if self.halves:
             count = torch.cat([c for c, _, _ in self.halves])
@@ -715,6 +716,8 @@ class RunChecks:
                         out.append(
                             f"{name}: site {s.name!r} has split R-hat {worst:.3g} > {RHAT_THRESHOLD} across {chains} "
                             "chains: the chains have not mixed; run longer or check the model and step size"
+                            + (f"; {faster}, whose momentum carries it along loosely determined directions, often "
+                               "mixes in fewer steps" if faster else "")
                         )
         for site, chain, hits, seen in self.boundary:
             out.append(

@@ -837,6 +837,7 @@ class FSGLD(FunctionalKernelMixin, SGLD):
     """
 
     _name = "fSGLD"
+    _faster_mixing = "fSGHMC"
 
     def __init__(self, model: Callable, *, step_size: Union[float, StepSizeSchedule] = 1e-5, **kwargs: Any) -> None:
         super().__init__(model, step_size=step_size, **kwargs)

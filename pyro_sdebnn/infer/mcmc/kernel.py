@@ -464,6 +464,7 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
 
     _state_type: type = NamedTuple
     _name = "SGMCMC"
+    _faster_mixing: Optional[str] = None  # a kernel the end-of-run R-hat warning suggests instead (SGLD: SGHMC)
     # the step size in the standardised coordinates M^{1/2} w once warm-up has adapted M (adapted_step_size=None)
     _adapted_step_default = 0.1
     # the update rule's preconditioner is M^{-1} to this power: 1 for SGLD (M^{-1}), 0.5 for SGHMC (M^{-1/2})
@@ -1325,7 +1326,7 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         if self._sample_count <= self._warmup_steps:  # set up without sampling (e.g. to learn the transforms)
             return
         if self._run_checks.end_chain(len(self._divergences)):
-            for line in self._run_checks.messages(self._name):
+            for line in self._run_checks.messages(self._name, self._faster_mixing):
                 warnings.warn(line, SamplerWarning, stacklevel=2)
             self._run_checks = None
 

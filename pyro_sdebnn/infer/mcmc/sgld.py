@@ -79,6 +79,7 @@ class SGLD(SGMCMCKernel):
     """
 
     _name = "SGLD"
+    _faster_mixing = "SGHMC"
 
     def __init__(
         self,

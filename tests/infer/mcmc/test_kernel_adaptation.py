@@ -220,7 +220,7 @@ def test_a_chain_stuck_at_the_support_boundary_warns():
     lines = [str(w.message) for w in record]
     assert any("chain 0 sat at a support boundary of site 'sigma' for 40 of its 40 draws" in m for m in lines), lines
     assert not any("chain 1 sat" in m for m in lines)
-    assert any("site 'sigma' has split R-hat" in m for m in lines)
+    assert any("site 'sigma' has split R-hat" in m and "mixes in fewer steps" not in m for m in lines)  # SGHMC
     assert bool((mcmc.get_samples(group_by_chain=True)["sigma"][0] > 10.0 - 1e-5).all())
 
 

@@ -96,6 +96,8 @@ def test_summary_and_diagnostics_see_k_chains_and_their_r_hat(capsys):
     r_hat = mcmc.diagnostics()["w"]["r_hat"]
     warned = [w for w in rec if "'w'" in str(w.message)]
     assert len(warned) == 1  # one line per site
+    assert str(warned[0].message).endswith("SGHMC, whose momentum carries it along loosely determined directions, "
+                                           "often mixes in fewer steps")  # SGLD's line points to SGHMC
     # the streamed split R-hat (constrained space, no draws kept) is Pyro's split Gelman-Rubin of the stored draws
     assert float(str(warned[0].message).split("R-hat ")[1].split()[0]) == pytest.approx(float(r_hat), rel=2e-3)
     assert r_hat.shape == () and float(r_hat) > 10
