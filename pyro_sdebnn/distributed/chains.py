@@ -31,7 +31,9 @@ from the loader given to ``mcmc.run``:
   (:func:`~pyro_sdebnn.distributed.distributed_loader`): every rank reads only its own part.
 
 The injected noise is drawn from the generator that all the ranks seeded alike, so every rank takes the same step
-and holds the same chain as one process with the same seed and batches, up to rounding.
+and holds the same chain as one process with the same seed and batches, up to rounding. ``K`` vectorised chains send
+their gradients in one all-reduce per inner step, and the warm-up's curvature estimate (which caps the adapted step)
+uses the same all-reduced gradients, so every rank adapts the same step.
 
 **References**
 
@@ -43,7 +45,7 @@ and holds the same chain as one process with the same seed and batches, up to ro
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, ContextManager, Iterator, Optional
 
 import torch
 from torch import Tensor
@@ -142,6 +144,7 @@ class _DataParallelMixin(_KernelBase):
             raise ValueError("subsample_size must be None for a data-parallel kernel: run it on a loader "
                              "(mcmc.run(loader)), whose batches the ranks split")
         super().__init__(model, backend="eager", **kwargs)
+        self._reduced: Optional[Iterator[tuple[Tensor, Tensor]]] = None  # see _eager_step
 
     def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
         super().setup(warmup_steps, *args, **kwargs)
@@ -174,19 +177,51 @@ class _DataParallelMixin(_KernelBase):
         self._local_size = hi - lo
         return (data[0][lo:hi], data[1][lo:hi]) + tuple(data[2:])
 
+    def _eager_step(self, state: tuple, idx: Optional[Tensor], step_size: Tensor, *extra: Tensor) -> tuple:
+        """The kernel's eager step; with ``K`` vectorised chains, their gradients are computed first and travel in
+        one all-reduce (not ``K``), and each chain's step then takes its reduced gradient from
+        :meth:`_gradient`. Computing the potential draws no random numbers, so the noise is drawn as before."""
+        if self.vectorized_chains == 1:
+            return super()._eager_step(state, idx, step_size, *extra)
+        local = [self._local_gradient(state[0][k], None if idx is None else idx[k], *extra)
+                 for k in range(self.vectorized_chains)]
+        self._reduced = iter(self._all_reduce(local, state[0][0]))
+        try:
+            return super()._eager_step(state, idx, step_size, *extra)
+        finally:
+            self._reduced = None
+
     def _gradient(self, position: Tensor, idx: Optional[Tensor], *extra: Tensor) -> tuple[Tensor, Tensor]:
         """The gradient and potential of the combined batch: this rank's, weighted by its batch size :math:`b_r`,
         all-reduced over the ranks (:math:`\\sum_r b_r (N / b_r) \\sum_{B_r} + b_r \\text{prior}`, the combined
         batch's estimate times :math:`b`); the rest of the step is the kernel's own."""
+        if self._reduced is not None:  # reduced together with the other vectorised chains' (see _eager_step)
+            return next(self._reduced)
+        return self._all_reduce([self._local_gradient(position, idx, *extra)], position)[0]
+
+    def _bind(self, data: Optional[tuple]) -> ContextManager[Any]:
+        """The kernel's binding of a minibatch, noting this rank's part of it (the weight :math:`b_r` of its
+        gradient); the warm-up's curvature estimate binds several batches in turn."""
+        if data is not None:
+            self._local_size = int(data[0].shape[0])
+        return super()._bind(data)
+
+    def _local_gradient(self, position: Tensor, idx: Optional[Tensor], *extra: Tensor) -> Tensor:
+        """This rank's ``b_r * [gradient, potential]`` (zeros for a rank left without data by a batch smaller than
+        the world size: it adds nothing)."""
         b = self._local_size
-        if b == 0:  # a batch smaller than the world size leaves this rank without data: it adds nothing
-            grad, value = position.new_zeros(position.numel()), position.new_zeros(1)
-        else:
-            grad, value = super()._gradient(position, idx, *extra)
-            grad, value = b * grad.reshape(-1), b * value.reshape(1)
-        total = all_reduce_mean(torch.cat([grad, value, position.new_full((1,), float(b))]))
-        total = total[:-1] / total[-1]
-        return total[:-1].view_as(position), total[-1]
+        if b == 0:
+            return position.new_zeros(position.numel() + 1)
+        grad, value = super()._gradient(position, idx, *extra)
+        return b * torch.cat([grad.reshape(-1), value.reshape(1)])
+
+    def _all_reduce(self, local: list[Tensor], position: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """One all-reduce of the chains' weighted gradients and potentials and of the batch sizes; per chain, the
+        combined batch's gradient (shaped as ``position``) and potential."""
+        b = self._local_size
+        total = all_reduce_mean(torch.cat(local + [position.new_full((1,), float(b))]))
+        parts = (total[:-1] / total[-1]).view(len(local), -1)
+        return [(part[:-1].view_as(position), part[-1]) for part in parts]
 
 
 def _slice_bounds(n: int, size: int, index: int) -> tuple[int, int]:

@@ -221,6 +221,19 @@ def scenarios(out: str) -> dict:
                 warmup_steps=1, disable_progbar=True)
     mcmc.run(shard)
     res["dp_sghmc"] = mcmc.get_samples(group_by_chain=True)["w"]
+    # ... and with a warm-up that adapts the mass matrix (shortened here): the curvature-capped step is agreed on
+    from pyro_sdebnn.infer.mcmc import kernel as sgmcmc_kernel
+
+    min_adapt, sgmcmc_kernel.MIN_ADAPT_STEPS = sgmcmc_kernel.MIN_ADAPT_STEPS, 20
+    try:
+        distributed.init(seed=DP_SEED, seed_per_rank=False)
+        kernel = distributed.DataParallelSGLD(plain, **sgld_kwargs())
+        mcmc = MCMC(kernel, num_samples=4, warmup_steps=15, disable_progbar=True)
+        mcmc.run(DataLoader(TensorDataset(x, y), batch_size=DP_BATCH, shuffle=True))
+    finally:
+        sgmcmc_kernel.MIN_ADAPT_STEPS = min_adapt
+    res["dp_adapted"] = mcmc.get_samples()["w"]
+    res["dp_adapted_step"] = (kernel.inverse_mass_matrix is not None, kernel._eta(kernel._t))
     # 4. bad set-ups: clear errors on every rank, and the group still works afterwards
     errors = {}
     try:

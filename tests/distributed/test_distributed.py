@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 from pyro_sdebnn import distributed
+from pyro_sdebnn.distributed import chains
 from pyro_sdebnn.infer import MAPEstimate, TracePathKL_ELBO, train_svi
 from pyro_sdebnn.infer.map_training import train_network
 from pyro_sdebnn.infer.mcmc import SGHMC, SGLD, to_inference_data
@@ -276,6 +277,40 @@ def test_data_parallel_sghmc_with_vectorised_chains_equals_the_single_process_ru
     for res in results:
         torch.testing.assert_close(res["dp_sghmc"], expected, rtol=0, atol=1e-10)
     assert (expected[0] - expected[1]).abs().min() > 0  # two different chains
+
+
+def test_data_parallel_chain_adapts_with_one_step_on_every_rank(group):
+    results, _ = group
+    (adapted, step), (_, other_step) = (r["dp_adapted_step"] for r in results)
+    # each rank estimates the curvature on its part of the batches; all take the smallest step, so the one chain
+    # stays the same on every rank
+    assert adapted and step == other_step
+    torch.testing.assert_close(results[1]["dp_adapted"], results[0]["dp_adapted"], rtol=0, atol=0)
+
+
+@pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.diagnostics.SamplerWarning")  # short chains
+def test_data_parallel_vectorised_chains_reduce_once_per_inner_step(monkeypatch, float64):
+    x, y = W.data()
+    calls = []
+
+    def counted(tensor):
+        calls.append(tensor.numel())
+        return tensor
+
+    monkeypatch.setattr(chains, "all_reduce_mean", counted)
+    loader = DataLoader(TensorDataset(x, y), batch_size=W.BATCH, shuffle=False)
+    pyro.set_rng_seed(W.DP_SEED)
+    mcmc = MCMC(distributed.DataParallelSGHMC(W.plain, vectorized_chains=3, **W.sghmc_kwargs()), num_samples=4,
+                warmup_steps=1, disable_progbar=True)
+    mcmc.run(loader)
+    assert len(calls) == 5 * W.sghmc_kwargs()["num_steps"]  # one all-reduce per inner step, not one per chain
+    assert set(calls) == {3 * (W.D + 1) + 1}  # the 3 chains' gradients and potentials, and the batch size
+    # in one process the data-parallel kernel is the eager kernel
+    pyro.set_rng_seed(W.DP_SEED)
+    plain = MCMC(SGHMC(W.plain, backend="eager", map_steps=0, vectorized_chains=3, **W.sghmc_kwargs()), num_samples=4,
+                 warmup_steps=1, disable_progbar=True)
+    plain.run(loader)
+    torch.testing.assert_close(mcmc.get_samples()["w"], plain.get_samples()["w"], rtol=0, atol=0)
 
 
 def test_ensemble_members_over_ranks_gather_into_one_predictive(group, float64):

@@ -1132,12 +1132,11 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
             for k in range(positions.shape[0]):
 
                 def grad(point: Tensor) -> Tensor:  # the gradient of the potential averaged over the minibatches
-                    point = point.detach().requires_grad_()
                     total = torch.zeros_like(point)
                     for idx, data in batches:
                         chain_idx = idx if (idx is None or self.vectorized_chains == 1) else idx[k]
-                        with self._bind(data):
-                            total += torch.autograd.grad(self._potential_fn(point, chain_idx, *extra), point)[0]
+                        with self._bind(data):  # the step's own gradient (a data-parallel kernel's all-reduced)
+                            total += self._gradient(point, chain_idx, *extra)[0]
                     return total / len(batches)
 
                 x = positions[k].detach()

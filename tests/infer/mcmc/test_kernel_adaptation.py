@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Warm-up adaptation of the diagonal mass matrix, the end-of-run warnings, and the bounded warm start."""
 
+import os
+
 import arviz as az
 import pyro
 import pyro.distributions as dist
@@ -17,6 +19,8 @@ from pyro_sdebnn.infer.mcmc.kernel import MIN_ADAPT_STEPS, adaptation_windows
 # conjugate problem: w_j ~ N(0, 1), y_ij ~ N(w_j, s_j) for i = 1..n; the posterior of w_j is N(m_j, v_j) with
 # v_j = 1 / (1 + n / s_j^2) and m_j = v_j * sum_i y_ij / s_j^2. With s = (100, 0.1) and n = 100 the posterior sds are
 # 0.995 and 0.00999: scales 100x apart.
+# the statistical tests' seed (``benchmarks/check_seed_robustness.py`` re-runs them under others, as for every test)
+SEED = int(os.environ.get("PYRO_SDEBNN_TEST_SEED", "0"))
 NOISE = torch.tensor([100.0, 0.1], dtype=torch.float64)
 N = 100
 
@@ -59,7 +63,7 @@ def _sghmc_stationary_var(kappa, h, c):
 @pytest.fixture(scope="module")
 def adapted_run():  # about 10 s: shared by the two tests below
     y, mean, sd = _conjugate_data()
-    pyro.set_rng_seed(0)
+    pyro.set_rng_seed(SEED)  # a module-scoped fixture runs before the suite's per-test seeding
     # every default but num_steps: the mass matrix adapts over the 3000 inner steps of the warm-up (windows of
     # 150-1200 steps, long enough for the loose coordinate to be explored)
     kernel = SGHMC(scales_model, vectorized_chains=2, num_steps=3)
@@ -390,7 +394,7 @@ def test_exploring_warm_up_estimates_the_variances_along_a_ridge_better():
     var = (1 + 1 / (2 * RIDGE_N + 1)) / 2
     errors = {}
     for factor in (1.0, 2.0):
-        pyro.set_rng_seed(0)
+        pyro.set_rng_seed(SEED)
         kernel = SGLD(ridge_model, vectorized_chains=8, warmup_step_factor=factor, backend="fx")
         MCMC(kernel, num_samples=1, warmup_steps=1200, disable_progbar=True).run(y)
         errors[factor] = float((kernel.inverse_mass_matrix / var).log().abs().mean())
