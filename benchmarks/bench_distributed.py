@@ -40,7 +40,7 @@ def worker(args) -> None:
     from pyro.nn import PyroModule, PyroSample
     from torch.utils.data import TensorDataset
 
-    import pyro_sdebnn.comm as dp
+    import pyro_sdebnn._comm as dp
     from pyro_sdebnn import distributed
     from pyro_sdebnn.infer import train_svi
 

@@ -34,7 +34,8 @@ from pathlib import Path
 
 import torch
 
-from pyro_sdebnn.ops import euler_maruyama_kl, time_grid
+from pyro_sdebnn.ops import euler_maruyama_kl
+from pyro_sdebnn.ops.sde_solve import time_grid
 from pyro_sdebnn.ops.sde_solve import brownian_increments
 from pyro_sdebnn.testing import OUEndpointProblem
 

@@ -30,8 +30,10 @@ from pathlib import Path
 
 import torch
 
-from pyro_sdebnn.nn import DriftMLP, TimeMLPField
-from pyro_sdebnn.ops import AugmentedPathSDE, sdeint_augmented, time_grid
+from pyro_sdebnn.nn import DriftMLP
+from pyro_sdebnn.nn.sde_drift import TimeMLPField
+from pyro_sdebnn.ops import AugmentedPathSDE, sdeint_augmented
+from pyro_sdebnn.ops.sde_solve import time_grid
 from pyro_sdebnn.ops.sde_solve import brownian_interval
 
 

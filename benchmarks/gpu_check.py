@@ -557,11 +557,11 @@ def nccl_worker(backend: str = "nccl") -> None:
     from pyro.infer.autoguide import AutoNormal
     from torch.utils.data import TensorDataset
 
-    from pyro_sdebnn import distributed
+    from pyro_sdebnn import _comm, distributed
     from pyro_sdebnn.infer import train_svi
 
     device = distributed.init(backend=backend, timeout=60.0, seed=0)
-    value = distributed.all_reduce_mean(torch.full((3,), float(distributed.rank()), device=device))
+    value = _comm.all_reduce_mean(torch.full((3,), float(distributed.rank()), device=device))
     expected = (distributed.world_size() - 1) / 2
     assert torch.allclose(value, torch.full_like(value, expected)), (value, expected)
     g = torch.Generator().manual_seed(0)

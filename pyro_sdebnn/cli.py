@@ -209,14 +209,14 @@ def _run_distributed(args: argparse.Namespace, experiment: ModuleType) -> int:
     import io
     import tempfile
 
-    from pyro_sdebnn import distributed
+    from pyro_sdebnn import _comm
 
-    started = not distributed.is_initialized()  # leave a group the caller started as it is
+    started = not _comm.is_initialized()  # leave a group the caller started as it is
     try:  # an incomplete torchrun environment (argparse has already checked --dist-timeout)
-        device = distributed.init("nccl" if args.device.type == "cuda" else "gloo", timeout=args.dist_timeout)
+        device = _comm.init("nccl" if args.device.type == "cuda" else "gloo", timeout=args.dist_timeout)
     except ValueError as err:
         return _usage_error(ValueError(f"--distributed: {err}"))
-    rank = distributed.rank()
+    rank = _comm.rank()
     if args.device.type == "cuda":
         args.device = device  # one GPU per process: cuda:LOCAL_RANK
     args.seed += rank
@@ -229,7 +229,7 @@ def _run_distributed(args: argparse.Namespace, experiment: ModuleType) -> int:
                 status = _run_once(args, experiment)
                 files = {p.relative_to(tmp).as_posix(): p.read_bytes() for p in sorted(Path(tmp).rglob("*"))
                          if p.is_file()}
-        gathered = distributed.gather_objects({"seed": args.seed, "status": status, "files": files})
+        gathered = _comm.gather_objects({"seed": args.seed, "status": status, "files": files})
         if gathered is None:
             return status
         for r, got in enumerate(gathered[1:], start=1):
@@ -242,7 +242,7 @@ def _run_distributed(args: argparse.Namespace, experiment: ModuleType) -> int:
         return max(got["status"] for got in gathered)
     finally:
         if started:
-            distributed.shutdown()
+            _comm.shutdown()
 
 
 def _prepare_output(output: Path) -> None:

@@ -183,4 +183,4 @@ def test_the_checks_see_a_cycle_and_a_late_import():
     assert not _allowed("pyro_sdebnn.infer.methods", "pyro_sdebnn.infer.map_training")
     assert _allowed("pyro_sdebnn.experiments.two_moons", "pyro_sdebnn.infer")
     assert not _allowed("pyro_sdebnn.experiments.two_moons", "pyro_sdebnn.metrics")  # light: imported at the top
-    assert ("pyro_sdebnn.infer.svi_training", "pyro_sdebnn.comm") not in {(m, t) for m, t, _ in LATE}
+    assert ("pyro_sdebnn.infer.svi_training", "pyro_sdebnn._comm") not in {(m, t) for m, t, _ in LATE}

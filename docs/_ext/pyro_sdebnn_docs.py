@@ -17,7 +17,8 @@ It does three things:
    a reference to a re-exported name (``pyro_sdebnn.infer.Laplace``, or ``Laplace`` inside
    :mod:`pyro_sdebnn.infer`) is resolved to that definition. References to other projects are ignored by package
    name only (:data:`NITPICK_IGNORE_REGEX`, the build is offline), so a broken reference to a pyro_sdebnn object
-   fails the ``-n -W`` build.
+   fails the ``-n -W`` build. A class's "Bases:" line leaves out the internal bases (mixins their module does not list in
+   ``__all__``), which are not documented.
 
 Outputs are cached: a script is re-run only when it, the package source or the mode changed
 (``PYRO_SDEBNN_DOCS_REUSE=1`` keeps any cached output, to rebuild the text quickly while editing).
@@ -444,10 +445,24 @@ def missing_reference(app, env, node, contnode):
     return None
 
 
+def public_bases(app, name, obj, options, bases) -> None:
+    """Drop from a class's "Bases:" line the package's internal bases: a mixin that its module does not list in
+    ``__all__`` is not documented (not public API), so a link to it could not resolve."""
+    def internal(base) -> bool:
+        module = sys.modules.get(getattr(base, "__module__", "") or "")
+        if module is None or not module.__name__.startswith(PACKAGE + "."):
+            return False
+        listed = getattr(module, "__all__", None)
+        return listed is not None and base.__name__ not in listed
+
+    bases[:] = [base for base in bases if not internal(base)]
+
+
 def setup(app):
     # the sphinx-gallery-style layout of the tutorial pages (set in conf.py; only these values are supported)
     app.add_config_value("tutorials_examples_dir", "../tutorials", "env")
     app.add_config_value("tutorials_gallery_dir", "tutorials", "env")
     app.connect("builder-inited", builder_inited)
     app.connect("missing-reference", missing_reference)
+    app.connect("autodoc-process-bases", public_bases)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -9,7 +9,7 @@ downloaded except by the torchvision loaders when asked to (``download=True``).
 """
 
 from .images import cifar10, digits, fashion_mnist, mnist, mnist_subset
-from .loaders import check_finite_batch, dataset_size, iter_batches, move_batch
+from .loaders import check_finite_batch, iter_batches
 from .split import DataSplit
 from .synthetic import gap_regression_1d, toy_regression_1d, two_moons
 from .uci import uci_boston
@@ -18,14 +18,12 @@ __all__ = [
     "DataSplit",
     "check_finite_batch",
     "cifar10",
-    "dataset_size",
     "digits",
     "fashion_mnist",
     "gap_regression_1d",
     "iter_batches",
     "mnist",
     "mnist_subset",
-    "move_batch",
     "toy_regression_1d",
     "two_moons",
     "uci_boston",

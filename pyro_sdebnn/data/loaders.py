@@ -7,7 +7,7 @@ Every ``fit`` and ``predict`` of the package accepts either the whole data set a
 with augmentation. This module holds the three pieces they share:
 
 * ``is_loader`` tells a loader from a tensor;
-* :func:`dataset_size` is the number of data points :math:`N` (the length of ``loader.dataset``),
+* ``dataset_size`` is the number of data points :math:`N` (the length of ``loader.dataset``),
   which scales the likelihood of a minibatch of size :math:`b` by :math:`N/b`, exactly as Pyro's
   subsampled :class:`~pyro.plate` does;
 * :func:`iter_batches` yields the batches one at a time, each moved to the model's device (and
@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-__all__ = ["check_finite_batch", "dataset_size", "iter_batches", "move_batch"]
+__all__ = ["check_finite_batch", "iter_batches"]
 
 
 def is_loader(data) -> bool:
@@ -163,7 +163,7 @@ def module_device_dtype(*modules: nn.Module, buffers: bool = False) -> tuple[tor
 
     :param bool buffers: look at the modules' buffers too, after all parameters (for a model without parameters).
     :return: ``(device, dtype)``, or ``(None, None)`` if there is no floating-point tensor to follow (then
-        :func:`move_batch` leaves a batch where it is).
+        ``move_batch`` leaves a batch where it is).
 
     >>> module_device_dtype(torch.nn.Linear(2, 1).double())
     (device(type='cpu'), torch.float64)

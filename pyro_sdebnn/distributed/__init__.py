@@ -1,31 +1,29 @@
 # SPDX-License-Identifier: Apache-2.0
 """Beyond one machine: data-parallel SVI and distributed SG-MCMC chains on :mod:`torch.distributed`.
 
-The layers: :mod:`pyro_sdebnn.comm` (process group, collectives, sharded loaders, gradient averaging; it imports
-nothing of :mod:`pyro_sdebnn.infer`) at the bottom, imported by the training loops of :mod:`pyro_sdebnn.infer`; the
-distributed wrappers of this package (:mod:`~pyro_sdebnn.distributed.chains`,
-:mod:`~pyro_sdebnn.distributed.ensembles`) above both. This package re-exports the names of all of them.
+The layers: the private module ``pyro_sdebnn._comm`` (process group, collectives, sharded loaders, gradient
+averaging; it imports nothing of :mod:`pyro_sdebnn.infer`) at the bottom, imported by the training loops of
+:mod:`pyro_sdebnn.infer`; the distributed wrappers of this package (:mod:`~pyro_sdebnn.distributed.chains`,
+:mod:`~pyro_sdebnn.distributed.ensembles`) above both. This package exports what a training script calls.
 
 Launch a script with ``torchrun --nproc_per_node=K script.py`` (gloo on CPUs, NCCL on GPUs); the same script run
 with plain ``python`` is a world of one and behaves as without this module.
 
 - set-up: :func:`init` (reads ``torchrun``'s environment, picks the backend and the device, seeds, sets a
-  timeout on every collective), :func:`rank`, :func:`world_size`, :func:`local_rank`, :func:`is_main`,
-  :func:`barrier`, :func:`shutdown`, and the collectives :func:`all_reduce_mean`, :func:`all_reduce_sum`,
-  :func:`broadcast_`, :func:`gather_objects`, which raise :class:`DistributedError` instead of hanging;
+  timeout on every collective), :func:`rank`, :func:`world_size`, :func:`is_main`, :func:`barrier`,
+  :func:`shutdown`; a collective that fails or times out raises :class:`DistributedError` instead of hanging;
 - data-parallel SVI: :func:`pyro_sdebnn.infer.train_svi` on a loader from :func:`distributed_loader` (gradients of
   the Pyro param store averaged across ranks between ``loss_and_grads`` and the optimiser step by
   :class:`AveragedGradients`, checkpoints on rank 0);
 - data-parallel ``fit`` of the baselines: with a loader sharded by a ``DistributedSampler`` on several ranks,
   :func:`pyro_sdebnn.infer.train_svi`, ``MAPEstimate.fit``, ``MeanFieldVI.fit``, ``SamplingFreeBNN.fit``,
   :func:`~pyro_sdebnn.infer.map_training.train_network` and ``MCDropout.fit`` average their gradients (and batch-norm
-  running statistics) across the ranks by themselves (:func:`data_parallel_sampler`, :func:`broadcast_module_`,
-  :func:`average_gradients_`, :func:`running_stats`), and ``Laplace.fit`` sums its curvature over the shards;
+  running statistics) across the ranks by themselves, and ``Laplace.fit`` sums its curvature over the shards;
 - the benchmarks under ``torchrun``: ``pyro-sdebnn --distributed benchmark NAME`` (:mod:`pyro_sdebnn.cli`);
 - SG-MCMC: :func:`gather_samples` and :func:`gather_inference_data` (every rank's chains as chains of one run),
   :class:`DataParallelSGLD` and :class:`DataParallelSGHMC` (one chain, gradients averaged across ranks);
-- deep ensembles: :func:`local_members` (this rank's share of the members), :func:`gather_prediction` and
-  :func:`gather_predict_outputs` (the members of all the ranks in one predictive).
+- deep ensembles: :func:`local_members` (this rank's share of the members) and :func:`gather_prediction` (the
+  members of all the ranks in one predictive).
 
 >>> from pyro_sdebnn import distributed
 >>> device = distributed.init()  # no torchrun: a world of one
@@ -33,29 +31,18 @@ with plain ``python`` is a world of one and behaves as without this module.
 (1, True)
 """
 
-from pyro_sdebnn.comm import (
+from pyro_sdebnn._comm import (
     DistributedError,
-    all_gather_objects,
-    all_reduce_mean,
-    all_reduce_sum,
-    average_gradients_,
     barrier,
-    broadcast_,
-    broadcast_module_,
-    data_parallel_sampler,
     distributed_loader,
-    gather_objects,
     init,
-    is_initialized,
     is_main,
-    local_rank,
     rank,
-    running_stats,
     shutdown,
     world_size,
 )
 from pyro_sdebnn.distributed.chains import DataParallelSGHMC, DataParallelSGLD, gather_inference_data, gather_samples
-from pyro_sdebnn.distributed.ensembles import gather_predict_outputs, gather_prediction, local_members
+from pyro_sdebnn.distributed.ensembles import gather_prediction, local_members
 from pyro_sdebnn.infer.svi_training import AveragedGradients
 
 __all__ = [
@@ -63,27 +50,15 @@ __all__ = [
     "DataParallelSGHMC",
     "DataParallelSGLD",
     "DistributedError",
-    "all_gather_objects",
-    "all_reduce_mean",
-    "all_reduce_sum",
-    "average_gradients_",
     "barrier",
-    "broadcast_",
-    "broadcast_module_",
-    "data_parallel_sampler",
     "distributed_loader",
     "gather_inference_data",
-    "gather_objects",
-    "gather_predict_outputs",
     "gather_prediction",
     "gather_samples",
     "init",
-    "is_initialized",
     "is_main",
     "local_members",
-    "local_rank",
     "rank",
-    "running_stats",
     "shutdown",
     "world_size",
 ]

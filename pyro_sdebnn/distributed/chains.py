@@ -51,7 +51,7 @@ import torch
 from torch import Tensor
 from torch.utils.data.distributed import DistributedSampler
 
-from pyro_sdebnn.comm import (
+from pyro_sdebnn._comm import (
     all_gather_objects,
     all_reduce_mean,
     broadcast_,

@@ -30,10 +30,10 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from pyro_sdebnn.comm import all_gather_objects, gather_objects, rank, world_size
+from pyro_sdebnn._comm import all_gather_objects, gather_objects, rank, world_size
 from pyro_sdebnn.infer.methods import outputs_to_prediction
 
-__all__ = ["gather_predict_outputs", "gather_prediction", "local_members"]
+__all__ = ["gather_prediction", "local_members"]
 
 
 def local_members(num_members: int) -> int:
@@ -70,7 +70,7 @@ def gather_predict_outputs(method: Any, x, dst: int = 0, **kwargs: Any) -> Optio
 def gather_prediction(method: Any, x, dst: int = 0, **kwargs: Any) -> Any:
     """The predictive of the members of all the ranks on rank ``dst`` (``None`` on the others).
 
-    ``outputs_to_prediction`` of :func:`gather_predict_outputs`: a
+    ``outputs_to_prediction`` of ``gather_predict_outputs`` (the members' raw outputs on rank ``dst``): a
     :class:`~pyro_sdebnn.predictive.ClassificationPrediction` or
     :class:`~pyro_sdebnn.predictive.RegressionPrediction` over all the members, as ``method.predict(x)`` of
     one ensemble holding them.

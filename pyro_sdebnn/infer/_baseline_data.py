@@ -10,7 +10,7 @@
   :func:`~pyro_sdebnn.data.loaders.check_finite_batch`: a NaN or an infinity raises a ``ValueError`` naming
   the argument, the batch and the index (tensors are checked once, whole, so the index is the row of ``x``);
 - :func:`_data_parallel_sampler` / :func:`_is_sharded` tell whether a loader is sharded over several ranks
-  (:mod:`pyro_sdebnn.comm`).
+  (:mod:`pyro_sdebnn.distributed`).
 
 Loaders are handled by :mod:`pyro_sdebnn.data.loaders`; this module adds the error messages naming the
 argument and the random-state bookkeeping that keeps a peek at a loader from changing any later draw.
@@ -23,7 +23,7 @@ from typing import Iterator
 import torch
 from torch import Tensor, nn
 
-from pyro_sdebnn.comm import data_parallel_sampler, is_sharded
+from pyro_sdebnn._comm import data_parallel_sampler, is_sharded
 from pyro_sdebnn.data.loaders import (
     check_finite_batch,
     dataset_size,
@@ -154,7 +154,7 @@ def _is_sharded(loader) -> bool:
 def _data_parallel_sampler(loader):
     """The ``DistributedSampler`` of a data-parallel fit (several ranks, a sharded loader), else ``None``.
 
-    See :mod:`pyro_sdebnn.comm`.
+    See :mod:`pyro_sdebnn.distributed`.
     """
     if loader is None or not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return None

@@ -243,7 +243,7 @@ class SVIBaseline(BaselineMethod):
         (``len(x.dataset)``), ``x.sampler.set_epoch(epoch)`` is called before every epoch (counted as
         :attr:`epoch`), the losses are means over the ranks and :meth:`save` writes on rank 0 only. Every rank
         holds the same parameters: for MAP those of one process on the combined batches. See
-        :mod:`pyro_sdebnn.comm`.
+        :mod:`pyro_sdebnn.distributed`.
         """
         loader = x if _is_loader_arg(x) else None
         data = _TrainingData(x, y, self.likelihood, batch_size)

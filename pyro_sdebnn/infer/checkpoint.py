@@ -8,16 +8,16 @@ one envelope::
 
     {"format": "pyro_sdebnn/<kind>", "version": 1, ...the state of that kind...}
 
-with ``<kind>`` one of :data:`KINDS` (``"baseline"``, ``"svi"``, ``"sgmcmc"``). It holds only tensors, numbers,
+with ``<kind>`` one of ``KINDS`` (``"baseline"``, ``"svi"``, ``"sgmcmc"``). It holds only tensors, numbers,
 strings, lists and dictionaries (no pickled objects, constraints or closures), so that
-``torch.load(path, weights_only=True)`` reads it. :func:`save_checkpoint` writes it atomically (to a temporary file in
+``torch.load(path, weights_only=True)`` reads it. ``save_checkpoint`` writes it atomically (to a temporary file in
 the same folder, then moved into place: an interrupted write leaves the previous checkpoint);
 :func:`load_checkpoint` reads it back and checks the envelope: a file of another kind or version, or not a checkpoint
 at all (truncated, corrupted), raises a ``ValueError`` naming the format and version expected.
 
-The training state a checkpoint needs to *resume* bitwise includes every random state a run reads: :func:`rng_state`
+The training state a checkpoint needs to *resume* bitwise includes every random state a run reads: ``rng_state``
 captures torch's CPU generator, every initialised CUDA device's, NumPy's, Python's, and the ``torch.Generator`` objects
-a loader shuffles with (``DataLoader(generator=...)``, its sampler's); :func:`set_rng_state` restores them.
+a loader shuffles with (``DataLoader(generator=...)``, its sampler's); ``set_rng_state`` restores them.
 
 Fitted baselines (:class:`~pyro_sdebnn.infer.MAPEstimate`, :class:`~pyro_sdebnn.infer.MeanFieldVI`,
 :class:`~pyro_sdebnn.infer.MCDropout`, :class:`~pyro_sdebnn.infer.DeepEnsemble`, :class:`~pyro_sdebnn.infer.Laplace`)
@@ -55,7 +55,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["CHECKPOINT_VERSION", "KINDS", "load_checkpoint", "rng_state", "save_checkpoint", "set_rng_state"]
+__all__ = ["load_checkpoint"]
 
 #: The version of the checkpoint layout written by this version of the package (the ``"version"`` entry).
 CHECKPOINT_VERSION = 1
@@ -101,7 +101,7 @@ def save_checkpoint(kind: str, state: dict, path) -> None:
     :func:`torch.save`, atomically: it goes to a temporary file in the same folder first and replaces ``path`` only
     once complete, so an interrupted write leaves the previous checkpoint.
 
-    :param str kind: one of :data:`KINDS`.
+    :param str kind: one of ``KINDS``.
     :param dict state: tensors, numbers, strings, lists and dictionaries only (what ``weights_only=True`` loads);
         its ``"format"`` and ``"version"`` entries, if it has them, must be those of ``envelope(kind)``.
     :raises ValueError: for an unknown ``kind`` or a ``state`` holding another envelope.
@@ -122,10 +122,10 @@ def save_checkpoint(kind: str, state: dict, path) -> None:
 
 
 def load_checkpoint(path, kind: str | None = None, map_location=None) -> dict:
-    """Read a checkpoint written by :func:`save_checkpoint` with ``torch.load(..., weights_only=True)``.
+    """Read a checkpoint written by ``save_checkpoint`` with ``torch.load(..., weights_only=True)``.
 
     :param path: the file.
-    :param str kind: the kind expected (one of :data:`KINDS`); ``None`` accepts any kind of this version.
+    :param str kind: the kind expected (one of ``KINDS``); ``None`` accepts any kind of this version.
     :param map_location: passed to :func:`torch.load`.
     :returns: the checkpoint dictionary, envelope included.
     :raises FileNotFoundError: if ``path`` does not exist.
@@ -210,7 +210,7 @@ def rng_state(loader=None) -> dict:
 
 
 def set_rng_state(state: dict, loader=None) -> None:
-    """Restore what :func:`rng_state` captured (the loader's generators only if it has as many)."""
+    """Restore what ``rng_state`` captured (the loader's generators only if it has as many)."""
     gens = loader_generators(loader) if loader is not None else []
     saved = state.get("loader", [])
     if gens and saved and len(gens) != len(saved):

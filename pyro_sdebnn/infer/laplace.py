@@ -65,7 +65,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, jacrev, vmap
 
-from pyro_sdebnn.comm import all_reduce_sum, broadcast_module_
+from pyro_sdebnn._comm import all_reduce_sum, broadcast_module_
 from pyro_sdebnn.data.loaders import check_finite_batch, iter_batches
 from pyro_sdebnn.infer._baseline_data import (
     _check_data,

@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from pyro_sdebnn.comm import all_reduce_mean, average_gradients_, broadcast_module_, is_main, running_stats
+from pyro_sdebnn._comm import all_reduce_mean, average_gradients_, broadcast_module_, is_main, running_stats
 from pyro_sdebnn.infer._baseline_data import (
     _data_parallel_sampler,
     _module_device_dtype,
@@ -188,7 +188,7 @@ def train_network(
     every rank first, the gradients are averaged across the ranks before every Adam step (and before clipping),
     the batch-norm running statistics after every step, ``x.sampler.set_epoch(epoch)`` is called before every
     epoch (from 0 at every call) and the losses are over all the ranks' points. The ranks then hold the parameters
-    of one process on the combined batches (without batch norm). See :mod:`pyro_sdebnn.comm`.
+    of one process on the combined batches (without batch norm). See :mod:`pyro_sdebnn.distributed`.
     """
     history, _ = _train_network(
         net, x, y, likelihood, num_epochs=num_epochs, lr=lr, batch_size=batch_size, weight_decay=weight_decay,

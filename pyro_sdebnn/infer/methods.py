@@ -37,7 +37,7 @@ from typing import Any, Callable, TypeVar
 import torch
 from torch import Tensor, nn
 
-from pyro_sdebnn.comm import is_main
+from pyro_sdebnn._comm import is_main
 from pyro_sdebnn.infer._baseline_data import (
     _data_parallel_sampler,
     _is_loader_arg,

@@ -2,11 +2,11 @@
 r"""The sampling-free ELBO of MNVI / sampling-free MFVI (Schmitt & Roth [1], Sec. 3).
 
 :class:`SamplingFree_ELBO` is Pyro's :class:`~pyro.infer.TraceMeanField_ELBO` (observed sites: their
-``log_prob``; latent sites: the analytic KL) run under the :func:`~pyro_sdebnn.nn.mnvi.sampling_free` effect
+``log_prob``; latent sites: the analytic KL) run under the ``sampling_free`` effect
 handler, under which no weight is sampled (latent sites take their variational mean; only the *distributions*
 matter) and a :class:`~pyro_sdebnn.nn.mnvi.SamplingFreeBNN` model propagates means and variances through its
-network, observing an expected-likelihood distribution (:class:`~pyro_sdebnn.nn.mnvi.SamplingFreeNormal`:
-closed form; :class:`~pyro_sdebnn.nn.mnvi.SamplingFreeCategorical`: sampled logits in output space). The loss
+network, observing an expected-likelihood distribution (``SamplingFreeNormal``:
+closed form; ``SamplingFreeCategorical``: sampled logits in output space). The loss
 is (eq. (18) of [1])
 
 .. math::

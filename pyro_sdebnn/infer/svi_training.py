@@ -35,7 +35,7 @@ envelope it holds
 * ``"optim"``: ``svi.optim.get_state()``, the ``state_dict`` of the optimiser (and of the
   learning-rate scheduler of a :class:`~pyro.optim.PyroLRScheduler`) of every parameter;
 * ``"epoch"`` (the number of finished epochs), ``"losses"`` (their losses) and ``"rng"``
-  (:func:`~pyro_sdebnn.infer.checkpoint.rng_state`: torch's CPU and CUDA generators, NumPy's, Python's, and the
+  (``rng_state``: torch's CPU and CUDA generators, NumPy's, Python's, and the
   loader's own generators).
 
 ``resume=path`` restores all of these before the next epoch, so a run stopped after epoch :math:`k`
@@ -45,7 +45,7 @@ such a checkpoint, is truncated, or belongs to another model (other parameter na
 a ``ValueError`` and changes nothing.
 
 **Data-parallel.** Under ``torchrun`` with a loader sharded by a
-:class:`~torch.utils.data.distributed.DistributedSampler` (:func:`~pyro_sdebnn.comm.distributed_loader`),
+:class:`~torch.utils.data.distributed.DistributedSampler` (:func:`~pyro_sdebnn.distributed.distributed_loader`),
 :func:`train_svi` is data-parallel by itself. The one change from a single-process run: between ``loss_and_grads``
 and the optimiser step, the gradients of all the Pyro parameters of the step (model and guide,
 ``pyro.get_param_store()``, which includes the weights of ``PyroModule`` networks and of modules registered with
@@ -66,7 +66,7 @@ with the *global* data size :math:`N` (``len(loader.dataset)`` is the whole data
 the estimate of one process on the combined batch :math:`B = \cup_r B_r`: a deterministic objective (MAP with
 :class:`~pyro.infer.autoguide.AutoDelta`, the sampling-free ELBO) gives the parameters of the single-process run on
 the combined batches, up to rounding; a sampled ELBO gives an estimate with :math:`W` independent guide draws (one
-per rank, when the ranks are seeded with :func:`~pyro_sdebnn.comm.init`'s ``seed_per_rank=True``).
+per rank, when the ranks are seeded with :func:`~pyro_sdebnn.distributed.init`'s ``seed_per_rank=True``).
 
 Only rank 0 writes the ``checkpoint`` and shows the progress bar. The parameters are copied from rank 0 to the
 others before the first step, so the ranks need not share a seed for the initialisation.
@@ -107,7 +107,7 @@ from pyro.poutine.trace_struct import Trace
 from torch import Tensor, nn
 from tqdm.auto import trange
 
-from pyro_sdebnn.comm import (
+from pyro_sdebnn._comm import (
     all_gather_objects,
     average_gradients_,
     broadcast_,
@@ -129,7 +129,7 @@ from pyro_sdebnn.infer._baseline_data import _data_parallel_sampler
 from pyro_sdebnn.infer._training import SchedulerStepper, check_clip, svi_update
 from pyro_sdebnn.infer.checkpoint import load_checkpoint, loader_generators, rng_state, save_checkpoint, set_rng_state
 
-__all__ = ["AveragedGradients", "train_svi"]
+__all__ = ["train_svi"]
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints
@@ -222,7 +222,7 @@ class AveragedGradients:
     Used as ``SVI(model, guide, optim, loss=elbo.loss, loss_and_grads=AveragedGradients(elbo).loss_and_grads)``: after
     ``elbo.loss_and_grads`` has filled the ``.grad`` of the unconstrained parameters it touched, their gradients (in
     the order of the parameter names), the loss and the batch-norm running statistics of ``modules`` are averaged by
-    one all-reduce (:func:`~pyro_sdebnn.distributed.average_gradients_`). A parameter without a gradient on a rank
+    one all-reduce (``average_gradients_``). A parameter without a gradient on a rank
     counts as a zero gradient. The loss returned is the mean over the ranks, so that a non-finite loss on one rank is
     non-finite on all of them and every rank raises.
 
@@ -233,7 +233,7 @@ class AveragedGradients:
     :param elbo: a :class:`pyro.infer.ELBO` (any object with ``loss`` and ``loss_and_grads(model, guide, *args,
         **kwargs)`` methods).
     :param modules: the ``nn.Module`` objects whose batch-norm statistics are averaged (see
-        :mod:`pyro_sdebnn.comm`); default: the model and the guide when they are modules or
+        :mod:`pyro_sdebnn.distributed`); default: the model and the guide when they are modules or
         methods of modules (a ``PyroModule`` network, an autoguide), found at the first call.
     :raises ValueError: (when called) if the ranks' parameters differ in names or shapes.
     """
@@ -467,7 +467,7 @@ def train_svi(
     parameters to the others before the first step and averages the batch-norm running statistics of ``modules``),
     ``loader.sampler.set_epoch(epoch)`` is called at the start of every epoch, the losses are the means over the
     ranks, and only rank 0 writes the ``checkpoint``; ``svi``'s loss must then be a :class:`pyro.infer.ELBO`. See
-    :mod:`pyro_sdebnn.comm`. On one process, or with tensors or a loader without a
+    :mod:`pyro_sdebnn.distributed`. On one process, or with tensors or a loader without a
     ``DistributedSampler``, nothing changes.
     """
     if not isinstance(svi, pyro.infer.SVI):

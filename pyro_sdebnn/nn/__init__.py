@@ -4,7 +4,7 @@
 - :class:`SDEBNN`, :class:`MultiScaleSDEBNN` -- hidden units follow an ODE driven by an SDE weight path.
 - :class:`ODENet`, :class:`ResNet` -- the same network with constant / per-block weights (the baselines of
   Table 1 in Xu et al. (2022) [1]); :class:`ContinuousDepthNet` is their shared base (model, guide, predict).
-- :class:`DriftMLP`, :class:`TimeMLPField`, :class:`ConvField` -- the drift networks of the weight SDE and the
+- :class:`DriftMLP`, ``TimeMLPField``, ``ConvField`` -- the drift networks of the weight SDE and the
   hidden-state fields.
 - :mod:`pyro_sdebnn.nn.mnvi` -- moment-propagating layers for sampling-free VI (``MNLinear``, ``to_mnvi``, ...).
 
@@ -15,17 +15,15 @@
 """
 
 from pyro_sdebnn.nn.continuous_depth import ContinuousDepthNet
-from pyro_sdebnn.nn.sde_drift import ConvField, DriftMLP, TimeMLPField
+from pyro_sdebnn.nn.sde_drift import DriftMLP
 from pyro_sdebnn.nn.sdebnn import SDEBNN, MultiScaleSDEBNN
 from pyro_sdebnn.nn.ode_net import ODENet, ResNet
 
 __all__ = [
     "ContinuousDepthNet",
-    "ConvField",
     "DriftMLP",
     "MultiScaleSDEBNN",
     "ODENet",
     "ResNet",
     "SDEBNN",
-    "TimeMLPField",
 ]

@@ -3,7 +3,7 @@
 and :class:`~pyro_sdebnn.nn.ResNet`.
 
 All three integrate the hidden state with Euler steps of one field :math:`f_h` (a
-:class:`~pyro_sdebnn.nn.TimeMLPField` for vectors, a :class:`~pyro_sdebnn.nn.ConvField` for images)
+``TimeMLPField`` for vectors, a ``ConvField`` for images)
 whose weights :math:`W_k` are given per step, then read the output through a linear head:
 
 .. math::

@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Constant-weight baselines of the SDE-BNN: the ODE-Net and the discrete ResNet (± mean-field VI).
 
-Both networks reuse the SDE-BNN's field :math:`f_h` (:class:`~pyro_sdebnn.nn.TimeMLPField` for vectors,
-:class:`~pyro_sdebnn.nn.ConvField` for images), input augmentation, linear head, Euler grid and
+Both networks reuse the SDE-BNN's field :math:`f_h` (``TimeMLPField`` for vectors,
+``ConvField`` for images), input augmentation, linear head, Euler grid and
 likelihoods, but replace the OU weight path by constant weights:
 
 .. math::

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Networks used inside the SDE-BNN: the hidden-state fields f_h and the posterior drift correction.
 
-- :class:`TimeMLPField` and :class:`ConvField` are *functional* fields
+- ``TimeMLPField`` and ``ConvField`` are *functional* fields
   :math:`f_h(h, t; w)`: they own no parameters; their weights are a flat vector ``w`` of length
   ``num_weights`` (the state of the weight SDE), with arbitrary leading sample dimensions so
   that many weight paths are integrated at once.
@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["ConvField", "DriftMLP", "TimeMLPField"]
+__all__ = ["DriftMLP"]
 
 _ACTIVATIONS = {"tanh": torch.tanh, "swish": F.silu, "relu": F.relu, "softplus": F.softplus}
 

@@ -277,7 +277,7 @@ def _sync(net: PyroModule, guide, x: Tensor) -> None:
 class MultiScaleSDEBNN(ParamStoreModule, PyroModule):
     """Multi-scale image SDE-BNN: SDE-BNN conv blocks with invertible space-to-depth downsampling between them.
 
-    Block ``b`` integrates :math:`dh = f_h^{(b)}(h, t; w^{(b)}_t)\\,dt` (a :class:`~pyro_sdebnn.nn.ConvField`)
+    Block ``b`` integrates :math:`dh = f_h^{(b)}(h, t; w^{(b)}_t)\\,dt` (a ``ConvField``)
     along its own OU weight path, sampled at site ``"w_path_{b}"``; between blocks
     :func:`torch.nn.functional.pixel_unshuffle` maps ``(C, H, W) -> (4C, H/2, W/2)`` (invertible, no
     parameters). All paths are sampled before any integration, so that

@@ -138,7 +138,8 @@ CLI_SEED = 21
 def scenarios(out: str) -> dict:
     """Data-parallel SVI and fits, chains over ranks, a data-parallel chain, ensembles, Laplace, batch norm, the
     command line, and the failures, in one process group (and a second one with a short timeout)."""
-    from pyro_sdebnn import distributed
+    from pyro_sdebnn import _comm, distributed
+    from pyro_sdebnn.distributed.ensembles import gather_predict_outputs
     from pyro_sdebnn.infer.mcmc import SGLD
     from pyro_sdebnn.infer import train_svi
     from pyro_sdebnn.infer.map_training import train_network
@@ -270,7 +271,7 @@ def scenarios(out: str) -> dict:
     # 5. a deep ensemble with one member per rank (seeds ENS_SEED + rank), gathered for prediction
     distributed.init(seed=ENS_SEED)
     ens = make_ensemble(distributed.local_members(2)).fit(x, y, **ENS_FIT)
-    res["ens_outputs"] = distributed.gather_predict_outputs(ens, x)
+    res["ens_outputs"] = gather_predict_outputs(ens, x)
     pred = distributed.gather_prediction(ens, x)
     res["ens_loc"] = None if pred is None else pred.loc
     distributed.barrier()
@@ -298,10 +299,10 @@ def scenarios(out: str) -> dict:
     # 8. the command line under torchrun: one replicate per rank, rank 0 writes the outputs
     from pyro_sdebnn import cli
 
-    port = distributed.all_gather_objects(_free_port())[0]  # for the group of 9, agreed while one runs
+    port = _comm.all_gather_objects(_free_port())[0]  # for the group of 9, agreed while one runs
     res["cli_status"] = cli.main(["--distributed", "--output", os.path.join(out, "cli"), "--seed", str(CLI_SEED),
                                   "benchmark", "fake"], experiments={"fake": FAKE_BENCHMARK})
-    res["cli_group_kept"] = distributed.is_initialized()  # main leaves a group it did not start
+    res["cli_group_kept"] = _comm.is_initialized()  # main leaves a group it did not start
     # 9. a new group with a 1.5 s timeout: rank 1 does not reach the all-reduce (it waits for rank 0's result), rank 0
     # must raise within the timeout; then rank 1 leaves (its process ends, as a crashed rank's does) and rank 0's
     # next collective must raise, not hang
@@ -316,7 +317,7 @@ def scenarios(out: str) -> dict:
         return res
     start = time.perf_counter()
     try:
-        distributed.all_reduce_mean(torch.ones(3))
+        _comm.all_reduce_mean(torch.ones(3))
     except distributed.DistributedError as err:
         res["stalled"] = {"error": str(err), "seconds": time.perf_counter() - start}
     open(signal, "w").close()

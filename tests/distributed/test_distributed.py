@@ -20,7 +20,7 @@ from pyro.infer.autoguide import AutoDelta
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from pyro_sdebnn import distributed
+from pyro_sdebnn import _comm, distributed
 from pyro_sdebnn.distributed import chains
 from pyro_sdebnn.infer import MAPEstimate, TracePathKL_ELBO, train_svi
 from pyro_sdebnn.infer.map_training import train_network
@@ -53,8 +53,8 @@ def test_single_process_is_a_world_of_one():
     assert distributed.init(seed=0).type == ("cuda" if torch.cuda.is_available() else "cpu")
     assert (distributed.world_size(), distributed.rank(), distributed.is_main()) == (1, 0, True)
     t = torch.tensor([1.0, 2.0])
-    assert distributed.all_reduce_mean(t) is t
-    assert distributed.gather_objects("a") == ["a"]
+    assert _comm.all_reduce_mean(t) is t
+    assert _comm.gather_objects("a") == ["a"]
     distributed.barrier()
     loader = distributed.distributed_loader(TensorDataset(torch.arange(6.0), torch.zeros(6)), 4, shuffle=False)
     assert isinstance(loader.sampler, torch.utils.data.SequentialSampler) and loader.batch_size == 4
@@ -64,20 +64,20 @@ def test_data_parallel_helpers_do_nothing_on_one_process():
     x, y = W.data()
     sharded = DataLoader(TensorDataset(x, y), batch_size=4,
                          sampler=DistributedSampler(TensorDataset(x, y), num_replicas=1, rank=0))
-    assert distributed.data_parallel_sampler(sharded) is None  # no group: a plain single-process fit
+    assert _comm.data_parallel_sampler(sharded) is None  # no group: a plain single-process fit
     net = torch.nn.Linear(2, 1)
     before = {k: v.clone() for k, v in net.state_dict().items()}
-    distributed.broadcast_module_(net)
+    _comm.broadcast_module_(net)
     net(torch.ones(3, 2)).sum().backward()
     grads = [p.grad.clone() for p in net.parameters()]
-    values = distributed.average_gradients_(net.parameters(), torch.tensor(2.5))
+    values = _comm.average_gradients_(net.parameters(), torch.tensor(2.5))
     assert values.tolist() == [2.5]
     for p, g in zip(net.parameters(), grads):
         assert torch.equal(p.grad, g)
     for k, v in net.state_dict().items():
         assert torch.equal(v, before[k])
     with pytest.raises(ValueError, match="params"):
-        distributed.average_gradients_([])
+        _comm.average_gradients_([])
 
 
 def test_averaged_gradients_in_svi_step_is_plain_svi_on_one_process(float64):
@@ -456,7 +456,7 @@ def test_benchmark_command_with_distributed_on_one_process_is_the_plain_run(tmp_
     assert sorted(os.listdir(tmp_path / "dist")) == ["draw.txt", "summary.json"]  # no rank folders
     for file in ("draw.txt", "summary.json"):
         assert (tmp_path / "dist" / file).read_text() == (tmp_path / "plain" / file).read_text()
-    assert not distributed.is_initialized()
+    assert not _comm.is_initialized()
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:  # argparse's one-line error, exit status 2
         cli.main(["--distributed", "--dist-timeout", "0", "benchmark", "fake"], experiments=fake)

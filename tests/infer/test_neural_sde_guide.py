@@ -11,7 +11,7 @@ from torch import nn
 from pyro_sdebnn.distributions import OUPath
 from pyro_sdebnn.infer import NeuralSDEGuide, NeuralSDEPath
 from pyro_sdebnn.nn import DriftMLP
-from pyro_sdebnn.ops import time_grid
+from pyro_sdebnn.ops.sde_solve import time_grid
 
 
 TIMES = time_grid((0.0, 1.0), 0.125, dtype=torch.float64)

@@ -27,10 +27,9 @@ from pyro_sdebnn.nn.mnvi import (
     MNReLU,
     MNSequential,
     SamplingFreeBNN,
-    SamplingFreeCategorical,
-    SamplingFreeNormal,
 )
 from pyro_sdebnn.nn.mnvi.handlers import sampling_free
+from pyro_sdebnn.nn.mnvi.likelihoods import SamplingFreeCategorical, SamplingFreeNormal
 from pyro_sdebnn.ops.moments import gaussian_expected_log_likelihood
 
 Z = 5.0

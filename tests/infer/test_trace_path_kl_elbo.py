@@ -11,7 +11,7 @@ from pyro_sdebnn.data import toy_regression_1d
 from pyro_sdebnn.distributions import OUPath
 from pyro_sdebnn.infer import NeuralSDEGuide, NeuralSDEPath, TracePathKL_ELBO
 from pyro_sdebnn.nn import SDEBNN
-from pyro_sdebnn.ops import time_grid
+from pyro_sdebnn.ops.sde_solve import time_grid
 
 
 TIMES = time_grid((0.0, 1.0), 0.1, dtype=torch.float64)

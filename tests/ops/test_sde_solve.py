@@ -4,9 +4,11 @@
 import pytest
 import torch
 
-from pyro_sdebnn.nn import DriftMLP, TimeMLPField
+from pyro_sdebnn.nn import DriftMLP
+from pyro_sdebnn.nn.sde_drift import TimeMLPField
 from pyro_sdebnn.testing import OUEndpointProblem
-from pyro_sdebnn.ops import AugmentedPathSDE, euler_maruyama_kl, sdeint_augmented, time_grid
+from pyro_sdebnn.ops import AugmentedPathSDE, euler_maruyama_kl, sdeint_augmented
+from pyro_sdebnn.ops.sde_solve import time_grid
 from pyro_sdebnn.ops.sde_solve import brownian_interval, increments_from_brownian
 
 N, STATE, HIDDEN, SIGMA = 3, 3, 4, 0.5

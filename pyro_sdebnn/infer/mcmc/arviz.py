@@ -5,7 +5,7 @@
   (``(chains, draws, ...)``) or flattened (``(chains * draws, ...)``). ``MCMC`` itself stores a kernel's
   ``vectorized_chains=K`` as ``K`` chains, so ``mcmc.get_samples()``, ``Predictive`` and ``mcmc.summary()`` (R-hat
   over the chains) work on them unchanged.
-- :func:`pointwise_log_likelihood`: :math:`\\log p(y_i | \\theta_s)` on the *full* data for every draw, vectorised
+- ``pointwise_log_likelihood``: :math:`\\log p(y_i | \\theta_s)` on the *full* data for every draw, vectorised
   over draws when the model allows it, else draw by draw (models built from ``nn.Linear`` inside a
   ``PyroModule`` do not vectorise, and ``arviz.from_pyro`` then silently drops the log-likelihood).
 - :func:`to_inference_data`: ``arviz.InferenceData`` with posterior, divergences and a log-likelihood that always works,
@@ -42,7 +42,6 @@ __all__ = [
     "function_space_diagnostics",
     "get_samples",
     "load_samples",
-    "pointwise_log_likelihood",
     "posterior_prediction",
     "to_inference_data",
 ]
@@ -145,7 +144,7 @@ def pointwise_log_likelihood(
     :param dict samples: constrained posterior samples, each ``(S, *site_shape)``.
     :param args: model arguments (the full data), or a loader of ``(x, y)`` batches alone: the model then runs
         on every batch of one pass over the loader's data set *in data-set order* 
-        (:func:`~pyro_sdebnn.infer.mcmc.potential.in_dataset_order`:
+        (``in_dataset_order``:
         no shuffling, no dropped last batch) and the log-likelihoods are concatenated along the data dimension
         (all :math:`N` points, entry ``i`` being ``loader.dataset[i]``; the batches go to the samples' device one
         at a time).
@@ -170,7 +169,7 @@ def pointwise_log_likelihood(
 def _log_likelihood_and_observed(
     model: Callable, samples: dict[str, Tensor], args: tuple, kwargs: dict, vectorize: Optional[bool]
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    """:func:`pointwise_log_likelihood` and the observed values, read from the same traces."""
+    """``pointwise_log_likelihood`` and the observed values, read from the same traces."""
     num_draws = next(iter(samples.values())).shape[0]
     if vectorize is not False:
         try:
@@ -209,7 +208,7 @@ def _loader_log_likelihood(
     model: Callable, samples: dict[str, Tensor], loader: Any, vectorize: Optional[bool], kwargs: dict
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """The observed values and the pointwise log-likelihood over one pass of ``loader`` in data-set order
-    (:func:`~pyro_sdebnn.infer.mcmc.potential.in_dataset_order`, every batch of the loader's size, the overlap of the
+    (``in_dataset_order``, every batch of the loader's size, the overlap of the
     last one dropped), batch by batch (each batch traced once for both), concatenated along the data
     dimension. Torch's random state is left unchanged (a loader's workers draw their seeds from it)."""
     like = next(iter(samples.values()))
@@ -236,7 +235,7 @@ def to_inference_data(mcmc: Any, *, log_likelihood: bool = True, **kwargs: Any) 
     passed to ``mcmc.run`` (for ``az.loo``/``az.waic``), computed draw by draw when the model does not vectorise.
     For a run over a loader (``mcmc.run(loader)``) both are read in one pass over ``loader.dataset`` in data-set
     order, whatever the loader's shuffling
-    (:func:`~pyro_sdebnn.infer.mcmc.potential.in_dataset_order`): the last axis of ``observed_data`` and
+    (``in_dataset_order``): the last axis of ``observed_data`` and
     ``log_likelihood`` is the index of the data point in the data set, as for the tensors of the data set.
     Prefer it to ``arviz.from_pyro``, which drops the log-likelihood of models that do not vectorise over draws,
     sizes ``sample_stats`` by ``MCMC``'s ``num_chains`` (not the vectorised chains) and orders 11 or more chains'

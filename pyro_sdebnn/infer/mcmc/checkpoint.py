@@ -89,7 +89,7 @@ class ResumableState(_KernelBase):
         The position and auxiliary state (momentum, RMSprop average; unconstrained, flat), the inner step count
         (the position in the step-size schedule), the sample count, the warm-up step-size factor and divergence
         records, the energy history of the divergence check, the minibatch position (the index pass, or the loader's
-        epoch and batch) and the random state (:func:`~pyro_sdebnn.infer.checkpoint.rng_state`: torch's CPU and CUDA
+        epoch and batch) and the random state (``rng_state``: torch's CPU and CUDA
         generators, NumPy's and Python's). It holds only tensors, numbers, strings, lists and dicts, so
         ``torch.save`` / ``torch.load(path, weights_only=True)`` round-trip it. See
         :func:`save_run`.

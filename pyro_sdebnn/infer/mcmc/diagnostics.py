@@ -1,15 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
 """Checks of the SG-MCMC kernels: the model and its data before sampling, divergences while sampling, the run after.
 
-- *Model and data* (at set-up, :class:`~pyro_sdebnn.infer.mcmc.potential.MinibatchPotential`): the data are finite
+- *Model and data* (at set-up, ``MinibatchPotential``): the data are finite
   and inside the support of their likelihood (else a ``ValueError`` names the argument or site: a data problem, not
   a divergence), the latent sites are sampled outside the subsampled data plates, and the plates over the data are
   found with their sizes :math:`N_p` and minibatch sizes :math:`b_p`.
 - *Divergences* (once per returned sample, per chain, on values the step already computed): a non-finite state,
-  potential or gradient, or a chain whose energy leaves the typical set (:class:`DivergenceCheck`). A flagged
+  potential or gradient, or a chain whose energy leaves the typical set (``DivergenceCheck``). A flagged
   chain stops the run (:class:`SamplerDivergenceError`) or, with ``on_divergence="continue"``, restarts from its
   last healthy state.
-- *The run* (at the end of ``MCMC.run``, :class:`RunChecks`): one :class:`SamplerWarning` per problem, as Stan
+- *The run* (at the end of ``MCMC.run``, ``RunChecks``): one :class:`SamplerWarning` per problem, as Stan
   prints them: a site whose split :math:`\\hat R` across the chains exceeds 1.1 (Gelman et al. [1]), a chain sitting
   at a support boundary for more than half of its draws, divergences.
 
@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 else:
     _KernelBase = object
 
-__all__ = ["DivergenceCheck", "RunChecks", "SamplerDivergenceError", "SamplerWarning"]
+__all__ = ["SamplerDivergenceError", "SamplerWarning"]
 
 
 # ----- the model and its data --------------------------------------------------------------------------------------

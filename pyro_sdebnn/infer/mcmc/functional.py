@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 else:
     _KernelBase = object
 
-__all__ = ["FSGHMC", "FSGLD", "FunctionalKernelMixin", "FunctionalPotential", "MeasurementPoints", "likelihood_outputs"]
+__all__ = ["FSGHMC", "FSGLD", "MeasurementPoints"]
 
 
 class _NoSampling(Messenger):
@@ -117,7 +117,7 @@ class FunctionalPotential(MinibatchPotential):
     :param float jitter: relative jitter :math:`\\delta / \\overline{\\operatorname{diag} K}` (raised at set-up if
         the Cholesky factorisation of an example set fails).
     :param str output_site: name of the deterministic site with the network outputs ``(n,)`` or ``(n, C)``; or of
-        the likelihood site, whose distribution gives them (:func:`likelihood_outputs`). Without a site of that
+        the likelihood site, whose distribution gives them (``likelihood_outputs``). Without a site of that
         name, the default ``"f"`` reads them from the model's one observed site in the data plate.
     :param prior_sites: latent sites whose own priors are kept (e.g. an observation-noise scale); the priors of
         all other latent sites (the weights) are dropped.
@@ -132,7 +132,7 @@ class FunctionalPotential(MinibatchPotential):
         the two-trace potential and gradient at a random point, else trace twice; ``True``: require the
         concatenated path (``ValueError`` if the model does not allow it); ``False``: always trace twice.
     :param int data_size: :math:`N` when ``model_args`` are one batch of a loader (``minibatch_mode="batch"``, see
-        :class:`~pyro_sdebnn.infer.mcmc.potential.MinibatchPotential`): the positional arguments are the batch
+        ``MinibatchPotential``): the positional arguments are the batch
         :math:`(x_B, y_B)`, concatenated with the measurement arguments on the concatenated path.
 
     >>> import pyro.contrib.gp as gp
@@ -793,9 +793,9 @@ class FSGLD(FunctionalKernelMixin, SGLD):
             pyro.sample("obs", dist.Normal(f, sigma), obs=None if y is None else y[idx])
 
     or, for a model written as for NUTS without that site, from its likelihood (the ``loc`` of a ``Normal``, the
-    ``logits`` of a ``Bernoulli`` or ``Categorical``: :func:`likelihood_outputs`), evaluated at :math:`X_M` in the
+    ``logits`` of a ``Bernoulli`` or ``Categorical``: ``likelihood_outputs``), evaluated at :math:`X_M` in the
     same forward pass as the minibatch when that reproduces the two-pass potential at set-up
-    (:class:`FunctionalPotential`). Over a loader (``mcmc.run(loader)``) the kernel needs ``measurement_points=``
+    (``FunctionalPotential``). Over a loader (``mcmc.run(loader)``) the kernel needs ``measurement_points=``
     (e.g. ``MeasurementPoints(next(iter(loader))[0])``) or a :class:`~pyro_sdebnn.distributions.GPFunctionalPrior`;
     checkpoints hold the measurement-set stream. All settings of :class:`~pyro_sdebnn.infer.mcmc.SGLD` apply.
 
@@ -816,7 +816,7 @@ class FSGLD(FunctionalKernelMixin, SGLD):
     :param callable measurement_args: ``X_M -> (args, kwargs)`` of the model.
     :param callable output_fn: ``output_fn(values, X_M) -> f(X_M)`` instead of running the model on :math:`X_M`.
     :param concatenate_inputs: ``None``: one pass on :math:`[x_B; X_M]` when it reproduces the two-trace potential
-        at set-up (:class:`FunctionalPotential`); ``True``: require it; ``False``: always trace twice.
+        at set-up (``FunctionalPotential``); ``True``: require it; ``False``: always trace twice.
 
     **References**
 

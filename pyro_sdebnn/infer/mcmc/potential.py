@@ -2,7 +2,7 @@
 """From a Pyro model to the minibatch potential of one flat unconstrained vector, and the minibatches that feed it.
 
 The model is traced once to learn its latent sites, their supports and the plates over the data.
-:class:`MinibatchPotential` is then a function of :math:`u \\in \\mathbb R^D`, the latent sites mapped to
+``MinibatchPotential`` is then a function of :math:`u \\in \\mathbb R^D`, the latent sites mapped to
 unconstrained space by ``biject_to(site.support)`` and concatenated:
 
 .. math::
@@ -16,12 +16,12 @@ sites and ``pyro.factor`` terms outside every data plate are full-data terms. Th
 without replacement, so :math:`\\tilde U` is an unbiased estimate of the full-data potential (Welling and Teh,
 2011). A minibatch reaches the model in one of three ways: as the ``subsample`` of its data plate (a model that
 indexes the data with the plate's indices), as its data arguments sliced by the minibatch indices (a plain model),
-or as the next batch of a loader (:class:`BatchStream`, ``mcmc.run(loader)``); the last two scale the data plate by
+or as the next batch of a loader (``BatchStream``, ``mcmc.run(loader)``); the last two scale the data plate by
 :math:`N/b` themselves.
 
 The model and the data are checked when the potential is built (:mod:`~pyro_sdebnn.infer.mcmc.diagnostics`).
 Latent sites whose prior is a ``Normal`` with fixed parameters can be taken out of the traced graph and added in
-closed form (:class:`ClosedFormGaussianPrior`; the kernels' ``closed_form_prior=`` switch).
+closed form (``ClosedFormGaussianPrior``; the kernels' ``closed_form_prior=`` switch).
 
 **References**
 
@@ -62,7 +62,7 @@ from pyro_sdebnn.infer.mcmc.diagnostics import (
     find_data_plates,
 )
 
-__all__ = ["BatchStream", "ClosedFormGaussianPrior", "MinibatchPotential", "in_dataset_order", "is_data_loader"]
+__all__: list[str] = []
 
 SubsampleSize = Union[None, int, Mapping[str, int]]
 
@@ -319,7 +319,7 @@ class MinibatchPotential:
 
     def gaussian_prior(self, flat: Tensor) -> tuple[Tensor, Tensor]:
         """:math:`-\\log p` of the constant-Normal prior sites and its gradient, in closed form on the flat vector
-        (:class:`~pyro_sdebnn.infer.mcmc.potential.ClosedFormGaussianPrior`)."""
+        (``ClosedFormGaussianPrior``)."""
         return self._closed_form_prior(flat)
 
 
@@ -861,7 +861,7 @@ class BatchStream:
         self.position = skip
 
     def follow_model(self, potential: Any) -> None:
-        """Read from the model (its :class:`~pyro_sdebnn.infer.mcmc.potential.MinibatchPotential`) whether its data
+        """Read from the model (its ``MinibatchPotential``) whether its data
         plate fixes its own ``subsample_size`` (``pyro.plate("data", len(x), subsample_size=b)``): Pyro's plate then
         cannot run on a shorter batch (``subsample_size`` must match the indices), so :meth:`next` passes over the
         batches of another size, as ``drop_last=True`` would."""

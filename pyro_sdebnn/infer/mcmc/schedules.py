@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import Union
 
-__all__ = ["ConstantStepSize", "CyclicalStepSize", "PolynomialDecay", "StepSizeSchedule", "as_schedule"]
+__all__ = ["CyclicalStepSize", "PolynomialDecay", "StepSizeSchedule"]
 
 
 class StepSizeSchedule:
@@ -128,7 +128,7 @@ class CyclicalStepSize(StepSizeSchedule):
 
 
 def as_schedule(step_size: Union[float, StepSizeSchedule]) -> StepSizeSchedule:
-    """Wrap a float into :class:`ConstantStepSize`; pass schedules through.
+    """Wrap a float into ``ConstantStepSize``; pass schedules through.
 
     >>> as_schedule(0.1)
     ConstantStepSize(0.1)

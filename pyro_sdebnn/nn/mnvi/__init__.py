@@ -12,9 +12,9 @@ for a deterministic input) and act as ordinary layers on plain tensors:
   identities).
 - Containers: :class:`MNSequential`, :class:`MNResidualBlock`, :class:`MNConcat`; converters :func:`to_mnvi`,
   :func:`to_mean_field` from plain ``torch.nn`` networks (extend them with :func:`register_converter`).
-- Pyro: :class:`SamplingFreeBNN` (model/guide pair, one-pass predictive), the :func:`sampling_free`
-  handler and the expected-likelihood distributions :class:`SamplingFreeNormal`,
-  :class:`SamplingFreeCategorical`, and :func:`probit_softmax` (the deterministic classification
+- Pyro: :class:`SamplingFreeBNN` (model/guide pair, one-pass predictive), the ``sampling_free``
+  handler and the expected-likelihood distributions ``SamplingFreeNormal``,
+  ``SamplingFreeCategorical``, and :func:`probit_softmax` (the deterministic classification
   predictive); train with :class:`pyro_sdebnn.infer.SamplingFree_ELBO`.
 
 **References**
@@ -28,9 +28,8 @@ from pyro_sdebnn.nn.mnvi.activations import MNActivation, MNReLU
 from pyro_sdebnn.nn.mnvi.bnn import SamplingFreeBNN
 from pyro_sdebnn.nn.mnvi.container import MNConcat, MNResidualBlock, MNSequential
 from pyro_sdebnn.nn.mnvi.convert import register_converter, to_mean_field, to_mnvi
-from pyro_sdebnn.nn.mnvi.handlers import sampling_free
 from pyro_sdebnn.nn.mnvi.layers import BayesianLayer, MNConv2d, MNLinear
-from pyro_sdebnn.nn.mnvi.likelihoods import SamplingFreeCategorical, SamplingFreeNormal, probit_softmax
+from pyro_sdebnn.nn.mnvi.likelihoods import probit_softmax
 from pyro_sdebnn.nn.mnvi.mean_field import MFConv2d, MFLinear
 from pyro_sdebnn.nn.mnvi.normalization import MNBatchNorm1d, MNBatchNorm2d
 from pyro_sdebnn.nn.mnvi.pooling import MNAdaptiveAvgPool2d, MNAvgPool2d, MNFlatten, MNMaxPool2d
@@ -53,11 +52,8 @@ __all__ = [
     "MNResidualBlock",
     "MNSequential",
     "SamplingFreeBNN",
-    "SamplingFreeCategorical",
-    "SamplingFreeNormal",
     "probit_softmax",
     "register_converter",
-    "sampling_free",
     "to_mean_field",
     "to_mnvi",
 ]

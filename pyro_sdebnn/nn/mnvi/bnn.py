@@ -21,10 +21,10 @@ Two ways to run the same program:
 1. **Sampling-based** (``Trace_ELBO``, ``TraceMeanField_ELBO``, ``pyro.infer.Predictive``): the model
    runs the ordinary network on the sampled weights (``torch.func.functional_call``) and observes
    ``Normal(mu, exp(c/2))`` or ``Categorical(logits)``.
-2. **Sampling-free** (under the :func:`~pyro_sdebnn.nn.mnvi.sampling_free` handler installed by
+2. **Sampling-free** (under the ``sampling_free`` handler installed by
    :class:`~pyro_sdebnn.infer.SamplingFree_ELBO`): the model propagates means and variances through
    the network using the guide's parameters and observes a
-   :class:`~pyro_sdebnn.nn.mnvi.SamplingFreeNormal` / :class:`~pyro_sdebnn.nn.mnvi.SamplingFreeCategorical`
+   ``SamplingFreeNormal`` / ``SamplingFreeCategorical``
    whose ``log_prob`` is the expected log-likelihood :math:`\mathbb E_q[\log p(y\mid x, w)]`;
    the ELBO adds the closed-form KL of the weight sites.
 

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The ``sampling_free`` effect handler: run a :class:`~pyro_sdebnn.nn.mnvi.SamplingFreeBNN` model by moment propagation.
 
-Under :func:`sampling_free`, :meth:`~pyro_sdebnn.nn.mnvi.SamplingFreeBNN.model` propagates means
+Under ``sampling_free``, :meth:`~pyro_sdebnn.nn.mnvi.SamplingFreeBNN.model` propagates means
 and variances instead of running the network on sampled weights, and latent sample sites that
 have no value yet take their distribution's mean instead of a random draw (the sampling-free ELBO
 only needs the variational *distributions*, for the closed-form KL). Observed sites are untouched.
@@ -14,7 +14,7 @@ from pyro.poutine.messenger import Messenger
 from pyro.poutine.runtime import _PYRO_STACK
 from pyro.poutine.util import site_is_subsample
 
-__all__ = ["sampling_free"]
+__all__: list[str] = []
 
 
 class SamplingFreeMessenger(Messenger):
@@ -48,5 +48,5 @@ def sampling_free(fn=None):
 
 
 def is_sampling_free() -> bool:
-    """Whether the caller runs under :func:`sampling_free`."""
+    """Whether the caller runs under ``sampling_free``."""
     return any(isinstance(frame, SamplingFreeMessenger) for frame in _PYRO_STACK)

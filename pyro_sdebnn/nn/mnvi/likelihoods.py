@@ -2,7 +2,7 @@
 r"""Likelihoods averaged over Gaussian network outputs, for the sampling-free ELBO ([1], Sec. 3.4).
 
 They are the observation distributions :class:`~pyro_sdebnn.nn.mnvi.SamplingFreeBNN` uses under
-:func:`~pyro_sdebnn.nn.mnvi.sampling_free`: their ``log_prob(y)`` is the *expected* log-likelihood
+``sampling_free``: their ``log_prob(y)`` is the *expected* log-likelihood
 :math:`\mathbb E_{q(h)}[\log p(y\mid h)]` over the network outputs :math:`h\sim\mathcal N(\bar h, v_h)`,
 which is what the ELBO needs. It is a lower bound on the log predictive density, not a normalised
 density in :math:`y`; ``sample`` draws from the predictive distribution.
@@ -35,7 +35,7 @@ from torch.types import _size
 
 from pyro_sdebnn.ops.moments import gaussian_expected_log_likelihood, gaussian_predictive_variance
 
-__all__ = ["SamplingFreeCategorical", "SamplingFreeNormal", "probit_softmax"]
+__all__ = ["probit_softmax"]
 
 
 def probit_softmax(logits_loc: Tensor, logits_var: Tensor) -> Tensor:

@@ -3,7 +3,9 @@ r"""The bottom layer of distributed runs: process group, ranks, collectives, sha
 
 Everything here depends on :mod:`torch.distributed` only (nothing of :mod:`pyro_sdebnn.infer`), so that the training
 loops of :mod:`pyro_sdebnn.infer` import it, and the distributed wrappers of :mod:`pyro_sdebnn.distributed` build on
-both. :mod:`pyro_sdebnn.distributed` re-exports its public names.
+both. The module is private: :mod:`pyro_sdebnn.distributed` exports what a training script calls (:func:`init`,
+:func:`rank`, :func:`world_size`, :func:`is_main`, :func:`barrier`, :func:`shutdown`, :func:`distributed_loader`,
+:class:`DistributedError`); the collectives and the gradient averaging are the package's own plumbing.
 
 **Process group.**
 
@@ -71,13 +73,12 @@ On one process, or with tensor data or a loader without a ``DistributedSampler``
 loops run exactly as they do without :mod:`torch.distributed` (with several ranks, each rank then trains on the data
 it is given on its own, as the members of a deep ensemble split over the ranks do).
 
->>> from pyro_sdebnn import distributed
->>> device = distributed.init(seed=0)  # no torchrun: nothing to set up
->>> distributed.world_size(), distributed.rank(), distributed.is_main()
+>>> device = init(seed=0)  # no torchrun: nothing to set up
+>>> world_size(), rank(), is_main()
 (1, 0, True)
->>> distributed.all_reduce_mean(torch.tensor([1.0, 2.0]))
+>>> all_reduce_mean(torch.tensor([1.0, 2.0]))
 tensor([1., 2.])
->>> distributed.shutdown()
+>>> shutdown()
 """
 
 from __future__ import annotations
