@@ -33,7 +33,7 @@ SKIPPED = {
     ("distributed.rst", 165): "a train.py under torchrun: the user's data set (train_set, d)",
     ("distributed.rst", 180): "a train.py under torchrun: the user's model and data (x, y)",
     ("distributed.rst", 197): "a train.py under torchrun: the user's model and data set",
-    ("distributed.rst", 213): "a train.py under torchrun: the user's loader and test inputs",
+    ("distributed.rst", 216): "a train.py under torchrun: the user's loader and test inputs",
 }
 
 
