@@ -212,6 +212,11 @@ class SVIBaseline(BaselineMethod):
     ) -> "SVIBaseline":
         """Run SVI for ``num_epochs`` passes over the data in minibatches of ``batch_size``.
 
+        The epochs are run by :func:`~pyro_sdebnn.infer.train_svi` (the package's one SVI loop) on
+        ``SVI(self.model, self.guide, optim, elbo)``: with ``subsample_size=batch_size`` for tensors, with
+        ``model_kwargs={"data_size": N}`` for a loader, ``loss_per_datum=True`` and ``first_epoch`` = the epochs
+        of the earlier fits.
+
         :param x: inputs ``(N, ...)`` with targets ``y`` (``ceil(N / batch_size)`` steps per epoch on
             minibatches drawn by the model's subsampled plate), or a loader of ``(x, y)`` batches
             (``y`` omitted, ``batch_size`` unused): one step per batch, the model called as
@@ -233,7 +238,12 @@ class SVIBaseline(BaselineMethod):
             ``optim.get_state()``) and torch's random state are restored, so ``fit(num_epochs=k)`` then
             ``fit(num_epochs=K - k, resume=True)`` (same other arguments) equals ``fit(num_epochs=K)``.
             Without it, a new ``fit`` continues from the current guide parameters with a fresh optimiser.
-        :returns: ``self``; the ELBO loss per epoch (per data point) is in ``self.losses``.
+        :param callback: ``callback(epoch, loss)`` after every epoch, with the epoch counted over every fit
+            (:attr:`epoch`) and its ELBO loss per data point.
+        :returns: ``self``; the ELBO loss per epoch (per data point: the mean of the step losses divided by
+            :math:`N`) is in ``self.losses``.
+        :raises FloatingPointError: if a step's loss is NaN or infinite (the parameters keep their last finite
+            values; the losses of the finished epochs are kept).
         :raises ValueError: if data-parallel (below) and the ranks' loaders take different numbers of steps.
 
         **Data-parallel.** Under ``torchrun`` (:func:`pyro_sdebnn.distributed.init`, :math:`W > 1` ranks), a loader
