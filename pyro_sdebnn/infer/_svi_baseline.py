@@ -278,7 +278,6 @@ class SVIBaseline(BaselineMethod):
             self.model.set_prior_scale(1.0 / math.sqrt(n * weight_decay))
         device = next(iter(self.model.init_values.values())).device
         dtype = next(iter(self.model.init_values.values())).dtype
-        clip = {"clip_norm": clip_norm, "clip_inf_norm": clip_inf_norm}
         store = pyro.get_param_store()
         with store.scope(self._store_state) as scope:
             if self.guide.prototype_trace is None or self._input_shape is None:
@@ -298,15 +297,16 @@ class SVIBaseline(BaselineMethod):
                 if callback is not None:
                     callback(epoch, loss)
 
-            if num_epochs > 0:
-                if loader is None:  # the whole data in every step, the model's plate draws the minibatch
-                    how: dict[str, Any] = {"subsample_size": n if batch_size is None else batch_size}
-                else:  # one step per batch, the likelihood scaled by N / b
-                    how = {"model_kwargs": {"data_size": n}}
-                train_svi(SVI(self.model, self.guide, optim, elbo), x if loader is not None else (x, y),
-                          num_epochs=first + num_epochs, first_epoch=first, loss_per_datum=True, device=device,
-                          dtype=dtype, scheduler_step=scheduler_step, progress=progress, callback=record,
-                          modules=[self.model, self.guide], **clip, **how)
+            if num_epochs > 0:  # tensors: the whole data in every step, the model's plate draws the minibatch;
+                # a loader: one step per batch, the likelihood scaled by N / b
+                tensors = loader is None
+                train_svi(SVI(self.model, self.guide, optim, elbo), (x, y) if tensors else x,
+                          num_epochs=first + num_epochs, first_epoch=first,
+                          subsample_size=(n if batch_size is None else batch_size) if tensors else None,
+                          model_kwargs=None if tensors else {"data_size": n}, loss_per_datum=True,
+                          device=device, dtype=dtype, scheduler_step=scheduler_step, clip_norm=clip_norm,
+                          clip_inf_norm=clip_inf_norm, progress=progress, callback=record,
+                          modules=[self.model, self.guide])
             optim_state = detached(optim.get_state())
         self._store_state = scope
         self._publish()
