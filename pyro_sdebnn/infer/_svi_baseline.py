@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any, Iterator
+from typing import Any, Callable
 
 import pyro
 import pyro.distributions as dist
@@ -56,14 +56,14 @@ from pyro_sdebnn.infer._baseline_data import (
     _iter_inputs,
     _TrainingData,
 )
-from pyro_sdebnn.infer._training import SchedulerStepper, check_clip, svi_step
+from pyro_sdebnn.infer._training import SchedulerStepper, check_clip
 from pyro_sdebnn.infer.checkpoint import check_tensors, detached
 from pyro_sdebnn.infer.map_training import _check_finite
 from pyro_sdebnn.infer.methods import (
     BaselineMethod,
     _check_likelihood,
 )
-from pyro_sdebnn.infer.svi_training import AveragedGradients, svi_epochs
+from pyro_sdebnn.infer.svi_training import train_svi
 
 
 class PyroBNN(PyroModule):
@@ -208,8 +208,14 @@ class SVIBaseline(BaselineMethod):
         clip_norm: float | None = None,
         clip_inf_norm: float | None = None,
         resume: bool = False,
+        callback: Callable[[int, float], None] | None = None,
     ) -> "SVIBaseline":
         """Run SVI for ``num_epochs`` passes over the data in minibatches of ``batch_size``.
+
+        The epochs are run by :func:`~pyro_sdebnn.infer.train_svi` (the package's one SVI loop) on
+        ``SVI(self.model, self.guide, optim, elbo)``: with ``subsample_size=batch_size`` for tensors, with
+        ``model_kwargs={"data_size": N}`` for a loader, ``loss_per_datum=True`` and ``first_epoch`` = the epochs
+        of the earlier fits.
 
         :param x: inputs ``(N, ...)`` with targets ``y`` (``ceil(N / batch_size)`` steps per epoch on
             minibatches drawn by the model's subsampled plate), or a loader of ``(x, y)`` batches
@@ -232,7 +238,12 @@ class SVIBaseline(BaselineMethod):
             ``optim.get_state()``) and torch's random state are restored, so ``fit(num_epochs=k)`` then
             ``fit(num_epochs=K - k, resume=True)`` (same other arguments) equals ``fit(num_epochs=K)``.
             Without it, a new ``fit`` continues from the current guide parameters with a fresh optimiser.
-        :returns: ``self``; the ELBO loss per epoch (per data point) is in ``self.losses``.
+        :param callback: ``callback(epoch, loss)`` after every epoch, with the epoch counted over every fit
+            (:attr:`epoch`) and its ELBO loss per data point.
+        :returns: ``self``; the ELBO loss per epoch (per data point: the mean of the step losses divided by
+            :math:`N`) is in ``self.losses``.
+        :raises FloatingPointError: if a step's loss is NaN or infinite (the parameters keep their last finite
+            values; the losses of the finished epochs are kept).
         :raises ValueError: if data-parallel (below) and the ranks' loaders take different numbers of steps.
 
         **Data-parallel.** Under ``torchrun`` (:func:`pyro_sdebnn.distributed.init`, :math:`W > 1` ranks), a loader
@@ -258,17 +269,15 @@ class SVIBaseline(BaselineMethod):
             raise TypeError(f"optim must be a pyro.optim.PyroOptim (or PyroLRScheduler) or None, got {optim!r}")
         clip_norm, clip_inf_norm = check_clip(clip_norm, clip_inf_norm)
         optim = pyro.optim.Adam({"lr": lr}) if optim is None else optim  # type: ignore[attr-defined]  # made at import
-        stepper = SchedulerStepper(optim, scheduler_step)
+        SchedulerStepper(optim, scheduler_step)  # validates scheduler_step before any work
         elbo = self._make_elbo(num_particles)
         state = self._resume_state(resume, loader)
         if state is not None:
             optim.set_state(detached(state["optim"]))
         if weight_decay is not None:  # only once every argument is valid
             self.model.set_prior_scale(1.0 / math.sqrt(n * weight_decay))
-        steps_per_epoch = 1 if batch_size is None else math.ceil(n / batch_size)
         device = next(iter(self.model.init_values.values())).device
         dtype = next(iter(self.model.init_values.values())).dtype
-        clip = {"clip_norm": clip_norm, "clip_inf_norm": clip_inf_norm}
         store = pyro.get_param_store()
         with store.scope(self._store_state) as scope:
             if self.guide.prototype_trace is None or self._input_shape is None:
@@ -279,30 +288,25 @@ class SVIBaseline(BaselineMethod):
                         self.guide(x, y, subsample_size=batch_size)
                     else:
                         self.guide(xb, yb, data_size=n)
-            sampler = self._data_parallel_sampler(loader)
-            if sampler is None:
-                svi = SVI(self.model, self.guide, optim, elbo)
-            else:  # several ranks, a sharded loader: the param store's gradients averaged (rank 0's start values)
-                svi = SVI(self.model, self.guide, optim, loss=elbo.loss,
-                          loss_and_grads=AveragedGradients(elbo).loss_and_grads)
-                progress = progress and self._is_main()
-
-            def batches() -> Iterator[tuple[tuple, dict, float]]:
-                if loader is None:  # the model's plate draws every minibatch from the whole data
-                    return (((x, y), {"subsample_size": batch_size}, 1) for _ in range(steps_per_epoch))
-                return (((xb, yb), {"data_size": n}, 1) for xb, yb in data.batches(device, dtype))
-
-            def step(args: tuple, kwargs: dict, where: str) -> float:
-                return svi_step(svi, *args, **kwargs, **clip)
-
+            self._data_parallel_sampler(loader)  # data-parallel or not: remembered for save (train_svi averages)
             first = self.epoch  # the epochs are counted over every fit (the sampler's set_epoch)
-            for epoch, total, steps in svi_epochs(step, batches, start=first, num_epochs=first + num_epochs,
-                                                  stepper=stepper, sampler=sampler, progress=progress,
-                                                  desc=type(self).__name__, what="x"):
-                loss = total / (steps * n)  # per data point
+
+            def record(epoch: int, loss: float) -> None:  # after every epoch, so an error keeps the losses so far
                 _check_finite(loss, desc=type(self).__name__, epoch=epoch - first, lr=lr, what="ELBO loss")
                 self.losses.append(loss)
-                stepper.after_epoch(loss)
+                if callback is not None:
+                    callback(epoch, loss)
+
+            if num_epochs > 0:  # tensors: the whole data in every step, the model's plate draws the minibatch;
+                # a loader: one step per batch, the likelihood scaled by N / b
+                tensors = loader is None
+                train_svi(SVI(self.model, self.guide, optim, elbo), (x, y) if tensors else x,
+                          num_epochs=first + num_epochs, first_epoch=first,
+                          subsample_size=(n if batch_size is None else batch_size) if tensors else None,
+                          model_kwargs=None if tensors else {"data_size": n}, loss_per_datum=True,
+                          device=device, dtype=dtype, scheduler_step=scheduler_step, clip_norm=clip_norm,
+                          clip_inf_norm=clip_inf_norm, progress=progress, callback=record,
+                          modules=[self.model, self.guide])
             optim_state = detached(optim.get_state())
         self._store_state = scope
         self._publish()

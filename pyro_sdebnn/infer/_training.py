@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Learning-rate schedules and whole-gradient clipping shared by every ``fit`` of the package.
 
-Two pieces, used by the SVI loops (``SVIBaseline.fit``,
-:meth:`~pyro_sdebnn.nn.mnvi.SamplingFreeBNN.fit`) and the plain PyTorch loops
+Two pieces, used by the SVI loop (:func:`~pyro_sdebnn.infer.train_svi`, which also runs the ``fit`` of
+the SVI baselines and :meth:`~pyro_sdebnn.nn.mnvi.SamplingFreeBNN.fit`) and the plain PyTorch loops
 (:func:`~pyro_sdebnn.infer.map_training.train_network` and the methods built on it):
 
 * :class:`SchedulerStepper` steps a learning-rate scheduler once per epoch (default) or once per
@@ -26,7 +26,7 @@ Two pieces, used by the SVI loops (``SVIBaseline.fit``,
   :math:`L_2` clipping is applied first and the :math:`L_\\infty` one second (the result satisfies
   both bounds, since the second only shrinks the gradient further). :func:`svi_update` does one
   :meth:`pyro.infer.SVI.step` with this clipping inserted between ``loss_and_grads`` and the optimiser (and
-  no update on a NaN loss); :func:`svi_step` is ``SVI.step`` itself when there is nothing to clip.
+  no update on a NaN loss); with nothing to clip it updates exactly as ``SVI.step`` does.
 
 **References**
 
@@ -152,21 +152,6 @@ def svi_update(svi: pyro.infer.SVI, args: tuple = (), kwargs: dict | None = None
     svi.optim(params)
     pyro.infer.util.zero_grads(params)
     return loss, names
-
-
-def svi_step(svi: pyro.infer.SVI, *args, clip_norm: float | None = None, clip_inf_norm: float | None = None,
-             **kwargs) -> float:
-    """One :meth:`pyro.infer.SVI.step` with :func:`clip_gradients` between the gradient and the update.
-
-    Without clipping this is exactly ``svi.step(*args, **kwargs)``; with it, :func:`svi_update` (which also
-    refuses to update on a NaN or infinite loss). Any ``args`` and ``kwargs`` go to the model and guide.
-
-    :returns: the loss estimate.
-    """
-    clip_norm, clip_inf_norm = check_clip(clip_norm, clip_inf_norm)
-    if clip_norm is None and clip_inf_norm is None:
-        return svi.step(*args, **kwargs)
-    return svi_update(svi, args, kwargs, clip_norm=clip_norm, clip_inf_norm=clip_inf_norm)[0]
 
 
 class SchedulerStepper:

@@ -9,7 +9,10 @@ TracePathKL_ELBO())``) over
   :class:`~torch.utils.data.DataLoader` over a torchvision data set with augmentation; every batch
   is moved to the model's device on its own (:func:`~pyro_sdebnn.data.loaders.iter_batches`), the
   data set never is;
-* or tensors ``(x, y)``, cut into (shuffled) minibatches of ``batch_size``.
+* or tensors ``(x, y)``, cut into (shuffled) minibatches of ``batch_size``; or, with ``subsample_size=b``,
+  passed whole to every step as ``model(x, y, subsample_size=b)`` for a model whose
+  ``pyro.plate("data", len(x), subsample_size=subsample_size)`` draws the minibatch itself (Pyro's own
+  idiom; :math:`\lceil N/b \rceil` steps an epoch).
 
 The model is called as ``model(x_b, y_b, num_data=N)`` when it has a ``num_data`` parameter, with
 :math:`N` the size of the whole data set (``len(loader.dataset)``), so that a model written the
@@ -372,7 +375,7 @@ def svi_epochs(
     what: str = "data",
     before_epoch: Callable[[int], None] | None = None,
 ) -> Iterator[tuple[int, float, float]]:
-    """The one SVI epoch loop of the package (:func:`train_svi`, ``SVIBaseline.fit``).
+    """The epoch loop of :func:`train_svi` (the one SVI training loop of the package).
 
     For every epoch from ``start`` to ``num_epochs``: ``before_epoch(epoch)``, the sampler's ``set_epoch(epoch)``
     (data-parallel), then ``step(args, kwargs, where)`` on every ``(args, kwargs, weight)`` of ``batches()``, with
@@ -418,6 +421,10 @@ def train_svi(
     resume: str | os.PathLike | None = None,
     modules: Iterable[nn.Module] | None = None,
     require_sharded: bool = False,
+    subsample_size: int | None = None,
+    model_kwargs: dict | None = None,
+    loss_per_datum: bool = False,
+    first_epoch: int = 0,
 ) -> list[float]:
     r"""Run ``num_epochs`` epochs of :meth:`pyro.infer.SVI.step` over a loader or tensors; return the epoch losses.
 
@@ -449,8 +456,22 @@ def train_svi(
         the default device; default: the modules whose methods are the model and guide (or which they are).
     :param bool require_sharded: with several ranks running, raise a ``ValueError`` unless ``data`` is a loader
         sharded by a ``DistributedSampler`` (instead of letting every rank train on its own data).
-    :returns: the loss of every epoch (including those before ``resume``): the mean of the step losses weighted by
-        the batch sizes.
+    :param int subsample_size: tensor data only, instead of ``batch_size``: every step gets the whole ``(x, y)``
+        and ``subsample_size=b`` as a keyword, and the model's subsampled plate,
+        ``pyro.plate("data", len(x), subsample_size=subsample_size)``, draws the :math:`b` indices of its minibatch
+        (and scales the likelihood by :math:`N/b`); an epoch is :math:`\lceil N/b \rceil` steps, the tensors
+        are moved to ``device`` once, and no other random draw is made.
+    :param dict model_kwargs: keyword arguments passed to the model and guide at every step, besides
+        ``num_data`` (e.g. ``{"data_size": N}`` for a model that takes the data-set size under another name).
+    :param bool loss_per_datum: report the epoch loss per data point: the plain mean of the step losses (each an
+        estimate of the whole-data loss when the model scales the likelihood by :math:`N/b`) divided by
+        :math:`N` (``num_data``, default the size of the data set), instead of the mean weighted by the batch
+        sizes. The scheduler (``ReduceLROnPlateau``), ``callback`` and the returned list all get this value.
+    :param int first_epoch: the number of epochs already run on these parameters and optimiser (by an earlier call):
+        the epochs are counted from it (``kl_schedule``, the sampler's ``set_epoch``, ``callback``, the
+        checkpoint) up to ``num_epochs``; not with ``resume``.
+    :returns: the loss of every epoch (including those before ``resume``, excluding those before
+        ``first_epoch``): the mean of the step losses weighted by the batch sizes (see ``loss_per_datum``).
     :raises FloatingPointError: if a step's loss is NaN or infinite (the parameters keep their last finite values).
     :raises FileNotFoundError: if the ``resume`` file does not exist.
     :raises ValueError: for a bad ``resume`` file (:func:`~pyro_sdebnn.infer.checkpoint.load_checkpoint`: not a
@@ -474,14 +495,38 @@ def train_svi(
         raise TypeError(f"svi must be a pyro.infer.SVI, got {type(svi).__name__}")
     if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
         raise ValueError(f"num_epochs must be a positive int, got {num_epochs!r}")
+    if isinstance(first_epoch, bool) or not isinstance(first_epoch, int) or not 0 <= first_epoch < num_epochs:
+        raise ValueError(f"first_epoch must be an int in [0, num_epochs={num_epochs}), got {first_epoch!r}")
+    if first_epoch and resume is not None:
+        raise ValueError("give either first_epoch or resume (which takes the epoch from the checkpoint)")
+    if subsample_size is not None and batch_size is not None:
+        raise ValueError("give either batch_size (train_svi cuts the minibatches) or subsample_size (the model's "
+                         "plate draws them)")
     loader, n, batch_size = _check_data(data, batch_size)
+    if subsample_size is not None:
+        if loader:
+            raise ValueError("subsample_size is for tensor data; a loader yields its own minibatches")
+        if isinstance(subsample_size, bool) or not isinstance(subsample_size, int) or not 1 <= subsample_size <= n:
+            raise ValueError(f"subsample_size must be an int in [1, {n}] (the data size), got {subsample_size!r}")
     accepts = _accepts_num_data(svi.model)
     if num_data is not None:
         if isinstance(num_data, bool) or not isinstance(num_data, int) or num_data < 1:
             raise ValueError(f"num_data must be a positive int or None, got {num_data!r}")
         if not accepts:
             raise TypeError("num_data was given but the model has no `num_data` parameter to receive it")
+    if not isinstance(loss_per_datum, bool):
+        raise TypeError(f"loss_per_datum must be True or False, got {loss_per_datum!r}")
     kwargs = {"num_data": n if num_data is None else num_data} if accepts else {}
+    if model_kwargs is not None:
+        if not isinstance(model_kwargs, dict) or not all(isinstance(k, str) for k in model_kwargs):
+            raise TypeError(f"model_kwargs must be a dict of keyword arguments, got {model_kwargs!r}")
+        taken = ({"num_data"} if accepts else set()) | ({"subsample_size"} if subsample_size is not None else set())
+        if taken & set(model_kwargs):
+            raise ValueError(f"model_kwargs must not set {sorted(taken & set(model_kwargs))}: train_svi passes them")
+        kwargs.update(model_kwargs)
+    if subsample_size is not None:
+        kwargs["subsample_size"] = subsample_size
+    data_size = n if num_data is None else num_data  # N of loss_per_datum
     elbo = getattr(svi.loss_and_grads, "__self__", None)  # SVI keeps the ELBO's bound methods
     if kl_schedule is not None and not hasattr(elbo, "kl_scale"):
         raise TypeError(f"kl_schedule needs an ELBO with a kl_scale attribute, got {type(elbo).__name__}")
@@ -509,12 +554,22 @@ def train_svi(
             checkpoint, progress = None, False
     checkpoint = None if checkpoint is None else Path(checkpoint)
 
+    if subsample_size is not None:  # the whole data in every step, moved once; the model's plate subsamples
+        whole = (move_batch(data[0], device, dtype), move_batch(data[1], device, dtype))
+        steps_per_epoch = -(-n // subsample_size)
+
     def batches():
+        if subsample_size is not None:
+            return (whole for _ in range(steps_per_epoch))
         if loader:  # every batch checked for NaN / Inf: one reduction and one host sync, as the loss already costs
             return iter_batches(data, device, dtype, check_finite="x")
         return _tensor_batches(data[0], data[1], batch_size, shuffle, device, dtype)
 
-    start, history = 0, list[float]()
+    def weighted():  # (args, kwargs, weight) of every step; the weight of its loss in the epoch's mean
+        for x, y in batches():
+            yield (x, y), kwargs, 1 if loss_per_datum else (subsample_size or x.shape[0])
+
+    start, history = first_epoch, list[float]()
     if resume is not None:
         rng = rng_state(loader_obj)
         try:
@@ -539,10 +594,10 @@ def train_svi(
             elbo.kl_scale = float(kl_schedule(epoch))
 
     for epoch, total, count in svi_epochs(
-        step, lambda: (((x, y), kwargs, x.shape[0]) for x, y in batches()), start=start, num_epochs=num_epochs,
+        step, weighted, start=start, num_epochs=num_epochs,
         stepper=stepper, sampler=sampler, progress=progress, before_epoch=set_kl_scale,
     ):
-        epoch_loss = total / count
+        epoch_loss = total / (count * data_size) if loss_per_datum else total / count
         history.append(epoch_loss)
         stepper.after_epoch(epoch_loss)
         if checkpoint is not None:

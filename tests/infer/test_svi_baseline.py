@@ -69,3 +69,45 @@ def test_svi_bad_fit_arguments_leave_the_prior_unchanged(kwargs, match):
     trace = pyro.poutine.trace(vi.model).get_trace(x, y)
     assert trace.nodes["net.0.weight"]["fn"].base_dist.scale.unique().tolist() == [0.5]
 
+
+
+def test_fit_runs_on_train_svi_callback_epochs_and_losses():
+    """The epochs of every fit go through train_svi: its callback gets the epoch counted over the fits
+    (``first_epoch``) and the loss per data point that ``losses`` records."""
+    x, y = _blobs(20)
+    seen = []
+    method = MAPEstimate(make_mlp([2, 4, 2]), "categorical")
+    method.fit(x, y, num_epochs=2, batch_size=8, callback=lambda epoch, loss: seen.append((epoch, loss)))
+    method.fit(x, y, num_epochs=1, batch_size=8, callback=lambda epoch, loss: seen.append((epoch, loss)))
+    assert seen == list(enumerate(method.losses)) and [e for e, _ in seen] == [0, 1, 2]
+
+
+def test_fit_tensors_equal_train_svi_with_a_subsampling_plate():
+    """On tensors the fit is train_svi with ``subsample_size``: the model's plate draws each minibatch from the
+    whole data, ceil(N / b) steps an epoch, the loss the mean step loss divided by N; same seed, same bits."""
+    x, y = _blobs(20)
+    pyro.set_rng_seed(3)
+    method = MeanFieldVI(make_mlp([2, 4, 2]), "categorical").fit(x, y, num_epochs=2, batch_size=8)
+    pyro.set_rng_seed(3)
+    twin = MeanFieldVI(make_mlp([2, 4, 2]), "categorical").fit(x, y, num_epochs=0, batch_size=8)  # set up alike
+    steps = []
+    with pyro.get_param_store().scope(twin._store_state) as after:
+        svi = pyro.infer.SVI(twin.model, twin.guide, pyro.optim.Adam({"lr": 1e-2}), pyro.infer.TraceMeanField_ELBO())
+        for _ in range(2 * 3):  # ceil(20 / 8) = 3 steps an epoch
+            steps.append(svi.step(x, y, subsample_size=8))
+    for name, value in method._store_state["params"].items():
+        assert torch.equal(value, after["params"][name]), name
+    assert method.losses == [sum(steps[:3]) / (3 * 20), sum(steps[3:]) / (3 * 20)]
+
+
+def test_a_non_finite_step_stops_the_fit_before_the_update():
+    """train_svi checks every step's loss: an infinite one raises before any parameter changes (the losses of the
+    finished epochs and the last finite parameters are kept)."""
+    x = torch.randn(16, 2, generator=torch.Generator().manual_seed(0))
+    method = MAPEstimate(make_mlp([2, 4, 2]), "normal").fit(x, x[:, 0], num_epochs=1, batch_size=8)
+    before = {name: value.detach().clone() for name, value in method._store_state["params"].items()}
+    with pytest.raises(FloatingPointError, match="became inf at epoch 1, batch 0"):
+        method.fit(x, torch.full((16,), 1e30), num_epochs=2, batch_size=8)  # (y - mean)^2 overflows float32
+    assert len(method.losses) == 1
+    for name, value in method._store_state["params"].items():
+        assert torch.equal(value, before[name]), name

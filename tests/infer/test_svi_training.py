@@ -363,3 +363,73 @@ def test_a_loss_returning_several_numbers_is_a_clear_error():
     svi = SVI(_regression, guide, pyro.optim.Adam({"lr": 1e-2}), loss=two_losses)
     with pytest.raises(TypeError, match="one number, got a tuple of 2"):
         train_svi(svi, (x, x.sum(-1)), num_epochs=1, batch_size=8)
+
+
+def _plate_regression(x, y=None, subsample_size=None, data_size=None):
+    """A model written as Pyro's examples write it: its plate draws the minibatch (or marks ``x`` as one)."""
+    w = pyro.sample("w", pyro.distributions.Normal(torch.zeros(2), 1.0).to_event(1))
+    if data_size is None:
+        plate = pyro.plate("data", len(x), subsample_size=subsample_size)
+    else:
+        plate = pyro.plate("data", data_size, subsample=torch.arange(len(x)))
+    with plate as idx:
+        pyro.sample("obs", pyro.distributions.Normal(x[idx] @ w, 0.1), obs=None if y is None else y[idx])
+
+
+def _plate_svi():
+    pyro.clear_param_store()
+    pyro.set_rng_seed(0)
+    return SVI(_plate_regression, AutoNormal(_plate_regression), pyro.optim.Adam({"lr": 0.05}), Trace_ELBO())
+
+
+def test_subsample_size_lets_the_models_plate_draw_the_minibatches():
+    """``subsample_size=b``: ceil(N / b) steps an epoch on the whole data, as ``svi.step(x, y, subsample_size=b)``
+    in a plain loop; ``loss_per_datum``: the mean step loss over N."""
+    x, _ = _data()
+    y = x @ torch.tensor([1.0, -2.0])
+    svi = _plate_svi()
+    steps = [svi.step(x, y, subsample_size=8) for _ in range(2 * 3)]
+    expected = _params()
+    losses = train_svi(_plate_svi(), (x, y), num_epochs=2, subsample_size=8, loss_per_datum=True)
+    assert all(torch.equal(v, expected[k]) for k, v in _params().items())
+    assert losses == [sum(steps[:3]) / (3 * 20), sum(steps[3:]) / (3 * 20)]
+    unweighted = train_svi(_plate_svi(), (x, y), num_epochs=1, subsample_size=8)  # each step weighs b
+    assert unweighted[0] == pytest.approx(sum(steps[:3]) / 3, rel=1e-12)
+
+
+def test_model_kwargs_and_first_epoch_continue_a_run():
+    """``model_kwargs`` reach the model at every step; ``first_epoch`` counts the epochs on from an earlier call
+    (kl_schedule, callback), and two calls equal one."""
+    x, _ = _data()
+    y = x @ torch.tensor([1.0, -2.0])
+    loader = lambda: _loader(x, y, batch_size=8, shuffle=True)  # noqa: E731
+    svi = _plate_svi()
+    one = train_svi(svi, loader(), num_epochs=3, model_kwargs={"data_size": 20}, loss_per_datum=True)
+    expected = _params()
+    svi = _plate_svi()
+    data, seen = loader(), []
+    two = train_svi(svi, data, num_epochs=1, model_kwargs={"data_size": 20}, loss_per_datum=True)
+    two += train_svi(svi, data, num_epochs=3, first_epoch=1, model_kwargs={"data_size": 20}, loss_per_datum=True,
+                     callback=lambda epoch, loss: seen.append(epoch))
+    assert two == one and seen == [1, 2]
+    assert all(torch.equal(v, expected[k]) for k, v in _params().items())
+
+
+def test_bad_subsampling_arguments():
+    x, _ = _data()
+    y = x.sum(-1)
+    svi = _plate_svi()
+    with pytest.raises(ValueError, match="either batch_size"):
+        train_svi(svi, (x, y), num_epochs=1, batch_size=4, subsample_size=4)
+    with pytest.raises(ValueError, match="subsample_size is for tensor data"):
+        train_svi(svi, _loader(x, y, batch_size=4), num_epochs=1, subsample_size=4)
+    with pytest.raises(ValueError, match=r"subsample_size must be an int in \[1, 20\]"):
+        train_svi(svi, (x, y), num_epochs=1, subsample_size=21)
+    with pytest.raises(ValueError, match="model_kwargs must not set"):
+        train_svi(svi, (x, y), num_epochs=1, subsample_size=4, model_kwargs={"subsample_size": 2})
+    with pytest.raises(TypeError, match="model_kwargs must be a dict"):
+        train_svi(svi, (x, y), num_epochs=1, model_kwargs=[("data_size", 20)])
+    with pytest.raises(ValueError, match="first_epoch must be"):
+        train_svi(svi, (x, y), num_epochs=2, first_epoch=2)
+    with pytest.raises(ValueError, match="either first_epoch or resume"):
+        train_svi(svi, (x, y), num_epochs=2, first_epoch=1, resume="unused.pt")

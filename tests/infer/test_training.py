@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pyro_sdebnn.infer import DeepEnsemble, Laplace, MAPEstimate, MCDropout, MeanFieldVI
-from pyro_sdebnn.infer._training import clip_gradients, clip_gradients_batched, svi_step
+from pyro_sdebnn.infer._training import clip_gradients, clip_gradients_batched, svi_update
 from pyro_sdebnn.infer.map_training import train_network
 from pyro_sdebnn.nn._mlp import make_mlp
 from pyro_sdebnn.nn.mnvi import MNLinear, MNReLU, MNSequential, SamplingFreeBNN
@@ -155,13 +155,13 @@ def _guide():
     pass
 
 
-def _svi_update(clip=None, pyro_clip_args=None):
-    """One SGD(lr=1) step from zero: the parameter change is minus the gradient that was applied."""
+def _svi_update(clip=None, pyro_clip_args=None, optim=None, steps=1):
+    """One SGD(lr=1) step from zero (or ``steps`` of ``optim``): the parameter change is minus the gradient applied."""
     pyro.clear_param_store()
-    svi = pyro.infer.SVI(
-        _two_param_model, _guide, pyro.optim.SGD({"lr": 1.0}, clip_args=pyro_clip_args), pyro.infer.Trace_ELBO()
-    )
-    svi_step(svi, **(clip or {}))
+    optim = pyro.optim.SGD({"lr": 1.0}, clip_args=pyro_clip_args) if optim is None else optim
+    svi = pyro.infer.SVI(_two_param_model, _guide, optim, pyro.infer.Trace_ELBO())
+    for _ in range(steps):
+        svi_update(svi, **(clip or {}))
     store = pyro.get_param_store()
     return torch.cat([store["big"].detach(), store["small"].detach()])
 
@@ -186,6 +186,13 @@ def test_svi_inf_clipping_and_no_clipping_matches_step():
     assert inf == pytest.approx(raw * c / raw.abs().max(), rel=1e-5)
     both = _svi_update({"clip_norm": 1.0, "clip_inf_norm": 0.1})  # L2 first, then L_inf
     assert both.abs().max() <= 0.1 * (1 + 1e-5) and both.norm() <= 1.0
+    pyro.clear_param_store()  # without clipping, svi_update is SVI.step bit for bit (the SVI baselines rely on it)
+    svi = pyro.infer.SVI(_two_param_model, _guide, pyro.optim.Adam({"lr": 0.1}), pyro.infer.Trace_ELBO())
+    svi.step()
+    svi.step()
+    store = pyro.get_param_store()
+    assert torch.equal(_svi_update(optim=pyro.optim.Adam({"lr": 0.1}), steps=2),
+                       torch.cat([store["big"].detach(), store["small"].detach()]))
 
 
 @pytest.mark.parametrize("kind", ["sampling_free", "map"])
