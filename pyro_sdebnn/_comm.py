@@ -27,7 +27,8 @@ training data is a loader whose sampler is a
 :class:`~torch.utils.data.distributed.DistributedSampler` (e.g. :func:`distributed_loader`):
 each rank then reads only its shard, and training on it alone would be wrong. In that case, and only then, the loops
 of :func:`pyro_sdebnn.infer.train_svi` (hence :meth:`~pyro_sdebnn.nn.mnvi.SamplingFreeBNN.fit` and the ``fit`` of
-:class:`~pyro_sdebnn.infer.MAPEstimate` and :class:`~pyro_sdebnn.infer.MeanFieldVI`), :func:`~pyro_sdebnn.infer.map_training.train_network` and
+:class:`~pyro_sdebnn.infer.MAPEstimate` and :class:`~pyro_sdebnn.infer.MeanFieldVI`),
+:func:`~pyro_sdebnn.infer.map_training.train_network` and
 :meth:`~pyro_sdebnn.infer.MCDropout.fit`
 
 - check the set-up with :func:`data_parallel_sampler` (the sampler is for this rank of this world, and every rank
