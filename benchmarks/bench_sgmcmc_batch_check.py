@@ -1,10 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """Cost of the NaN/Inf check of every loader batch that SG-MCMC reads (``BatchStream.next``).
 
-Times, interleaved in every repeat: the check as the stream runs it (:func:`~pyro_sdebnn.data.loaders.check_finite_batch`:
-the sum of each floating-point tensor, the element-wise check only when a sum is not finite), the element-wise check
-on its own (``torch.isfinite(x).all()``), and one forward/backward pass of a 784-400-400-10 MLP on the batch, the
-floor of an SGLD step on MNIST. Prints the median and min-max of each ratio over the repeats.
+Times, interleaved in every repeat: the check as the stream runs it
+(:func:`~pyro_sdebnn.data.loaders.check_finite_batch`: the sum of each floating-point tensor, the element-wise check
+only when a sum is not finite), the element-wise check on its own (``torch.isfinite(x).all()``), and one
+forward/backward pass of a 784-400-400-10 MLP on the batch, the floor of an SGLD step on MNIST. Prints the median and min-max of each ratio over the repeats.
 
     python benchmarks/bench_sgmcmc_batch_check.py --repeats 7 --threads 1
 """

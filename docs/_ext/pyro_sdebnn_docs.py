@@ -17,8 +17,8 @@ It does three things:
    a reference to a re-exported name (``pyro_sdebnn.infer.Laplace``, or ``Laplace`` inside
    :mod:`pyro_sdebnn.infer`) is resolved to that definition. References to other projects are ignored by package
    name only (:data:`NITPICK_IGNORE_REGEX`, the build is offline), so a broken reference to a pyro_sdebnn object
-   fails the ``-n -W`` build. A class's "Bases:" line leaves out the internal bases (mixins their module does not list in
-   ``__all__``), which are not documented.
+   fails the ``-n -W`` build. A class's "Bases:" line leaves out the internal bases (mixins their module does not list
+   in ``__all__``), which are not documented.
 
 Outputs are cached: a script is re-run only when it, the package source or the mode changed
 (``PYRO_SDEBNN_DOCS_REUSE=1`` keeps any cached output, to rebuild the text quickly while editing).

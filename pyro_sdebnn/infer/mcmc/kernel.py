@@ -536,7 +536,9 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         if isinstance(warmup_step_factor, bool) or not isinstance(warmup_step_factor, (int, float)):
             raise TypeError(f"warmup_step_factor must be a float, got {warmup_step_factor!r}")
         if not 1.0 <= warmup_step_factor < 4.0:
-            raise ValueError(f"warmup_step_factor must be in [1, 4) (4: the stability limit), got {warmup_step_factor!r}")
+            raise ValueError(
+                f"warmup_step_factor must be in [1, 4) (4: the stability limit), got {warmup_step_factor!r}"
+            )
         if backend not in _BACKENDS:
             raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
         if not callable(init_strategy):
