@@ -1158,6 +1158,10 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
             return self.adapted_step_size
         return min(self.adapted_step_size, self._CURVATURE_FACTOR * top ** -self._CURVATURE_POWER)
 
+    def _exploring_step(self, eta: float) -> float:
+        """The step between the adaptation windows, given the capped step ``eta`` (see ``warmup_step_factor``)."""
+        return self.warmup_step_factor * eta
+
     def _follow_step(self) -> None:
         """Before each sample: a kernel whose other constants follow the step size adjusts them (SGHMC's friction)."""
 
@@ -1231,7 +1235,7 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
                         self._set_inverse_mass(estimate)
                         self._adapted_eta = self._stable_step(state)
                         if not self._adapter.done:  # explore until the last window ends (see warmup_step_factor)
-                            self._adapted_eta *= self.warmup_step_factor
+                            self._adapted_eta = self._exploring_step(self._adapted_eta)
                         else:  # frozen from here on
                             self._adapter = None
                             self._recheck_step = True

@@ -134,6 +134,10 @@ class SGHMC(SGMCMCKernel):
         self._set_friction(max(self._base_friction, self._ADAPTED_MOMENTUM_DECAY / eta))
         return eta
 
+    def _exploring_step(self, eta: float) -> float:
+        # the exploring step also keeps eta * c <= 1/2 for the user's friction
+        return min(super()._exploring_step(eta), 0.5 / self._base_friction)
+
     def _follow_step(self) -> None:
         # the friction follows the step in use (a divergence in warm-up halves it, the end of warm-up may lower it)
         if self.inverse_mass_matrix is not None:

@@ -378,6 +378,24 @@ def test_warm_up_explores_with_the_factor_between_the_first_and_the_last_window(
     assert kernel._eta(kernel._t) == pytest.approx(used[100])
 
 
+def test_sghmc_explores_with_a_step_its_friction_still_damps(monkeypatch):
+    monkeypatch.setattr(adaptation, "MIN_ADAPT_STEPS", 100)
+    y, _, _ = _conjugate_data()
+    steps = []
+
+    class Recorded(SGHMC):
+        def sample(self, params):
+            out = super().sample(params)
+            steps.append(self._eta(self._t) * self.friction)
+            return out
+
+    pyro.set_rng_seed(0)
+    kernel = Recorded(scales_model, step_size=1e-4, friction=20.0, backend="fx", map_steps=0, warmup_step_factor=3.0)
+    MCMC(kernel, num_samples=5, warmup_steps=100, disable_progbar=True).run(y)
+    # the capped step is at most 0.5 / c, and so is the exploring one (3x would reach 1.5: no damping left)
+    assert kernel.inverse_mass_matrix is not None and max(steps) <= 0.5 + 1e-12
+
+
 # y_i ~ N(w_1 + w_2, 1), w ~ N(0, I): the sum is pinned (posterior variance 1/201), the difference is loose (1); each
 # coordinate's posterior variance is (1 + 1/201) / 2
 RIDGE_N = 100
