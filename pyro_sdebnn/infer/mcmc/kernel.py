@@ -449,7 +449,8 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         loosely determined directions underestimates their variances, and the sampling step, capped by the stiffest
         direction, then mixes them slowly. The windows' draws are discarded, so their larger discretisation bias
         costs nothing; the last window's end and the end of warm-up set the sampling step. ``1``: the sampling step
-        throughout.
+        throughout. SGHMC's exploring step stays within :math:`\\epsilon c \\le 1/2` of the user's friction
+        :math:`c`, so that the friction still damps the momentum.
     :param str backend: ``"auto"``, ``"eager"``, ``"fx"`` or ``"compile"`` (see the module).
     :param int compile_after: with ``backend="auto"``, the inner steps after which the step is compiled.
     :param bool closed_form_prior: add constant ``Normal`` priors in closed form outside the traced graph.
