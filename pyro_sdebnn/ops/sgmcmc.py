@@ -105,12 +105,20 @@ def sgld_step(
     >>> sgld_step(torch.zeros(3), state, torch.ones(3), step_size=0.1).position
     tensor([-0.0500, -0.0500, -0.0500])
     """
+    # two fused passes over the parameters, one fresh buffer (the second pass acts on it in place)
     if inv_mass is None:
-        position = state.position - (0.5 * step_size) * grad + _sqrt(step_size * temperature) * noise
+        step: Scalar = step_size
+        scale = _sqrt(step_size * temperature)
     else:
         step = step_size * inv_mass
-        position = state.position - (0.5 * step) * grad + (step * temperature).sqrt() * noise
-    return SGLDState(position)
+        scale = (step * temperature).sqrt()
+    if isinstance(step, Tensor):
+        position = state.position.addcmul(grad, step, value=-0.5)
+    else:
+        position = state.position.add(grad, alpha=-0.5 * step)
+    if isinstance(scale, Tensor):
+        return SGLDState(position.addcmul_(noise, scale))
+    return SGLDState(position.add_(noise, alpha=scale))
 
 
 def preconditioned_sgld_step(

@@ -13,7 +13,8 @@ Every inner step is :meth:`SGMCMCKernel._step`: the gradient and value of the mi
 The backends run that one function: ``"eager"`` calls it chain by chain with Pyro's handlers live (any model);
 ``"fx"`` traces it once per shape of the data (``make_fx``, vectorised over the chains with ``vmap``) into a graph
 of ATen calls and runs that graph; ``"compile"`` compiles the graph with ``torch.compile``; ``"auto"`` (default)
-runs ``"fx"`` and compiles after ``compile_after`` inner steps (a step count, not a time, so that a seed gives the
+steps eagerly for the first 100 inner steps (or ``compile_after``, if fewer: a short run never pays for a trace), runs
+``"fx"`` from there and compiles after ``compile_after`` inner steps (step counts, not times, so that a seed gives the
 same chain on any machine). The data are inputs of the graph, never constants; tensors the model reads from
 outside (module parameters, a GP kernel's hyper-parameters) stay references, so changes in place are seen.
 
@@ -293,6 +294,38 @@ _ON_DIVERGENCE = ("raise", "continue")
 _AUTO_MAP_STEPS = 500  # the automatic MAP warm start (map_steps=None): at most that many Adam steps ...
 _AUTO_MAP_RUN_FRACTION = 0.1  # ... at most one epoch and at most that fraction of the run's inner steps
 _MAP_WINDOW = 50  # ... stopped once the mean potential of a window of that many steps levels off
+# backend="auto" steps eagerly for that many inner steps before tracing: tracing costs about as much as the eager
+# step's extra dispatch over that many steps (plus, the first time in a process, torch's compiler imports), so a short
+# run never pays it and a long one pays at most about twice the cheaper choice
+_AUTO_EAGER_STEPS = 100
+
+
+class _Adam:
+    """Adam (Kingma & Ba, 2015, "Adam: A Method for Stochastic Optimization", ICLR) on one tensor, given its gradient,
+    written out as ``torch.optim.Adam`` computes it on the CPU (default ``betas`` and ``eps``, no weight decay):
+
+    .. math::
+
+        m \\leftarrow \\beta_1 m + (1 - \\beta_1) g, \\quad v \\leftarrow \\beta_2 v + (1 - \\beta_2) g^2, \\quad
+        w \\leftarrow w - \\frac{\\text{lr}}{1 - \\beta_1^t} \\frac{m}{\\sqrt{v / (1 - \\beta_2^t)} + \\epsilon}.
+
+    The warm start's own copy: constructing a ``torch.optim`` optimiser imports ``torch._dynamo``, about a second the
+    first time in a process, more than a short run's warm start."""
+
+    def __init__(self, param: Tensor, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
+        self.param, self.lr, self.betas, self.eps = param, lr, betas, eps
+        self.t = 0
+        self.m = torch.zeros_like(param)
+        self.v = torch.zeros_like(param)
+
+    @torch.no_grad()
+    def step(self, grad: Tensor) -> None:
+        beta1, beta2 = self.betas
+        self.t += 1
+        self.m.lerp_(grad, 1 - beta1)
+        self.v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        denom = (self.v.sqrt() / (1 - beta2**self.t) ** 0.5).add_(self.eps)
+        self.param.addcdiv_(self.m, denom, value=-self.lr / (1 - beta1**self.t))
 
 
 class _ModelOverLoader:
@@ -834,8 +867,8 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         inner steps and ``_AUTO_MAP_STEPS`` steps (the smallest), stopped early once the
         mean potential of the last ``_MAP_WINDOW`` steps is no more than ``0.01 (D + 1)`` below that of the window
         before (the fit has levelled off). Its progress shows in the progress bar."""
-        position = position.detach().clone().requires_grad_()
-        optim = torch.optim.Adam([position], lr=self.map_lr)
+        position = position.detach().clone()
+        adam = _Adam(position, lr=self.map_lr)
         auto = self.map_steps is None
         if self.map_steps is not None:
             limit = self.map_steps
@@ -859,20 +892,19 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
                     self._progress(f"Warm start {step}/{limit}")
                 idx = self._next_indices()
                 data = self._next_data()
-                optim.zero_grad()
                 # the step's other inputs (e.g. a measurement set's precision) are constants of the fit: a graph
                 # they carry (a GP kernel's hyper-parameters) must not be back-propagated through, step after step
                 extra = tuple(t.detach() if isinstance(t, Tensor) else t for t in self._potential_and_grad_inputs())
-                with self._bind(data):
+                with self._bind(data):  # the sampler's own gradient (closed-form prior terms included)
                     if self.vectorized_chains == 1:
-                        value = self._potential_fn(position, idx, *extra)
+                        grad, value = self._gradient(position, idx, *extra)
                     else:
-                        value = cast(Tensor, sum(  # vectorized_chains >= 2 terms: a tensor
-                            self._potential_fn(position[k], None if idx is None else idx[k], *extra)
+                        grads, values = zip(*(
+                            self._gradient(position[k], None if idx is None else idx[k], *extra)
                             for k in range(self.vectorized_chains)
                         ))
-                value.backward()
-                optim.step()
+                        grad, value = torch.stack(grads), torch.stack(values).sum()
+                adam.step(grad)
                 if auto:
                     window.append(value.detach())
                     if len(window) == _MAP_WINDOW:
@@ -904,26 +936,32 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         """:math:`\\nabla \\tilde U` and :math:`\\tilde U` at ``position`` (the data-parallel kernels override this:
         an all-reduce over the ranks).
 
-        Eagerly, plain autograd through Pyro's handlers, every site's log-density included. Traced, the gradient
-        is ``torch.func``'s (it composes with ``vmap`` over the chains) of the per-site pieces of the flat vector (one
-        concatenation of their gradients), and constant-Normal prior terms are added in closed form outside the
-        graph (``closed_form_prior``)."""
-        if not self._tracing:
-            with torch.enable_grad():
-                position = position.detach().requires_grad_()
-                value = self._potential_fn(position, idx, *extra)
-                (grad,) = torch.autograd.grad(value, position)
-            return grad, value.detach()
+        Eagerly, plain autograd through Pyro's handlers; traced, ``torch.func``'s gradient (it composes with ``vmap``
+        over the chains) of the per-site pieces of the flat vector (one concatenation of their gradients). Either
+        way constant-Normal prior terms are added in closed form, outside autograd (``closed_form_prior``)."""
         U = self.potential
         assert U is not None  # built by setup
         split = self.closed_form_prior and U.has_gaussian_prior
-        grads, value = torch.func.grad_and_value(self._potential_fn)(
-            U.flat_parts(position), idx, *extra, exclude_gaussian_prior=split
-        )
-        grad = torch.cat(grads)
+        if not self._tracing:
+            # the per-site pieces, as traced: the gradient of a slice of one flat vector would be a zero-filled
+            # vector of the whole size, summed over the sites
+            parts = tuple(part.detach().requires_grad_() for part in U.flat_parts(position))
+            with torch.enable_grad():
+                value = self._potential_fn(parts, idx, *extra, exclude_gaussian_prior=split)
+                if value.requires_grad:
+                    grads = torch.autograd.grad(value, parts, allow_unused=True, materialize_grads=True)
+                else:  # every term in closed form (a model without data)
+                    grads = tuple(torch.zeros_like(part) for part in parts)
+                grad = torch.cat(grads)
+            value = value.detach()
+        else:
+            grads, value = torch.func.grad_and_value(self._potential_fn)(
+                U.flat_parts(position), idx, *extra, exclude_gaussian_prior=split
+            )
+            grad = torch.cat(grads)
         if split:
             prior_value, prior_grad = U.gaussian_prior(position)
-            grad, value = grad + prior_grad, value + prior_value
+            grad, value = grad.add_(prior_grad), value + prior_value  # grad: a fresh buffer (the concatenation)
         return grad, value
 
     def _eager_step(self, state: tuple, idx: Optional[Tensor], step_size: Tensor, *extra: Tensor) -> tuple:
@@ -947,7 +985,8 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         idx = self._next_indices()
         data = self._next_data()
         extra = tuple(self._potential_and_grad_inputs())
-        if self.backend_used != "eager":
+        eager_start = self.backend == "auto" and self._t < min(_AUTO_EAGER_STEPS, self.compile_after)
+        if self.backend_used != "eager" and not eager_start:
             out = self._traced_step(state, idx, eta, extra, data)
             if out is not None:
                 return out
@@ -1346,7 +1385,8 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         out = {
             "divergences": list(self._divergences),
             "acceptance rate": 1.0,  # SG-MCMC has no accept/reject step
-            "backend": self.backend_used,
+            # backend="auto" before its first trace has stepped eagerly only
+            "backend": self.backend_used if self._graph_modules or self.backend != "auto" else "eager",
             "divergence log": [dict(r) for r in self.divergence_log],
         }
         if self.adapt_step_size or self.inverse_mass_matrix is not None:

@@ -739,7 +739,7 @@ class ClosedFormGaussianPrior:
             precision, loc = self._gaussian_vectors
             centred = flat - loc
             grad = centred * precision
-        return 0.5 * (centred * grad).sum(-1) + self._gaussian_const, grad
+        return 0.5 * torch.linalg.vecdot(centred, grad) + self._gaussian_const, grad
 
 
 # ----- the minibatches of a loader ----------------------------------------------------------------------------------

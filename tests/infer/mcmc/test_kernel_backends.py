@@ -2,6 +2,9 @@
 """Backends of the SG-MCMC step (one step function, traced or not), the closed-form Gaussian prior, the graph cache
 and the ``auto`` rule."""
 
+import subprocess
+import sys
+
 import pyro
 import pyro.distributions as dist
 import pytest
@@ -105,10 +108,12 @@ def test_auto_backend_compiles_after_its_budget_of_steps(monkeypatch):
     x, y = _data()
     kernel = SGLD(BayesianMLP([2, 5, 1]).double(), step_size=1e-4, num_steps=3, subsample_size=10, compile_after=6)
     kernel.setup(0, x, y)
-    params = kernel.sample(kernel.initial_params)  # 3 inner steps with the eager graph: below the budget of 6
-    assert kernel.backend_used == "fx" and fake.calls == 0
-    params = kernel.sample(params)  # 6: compile
-    assert kernel.backend_used == "compile" and fake.calls == 1
+    params = kernel.sample(kernel.initial_params)  # 3 inner steps, eager (the first min(100, compile_after) are)
+    assert kernel.backend_used == "fx" and fake.calls == 0 and kernel._graph_module is None
+    params = kernel.sample(params)  # 6: the budget is spent; nothing traced yet
+    assert kernel.backend_used == "compile" and fake.calls == 0 and kernel._graph_module is None
+    params = kernel.sample(params)  # the first traced step is compiled
+    assert kernel.backend_used == "compile" and fake.calls == 1 and kernel._graph_module is not None
     for _ in range(3):
         params = kernel.sample(params)
     assert kernel.backend_used == "compile" and fake.calls == 1
@@ -146,6 +151,51 @@ def test_auto_backend_stays_eager_graph_for_short_runs(monkeypatch):
     mcmc = MCMC(kernel, num_samples=20, warmup_steps=20, disable_progbar=True)
     mcmc.run(x, y)
     assert kernel.backend_used == "fx" and fake.calls == 0
+
+
+def test_auto_backend_steps_eagerly_before_its_first_trace():
+    # the first 100 inner steps are eager (no trace, no graph), the later ones traced; the diagnostics say which
+    x, y = _data()
+    kernel = SGLD(BayesianMLP([2, 5, 1]).double(), step_size=1e-4, num_steps=10, subsample_size=10)
+    mcmc = MCMC(kernel, num_samples=10, warmup_steps=0, disable_progbar=True)
+    mcmc.run(x, y)
+    assert kernel._t == 100 and kernel._graph_module is None and kernel.diagnostics()["backend"] == "eager"
+    kernel.sample(kernel._last_params)
+    assert kernel._graph_module is not None and kernel.diagnostics()["backend"] == "fx"
+
+
+def test_short_default_run_does_not_import_torch_compiler():
+    # constructing a torch.optim optimiser or tracing with make_fx imports torch._dynamo (about a second, the first
+    # time in a process): a default run shorter than the eager start pays neither (the warm start's Adam is the
+    # kernel's own)
+    code = (
+        "import sys, torch, pyro\n"
+        "from pyro.infer import MCMC\n"
+        "from pyro_sdebnn.infer.mcmc import BayesianMLP, SGLD\n"
+        "x = torch.randn(64, 2); y = x[:, 0].sin()\n"
+        "kernel = SGLD(BayesianMLP([2, 5, 1]), subsample_size=16)\n"
+        "MCMC(kernel, num_samples=50, warmup_steps=0, disable_progbar=True).run(x, y)\n"
+        "assert kernel.map_steps_taken > 0\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"
+
+
+def test_warm_start_adam_is_torch_adam():
+    # the warm start's own Adam takes the same steps as torch.optim.Adam, to the bit, on the CPU
+    g = torch.Generator().manual_seed(0)
+    start = torch.randn(50, generator=g, dtype=torch.float64)
+    ours, theirs = start.clone(), start.clone().requires_grad_()
+    adam, reference = step_module._Adam(ours, lr=0.1), torch.optim.Adam([theirs], lr=0.1)
+    for _ in range(20):
+        target = torch.randn(50, generator=g, dtype=torch.float64)
+        adam.step(ours - target + ours.pow(3))
+        reference.zero_grad()
+        (0.5 * (theirs - target).pow(2) + 0.25 * theirs.pow(4)).sum().backward()
+        reference.step()
+    assert torch.equal(ours, theirs.detach())
 
 
 @pytest.mark.parametrize("bad", [-1, 2.0, True, "5"])

@@ -98,8 +98,9 @@ def test_summary_and_diagnostics_see_k_chains_and_their_r_hat(capsys):
     assert len(warned) == 1  # one line per site
     assert str(warned[0].message).endswith("SGHMC, whose momentum carries it along loosely determined directions, "
                                            "often mixes in fewer steps")  # SGLD's line points to SGHMC
-    # the streamed split R-hat (constrained space, no draws kept) is Pyro's split Gelman-Rubin of the stored draws
-    assert float(str(warned[0].message).split("R-hat ")[1].split()[0]) == pytest.approx(float(r_hat), rel=2e-3)
+    # the streamed split R-hat (constrained space, no draws kept) is Pyro's split Gelman-Rubin of the stored draws,
+    # printed to three significant figures
+    assert str(warned[0].message).split("R-hat ")[1].split()[0] == f"{float(r_hat):.3g}"
     assert r_hat.shape == () and float(r_hat) > 10
     torch.testing.assert_close(r_hat, split_gelman_rubin(get_samples(mcmc, group_by_chain=True)["w"]))
     mcmc.summary()
