@@ -38,12 +38,15 @@ def test_schedule_decays_the_learning_rate_at_the_milestones(monkeypatch, tmp_pa
     made = []
     original = pyro.optim.PyroLRScheduler
 
-    def spy(constructor, args, clip_args=None):  # pyro.optim.MultiStepLR(args) is this with MultiStepLR
-        assert constructor is torch.optim.lr_scheduler.MultiStepLR
-        made.append(dict(args, optim_args=dict(args["optim_args"])))
-        return original(constructor, args, clip_args)
+    class Spy(original):  # pyro.optim.MultiStepLR(args) is this with MultiStepLR; a subclass, so that a module
+        # that imports the name while it is patched still sees a PyroLRScheduler
 
-    monkeypatch.setattr(pyro.optim, "PyroLRScheduler", spy)
+        def __init__(self, constructor, args, clip_args=None):
+            assert constructor is torch.optim.lr_scheduler.MultiStepLR
+            made.append(dict(args, optim_args=dict(args["optim_args"])))
+            super().__init__(constructor, args, clip_args)
+
+    monkeypatch.setattr(pyro.optim, "PyroLRScheduler", Spy)
     seen = {}
     real_init = SamplingFreeBNN.__init__
 
