@@ -245,7 +245,7 @@ class BaselineMethod:
         """Write :meth:`state_dict` to ``path`` (``torch.load(path, weights_only=True)`` reads it back).
 
         After a data-parallel ``fit`` (every rank holds the same parameters) only rank 0 writes; on the other ranks
-        this does nothing (call :func:`pyro_sdebnn.distributed.barrier` before they read the file).
+        this does nothing (call :func:`torch.distributed.barrier` before they read the file).
         """
         if getattr(self, "_data_parallel", False) and not self._is_main():
             return
