@@ -28,7 +28,6 @@ from pyro_sdebnn.predictive import RegressionPrediction
 from ._validation import _check_vector, _float_tensor, _is_prediction
 
 __all__ = [
-    "VarianceDecomposition",
     "gaussian_mixture_log_likelihood",
     "interval_coverage",
     "regression_variance_decomposition",
