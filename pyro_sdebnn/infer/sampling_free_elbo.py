@@ -132,7 +132,7 @@ class SamplingFree_ELBO(TraceMeanField_ELBO):
     def loss(self, model, guide, *args, **kwargs) -> float:
         """Estimate of the sampling-free loss (negative ELBO with the KL weighted by ``kl_scale``).
 
-        No side effects: batch-norm layers (:class:`~pyro_sdebnn.nn.mnvi.MNBatchNorm1d`, ``2d``) in training mode
+        No side effects: batch-norm layers (``MNBatchNorm1d``, ``2d``) in training mode
         use the batch statistics, as in a training step, but their running statistics are not updated.
         """
         with torch.no_grad(), frozen_running_stats():
