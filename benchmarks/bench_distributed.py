@@ -9,7 +9,7 @@ gloo, ``--threads`` intra-op threads per process) and trains, with
 
 - ``epoch s``: the median wall time of an epoch; ``samples/s``: ``n`` over it;
 - ``comm %``: the share of the step time spent in the gradient all-reduce (one buffer of all the parameter
-  gradients and the loss, timed around :func:`pyro_sdebnn.distributed.all_reduce_mean`), including the time a rank
+  gradients and the loss, timed around ``pyro_sdebnn._comm.all_reduce_mean``), including the time a rank
   waits for the slower one.
 
 On a machine with fewer free cores than ``W * threads`` the processes compete and the speed-up is understated.
