@@ -2,8 +2,8 @@
 """Data sets as tensors: toy problems, UCI Boston, small bundled image sets and torchvision loaders;
 the helpers that read a :class:`~torch.utils.data.DataLoader` batch by batch (:mod:`~pyro_sdebnn.data.loaders`).
 
-Every tensor loader returns a :class:`~pyro_sdebnn.data.split.DataSplit` ``(x_train, y_train, x_test, y_test, y_loc, y_scale)``
-with fixed-seed splits; features are float (``dtype`` keyword, default ``torch.float32``),
+Every tensor loader returns a :class:`~pyro_sdebnn.data.split.DataSplit`
+``(x_train, y_train, x_test, y_test, y_loc, y_scale)`` with fixed-seed splits; features are float (``dtype`` keyword, default ``torch.float32``),
 regression targets float ``(N,)``, classification labels ``torch.int64`` ``(N,)``. Nothing is
 downloaded except by the torchvision loaders when asked to (``download=True``).
 """
