@@ -3,9 +3,9 @@
 the helpers that read a :class:`~torch.utils.data.DataLoader` batch by batch (:mod:`~pyro_sdebnn.data.loaders`).
 
 Every tensor loader returns a :class:`~pyro_sdebnn.data.split.DataSplit`
-``(x_train, y_train, x_test, y_test, y_loc, y_scale)`` with fixed-seed splits; features are float (``dtype`` keyword, default ``torch.float32``),
-regression targets float ``(N,)``, classification labels ``torch.int64`` ``(N,)``. Nothing is
-downloaded except by the torchvision loaders when asked to (``download=True``).
+``(x_train, y_train, x_test, y_test, y_loc, y_scale)`` with fixed-seed splits; features are float (``dtype``
+keyword, default ``torch.float32``), regression targets float ``(N,)``, classification labels ``torch.int64``
+``(N,)``. Nothing is downloaded except by the torchvision loaders when asked to (``download=True``).
 """
 
 from .images import cifar10, digits, fashion_mnist, mnist, mnist_subset
