@@ -9,7 +9,7 @@ gloo, ``--threads`` intra-op threads per process) and trains, with
 
 - ``epoch s``: the median wall time of an epoch; ``samples/s``: ``n`` over it;
 - ``comm %``: the share of the step time spent in the gradient all-reduce (one buffer of all the parameter
-  gradients and the loss, timed around :func:`pyro_sdebnn.distributed.all_reduce_mean`), including the time a rank
+  gradients and the loss, timed around ``pyro_sdebnn._comm.all_reduce_mean``), including the time a rank
   waits for the slower one.
 
 On a machine with fewer free cores than ``W * threads`` the processes compete and the speed-up is understated.
@@ -84,14 +84,14 @@ def worker(args) -> None:
         comm[0] = 0.0
 
     train_svi(svi, loader, num_epochs=args.epochs, callback=on_epoch, require_sharded=True)
-    if distributed.is_main():
+    if dp.is_main():
         timed_epochs = epochs[1:] or epochs  # the first epoch includes the parameters' creation
         seconds = statistics.median(e["seconds"] for e in timed_epochs)
         share = statistics.median(e["comm"] / e["seconds"] for e in timed_epochs)
         with open(args.out, "w") as f:
-            json.dump({"procs": distributed.world_size(), "epoch_s": seconds, "samples_s": args.points / seconds,
+            json.dump({"procs": dp.world_size(), "epoch_s": seconds, "samples_s": args.points / seconds,
                        "comm_share": share, "steps": len(loader)}, f)
-    distributed.shutdown()
+    dp.shutdown()
 
 
 def main() -> None:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from pyro_sdebnn.nn import DriftMLP
+from pyro_sdebnn.nn.sde_drift import DriftMLP
 from pyro_sdebnn.nn.sde_drift import TimeMLPField
 from pyro_sdebnn.ops import AugmentedPathSDE, sdeint_augmented
 from pyro_sdebnn.ops.sde_solve import time_grid

@@ -561,8 +561,8 @@ def nccl_worker(backend: str = "nccl") -> None:
     from pyro_sdebnn.infer import train_svi
 
     device = distributed.init(backend=backend, timeout=60.0, seed=0)
-    value = _comm.all_reduce_mean(torch.full((3,), float(distributed.rank()), device=device))
-    expected = (distributed.world_size() - 1) / 2
+    value = _comm.all_reduce_mean(torch.full((3,), float(_comm.rank()), device=device))
+    expected = (_comm.world_size() - 1) / 2
     assert torch.allclose(value, torch.full_like(value, expected)), (value, expected)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(1024, 4, generator=g)
@@ -576,9 +576,9 @@ def nccl_worker(backend: str = "nccl") -> None:
     svi = SVI(model, AutoNormal(model), pyro.optim.Adam({"lr": 1e-2}), Trace_ELBO())
     loader = distributed.distributed_loader(TensorDataset(x, y), 128, seed=0)
     train_svi(svi, loader, num_epochs=2, device=device, require_sharded=True)
-    if distributed.is_main():
+    if _comm.is_main():
         print(f"{backend} world OK", flush=True)
-    distributed.shutdown()
+    _comm.shutdown()
 
 
 def section_nccl(report: Report, budget: Budget, args) -> None:

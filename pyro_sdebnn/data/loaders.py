@@ -10,7 +10,7 @@ with augmentation. This module holds the three pieces they share:
 * ``dataset_size`` is the number of data points :math:`N` (the length of ``loader.dataset``),
   which scales the likelihood of a minibatch of size :math:`b` by :math:`N/b`, exactly as Pyro's
   subsampled :class:`~pyro.plate` does;
-* :func:`iter_batches` yields the batches one at a time, each moved to the model's device (and
+* ``iter_batches`` yields the batches one at a time, each moved to the model's device (and
   floating-point inputs to its dtype) with ``non_blocking=True`` when the loader pins memory; the
   whole data set is never copied to the device.
 
@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-__all__ = ["check_finite_batch", "iter_batches"]
+__all__ = ["check_finite_batch"]
 
 
 def is_loader(data) -> bool:

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["DataSplit"]
+__all__: list[str] = []
 
 
 class DataSplit(NamedTuple):

@@ -10,8 +10,9 @@ Launch a script with ``torchrun --nproc_per_node=K script.py`` (gloo on CPUs, NC
 with plain ``python`` is a world of one and behaves as without this module.
 
 - set-up: :func:`init` (reads ``torchrun``'s environment, picks the backend and the device, seeds, sets a
-  timeout on every collective), :func:`rank`, :func:`world_size`, :func:`is_main`, :func:`barrier`,
-  :func:`shutdown`; a collective that fails or times out raises :class:`DistributedError` instead of hanging;
+  timeout on every collective); a collective that fails or times out raises :class:`DistributedError` instead of
+  hanging. Once :func:`init` has joined the group, the script asks :mod:`torch.distributed` itself for the rest
+  (``get_rank()``, ``get_world_size()``, ``barrier()``, ``destroy_process_group()``);
 - data-parallel SVI: :func:`pyro_sdebnn.infer.train_svi` on a loader from :func:`distributed_loader` (gradients of
   the Pyro param store averaged across ranks between ``loss_and_grads`` and the optimiser step by
   :class:`AveragedGradients`, checkpoints on rank 0);
@@ -25,22 +26,14 @@ with plain ``python`` is a world of one and behaves as without this module.
 - deep ensembles: :func:`local_members` (this rank's share of the members) and :func:`gather_prediction` (the
   members of all the ranks in one predictive).
 
+>>> import torch.distributed as dist
 >>> from pyro_sdebnn import distributed
->>> device = distributed.init()  # no torchrun: a world of one
->>> distributed.world_size(), distributed.is_main()
-(1, True)
+>>> device = distributed.init()  # no torchrun: a world of one, no process group is started
+>>> dist.is_initialized()
+False
 """
 
-from pyro_sdebnn._comm import (
-    DistributedError,
-    barrier,
-    distributed_loader,
-    init,
-    is_main,
-    rank,
-    shutdown,
-    world_size,
-)
+from pyro_sdebnn._comm import DistributedError, distributed_loader, init
 from pyro_sdebnn.distributed.chains import DataParallelSGHMC, DataParallelSGLD, gather_inference_data, gather_samples
 from pyro_sdebnn.distributed.ensembles import gather_prediction, local_members
 from pyro_sdebnn.infer.svi_training import AveragedGradients
@@ -50,15 +43,10 @@ __all__ = [
     "DataParallelSGHMC",
     "DataParallelSGLD",
     "DistributedError",
-    "barrier",
     "distributed_loader",
     "gather_inference_data",
     "gather_prediction",
     "gather_samples",
     "init",
-    "is_main",
     "local_members",
-    "rank",
-    "shutdown",
-    "world_size",
 ]

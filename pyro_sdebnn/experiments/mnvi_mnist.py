@@ -193,7 +193,7 @@ def _fit(kind: str, args, data, epochs: int, device, dtype):
     """Train one method; return ``(predict: inputs -> (S, N, C) probabilities, parameter count, losses)``."""
     from pyro.optim import PyroLRScheduler
 
-    from pyro_sdebnn.infer import ConstantKLSchedule, MCDropout
+    from pyro_sdebnn.infer import MCDropout, SamplingFree_ELBO
     from pyro_sdebnn.infer.map_training import train_network
     from pyro_sdebnn.nn.mnvi import SamplingFreeBNN, to_mean_field, to_mnvi
 
@@ -219,7 +219,7 @@ def _fit(kind: str, args, data, epochs: int, device, dtype):
         "optimizer": torch.optim.Adam, "optim_args": {"lr": LR, "amsgrad": True}, "milestones": milestones,
         "gamma": LR_DECAY})
     losses = bnn.fit(x, y, num_epochs=epochs, batch_size=BATCH_SIZE, optim=optim,
-                     kl_schedule=ConstantKLSchedule(KAPPA_PER_DATUM[kind] * n))
+                     loss=SamplingFree_ELBO(kl_scale=KAPPA_PER_DATUM[kind] * n))
 
     def predict(x):
         return _probs(bnn.predict(x, predictive=args.predictive, num_samples=args.logit_samples))

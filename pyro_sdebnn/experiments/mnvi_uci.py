@@ -67,7 +67,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from pyro_sdebnn.data import DataSplit, uci_boston
+from pyro_sdebnn.data import uci_boston
+from pyro_sdebnn.data.split import DataSplit
 from pyro_sdebnn.data.split import _check_dtype, _standardize_columns, _to_split
 from pyro_sdebnn.data.uci import NUM_UCI_SPLITS, _boston_arrays
 from pyro_sdebnn.experiments import REGISTRY
@@ -117,7 +118,7 @@ def paper_fold(fold: int, *, dtype: torch.dtype = torch.float32):
     The partition is ``sklearn.model_selection.KFold(10, shuffle=True, random_state=1)`` over the 506 rows
     (test folds of 51 rows for folds 0-5, 50 rows for folds 6-9); features and target are standardised
     with the mean and (population) standard deviation of the training part, as in
-    :func:`pyro_sdebnn.data.uci_boston`, whose :class:`~pyro_sdebnn.data.DataSplit` it returns.
+    :func:`pyro_sdebnn.data.uci_boston`, whose :class:`~pyro_sdebnn.data.split.DataSplit` it returns.
 
     :param int fold: ``0 <= fold < 10``.
     :param torch.dtype dtype: floating dtype of features and targets.

@@ -3,13 +3,13 @@
 
 - SDE-BNN: :class:`NeuralSDEGuide` (neural-SDE posterior over ``OUPath`` sites) and :class:`TracePathKL_ELBO`.
 - MNVI: :class:`SamplingFree_ELBO` with KL schedules.
-- Baselines sharing one ``fit`` / ``predict`` interface (:data:`METHODS`): :class:`MAPEstimate`,
+- Baselines sharing one ``fit`` / ``predict`` interface (:class:`BaselineMethod`): :class:`MAPEstimate`,
   :class:`MeanFieldVI`, :class:`Laplace`, :class:`MCDropout`, :class:`DeepEnsemble`, on any ``torch.nn`` network.
 - Every method predicts a :class:`ClassificationPrediction` or a :class:`RegressionPrediction`.
 """
 
 from pyro_sdebnn.predictive import ClassificationPrediction, RegressionPrediction
-from pyro_sdebnn.infer.methods import METHODS, BaselineMethod
+from pyro_sdebnn.infer.methods import BaselineMethod
 from pyro_sdebnn.infer.mc_dropout import MCDropout
 from pyro_sdebnn.infer.deep_ensemble import DeepEnsemble
 from pyro_sdebnn.infer.map_estimate import MAPEstimate
@@ -18,23 +18,16 @@ from pyro_sdebnn.infer.laplace import Laplace
 from pyro_sdebnn.infer.neural_sde_guide import NeuralSDEGuide, NeuralSDEPath
 from pyro_sdebnn.infer.trace_path_kl_elbo import TracePathKL_ELBO
 from pyro_sdebnn.infer.svi_training import train_svi
-from pyro_sdebnn.infer.sampling_free_elbo import (
-    ConstantKLSchedule,
-    LinearKLWarmup,
-    PiecewiseKLSchedule,
-    SamplingFree_ELBO,
-)
+from pyro_sdebnn.infer.sampling_free_elbo import LinearKLWarmup, PiecewiseKLSchedule, SamplingFree_ELBO
 
 __all__ = [
     "BaselineMethod",
     "ClassificationPrediction",
-    "ConstantKLSchedule",
     "DeepEnsemble",
     "Laplace",
     "LinearKLWarmup",
     "MAPEstimate",
     "MCDropout",
-    "METHODS",
     "MeanFieldVI",
     "NeuralSDEGuide",
     "NeuralSDEPath",

@@ -14,7 +14,7 @@ A baseline wraps a network (or, for ensembles, a zero-argument network factory) 
 ``fit(x, y, *, num_epochs, lr, batch_size, weight_decay, ...)`` returns ``self`` and
 ``predict(x)`` returns a :class:`~pyro_sdebnn.predictive.ClassificationPrediction` or
 :class:`~pyro_sdebnn.predictive.RegressionPrediction` whose leading dimension ``S`` counts
-posterior samples (dropout masks, ensemble members, ...). :data:`METHODS` maps a short name to each
+posterior samples (dropout masks, ensemble members, ...). ``METHODS`` maps a short name to each
 class, so benchmarks can loop over them.
 
 ``fit`` and ``predict`` also take a loader in place of the tensors (any iterable of ``(x, y)`` batches
@@ -62,7 +62,7 @@ from pyro_sdebnn.infer.map_training import _train_network
 from pyro_sdebnn.metrics import regression_variance_decomposition, uncertainty_decomposition
 from pyro_sdebnn.predictive import ClassificationPrediction, RegressionPrediction
 
-__all__ = ["METHODS", "BaselineMethod"]
+__all__ = ["BaselineMethod"]
 
 Prediction = ClassificationPrediction | RegressionPrediction
 T = TypeVar("T", bound=type)
@@ -72,7 +72,7 @@ METHODS: dict[str, type] = {}
 
 
 def register_method(name: str) -> Callable[[T], T]:
-    """Class decorator adding a baseline to :data:`METHODS` under ``name``."""
+    """Class decorator adding a baseline to ``METHODS`` under ``name``."""
 
     def decorator(cls: T) -> T:
         if name in METHODS and METHODS[name] is not cls:
@@ -245,7 +245,7 @@ class BaselineMethod:
         """Write :meth:`state_dict` to ``path`` (``torch.load(path, weights_only=True)`` reads it back).
 
         After a data-parallel ``fit`` (every rank holds the same parameters) only rank 0 writes; on the other ranks
-        this does nothing (call :func:`pyro_sdebnn.distributed.barrier` before they read the file).
+        this does nothing (call :func:`torch.distributed.barrier` before they read the file).
         """
         if getattr(self, "_data_parallel", False) and not self._is_main():
             return

@@ -293,7 +293,7 @@ class NeuralSDEGuide(ParamStoreModule, AutoGuide):
 
     For each site the posterior drift is :math:`-\\theta w + \\mathrm{NN}(w, t; \\phi)` with the
     prior's :math:`\\theta, \\sigma` and initial state, so that training starts at q = p
-    (:class:`~pyro_sdebnn.nn.DriftMLP` has a zero last layer). See the module docstring for how it
+    (:class:`~pyro_sdebnn.nn.sde_drift.DriftMLP` has a zero last layer). See the module docstring for how it
     reads the prior.
 
     :param callable model: a Pyro model, or a module with a ``model`` method (e.g.

@@ -45,7 +45,7 @@ from torch.distributions import kl_divergence
 from pyro_sdebnn.nn.mnvi.handlers import sampling_free
 from pyro_sdebnn.nn.mnvi.normalization import frozen_running_stats
 
-__all__ = ["ConstantKLSchedule", "LinearKLWarmup", "PiecewiseKLSchedule", "SamplingFree_ELBO"]
+__all__ = ["LinearKLWarmup", "PiecewiseKLSchedule", "SamplingFree_ELBO"]
 
 
 class SamplingFree_ELBO(TraceMeanField_ELBO):
@@ -132,7 +132,7 @@ class SamplingFree_ELBO(TraceMeanField_ELBO):
     def loss(self, model, guide, *args, **kwargs) -> float:
         """Estimate of the sampling-free loss (negative ELBO with the KL weighted by ``kl_scale``).
 
-        No side effects: batch-norm layers (:class:`~pyro_sdebnn.nn.mnvi.MNBatchNorm1d`, ``2d``) in training mode
+        No side effects: batch-norm layers (``MNBatchNorm1d``, ``2d``) in training mode
         use the batch statistics, as in a training step, but their running statistics are not updated.
         """
         with torch.no_grad(), frozen_running_stats():
@@ -160,22 +160,6 @@ def _kl_sum(name: str, guide_site: dict, prior) -> Tensor:
         raise ValueError(f"SamplingFree_ELBO: KL of site {name!r} has shape {tuple(kl_qp.shape)}, "
                          f"expected the batch shape {tuple(q.batch_shape)}")
     return kl_qp.sum()
-
-
-class ConstantKLSchedule:
-    r"""``epoch -> value``: a constant :math:`\kappa`.
-
-    >>> ConstantKLSchedule(0.5)(10)
-    0.5
-    """
-
-    def __init__(self, value: float = 1.0) -> None:
-        if not value >= 0:
-            raise ValueError(f"value must be >= 0, got {value!r}")
-        self.value = float(value)
-
-    def __call__(self, epoch: int) -> float:
-        return self.value
 
 
 class LinearKLWarmup:

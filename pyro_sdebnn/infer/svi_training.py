@@ -7,7 +7,7 @@ TracePathKL_ELBO())``) over
 
 * a loader: any iterable of ``(x, y)`` batches whose ``dataset`` has a length, such as a
   :class:`~torch.utils.data.DataLoader` over a torchvision data set with augmentation; every batch
-  is moved to the model's device on its own (:func:`~pyro_sdebnn.data.loaders.iter_batches`), the
+  is moved to the model's device on its own (``pyro_sdebnn.data.loaders.iter_batches``), the
   data set never is;
 * or tensors ``(x, y)``, cut into (shuffled) minibatches of ``batch_size``; or, with ``subsample_size=b``,
   passed whole to every step as ``model(x, y, subsample_size=b)`` for a model whose

@@ -11,14 +11,11 @@ docstring.
 """
 
 from .calibration import (
-    BrierDecomposition,
-    CalibrationBins,
     brier_decomposition,
     calibration_bins,
     expected_calibration_error,
 )
 from .classification import (
-    UncertaintyDecomposition,
     accuracy,
     brier_score,
     negative_log_likelihood,
@@ -27,7 +24,6 @@ from .classification import (
 )
 from .ood import ood_auroc
 from .regression import (
-    VarianceDecomposition,
     gaussian_mixture_log_likelihood,
     interval_coverage,
     regression_variance_decomposition,
@@ -38,10 +34,6 @@ from .reliability import reliability_diagram
 from .temperature import fit_temperature, temperature_scale
 
 __all__ = [
-    "BrierDecomposition",
-    "CalibrationBins",
-    "UncertaintyDecomposition",
-    "VarianceDecomposition",
     "accuracy",
     "aumrc",
     "brier_decomposition",

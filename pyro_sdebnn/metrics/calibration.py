@@ -22,8 +22,6 @@ from torch import Tensor
 from ._validation import _check_labels, _check_num_bins, _check_probs
 
 __all__ = [
-    "BrierDecomposition",
-    "CalibrationBins",
     "brier_decomposition",
     "calibration_bins",
     "expected_calibration_error",

@@ -29,7 +29,6 @@ from torch import Tensor
 from ._validation import _check_labels, _check_probs, _check_sample_probs
 
 __all__ = [
-    "UncertaintyDecomposition",
     "accuracy",
     "brier_score",
     "negative_log_likelihood",

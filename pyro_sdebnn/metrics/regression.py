@@ -5,7 +5,7 @@ The predictive of every method is an equally weighted mixture of :math:`S` Gauss
 ``loc`` and ``scale`` of shape ``(S, N)`` (``(N,)`` is read as :math:`S = 1`):
 :math:`p(y_i|x_i) = \\frac1S \\sum_s \\mathcal N(y_i; \\mu_{si}, \\sigma_{si}^2)`.
 
-Targets are usually standardised (:class:`~pyro_sdebnn.data.DataSplit` with ``y_loc``, ``y_scale``).
+Targets are usually standardised (:class:`~pyro_sdebnn.data.split.DataSplit` with ``y_loc``, ``y_scale``).
 The metrics take the predictive and ``y`` in the *same* (standardised) units and a ``y_scale``
 keyword that converts the result to the original units: :math:`y_\\text{orig} = y \\cdot s + m`
 multiplies errors by :math:`s` and divides densities by :math:`s`, so the RMSE is multiplied by
@@ -28,7 +28,6 @@ from pyro_sdebnn.predictive import RegressionPrediction
 from ._validation import _check_vector, _float_tensor, _is_prediction
 
 __all__ = [
-    "VarianceDecomposition",
     "gaussian_mixture_log_likelihood",
     "interval_coverage",
     "regression_variance_decomposition",

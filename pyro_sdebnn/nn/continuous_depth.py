@@ -37,7 +37,7 @@ from pyro_sdebnn.nn.sde_drift import ConvField, TimeMLPField
 from pyro_sdebnn.ops.sde_solve import time_grid
 from pyro_sdebnn.predictive import ClassificationPrediction, RegressionPrediction
 
-__all__ = ["ContinuousDepthNet"]
+__all__ = []
 
 #: Likelihood names accepted by :class:`~pyro_sdebnn.nn.SDEBNN`, :class:`~pyro_sdebnn.nn.ODENet` and
 #: :class:`~pyro_sdebnn.nn.ResNet` (Pyro's distribution names).

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["DriftMLP"]
+__all__ = []
 
 _ACTIVATIONS = {"tanh": torch.tanh, "swish": F.silu, "relu": F.relu, "softplus": F.softplus}
 

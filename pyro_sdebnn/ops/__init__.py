@@ -35,7 +35,7 @@ from pyro_sdebnn.ops.moments import (
     taylor_moments,
 )
 from pyro_sdebnn.ops.path_kl import path_kl_increment
-from pyro_sdebnn.ops.sde_solve import AugmentedPathSDE, EulerKLSolution, euler_maruyama_kl, sdeint_augmented
+from pyro_sdebnn.ops.sde_solve import AugmentedPathSDE, euler_maruyama_kl, sdeint_augmented
 from pyro_sdebnn.ops.sgmcmc import (
     PreconditionedSGLDState,
     SGHMCState,
@@ -47,7 +47,6 @@ from pyro_sdebnn.ops.sgmcmc import (
 
 __all__ = [
     "AugmentedPathSDE",
-    "EulerKLSolution",
     "JitterWarning",
     "Moments",
     "PreconditionedSGLDState",

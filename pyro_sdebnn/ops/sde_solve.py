@@ -70,7 +70,7 @@ from torch import Tensor, nn
 
 from pyro_sdebnn.ops.path_kl import check_estimator, path_kl_increment
 
-__all__ = ["AugmentedPathSDE", "EulerKLSolution", "euler_maruyama_kl", "sdeint_augmented"]
+__all__ = ["AugmentedPathSDE", "euler_maruyama_kl", "sdeint_augmented"]
 
 #: Solver names accepted by :func:`sdeint_augmented` (``"euler"`` is also the fused loop's name).
 SOLVERS = ("euler", "milstein", "srk")

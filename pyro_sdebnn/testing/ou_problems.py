@@ -29,7 +29,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-__all__ = ["OUEndpointProblem", "OUEndpointDrift"]
+__all__ = ["OUEndpointProblem"]
 
 
 class OUEndpointDrift(nn.Module):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pyro_sdebnn import data
-from pyro_sdebnn.data import DataSplit
+from pyro_sdebnn.data.split import DataSplit
 
 # (loader, kwargs, train x shape, test x shape, task); each row is one parametrized case.
 SHAPES = [

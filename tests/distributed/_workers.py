@@ -152,7 +152,7 @@ def scenarios(out: str) -> dict:
     loader = distributed.distributed_loader(TensorDataset(x, y), BATCH, shuffle=True, seed=0)
     ckpt = os.path.join(out, "svi.pt")
     train_svi(make_svi(), loader, num_epochs=1, checkpoint=ckpt)
-    distributed.barrier()  # rank 0 has written the checkpoint of epoch 1
+    _comm.barrier()  # rank 0 has written the checkpoint of epoch 1
     pyro.clear_param_store()  # a new run, resumed from it by every rank
     losses = train_svi(make_svi(), loader, num_epochs=2, checkpoint=ckpt, resume=ckpt)
     res["svi_params"], res["svi_losses"] = svi_params(), losses
@@ -162,7 +162,7 @@ def scenarios(out: str) -> dict:
     method = make_map().fit(loader, num_epochs=2)  # shuffled shards: sampler.set_epoch(epoch) by fit
     res["map_params"] = {k: v.detach().clone() for k, v in method._store_state["params"].items()}
     res["map_losses"] = list(method.losses)
-    method.save(os.path.join(out, f"map{distributed.rank()}.pt"))  # a no-op on rank 1
+    method.save(os.path.join(out, f"map{_comm.rank()}.pt"))  # a no-op on rank 1
     distributed.init(seed=FIT_SEED)
     in_order = distributed.distributed_loader(TensorDataset(x, y), BATCH, shuffle=False)
     from pyro_sdebnn.infer import MCDropout
@@ -251,14 +251,14 @@ def scenarios(out: str) -> dict:
              disable_progbar=True).run(shard)
     except ValueError as err:
         errors["seeds"] = str(err)
-    short = MCMC(SGLD(plain, **sgld_kwargs()), num_samples=2 + distributed.rank(), warmup_steps=0,
+    short = MCMC(SGLD(plain, **sgld_kwargs()), num_samples=2 + _comm.rank(), warmup_steps=0,
                  disable_progbar=True)
     short.run(x, y)
     try:
         distributed.gather_samples(short)
     except ValueError as err:
         errors["gather"] = str(err)
-    uneven = TensorDataset(x[:N - 4 * distributed.rank()], y[:N - 4 * distributed.rank()])  # 16 and 12 points
+    uneven = TensorDataset(x[:N - 4 * _comm.rank()], y[:N - 4 * _comm.rank()])  # 16 and 12 points
     try:
         make_map().fit(distributed.distributed_loader(uneven, BATCH), num_epochs=1)
     except ValueError as err:
@@ -274,7 +274,7 @@ def scenarios(out: str) -> dict:
     res["ens_outputs"] = gather_predict_outputs(ens, x)
     pred = distributed.gather_prediction(ens, x)
     res["ens_loc"] = None if pred is None else pred.loc
-    distributed.barrier()
+    _comm.barrier()
     # 6. Laplace on the shards: a data-parallel MAP, then the curvature summed over the ranks
     from pyro_sdebnn.infer import MAPEstimate
 
@@ -306,11 +306,11 @@ def scenarios(out: str) -> dict:
     # 9. a new group with a 1.5 s timeout: rank 1 does not reach the all-reduce (it waits for rank 0's result), rank 0
     # must raise within the timeout; then rank 1 leaves (its process ends, as a crashed rank's does) and rank 0's
     # next collective must raise, not hang
-    distributed.shutdown()
+    _comm.shutdown()
     os.environ["MASTER_PORT"] = str(port)
     distributed.init(backend="gloo", timeout=1.5)
     signal = os.path.join(out, "stalled_done")
-    if distributed.rank() == 1:
+    if _comm.rank() == 1:
         deadline = time.monotonic() + 15.0
         while not os.path.exists(signal) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -326,7 +326,7 @@ def scenarios(out: str) -> dict:
         train_svi(make_svi(), loader, num_epochs=1)
     except distributed.DistributedError as err:
         res["dead"] = {"error": str(err), "seconds": time.perf_counter() - start}
-    distributed.shutdown()
+    _comm.shutdown()
     return res
 
 

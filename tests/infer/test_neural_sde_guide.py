@@ -10,7 +10,7 @@ from torch import nn
 
 from pyro_sdebnn.distributions import OUPath
 from pyro_sdebnn.infer import NeuralSDEGuide, NeuralSDEPath
-from pyro_sdebnn.nn import DriftMLP
+from pyro_sdebnn.nn.sde_drift import DriftMLP
 from pyro_sdebnn.ops.sde_solve import time_grid
 
 

@@ -176,7 +176,7 @@ def test_errors():
 
 
 def test_guide_path_starting_elsewhere_is_an_error():
-    from pyro_sdebnn.nn import DriftMLP
+    from pyro_sdebnn.nn.sde_drift import DriftMLP
 
     def guide(y, num_data=None):  # a hand-made guide whose path starts at 1 while the prior's starts at 0
         q = NeuralSDEPath(torch.ones(2, dtype=torch.float64), 0.5, TIMES, correction=DriftMLP(2, 4).double())

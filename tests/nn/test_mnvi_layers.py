@@ -13,7 +13,6 @@ from torchvision.models.resnet import BasicBlock, ResNet
 from pyro_sdebnn.nn.mnvi import (
     MFConv2d,
     MFLinear,
-    MNBatchNorm1d,
     MNConv2d,
     MNLinear,
     MNReLU,
@@ -23,6 +22,7 @@ from pyro_sdebnn.nn.mnvi import (
     to_mean_field,
     to_mnvi,
 )
+from pyro_sdebnn.nn.mnvi.normalization import MNBatchNorm1d
 from pyro_sdebnn.ops import Moments
 
 

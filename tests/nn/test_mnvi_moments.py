@@ -17,16 +17,14 @@ from pyro_sdebnn.nn.mnvi import (
     MFConv2d,
     MFLinear,
     MNActivation,
-    MNAdaptiveAvgPool2d,
-    MNAvgPool2d,
-    MNBatchNorm2d,
     MNConv2d,
     MNLinear,
-    MNMaxPool2d,
     MNReLU,
     MNResidualBlock,
     MNSequential,
 )
+from pyro_sdebnn.nn.mnvi.normalization import MNBatchNorm2d
+from pyro_sdebnn.nn.mnvi.pooling import MNAdaptiveAvgPool2d, MNAvgPool2d, MNMaxPool2d
 from pyro_sdebnn.ops import Moments
 from pyro_sdebnn.ops.moments import relu_moments
 

@@ -15,7 +15,6 @@ from torch.utils.data import DataLoader, TensorDataset
 from pyro_sdebnn.infer import ClassificationPrediction, SamplingFree_ELBO
 from pyro_sdebnn.nn.mnvi import (
     MFLinear,
-    MNBatchNorm1d,
     MNConcat,
     MNLinear,
     MNReLU,
@@ -23,6 +22,7 @@ from pyro_sdebnn.nn.mnvi import (
     SamplingFreeBNN,
     probit_softmax,
 )
+from pyro_sdebnn.nn.mnvi.normalization import MNBatchNorm1d
 from pyro_sdebnn.ops import Moments
 
 Z = 5.0

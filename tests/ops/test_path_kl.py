@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pyro_sdebnn.distributions import OUPath
-from pyro_sdebnn.nn import DriftMLP
+from pyro_sdebnn.nn.sde_drift import DriftMLP
 from pyro_sdebnn.ops import euler_maruyama_kl, path_kl_increment
 from pyro_sdebnn.ops.sde_solve import time_grid
 from pyro_sdebnn.ops.path_kl import euler_path_log_ratio

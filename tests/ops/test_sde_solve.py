@@ -4,7 +4,7 @@
 import pytest
 import torch
 
-from pyro_sdebnn.nn import DriftMLP
+from pyro_sdebnn.nn.sde_drift import DriftMLP
 from pyro_sdebnn.nn.sde_drift import TimeMLPField
 from pyro_sdebnn.testing import OUEndpointProblem
 from pyro_sdebnn.ops import AugmentedPathSDE, euler_maruyama_kl, sdeint_augmented

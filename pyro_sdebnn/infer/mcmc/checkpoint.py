@@ -70,7 +70,7 @@ if TYPE_CHECKING:
 else:
     _KernelBase = object
 
-__all__ = ["CheckpointHook", "ResumableState", "ResumedMCMC", "resume_run", "save_run"]
+__all__ = ["CheckpointHook", "resume_run", "save_run"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 

@@ -6,10 +6,9 @@ for a deterministic input) and act as ordinary layers on plain tensors:
 
 - Bayesian layers: :class:`MNLinear`, :class:`MNConv2d` (MNVI, one noise variance per input unit /
   channel) and the mean-field twins :class:`MFLinear`, :class:`MFConv2d`.
-- Moment layers: :class:`MNReLU` (exact), :class:`MNActivation` (first-order Taylor),
-  :class:`MNBatchNorm1d`, :class:`MNBatchNorm2d`, :class:`MNMaxPool2d`, :class:`MNAvgPool2d`,
-  :class:`MNAdaptiveAvgPool2d`, :class:`MNFlatten` (:func:`to_mnvi` turns dropout into a no-op and keeps
-  identities).
+- Moment layers: :class:`MNReLU` (exact), :class:`MNActivation` (first-order Taylor); :func:`to_mnvi` converts
+  batch norm, max / average pooling and flatten to their moment versions (:mod:`~pyro_sdebnn.nn.mnvi.normalization`,
+  :mod:`~pyro_sdebnn.nn.mnvi.pooling`), turns dropout into a no-op and keeps identities.
 - Containers: :class:`MNSequential`, :class:`MNResidualBlock`, :class:`MNConcat`; converters :func:`to_mnvi`,
   :func:`to_mean_field` from plain ``torch.nn`` networks (extend them with :func:`register_converter`).
 - Pyro: :class:`SamplingFreeBNN` (model/guide pair, one-pass predictive), the ``sampling_free``
@@ -28,26 +27,17 @@ from pyro_sdebnn.nn.mnvi.activations import MNActivation, MNReLU
 from pyro_sdebnn.nn.mnvi.bnn import SamplingFreeBNN
 from pyro_sdebnn.nn.mnvi.container import MNConcat, MNResidualBlock, MNSequential
 from pyro_sdebnn.nn.mnvi.convert import register_converter, to_mean_field, to_mnvi
-from pyro_sdebnn.nn.mnvi.layers import BayesianLayer, MNConv2d, MNLinear
+from pyro_sdebnn.nn.mnvi.layers import MNConv2d, MNLinear
 from pyro_sdebnn.nn.mnvi.likelihoods import probit_softmax
 from pyro_sdebnn.nn.mnvi.mean_field import MFConv2d, MFLinear
-from pyro_sdebnn.nn.mnvi.normalization import MNBatchNorm1d, MNBatchNorm2d
-from pyro_sdebnn.nn.mnvi.pooling import MNAdaptiveAvgPool2d, MNAvgPool2d, MNFlatten, MNMaxPool2d
 
 __all__ = [
-    "BayesianLayer",
     "MFConv2d",
     "MFLinear",
     "MNActivation",
-    "MNAdaptiveAvgPool2d",
-    "MNAvgPool2d",
-    "MNBatchNorm1d",
-    "MNBatchNorm2d",
     "MNConcat",
     "MNConv2d",
-    "MNFlatten",
     "MNLinear",
-    "MNMaxPool2d",
     "MNReLU",
     "MNResidualBlock",
     "MNSequential",

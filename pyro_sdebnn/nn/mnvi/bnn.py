@@ -8,7 +8,7 @@ The network (built from :mod:`pyro_sdebnn.nn.mnvi` layers, or converted with
 torch code, :mod:`torch.func` and ``state_dict``; :class:`SamplingFreeBNN` adds the Pyro program,
 in the style of Pyro's VAE example (``pyro.module`` inside ``model``/``guide``):
 
-- ``guide``: one sample site per :class:`~pyro_sdebnn.nn.mnvi.BayesianLayer` weight with the
+- ``guide``: one sample site per ``BayesianLayer`` weight with the
   layer's variational posterior (``MultiplicativeNormal(M, alpha)`` for MNVI, ``Normal(M, sqrt(S))``
   for MFVI). The weight means and noise parameters are the variational parameters.
 - ``model``: the isotropic prior :math:`\mathcal N(0, \sigma_p^2)` at the same sites, then a
@@ -92,7 +92,7 @@ class SamplingFreeBNN(nn.Module):
         for n in plate("data", num_data):  y[n] ~ likelihood(net(x[n]; weight))
 
     :param nn.Module net: a network of :mod:`pyro_sdebnn.nn.mnvi` layers with at least one
-        :class:`~pyro_sdebnn.nn.mnvi.BayesianLayer`; outputs ``(N, 2)`` for ``"normal"``
+        ``BayesianLayer``; outputs ``(N, 2)`` for ``"normal"``
         (mean, log-variance), ``(N, C)`` logits for ``"categorical"``.
     :param str likelihood: ``"normal"`` (heteroscedastic regression) or ``"categorical"``.
     :param int num_data: the data-set size :math:`N` used to scale minibatches (``None``: no scaling).

@@ -43,7 +43,7 @@ from pyro_sdebnn.distributions import MultiplicativeNormal
 from pyro_sdebnn.nn.mnvi._moment_inputs import as_moments, check_features
 from pyro_sdebnn.ops.moments import Moments, multiplicative_conv2d_moments, multiplicative_linear_moments
 
-__all__ = ["BayesianLayer", "MNConv2d", "MNLinear"]
+__all__ = ["MNConv2d", "MNLinear"]
 
 #: Initial value of the noise parameter ``rho`` (Schmitt & Roth (2021), App. A): ``softplus(-3) ~= 0.049``.
 RHO_INIT = -3.0

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from pyro_sdebnn.nn.mnvi._moment_inputs import as_moments
 from pyro_sdebnn.ops.moments import Moments
 
-__all__ = ["MNBatchNorm1d", "MNBatchNorm2d"]
+__all__: list[str] = []
 
 _STATE = threading.local()
 

@@ -1,11 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 r"""Pooling and reshaping layers for moment propagation ([1], Sec. 3.3.3).
 
-- :class:`MNMaxPool2d`: the maximum of the *means* is taken and that entry's variance is carried
+- ``MNMaxPool2d``: the maximum of the *means* is taken and that entry's variance is carried
   along (the max of several Gaussians has no closed form; this keeps the sparsity of max-pooling).
-- :class:`MNAvgPool2d` / :class:`MNAdaptiveAvgPool2d`: averages of independent entries,
+- ``MNAvgPool2d`` / ``MNAdaptiveAvgPool2d``: averages of independent entries,
   :math:`v' = \frac{1}{k^2}\operatorname{avg}(v)` for a window of :math:`k` entries.
-- :class:`MNFlatten`, ``MNDropout`` (a no-op: the multiplicative noise replaces dropout),
+- ``MNFlatten``, ``MNDropout`` (a no-op: the multiplicative noise replaces dropout),
   ``MNIdentity``.
 
 **References**
@@ -27,7 +27,7 @@ from torch.nn.modules.utils import _pair
 from pyro_sdebnn.nn.mnvi._moment_inputs import as_moments
 from pyro_sdebnn.ops.moments import Moments
 
-__all__ = ["MNAdaptiveAvgPool2d", "MNAvgPool2d", "MNFlatten", "MNMaxPool2d"]
+__all__: list[str] = []
 
 
 class MNMaxPool2d(nn.MaxPool2d):
