@@ -128,9 +128,9 @@ class SGHMC(SGMCMCKernel):
     # least that fraction per step (alpha = eta c in the momentum form of Chen et al. 2014, section 3.3)
     _ADAPTED_MOMENTUM_DECAY = 0.07
 
-    def _stable_step(self, state: tuple) -> float:
+    def _stable_step(self, positions: list[Tensor]) -> float:
         # also keep eta * c <= 1/2 for the user's friction, so that the friction damps the momentum
-        eta = min(super()._stable_step(state), 0.5 / self._base_friction)
+        eta = min(super()._stable_step(positions), 0.5 / self._base_friction)
         self._set_friction(max(self._base_friction, self._ADAPTED_MOMENTUM_DECAY / eta))
         return eta
 

@@ -284,7 +284,7 @@ def test_curvature_is_that_of_the_hessian_averaged_over_minibatches():
     kernel.setup(10, x, y)
     inverse_mass = 1.0
     kernel._set_inverse_mass(torch.tensor([inverse_mass], dtype=torch.float64))
-    eta = kernel._stable_step(kernel._state)
+    eta = kernel._stable_step([kernel._state[0]])
     full = inverse_mass * (1.0 + float((x**2).sum()))
     assert kernel.max_curvature == pytest.approx(full, rel=1e-6)
     assert eta == pytest.approx(min(kernel.adapted_step_size, 1.0 / full), rel=1e-6)  # SGLD: a quarter of 4 / lambda
@@ -329,8 +329,8 @@ def test_adapted_step_is_checked_again_at_the_end_of_warm_up_and_only_lowered(mo
     calls = []
 
     class Checked(SGHMC):
-        def _stable_step(self, state):
-            eta = super()._stable_step(state)
+        def _stable_step(self, positions):
+            eta = super()._stable_step(positions)
             calls.append((self._sample_count, eta))
             return at_end if self._sample_count == self._warmup_steps else eta
 
@@ -356,8 +356,8 @@ def test_warm_up_explores_with_the_factor_between_the_first_and_the_last_window(
     stable, used = [], []
 
     class Recorded(SGLD):
-        def _stable_step(self, state):
-            eta = super()._stable_step(state)
+        def _stable_step(self, positions):
+            eta = super()._stable_step(positions)
             stable.append((self._sample_count, eta))
             return eta
 
