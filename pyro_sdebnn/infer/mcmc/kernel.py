@@ -454,8 +454,9 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         and the warm-up has at least 1000 inner steps; ``False``: unit mass throughout.
     :param float adapted_step_size: the step in standardised units once :math:`M` is adapted (default 0.1 for SGLD),
         capped by the curvature of the preconditioned Hessian averaged over up to 8 minibatches (a quarter of the
-        stability limit of each: :math:`1/\\lambda` for SGLD, :math:`0.5/\\sqrt\\lambda` for SGHMC), and checked once
-        more at the end of warm-up, at the settled chain's position.
+        stability limit of each: :math:`1/\\lambda` for SGLD, :math:`0.5/\\sqrt\\lambda` for SGHMC) at the last
+        window's end (SGHMC: the stiffest of 8 positions spread through the last window), and checked once more at
+        the end of warm-up, at the settled chain's position.
     :param float warmup_step_factor: :math:`f \\in [1, 4)`: from the end of the first adaptation window to the end of
         the last, the chain steps :math:`f` times the capped step (half the stability limit at the default 2). The
         windows estimate :math:`M^{-1}` from the chain's own positions; a chain that moves too slowly to cross the
@@ -1127,7 +1128,7 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
     _CURVATURE_ITERATIONS = 20  # at most, per position; fewer once the estimate changes by less than _CURVATURE_TOL
     _CURVATURE_TOL = 1e-3
     _CURVATURE_BATCHES = 8  # minibatches averaged in each Hessian-vector product
-    _CURVATURE_POSITIONS = 8  # positions of the last window at which the sampling step is checked
+    _CURVATURE_POSITIONS = 1  # positions of the last window at which the sampling step is checked (SGHMC: 8)
 
     def _stable_step(self, positions: list[Tensor]) -> float:
         """``adapted_step_size``, or less where the preconditioned potential is stiffer: the largest eigenvalue
@@ -1142,13 +1143,17 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         power iterations with central finite differences of the gradient from a random vector, at most
         ``_CURVATURE_ITERATIONS``, until the estimate changes by less than ``_CURVATURE_TOL`` (from a random start the
         estimate rises until it has converged, or creeps where the two top eigenvalues are close, and is then close
-        to the largest anyway; a start near another eigenvector could stall below it). A network's :math:`\\lambda` also
-        varies several-fold along a chain, so that at one or two positions it can fall well below what the chain
-        meets while sampling: the sampling step is checked at ``_CURVATURE_POSITIONS`` positions spread through the
-        last window and at the end of warm-up, and capped by the largest."""
-        # the minibatches whose mean Hessian is estimated (one with full-batch gradients)
-        batches = [(self._next_indices(), self._next_data())
-                   for _ in range(min(self._CURVATURE_BATCHES, self._epoch_steps()))]
+        to the largest anyway; a start near another eigenvector could stall below it).
+
+        A network's :math:`\\lambda` varies several-fold along a chain (most where a few points near the decision
+        boundary, in a small minibatch scaled by :math:`N/b`, dominate the Hessian), so that at the one or two
+        positions of the window's end and of the end of warm-up it can fall well below what the chain meets while
+        sampling. SGHMC (``_CURVATURE_POSITIONS = 8``) checks the sampling step at positions spread evenly through the
+        last window, each with minibatches of its own, and at the end of warm-up, and takes the stiffest: its
+        momentum, damped by only a few per cent per step, carries the energy of a step too large for the curvature
+        over many steps, until the chain diverges. SGLD, which forgets it at the next step, checks the window's end
+        only (``1``): its step, :math:`\\propto 1/\\lambda`, would otherwise shrink with the rarest stiff position and
+        slow its mixing further."""
         extra = tuple(t.detach() if isinstance(t, Tensor) else t for t in self._potential_and_grad_inputs())
         assert self.inverse_mass_matrix is not None  # called once a window has adapted M
         scale = self.inverse_mass_matrix.sqrt()
@@ -1156,6 +1161,10 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         top = 0.0
         with pyro.validation_enabled(False), torch.enable_grad():
             for position in positions:
+                # the minibatches whose mean Hessian is estimated (one with full-batch gradients), fresh at each
+                # position: the Hessian of a few points near where the likelihood is stiffest can dominate it
+                batches = [(self._next_indices(), self._next_data())
+                           for _ in range(min(self._CURVATURE_BATCHES, self._epoch_steps()))]
                 chains = position if self.vectorized_chains > 1 else position.unsqueeze(0)
                 for k in range(chains.shape[0]):
 

@@ -29,7 +29,9 @@ class SGHMC(SGMCMCKernel):
     warm-up adapts a diagonal mass matrix :math:`M`, frozen for sampling, which then runs with the momentum in
     standardised coordinates (:math:`\\hat g \\to M^{-1/2} \\hat g`, :math:`w \\leftarrow w + \\epsilon M^{-1/2} v`;
     a constant :math:`M` keeps the target stationary, Ma, Chen and Fox 2015), the step :math:`\\epsilon` capped at
-    :math:`0.5/\\sqrt\\lambda` (the Hessian averaged over minibatches) and at :math:`\\epsilon c \\le 0.5`, and the
+    :math:`0.5/\\sqrt\\lambda` (:math:`\\lambda` the largest eigenvalue of the preconditioned Hessian averaged over
+    minibatches, the stiffest of 8 positions spread through the last adaptation window and of the end of warm-up)
+    and at :math:`\\epsilon c \\le 0.5`, and the
     friction raised to at least :math:`0.07/\\epsilon`, so that the momentum loses at least 7 % per step (the momentum
     decay :math:`\\alpha = \\epsilon c` of the SGD-with-momentum form of [1], section 3.3): that damps the heat of the
     minibatch gradients and of the energy the chain releases as it settles. ``kernel.friction`` is the one in use.
@@ -80,6 +82,7 @@ class SGHMC(SGMCMCKernel):
     _state_type = SGHMCState
     _precond_power = 0.5  # the rule takes M^{-1/2}
     _CURVATURE_POWER, _CURVATURE_FACTOR = 0.5, 0.5  # the adapted step is at most 0.5 / sqrt(lambda)
+    _CURVATURE_POSITIONS = 8  # the stiffest of 8 positions spread through the last window (see _stable_step)
 
     def __init__(
         self,
