@@ -82,7 +82,8 @@ class SGHMC(SGMCMCKernel):
     _state_type = SGHMCState
     _precond_power = 0.5  # the rule takes M^{-1/2}
     _CURVATURE_POWER, _CURVATURE_FACTOR = 0.5, 0.5  # the adapted step is at most 0.5 / sqrt(lambda)
-    _CURVATURE_POSITIONS = 8  # the stiffest of 8 positions spread through the last window (see _stable_step)
+    # the stiffest of 8 positions spread through the last window, 10 power iterations at each (see _stable_step)
+    _CURVATURE_POSITIONS, _CURVATURE_ITERATIONS = 8, 10
 
     def __init__(
         self,
