@@ -130,19 +130,21 @@ def adaptation_windows(total: int) -> list[tuple[int, int]]:
 
 
 class MassMatrixAdapter:
-    """Collects the positions of the warm-up's slow windows and returns the preconditioner at the end of each.
+    """Collects the positions of the warm-up's slow windows and returns the preconditioner at the end of each, with
+    the positions at which the step is then checked: the window's last one, and in the last window (which sets the
+    sampling step) ``last_positions`` spread evenly through it, the last one at its end.
 
     :param int total: the warm-up's inner steps (``warmup_steps * num_steps``).
     :param tuple shape: the shape of the chain's position, ``(D,)`` or ``(K, D)``.
+    :param int last_positions: the positions kept in the last window.
     """
 
-    def __init__(self, total: int, shape: tuple, dtype: torch.dtype, device: Any) -> None:
+    def __init__(self, total: int, shape: tuple, dtype: torch.dtype, device: Any, last_positions: int = 1) -> None:
         self.windows = adaptation_windows(total)
         self.window = 0  # index of the current (or next) slow window
+        self.last_positions = last_positions
         self._zeros = lambda: torch.zeros(shape, dtype=dtype, device=device)
-        self.count = 0
-        self.mean = self._zeros()
-        self.m2 = self._zeros()
+        self.restart_window()
 
     @property
     def done(self) -> bool:
@@ -153,10 +155,17 @@ class MassMatrixAdapter:
         self.count = 0
         self.mean = self._zeros()
         self.m2 = self._zeros()
+        self.positions: list[Tensor] = []
 
-    def observe(self, t: int, position: Tensor) -> Optional[Tensor]:
-        """Record the position after inner step ``t`` (0-based); the new inverse mass matrix ``(D,)`` at the end
-        of a slow window, else ``None``."""
+    def _kept(self, t: int) -> bool:
+        """Whether the position after inner step ``t`` of the current window is kept for the step's check."""
+        start, end = self.windows[self.window]
+        n = self.last_positions if self.window == len(self.windows) - 1 else 1
+        return any(t + 1 == start + round(k * (end - start) / n) for k in range(1, n + 1))
+
+    def observe(self, t: int, position: Tensor) -> Optional[tuple[Tensor, list[Tensor]]]:
+        """Record the position after inner step ``t`` (0-based); at the end of a slow window the new inverse mass
+        matrix ``(D,)`` and the window's kept positions, else ``None``."""
         if self.done:
             return None
         start, end = self.windows[self.window]
@@ -166,6 +175,8 @@ class MassMatrixAdapter:
         delta = position - self.mean
         self.mean = self.mean + delta / self.count
         self.m2 = self.m2 + delta * (position - self.mean)
+        if self._kept(t):
+            self.positions.append(position.detach().clone())
         if t + 1 < end:
             return None
         n = self.count
@@ -173,19 +184,21 @@ class MassMatrixAdapter:
         if variance.dim() > 1:  # vectorised chains: the mean of the within-chain variances
             variance = variance.mean(0)
         estimate = (n / (n + _SHRINK_DRAWS)) * variance + _SHRINK_TARGET * (_SHRINK_DRAWS / (n + _SHRINK_DRAWS))
+        positions = self.positions
         self.window += 1
         self.restart_window()
-        return estimate
+        return estimate, positions
 
     # ----- checkpoints --------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"window": int(self.window), "count": int(self.count), "mean": self.mean.clone(),
-                "m2": self.m2.clone()}
+                "m2": self.m2.clone(), "positions": [p.clone() for p in self.positions]}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         self.window, self.count = int(sd["window"]), int(sd["count"])
         self.mean = sd["mean"].to(self.mean)
         self.m2 = sd["m2"].to(self.m2)
+        self.positions = [p.to(self.mean) for p in sd.get("positions", [])]
 
 
 # ----- vectorised chains stored by MCMC as chains -------------------------------------------------------------------
@@ -474,8 +487,9 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         and the warm-up has at least 1000 inner steps; ``False``: unit mass throughout.
     :param float adapted_step_size: the step in standardised units once :math:`M` is adapted (default 0.1 for SGLD),
         capped by the curvature of the preconditioned Hessian averaged over up to 8 minibatches (a quarter of the
-        stability limit of each: :math:`1/\\lambda` for SGLD, :math:`0.5/\\sqrt\\lambda` for SGHMC), and checked once
-        more at the end of warm-up, at the settled chain's position.
+        stability limit of each: :math:`1/\\lambda` for SGLD, :math:`0.5/\\sqrt\\lambda` for SGHMC) at the last
+        window's end (SGHMC: the stiffest of 8 positions spread through the last window), and checked once more at
+        the end of warm-up, at the settled chain's position.
     :param float warmup_step_factor: :math:`f \\in [1, 4)`: from the end of the first adaptation window to the end of
         the last, the chain steps :math:`f` times the capped step (half the stability limit at the default 2). The
         windows estimate :math:`M^{-1}` from the chain's own positions; a chain that moves too slowly to cross the
@@ -762,7 +776,8 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
             self._initial_params = U.split(position)
         self._state = self._init_state(position)
         if self.adapt_mass_matrix:
-            adapter = MassMatrixAdapter(warmup_steps * self.num_steps, tuple(position.shape), U.dtype, U.device)
+            adapter = MassMatrixAdapter(warmup_steps * self.num_steps, tuple(position.shape), U.dtype, U.device,
+                                        self._CURVATURE_POSITIONS)
             self._adapter = None if adapter.done else adapter
         self._healthy = self._uncertified = self._state
         self._last_params = self._initial_params
@@ -1149,50 +1164,70 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
     # curvature h is 1 / (h (1 - eta h / 4)), at most 4/3 of the target's at eta = 1 / lambda (2x at 2 / lambda)
     _CURVATURE_POWER = 1.0  # eta <= _CURVATURE_FACTOR * lambda ** -_CURVATURE_POWER
     _CURVATURE_FACTOR = 1.0
-    _CURVATURE_ITERATIONS = 20
+    _CURVATURE_ITERATIONS = 20  # power iterations per position (SGHMC: 10)
     _CURVATURE_BATCHES = 8  # minibatches averaged in each Hessian-vector product
+    _CURVATURE_POSITIONS = 1  # positions of the last window at which the sampling step is checked (SGHMC: 8)
 
-    def _stable_step(self, state: tuple) -> float:
+    def _stable_step(self, positions: list[Tensor]) -> float:
         """``adapted_step_size``, or less where the preconditioned potential is stiffer: the largest eigenvalue
-        :math:`\\lambda` of :math:`M^{-1/2} \\nabla^2 \\tilde U M^{-1/2}` (every chain's, for the Hessian averaged
-        over ``_CURVATURE_BATCHES`` minibatches, at most one epoch: the Hessian of a single minibatch of a network's
-        potential varies several-fold from batch to batch), by ``_CURVATURE_ITERATIONS`` power iterations with
-        central finite differences of the gradient, caps the step at :math:`a \\lambda^{-p}` (``_CURVATURE_FACTOR``
-        :math:`a`, ``_CURVATURE_POWER`` :math:`p`: :math:`1/\\lambda` for SGLD, a quarter of its stability limit
+        :math:`\\lambda` of :math:`M^{-1/2} \\nabla^2 \\tilde U M^{-1/2}` over the given positions (each ``(D,)`` or
+        ``(K, D)``, every chain's) caps the step at :math:`a \\lambda^{-p}` (``_CURVATURE_FACTOR`` :math:`a`,
+        ``_CURVATURE_POWER`` :math:`p`: :math:`1/\\lambda` for SGLD, a quarter of its stability limit
         :math:`4/\\lambda`, where its stationary variance along the stiffest direction is at most 4/3 of the
-        target's; :math:`0.5/\\sqrt\\lambda` for SGHMC, a quarter of its limit :math:`2/\\sqrt\\lambda`)."""
-        # the minibatches whose mean Hessian is estimated (one with full-batch gradients)
-        batches = [(self._next_indices(), self._next_data())
-                   for _ in range(min(self._CURVATURE_BATCHES, self._epoch_steps()))]
+        target's; :math:`0.5/\\sqrt\\lambda` for SGHMC, a quarter of its limit :math:`2/\\sqrt\\lambda`).
+
+        The Hessian is averaged over ``_CURVATURE_BATCHES`` minibatches, at most one epoch (that of a single
+        minibatch of a network's potential varies several-fold from batch to batch). :math:`\\lambda` is found by
+        ``_CURVATURE_ITERATIONS`` power iterations with central finite differences of the gradient, from a random
+        vector.
+
+        A network's :math:`\\lambda` varies several-fold along a chain (most where a few points near the decision
+        boundary, in a small minibatch scaled by :math:`N/b`, dominate the Hessian), so that at the one or two
+        positions of the window's end and of the end of warm-up it can fall well below what the chain meets while
+        sampling. SGHMC checks the sampling step at ``_CURVATURE_POSITIONS = 8`` positions spread evenly through the
+        last window, each with minibatches of its own, and at the end of warm-up, and takes the stiffest: its
+        momentum, damped by only a few per cent per step, carries the energy of a step too large for the curvature
+        over many steps, until the chain diverges. It runs 10 iterations at each position (120 in a warm-up's twelve
+        positions, against 100 for five positions with 20); the estimate rises towards :math:`\\lambda` from below and
+        is within a few per cent of it after 10 where the top eigenvalue stands apart, as it does where a few points
+        dominate.
+        SGLD, which forgets a step's excess at the next, checks the window's end only (``_CURVATURE_POSITIONS = 1``):
+        its step, :math:`\\propto 1/\\lambda`, would otherwise shrink with the rarest stiff position and
+        slow its mixing further."""
         extra = tuple(t.detach() if isinstance(t, Tensor) else t for t in self._potential_and_grad_inputs())
         assert self.inverse_mass_matrix is not None  # called once a window has adapted M
         scale = self.inverse_mass_matrix.sqrt()
-        positions = state[0] if self.vectorized_chains > 1 else state[0].unsqueeze(0)
         delta = 1e-2  # in standardised units
         top = 0.0
         with pyro.validation_enabled(False), torch.enable_grad():
-            for k in range(positions.shape[0]):
+            for position in positions:
+                # the minibatches whose mean Hessian is estimated (one with full-batch gradients), fresh at each
+                # position: the Hessian of a few points near where the likelihood is stiffest can dominate it
+                batches = [(self._next_indices(), self._next_data())
+                           for _ in range(min(self._CURVATURE_BATCHES, self._epoch_steps()))]
+                chains = position if self.vectorized_chains > 1 else position.unsqueeze(0)
+                for k in range(chains.shape[0]):
 
-                def grad(point: Tensor) -> Tensor:  # the gradient of the potential averaged over the minibatches
-                    total = torch.zeros_like(point)
-                    for idx, data in batches:
-                        chain_idx = idx if (idx is None or self.vectorized_chains == 1) else idx[k]
-                        with self._bind(data):  # the step's own gradient (a data-parallel kernel's all-reduced)
-                            total += self._gradient(point, chain_idx, *extra)[0]
-                    return total / len(batches)
+                    def grad(point: Tensor) -> Tensor:  # the gradient of the potential averaged over the minibatches
+                        total = torch.zeros_like(point)
+                        for idx, data in batches:
+                            chain_idx = idx if (idx is None or self.vectorized_chains == 1) else idx[k]
+                            with self._bind(data):  # the step's own gradient (a data-parallel kernel's all-reduced)
+                                total += self._gradient(point, chain_idx, *extra)[0]
+                        return total / len(batches)
 
-                x = positions[k].detach()
-                lam = 0.0
-                v = torch.randn_like(x)
-                v = v / v.norm()
-                for _ in range(self._CURVATURE_ITERATIONS):
-                    hv = scale * (grad(x + delta * scale * v) - grad(x - delta * scale * v)) / (2 * delta)
-                    norm = hv.norm()
-                    if not bool(torch.isfinite(norm)) or float(norm) == 0.0:
-                        break
-                    lam = float(norm)
-                    v = hv / norm
-                top = max(top, lam)
+                    x = chains[k].detach()
+                    v = torch.randn_like(x)
+                    v = v / v.norm()
+                    lam = 0.0
+                    for _ in range(self._CURVATURE_ITERATIONS):
+                        hv = scale * (grad(x + delta * scale * v) - grad(x - delta * scale * v)) / (2 * delta)
+                        norm = hv.norm()
+                        if not bool(torch.isfinite(norm)) or float(norm) == 0.0:
+                            break
+                        lam = float(norm)
+                        v = hv / norm
+                    top = max(top, lam)
         self.max_curvature = top
         if top <= 0:
             return self.adapted_step_size
@@ -1236,7 +1271,7 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
             # the end of an adapted warm-up: the step is checked once more, at the settled chain's position with the
             # final mass matrix, and lowered if the potential is stiffer there
             self._recheck_step = False
-            self._adapted_eta = min(self._adapted_eta, self._stable_step(self._state))
+            self._adapted_eta = min(self._adapted_eta, self._stable_step([self._state[0]]))
             self._eta_tensor = None
         self._follow_step()
         if params is not self._last_params:  # the runner (or a user) handed us other parameters
@@ -1270,10 +1305,11 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
                 potentials[self._t - start_t] = value
                 self._t += 1
                 if self._adapter is not None:  # warm-up only: collect the position, adapt at a window's end
-                    estimate = self._adapter.observe(self._t - 1, state[0])
-                    if estimate is not None:
+                    adapted = self._adapter.observe(self._t - 1, state[0])
+                    if adapted is not None:
+                        estimate, positions = adapted
                         self._set_inverse_mass(estimate)
-                        self._adapted_eta = self._stable_step(state)
+                        self._adapted_eta = self._stable_step(positions)
                         if not self._adapter.done:  # explore until the last window ends (see warmup_step_factor)
                             self._adapted_eta = self._exploring_step(self._adapted_eta)
                         else:  # frozen from here on
@@ -1352,7 +1388,8 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         if saved.get("adapter") is not None:
             total = int(sd["warmup_steps"]) * self.num_steps
             assert self._state is not None  # restored by super()._restore
-            self._adapter = MassMatrixAdapter(total, tuple(self._state[0].shape), U.dtype, U.device)
+            self._adapter = MassMatrixAdapter(total, tuple(self._state[0].shape), U.dtype, U.device,
+                                              self._CURVATURE_POSITIONS)
             self._adapter.load_state_dict(saved["adapter"])
 
     # ----- divergence detection --------------------------------------------------------------------------------

@@ -29,7 +29,9 @@ class SGHMC(SGMCMCKernel):
     warm-up adapts a diagonal mass matrix :math:`M`, frozen for sampling, which then runs with the momentum in
     standardised coordinates (:math:`\\hat g \\to M^{-1/2} \\hat g`, :math:`w \\leftarrow w + \\epsilon M^{-1/2} v`;
     a constant :math:`M` keeps the target stationary, Ma, Chen and Fox 2015), the step :math:`\\epsilon` capped at
-    :math:`0.5/\\sqrt\\lambda` (the Hessian averaged over minibatches) and at :math:`\\epsilon c \\le 0.5`, and the
+    :math:`0.5/\\sqrt\\lambda` (:math:`\\lambda` the largest eigenvalue of the preconditioned Hessian averaged over
+    minibatches, the stiffest of 8 positions spread through the last adaptation window and of the end of warm-up)
+    and at :math:`\\epsilon c \\le 0.5`, and the
     friction raised to at least :math:`0.07/\\epsilon`, so that the momentum loses at least 7 % per step (the momentum
     decay :math:`\\alpha = \\epsilon c` of the SGD-with-momentum form of [1], section 3.3): that damps the heat of the
     minibatch gradients and of the energy the chain releases as it settles. ``kernel.friction`` is the one in use.
@@ -80,6 +82,8 @@ class SGHMC(SGMCMCKernel):
     _state_type = SGHMCState
     _precond_power = 0.5  # the rule takes M^{-1/2}
     _CURVATURE_POWER, _CURVATURE_FACTOR = 0.5, 0.5  # the adapted step is at most 0.5 / sqrt(lambda)
+    # the stiffest of 8 positions spread through the last window, 10 power iterations at each (see _stable_step)
+    _CURVATURE_POSITIONS, _CURVATURE_ITERATIONS = 8, 10
 
     def __init__(
         self,
@@ -128,9 +132,9 @@ class SGHMC(SGMCMCKernel):
     # least that fraction per step (alpha = eta c in the momentum form of Chen et al. 2014, section 3.3)
     _ADAPTED_MOMENTUM_DECAY = 0.07
 
-    def _stable_step(self, state: tuple) -> float:
+    def _stable_step(self, positions: list[Tensor]) -> float:
         # also keep eta * c <= 1/2 for the user's friction, so that the friction damps the momentum
-        eta = min(super()._stable_step(state), 0.5 / self._base_friction)
+        eta = min(super()._stable_step(positions), 0.5 / self._base_friction)
         self._set_friction(max(self._base_friction, self._ADAPTED_MOMENTUM_DECAY / eta))
         return eta
 

@@ -284,7 +284,7 @@ def test_curvature_is_that_of_the_hessian_averaged_over_minibatches():
     kernel.setup(10, x, y)
     inverse_mass = 1.0
     kernel._set_inverse_mass(torch.tensor([inverse_mass], dtype=torch.float64))
-    eta = kernel._stable_step(kernel._state)
+    eta = kernel._stable_step([kernel._state[0]])
     full = inverse_mass * (1.0 + float((x**2).sum()))
     assert kernel.max_curvature == pytest.approx(full, rel=1e-6)
     assert eta == pytest.approx(min(kernel.adapted_step_size, 1.0 / full), rel=1e-6)  # SGLD: a quarter of 4 / lambda
@@ -292,6 +292,56 @@ def test_curvature_is_that_of_the_hessian_averaged_over_minibatches():
     batches = kernel.potential.index_batches(1)
     single = [inverse_mass * (1.0 + 4.0 * float((x[b] ** 2).sum())) for b in batches]
     assert max(abs(s / full - 1) for s in single) > 0.1
+
+
+def test_last_window_keeps_positions_spread_through_it_for_the_step_check(monkeypatch):
+    monkeypatch.setattr(adaptation, "MIN_ADAPT_STEPS", 100)
+    adapter = adaptation.MassMatrixAdapter(100, (1,), torch.float64, "cpu", last_positions=8)
+    ends = {}
+    for t in range(100):
+        out = adapter.observe(t, torch.tensor([float(t)], dtype=torch.float64))
+        if out is not None:
+            ends[t] = [float(p) for p in out[1]]
+    # windows [15, 20), [20, 30), [30, 50), [50, 90): each window's end, and 8 positions evenly spread through the
+    # last one (after inner steps 55, 60, ..., 90)
+    assert ends == {19: [19.0], 29: [29.0], 49: [49.0], 89: [float(t) for t in range(54, 90, 5)]}
+    # a restarted window (a chain restarted from an earlier state) forgets its positions with its draws
+    adapter = adaptation.MassMatrixAdapter(100, (1,), torch.float64, "cpu", last_positions=8)
+    for t in range(70):
+        adapter.observe(t, torch.tensor([float(t)], dtype=torch.float64))
+    adapter.restart_window()
+    assert adapter.positions == []
+
+
+# U(w) = w^2 / 2 + n w^4 / 2 (y_i = 0 ~ N(w^2, 1), i = 1..n): the Hessian 1 + 6 n w^2 varies many-fold with w
+QUARTIC_N = 20
+
+
+def quartic_model(y):
+    w = pyro.sample("w", dist.Normal(y.new_zeros(()), 1.0))
+    with pyro.plate("data", y.shape[0]):
+        pyro.sample("y", dist.Normal(w**2, 1.0), obs=y)
+
+
+def test_step_is_capped_by_the_stiffest_of_the_positions():
+    pyro.set_rng_seed(0)
+    # a large adapted_step_size: the curvature (and eta c <= 1/2) caps the step
+    kernel = SGHMC(quartic_model, adapted_step_size=10.0, map_steps=0)
+    kernel.setup(10, torch.zeros(QUARTIC_N, dtype=torch.float64))
+    kernel._set_inverse_mass(torch.tensor([1.0], dtype=torch.float64))
+    positions = [torch.tensor([w], dtype=torch.float64) for w in (0.05, 0.5, 0.1)]
+
+    # the largest eigenvalue in closed form, 1 + 6 n w^2 (unit mass), plus 2 n d^2 from the central differences of
+    # the cubic gradient w + 2 n w^3, d = 1e-2
+    def curvature(w):
+        return 1 + 6 * QUARTIC_N * w**2 + 2 * QUARTIC_N * 1e-4
+
+    eta = kernel._stable_step(positions)
+    assert kernel.max_curvature == pytest.approx(curvature(0.5), rel=1e-6)
+    assert eta == pytest.approx(0.5 / curvature(0.5) ** 0.5, rel=1e-6)  # SGHMC: a quarter of 2 / sqrt(lambda)
+    # a check at the last position alone would allow a step 3x too large for the stiffest
+    alone = kernel._stable_step(positions[-1:])
+    assert alone == pytest.approx(0.5 / curvature(0.1) ** 0.5, rel=1e-6) and alone > 3 * eta
 
 
 def test_adapted_sghmc_friction_damps_at_least_seven_percent_of_the_momentum_per_step(monkeypatch):
@@ -326,12 +376,13 @@ def test_adapted_sghmc_friction_damps_at_least_seven_percent_of_the_momentum_per
 def test_adapted_step_is_checked_again_at_the_end_of_warm_up_and_only_lowered(monkeypatch, at_end):
     monkeypatch.setattr(adaptation, "MIN_ADAPT_STEPS", 100)
     y, _, _ = _conjugate_data()
-    calls = []
+    calls, counts = [], []
 
     class Checked(SGHMC):
-        def _stable_step(self, state):
-            eta = super()._stable_step(state)
+        def _stable_step(self, positions):
+            eta = super()._stable_step(positions)
             calls.append((self._sample_count, eta))
+            counts.append(len(positions))
             return at_end if self._sample_count == self._warmup_steps else eta
 
     pyro.set_rng_seed(0)
@@ -340,6 +391,7 @@ def test_adapted_step_is_checked_again_at_the_end_of_warm_up_and_only_lowered(mo
     # at the ends of the four windows (inner steps 20, 30, 50, 90: within samples 19, 29, 49, 89), then once more
     # before the first returned sample
     assert [count for count, _ in calls] == [19, 29, 49, 89, 100]
+    assert counts == [1, 1, 1, 8, 1]  # SGHMC: 8 positions spread through the last window
     window_step = calls[-2][1]
     assert kernel._eta(kernel._t) == pytest.approx(min(window_step, at_end))
     # the friction follows the step in use (also when a warm-up divergence halves it)
@@ -356,9 +408,10 @@ def test_warm_up_explores_with_the_factor_between_the_first_and_the_last_window(
     stable, used = [], []
 
     class Recorded(SGLD):
-        def _stable_step(self, state):
-            eta = super()._stable_step(state)
+        def _stable_step(self, positions):
+            eta = super()._stable_step(positions)
             stable.append((self._sample_count, eta))
+            assert len(positions) == 1  # SGLD: the window's end only
             return eta
 
         def sample(self, params):
