@@ -1177,7 +1177,8 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         target's; :math:`0.5/\\sqrt\\lambda` for SGHMC, a quarter of its limit :math:`2/\\sqrt\\lambda`).
 
         The Hessian is averaged over ``_CURVATURE_BATCHES`` minibatches, at most one epoch (that of a single
-        minibatch of a network's potential varies several-fold from batch to batch). :math:`\\lambda` is found by
+        minibatch of a network's potential varies several-fold from batch to batch), with equal weights: a loader's
+        short last batch, scaled by :math:`N/b`, is stiffer than the others, and the chain steps on it too. :math:`\\lambda` is found by
         ``_CURVATURE_ITERATIONS`` power iterations with central finite differences of the gradient, from a random
         vector.
 
