@@ -48,7 +48,7 @@ import math
 import warnings
 from abc import abstractmethod
 from collections import deque
-from typing import Any, Callable, ContextManager, NamedTuple, Optional, Union, cast
+from typing import Any, Callable, ContextManager, NamedTuple, Optional, Union
 
 import numpy as np
 import pyro
