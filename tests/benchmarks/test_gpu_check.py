@@ -33,9 +33,19 @@ def test_host_reads_are_counted_per_call_and_optimiser_counters_are_not():
         (param ** 2).sum().backward()
         opt.step()
 
-    assert gpu_check.count_host_syncs(two_reads, 3, CPU) == {"sync": 0.0, "dtoh": 0.0, "reads": 2.0}
+    assert gpu_check.count_host_syncs(two_reads, 3, CPU) == {
+        "sync": 0.0, "dtoh": 0.0, "reads": 2.0, "sync window": 0.0, "dtoh window": 0.0, "reads window": 0.0}
     assert gpu_check.count_host_syncs(no_read, 3, CPU)["reads"] == 0.0
     assert gpu_check.count_host_syncs(adam_step, 3, CPU)["reads"] == 0.0
+
+
+def test_round_trips_of_the_profiled_window_are_not_counted_per_call(monkeypatch):
+    # a window holding one synchronisation of its own (the profiler's flush when it stops) besides 2 per call
+    monkeypatch.setattr(gpu_check, "_profiled_counts", lambda fn, calls, device: {"sync": 2 * calls + 1, "dtoh": calls,
+                                                                                   "reads": 0})
+    counts = gpu_check.count_host_syncs(lambda: None, 5, CPU)
+    assert (counts["sync"], counts["sync window"]) == (2.0, 1.0)
+    assert (counts["dtoh"], counts["dtoh window"]) == (1.0, 0.0)
 
 
 def test_dry_run_judges_code_paths_but_not_gpu_targets():
