@@ -28,6 +28,7 @@ steps per returned sample, divergence checks (:mod:`~pyro_sdebnn.infer.mcmc.diag
 - ``warmup_step_factor=2``: between adaptation windows the chain explores with twice the adapted step (``1``);
 - ``closed_form_prior=True``: constant ``Normal`` priors added in closed form outside the traced graph (``False``);
 - ``cache_graphs=True``: the potential and traced graphs kept between runs on the same, unchanged data (``False``);
+- ``drop_last=None``: a reshuffling loader's short last batch passed over, as with tensors (``False`` keeps it);
 - ``backend="auto"`` with ``compile_after``: the compiled step after that many inner steps (``backend="fx"``).
 
 **References**
@@ -502,6 +503,12 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
     :param int compile_after: with ``backend="auto"``, the inner steps after which the step is compiled.
     :param bool closed_form_prior: add constant ``Normal`` priors in closed form outside the traced graph.
     :param bool cache_graphs: keep the potential and traced graphs between runs on the same, unchanged data.
+    :param drop_last: with a loader, pass over the short batch that ends each epoch (:math:`N \\bmod b` points,
+        which the potential would scale by :math:`N / (N \\bmod b)`): ``None`` (default) when the loader reshuffles
+        every epoch, so that every point is still seen and each batch is a uniform draw, as with tensors and
+        ``subsample_size``; ``True`` for any loader; ``False`` never (see
+        :doc:`/methods/sgmcmc`). ``diagnostics()["batches passed over"]`` counts
+        them.
     :param sample_writer: a :class:`~pyro_sdebnn.infer.mcmc.arviz.SampleWriter` streaming the samples to disk.
     :param dict transforms: ``{site: transform}`` from constrained to unconstrained space, as for ``HMC``.
 
@@ -542,6 +549,7 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         compile_after: int = 10_000,
         closed_form_prior: bool = True,
         cache_graphs: bool = True,
+        drop_last: Optional[bool] = None,
     ) -> None:
         if not callable(model):
             raise TypeError(f"model must be callable, got {type(model).__name__}")
@@ -550,6 +558,9 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         for name, flag in (("closed_form_prior", closed_form_prior), ("cache_graphs", cache_graphs)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be a bool, got {flag!r}")
+        if drop_last is not None and not isinstance(drop_last, bool):
+            raise TypeError(f"drop_last must be None (automatic) or a bool, got {drop_last!r}")
+        self.drop_last = drop_last
         self.compile_after = compile_after
         self.closed_form_prior = closed_form_prior
         self.cache_graphs = cache_graphs
@@ -660,7 +671,7 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
                 "subsample_size must be None with a loader: the minibatch size is the loader's batch_size"
             )
         device, dtype = _model_device_dtype(self._model)
-        self._stream = BatchStream(args[0], device, dtype, model=self._model)
+        self._stream = BatchStream(args[0], device, dtype, model=self._model, drop_last=self.drop_last)
         self._pending_batch = self._stream.next()
         return self._pending_batch
 
@@ -818,8 +829,8 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
     def _epoch_steps(self) -> int:
         """Inner steps per pass over the data (1 with full-batch gradients)."""
         if self._stream is not None:
-            try:
-                return max(1, len(self._stream.loader))
+            try:  # less the short last batch, where it is passed over
+                return max(1, len(self._stream.loader) - int(self._stream.drops_short_batch))
             except TypeError:
                 assert self._pending_batch is not None  # the loader's first batch, drawn by _start_stream
                 return max(1, math.ceil(self._stream.size / max(1, int(self._pending_batch[0].shape[0]))))
@@ -1431,4 +1442,6 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
             out["step size"] = self._eta(self._t)
         out["mass matrix adapted"] = self.inverse_mass_matrix is not None
         out["warm start steps"] = int(self.map_steps_taken)
+        if self._stream is not None:
+            out["batches passed over"] = self._stream.passed_over
         return out

@@ -815,6 +815,33 @@ def in_dataset_order(loader: Any, *, full_batches: bool = False) -> Any:
     )
 
 
+def short_batch_size(loader: Any, drop_last: Optional[bool]) -> Optional[int]:
+    """The batch size below which a loader's batches are passed over (its ``batch_size``), or ``None`` to keep
+    every batch.
+
+    A :class:`~torch.utils.data.DataLoader` of ``batch_size`` :math:`b` over :math:`N` points ends every epoch with
+    a batch of :math:`N \\bmod b` points, whose likelihood the potential scales by :math:`N / (N \\bmod b)`: its
+    gradient noise, and its curvature, which sets the adapted step, can be tens of times those of a full batch.
+    With ``drop_last=None`` (automatic) that batch is passed over when the loader reshuffles every epoch (its
+    sampler is not a :class:`~torch.utils.data.SequentialSampler`): each full batch is then a uniform draw without
+    replacement, so the potential stays an unbiased estimate of the full-data one and every point is still seen
+    over the epochs, as with data given as tensors and ``subsample_size``. An unshuffled loader keeps it (passing it
+    over would leave out the same points in every epoch), as does a loader that has one batch only, one that drops
+    it itself, or one without a ``batch_size`` (a custom ``batch_sampler``). ``True`` passes it over for any loader
+    with a ``batch_size``; ``False`` keeps it.
+    """
+    batch_size = getattr(loader, "batch_size", None)
+    if drop_last is False or getattr(loader, "drop_last", False) or not isinstance(batch_size, int):
+        return None
+    sampler = getattr(loader, "sampler", None)
+    if isinstance(getattr(loader, "dataset", None), IterableDataset) or not isinstance(sampler, Sized):
+        return None  # no sampler of known length: the loader's own order and sizes
+    if drop_last is None and isinstance(sampler, torch.utils.data.SequentialSampler):
+        return None
+    n = len(sampler)  # this process's points per epoch (a DistributedSampler's shard)
+    return batch_size if n > batch_size and n % batch_size else None
+
+
 class BatchStream:
     """An endless stream of the ``(x, y)`` batches of a loader, epoch after epoch.
 
@@ -824,12 +851,15 @@ class BatchStream:
     :param dtype: the model's floating-point dtype (inputs only; integer labels keep theirs).
     :param model: the model the batches are for: a non-finite batch is reported under the name of its first
         argument (``"x"`` without a model).
+    :param drop_last: pass over the loader's short last batch: ``None`` (automatic: when the loader reshuffles),
+        ``True`` or ``False`` (see :func:`short_batch_size`).
     :raises TypeError: if the loader's ``dataset`` has no length.
     :raises ValueError: from :meth:`next`, for a batch holding a NaN or an infinity.
     """
 
     def __init__(
-        self, loader: Any, device: Any = None, dtype: Optional[torch.dtype] = None, model: Optional[Any] = None
+        self, loader: Any, device: Any = None, dtype: Optional[torch.dtype] = None, model: Optional[Any] = None,
+        drop_last: Optional[bool] = None,
     ) -> None:
         self.loader = loader
         self.size = dataset_size(loader)
@@ -840,7 +870,11 @@ class BatchStream:
         self.epoch_rng: Optional[Tensor] = None  # torch's CPU RNG state from which that iterator was made
         self.generators = loader_generators(loader)
         self.epoch_generators: list[Tensor] = []  # the states of the loader's generators at that point
-        self.fixed_batch_size: Optional[int] = None  # the subsample_size the model's data plate fixes, if any
+        # the one batch size taken: the loader's batch_size where its short last batch is passed over (drop_last),
+        # replaced by the subsample_size the model's data plate fixes, if any (follow_model); None: every batch
+        self.fixed_batch_size: Optional[int] = short_batch_size(loader, drop_last)
+        self.drops_short_batch = self.fixed_batch_size is not None
+        self.passed_over = 0  # batches of another size passed over
         self._batches: Optional[Iterator] = None
 
     def _start_epoch(self, skip: int = 0, lookahead: bool = False) -> None:
@@ -867,7 +901,8 @@ class BatchStream:
         batches of another size, as ``drop_last=True`` would."""
         site = potential.prototype_trace.nodes.get(potential.data_plate) if potential.data_plate else None
         fixed = getattr(site["fn"], "subsample_size", None) if site is not None and site_is_subsample(site) else None
-        self.fixed_batch_size = None if fixed is None else int(fixed)
+        if fixed is not None:
+            self.fixed_batch_size = int(fixed)
 
     def _raw_next(self) -> tuple[Tensor, Tensor]:
         if self._batches is None:
@@ -892,19 +927,22 @@ class BatchStream:
             x, y = self._raw_next()
             if self.fixed_batch_size is None or x.shape[0] == self.fixed_batch_size:
                 break
-            # a batch of another size than the plate's subsample_size (the short last one; the first batch, which
-            # the potential was built on, has that size): passed over, counted for the checkpoint's position
+            # a batch of another size than the loader's batch_size or the plate's subsample_size (the short last
+            # one; the first batch, which the potential was built on, has that size): passed over, counted for the
+            # checkpoint's position
             self.position += 1
+            self.passed_over += 1
         check_finite_batch(x, y, what=self.name, batch_index=self.position)
         self.position += 1
         return move_batch(x, self.device, self.dtype), move_batch(y, self.device, self.dtype)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the stream is: ``{"epoch_rng": ByteTensor or None, "generators": [ByteTensor, ...],
-        "position": int, "size": int}``."""
+        "position": int, "size": int, "passed_over": int}``."""
         rng = None if self.epoch_rng is None else self.epoch_rng.clone()
         generators = [state.clone() for state in self.epoch_generators]
-        return {"epoch_rng": rng, "generators": generators, "position": int(self.position), "size": int(self.size)}
+        return {"epoch_rng": rng, "generators": generators, "position": int(self.position), "size": int(self.size),
+                "passed_over": int(self.passed_over)}
 
     def restore(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`state_dict`: the loader's generators are put back in their state at the start of the
@@ -918,6 +956,7 @@ class BatchStream:
             raise ValueError(
                 f"the loader has {self.size} data points but the checkpoint was taken with {int(state['size'])}"
             )
+        self.passed_over = int(state.get("passed_over", 0))
         if state["epoch_rng"] is None:
             self._batches, self.position, self.epoch_rng = None, 0, None
             return

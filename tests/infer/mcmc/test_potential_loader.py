@@ -456,3 +456,47 @@ def test_a_plate_with_its_own_subsample_size_passes_over_the_short_last_batch(ba
     with pytest.raises(ValueError, match=r"already subsamples \(subsample_size=20\)"):  # batches of 21: it does
         MCMC(SGLD(_fixed_batch_model, step_size=1e-3, map_steps=0), num_samples=2, warmup_steps=0,
              disable_progbar=True).run(_loader(x, y, batch_size=BATCH + 1))
+
+
+def _batch_sizes_seen(loader, **kwargs):
+    """The batch sizes of the eager steps of a short SGLD run over ``loader``, and the kernel."""
+    sizes = []
+
+    class Recording(SGLD):
+        def _eager_step(self, state, idx, step_size, *extra):
+            sizes.append(self.potential.model_args[0].shape[0])
+            return super()._eager_step(state, idx, step_size, *extra)
+
+    kernel = Recording(plain_model, step_size=1e-3, num_steps=4, backend="eager", map_steps=0, **kwargs)
+    pyro.set_rng_seed(0)
+    mcmc = MCMC(kernel, num_samples=4, warmup_steps=2, disable_progbar=True)
+    mcmc.run(loader)
+    return sizes, mcmc
+
+
+def test_a_reshuffling_loader_passes_over_its_short_last_batch_by_default():
+    # 66 = 3 x 20 + 6 points, 24 inner steps = 6 epochs of the 3 full batches: the batch of 6 (scaled by 66 / 6) is
+    # never a step; the samples are bitwise those of the loader built with drop_last=True
+    x, y = PROBLEM.generate(66, seed=1, dtype=torch.float64)
+    sizes, default = _batch_sizes_seen(_loader(x, y, generator=torch.Generator().manual_seed(0)))
+    assert sizes == [BATCH] * 24
+    # once per epoch that the run read to its end: at least the 5 that the steps completed
+    assert default.kernel.diagnostics()["batches passed over"] >= 5
+    _, dropped = _batch_sizes_seen(_loader(x, y, generator=torch.Generator().manual_seed(0), drop_last=True))
+    torch.testing.assert_close(default.get_samples()["w"], dropped.get_samples()["w"], rtol=0, atol=0)
+    assert dropped.kernel.diagnostics()["batches passed over"] == 0
+
+
+def test_the_short_last_batch_is_kept_when_asked_and_for_an_unshuffled_loader():
+    x, y = PROBLEM.generate(66, seed=1, dtype=torch.float64)
+    kept, mcmc = _batch_sizes_seen(_loader(x, y, generator=torch.Generator().manual_seed(0)), drop_last=False)
+    assert kept[:8] == [BATCH, BATCH, BATCH, 6, BATCH, BATCH, BATCH, 6]
+    assert mcmc.kernel.diagnostics()["batches passed over"] == 0
+    in_order, _ = _batch_sizes_seen(_loader(x, y, shuffle=False))  # passing it over would drop x[60:] every epoch
+    assert in_order[:4] == [BATCH, BATCH, BATCH, 6]
+    forced, _ = _batch_sizes_seen(_loader(x, y, shuffle=False), drop_last=True)
+    assert set(forced) == {BATCH}
+    one_batch, _ = _batch_sizes_seen(_loader(x[:15], y[:15]))  # fewer points than batch_size: the only batch
+    assert set(one_batch) == {15}
+    with pytest.raises(TypeError, match="drop_last must be None"):
+        SGLD(plain_model, drop_last="yes")
