@@ -30,6 +30,10 @@ from the loader given to ``mcmc.run``:
 - a loader sharded by a :class:`~torch.utils.data.distributed.DistributedSampler`
   (:func:`~pyro_sdebnn.distributed.distributed_loader`): every rank reads only its own part.
 
+A shuffling loader's short last batch is passed over as in one process (the kernels' ``drop_last=None``), on every
+rank alike: the ranks draw the same batches, or (a ``DistributedSampler`` pads every rank to the same number of
+points) batches of the same sizes.
+
 The injected noise is drawn from the generator that all the ranks seeded alike, so every rank takes the same step
 and holds the same chain as one process with the same seed and batches, up to rounding. ``K`` vectorised chains send
 their gradients in one all-reduce per inner step, and the warm-up's curvature estimate (which caps the adapted step)

@@ -253,7 +253,7 @@ def test_data_parallel_chain_equals_the_single_process_chain(group, float64):
     results, _ = group
     x, y = W.data()
     pyro.set_rng_seed(W.DP_SEED)
-    loader = DataLoader(TensorDataset(x, y), batch_size=W.DP_BATCH, shuffle=True)  # batches of 5, 5, 5, 1
+    loader = DataLoader(TensorDataset(x, y), batch_size=W.DP_BATCH, shuffle=True)  # 5, 5, 5 and a 1, passed over
     mcmc = MCMC(SGLD(W.plain, backend="eager", map_steps=0, **W.sgld_kwargs()), num_samples=6, warmup_steps=2,
                 disable_progbar=True)
     mcmc.run(loader)

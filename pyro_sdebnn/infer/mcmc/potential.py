@@ -815,6 +815,14 @@ def in_dataset_order(loader: Any, *, full_batches: bool = False) -> Any:
     )
 
 
+def _reshuffles(sampler: Any) -> bool:
+    """Whether ``sampler`` is one of torch's samplers that draw a fresh random order every epoch."""
+    data = torch.utils.data
+    if isinstance(sampler, data.DistributedSampler):
+        return bool(sampler.shuffle)
+    return isinstance(sampler, (data.RandomSampler, data.SubsetRandomSampler, data.WeightedRandomSampler))
+
+
 def short_batch_size(loader: Any, drop_last: Optional[bool]) -> Optional[int]:
     """The batch size below which a loader's batches are passed over (its ``batch_size``), or ``None`` to keep
     every batch.
@@ -823,12 +831,13 @@ def short_batch_size(loader: Any, drop_last: Optional[bool]) -> Optional[int]:
     a batch of :math:`N \\bmod b` points, whose likelihood the potential scales by :math:`N / (N \\bmod b)`: its
     gradient noise, and its curvature, which sets the adapted step, can be tens of times those of a full batch.
     With ``drop_last=None`` (automatic) that batch is passed over when the loader reshuffles every epoch (its
-    sampler is not a :class:`~torch.utils.data.SequentialSampler`): each full batch is then a uniform draw without
-    replacement, so the potential stays an unbiased estimate of the full-data one and every point is still seen
-    over the epochs, as with data given as tensors and ``subsample_size``. An unshuffled loader keeps it (passing it
-    over would leave out the same points in every epoch), as does a loader that has one batch only, one that drops
-    it itself, or one without a ``batch_size`` (a custom ``batch_sampler``). ``True`` passes it over for any loader
-    with a ``batch_size``; ``False`` keeps it.
+    sampler is torch's ``RandomSampler``, ``SubsetRandomSampler`` or ``WeightedRandomSampler``, or a
+    ``DistributedSampler`` with ``shuffle=True``): each full batch is then a uniform draw, so the potential stays an
+    unbiased estimate of the full-data one and every point is still seen over the epochs, as with data given as
+    tensors and ``subsample_size``. Any other loader keeps it: an unshuffled one (passing it over would leave out the
+    same points in every epoch), a sampler of the user's own whose order the kernel cannot know, a loader that has
+    one batch only, one that drops it itself, or one without a ``batch_size`` (a custom ``batch_sampler``). ``True``
+    passes it over for any loader with a ``batch_size``; ``False`` keeps it.
     """
     batch_size = getattr(loader, "batch_size", None)
     if drop_last is False or getattr(loader, "drop_last", False) or not isinstance(batch_size, int):
@@ -836,7 +845,7 @@ def short_batch_size(loader: Any, drop_last: Optional[bool]) -> Optional[int]:
     sampler = getattr(loader, "sampler", None)
     if isinstance(getattr(loader, "dataset", None), IterableDataset) or not isinstance(sampler, Sized):
         return None  # no sampler of known length: the loader's own order and sizes
-    if drop_last is None and isinstance(sampler, torch.utils.data.SequentialSampler):
+    if drop_last is None and not _reshuffles(sampler):
         return None
     n = len(sampler)  # this process's points per epoch (a DistributedSampler's shard)
     return batch_size if n > batch_size and n % batch_size else None

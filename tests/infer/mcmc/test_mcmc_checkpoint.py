@@ -52,8 +52,8 @@ def _kernels():
 def _args(through, x, y):
     if through == "tensors":
         return (x, y)
-    # a shuffling loader whose last batch is smaller (50 = 3 x 15 + 5): the checkpoint after 21 samples of 3 steps
-    # falls after batch 3 of the 4 of the 16th epoch
+    # a shuffling loader whose last batch is smaller (50 = 3 x 15 + 5), passed over: the checkpoint after 21 samples
+    # of 3 steps falls after the 3rd full batch of the 21st epoch, before its short batch is passed over
     return (DataLoader(TensorDataset(x, y), batch_size=15, shuffle=True),)
 
 
@@ -117,7 +117,8 @@ def _readme_loader(batch_size, how):
 def test_resume_over_a_loader_with_its_own_generator_is_bitwise(tmp_path, backend, batch_size, how):
     # the loader draws its order from its own torch.Generator, not torch's global one: the checkpoint holds the
     # generator's state at the start of the epoch in progress (3 warm-up and 3 samples of 3 steps are 18 batches:
-    # 2 batches into the 5th epoch of 4 batches of 50, 4 into the 3rd epoch of 7 batches of 30)
+    # 2 batches into the 5th epoch of 4 batches of 50; the end of the 3rd epoch of 6 full batches of 30, whose short
+    # 7th batch of 20 is passed over)
     def make():
         return SGLD(readme_model, step_size=1e-3, num_steps=3, backend=backend, map_steps=0)
 
