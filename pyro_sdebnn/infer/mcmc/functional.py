@@ -75,6 +75,16 @@ class _NoSampling(Messenger):
             msg["value"] = msg["fn"].mean
 
 
+def _plus(a: Tensor | float, b: Tensor | float) -> Tensor | float:
+    """``a + b`` where either may be the Python ``0.0`` of an absent term (no likelihood outside the data plate, no
+    prior kept, no Jacobian): that addition is skipped rather than recorded in the traced step."""
+    if isinstance(b, float) and b == 0.0:
+        return a
+    if isinstance(a, float) and a == 0.0:
+        return b
+    return a + b
+
+
 def _default_measurement_args(points: Tensor) -> tuple[tuple, dict]:
     return (points,), {}
 
@@ -311,11 +321,12 @@ class FunctionalPotential(MinibatchPotential):
             scale = site["scale"]
             term = log_p.sum() if isinstance(scale, float) and scale == 1.0 else (log_p * scale).sum()
             if frame is None:
-                full_data = full_data + term
+                full_data = _plus(full_data, term)
             else:
-                total = total + term
+                total = _plus(total, term)
         assert self.data_size is not None  # this path is taken only for a model with one data plate
-        total = total * (self.data_size / b) + full_data + self.log_density(trace, likelihood=False, exclude=exclude)
+        total = _plus(_plus(total * (self.data_size / b), full_data),
+                      self.log_density(trace, likelihood=False, exclude=exclude))
         outputs = self._outputs(trace)
         return total, outputs.narrow(0, b, outputs.shape[0] - b)
 
@@ -371,9 +382,14 @@ class FunctionalPotential(MinibatchPotential):
         points = points.to(torch.float64)
         cov = (self._batched_kernel(points) if batched else self.kernel_matrix(points)).to(torch.float64)
         delta = self.jitter * cov.diagonal(dim1=-2, dim2=-1).mean(-1)
-        eye = torch.eye(cov.shape[-1], dtype=cov.dtype, device=cov.device)
-        scale_tril, info = torch.linalg.cholesky_ex(cov + delta[..., None, None] * eye)
-        return scale_tril + torch.where(info > 0, float("nan"), 0.0)[..., None, None]
+        if batched and cov._base is None and cov.is_contiguous():
+            # the fresh (T, M, M) batch of one vmap (or stack): delta goes onto its diagonal in place, the same sums
+            # as adding delta I without two passes over (and two allocations of) T M^2 entries
+            cov.diagonal(dim1=-2, dim2=-1).add_(delta[..., None])
+        else:  # a kernel's output may be a view (``Constant``'s expanded variance) or a tensor the kernel keeps
+            cov = cov + delta[..., None, None] * torch.eye(cov.shape[-1], dtype=cov.dtype, device=cov.device)
+        scale_tril, info = torch.linalg.cholesky_ex(cov)
+        return scale_tril.masked_fill_((info > 0)[..., None, None], float("nan"))
 
     def precision(self, points: Tensor, *, batched: bool = False) -> Tensor:
         """:math:`(K + \\delta I)^{-1}` in float64 from :meth:`cholesky` (``cholesky_inverse``; NaNs if the
@@ -410,8 +426,8 @@ class FunctionalPotential(MinibatchPotential):
         else:  # two traces: minibatch, then measurement points
             log_p = self.log_density(self._trace(values, idx), exclude=exclude)
             f = self.measurement_outputs(values, points)
-        potential = -(log_p + logdet)
-        residual = f - self.mean_at(points, f)
+        potential = -_plus(log_p, logdet)
+        residual = f if self.gp_mean is None else f - self.mean_at(points, f)
         if precision is not None:
             alpha = gp_precision_matvec(precision, residual.detach(), self.event_dim).to(f.dtype)  # sg(alpha)
         else:
@@ -419,7 +435,8 @@ class FunctionalPotential(MinibatchPotential):
                 scale_tril = self.cholesky(points)
             alpha = gp_precision_residual(scale_tril, residual.detach(), self.event_dim).to(f.dtype)
         # value: 1/2 r^T alpha; gradient: J_M^T alpha (the surrogate loss of the module docstring)
-        potential = potential + (alpha * residual).sum() - 0.5 * (alpha * residual.detach()).sum()
+        quadratic = (alpha * residual).sum()
+        potential = potential + quadratic - 0.5 * quadratic.detach()
         if self.weight_prior_scale is not None:
             parts = flat if isinstance(flat, tuple) else self.flat_parts(flat)
             weak = sum(part.pow(2).sum() for s, part in zip(self.sites, parts) if s.name not in self.prior_sites)
