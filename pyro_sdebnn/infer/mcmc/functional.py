@@ -428,15 +428,15 @@ class FunctionalPotential(MinibatchPotential):
             f = self.measurement_outputs(values, points)
         potential = -_plus(log_p, logdet)
         residual = f if self.gp_mean is None else f - self.mean_at(points, f)
+        fixed = residual.detach()  # sg(r): alpha and the surrogate below carry no gradient through it
         if precision is not None:
-            alpha = gp_precision_matvec(precision, residual.detach(), self.event_dim).to(f.dtype)  # sg(alpha)
+            alpha = gp_precision_matvec(precision, fixed, self.event_dim).to(f.dtype)
         else:
             if scale_tril is None:
                 scale_tril = self.cholesky(points)
-            alpha = gp_precision_residual(scale_tril, residual.detach(), self.event_dim).to(f.dtype)
-        # value: 1/2 r^T alpha; gradient: J_M^T alpha (the surrogate loss of the module docstring)
-        quadratic = (alpha * residual).sum()
-        potential = potential + quadratic - 0.5 * quadratic.detach()
+            alpha = gp_precision_residual(scale_tril, fixed, self.event_dim).to(f.dtype)
+        # value: alpha^T (r - r/2) = 1/2 r^T alpha; gradient: J_M^T alpha (the surrogate loss of the module docstring)
+        potential = potential + (alpha * (residual - 0.5 * fixed)).sum()
         if self.weight_prior_scale is not None:
             parts = flat if isinstance(flat, tuple) else self.flat_parts(flat)
             weak = sum(part.pow(2).sum() for s, part in zip(self.sites, parts) if s.name not in self.prior_sites)
