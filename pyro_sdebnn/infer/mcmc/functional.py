@@ -62,6 +62,9 @@ else:
 
 __all__ = ["FSGHMC", "FSGLD", "MeasurementPoints"]
 
+# the largest (chunk, M, M) float64 block of a batched kernel evaluation and factorisation (FunctionalPotential.cholesky)
+_CHUNK_BYTES = 2**20
+
 
 class _NoSampling(Messenger):
     """Replace draws at unobserved, unconditioned sites (the likelihood at ``X_M``) by the distribution's mean.
@@ -377,19 +380,38 @@ class FunctionalPotential(MinibatchPotential):
         """Cholesky factor of :math:`K + \\delta I` in float64 (traceable: a failed factorisation gives NaNs).
 
         With ``batched=True``, ``points`` holds a leading dimension of independent sets ``(T, M, ...)`` and the
-        factors ``(T, M, M)`` come from one kernel evaluation (``torch.func.vmap`` over the sets, or a loop for
-        kernels that do not vectorise) and one batched factorisation."""
-        points = points.to(torch.float64)
-        cov = (self._batched_kernel(points) if batched else self.kernel_matrix(points)).to(torch.float64)
+        factors ``(T, M, M)`` come from batched kernel evaluations (``torch.func.vmap`` over the sets, or a loop for
+        kernels that do not vectorise) and batched factorisations, without gradient (the kernel is a fixed prior).
+        The sets go through in chunks of at most 1 MiB of float64 per ``(chunk, M, M)`` block, each factorised into
+        its slice of the result: the temporaries of one kernel evaluation over all the sets (several times
+        :math:`T M^2` entries) would fall out of a CPU core's cache and make the allocator give pages back and fault
+        them in again at every batch. The factors do not depend on the chunking."""
+        if not batched:
+            cov = self.kernel_matrix(points.to(torch.float64)).to(torch.float64)
+            scale_tril, info = torch.linalg.cholesky_ex(self._with_jitter(cov, fresh=False))
+            return scale_tril.masked_fill_((info > 0)[..., None, None], float("nan"))
+        count, size = points.shape[0], points.shape[1]
+        chunks = -(-count // max(1, _CHUNK_BYTES // (8 * size * size)))
+        per_chunk = -(-count // chunks) if count else 1
+        # LAPACK's column-major layout, which the factorisation writes directly
+        factors = torch.empty((count, size, size), dtype=torch.float64, device=points.device).mT
+        info = torch.empty(count, dtype=torch.int32, device=points.device)
+        with torch.no_grad():
+            for part, out, part_info in zip(points.split(per_chunk), factors.split(per_chunk), info.split(per_chunk)):
+                cov = self._batched_kernel(part.to(torch.float64)).to(torch.float64)
+                torch.linalg.cholesky_ex(self._with_jitter(cov, fresh=True), out=(out, part_info))
+        return factors.masked_fill_((info > 0)[..., None, None], float("nan"))
+
+    def _with_jitter(self, cov: Tensor, *, fresh: bool) -> Tensor:
+        """:math:`K + \\delta I` with :math:`\\delta` = ``jitter`` times the mean diagonal of each matrix; in place
+        on a ``fresh`` kernel matrix that owns its memory (the same sums as adding :math:`\\delta I`, without two
+        passes over the matrices and two allocations)."""
         delta = self.jitter * cov.diagonal(dim1=-2, dim2=-1).mean(-1)
-        if batched and cov._base is None and cov.is_contiguous():
-            # the fresh (T, M, M) batch of one vmap (or stack): delta goes onto its diagonal in place, the same sums
-            # as adding delta I without two passes over (and two allocations of) T M^2 entries
+        if fresh and cov._base is None and cov.is_contiguous():
             cov.diagonal(dim1=-2, dim2=-1).add_(delta[..., None])
-        else:  # a kernel's output may be a view (``Constant``'s expanded variance) or a tensor the kernel keeps
-            cov = cov + delta[..., None, None] * torch.eye(cov.shape[-1], dtype=cov.dtype, device=cov.device)
-        scale_tril, info = torch.linalg.cholesky_ex(cov)
-        return scale_tril.masked_fill_((info > 0)[..., None, None], float("nan"))
+            return cov
+        # a kernel's output may be a view (``Constant``'s expanded variance) or a tensor the kernel keeps
+        return cov + delta[..., None, None] * torch.eye(cov.shape[-1], dtype=cov.dtype, device=cov.device)
 
     def precision(self, points: Tensor, *, batched: bool = False) -> Tensor:
         """:math:`(K + \\delta I)^{-1}` in float64 from :meth:`cholesky` (``cholesky_inverse``; NaNs if the

@@ -254,6 +254,26 @@ def test_prefetched_sets_are_fresh_every_step_and_factorised_exactly(backend):
         _assert_factor_of_set(kernel, pts, factor)
 
 
+def test_batched_factors_do_not_depend_on_the_chunks_and_failed_sets_are_nan(monkeypatch):
+    # the batched factorisation goes through the sets in chunks of a bounded size; the chunks change no factor, and a
+    # set whose factorisation fails gets an all-NaN factor while the others are those of the unbatched factorisation
+    import pyro_sdebnn.infer.mcmc.functional as functional
+
+    x, y = _data()
+    U = FunctionalPotential(linear_model, (x, y), gp_kernel=_prior().kernel, example_points=POINTS)
+    U.jitter = -0.5  # K - sigma^2 / 2 I: positive definite for far-apart points only
+    sets = torch.stack([POINTS * 10, POINTS * 0.01, POINTS * 20, POINTS * 0.02 + 1, POINTS * 30])
+    whole = U.cholesky(sets, batched=True)
+    monkeypatch.setattr(functional, "_CHUNK_BYTES", 2 * 8 * 3**2)  # two sets per chunk: chunks of 2, 2, 1
+    chunked = U.cholesky(sets, batched=True)
+    assert torch.equal(chunked.isnan(), whole.isnan()) and torch.equal(chunked.nan_to_num(), whole.nan_to_num())
+    for points, factor in zip(sets, chunked):
+        if points.diff().abs().max() < 1:  # close points: the factorisation fails
+            assert factor.isnan().all()
+        else:
+            torch.testing.assert_close(factor, U.cholesky(points), rtol=1e-12, atol=0)
+
+
 def test_precision_and_cholesky_give_the_same_potential_and_gradient():
     x, y = _data()
     U = FunctionalPotential(linear_model, (x, y), gp_kernel=_prior().kernel, example_points=POINTS)
