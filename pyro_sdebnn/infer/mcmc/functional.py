@@ -62,9 +62,6 @@ else:
 
 __all__ = ["FSGHMC", "FSGLD", "MeasurementPoints"]
 
-# the largest (chunk, M, M) float64 block of a batched kernel evaluation and factorisation (FunctionalPotential.cholesky)
-_CHUNK_BYTES = 2**20
-
 
 class _NoSampling(Messenger):
     """Replace draws at unobserved, unconditioned sites (the likelihood at ``X_M``) by the distribution's mean.
@@ -380,32 +377,17 @@ class FunctionalPotential(MinibatchPotential):
         """Cholesky factor of :math:`K + \\delta I` in float64 (traceable: a failed factorisation gives NaNs).
 
         With ``batched=True``, ``points`` holds a leading dimension of independent sets ``(T, M, ...)`` and the
-        factors ``(T, M, M)`` come from batched kernel evaluations (``torch.func.vmap`` over the sets, or a loop for
-        kernels that do not vectorise) and batched factorisations, without gradient (the kernel is a fixed prior).
-        The sets go through in chunks of at most 1 MiB of float64 per ``(chunk, M, M)`` block, each factorised into
-        its slice of the result: the temporaries of one kernel evaluation over all the sets (several times
-        :math:`T M^2` entries) would fall out of a CPU core's cache and make the allocator give pages back and fault
-        them in again at every batch. The factors do not depend on the chunking."""
-        if not batched:
-            cov = self.kernel_matrix(points.to(torch.float64)).to(torch.float64)
-            scale_tril, info = torch.linalg.cholesky_ex(self._with_jitter(cov, fresh=False))
-            return scale_tril.masked_fill_((info > 0)[..., None, None], float("nan"))
-        count, size = points.shape[0], points.shape[1]
-        chunks = -(-count // max(1, _CHUNK_BYTES // (8 * size * size)))
-        per_chunk = -(-count // chunks) if count else 1
-        # LAPACK's column-major layout, which the factorisation writes directly
-        factors = torch.empty((count, size, size), dtype=torch.float64, device=points.device).mT
-        info = torch.empty(count, dtype=torch.int32, device=points.device)
-        with torch.no_grad():
-            for part, out, part_info in zip(points.split(per_chunk), factors.split(per_chunk), info.split(per_chunk)):
-                cov = self._batched_kernel(part.to(torch.float64)).to(torch.float64)
-                torch.linalg.cholesky_ex(self._with_jitter(cov, fresh=True), out=(out, part_info))
-        return factors.masked_fill_((info > 0)[..., None, None], float("nan"))
+        factors ``(T, M, M)`` come from one kernel evaluation (``torch.func.vmap`` over the sets, or a loop for
+        kernels that do not vectorise) and one batched factorisation."""
+        points = points.to(torch.float64)
+        cov = (self._batched_kernel(points) if batched else self.kernel_matrix(points)).to(torch.float64)
+        scale_tril, info = torch.linalg.cholesky_ex(self._with_jitter(cov, fresh=batched))
+        return scale_tril.masked_fill_((info > 0)[..., None, None], float("nan"))
 
     def _with_jitter(self, cov: Tensor, *, fresh: bool) -> Tensor:
         """:math:`K + \\delta I` with :math:`\\delta` = ``jitter`` times the mean diagonal of each matrix; in place
-        on a ``fresh`` kernel matrix that owns its memory (the same sums as adding :math:`\\delta I`, without two
-        passes over the matrices and two allocations)."""
+        on a ``fresh`` batch of kernel matrices that owns its memory (the same sums as adding :math:`\\delta I`,
+        without two passes over the matrices and two allocations)."""
         delta = self.jitter * cov.diagonal(dim1=-2, dim2=-1).mean(-1)
         if fresh and cov._base is None and cov.is_contiguous():
             cov.diagonal(dim1=-2, dim2=-1).add_(delta[..., None])
@@ -594,6 +576,7 @@ class FunctionalKernelMixin(_KernelBase):
     """Turns an SG-MCMC kernel into its functional variant (fSGLD from SGLD, fSGHMC from SGHMC)."""
 
     potential: Optional[FunctionalPotential]  # the potential _build_potential returns
+    _chunk_bytes = 2**20  # the largest (chunk, M, M) float64 block when prefetched sets are factorised (_next_batch)
 
     def __init__(
         self,
@@ -716,23 +699,28 @@ class FunctionalKernelMixin(_KernelBase):
         if self._fixed_prior is None and sampler is not None and sampler.redraw:
             if self._set_uses_left == 0:
                 if not self._set_queue:
-                    sets, factors = self._next_batch()
-                    self._set_queue.extend(zip(sets.unbind(0), factors.unbind(0)))
+                    for sets, factors in self._next_batch():
+                        self._set_queue.extend(zip(sets.unbind(0), factors.unbind(0)))
                 self._points_cache = self._set_queue.popleft()
                 self._set_uses_left = sampler.redraw_every
             self._set_uses_left -= 1
         assert self._points_cache is not None  # the fixed set cached by _build_potential, or the fresh one above
         return self._points_cache
 
-    def _next_batch(self) -> tuple[Tensor, Tensor]:
-        """The next ``prefetch`` sets and their factors, drawn from the sampler's generator (else torch's) and
-        factorised in one batched call (one kernel evaluation, one batched Cholesky factorisation)."""
+    def _next_batch(self) -> list[tuple[Tensor, Tensor]]:
+        """The next ``prefetch`` sets and their factors, drawn together from the sampler's generator (else torch's),
+        then evaluated and factorised in batched calls over chunks of sets (one kernel evaluation and one batched
+        factorisation per chunk), as ``[(sets, factors), ...]``. A chunk's ``(chunk, M, M)`` float64 blocks hold at
+        most 1 MiB: the temporaries of one kernel evaluation over all the sets (several times ``prefetch`` M^2
+        entries) would fall out of a CPU core's cache and make the allocator give pages back and fault them in again
+        at every batch. The factors do not depend on the chunks."""
         assert self._sampler is not None and self.potential is not None  # both set by _build_potential
         sets = self._sampler.draw_sets(self._sampler.prefetch)
+        count, size = sets.shape[0], sets.shape[1]
+        chunks = -(-count // max(1, self._chunk_bytes // (8 * size * size)))
+        factorise = self.potential.precision if self._factor_kind == "precision" else self.potential.cholesky
         with torch.no_grad():
-            if self._factor_kind == "precision":
-                return sets, self.potential.precision(sets, batched=True)
-            return sets, self.potential.cholesky(sets, batched=True)
+            return [(part, factorise(part, batched=True)) for part in sets.split(-(-count // chunks))]
 
     # ----- checkpoints ------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -254,20 +254,27 @@ def test_prefetched_sets_are_fresh_every_step_and_factorised_exactly(backend):
         _assert_factor_of_set(kernel, pts, factor)
 
 
-def test_batched_factors_do_not_depend_on_the_chunks_and_failed_sets_are_nan(monkeypatch):
-    # the batched factorisation goes through the sets in chunks of a bounded size; the chunks change no factor, and a
-    # set whose factorisation fails gets an all-NaN factor while the others are those of the unbatched factorisation
-    import pyro_sdebnn.infer.mcmc.functional as functional
+def test_prefetched_sets_are_factorised_in_chunks_that_change_no_factor():
+    # the prefetched sets are evaluated and factorised in chunks of a bounded size: the factors are those of one
+    # batched call over all the sets
+    x, y = _sine_data()
+    kernel = _small_fsgld(x, "fx", prefetch=5)
+    kernel.setup(0, x, y)
+    kernel._chunk_bytes = 2 * 8 * 8**2  # two sets of 8 points per chunk: 2, 2, 1 sets
+    chunks = kernel._next_batch()
+    assert [len(sets) for sets, _ in chunks] == [2, 2, 1]
+    sets = torch.cat([sets for sets, _ in chunks])
+    factors = torch.cat([factors for _, factors in chunks])
+    assert torch.equal(factors, kernel.potential.cholesky(sets, batched=True))
 
+
+def test_batched_factors_of_failed_sets_are_nan():
+    # a set whose factorisation fails gets an all-NaN factor; the others are those of the unbatched factorisation
     x, y = _data()
     U = FunctionalPotential(linear_model, (x, y), gp_kernel=_prior().kernel, example_points=POINTS)
     U.jitter = -0.5  # K - sigma^2 / 2 I: positive definite for far-apart points only
-    sets = torch.stack([POINTS * 10, POINTS * 0.01, POINTS * 20, POINTS * 0.02 + 1, POINTS * 30])
-    whole = U.cholesky(sets, batched=True)
-    monkeypatch.setattr(functional, "_CHUNK_BYTES", 2 * 8 * 3**2)  # two sets per chunk: chunks of 2, 2, 1
-    chunked = U.cholesky(sets, batched=True)
-    assert torch.equal(chunked.isnan(), whole.isnan()) and torch.equal(chunked.nan_to_num(), whole.nan_to_num())
-    for points, factor in zip(sets, chunked):
+    sets = torch.stack([POINTS * 10, POINTS * 0.01, POINTS * 20, POINTS * 0.02 + 1])
+    for points, factor in zip(sets, U.cholesky(sets, batched=True)):
         if points.diff().abs().max() < 1:  # close points: the factorisation fails
             assert factor.isnan().all()
         else:
