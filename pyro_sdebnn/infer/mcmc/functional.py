@@ -467,10 +467,11 @@ class MeasurementPoints:
         :math:`O(M^3)` Cholesky factorisation (a deviation from Wu, Xuan and Lu (2024), who draw a new set every
         step).
     :param int prefetch: with ``redraw``, the fSGLD/fSGHMC kernels draw this many independent sets at once
-        (:meth:`draw_sets`) and evaluate and factorise their kernel matrices in one batched call, then use one
-        set per ``redraw_every`` steps. The sets do not depend on the chain, so this changes nothing but the
-        cost: per-call overheads of the draw, the kernel evaluation and the factorisation are paid once per
-        ``prefetch`` sets instead of once per step. Default ``None``: 64, fewer where the batch of
+        (:meth:`draw_sets`) and evaluate and factorise their kernel matrices in batched calls (over chunks of
+        sets of at most 1 MiB of float64 matrices each), then use one set per ``redraw_every`` steps. The sets do
+        not depend on the chain, so this changes nothing but the cost: per-call overheads of the draw, the kernel
+        evaluation and the factorisation are paid once per chunk of sets instead of once per step. Default
+        ``None``: 64, fewer where the batch of
         ``M x M`` float64 factors would exceed 8 MiB.
     :param torch.Generator generator: optional generator (on the inputs' device) for reproducible sets.
 
