@@ -83,6 +83,8 @@ def _to_columns(residual: torch.Tensor, event_dim: int) -> tuple[torch.Tensor, t
     """Reshape ``(..., M)`` (event_dim 1) or ``(..., M, C)`` (event_dim 2) to ``(M, B)`` columns."""
     if event_dim == 1:
         shape = residual.shape
+        if residual.dim() == 1:  # one function: one column
+            return residual.unsqueeze(-1), shape
         return residual.reshape(-1, shape[-1]).T, shape
     moved = residual.movedim(-2, 0)
     return moved.reshape(moved.shape[0], -1), moved.shape
@@ -90,7 +92,7 @@ def _to_columns(residual: torch.Tensor, event_dim: int) -> tuple[torch.Tensor, t
 
 def _from_columns(columns: torch.Tensor, shape: torch.Size, event_dim: int) -> torch.Tensor:
     if event_dim == 1:
-        return columns.T.reshape(shape)
+        return columns.squeeze(-1) if len(shape) == 1 else columns.T.reshape(shape)
     return columns.reshape(shape).movedim(0, -2)
 
 

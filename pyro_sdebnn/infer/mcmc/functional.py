@@ -75,6 +75,16 @@ class _NoSampling(Messenger):
             msg["value"] = msg["fn"].mean
 
 
+def _plus(a: Tensor | float, b: Tensor | float) -> Tensor | float:
+    """``a + b`` where either may be the Python ``0.0`` of an absent term (no likelihood outside the data plate, no
+    prior kept, no Jacobian): that addition is skipped rather than recorded in the traced step."""
+    if isinstance(b, float) and b == 0.0:
+        return a
+    if isinstance(a, float) and a == 0.0:
+        return b
+    return a + b
+
+
 def _default_measurement_args(points: Tensor) -> tuple[tuple, dict]:
     return (points,), {}
 
@@ -311,11 +321,12 @@ class FunctionalPotential(MinibatchPotential):
             scale = site["scale"]
             term = log_p.sum() if isinstance(scale, float) and scale == 1.0 else (log_p * scale).sum()
             if frame is None:
-                full_data = full_data + term
+                full_data = _plus(full_data, term)
             else:
-                total = total + term
+                total = _plus(total, term)
         assert self.data_size is not None  # this path is taken only for a model with one data plate
-        total = total * (self.data_size / b) + full_data + self.log_density(trace, likelihood=False, exclude=exclude)
+        total = _plus(_plus(total * (self.data_size / b), full_data),
+                      self.log_density(trace, likelihood=False, exclude=exclude))
         outputs = self._outputs(trace)
         return total, outputs.narrow(0, b, outputs.shape[0] - b)
 
@@ -370,10 +381,19 @@ class FunctionalPotential(MinibatchPotential):
         kernels that do not vectorise) and one batched factorisation."""
         points = points.to(torch.float64)
         cov = (self._batched_kernel(points) if batched else self.kernel_matrix(points)).to(torch.float64)
+        scale_tril, info = torch.linalg.cholesky_ex(self._with_jitter(cov, fresh=batched))
+        return scale_tril.masked_fill_((info > 0)[..., None, None], float("nan"))
+
+    def _with_jitter(self, cov: Tensor, *, fresh: bool) -> Tensor:
+        """:math:`K + \\delta I` with :math:`\\delta` = ``jitter`` times the mean diagonal of each matrix; in place
+        on a ``fresh`` batch of kernel matrices that owns its memory (the same sums as adding :math:`\\delta I`,
+        without two passes over the matrices and two allocations)."""
         delta = self.jitter * cov.diagonal(dim1=-2, dim2=-1).mean(-1)
-        eye = torch.eye(cov.shape[-1], dtype=cov.dtype, device=cov.device)
-        scale_tril, info = torch.linalg.cholesky_ex(cov + delta[..., None, None] * eye)
-        return scale_tril + torch.where(info > 0, float("nan"), 0.0)[..., None, None]
+        if fresh and cov._base is None and cov.is_contiguous():
+            cov.diagonal(dim1=-2, dim2=-1).add_(delta[..., None])
+            return cov
+        # a kernel's output may be a view (``Constant``'s expanded variance) or a tensor the kernel keeps
+        return cov + delta[..., None, None] * torch.eye(cov.shape[-1], dtype=cov.dtype, device=cov.device)
 
     def precision(self, points: Tensor, *, batched: bool = False) -> Tensor:
         """:math:`(K + \\delta I)^{-1}` in float64 from :meth:`cholesky` (``cholesky_inverse``; NaNs if the
@@ -410,16 +430,17 @@ class FunctionalPotential(MinibatchPotential):
         else:  # two traces: minibatch, then measurement points
             log_p = self.log_density(self._trace(values, idx), exclude=exclude)
             f = self.measurement_outputs(values, points)
-        potential = -(log_p + logdet)
-        residual = f - self.mean_at(points, f)
+        potential = -_plus(log_p, logdet)
+        residual = f if self.gp_mean is None else f - self.mean_at(points, f)
+        fixed = residual.detach()  # sg(r): alpha and the surrogate below carry no gradient through it
         if precision is not None:
-            alpha = gp_precision_matvec(precision, residual.detach(), self.event_dim).to(f.dtype)  # sg(alpha)
+            alpha = gp_precision_matvec(precision, fixed, self.event_dim).to(f.dtype)
         else:
             if scale_tril is None:
                 scale_tril = self.cholesky(points)
-            alpha = gp_precision_residual(scale_tril, residual.detach(), self.event_dim).to(f.dtype)
-        # value: 1/2 r^T alpha; gradient: J_M^T alpha (the surrogate loss of the module docstring)
-        potential = potential + (alpha * residual).sum() - 0.5 * (alpha * residual.detach()).sum()
+            alpha = gp_precision_residual(scale_tril, fixed, self.event_dim).to(f.dtype)
+        # value: alpha^T (r - r/2) = 1/2 r^T alpha; gradient: J_M^T alpha (the surrogate loss of the module docstring)
+        potential = potential + (alpha * (residual - 0.5 * fixed)).sum()
         if self.weight_prior_scale is not None:
             parts = flat if isinstance(flat, tuple) else self.flat_parts(flat)
             weak = sum(part.pow(2).sum() for s, part in zip(self.sites, parts) if s.name not in self.prior_sites)
@@ -446,10 +467,11 @@ class MeasurementPoints:
         :math:`O(M^3)` Cholesky factorisation (a deviation from Wu, Xuan and Lu (2024), who draw a new set every
         step).
     :param int prefetch: with ``redraw``, the fSGLD/fSGHMC kernels draw this many independent sets at once
-        (:meth:`draw_sets`) and evaluate and factorise their kernel matrices in one batched call, then use one
-        set per ``redraw_every`` steps. The sets do not depend on the chain, so this changes nothing but the
-        cost: per-call overheads of the draw, the kernel evaluation and the factorisation are paid once per
-        ``prefetch`` sets instead of once per step. Default ``None``: 64, fewer where the batch of
+        (:meth:`draw_sets`) and evaluate and factorise their kernel matrices in batched calls (over chunks of
+        sets of at most 1 MiB of float64 matrices each), then use one set per ``redraw_every`` steps. The sets do
+        not depend on the chain, so this changes nothing but the cost: per-call overheads of the draw, the kernel
+        evaluation and the factorisation are paid once per chunk of sets instead of once per step. Default
+        ``None``: 64, fewer where the batch of
         ``M x M`` float64 factors would exceed 8 MiB.
     :param torch.Generator generator: optional generator (on the inputs' device) for reproducible sets.
 
@@ -555,6 +577,7 @@ class FunctionalKernelMixin(_KernelBase):
     """Turns an SG-MCMC kernel into its functional variant (fSGLD from SGLD, fSGHMC from SGHMC)."""
 
     potential: Optional[FunctionalPotential]  # the potential _build_potential returns
+    _chunk_bytes = 2**20  # the largest (chunk, M, M) float64 block when prefetched sets are factorised (_next_batch)
 
     def __init__(
         self,
@@ -677,23 +700,28 @@ class FunctionalKernelMixin(_KernelBase):
         if self._fixed_prior is None and sampler is not None and sampler.redraw:
             if self._set_uses_left == 0:
                 if not self._set_queue:
-                    sets, factors = self._next_batch()
-                    self._set_queue.extend(zip(sets.unbind(0), factors.unbind(0)))
+                    for sets, factors in self._next_batch():
+                        self._set_queue.extend(zip(sets.unbind(0), factors.unbind(0)))
                 self._points_cache = self._set_queue.popleft()
                 self._set_uses_left = sampler.redraw_every
             self._set_uses_left -= 1
         assert self._points_cache is not None  # the fixed set cached by _build_potential, or the fresh one above
         return self._points_cache
 
-    def _next_batch(self) -> tuple[Tensor, Tensor]:
-        """The next ``prefetch`` sets and their factors, drawn from the sampler's generator (else torch's) and
-        factorised in one batched call (one kernel evaluation, one batched Cholesky factorisation)."""
+    def _next_batch(self) -> list[tuple[Tensor, Tensor]]:
+        """The next ``prefetch`` sets and their factors, drawn together from the sampler's generator (else torch's),
+        then evaluated and factorised in batched calls over chunks of sets (one kernel evaluation and one batched
+        factorisation per chunk), as ``[(sets, factors), ...]``. A chunk's ``(chunk, M, M)`` float64 blocks hold at
+        most 1 MiB: the temporaries of one kernel evaluation over all the sets (several times ``prefetch`` M^2
+        entries) would fall out of a CPU core's cache and make the allocator give pages back and fault them in again
+        at every batch. The factors do not depend on the chunks."""
         assert self._sampler is not None and self.potential is not None  # both set by _build_potential
         sets = self._sampler.draw_sets(self._sampler.prefetch)
+        count, size = sets.shape[0], sets.shape[1]
+        chunks = -(-count // max(1, self._chunk_bytes // (8 * size * size)))
+        factorise = self.potential.precision if self._factor_kind == "precision" else self.potential.cholesky
         with torch.no_grad():
-            if self._factor_kind == "precision":
-                return sets, self.potential.precision(sets, batched=True)
-            return sets, self.potential.cholesky(sets, batched=True)
+            return [(part, factorise(part, batched=True)) for part in sets.split(-(-count // chunks))]
 
     # ----- checkpoints ------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
