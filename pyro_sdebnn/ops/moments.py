@@ -150,9 +150,45 @@ def multiplicative_conv2d_moments(
     >>> out.mean.shape, out.var[0, 0, 0, 0]
     (torch.Size([1, 3, 2, 2]), tensor(18.))
     """
-    out_mean = F.conv2d(mean, weight, bias, stride, padding, dilation, groups)
+    out_mean = _batched_conv2d(mean, weight, bias, stride, padding, dilation, groups)
     var_in, weight_sq = _multiplicative_variance_input(mean, var, weight.square(), alpha, -3, groups)
-    return Moments(out_mean, F.conv2d(var_in, weight_sq, None, stride, padding, dilation, groups))
+    return Moments(out_mean, _batched_conv2d(var_in, weight_sq, None, stride, padding, dilation, groups))
+
+
+#: Bound on the unfolded input (``batch * C_in/groups * kH * kW * H_out * W_out`` elements) of one CPU convolution
+#: call in :func:`_batched_conv2d`; 1 Mi elements, 4 MiB in float32.
+_CONV_CHUNK_ELEMENTS = 2 ** 20
+
+
+def _batched_conv2d(x: Tensor, weight: Tensor, bias, stride, padding, dilation, groups) -> Tensor:
+    """:func:`torch.nn.functional.conv2d`, on the CPU over slices of the batch whose unfolded input stays below
+    ``_CONV_CHUNK_ELEMENTS``, concatenated.
+
+    A moment layer holds the output of its mean convolution while it runs the variance convolution. On the CPU the
+    second of two such large oneDNN convolutions then gets its working memory (the unfolded input, ``C_in kH kW``
+    times the output) from pages that the allocator returned to the operating system, and pays a page fault per
+    4 KiB page (LeNet-5's first layer at batch 100: about 2,900 page faults and 3-7 times the time of one
+    convolution). Slices of the batch keep that working memory small enough to be reused; every output element is
+    the same sum in the same order (a convolution treats the samples of a batch independently).
+    """
+    batch = x.shape[0] if x.dim() == 4 else 1
+    out_h, out_w = _conv_out_size(x, weight, stride, padding, dilation)
+    per_sample = weight[0].numel() * out_h * out_w
+    if x.device.type != "cpu" or x.dim() != 4 or batch * per_sample <= _CONV_CHUNK_ELEMENTS:
+        return F.conv2d(x, weight, bias, stride, padding, dilation, groups)
+    size = max(1, _CONV_CHUNK_ELEMENTS // per_sample)
+    return torch.cat([F.conv2d(part, weight, bias, stride, padding, dilation, groups) for part in x.split(size)])
+
+
+def _conv_out_size(x: Tensor, weight: Tensor, stride, padding, dilation) -> tuple[int, int]:
+    pair = lambda v: (v, v) if isinstance(v, int) else tuple(v)  # noqa: E731
+    if isinstance(padding, str):  # "same" keeps the size; "valid" is no padding
+        if padding == "same":
+            return x.shape[-2], x.shape[-1]
+        padding = 0
+    (sh, sw), (ph, pw), (dh, dw) = pair(stride), pair(padding), pair(dilation)
+    kh, kw = weight.shape[-2:]
+    return ((x.shape[-2] + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (x.shape[-1] + 2 * pw - dw * (kw - 1) - 1) // sw + 1)
 
 
 def _multiplicative_variance_input(
@@ -255,6 +291,31 @@ def relu_moments(mean: Tensor, var: Tensor, min_var: float = RELU_MIN_VAR) -> Mo
     >>> torch.allclose(m.mean, torch.tensor([(2 * torch.pi) ** -0.5]))
     True
     """
+    if torch.is_grad_enabled() and (mean.requires_grad or var.requires_grad):
+        return Moments(*_relu_moments(mean, var, min_var))
+    if (mean.shape != var.shape or mean.dtype != var.dtype or mean.device.type != "cpu"
+            or mean.numel() <= _RELU_CHUNK):
+        return Moments(*_relu_moments(mean, var, min_var))
+    # Without autograd, in slices of _RELU_CHUNK elements written into the two outputs: the same element-wise
+    # arithmetic (identical results), but the seven temporaries of a slice stay in the CPU cache and are reused by
+    # the allocator from slice to slice, instead of seven activation-sized buffers per call that are written to
+    # memory and, once freed, handed back to the operating system (and faulted in again on the next pass).
+    flat_mean, flat_var = mean.reshape(-1), var.reshape(-1)
+    out_mean = torch.empty_like(flat_mean, memory_format=torch.contiguous_format)
+    out_var = torch.empty_like(out_mean)
+    for start in range(0, flat_mean.numel(), _RELU_CHUNK):
+        part = slice(start, start + _RELU_CHUNK)
+        part_mean, part_var = _relu_moments(flat_mean[part], flat_var[part], min_var)
+        out_mean[part] = part_mean
+        out_var[part] = part_var
+    return Moments(out_mean.view(mean.shape), out_var.view(mean.shape))
+
+
+#: Slice length of the no-grad :func:`relu_moments` (a multiple of every SIMD width; 64 KiB per float32 buffer).
+_RELU_CHUNK = 16384
+
+
+def _relu_moments(mean: Tensor, var: Tensor, min_var: float) -> tuple[Tensor, Tensor]:
     # Written for few activation-sized temporaries, because every fresh buffer is written to memory that is not in
     # the cache (and, once the allocator has handed the last pass's memory back to the operating system, page by
     # page through page faults): the in-place operations (trailing underscore) act only on fresh temporaries that
@@ -272,7 +333,7 @@ def relu_moments(mean: Tensor, var: Tensor, min_var: float = RELU_MIN_VAR) -> Mo
     out_mean = torch.addcmul(std_pdf, mean, cdf2, value=0.5)  # mu Phi(r) + s phi(r)
     excess = std_pdf.addcmul_(mean, torch.rsub(cdf2, 2.0), value=-0.5)  # E - mu = s phi(r) - mu Phi(-r)
     out_var = excess.mul_(out_mean).neg_().addcmul_(var, cdf2, value=0.5)  # s^2 Phi(r) - E (E - mu)
-    return Moments(out_mean, out_var.clamp_min_(0.0))
+    return out_mean, out_var.clamp_min_(0.0)
 
 
 def taylor_moments(fn: Callable[[Tensor], Tensor], mean: Tensor, var: Tensor | None) -> Moments:

@@ -412,3 +412,41 @@ def test_maxpool_training_and_inference_agree_ties_included(dtype, kernel, strid
     first = is_max.int().argmax(-1, keepdim=True)  # argmax of a 0/1 tensor: the first maximal entry
     assert torch.equal(inference.mean, windows_mean.gather(-1, first).squeeze(-1))
     assert torch.equal(inference.var, windows_var.gather(-1, first).squeeze(-1))
+
+
+def test_relu_moments_no_grad_slices_equal_one_pass():
+    """Under no_grad, relu_moments works in slices of the flattened input; every element gets the same arithmetic."""
+    from pyro_sdebnn.ops.moments import _RELU_CHUNK, _relu_moments
+
+    gen = torch.Generator().manual_seed(0)
+    shape = (3, 7, 29, 31)  # 18,879 elements: more than one slice, and a ragged last slice
+    assert math.prod(shape) > _RELU_CHUNK
+    mean = torch.randn(shape, generator=gen) * 5
+    var = torch.rand(shape, generator=gen) * 3
+    var[0, 0, 0, :5] = 0.0  # below the floor
+    ref_mean, ref_var = _relu_moments(mean, var, 1e-5)
+    with torch.no_grad():
+        out = relu_moments(mean, var)
+    assert torch.equal(out.mean, ref_mean) and torch.equal(out.var, ref_var)
+    assert out.mean.shape == shape and out.mean.is_contiguous()
+
+
+@pytest.mark.parametrize("padding, stride, dilation", [(2, 1, 1), (0, 2, 1), ("same", 1, 2), ("valid", 1, 1)])
+def test_batched_conv_equals_one_conv(padding, stride, dilation, monkeypatch):
+    """_batched_conv2d splits a large CPU batch into slices; the output equals one convolution call."""
+    from pyro_sdebnn.ops import moments as moment_ops
+
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(40, 3, 20, 20, generator=gen)
+    weight = torch.randn(8, 3, 5, 5, generator=gen)
+    bias = torch.randn(8, generator=gen)
+    ref = F.conv2d(x, weight, bias, stride, padding, dilation)
+    out_h, out_w = moment_ops._conv_out_size(x, weight, stride, padding, dilation)
+    assert (out_h, out_w) == tuple(ref.shape[-2:])
+    monkeypatch.setattr(moment_ops, "_CONV_CHUNK_ELEMENTS", 7 * weight[0].numel() * out_h * out_w)  # 6 slices
+    calls, conv2d = [], F.conv2d
+    monkeypatch.setattr(moment_ops.F, "conv2d", lambda *a: calls.append(a[0].shape[0]) or conv2d(*a))
+    out = moment_ops._batched_conv2d(x, weight, bias, stride, padding, dilation, 1)
+    monkeypatch.undo()
+    assert calls == [7, 7, 7, 7, 7, 5]
+    torch.testing.assert_close(out, ref)
