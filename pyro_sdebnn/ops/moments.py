@@ -166,10 +166,10 @@ def _batched_conv2d(x: Tensor, weight: Tensor, bias, stride, padding, dilation, 
 
     A moment layer holds the output of its mean convolution while it runs the variance convolution. On the CPU the
     second of two such large oneDNN convolutions then gets its working memory (the unfolded input, ``C_in kH kW``
-    times the output) from pages that the allocator returned to the operating system, and pays a page fault per
-    4 KiB page (LeNet-5's first layer at batch 100: about 2,900 page faults and 3-7 times the time of one
-    convolution). Slices of the batch keep that working memory small enough to be reused; every output element is
-    the same sum in the same order (a convolution treats the samples of a batch independently).
+    times the output) from pages that the allocator had returned to the operating system, and pays a page fault per
+    4 KiB page, on every pass (``BENCHMARKS.md``, MNVI section). Slices of the batch keep that working memory small
+    enough to be reused. A convolution treats the samples of a batch independently, so the result is that of one
+    call (to float rounding).
     """
     batch = x.shape[0] if x.dim() == 4 else 1
     out_h, out_w = _conv_out_size(x, weight, stride, padding, dilation)
@@ -282,6 +282,13 @@ def relu_moments(mean: Tensor, var: Tensor, min_var: float = RELU_MIN_VAR) -> Mo
     bound the float32 variance error by :math:`24\epsilon\, s^2` (a relative error below ``3e-6``) against a
     float64 reference, over :math:`|r|` up to :math:`10^3` and :math:`s^2` from ``1e-8`` to ``1e4``. The input
     variance is floored at ``min_var`` (``1e-5``, as in Schmitt & Roth (2021), App. A).
+
+    On the CPU, inputs larger than a few cache-sized slices are evaluated slice by slice into the two outputs (same
+    arithmetic, few and small temporaries) and, under autograd, differentiated with the closed-form derivatives
+    :math:`\partial\mathbb E/\partial\mu = \Phi(r)`, :math:`\partial\mathbb E/\partial s^2 = \varphi(r)/(2s)`,
+    :math:`\partial\mathbb V/\partial\mu = 2\mathbb E\,\Phi(-r)`,
+    :math:`\partial\mathbb V/\partial s^2 = \Phi(r) - \mathbb E\,\varphi(r)/s` [2] (first derivatives only:
+    a second derivative through this path raises an error).
 
     :param Tensor mean: :math:`\mu`.
     :param Tensor var: :math:`s^2`, same shape.

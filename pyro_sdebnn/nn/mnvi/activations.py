@@ -43,9 +43,8 @@ class MNReLU(nn.Module):
     :param float min_var: floor on :math:`s^2` (default ``1e-5``, as in Schmitt & Roth (2021), App. A).
     :param bool compile: evaluate :func:`~pyro_sdebnn.ops.relu_moments` as one :func:`torch.compile`-fused kernel
         (one pass over memory instead of about seventeen element-wise operations; the first call compiles, which
-        takes seconds and needs a C++ compiler). The default ``False`` runs the same function eagerly. The fused
-        kernel also allocates fewer activation-sized temporaries, which matters on the CPU where the allocator
-        returns freed memory to the operating system between passes (``BENCHMARKS.md``, MNVI section).
+        takes seconds and needs a C++ compiler). The default ``False`` runs the same function eagerly (on the CPU
+        in cache-sized slices, see :func:`~pyro_sdebnn.ops.relu_moments`).
         Stored as the attribute ``use_compile``.
 
     >>> relu = MNReLU()
