@@ -174,7 +174,8 @@ def _batched_conv2d(x: Tensor, weight: Tensor, bias, stride, padding, dilation, 
     batch = x.shape[0] if x.dim() == 4 else 1
     out_h, out_w = _conv_out_size(x, weight, stride, padding, dilation)
     per_sample = weight[0].numel() * out_h * out_w
-    if x.device.type != "cpu" or x.dim() != 4 or batch * per_sample <= _CONV_CHUNK_ELEMENTS:
+    if (x.device.type != "cpu" or x.dim() != 4 or batch * per_sample <= _CONV_CHUNK_ELEMENTS
+            or torch.compiler.is_compiling()):
         return F.conv2d(x, weight, bias, stride, padding, dilation, groups)
     size = max(1, _CONV_CHUNK_ELEMENTS // per_sample)
     return torch.cat([F.conv2d(part, weight, bias, stride, padding, dilation, groups) for part in x.split(size)])
@@ -299,7 +300,7 @@ def relu_moments(mean: Tensor, var: Tensor, min_var: float = RELU_MIN_VAR) -> Mo
     True
     """
     sliced = (mean.shape == var.shape and mean.dtype == var.dtype and mean.device.type == "cpu"
-              and mean.numel() > _RELU_CHUNK)
+              and mean.numel() > _RELU_CHUNK and not torch.compiler.is_compiling())  # a compiler fuses the formula
     if torch.is_grad_enabled() and (mean.requires_grad or var.requires_grad):
         if not sliced:
             return Moments(*_relu_moments(mean, var, min_var))
