@@ -1110,6 +1110,11 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
             with random_state, pyro.validation_enabled(False), poutine.block(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 graph = make_fx(flat_step)(*state, *([idx] if has_idx else []), step_size, self._precond, *extra, *data)
+                # make_fx records every operation the tracing ran, also those whose results nothing uses (the copies
+                # of tensor constants a model's priors hold, their expansions): dropped here, or each step would run
+                # them. Random draws count as side effects and stay, so the random stream is unchanged
+                graph.graph.eliminate_dead_code()
+                graph.recompile()
         except Exception as e:  # noqa: BLE001 - any untraceable model falls back to the generic eager path
             if self.backend != "auto":
                 raise RuntimeError(

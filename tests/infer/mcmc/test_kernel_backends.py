@@ -91,6 +91,22 @@ def test_traced_step_matches_eager_step_on_a_bnn(make_model):
         torch.testing.assert_close(results["fx"][name], results["eager"][name])
 
 
+@pytest.mark.parametrize("make_model", [lambda: handwritten_mlp("expand"), lambda: mixed_prior_model],
+                         ids=["expand", "mixed"])
+def test_traced_step_runs_no_operation_whose_result_is_unused(make_model):
+    # a model written as Pyro's examples write it keeps tensor constants in its priors; their copies and expansions
+    # reach the trace but not the step's outputs, and must not run at every step (random draws, side effects, stay)
+    x, y = _data()
+    kernel = SGLD(make_model(), step_size=1e-3, subsample_size=10, backend="fx")
+    kernel.setup(0, x, y)
+    kernel.sample(kernel.initial_params)
+    (graph,) = kernel._graph_modules.values()
+    dead = [n.target for n in graph.graph.nodes
+            if n.op == "call_function" and not n.users and not n.is_impure()]
+    assert dead == []
+    assert any(n.op == "call_function" and n.is_impure() for n in graph.graph.nodes)  # the noise draws
+
+
 class _FakeCompiler:
     """Stands in for torch.compile: runs the graph eagerly, counting the compilations."""
 
