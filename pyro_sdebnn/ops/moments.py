@@ -399,7 +399,7 @@ def _relu_moments(mean: Tensor, var: Tensor, min_var: float, for_backward: bool 
     out_mean = torch.addcmul(std_pdf, mean, cdf2, value=0.5)  # mu Phi(r) + s phi(r)
     excess = std_pdf.addcmul_(mean, torch.rsub(cdf2, 2.0), value=-0.5)  # E - mu = s phi(r) - mu Phi(-r)
     out_var = excess.mul_(out_mean).neg_().addcmul_(var, cdf2, value=0.5)  # s^2 Phi(r) - E (E - mu)
-    if for_backward:
+    if pdf_over_std is not None:  # for_backward
         return out_mean, out_var.clamp_min_(0.0), cdf2, pdf_over_std
     return out_mean, out_var.clamp_min_(0.0)
 
