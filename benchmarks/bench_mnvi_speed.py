@@ -27,9 +27,10 @@ MNVI is the method of [1]; MC-dropout that of [2]; LeNet-5 the network of [3]. T
 predictive forward <= 2.2x deterministic, training step <= 3.5x, and >= 3x faster than MC-dropout with 8 samples;
 a ``torch.compile`` option stays in the library only if it buys >= 1.2x over the eager pass. Reported per item:
 median and interquartile range over the repeats of the per-block time per call; per ratio, of the ratio of
-neighbouring blocks. Pyro validation is disabled while timing (as in production). ``--malloc-env`` runs the
-groups with glibc's ``MALLOC_TRIM_THRESHOLD_`` / ``MALLOC_MMAP_THRESHOLD_`` set to 1 GiB (memory kept by the
-process between calls), to measure what the page faults cost.
+neighbouring blocks. Pyro validation is disabled while timing, unless ``--validate`` keeps it on (Pyro's default
+in a user's process). ``--malloc-env`` runs the groups with glibc's ``MALLOC_TRIM_THRESHOLD_`` /
+``MALLOC_MMAP_THRESHOLD_`` set to 1 GiB (memory kept by the process between calls), to measure what the page faults
+cost.
 
 Usage::
 
@@ -193,9 +194,9 @@ def time_blocks(items: dict, repeats: int, inner: int, warmup: int = 3, sync=Non
     return times, faults
 
 
-def run_group(group: str, repeats: int, inner: int, device: str = "cpu") -> dict:
+def run_group(group: str, repeats: int, inner: int, device: str = "cpu", validate: bool = False) -> dict:
     """Build and time one group in this process; the per-item times, faults and per-repeat ratios."""
-    pyro.enable_validation(False)
+    pyro.enable_validation(validate)
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else None
     times, faults = time_blocks(build_items(group, device), repeats, inner, sync=sync)
     ratios = {f"{a} / {b}": ([ta / tb for ta, tb in zip(times[a], times[b])], target)
@@ -213,13 +214,15 @@ def main(argv=None) -> dict:
     parser.add_argument("--malloc-env", action="store_true",
                         help="run the groups with glibc keeping freed memory (see the module docstring)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--validate", action="store_true",
+                        help="keep Pyro's validation on, as it is by default in a user's process")
     parser.add_argument("--output", type=Path, default=None, help="write the Markdown table here")
     parser.add_argument("--in-process", metavar="GROUP", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.in_process is not None:  # the child: one group, JSON on the last line
-        print(json.dumps(run_group(args.in_process, args.repeats, args.inner, args.device)))
+        print(json.dumps(run_group(args.in_process, args.repeats, args.inner, args.device, args.validate)))
         return {}
     groups = list(args.groups) + (["compile"] if args.compile and "compile" not in args.groups else [])
     env = dict(os.environ, **(MALLOC_ENV if args.malloc_env else {}))
@@ -229,11 +232,14 @@ def main(argv=None) -> dict:
                "--inner", str(args.inner), "--device", args.device]
         if args.threads is not None:
             cmd += ["--threads", str(args.threads)]
+        if args.validate:
+            cmd += ["--validate"]
         out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
         results[group] = json.loads(out.strip().splitlines()[-1])
     lines = [f"LeNet-5, batch 100, {args.repeats} repeats x {args.inner} calls per block, torch threads "
              f"{torch.get_num_threads()}, one process per group" + (", glibc keeps freed memory" if args.malloc_env
-                                                                    else ""),
+                                                                    else "")
+             + (", Pyro validation on" if args.validate else ""),
              "", "| group | item | median [ms] | IQR [ms] | page faults per call |", "|---|---|---|---|---|"]
     for group, res in results.items():
         for name, values in res["times"].items():
