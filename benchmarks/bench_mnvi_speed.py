@@ -35,7 +35,10 @@ cost.
 Usage::
 
     python benchmarks/bench_mnvi_speed.py [--repeats 10] [--inner 5] [--threads 1] [--groups predict step ...]
-        [--malloc-env] [--device cpu] [--output FILE]
+        [--malloc-env] [--validate] [--ablate conv] [--device cpu] [--output FILE]
+
+``--ablate conv`` switches the batch-sliced moment convolutions off, so that a run with it against one without
+measures what that speed device buys.
 
 **References**
 
@@ -194,9 +197,21 @@ def time_blocks(items: dict, repeats: int, inner: int, warmup: int = 3, sync=Non
     return times, faults
 
 
-def run_group(group: str, repeats: int, inner: int, device: str = "cpu", validate: bool = False) -> dict:
+def _ablate(device_name: str) -> None:
+    """Switch a CPU speed device of the moment pass off in this process, to measure what it buys: ``"conv"`` runs
+    each moment convolution as one call over the batch instead of batch slices."""
+    from pyro_sdebnn.ops import moments
+
+    if device_name == "conv":
+        moments._batched_conv2d = lambda x, w, b, s, p, d, g: F.conv2d(x, w, b, s, p, d, g)
+
+
+def run_group(group: str, repeats: int, inner: int, device: str = "cpu", validate: bool = False,
+              ablate: str | None = None) -> dict:
     """Build and time one group in this process; the per-item times, faults and per-repeat ratios."""
     pyro.enable_validation(validate)
+    if ablate is not None:
+        _ablate(ablate)
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else None
     times, faults = time_blocks(build_items(group, device), repeats, inner, sync=sync)
     ratios = {f"{a} / {b}": ([ta / tb for ta, tb in zip(times[a], times[b])], target)
@@ -214,6 +229,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--malloc-env", action="store_true",
                         help="run the groups with glibc keeping freed memory (see the module docstring)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--ablate", choices=["conv"], default=None,
+                        help="switch one speed device of the moment pass off (see _ablate)")
     parser.add_argument("--validate", action="store_true",
                         help="keep Pyro's validation on, as it is by default in a user's process")
     parser.add_argument("--output", type=Path, default=None, help="write the Markdown table here")
@@ -222,7 +239,8 @@ def main(argv=None) -> dict:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.in_process is not None:  # the child: one group, JSON on the last line
-        print(json.dumps(run_group(args.in_process, args.repeats, args.inner, args.device, args.validate)))
+        print(json.dumps(run_group(args.in_process, args.repeats, args.inner, args.device, args.validate,
+                                   args.ablate)))
         return {}
     groups = list(args.groups) + (["compile"] if args.compile and "compile" not in args.groups else [])
     env = dict(os.environ, **(MALLOC_ENV if args.malloc_env else {}))
@@ -234,12 +252,15 @@ def main(argv=None) -> dict:
             cmd += ["--threads", str(args.threads)]
         if args.validate:
             cmd += ["--validate"]
+        if args.ablate is not None:
+            cmd += ["--ablate", args.ablate]
         out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
         results[group] = json.loads(out.strip().splitlines()[-1])
     lines = [f"LeNet-5, batch 100, {args.repeats} repeats x {args.inner} calls per block, torch threads "
              f"{torch.get_num_threads()}, one process per group" + (", glibc keeps freed memory" if args.malloc_env
                                                                     else "")
-             + (", Pyro validation on" if args.validate else ""),
+             + (", Pyro validation on" if args.validate else "")
+             + (f", speed device switched off: {args.ablate}" if args.ablate else ""),
              "", "| group | item | median [ms] | IQR [ms] | page faults per call |", "|---|---|---|---|---|"]
     for group, res in results.items():
         for name, values in res["times"].items():

@@ -36,11 +36,9 @@ import math
 from collections.abc import Sequence
 
 import torch
-from pyro import poutine
 from pyro.distributions.util import scale_and_mask
 from pyro.infer import TraceMeanField_ELBO
-from pyro.infer.util import is_validation_enabled, torch_item
-from pyro.poutine.util import prune_subsample_sites
+from pyro.infer.util import torch_item
 from torch import Tensor
 from torch.distributions import kl_divergence
 
@@ -111,18 +109,7 @@ class SamplingFree_ELBO(TraceMeanField_ELBO):
 
     def _get_trace(self, model, guide, args, kwargs):
         with sampling_free():
-            if is_validation_enabled() or isinstance(poutine.unwrap(guide), poutine.messenger.Messenger):
-                return super()._get_trace(model, guide, args, kwargs)
-            # Pyro's get_importance_trace without what this loss never reads: the log-densities of the latent sites
-            # of the model (their priors enter through the KL) and of every guide site (Pyro computes them for its
-            # score-function terms). The validation checks above need them, and keep Pyro's own path.
-            guide_trace = poutine.trace(guide, graph_type="flat").get_trace(*args, **kwargs)
-            model_trace = poutine.trace(poutine.replay(model, trace=guide_trace), graph_type="flat").get_trace(
-                *args, **kwargs)
-        guide_trace = prune_subsample_sites(guide_trace)
-        model_trace = prune_subsample_sites(model_trace)
-        model_trace.compute_log_prob(site_filter=lambda name, site: site["is_observed"])
-        return model_trace, guide_trace
+            return super()._get_trace(model, guide, args, kwargs)
 
     def _differentiable_loss_particle(self, model_trace, guide_trace):
         expected_log_lik, kl = 0.0, 0.0

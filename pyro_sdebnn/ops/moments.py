@@ -284,13 +284,6 @@ def relu_moments(mean: Tensor, var: Tensor, min_var: float = RELU_MIN_VAR) -> Mo
     float64 reference, over :math:`|r|` up to :math:`10^3` and :math:`s^2` from ``1e-8`` to ``1e4``. The input
     variance is floored at ``min_var`` (``1e-5``, as in Schmitt & Roth (2021), App. A).
 
-    On the CPU, inputs larger than a few cache-sized slices are evaluated slice by slice into the two outputs (same
-    arithmetic, few and small temporaries) and, under autograd, differentiated with the closed-form derivatives
-    :math:`\partial\mathbb E/\partial\mu = \Phi(r)`, :math:`\partial\mathbb E/\partial s^2 = \varphi(r)/(2s)`,
-    :math:`\partial\mathbb V/\partial\mu = 2\mathbb E\,\Phi(-r)`,
-    :math:`\partial\mathbb V/\partial s^2 = \Phi(r) - \mathbb E\,\varphi(r)/s` [2] (first derivatives only:
-    a second derivative through this path raises an error).
-
     :param Tensor mean: :math:`\mu`.
     :param Tensor var: :math:`s^2`, same shape.
     :param float min_var: the variance floor.
@@ -299,88 +292,6 @@ def relu_moments(mean: Tensor, var: Tensor, min_var: float = RELU_MIN_VAR) -> Mo
     >>> torch.allclose(m.mean, torch.tensor([(2 * torch.pi) ** -0.5]))
     True
     """
-    sliced = (mean.shape == var.shape and mean.dtype == var.dtype and mean.device.type == "cpu"
-              and mean.numel() > _RELU_CHUNK and not torch.compiler.is_compiling())  # a compiler fuses the formula
-    if torch.is_grad_enabled() and (mean.requires_grad or var.requires_grad):
-        if not sliced:
-            return Moments(*_relu_moments(mean, var, min_var))
-        return Moments(*_ReLUMoments.apply(mean, var, min_var))
-    if not sliced:
-        return Moments(*_relu_moments(mean, var, min_var))
-    return Moments(*_sliced_relu_moments(mean, var, min_var, False)[:2])
-
-
-def _sliced_relu_moments(mean: Tensor, var: Tensor, min_var: float, for_backward: bool) -> tuple[Tensor, ...]:
-    r""":func:`_relu_moments` in slices of ``_RELU_CHUNK`` elements written into preallocated outputs.
-
-    The same element-wise arithmetic (identical results), but the temporaries of a slice stay in the CPU cache and
-    are reused by the allocator from slice to slice, instead of seven activation-sized buffers per call that are
-    written to memory and, once freed, handed back to the operating system (and faulted in again on the next pass).
-    With ``for_backward`` it also returns :math:`2\Phi(r)` and :math:`\varphi(r)/s`, the factors of the gradients.
-    """
-    flat_mean, flat_var = mean.reshape(-1), var.reshape(-1)
-    outs = [torch.empty_like(flat_mean, memory_format=torch.contiguous_format) for _ in range(4 if for_backward else 2)]
-    with torch.no_grad():
-        for start in range(0, flat_mean.numel(), _RELU_CHUNK):
-            part = slice(start, start + _RELU_CHUNK)
-            for out, value in zip(outs, _relu_moments(flat_mean[part], flat_var[part], min_var, for_backward)):
-                out[part] = value
-    return tuple(out.view(mean.shape) for out in outs)
-
-
-class _ReLUMoments(torch.autograd.Function):
-    r""":func:`relu_moments` with its closed-form gradients, for large CPU inputs under autograd.
-
-    With :math:`s^2` the floored variance :math:`\max(s^2, \text{min\_var})` (Frey & Hinton (1999)):
-    :math:`\partial\mathbb E/\partial\mu = \Phi(r)`, :math:`\partial\mathbb E/\partial s^2 = \varphi(r)/(2s)`,
-    :math:`\partial\mathbb V/\partial\mu = 2\mathbb E\,\Phi(-r)`,
-    :math:`\partial\mathbb V/\partial s^2 = \Phi(r) - \mathbb E\,\varphi(r)/s`. Autograd through the
-    element-wise formula saves about ten activation-sized tensors per call and allocates as many again in the backward
-    pass; this saves two (:math:`2\Phi(r)`, :math:`\varphi(r)/s`) besides the inputs and outputs.
-    """
-
-    @staticmethod
-    def forward(ctx, mean: Tensor, var: Tensor, min_var: float) -> tuple[Tensor, Tensor]:
-        out_mean, out_var, cdf2, pdf_over_std = _sliced_relu_moments(mean, var, min_var, True)
-        ctx.min_var = min_var
-        ctx.save_for_backward(var, out_mean, out_var, cdf2, pdf_over_std)
-        return out_mean, out_var
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_mean: Tensor | None, grad_var: Tensor | None):
-        saved = [t.reshape(-1) for t in ctx.saved_tensors]  # var, E, V, 2 Phi(r), phi(r) / s
-        grads = [None if g is None else g.reshape(-1) for g in (grad_mean, grad_var)]
-        grad_mu = torch.empty_like(saved[1]) if ctx.needs_input_grad[0] else None
-        grad_v = torch.empty_like(saved[1]) if ctx.needs_input_grad[1] else None
-        for start in range(0, saved[1].numel(), _RELU_CHUNK):  # in slices, as the forward pass
-            part = slice(start, start + _RELU_CHUNK)
-            var, out_mean, out_var, cdf2, pdf_over_std = (t[part] for t in saved)
-            g_mean, g_var = (None if g is None else g[part] for g in grads)
-            if g_var is not None:
-                g_var = g_var * (out_var > 0)  # the final clamp at 0
-            if grad_mu is not None:
-                mu_part = grad_mu[part].zero_()
-                if g_mean is not None:
-                    mu_part.addcmul_(g_mean, cdf2, value=0.5)  # Phi(r)
-                if g_var is not None:
-                    mu_part.addcmul_(g_var, torch.rsub(cdf2, 2.0).mul_(out_mean))  # 2 E Phi(-r)
-            if grad_v is not None:
-                v_part = grad_v[part].zero_()
-                if g_mean is not None:
-                    v_part.addcmul_(g_mean, pdf_over_std, value=0.5)  # phi(r) / (2 s)
-                if g_var is not None:  # Phi(r) - E phi(r) / s
-                    v_part.addcmul_(g_var, torch.mul(out_mean, pdf_over_std).neg_().add_(cdf2, alpha=0.5))
-                v_part.mul_(var >= ctx.min_var)  # the variance floor
-        shape = ctx.saved_tensors[1].shape
-        return (None if grad_mu is None else grad_mu.view(shape)), (None if grad_v is None else grad_v.view(shape)), None
-
-
-#: Slice length of the no-grad :func:`relu_moments` (a multiple of every SIMD width; 64 KiB per float32 buffer).
-_RELU_CHUNK = 16384
-
-
-def _relu_moments(mean: Tensor, var: Tensor, min_var: float, for_backward: bool = False) -> tuple[Tensor, ...]:
     # Written for few activation-sized temporaries, because every fresh buffer is written to memory that is not in
     # the cache (and, once the allocator has handed the last pass's memory back to the operating system, page by
     # page through page faults): the in-place operations (trailing underscore) act only on fresh temporaries that
@@ -393,15 +304,12 @@ def _relu_moments(mean: Tensor, var: Tensor, min_var: float, for_backward: bool 
     z = (mean * inv_std).mul_(_SQRT_HALF)  # r / sqrt(2)
     del inv_std
     std_pdf.mul_(torch.addcmul(z.new_full((), _LOG2_INV_SQRT_2PI), z, z, value=-_LOG2_E).exp2_())  # s phi(r)
-    pdf_over_std = std_pdf / var if for_backward else None  # phi(r) / s
     cdf2 = torch.erf(z).add_(1.0)  # 2 Phi(r); the factors 1/2 go into the addcmul's below (exact: a power of two)
     del z
     out_mean = torch.addcmul(std_pdf, mean, cdf2, value=0.5)  # mu Phi(r) + s phi(r)
     excess = std_pdf.addcmul_(mean, torch.rsub(cdf2, 2.0), value=-0.5)  # E - mu = s phi(r) - mu Phi(-r)
     out_var = excess.mul_(out_mean).neg_().addcmul_(var, cdf2, value=0.5)  # s^2 Phi(r) - E (E - mu)
-    if pdf_over_std is not None:  # for_backward
-        return out_mean, out_var.clamp_min_(0.0), cdf2, pdf_over_std
-    return out_mean, out_var.clamp_min_(0.0)
+    return Moments(out_mean, out_var.clamp_min_(0.0))
 
 
 def taylor_moments(fn: Callable[[Tensor], Tensor], mean: Tensor, var: Tensor | None) -> Moments:

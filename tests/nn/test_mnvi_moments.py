@@ -414,28 +414,6 @@ def test_maxpool_training_and_inference_agree_ties_included(dtype, kernel, strid
     assert torch.equal(inference.var, windows_var.gather(-1, first).squeeze(-1))
 
 
-def test_relu_moments_no_grad_slices_equal_one_pass():
-    """Under no_grad, relu_moments works in slices of the flattened input; every element gets the same arithmetic."""
-    from pyro_sdebnn.ops.moments import _RELU_CHUNK, _relu_moments
-
-    gen = torch.Generator().manual_seed(0)
-    shape = (3, 7, 61, 61)  # 78,141 elements: more than one slice, and a ragged last slice
-    assert math.prod(shape) > _RELU_CHUNK
-    mean = torch.randn(shape, generator=gen) * 5
-    var = torch.rand(shape, generator=gen) * 3
-    var[0, 0, 0, :5] = 0.0  # below the floor
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # one thread: torch's own split of a tensor among threads can change a vector tail
-    try:
-        ref_mean, ref_var = _relu_moments(mean, var, 1e-5)
-        with torch.no_grad():
-            out = relu_moments(mean, var)
-    finally:
-        torch.set_num_threads(threads)
-    assert torch.equal(out.mean, ref_mean) and torch.equal(out.var, ref_var)
-    assert out.mean.shape == shape and out.mean.is_contiguous()
-
-
 @pytest.mark.parametrize("padding, stride, dilation", [(2, 1, 1), (0, 2, 1), ("same", 1, 2), ("valid", 1, 1)])
 def test_batched_conv_equals_one_conv(padding, stride, dilation, monkeypatch):
     """_batched_conv2d splits a large CPU batch into slices; the output equals one convolution call."""
@@ -455,32 +433,3 @@ def test_batched_conv_equals_one_conv(padding, stride, dilation, monkeypatch):
     monkeypatch.undo()
     assert calls == [7, 7, 7, 7, 7, 5]
     torch.testing.assert_close(out, ref)
-
-
-@pytest.mark.parametrize("outputs", ["both", "mean", "var"])
-def test_relu_moments_sliced_gradients_equal_autograd_of_the_formula(outputs):
-    """Large CPU inputs under autograd take the closed-form backward (dE/dmu = Phi(r), dE/ds2 = phi(r)/(2s),
-    dV/dmu = 2 E Phi(-r), dV/ds2 = Phi(r) - E phi(r)/s): equal, to float64 rounding, to autograd through the
-    element-wise formula, at the variance floor and in the far tails included; values identical."""
-    from pyro_sdebnn.ops.moments import _RELU_CHUNK, _relu_moments
-
-    gen = torch.Generator().manual_seed(3)
-    shape = (2, 5, 45, 41)  # 18,450 elements: two slices
-    assert math.prod(shape) > _RELU_CHUNK
-    mean = torch.randn(shape, generator=gen, dtype=torch.float64) * 3
-    var = torch.rand(shape, generator=gen, dtype=torch.float64) * 2
-    mean[0, 0, 0, :4] = torch.tensor([-40.0, 40.0, -8.0, 8.0], dtype=torch.float64)
-    var[0, 0, 1, :5] = 0.0  # below the floor: no gradient in the variance
-    weights = torch.randn((2, *shape), generator=gen, dtype=torch.float64)
-    grads = []
-    for fn in (lambda m, v: _relu_moments(m, v, 1e-5), lambda m, v: tuple(relu_moments(m, v))):
-        m, v = mean.clone().requires_grad_(), var.clone().requires_grad_()
-        out_mean, out_var = fn(m, v)
-        loss = {"both": (weights[0] * out_mean).sum() + (weights[1] * out_var).sum(),
-                "mean": (weights[0] * out_mean).sum(), "var": (weights[1] * out_var).sum()}[outputs]
-        grads.append((out_mean.detach(), out_var.detach(), *torch.autograd.grad(loss, (m, v))))
-    (ref_mean, ref_var, ref_gm, ref_gv), (new_mean, new_var, new_gm, new_gv) = grads
-    assert torch.equal(ref_mean, new_mean) and torch.equal(ref_var, new_var)
-    torch.testing.assert_close(new_gm, ref_gm, rtol=1e-12, atol=1e-14)
-    torch.testing.assert_close(new_gv, ref_gv, rtol=1e-12, atol=1e-14)
-    assert bool((new_gv[0, 0, 1, :5] == 0).all())

@@ -1193,10 +1193,10 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         target's; :math:`0.5/\\sqrt\\lambda` for SGHMC, a quarter of its limit :math:`2/\\sqrt\\lambda`).
 
         The Hessian is averaged over ``_CURVATURE_BATCHES`` minibatches, at most one epoch (that of a single
-        minibatch of a network's potential varies several-fold from batch to batch), with equal weights: a loader's
-        short last batch, scaled by :math:`N/b`, is stiffer than the others, and the chain steps on it too. :math:`\\lambda` is found by
-        ``_CURVATURE_ITERATIONS`` power iterations with central finite differences of the gradient, from a random
-        vector.
+        minibatch of a network's potential varies several-fold from batch to batch), with equal weights, as the chain
+        meets them (a short last batch that a loader keeps, scaled by :math:`N/b`, is stiffer than the others).
+        :math:`\\lambda` is found by ``_CURVATURE_ITERATIONS`` power iterations with central finite differences of
+        the gradient, from a random vector.
 
         A network's :math:`\\lambda` varies several-fold along a chain (most where a few points near the decision
         boundary, in a small minibatch scaled by :math:`N/b`, dominate the Hessian), so that at the one or two

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pyro_sdebnn.nn.mnvi._moment_inputs import as_moments
-from pyro_sdebnn.ops.moments import RELU_MIN_VAR, Moments, _relu_moments, relu_moments, taylor_moments
+from pyro_sdebnn.ops.moments import RELU_MIN_VAR, Moments, relu_moments, taylor_moments
 
 __all__ = ["MNActivation", "MNReLU"]
 
@@ -43,8 +43,7 @@ class MNReLU(nn.Module):
     :param float min_var: floor on :math:`s^2` (default ``1e-5``, as in Schmitt & Roth (2021), App. A).
     :param bool compile: evaluate :func:`~pyro_sdebnn.ops.relu_moments` as one :func:`torch.compile`-fused kernel
         (one pass over memory instead of about seventeen element-wise operations; the first call compiles, which
-        takes seconds and needs a C++ compiler). The default ``False`` runs the same function eagerly (on the CPU
-        in cache-sized slices, see :func:`~pyro_sdebnn.ops.relu_moments`).
+        takes seconds and needs a C++ compiler). The default ``False`` runs the same function eagerly.
         Stored as the attribute ``use_compile``.
 
     >>> relu = MNReLU()
@@ -67,9 +66,8 @@ class MNReLU(nn.Module):
             return F.relu(cast(Tensor, input))
         if moments.var is None:
             return Moments(F.relu(moments.mean), None)
-        if self.use_compile:
-            return Moments(*_compiled_relu_moments()(moments.mean, moments.var, self.min_var))
-        return relu_moments(moments.mean, moments.var, self.min_var)
+        fn = _compiled_relu_moments() if self.use_compile else relu_moments
+        return fn(moments.mean, moments.var, self.min_var)
 
     def extra_repr(self) -> str:
         return f"min_var={self.min_var}" + (", compile=True" if self.use_compile else "")
@@ -77,8 +75,7 @@ class MNReLU(nn.Module):
 
 @functools.cache
 def _compiled_relu_moments():
-    # the element-wise formula itself: the slicing of the eager no-grad path would only split the fused kernel
-    return torch.compile(_relu_moments, dynamic=True)
+    return torch.compile(relu_moments, dynamic=True)
 
 
 class MNActivation(nn.Module):
