@@ -35,10 +35,11 @@ cost.
 Usage::
 
     python benchmarks/bench_mnvi_speed.py [--repeats 10] [--inner 5] [--threads 1] [--groups predict step ...]
-        [--malloc-env] [--validate] [--ablate conv] [--device cpu] [--output FILE]
+        [--malloc-env] [--validate] [--ablate memory|pool] [--device cpu] [--output FILE]
 
-``--ablate conv`` switches the batch-sliced moment convolutions off, so that a run with it against one without
-measures what that speed device buys.
+``--ablate memory`` runs the groups with ``PYRO_SDEBNN_KEEP_FREED_MEMORY=0`` (glibc left to return the memory a pass
+frees to the system, see :func:`pyro_sdebnn.nn.mnvi._memory.keep_freed_memory`), ``--ablate pool`` without the
+branch-free 2x2 moment max-pooling, so that a run with it against one without measures what that device buys.
 
 **References**
 
@@ -71,6 +72,8 @@ import torch.nn.functional as F
 from pyro_sdebnn.experiments.mnvi_mnist import lenet
 from pyro_sdebnn.infer import MCDropout, SamplingFree_ELBO
 from pyro_sdebnn.nn.mnvi import MNReLU, SamplingFreeBNN, to_mean_field, to_mnvi
+from pyro_sdebnn.nn.mnvi._memory import ENV_SWITCH
+from pyro_sdebnn.nn.mnvi.pooling import MNMaxPool2d
 from pyro_sdebnn.ops import Moments
 
 GROUPS = ("predict", "step", "others", "compile")
@@ -198,12 +201,11 @@ def time_blocks(items: dict, repeats: int, inner: int, warmup: int = 3, sync=Non
 
 
 def _ablate(device_name: str) -> None:
-    """Switch a CPU speed device of the moment pass off in this process, to measure what it buys: ``"conv"`` runs
-    each moment convolution as one call over the batch instead of batch slices."""
-    from pyro_sdebnn.ops import moments
-
-    if device_name == "conv":
-        moments._batched_conv2d = lambda x, w, b, s, p, d, g: F.conv2d(x, w, b, s, p, d, g)
+    """Switch a CPU speed device of the moment pass off in this process, to measure what it buys: ``"pool"`` runs
+    the 2x2 moment max-pooling without autograd through ``max_pool2d`` and a gather instead of two branch-free
+    halvings. (``"memory"`` acts through the child's environment, before the package is imported.)"""
+    if device_name == "pool":
+        MNMaxPool2d._halves = lambda self: False
 
 
 def run_group(group: str, repeats: int, inner: int, device: str = "cpu", validate: bool = False,
@@ -229,7 +231,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--malloc-env", action="store_true",
                         help="run the groups with glibc keeping freed memory (see the module docstring)")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--ablate", choices=["conv"], default=None,
+    parser.add_argument("--ablate", choices=["memory", "pool"], default=None,
                         help="switch one speed device of the moment pass off (see _ablate)")
     parser.add_argument("--validate", action="store_true",
                         help="keep Pyro's validation on, as it is by default in a user's process")
@@ -244,6 +246,8 @@ def main(argv=None) -> dict:
         return {}
     groups = list(args.groups) + (["compile"] if args.compile and "compile" not in args.groups else [])
     env = dict(os.environ, **(MALLOC_ENV if args.malloc_env else {}))
+    if args.ablate == "memory":
+        env[ENV_SWITCH] = "0"
     results = {}
     for group in groups:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--in-process", group, "--repeats", str(args.repeats),

@@ -150,46 +150,9 @@ def multiplicative_conv2d_moments(
     >>> out.mean.shape, out.var[0, 0, 0, 0]
     (torch.Size([1, 3, 2, 2]), tensor(18.))
     """
-    out_mean = _batched_conv2d(mean, weight, bias, stride, padding, dilation, groups)
+    out_mean = F.conv2d(mean, weight, bias, stride, padding, dilation, groups)
     var_in, weight_sq = _multiplicative_variance_input(mean, var, weight.square(), alpha, -3, groups)
-    return Moments(out_mean, _batched_conv2d(var_in, weight_sq, None, stride, padding, dilation, groups))
-
-
-#: Bound on the unfolded input (``batch * C_in/groups * kH * kW * H_out * W_out`` elements) of one CPU convolution
-#: call in :func:`_batched_conv2d`; 1 Mi elements, 4 MiB in float32.
-_CONV_CHUNK_ELEMENTS = 2 ** 20
-
-
-def _batched_conv2d(x: Tensor, weight: Tensor, bias, stride, padding, dilation, groups) -> Tensor:
-    """:func:`torch.nn.functional.conv2d`, on the CPU over slices of the batch whose unfolded input stays below
-    ``_CONV_CHUNK_ELEMENTS``, concatenated.
-
-    A moment layer holds the output of its mean convolution while it runs the variance convolution. On the CPU the
-    second of two such large oneDNN convolutions then gets its working memory (the unfolded input, ``C_in kH kW``
-    times the output) from pages that the allocator had returned to the operating system, and pays a page fault per
-    4 KiB page, on every pass (``BENCHMARKS.md``, MNVI section). Slices of the batch keep that working memory small
-    enough to be reused. A convolution treats the samples of a batch independently, so the result is that of one
-    call (to float rounding).
-    """
-    batch = x.shape[0] if x.dim() == 4 else 1
-    out_h, out_w = _conv_out_size(x, weight, stride, padding, dilation)
-    per_sample = weight[0].numel() * out_h * out_w
-    if (x.device.type != "cpu" or x.dim() != 4 or batch * per_sample <= _CONV_CHUNK_ELEMENTS
-            or torch.compiler.is_compiling()):
-        return F.conv2d(x, weight, bias, stride, padding, dilation, groups)
-    size = max(1, _CONV_CHUNK_ELEMENTS // per_sample)
-    return torch.cat([F.conv2d(part, weight, bias, stride, padding, dilation, groups) for part in x.split(size)])
-
-
-def _conv_out_size(x: Tensor, weight: Tensor, stride, padding, dilation) -> tuple[int, int]:
-    pair = lambda v: (v, v) if isinstance(v, int) else tuple(v)  # noqa: E731
-    if isinstance(padding, str):  # "same" keeps the size; "valid" is no padding
-        if padding == "same":
-            return x.shape[-2], x.shape[-1]
-        padding = 0
-    (sh, sw), (ph, pw), (dh, dw) = pair(stride), pair(padding), pair(dilation)
-    kh, kw = weight.shape[-2:]
-    return ((x.shape[-2] + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (x.shape[-1] + 2 * pw - dw * (kw - 1) - 1) // sw + 1)
+    return Moments(out_mean, F.conv2d(var_in, weight_sq, None, stride, padding, dilation, groups))
 
 
 def _multiplicative_variance_input(

@@ -17,6 +17,7 @@ from pyro_sdebnn.nn.mnvi import (
     MFConv2d,
     MFLinear,
     MNActivation,
+    MNConcat,
     MNConv2d,
     MNLinear,
     MNReLU,
@@ -248,7 +249,8 @@ def test_residual_block_adds_means_and_variances():
 
 def test_negative_variance_is_rejected_by_every_module_under_validation():
     # every module checks the moments it is given (types and shapes always, var >= 0 under Pyro validation), so
-    # a network, a block and a single layer reject a negative variance alike, and nothing is switched off inside
+    # a network, a block and a single layer reject a negative variance alike, and inside a network the moments a
+    # module of the user's built are checked at the layer that receives them
     block = MNResidualBlock(MNSequential(MNLinear(3, 3), MNReLU(), MNLinear(3, 3)), activation=MNReLU())
     net = MNSequential(MNLinear(3, 3), MNReLU(), block, MNActivation(torch.tanh))
     good = Moments(torch.randn(2, 3), torch.rand(2, 3))
@@ -261,6 +263,35 @@ def test_negative_variance_is_rejected_by_every_module_under_validation():
             module(x)
     with pytest.raises(ValueError, match="non-negative"):  # and inside a network, at the layer that receives it
         MNSequential(_SetVariance(-1.0), MNReLU())(good)
+
+
+def test_containers_check_the_variance_once_and_where_a_users_module_built_it(monkeypatch):
+    # under validation a container checks var >= 0 of its own input and vouches for what this package's modules
+    # produce; moments built by a module of the user's are checked where they arrive, and the vouching ends with
+    # the call (also when it raises)
+    from pyro_sdebnn.nn.mnvi import _moment_inputs
+
+    value_checks = []
+    real = _moment_inputs.check_moments
+    monkeypatch.setattr(_moment_inputs, "check_moments", lambda mean, var, name, check_values: (
+        value_checks.append(check_values and var is not None), real(mean, var, name, check_values=check_values)))
+    good = Moments(torch.randn(2, 3), torch.rand(2, 3))
+    block = MNResidualBlock(MNSequential(MNLinear(3, 3), MNReLU(), MNLinear(3, 3)), activation=MNReLU())
+    net = MNSequential(MNLinear(3, 3), MNReLU(), block, MNConcat(MNLinear(3, 1), MNLinear(3, 1)))
+    net(good)
+    assert sum(value_checks) == 1  # the network's input only, of 11 modules that take moments
+    value_checks.clear()
+    MNSequential(MNLinear(3, 3), _SetVariance(0.5), MNReLU(), MNLinear(3, 3))(good)
+    assert sum(value_checks) == 2  # the input, and the moments _SetVariance built, at the MNReLU that receives them
+    value_checks.clear()
+    user_block = MNResidualBlock(_SetVariance(0.5), activation=MNReLU())
+    MNSequential(user_block)(good)
+    assert sum(value_checks) == 2  # the sum of a user's branch is checked by the activation after it
+    with pytest.raises(ValueError, match="non-negative"):
+        MNSequential(MNLinear(3, 3), _SetVariance(-1.0), MNReLU())(good)
+    assert _moment_inputs._CHECKED.get() is None
+    with pytest.raises(ValueError, match="non-negative"):  # the object a container vouched for is checked outside it
+        MNReLU()(Moments(good.mean, -good.var))
 
 
 class _SetVariance(torch.nn.Module):
@@ -414,22 +445,17 @@ def test_maxpool_training_and_inference_agree_ties_included(dtype, kernel, strid
     assert torch.equal(inference.var, windows_var.gather(-1, first).squeeze(-1))
 
 
-@pytest.mark.parametrize("padding, stride, dilation", [(2, 1, 1), (0, 2, 1), ("same", 1, 2), ("valid", 1, 1)])
-def test_batched_conv_equals_one_conv(padding, stride, dilation, monkeypatch):
-    """_batched_conv2d splits a large CPU batch into slices; the output equals one convolution call."""
-    from pyro_sdebnn.ops import moments as moment_ops
+@pytest.mark.parametrize("shape", [(100, 6, 28, 28), (2, 16, 11, 9), (3, 5, 4)])
+def test_maxpool_2x2_without_autograd_halves_and_equals_max_pool2d(shape, monkeypatch):
+    # the 2x2 / stride-2 window without autograd on the CPU runs as two branch-free halvings (no max_pool2d call),
+    # with max_pool2d's values: the mean's maximum and the variance of its first arg-max in row-major order
+    g = torch.Generator().manual_seed(1)
+    mean, var = torch.randn(shape, generator=g).exp(), torch.rand(shape, generator=g)
+    out, index = F.max_pool2d(mean, 2, 2, return_indices=True)
+    expected_var = var.flatten(-2).gather(-1, index.flatten(-2)).view_as(out)
+    monkeypatch.setattr(F, "max_pool2d", None)  # the pooling module calls F.max_pool2d through the module F
+    with torch.no_grad():
+        pooled = MNMaxPool2d(2)(Moments(mean, var))
+    assert torch.equal(pooled.mean, out) and torch.equal(pooled.var, expected_var)
 
-    gen = torch.Generator().manual_seed(1)
-    x = torch.randn(40, 3, 20, 20, generator=gen)
-    weight = torch.randn(8, 3, 5, 5, generator=gen)
-    bias = torch.randn(8, generator=gen)
-    ref = F.conv2d(x, weight, bias, stride, padding, dilation)
-    out_h, out_w = moment_ops._conv_out_size(x, weight, stride, padding, dilation)
-    assert (out_h, out_w) == tuple(ref.shape[-2:])
-    monkeypatch.setattr(moment_ops, "_CONV_CHUNK_ELEMENTS", 7 * weight[0].numel() * out_h * out_w)  # 6 slices
-    calls, conv2d = [], F.conv2d
-    monkeypatch.setattr(moment_ops.F, "conv2d", lambda *a: calls.append(a[0].shape[0]) or conv2d(*a))
-    out = moment_ops._batched_conv2d(x, weight, bias, stride, padding, dilation, 1)
-    monkeypatch.undo()
-    assert calls == [7, 7, 7, 7, 7, 5]
-    torch.testing.assert_close(out, ref)
+

@@ -11,6 +11,9 @@ for a deterministic input) and act as ordinary layers on plain tensors:
   :mod:`~pyro_sdebnn.nn.mnvi.pooling`), turns dropout into a no-op and keeps identities.
 - Containers: :class:`MNSequential`, :class:`MNResidualBlock`, :class:`MNConcat`; converters :func:`to_mnvi`,
   :func:`to_mean_field` from plain ``torch.nn`` networks (extend them with :func:`register_converter`).
+- On Linux, importing this package lets glibc keep the memory a moment pass frees for the next pass, instead of
+  returning it to the system and faulting it back in page by page (``PYRO_SDEBNN_KEEP_FREED_MEMORY=0`` turns
+  this off; see the MNVI page of the documentation).
 - Pyro: :class:`SamplingFreeBNN` (model/guide pair, one-pass predictive), the ``sampling_free``
   handler and the expected-likelihood distributions ``SamplingFreeNormal``,
   ``SamplingFreeCategorical``, and :func:`probit_softmax` (the deterministic classification
@@ -23,6 +26,7 @@ for a deterministic input) and act as ordinary layers on plain tensors:
    arXiv:2103.08497.
 """
 
+from pyro_sdebnn.nn.mnvi import _memory
 from pyro_sdebnn.nn.mnvi.activations import MNActivation, MNReLU
 from pyro_sdebnn.nn.mnvi.bnn import SamplingFreeBNN
 from pyro_sdebnn.nn.mnvi.container import MNConcat, MNResidualBlock, MNSequential
@@ -30,6 +34,8 @@ from pyro_sdebnn.nn.mnvi.convert import register_converter, to_mean_field, to_mn
 from pyro_sdebnn.nn.mnvi.layers import MNConv2d, MNLinear
 from pyro_sdebnn.nn.mnvi.likelihoods import probit_softmax
 from pyro_sdebnn.nn.mnvi.mean_field import MFConv2d, MFLinear
+
+_memory.keep_freed_memory()
 
 __all__ = [
     "MFConv2d",

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from pyro_sdebnn.nn.mnvi._moment_inputs import as_moments
+from pyro_sdebnn.nn.mnvi._moment_inputs import as_moments, checked, is_own
 from pyro_sdebnn.ops.moments import Moments
 
 __all__ = ["MNConcat", "MNResidualBlock", "MNSequential"]
@@ -42,8 +42,11 @@ class MNSequential(nn.Sequential):
 
     def forward(self, input: Tensor | Moments) -> Tensor | Moments:
         as_moments(input)
+        vouched = True  # for the input just checked, then for the outputs of this package's modules
         for module in self:
-            input = module(input)
+            with checked(input if vouched else None):
+                input = module(input)
+            vouched = is_own(module)
         return input
 
 
@@ -90,9 +93,13 @@ class MNResidualBlock(nn.Module):
 
     def forward(self, input: Tensor | Moments) -> Tensor | Moments:
         as_moments(input)
-        skip = input if self.shortcut is None else self.shortcut(input)
-        out = _add(self.main(input), skip)
-        return out if self.activation is None else self.activation(out)
+        with checked(input):
+            skip = input if self.shortcut is None else self.shortcut(input)
+            out = _add(self.main(input), skip)
+        if self.activation is None:
+            return out
+        with checked(out if is_own(self.main) and (self.shortcut is None or is_own(self.shortcut)) else None):
+            return self.activation(out)
 
 
 class MNConcat(nn.Module):
@@ -131,7 +138,8 @@ class MNConcat(nn.Module):
 
     def forward(self, input: Tensor | Moments) -> Tensor | Moments:
         as_moments(input)
-        outs = [branch(input) for branch in self.branches]
+        with checked(input):
+            outs = [branch(input) for branch in self.branches]
         kinds = {isinstance(out, Moments) for out in outs}
         if len(kinds) > 1:
             raise TypeError("MNConcat: every branch must return the same kind (tensor or Moments)")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from typing import cast, overload
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules.utils import _pair
@@ -38,8 +39,10 @@ class MNMaxPool2d(nn.MaxPool2d):
         x' = x_{j^*},\quad v' = v_{j^*},\qquad j^* = \arg\max_{j\in\text{window}} x_j .
 
     Arguments as :class:`torch.nn.MaxPool2d` (``return_indices`` must be ``False``). The arg-max indices of
-    :func:`torch.nn.functional.max_pool2d` gather the variance, in training and inference alike (a tied maximum
-    carries the variance of the entry whose index ``max_pool2d`` returns, the first one on the CPU).
+    :func:`torch.nn.functional.max_pool2d` gather the variance (a tied maximum carries the variance of the entry
+    whose index ``max_pool2d`` returns, the first one on the CPU). The common 2x2 window of stride 2 without autograd
+    on the CPU (prediction), run eagerly, takes the same entries by two branch-free halvings instead, which is
+    faster there.
 
     >>> pool = MNMaxPool2d(2)
     >>> out = pool(Moments(torch.arange(4.0).reshape(1, 1, 2, 2), torch.tensor([[[[1.0, 2.0], [3.0, 4.0]]]])))
@@ -64,11 +67,37 @@ class MNMaxPool2d(nn.MaxPool2d):
             return super().forward(cast(Tensor, input))
         if moments.var is None:
             return Moments(super().forward(moments.mean), None)
+        if (moments.mean.device.type == "cpu" and self._halves() and not torch.compiler.is_compiling()
+                and not (torch.is_grad_enabled() and (moments.mean.requires_grad or moments.var.requires_grad))):
+            return _max_pool_halves(moments.mean, moments.var)
         out, index = F.max_pool2d(
             moments.mean, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode, True
         )
         var = moments.var.flatten(-2).gather(-1, index.flatten(-2)).view_as(out)
         return Moments(out, var)
+
+    def _halves(self) -> bool:
+        """Whether the pooling is the common 2x2 window with stride 2 (no padding or dilation, floor mode)."""
+        return (_pair(self.kernel_size) == (2, 2) and _pair(self.stride or self.kernel_size) == (2, 2)
+                and _pair(self.padding) == (0, 0) and _pair(self.dilation) == (1, 1) and not self.ceil_mode)
+
+
+def _max_pool_halves(mean: Tensor, var: Tensor) -> Moments:
+    """2x2 / stride-2 :class:`MNMaxPool2d` as two branch-free halvings, first along the width, then the height.
+
+    Each halving compares the two halves' means and takes mean and variance of the larger one (the first on a
+    tie) with ``lerp`` by a 0/1 weight, which returns either input exactly. Width first, then height, gives the
+    arg-max entry of :func:`torch.nn.functional.max_pool2d`, the first in row-major order on a tie, so the values
+    are the same. On the CPU it takes a fraction of the time of ``max_pool2d``, whose compare-and-branch loop is
+    slow on inputs without ties, such as the means of a moment pass.
+    """
+    height, width = mean.shape[-2] // 2 * 2, mean.shape[-1] // 2 * 2
+    for dim, size in ((-1, width), (-2, height)):
+        first, second = mean.narrow(dim, 0, size).unflatten(dim, (-1, 2)).unbind(dim)
+        var_first, var_second = var.narrow(dim, 0, size).unflatten(dim, (-1, 2)).unbind(dim)
+        take_first = (first >= second).to(mean.dtype)
+        mean, var = torch.lerp(second, first, take_first), torch.lerp(var_second, var_first, take_first)
+    return Moments(mean, var)
 
 
 class MNAvgPool2d(nn.AvgPool2d):
