@@ -35,7 +35,11 @@ cost.
 Usage::
 
     python benchmarks/bench_mnvi_speed.py [--repeats 10] [--inner 5] [--threads 1] [--groups predict step ...]
-        [--malloc-env] [--validate] [--ablate memory|pool] [--device cpu] [--output FILE]
+        [--malloc-env] [--validate] [--ablate memory|pool] [--solo] [--device cpu] [--output FILE]
+
+``--solo`` times each model in processes of its own, two per model in turn, with no other model run in them (MNVI
+alone, as a user times it); a ratio is then that of the two models' medians, with the bounds lower quartile over
+upper quartile and upper over lower.
 
 ``--ablate memory`` runs the groups with ``PYRO_SDEBNN_KEEP_FREED_MEMORY=0`` (glibc left to return the memory a pass
 frees to the system, see :func:`pyro_sdebnn.nn.mnvi._memory.keep_freed_memory`), ``--ablate pool`` without the
@@ -209,15 +213,38 @@ def _ablate(device_name: str) -> None:
 
 
 def run_group(group: str, repeats: int, inner: int, device: str = "cpu", validate: bool = False,
-              ablate: str | None = None) -> dict:
-    """Build and time one group in this process; the per-item times, faults and per-repeat ratios."""
+              ablate: str | None = None, only: str | None = None) -> dict:
+    """Build and time one group in this process (with ``only``, time that item alone); the per-item times, faults
+    and per-repeat ratios."""
     pyro.enable_validation(validate)
     if ablate is not None:
         _ablate(ablate)
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else None
-    times, faults = time_blocks(build_items(group, device), repeats, inner, sync=sync)
+    items = build_items(group, device)
+    if only is not None:
+        items = {only: items[only]}
+    times, faults = time_blocks(items, repeats, inner, sync=sync)
     ratios = {f"{a} / {b}": ([ta / tb for ta, tb in zip(times[a], times[b])], target)
-              for a, b, target in RATIOS[group]}
+              for a, b, target in RATIOS[group] if a in times and b in times}
+    return {"times": times, "faults": faults, "ratios": ratios}
+
+
+def _solo(group: str, cmd: list[str], env: dict, rounds: int = 2) -> dict:
+    """Time each item of ``group``'s ratios in a process of its own (``rounds`` processes per item, in turn); the
+    ratios are those of the medians, their spread from the items' quartiles (lower over upper, upper over lower)."""
+    names = sorted({name for a, b, _ in RATIOS[group] for name in (a, b)})
+    times: dict = {name: [] for name in names}
+    faults: dict = {name: [] for name in names}
+    for _ in range(rounds):
+        for name in names:
+            out = subprocess.run(cmd + ["--only", name], env=env, check=True, capture_output=True, text=True).stdout
+            res = json.loads(out.strip().splitlines()[-1])
+            times[name] += res["times"][name]
+            faults[name] += res["faults"][name]
+    ratios = {}
+    for a, b, target in RATIOS[group]:
+        (ma, qa1, qa3), (mb, qb1, qb3) = _quantiles(times[a]), _quantiles(times[b])
+        ratios[f"{a} / {b}"] = ([ma / mb, qa1 / qb3, qa3 / qb1], target)
     return {"times": times, "faults": faults, "ratios": ratios}
 
 
@@ -236,13 +263,16 @@ def main(argv=None) -> dict:
     parser.add_argument("--validate", action="store_true",
                         help="keep Pyro's validation on, as it is by default in a user's process")
     parser.add_argument("--output", type=Path, default=None, help="write the Markdown table here")
+    parser.add_argument("--solo", action="store_true",
+                        help="time each model in a process of its own (no other model runs in it)")
     parser.add_argument("--in-process", metavar="GROUP", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--only", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.in_process is not None:  # the child: one group, JSON on the last line
         print(json.dumps(run_group(args.in_process, args.repeats, args.inner, args.device, args.validate,
-                                   args.ablate)))
+                                   args.ablate, args.only)))
         return {}
     groups = list(args.groups) + (["compile"] if args.compile and "compile" not in args.groups else [])
     env = dict(os.environ, **(MALLOC_ENV if args.malloc_env else {}))
@@ -258,10 +288,13 @@ def main(argv=None) -> dict:
             cmd += ["--validate"]
         if args.ablate is not None:
             cmd += ["--ablate", args.ablate]
+        if args.solo:
+            results[group] = _solo(group, cmd, env)
+            continue
         out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
         results[group] = json.loads(out.strip().splitlines()[-1])
     lines = [f"LeNet-5, batch 100, {args.repeats} repeats x {args.inner} calls per block, torch threads "
-             f"{torch.get_num_threads()}, one process per group" + (", glibc keeps freed memory" if args.malloc_env
+             f"{torch.get_num_threads()}, " + ("one process per model, two each" if args.solo else "one process per group") + (", glibc keeps freed memory" if args.malloc_env
                                                                     else "")
              + (", Pyro validation on" if args.validate else "")
              + (f", speed device switched off: {args.ablate}" if args.ablate else ""),
@@ -275,7 +308,7 @@ def main(argv=None) -> dict:
     summary = {}
     for res in results.values():
         for name, (values, target) in res["ratios"].items():
-            med, q1, q3 = _quantiles(values)
+            med, q1, q3 = values if args.solo else _quantiles(values)  # solo: ratio of medians, bounds
             summary[name] = med
             lines.append(f"| {name} | {med:.2f} | {q1:.2f}-{q3:.2f} | {target} |")
     text = "\n".join(lines)
