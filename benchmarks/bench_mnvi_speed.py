@@ -294,8 +294,9 @@ def main(argv=None) -> dict:
         out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
         results[group] = json.loads(out.strip().splitlines()[-1])
     lines = [f"LeNet-5, batch 100, {args.repeats} repeats x {args.inner} calls per block, torch threads "
-             f"{torch.get_num_threads()}, " + ("one process per model, two each" if args.solo else "one process per group") + (", glibc keeps freed memory" if args.malloc_env
-                                                                    else "")
+             f"{torch.get_num_threads()}, "
+             + ("one process per model, two each" if args.solo else "one process per group")
+             + (", glibc keeps freed memory" if args.malloc_env else "")
              + (", Pyro validation on" if args.validate else "")
              + (f", speed device switched off: {args.ablate}" if args.ablate else ""),
              "", "| group | item | median [ms] | IQR [ms] | page faults per call |", "|---|---|---|---|---|"]
