@@ -21,13 +21,13 @@ def keep_freed_memory() -> bool:
     A moment pass on the CPU allocates several activation-sized tensors and frees them when it ends. glibc's
     ``malloc`` returns the freed top of its heap to the operating system once it exceeds its *trim threshold*, and
     the next pass takes the memory back page by page, with one page fault per 4 KiB, which on a small network costs
-    as much as the arithmetic, in some processes and not others. The threshold is twice the largest ``mmap``-served block the
-    process has freed (glibc's documented dynamic threshold, ``mallopt(3)``, ``M_MMAP_THRESHOLD``), so it depends on
-    what the process did before. Freeing one 16 MiB block (not written, so it costs no page) raises the threshold to
-    32 MiB, as freeing any tensor of that size would. Nothing is set: a threshold already higher, or fixed by the
-    ``MALLOC_*`` environment variables, is left as it is, and another allocator (jemalloc, tcmalloc) simply serves
-    and frees the block. Done only on Linux with glibc, and not when the environment variable
-    ``PYRO_SDEBNN_KEEP_FREED_MEMORY`` is ``0``.
+    as much as the arithmetic, in some processes and not others. The threshold is twice the largest
+    ``mmap``-served block the process has freed (glibc's documented dynamic threshold, ``mallopt(3)``,
+    ``M_MMAP_THRESHOLD``), so it depends on what the process did before. Freeing one 16 MiB block (not written, so it
+    costs no page) raises the threshold to 32 MiB, as freeing any tensor of that size would. Nothing is set: a
+    threshold already higher, or fixed by the ``MALLOC_*`` environment variables, is left as it is, and another
+    allocator (jemalloc, tcmalloc) simply serves and frees the block. Done only on Linux with glibc, and not when
+    the environment variable ``PYRO_SDEBNN_KEEP_FREED_MEMORY`` is ``0``.
     """
     if os.environ.get(ENV_SWITCH, "1") == "0" or platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
