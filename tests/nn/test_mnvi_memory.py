@@ -39,7 +39,7 @@ def _faults_per_round() -> list[int]:
 def test_freed_memory_is_reused_instead_of_faulted_back_in():
     # 15 MiB freed at the top of the heap in each round. A fresh process whose largest freed block is 5 MiB trims
     # above 10 MiB, so in most processes each round hands the memory back and faults it in again (in the others an
-    # earlier allocation happened to leave room). Once the package is imported the trim threshold is 32 MiB and no
+    # earlier allocation happened to leave room). Once the package is imported the trim threshold is 62 MiB and no
     # process faults; two probes, so that the old behaviour fails this test in nearly every run.
     for _ in range(2):
         counts = _faults_per_round()
