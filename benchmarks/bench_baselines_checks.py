@@ -9,7 +9,8 @@
    synchronisation vs with it replaced by a no-op.
 
 After one untimed run of each, the two variants are interleaved within each repeat, in alternating order; the
-median and the (min, max) of the per-repeat ratio with/without are printed. Run: ``python benchmarks/bench_baselines_checks.py [--repeats 7]``.
+median and the (min, max) of the per-repeat ratio with/without are printed.
+Run: ``python benchmarks/bench_baselines_checks.py [--repeats 7]``.
 """
 
 from __future__ import annotations
