@@ -306,12 +306,15 @@ def _run_once(args: argparse.Namespace, experiment: ModuleType) -> int:
 
 
 def _cell(value: Any) -> str:
+    """A cell of the summary table: a float to 4 significant digits, a ``(mean, se)`` pair as ``"mean ± se"``, the
+    mean alone where the standard error is NaN (a single run)."""
     if isinstance(value, bool) or value is None:
         return str(value)
     if isinstance(value, float):
         return f"{value:.4g}"
-    if isinstance(value, (list, tuple)) and all(isinstance(v, (int, float)) for v in value):
-        return " ± ".join(_cell(v) for v in value)
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, (int, float)) for v in value):
+        kept = [v for i, v in enumerate(value) if i == 0 or v == v]  # v != v: NaN
+        return " ± ".join(_cell(v) for v in kept)
     return str(value)
 
 

@@ -366,3 +366,14 @@ def test_sigint_to_a_running_benchmark(tmp_path):
     assert proc.returncode == 130, err
     assert "benchmark fake INTERRUPTED" in out and "table.md" in out and "Interrupted" in err
     assert "**Interrupted** (Ctrl-C / SIGINT)" in (tmp_path / "README.md").read_text()
+
+
+def test_summary_cells_leave_out_a_nan_standard_error():
+    # a single run has no standard error: the summary shows its mean alone, not "mean ± nan"
+    from pyro_sdebnn.cli import _cell
+
+    assert _cell((0.5, 0.0123)) == "0.5 ± 0.0123"
+    assert _cell((24.2, float("nan"))) == "24.2"
+    assert _cell([3, 1]) == "3 ± 1"
+    assert _cell(1.23456) == "1.235"
+    assert _cell("mnvi") == "mnvi"
