@@ -8,8 +8,9 @@
 2. Laplace curvature + prior tuning per structure (full / diag / kron, all weights / last layer), and the
    linearised predictive on 6400 grid points, on the same network.
 
-Medians and (min, max) over repeats. The machine is shared, so absolute times are noisy; ratios measured in
-the same run are the meaningful figures. Run: ``python benchmarks/bench_baselines.py [--repeats 5]``.
+Medians and (min, max) over repeats; the training steps of section 1 are interleaved within each repeat (after
+one untimed run of each), in an order reversed every other repeat, and their ratios are per repeat. Ratios
+measured in the same run are the meaningful figures. Run: ``python benchmarks/bench_baselines.py [--repeats 5]``.
 """
 
 from __future__ import annotations
@@ -65,16 +66,23 @@ def main() -> None:
 
     steps_per_epoch = -(-n // b)
     epochs = max(1, args.steps // steps_per_epoch)
-    base = _timeit(torch_step, args.repeats, epochs * steps_per_epoch)
-    print(f"plain PyTorch Adam step          {_summary(base)}")
-    base_median = statistics.median(base)
-    for cls in (MAPEstimate, MeanFieldVI):
-        method = cls(make_mlp([2, 50, 50, 2]), "categorical")
-        times = [t / steps_per_epoch for t in _timeit(lambda: method.fit(x, y, num_epochs=epochs, batch_size=b),
-                                                      args.repeats, 1)]
-        times = [t / epochs for t in times]
-        ratio = statistics.median(times) / base_median
-        print(f"{cls.__name__:<16s} SVI step        {_summary(times)}   ratio {ratio:5.2f}x")
+    steps = epochs * steps_per_epoch
+    methods = {cls.__name__: cls(make_mlp([2, 50, 50, 2]), "categorical") for cls in (MAPEstimate, MeanFieldVI)}
+    runs = {"plain": lambda: [torch_step() for _ in range(steps)],
+            **{name: (lambda m=m: m.fit(x, y, num_epochs=epochs, batch_size=b)) for name, m in methods.items()}}
+    for run in runs.values():  # one untimed run of each first-call cost
+        run()
+    per_step: dict = {name: [] for name in runs}
+    for repeat in range(args.repeats):  # interleaved, the order reversed every other repeat
+        for name in (list(runs) if repeat % 2 == 0 else list(runs)[::-1]):
+            start = time.perf_counter()
+            runs[name]()
+            per_step[name].append((time.perf_counter() - start) / steps)
+    print(f"plain PyTorch Adam step          {_summary(per_step['plain'])}")
+    for name in methods:
+        ratios = [t / p for t, p in zip(per_step[name], per_step["plain"])]
+        print(f"{name:<16s} SVI step        {_summary(per_step[name])}   ratio {statistics.median(ratios):5.2f}x "
+              f"({min(ratios):.2f}-{max(ratios):.2f})")
 
     # --- 1b. deep ensemble: members one by one vs vectorised (vmap over stacked weights) ----------------------
     from pyro_sdebnn.infer import DeepEnsemble
