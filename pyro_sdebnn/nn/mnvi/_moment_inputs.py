@@ -34,17 +34,23 @@ def as_moments(input: object, name: str = "input") -> Moments | None:
     raise TypeError(f"{name} must be a torch.Tensor or a Moments(mean, var) pair, got {type(input).__name__}")
 
 
+def vouching() -> bool:
+    """Whether containers vouch for the moments they pass on: only under Pyro validation (without it no layer checks
+    values), and not while ``torch.compile`` traces (the vouching would add graph breaks)."""
+    return is_validation_enabled() and not torch.compiler.is_compiling()
+
+
 @contextlib.contextmanager
 def checked(input: object) -> Iterator[None]:
-    """Within, :func:`as_moments` does not check ``var >= 0`` again for ``input`` (that object only).
+    """Within, :func:`as_moments` does not check ``var >= 0`` again for ``input`` (that object only; ``None``:
+    nothing vouched for).
 
     A container checks its own input once and vouches, while it calls a child, for the input it passes: its own
     input, or the output of a child made only of this package's modules, whose variances are non-negative by
-    construction. Moments that a module of the user's builds are checked where they arrive. This saves a pass over
-    every activation and a device synchronisation per layer under Pyro validation. Inert while ``torch.compile``
-    traces, so that it adds no graph break.
+    construction. Moments that a module of the user's builds are other objects, checked where they arrive. This
+    saves a pass over every activation and a device synchronisation per layer under Pyro validation.
     """
-    if torch.compiler.is_compiling():
+    if input is None:
         yield
         return
     token = _CHECKED.set(input)

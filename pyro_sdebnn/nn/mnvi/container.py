@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from pyro_sdebnn.nn.mnvi._moment_inputs import as_moments, checked, is_own
+from pyro_sdebnn.nn.mnvi._moment_inputs import as_moments, checked, is_own, vouching
 from pyro_sdebnn.ops.moments import Moments
 
 __all__ = ["MNConcat", "MNResidualBlock", "MNSequential"]
@@ -42,11 +42,12 @@ class MNSequential(nn.Sequential):
 
     def forward(self, input: Tensor | Moments) -> Tensor | Moments:
         as_moments(input)
-        vouched = True  # for the input just checked, then for the outputs of this package's modules
+        vouch = vouching()
+        passed = input if vouch else None  # the input just checked, then the outputs of this package's modules
         for module in self:
-            with checked(input if vouched else None):
+            with checked(passed):
                 input = module(input)
-            vouched = is_own(module)
+            passed = input if vouch and is_own(module) else None
         return input
 
 
@@ -93,12 +94,14 @@ class MNResidualBlock(nn.Module):
 
     def forward(self, input: Tensor | Moments) -> Tensor | Moments:
         as_moments(input)
-        with checked(input):
+        vouch = vouching()
+        with checked(input if vouch else None):
             skip = input if self.shortcut is None else self.shortcut(input)
             out = _add(self.main(input), skip)
         if self.activation is None:
             return out
-        with checked(out if is_own(self.main) and (self.shortcut is None or is_own(self.shortcut)) else None):
+        own = vouch and is_own(self.main) and (self.shortcut is None or is_own(self.shortcut))
+        with checked(out if own else None):
             return self.activation(out)
 
 
@@ -138,7 +141,7 @@ class MNConcat(nn.Module):
 
     def forward(self, input: Tensor | Moments) -> Tensor | Moments:
         as_moments(input)
-        with checked(input):
+        with checked(input if vouching() else None):
             outs = [branch(input) for branch in self.branches]
         kinds = {isinstance(out, Moments) for out in outs}
         if len(kinds) > 1:
