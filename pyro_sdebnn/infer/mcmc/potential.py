@@ -882,9 +882,14 @@ class BatchStream:
         # the one batch size taken: the loader's batch_size where its short last batch is passed over (drop_last),
         # replaced by the subsample_size the model's data plate fixes, if any (follow_model); None: every batch
         self.fixed_batch_size: Optional[int] = short_batch_size(loader, drop_last)
-        self.drops_short_batch = self.fixed_batch_size is not None
         self.passed_over = 0  # batches of another size passed over
         self._batches: Optional[Iterator] = None
+
+    @property
+    def drops_short_batch(self) -> bool:
+        """Whether every epoch ends with a short batch that the stream passes over (a batch size is fixed, by
+        ``drop_last`` or by the model's ``subsample_size``, and the loader's last batch is shorter)."""
+        return self.fixed_batch_size is not None and short_batch_size(self.loader, True) is not None
 
     def _start_epoch(self, skip: int = 0, lookahead: bool = False) -> None:
         self.epoch_rng = torch.get_rng_state()

@@ -144,3 +144,18 @@ def test_only_torchs_reshuffling_samplers_pass_over_the_short_batch_by_default()
     assert short_batch_size(loader(shuffle=True), False) is None
     assert short_batch_size(loader(shuffle=True, drop_last=True), None) is None  # the loader drops it itself
     assert short_batch_size(DataLoader(data, batch_size=60, shuffle=True), None) is None  # one batch only
+
+
+def test_the_stream_says_whether_it_passes_over_a_short_batch_however_the_size_was_fixed():
+    # the epoch's step count (kernel._epoch_steps) leaves the short batch out whenever the stream passes it over:
+    # fixed by drop_last, or later by a model whose data plate fixes subsample_size (BatchStream.follow_model)
+    from pyro_sdebnn.infer.mcmc.potential import BatchStream
+
+    data = TensorDataset(torch.randn(10, 2), torch.randn(10))
+    unshuffled = BatchStream(DataLoader(data, batch_size=4))
+    assert not unshuffled.drops_short_batch
+    unshuffled.fixed_batch_size = 4  # what follow_model sets for a plate of subsample_size 4
+    assert unshuffled.drops_short_batch
+    assert BatchStream(DataLoader(data, batch_size=4, shuffle=True)).drops_short_batch
+    even = BatchStream(DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8)), batch_size=4, shuffle=True))
+    assert even.fixed_batch_size is None and not even.drops_short_batch
