@@ -3,9 +3,8 @@
 
 Same network (1-50-50-1 regression MLP, :class:`~pyro_sdebnn.infer.mcmc.BayesianMLP`), same minibatch (32 of 200
 points of the 1-D gap toy), same backend; fSGLD redraws the measurement points at every step (the default: sets drawn
-64 at a time and factorised in batched calls over chunks of them, each step then applying its set's Cholesky factor
-with two triangular solves), every 10 steps (``redraw_every=10``), or keeps them fixed (precision matrix computed
-once); an ablation row factorises each batch of 64 sets in one call instead of chunks. A row
+and factorised 64 at a time in one batched call, each step then applying its set's Cholesky factor with two
+triangular solves), every 10 steps (``redraw_every=10``), or keeps them fixed (precision matrix computed once). A row
 "SGLD, batch 112" times SGLD on 32 + 80 inputs: the cost of the network pass that every fSGLD step makes, without any
 GP term. Reported: median and spread (min-max) of the per-step wall-time ratio over ``--repeats`` repeats, and the
 median ratio of process CPU time; within a repeat the kernels take turns in rounds of one ``sample`` call each, so that
@@ -66,17 +65,14 @@ def main(argv=None):
         steppers["SGLD, batch 112 = 32 + 80 (network floor)"] = _stepper(
             SGLD(model, step_size=1e-6, num_steps=num_steps, subsample_size=112, backend=backend, map_steps=0),
             x, y)
-        for label, redraw, every, chunked in (
-            ("redrawn every step", True, 1, True),
-            ("redrawn every step, each batch of 64 sets factorised in one call", True, 1, False),
-            ("redrawn every 10 steps", True, 10, True),
-            ("fixed", False, 1, True),
+        for label, redraw, every in (
+            ("redrawn every step", True, 1),
+            ("redrawn every 10 steps", True, 10),
+            ("fixed", False, 1),
         ):
             points = MeasurementPoints(x, 40, 40, redraw=redraw, redraw_every=every)
             kernel = FSGLD(model, gp_prior=gp.kernels.RBF(1), measurement_points=points, step_size=1e-6,
                            num_steps=num_steps, subsample_size=32, backend=backend, map_steps=0)
-            if not chunked:  # ablation: the sets' kernel matrices and factors in one block of 64 x 80 x 80
-                kernel._chunk_bytes = 2**62
             steppers[f"fSGLD (X_M {label})"] = _stepper(kernel, x, y)
         for step in steppers.values():  # warm-up past the first batches of sets (compilation happens there)
             for _ in range(20):

@@ -467,12 +467,11 @@ class MeasurementPoints:
         :math:`O(M^3)` Cholesky factorisation (a deviation from Wu, Xuan and Lu (2024), who draw a new set every
         step).
     :param int prefetch: with ``redraw``, the fSGLD/fSGHMC kernels draw this many independent sets at once
-        (:meth:`draw_sets`) and evaluate and factorise their kernel matrices in batched calls (over chunks of
-        sets of at most 1 MiB of float64 matrices each), then use one set per ``redraw_every`` steps. The sets do
-        not depend on the chain, so this changes nothing but the cost: per-call overheads of the draw, the kernel
-        evaluation and the factorisation are paid once per chunk of sets instead of once per step. Default
-        ``None``: 64, fewer where the batch of
-        ``M x M`` float64 factors would exceed 8 MiB.
+        (:meth:`draw_sets`) and evaluate and factorise their kernel matrices in one batched call, then use one
+        set per ``redraw_every`` steps. The sets do not depend on the chain, so this changes nothing but the cost:
+        per-call overheads of the draw, the kernel evaluation and the factorisation are paid once per ``prefetch``
+        sets instead of once per step. Default ``None``: 64, fewer where the batch of ``M x M`` float64 factors
+        would exceed 8 MiB.
     :param torch.Generator generator: optional generator (on the inputs' device) for reproducible sets.
 
     >>> x = torch.linspace(-1.0, 1.0, 10)
@@ -577,7 +576,6 @@ class FunctionalKernelMixin(_KernelBase):
     """Turns an SG-MCMC kernel into its functional variant (fSGLD from SGLD, fSGHMC from SGHMC)."""
 
     potential: Optional[FunctionalPotential]  # the potential _build_potential returns
-    _chunk_bytes = 2**20  # the largest (chunk, M, M) float64 block when prefetched sets are factorised (_next_batch)
 
     def __init__(
         self,
@@ -700,28 +698,22 @@ class FunctionalKernelMixin(_KernelBase):
         if self._fixed_prior is None and sampler is not None and sampler.redraw:
             if self._set_uses_left == 0:
                 if not self._set_queue:
-                    for sets, factors in self._next_batch():
-                        self._set_queue.extend(zip(sets.unbind(0), factors.unbind(0)))
+                    sets, factors = self._next_batch()
+                    self._set_queue.extend(zip(sets.unbind(0), factors.unbind(0)))
                 self._points_cache = self._set_queue.popleft()
                 self._set_uses_left = sampler.redraw_every
             self._set_uses_left -= 1
         assert self._points_cache is not None  # the fixed set cached by _build_potential, or the fresh one above
         return self._points_cache
 
-    def _next_batch(self) -> list[tuple[Tensor, Tensor]]:
-        """The next ``prefetch`` sets and their factors, drawn together from the sampler's generator (else torch's),
-        then evaluated and factorised in batched calls over chunks of sets (one kernel evaluation and one batched
-        factorisation per chunk), as ``[(sets, factors), ...]``. A chunk's ``(chunk, M, M)`` float64 blocks hold at
-        most 1 MiB: the temporaries of one kernel evaluation over all the sets (several times ``prefetch`` M^2
-        entries) would fall out of a CPU core's cache and make the allocator give pages back and fault them in again
-        at every batch. The factors do not depend on the chunks."""
+    def _next_batch(self) -> tuple[Tensor, Tensor]:
+        """The next ``prefetch`` sets and their factors, drawn from the sampler's generator (else torch's) and
+        factorised in one batched call (one kernel evaluation, one batched Cholesky factorisation)."""
         assert self._sampler is not None and self.potential is not None  # both set by _build_potential
         sets = self._sampler.draw_sets(self._sampler.prefetch)
-        count, size = sets.shape[0], sets.shape[1]
-        chunks = -(-count // max(1, self._chunk_bytes // (8 * size * size)))
         factorise = self.potential.precision if self._factor_kind == "precision" else self.potential.cholesky
         with torch.no_grad():
-            return [(part, factorise(part, batched=True)) for part in sets.split(-(-count // chunks))]
+            return sets, factorise(sets, batched=True)
 
     # ----- checkpoints ------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

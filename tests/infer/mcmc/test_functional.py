@@ -254,20 +254,6 @@ def test_prefetched_sets_are_fresh_every_step_and_factorised_exactly(backend):
         _assert_factor_of_set(kernel, pts, factor)
 
 
-def test_prefetched_sets_are_factorised_in_chunks_that_change_no_factor():
-    # the prefetched sets are evaluated and factorised in chunks of a bounded size: the factors are those of one
-    # batched call over all the sets
-    x, y = _sine_data()
-    kernel = _small_fsgld(x, "fx", prefetch=5)
-    kernel.setup(0, x, y)
-    kernel._chunk_bytes = 2 * 8 * 8**2  # two sets of 8 points per chunk: 2, 2, 1 sets
-    chunks = kernel._next_batch()
-    assert [len(sets) for sets, _ in chunks] == [2, 2, 1]
-    sets = torch.cat([sets for sets, _ in chunks])
-    factors = torch.cat([factors for _, factors in chunks])
-    assert torch.equal(factors, kernel.potential.cholesky(sets, batched=True))
-
-
 def test_batched_factors_of_failed_sets_are_nan():
     # a set whose factorisation fails gets an all-NaN factor; the others are those of the unbatched factorisation
     x, y = _data()
