@@ -4,7 +4,7 @@
 Trains the MNVI network of the main job (``pyro-sdebnn benchmark two-moons``: 2-50-50-2 ReLU MLP converted with
 ``to_mnvi``, prior scale 1, Adam lr 1e-2, batch 64, 300 epochs, 200 training points of Two Moons, noise 0.2) and
 compares, on the 500 test points and an 80 x 80 grid over :math:`[-2, 3] \\times [-1.5, 2]`, the predictives of
-:meth:`~pyro_sdebnn.nn.mnvi.SamplingFreeBNN.predict` with the reference
+:meth:`~pyro_sdebnn.infer.SamplingFreeBNN.predict` with the reference
 :math:`\\mathbb E[\\operatorname{softmax}(h)]`, :math:`h\\sim\\mathcal N(\\bar h, \\operatorname{diag} v_h)`,
 estimated with ``--reference`` independent draws per input (its standard error is printed):
 

@@ -26,7 +26,7 @@ turn a failed or timed-out collective into a :class:`DistributedError` that says
 training data is a loader whose sampler is a
 :class:`~torch.utils.data.distributed.DistributedSampler` (e.g. :func:`distributed_loader`):
 each rank then reads only its shard, and training on it alone would be wrong. In that case, and only then, the loops
-of :func:`pyro_sdebnn.infer.train_svi` (hence :meth:`~pyro_sdebnn.nn.mnvi.SamplingFreeBNN.fit` and the ``fit`` of
+of :func:`pyro_sdebnn.infer.train_svi` (hence :meth:`~pyro_sdebnn.infer.SamplingFreeBNN.fit` and the ``fit`` of
 :class:`~pyro_sdebnn.infer.MAPEstimate` and :class:`~pyro_sdebnn.infer.MeanFieldVI`),
 :func:`~pyro_sdebnn.infer.map_training.train_network` and
 :meth:`~pyro_sdebnn.infer.MCDropout.fit`

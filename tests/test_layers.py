@@ -34,10 +34,6 @@ ALLOWED = {
         )
         for heavy in ("pyro_sdebnn.infer", "pyro_sdebnn.nn", "pyro_sdebnn.distributions")
     },
-    ("pyro_sdebnn.nn.mnvi.bnn", "pyro_sdebnn.infer."): (
-        "SamplingFreeBNN.fit trains with pyro_sdebnn.infer's train_svi and SamplingFree_ELBO, and SamplingFree_ELBO "
-        "uses nn.mnvi's sampling-free handlers: the two packages use each other, so one side imports late"
-    ),
 }
 
 

@@ -20,7 +20,7 @@ Training, as in [1], Table 4 (LeNet / MNIST): batch 64, learning rate 1e-3 decay
   evaluated in eval mode;
 - **MC-dropout** ([2]): :class:`~pyro_sdebnn.infer.MCDropout` with the same training, 8 passes at test time;
 - **MFVI** (:func:`~pyro_sdebnn.nn.mnvi.to_mean_field`, rho -10) and **MNVI**
-  (:func:`~pyro_sdebnn.nn.mnvi.to_mnvi`, rho -3): :class:`~pyro_sdebnn.nn.mnvi.SamplingFreeBNN` with
+  (:func:`~pyro_sdebnn.nn.mnvi.to_mnvi`, rho -3): :class:`~pyro_sdebnn.infer.SamplingFreeBNN` with
   :class:`~pyro_sdebnn.infer.SamplingFree_ELBO`, AMSGrad, prior variance 1e-3, :math:`\\kappa/N` = 2e-7
   (MNVI) and 5e-7 (MFVI); dropout layers become no-ops. The expected log-likelihood averages
   ``--logit-samples`` (64) draws of the Gaussian logits ([1], eq. (16)), and so does the predictive
@@ -193,9 +193,9 @@ def _fit(kind: str, args, data, epochs: int, device, dtype):
     """Train one method; return ``(predict: inputs -> (S, N, C) probabilities, parameter count, losses)``."""
     from pyro.optim import PyroLRScheduler
 
-    from pyro_sdebnn.infer import MCDropout, SamplingFree_ELBO
+    from pyro_sdebnn.infer import MCDropout, SamplingFreeBNN, SamplingFree_ELBO
     from pyro_sdebnn.infer.map_training import train_network
-    from pyro_sdebnn.nn.mnvi import SamplingFreeBNN, to_mean_field, to_mnvi
+    from pyro_sdebnn.nn.mnvi import to_mean_field, to_mnvi
 
     base = ARCHS[args.arch](device=device, dtype=dtype)
     milestones = list(args.lr_milestones)

@@ -14,7 +14,7 @@ heteroscedastic Gaussian output (mean, log-variance), features and target standa
 
 Reported per method: test log-likelihood and RMSE in the original units (thousands of dollars), fit time.
 
-- **MNVI / MFVI** (:class:`~pyro_sdebnn.nn.mnvi.SamplingFreeBNN` + :class:`~pyro_sdebnn.infer.SamplingFree_ELBO`)
+- **MNVI / MFVI** (:class:`~pyro_sdebnn.infer.SamplingFreeBNN` + :class:`~pyro_sdebnn.infer.SamplingFree_ELBO`)
   with the training schedule of the authors' released code, which differs from App. B of [1] (see
   :func:`build_network` and :func:`fit_sampling_free`): SGD (lr 0.05, momentum 0.9), 200 epochs, batch 64,
   prior variance 10; KL weight 0.01 / 0.1 / 1 over epochs [0, 100) / [100, 150) / [150, 200), **and the
@@ -179,7 +179,7 @@ def fit_sampling_free(kind: str, x: torch.Tensor, y: torch.Tensor, *, epochs: in
     :param Tensor y: standardised targets ``(N,)``.
     :param int epochs: training epochs (200 in the authors' code).
     :param float kl_final: KL weight of the last phase (1: the ELBO; < 1: a cold posterior).
-    :return: the fitted :class:`~pyro_sdebnn.nn.mnvi.SamplingFreeBNN`.
+    :return: the fitted :class:`~pyro_sdebnn.infer.SamplingFreeBNN`.
     """
     if not isinstance(epochs, int) or epochs < 1:
         raise ValueError(f"epochs must be a positive int, got {epochs!r}")
@@ -187,8 +187,7 @@ def fit_sampling_free(kind: str, x: torch.Tensor, y: torch.Tensor, *, epochs: in
         raise ValueError(f"kl_final must be >= 0, got {kl_final!r}")
     from pyro.optim import PyroLRScheduler
 
-    from pyro_sdebnn.infer import PiecewiseKLSchedule
-    from pyro_sdebnn.nn.mnvi import SamplingFreeBNN
+    from pyro_sdebnn.infer import PiecewiseKLSchedule, SamplingFreeBNN
 
     milestones = [epochs // 2, (3 * epochs) // 4]
     net = build_network(kind, x.shape[1], device=x.device, dtype=x.dtype)

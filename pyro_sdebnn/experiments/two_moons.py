@@ -281,7 +281,8 @@ _adapter("fsghmc", "fSGHMC (GP functional prior)")(_functional_sgmcmc("FSGHMC", 
 def _mnvi(data: Data, s: Settings) -> Predictor:
     from pyro.optim import PyroOptim
 
-    from pyro_sdebnn.nn.mnvi import SamplingFreeBNN, to_mnvi
+    from pyro_sdebnn.infer import SamplingFreeBNN
+    from pyro_sdebnn.nn.mnvi import to_mnvi
 
     bnn = SamplingFreeBNN(to_mnvi(_mlp(s)), "categorical", num_data=len(data.y_train), prior_scale=1.0).to(s.device)
     bnn.fit(

@@ -2,7 +2,9 @@
 """Inference for Bayesian neural networks: guides, ELBOs, baselines and SG-MCMC kernels (:mod:`.mcmc`).
 
 - SDE-BNN: :class:`NeuralSDEGuide` (neural-SDE posterior over ``OUPath`` sites) and :class:`TracePathKL_ELBO`.
-- MNVI: :class:`SamplingFree_ELBO` with KL schedules.
+- MNVI: :class:`SamplingFreeBNN` (the Pyro model/guide pair around a network of :mod:`pyro_sdebnn.nn.mnvi` layers,
+  with ``fit`` and a one-pass predictive) and :class:`SamplingFree_ELBO` with KL schedules; the layers, the
+  ``sampling_free`` handler and the expected-likelihood distributions are in :mod:`pyro_sdebnn.nn.mnvi`.
 - Baselines sharing one ``fit`` / ``predict`` interface (:class:`BaselineMethod`): :class:`MAPEstimate`,
   :class:`MeanFieldVI`, :class:`Laplace`, :class:`MCDropout`, :class:`DeepEnsemble`, on any ``torch.nn`` network.
 - Every method predicts a :class:`ClassificationPrediction` or a :class:`RegressionPrediction`.
@@ -19,6 +21,7 @@ from pyro_sdebnn.infer.neural_sde_guide import NeuralSDEGuide, NeuralSDEPath
 from pyro_sdebnn.infer.trace_path_kl_elbo import TracePathKL_ELBO
 from pyro_sdebnn.infer.svi_training import train_svi
 from pyro_sdebnn.infer.sampling_free_elbo import LinearKLWarmup, PiecewiseKLSchedule, SamplingFree_ELBO
+from pyro_sdebnn.infer.mnvi import SamplingFreeBNN
 
 __all__ = [
     "BaselineMethod",
@@ -33,6 +36,7 @@ __all__ = [
     "NeuralSDEPath",
     "PiecewiseKLSchedule",
     "RegressionPrediction",
+    "SamplingFreeBNN",
     "SamplingFree_ELBO",
     "TracePathKL_ELBO",
     "train_svi",

@@ -2,7 +2,7 @@
 """Learning-rate schedules and whole-gradient clipping shared by every ``fit`` of the package.
 
 Two pieces, used by the SVI loop (:func:`~pyro_sdebnn.infer.train_svi`, which also runs the ``fit`` of
-the SVI baselines and :meth:`~pyro_sdebnn.nn.mnvi.SamplingFreeBNN.fit`) and the plain PyTorch loops
+the SVI baselines and :meth:`~pyro_sdebnn.infer.SamplingFreeBNN.fit`) and the plain PyTorch loops
 (:func:`~pyro_sdebnn.infer.map_training.train_network` and the methods built on it):
 
 * :class:`SchedulerStepper` steps a learning-rate scheduler once per epoch (default) or once per

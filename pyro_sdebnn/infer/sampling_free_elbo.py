@@ -4,7 +4,7 @@ r"""The sampling-free ELBO of MNVI / sampling-free MFVI (Schmitt & Roth [1], Sec
 :class:`SamplingFree_ELBO` is Pyro's :class:`~pyro.infer.TraceMeanField_ELBO` (observed sites: their
 ``log_prob``; latent sites: the analytic KL) run under the ``sampling_free`` effect
 handler, under which no weight is sampled (latent sites take their variational mean; only the *distributions*
-matter) and a :class:`~pyro_sdebnn.nn.mnvi.SamplingFreeBNN` model propagates means and variances through its
+matter) and a :class:`~pyro_sdebnn.infer.SamplingFreeBNN` model propagates means and variances through its
 network, observing an expected-likelihood distribution (``SamplingFreeNormal``:
 closed form; ``SamplingFreeCategorical``: sampled logits in output space). The loss
 is (eq. (18) of [1])
@@ -55,7 +55,7 @@ class SamplingFree_ELBO(TraceMeanField_ELBO):
 
         \mathcal L(\theta) = -\mathbb E_{q_\theta(w)}[\log p(Y\mid X, w)] + \kappa\,\mathrm{KL}(q_\theta(w)\,\|\,p(w)).
 
-    Use it with :class:`~pyro_sdebnn.nn.mnvi.SamplingFreeBNN` (``SVI(bnn.model, bnn.guide, optim,
+    Use it with :class:`~pyro_sdebnn.infer.SamplingFreeBNN` (``SVI(bnn.model, bnn.guide, optim,
     SamplingFree_ELBO())``); the same model/guide pair also trains with ``Trace_ELBO``.
 
     :param int num_particles: as in :class:`~pyro.infer.Trace_ELBO` (only logit sampling for
@@ -69,7 +69,8 @@ class SamplingFree_ELBO(TraceMeanField_ELBO):
         (guide-only sites raise ``ValueError``), and a site without a registered KL (estimated by Monte Carlo)
         must be reparametrised (``has_rsample``, else ``ValueError``).
 
-    >>> from pyro_sdebnn.nn.mnvi import MNLinear, MNReLU, MNSequential, SamplingFreeBNN
+    >>> from pyro_sdebnn.infer import SamplingFreeBNN
+    >>> from pyro_sdebnn.nn.mnvi import MNLinear, MNReLU, MNSequential
     >>> bnn = SamplingFreeBNN(MNSequential(MNLinear(1, 8), MNReLU(), MNLinear(8, 2)), "normal", num_data=20)
     >>> svi = pyro.infer.SVI(bnn.model, bnn.guide, pyro.optim.Adam({"lr": 1e-2}), SamplingFree_ELBO(kl_scale=0.1))
     >>> x, y = torch.randn(20, 1), torch.randn(20)

@@ -25,7 +25,7 @@ log-likelihood of a minibatch :math:`B` of size :math:`b` by :math:`N/b`:
     - \mathrm{KL}(q \,\|\, p),
 
 an unbiased estimate of the full-data ELBO. (A model that has no ``num_data`` parameter must know
-:math:`N` itself, as :class:`~pyro_sdebnn.nn.mnvi.SamplingFreeBNN` does.)
+:math:`N` itself, as :class:`~pyro_sdebnn.infer.SamplingFreeBNN` does.)
 
 **Checkpoints.** With ``checkpoint=path``, a checkpoint of kind ``"svi"`` (:mod:`pyro_sdebnn.infer.checkpoint`:
 written atomically, read with ``torch.load(path, weights_only=True)``) is written after every epoch. Besides the

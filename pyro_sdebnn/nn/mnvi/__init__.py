@@ -1,5 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Sampling-free variational inference with multiplicative activation noise (MNVI [1]).
+"""Moment-propagating layers for sampling-free variational inference with multiplicative activation noise (MNVI [1]).
+
+This package is the network side: the layers, their converters and the Pyro pieces the sampling-free program needs.
+The inference side is in :mod:`pyro_sdebnn.infer` (which imports this package, never the other way round): wrap
+a network of these layers in the model/guide pair :class:`~pyro_sdebnn.infer.SamplingFreeBNN` (``fit``, one-pass
+``predict``) and train it with :class:`~pyro_sdebnn.infer.SamplingFree_ELBO`.
 
 Layers carry :class:`~pyro_sdebnn.ops.Moments` ``(mean, var)`` pairs (pass ``Moments(x, None)``
 for a deterministic input) and act as ordinary layers on plain tensors:
@@ -14,10 +19,10 @@ for a deterministic input) and act as ordinary layers on plain tensors:
 - On Linux, importing this package lets glibc keep the memory a moment pass frees for the next pass, instead of
   returning it to the system and faulting it back in page by page (``PYRO_SDEBNN_KEEP_FREED_MEMORY=0`` turns
   this off; see the MNVI page of the documentation).
-- Pyro: :class:`SamplingFreeBNN` (model/guide pair, one-pass predictive), the ``sampling_free``
-  handler and the expected-likelihood distributions ``SamplingFreeNormal``,
-  ``SamplingFreeCategorical``, and :func:`probit_softmax` (the deterministic classification
-  predictive); train with :class:`pyro_sdebnn.infer.SamplingFree_ELBO`.
+- Pyro: the ``sampling_free`` handler (:mod:`~pyro_sdebnn.nn.mnvi.handlers`), the expected-likelihood
+  distributions ``SamplingFreeNormal``, ``SamplingFreeCategorical`` (:mod:`~pyro_sdebnn.nn.mnvi.likelihoods`) and
+  :func:`probit_softmax` (the deterministic classification predictive), which ``SamplingFreeBNN`` and
+  ``SamplingFree_ELBO`` use.
 
 **References**
 
@@ -28,7 +33,6 @@ for a deterministic input) and act as ordinary layers on plain tensors:
 
 from pyro_sdebnn.nn.mnvi import _memory
 from pyro_sdebnn.nn.mnvi.activations import MNActivation, MNReLU
-from pyro_sdebnn.nn.mnvi.bnn import SamplingFreeBNN
 from pyro_sdebnn.nn.mnvi.container import MNConcat, MNResidualBlock, MNSequential
 from pyro_sdebnn.nn.mnvi.convert import register_converter, to_mean_field, to_mnvi
 from pyro_sdebnn.nn.mnvi.layers import MNConv2d, MNLinear
@@ -47,7 +51,6 @@ __all__ = [
     "MNReLU",
     "MNResidualBlock",
     "MNSequential",
-    "SamplingFreeBNN",
     "probit_softmax",
     "register_converter",
     "to_mean_field",

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The ``sampling_free`` effect handler: run a :class:`~pyro_sdebnn.nn.mnvi.SamplingFreeBNN` model by moment propagation.
+"""The ``sampling_free`` effect handler: run a :class:`~pyro_sdebnn.infer.SamplingFreeBNN` model by moment propagation.
 
-Under ``sampling_free``, :meth:`~pyro_sdebnn.nn.mnvi.SamplingFreeBNN.model` propagates means
+Under ``sampling_free``, :meth:`~pyro_sdebnn.infer.SamplingFreeBNN.model` propagates means
 and variances instead of running the network on sampled weights, and latent sample sites that
 have no value yet take their distribution's mean instead of a random draw (the sampling-free ELBO
 only needs the variational *distributions*, for the closed-form KL). Observed sites are untouched.

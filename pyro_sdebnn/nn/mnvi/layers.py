@@ -53,7 +53,7 @@ class BayesianLayer(nn.Module):
     """Base class of the layers whose ``weight`` has a Gaussian variational posterior.
 
     Subclasses implement :meth:`weight_distribution`; the bias and every other parameter are point
-    estimates. :class:`~pyro_sdebnn.nn.mnvi.SamplingFreeBNN` finds these layers with
+    estimates. :class:`~pyro_sdebnn.infer.SamplingFreeBNN` finds these layers with
     ``isinstance`` and turns each ``weight`` into one Pyro sample site.
 
     >>> layer = MNLinear(3, 2)

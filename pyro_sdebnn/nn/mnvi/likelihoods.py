@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 r"""Likelihoods averaged over Gaussian network outputs, for the sampling-free ELBO ([1], Sec. 3.4).
 
-They are the observation distributions :class:`~pyro_sdebnn.nn.mnvi.SamplingFreeBNN` uses under
+They are the observation distributions :class:`~pyro_sdebnn.infer.SamplingFreeBNN` uses under
 ``sampling_free``: their ``log_prob(y)`` is the *expected* log-likelihood
 :math:`\mathbb E_{q(h)}[\log p(y\mid h)]` over the network outputs :math:`h\sim\mathcal N(\bar h, v_h)`,
 which is what the ELBO needs. It is a lower bound on the log predictive density, not a normalised

@@ -11,7 +11,7 @@ deterministic twin and the variance path needs two extra matrix products ([1], e
 
 The interface matches :class:`~pyro_sdebnn.nn.mnvi.MNLinear` / :class:`~pyro_sdebnn.nn.mnvi.MNConv2d`
 (tensor input: deterministic layer; :class:`Moments` input: moment propagation), so the same
-containers, :class:`~pyro_sdebnn.nn.mnvi.SamplingFreeBNN` and
+containers, :class:`~pyro_sdebnn.infer.SamplingFreeBNN` and
 :class:`~pyro_sdebnn.infer.SamplingFree_ELBO` apply. The bias is a point estimate.
 
 **References**

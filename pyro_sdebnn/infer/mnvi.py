@@ -62,6 +62,8 @@ from torch import Tensor, nn
 from torch.distributions import Distribution, kl_divergence
 
 from pyro_sdebnn.data.loaders import check_finite_batch, check_tensors, dataset_size, is_loader
+from pyro_sdebnn.infer.sampling_free_elbo import SamplingFree_ELBO
+from pyro_sdebnn.infer.svi_training import train_svi
 from pyro_sdebnn.nn._streaming import stream_predict
 from pyro_sdebnn.nn.mnvi.handlers import is_sampling_free
 from pyro_sdebnn.nn.mnvi.layers import BayesianLayer
@@ -101,6 +103,7 @@ class SamplingFreeBNN(nn.Module):
         expected log-likelihood (Schmitt & Roth (2021), eq. (16)).
     :param str name: prefix of the Pyro parameter and sample-site names.
 
+    >>> from pyro_sdebnn.infer import SamplingFreeBNN
     >>> from pyro_sdebnn.nn.mnvi import MNLinear, MNReLU, MNSequential
     >>> bnn = SamplingFreeBNN(MNSequential(MNLinear(3, 8), MNReLU(), MNLinear(8, 2)), "normal", num_data=100)
     >>> pred = bnn.predict(torch.randn(5, 3))
@@ -344,9 +347,6 @@ class SamplingFreeBNN(nn.Module):
             holding a NaN or an infinity, naming the batch and index (checked by
             :func:`~pyro_sdebnn.infer.svi_training.train_svi` before any step on it).
         """
-        from pyro_sdebnn.infer.sampling_free_elbo import SamplingFree_ELBO
-        from pyro_sdebnn.infer.svi_training import train_svi
-
         if not isinstance(x, Tensor) and is_loader(x):
             if y is not None:
                 raise ValueError("y must be None when x is a loader (the loader yields the (x, y) batches)")
