@@ -12,14 +12,13 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from pyro_sdebnn.infer import ClassificationPrediction, SamplingFree_ELBO
+from pyro_sdebnn.infer import ClassificationPrediction, SamplingFree_ELBO, SamplingFreeBNN
 from pyro_sdebnn.nn.mnvi import (
     MFLinear,
     MNConcat,
     MNLinear,
     MNReLU,
     MNSequential,
-    SamplingFreeBNN,
     probit_softmax,
 )
 from pyro_sdebnn.nn.mnvi.normalization import MNBatchNorm1d
