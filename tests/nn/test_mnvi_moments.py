@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Moment propagation of the MNVI layers against Monte Carlo and exact reference computations.
+"""Moment propagation of the MNVI layers (and ``probit_softmax`` on their output moments) against Monte Carlo and
+exact reference computations.
 
 Monte Carlo tolerances are ``Z = 5`` standard errors of the estimator: for a mean, ``sd / sqrt(N)``;
 for a variance, ``sqrt((m4 - var^2) / N)`` with ``m4`` the sample fourth central moment. With at
@@ -23,6 +24,7 @@ from pyro_sdebnn.nn.mnvi import (
     MNReLU,
     MNResidualBlock,
     MNSequential,
+    probit_softmax,
 )
 from pyro_sdebnn.nn.mnvi.normalization import MNBatchNorm2d
 from pyro_sdebnn.nn.mnvi.pooling import MNAdaptiveAvgPool2d, MNAvgPool2d, MNMaxPool2d
@@ -459,3 +461,31 @@ def test_maxpool_2x2_without_autograd_halves_and_equals_max_pool2d(shape, monkey
     assert torch.equal(pooled.mean, out) and torch.equal(pooled.var, expected_var)
 
 
+def test_probit_softmax_without_variance_is_softmax_and_checks_arguments():
+    h = torch.randn(5, 4)
+    torch.testing.assert_close(probit_softmax(h, torch.zeros_like(h)), torch.softmax(h, -1))
+    # variance shrinks the logits towards 0: less confident
+    assert (probit_softmax(h, torch.ones_like(h)).amax(-1) < torch.softmax(h, -1).amax(-1)).all()
+    with pytest.raises(ValueError, match="same shape"):
+        probit_softmax(h, torch.zeros(5, 3))
+    with pytest.raises(TypeError, match="torch.Tensors"):
+        probit_softmax(h, 0.0)
+
+
+def test_mn_concat_stacks_branch_moments():
+    torch.manual_seed(0)
+    a, b = MNLinear(4, 1), MNLinear(4, 2)
+    heads = MNConcat(a, b)
+    x = Moments(torch.randn(6, 4), torch.rand(6, 4))
+    out, oa, ob = heads(x), a(x), b(x)
+    torch.testing.assert_close(out.mean, torch.cat([oa.mean, ob.mean], -1))
+    torch.testing.assert_close(out.var, torch.cat([oa.var, ob.var], -1))
+    t = torch.randn(6, 4)
+    torch.testing.assert_close(heads(t), torch.cat([a(t), b(t)], -1))
+    assert heads(Moments(t, None)).var.shape == (6, 3)
+    # each head has its own noise variances
+    assert {n for n, _ in heads.named_parameters() if n.endswith("rho")} == {"branches.0.rho", "branches.1.rho"}
+    with pytest.raises(ValueError, match="at least one"):
+        MNConcat()
+    with pytest.raises(TypeError, match="branch 1"):
+        MNConcat(a, "b")
