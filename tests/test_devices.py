@@ -16,12 +16,12 @@ from pyro.infer import MCMC, SVI
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from pyro_sdebnn.distributions import GPFunctionalPrior, MultiplicativeNormal, OUPath
-from pyro_sdebnn.infer import NeuralSDEGuide, SamplingFree_ELBO, TracePathKL_ELBO
+from pyro_sdebnn.infer import NeuralSDEGuide, SamplingFree_ELBO, SamplingFreeBNN, TracePathKL_ELBO
 from pyro_sdebnn.infer._svi_baseline import PyroBNN
 from pyro_sdebnn.infer.mcmc import SGHMC, SGLD, BayesianMLP
 from pyro_sdebnn.nn import SDEBNN
 from pyro_sdebnn.nn._mlp import make_mlp
-from pyro_sdebnn.nn.mnvi import SamplingFreeBNN, to_mnvi
+from pyro_sdebnn.nn.mnvi import to_mnvi
 
 DEVICES = [
     "cpu",

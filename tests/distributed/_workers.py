@@ -83,7 +83,8 @@ def make_net(dropout: float = 0.0):
 
 
 def make_mnvi():
-    from pyro_sdebnn.nn.mnvi import MNLinear, MNReLU, MNSequential, SamplingFreeBNN
+    from pyro_sdebnn.infer import SamplingFreeBNN
+    from pyro_sdebnn.nn.mnvi import MNLinear, MNReLU, MNSequential
 
     return SamplingFreeBNN(MNSequential(MNLinear(D, 8), MNReLU(), MNLinear(8, 2)), "normal")
 

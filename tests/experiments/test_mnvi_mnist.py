@@ -10,7 +10,8 @@ import torch
 
 from pyro_sdebnn.cli import main
 from pyro_sdebnn.experiments.mnvi_mnist import METHODS, paper_lenet
-from pyro_sdebnn.nn.mnvi import SamplingFreeBNN, to_mean_field, to_mnvi
+from pyro_sdebnn.infer import SamplingFreeBNN
+from pyro_sdebnn.nn.mnvi import to_mean_field, to_mnvi
 
 CHANCE_PCT = 90.0  # misclassification of a uniform guess over 10 classes
 N_QUICK_TEST = 500

@@ -11,12 +11,12 @@ import torch
 from pyro.infer import SVI
 from torch.utils.data import DataLoader, TensorDataset
 
-from pyro_sdebnn.infer import (DeepEnsemble, MAPEstimate, MCDropout, MeanFieldVI, NeuralSDEGuide, TracePathKL_ELBO,
-                               train_svi)
+from pyro_sdebnn.infer import (DeepEnsemble, MAPEstimate, MCDropout, MeanFieldVI, NeuralSDEGuide, SamplingFreeBNN,
+                               TracePathKL_ELBO, train_svi)
 from pyro_sdebnn.infer.map_training import train_network
 from pyro_sdebnn.nn import SDEBNN, ODENet
 from pyro_sdebnn.nn._mlp import make_mlp
-from pyro_sdebnn.nn.mnvi import MNLinear, MNReLU, MNSequential, SamplingFreeBNN
+from pyro_sdebnn.nn.mnvi import MNLinear, MNReLU, MNSequential
 
 N, BATCH, ROW, COL = 12, 4, 9, 1  # row 9 is row 1 of batch 2 in order
 

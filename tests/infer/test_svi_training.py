@@ -10,10 +10,10 @@ from pyro.infer import SVI, Trace_ELBO, TraceMeanField_ELBO
 from pyro.infer.autoguide import AutoNormal, init_to_value
 from torch.utils.data import DataLoader, TensorDataset
 
-from pyro_sdebnn.infer import NeuralSDEGuide, SamplingFree_ELBO, TracePathKL_ELBO, train_svi
+from pyro_sdebnn.infer import NeuralSDEGuide, SamplingFree_ELBO, SamplingFreeBNN, TracePathKL_ELBO, train_svi
 from pyro_sdebnn.infer.checkpoint import load_checkpoint
 from pyro_sdebnn.nn import SDEBNN, ODENet
-from pyro_sdebnn.nn.mnvi import MNLinear, MNReLU, MNSequential, SamplingFreeBNN
+from pyro_sdebnn.nn.mnvi import MNLinear, MNReLU, MNSequential
 
 
 def _data(n=20, d=2, classes=3, seed=1):

@@ -8,11 +8,11 @@ import pyro.distributions as dist
 import pytest
 import torch
 
-from pyro_sdebnn.infer import DeepEnsemble, Laplace, MAPEstimate, MCDropout, MeanFieldVI
+from pyro_sdebnn.infer import DeepEnsemble, Laplace, MAPEstimate, MCDropout, MeanFieldVI, SamplingFreeBNN
 from pyro_sdebnn.infer._training import clip_gradients, clip_gradients_batched, svi_update
 from pyro_sdebnn.infer.map_training import train_network
 from pyro_sdebnn.nn._mlp import make_mlp
-from pyro_sdebnn.nn.mnvi import MNLinear, MNReLU, MNSequential, SamplingFreeBNN
+from pyro_sdebnn.nn.mnvi import MNLinear, MNReLU, MNSequential
 
 LRS = [0.1, 0.01, 0.001, 0.001]  # MultiStepLR(milestones=[1, 2], gamma=0.1): the LR of epochs 1, 2, 3, 4
 

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from torchvision.models.resnet import BasicBlock, ResNet
 
+from pyro_sdebnn.infer import SamplingFreeBNN
 from pyro_sdebnn.nn.mnvi import (
     MFConv2d,
     MFLinear,
@@ -18,7 +19,6 @@ from pyro_sdebnn.nn.mnvi import (
     MNReLU,
     MNResidualBlock,
     MNSequential,
-    SamplingFreeBNN,
     to_mean_field,
     to_mnvi,
 )
