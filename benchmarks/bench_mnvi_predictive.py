@@ -37,8 +37,9 @@ import pyro
 import torch
 
 from pyro_sdebnn.data import two_moons
+from pyro_sdebnn.infer import SamplingFreeBNN
 from pyro_sdebnn.nn._mlp import make_mlp
-from pyro_sdebnn.nn.mnvi import SamplingFreeBNN, to_mnvi
+from pyro_sdebnn.nn.mnvi import to_mnvi
 
 
 def _reference(out, draws: int, chunk: int = 2000) -> tuple[torch.Tensor, torch.Tensor]:

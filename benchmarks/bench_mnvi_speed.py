@@ -74,8 +74,8 @@ import torch
 import torch.nn.functional as F
 
 from pyro_sdebnn.experiments.mnvi_mnist import lenet
-from pyro_sdebnn.infer import MCDropout, SamplingFree_ELBO
-from pyro_sdebnn.nn.mnvi import MNReLU, SamplingFreeBNN, to_mean_field, to_mnvi
+from pyro_sdebnn.infer import MCDropout, SamplingFree_ELBO, SamplingFreeBNN
+from pyro_sdebnn.nn.mnvi import MNReLU, to_mean_field, to_mnvi
 from pyro_sdebnn.nn.mnvi._memory import ENV_SWITCH
 from pyro_sdebnn.nn.mnvi.pooling import MNMaxPool2d
 from pyro_sdebnn.ops import Moments

@@ -40,9 +40,10 @@ import torch
 import torch.nn.functional as F
 
 from pyro_sdebnn.data import uci_boston
+from pyro_sdebnn.infer import SamplingFreeBNN
 from pyro_sdebnn.metrics import gaussian_mixture_log_likelihood, rmse
 from pyro_sdebnn.nn._mlp import make_mlp
-from pyro_sdebnn.nn.mnvi import SamplingFreeBNN, to_mnvi
+from pyro_sdebnn.nn.mnvi import to_mnvi
 
 
 def main(argv=None) -> list[dict]:

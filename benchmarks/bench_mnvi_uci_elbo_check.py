@@ -32,9 +32,9 @@ from pyro.infer import Trace_ELBO
 
 from pyro_sdebnn.data import uci_boston
 from pyro_sdebnn.experiments.mnvi_uci import BATCH_SIZE, PRIOR_VARIANCE, _evaluate
-from pyro_sdebnn.infer import SamplingFree_ELBO
+from pyro_sdebnn.infer import SamplingFree_ELBO, SamplingFreeBNN
 from pyro_sdebnn.nn._mlp import make_mlp
-from pyro_sdebnn.nn.mnvi import SamplingFreeBNN, to_mnvi
+from pyro_sdebnn.nn.mnvi import to_mnvi
 
 
 def _mc_negative_elbo(bnn: SamplingFreeBNN, x: torch.Tensor, y: torch.Tensor, draws: int) -> float:

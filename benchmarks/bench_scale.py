@@ -179,7 +179,8 @@ def mnvi_workload(n: int, device):
     import pyro
 
     from pyro_sdebnn.experiments.mnvi_mnist import lenet
-    from pyro_sdebnn.nn.mnvi import SamplingFreeBNN, to_mnvi
+    from pyro_sdebnn.infer import SamplingFreeBNN
+    from pyro_sdebnn.nn.mnvi import to_mnvi
 
     loader = make_loader(n)
     bnn = SamplingFreeBNN(to_mnvi(lenet(device=device)), "categorical", num_data=n, prior_scale=1e-3**0.5)

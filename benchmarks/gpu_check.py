@@ -305,9 +305,9 @@ def _svi_steps(device: torch.device, batch: int):
     from pyro.infer import SVI
 
     from pyro_sdebnn.experiments.mnvi_mnist import lenet
-    from pyro_sdebnn.infer import NeuralSDEGuide, SamplingFree_ELBO, TracePathKL_ELBO
+    from pyro_sdebnn.infer import NeuralSDEGuide, SamplingFree_ELBO, SamplingFreeBNN, TracePathKL_ELBO
     from pyro_sdebnn.nn import SDEBNN
-    from pyro_sdebnn.nn.mnvi import SamplingFreeBNN, to_mnvi
+    from pyro_sdebnn.nn.mnvi import to_mnvi
 
     g = torch.Generator().manual_seed(0)
     x = torch.rand(batch, 1, 28, 28, generator=g).to(device)

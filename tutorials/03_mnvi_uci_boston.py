@@ -13,7 +13,8 @@ What you learn:
    noise variance :math:`\\alpha_j` per input unit, :math:`q(w_{ij}) = \\mathcal N(m_{ij}, \\alpha_j m_{ij}^2)`;
 2. that the network then carries ``Moments(mean, var)`` pairs: one forward pass gives the mean
    and variance of every output, with no weight sampling;
-3. training with Pyro's ``SVI`` and :class:`pyro_sdebnn.infer.SamplingFree_ELBO` (closed-form
+3. wrapping the network in the Pyro model/guide pair :class:`pyro_sdebnn.infer.SamplingFreeBNN` and
+   training it with Pyro's ``SVI`` and :class:`pyro_sdebnn.infer.SamplingFree_ELBO` (closed-form
    expected log-likelihood and KL) with the training schedule of the authors' released code for [1] -- the
    learning rate decays with the KL weight -- and that the *same* model/guide pair trains with the ordinary
    sampling-based ``Trace_ELBO``;
@@ -44,9 +45,9 @@ import torch
 from pyro.infer import Trace_ELBO
 
 from pyro_sdebnn.data import uci_boston
-from pyro_sdebnn.infer import PiecewiseKLSchedule, SamplingFree_ELBO
+from pyro_sdebnn.infer import PiecewiseKLSchedule, SamplingFree_ELBO, SamplingFreeBNN
 from pyro_sdebnn.metrics import gaussian_mixture_log_likelihood, rmse
-from pyro_sdebnn.nn.mnvi import SamplingFreeBNN, to_mnvi
+from pyro_sdebnn.nn.mnvi import to_mnvi
 from pyro_sdebnn.ops import Moments
 
 
