@@ -20,7 +20,7 @@ import torch
 
 from pyro_sdebnn.data.loaders import iter_batches
 from pyro_sdebnn.experiments import _harness as common
-from pyro_sdebnn.experiments._images import ImageLoaders, test_probs
+from pyro_sdebnn.experiments._images import ImageLoaders, predict_test_set
 from pyro_sdebnn.metrics import accuracy, negative_log_likelihood
 
 
@@ -45,7 +45,7 @@ class Curve:
         predict = self.predict
         if predict is None:
             raise RuntimeError("Curve.predict must be set before the first point")
-        probs = test_probs(self.data, lambda xb: predict(xb, self.samples), chunk=250).mean(0)
+        probs = predict_test_set(self.data, lambda xb: predict(xb, self.samples), chunk=250).mean(0)
         self.rows.append({"step": step, "train_loss": sum(self._losses) / max(len(self._losses), 1),
                           "test_accuracy": accuracy(probs, self.y_test).item(),
                           "test_nll": negative_log_likelihood(probs, self.y_test).item()})

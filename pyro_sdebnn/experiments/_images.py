@@ -5,7 +5,7 @@ Both read either a bundled split as tensors (the 5,000-image MNIST subset shippe
 scikit-learn's 8x8 digits) or a torchvision data set (MNIST, Fashion-MNIST, CIFAR-10) from ``--data-dir`` through
 :class:`~torch.utils.data.DataLoader` objects. :class:`TensorImages` and :class:`ImageLoaders` give both the same
 small interface -- ``train()``, ``test()``, ``test_labels()``, ``first_test_images(n)``, ``shape()``, ``num_test``,
-``num_train`` -- and :func:`test_probs` evaluates a predictive over the test set of either (a loader streamed, one
+``num_train`` -- and :func:`predict_test_set` evaluates a predictive over the test set of either (a loader streamed, one
 batch on the device at a time; tensors whole or in chunks).
 """
 
@@ -154,7 +154,7 @@ class ImageLoaders:
         return max(1, math.ceil(steps / math.ceil(len(self.train_set) / self.batch_size)))
 
 
-def test_probs(data: TensorImages | ImageLoaders, predict, chunk: int | None = None) -> Tensor:
+def predict_test_set(data: TensorImages | ImageLoaders, predict, chunk: int | None = None) -> Tensor:
     """``predict`` (inputs -> class probabilities ``(S, n, C)``) over the test set of ``data``, without gradients.
 
     A loader is handed to ``predict`` as it is (the predictors stream it); test tensors go whole, or with ``chunk``

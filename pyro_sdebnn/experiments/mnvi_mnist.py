@@ -67,7 +67,7 @@ from pyro_sdebnn.experiments import REGISTRY
 from pyro_sdebnn.experiments import _arg_types as check
 from pyro_sdebnn.experiments import _harness as common
 from pyro_sdebnn.experiments._curves import write_curves
-from pyro_sdebnn.experiments._images import ImageLoaders, TensorImages, bundled_split, data_dir, test_probs
+from pyro_sdebnn.experiments._images import ImageLoaders, TensorImages, bundled_split, data_dir, predict_test_set
 from pyro_sdebnn.metrics import aumrc, misclassification_at_rejection, reliability_diagram
 
 NAME = "mnvi-mnist"
@@ -308,7 +308,7 @@ def _run(args: argparse.Namespace) -> dict:
                 start = time.perf_counter()
                 predict, num_params, history = _fit(kind, args, data, epochs, device, dtype)
                 seconds = time.perf_counter() - start
-                probs = test_probs(data, predict)
+                probs = predict_test_set(data, predict)
                 if r == 0:
                     first_probs[kind] = probs.mean(0)
                 losses += [{"method": kind, "run": r, "epoch": e + 1, "loss": float(v)} for e, v in enumerate(history)]

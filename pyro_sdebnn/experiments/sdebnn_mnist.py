@@ -75,7 +75,7 @@ from pyro_sdebnn.experiments import REGISTRY
 from pyro_sdebnn.experiments import _arg_types as check
 from pyro_sdebnn.experiments import _harness as common
 from pyro_sdebnn.experiments._curves import Curve, fit_with_curve, late_gain, svi_fit_with_curve, write_curves
-from pyro_sdebnn.experiments._images import ImageLoaders, TensorImages, bundled_split, data_dir, test_probs
+from pyro_sdebnn.experiments._images import ImageLoaders, TensorImages, bundled_split, data_dir, predict_test_set
 from pyro_sdebnn.infer import NeuralSDEGuide, TracePathKL_ELBO
 from pyro_sdebnn.nn import SDEBNN, ODENet, ResNet
 
@@ -320,7 +320,7 @@ def _run(args: argparse.Namespace) -> dict:
                 else:
                     predict, _ = _mean_field(args, data, method, curve)
                 seconds = time.perf_counter() - start  # includes the curve's test evaluations
-                probs = test_probs(data, lambda xb: predict(xb, args.samples), chunk=250).mean(0)
+                probs = predict_test_set(data, lambda xb: predict(xb, args.samples), chunk=250).mean(0)
                 per_seed[method].append({"seed": seed, **_scores(probs, y_test), "train_seconds": seconds,
                                          "late_gain": late_gain(curve.rows)})
                 curves += [{"method": method, "seed": seed, **row} for row in curve.rows]
