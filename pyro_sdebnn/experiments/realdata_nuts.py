@@ -9,7 +9,8 @@ regression ``sigma ~ Uniform(0, 10)``.
 
 - NUTS (Hoffman & Gelman [1]): 2 chains of 250 warm-up + 250 draws, maximum tree depth 8, on the full data;
 - SGLD and SGHMC: ``MCMC(Kernel(model, num_steps=10, vectorized_chains=2), warmup_steps=400, num_samples=400)``
-  over a shuffled ``DataLoader`` of batch 64, every other setting a default (the warm-up adapts the mass matrix).
+  over a shuffled ``DataLoader`` of batch 64, every other setting a default (the warm-up adapts the mass matrix);
+  ``--num-steps`` sets the inner steps per draw, to see how long a chain a kernel needs to mix.
 
 Reported per data set and method, on the test set: the predictive standard deviation (regression, in the target's
 original units) or the spread of the class probability over the draws (classification), each also as a ratio to
@@ -71,6 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--nuts-seed", type=check.seed, default=None,
                         help="seed of the NUTS reference (default: --seed); a cached reference of that seed is reused")
+    parser.add_argument("--num-steps", type=check.positive_int, default=None,
+                        help="inner steps of SGLD / SGHMC per returned draw (default 10, 2 with --quick): a larger "
+                             "value runs the same number of draws over a longer chain")
 
 
 def _settings(quick: bool) -> dict:
@@ -190,6 +194,8 @@ def run(args: argparse.Namespace) -> dict:
 
     torch.set_num_threads(1)
     s = _settings(args.quick)
+    if getattr(args, "num_steps", None) is not None:
+        s["num_steps"] = args.num_steps
     out_dir = Path(args.output)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows, summary = [], {}
@@ -226,6 +232,7 @@ def run(args: argparse.Namespace) -> dict:
                         continue
                     adapted = kernel.diagnostics()["mass matrix adapted"]
                     extra = f"adapted, step {kernel._eta(kernel._t):.3g}" if adapted else "unit mass (short warm-up)"
+                    extra += f"; {s['num_steps']} inner steps per draw"
                 pred = posterior_prediction(model, samples, Xte)
                 r = _score(pred, yte, yscale, classify)
                 r.update(data=data, method=method, seconds=round(time.perf_counter() - t0, 1), warnings=len(notes),

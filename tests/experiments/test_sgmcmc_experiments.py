@@ -110,3 +110,23 @@ def test_realdata_nuts_reuses_the_reference_of_nuts_seed(tmp_path, monkeypatch):
     args.nuts_seed = None  # the default: NUTS of --seed, not cached yet
     module.run(args)
     assert len(calls) == 1 and calls[0][-1] == 1
+
+
+def test_realdata_nuts_num_steps_sets_the_inner_steps_per_draw(tmp_path, monkeypatch):
+    pytest.importorskip("sklearn")
+    module, args = _args("realdata-nuts", tmp_path, datasets=["diabetes"], methods=["NUTS", "SGLD"])
+    parser = argparse.ArgumentParser()
+    module.add_arguments(parser)
+    with pytest.raises(SystemExit):  # a count of steps: a positive integer
+        parser.parse_args(["--num-steps", "0"])
+    assert parser.parse_args(["--num-steps", "3"]).num_steps == 3
+    seen = []
+    real = module._sgmcmc
+    monkeypatch.setattr(module, "_sgmcmc", lambda cls, model, x, y, s, seed: seen.append(s["num_steps"])
+                        or real(cls, model, x, y, s, seed))
+    args.num_steps = 3
+    module.run(args)
+    assert seen == [3] and "3 inner steps per draw" in (tmp_path / "realdata_nuts.md").read_text()
+    args.num_steps = None  # the default: the protocol's (2 in the quick mode)
+    module.run(args)
+    assert seen == [3, 2] and "2 inner steps per draw" in (tmp_path / "realdata_nuts.md").read_text()
