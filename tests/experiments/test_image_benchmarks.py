@@ -9,6 +9,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import pyro_sdebnn.data.images as images
 import pyro_sdebnn.infer
+import pyro_sdebnn.infer.mnvi
 import pyro_sdebnn.infer.svi_training
 from pyro_sdebnn.cli import main
 
@@ -45,7 +46,7 @@ def mnist_dir(tmp_path, monkeypatch):
 
 @pytest.fixture
 def svi_calls(monkeypatch):
-    """Record the data of every train_svi call (imported from pyro_sdebnn.infer or its module at call time)."""
+    """Record the data of every train_svi call (from pyro_sdebnn.infer, its module, or SamplingFreeBNN.fit's)."""
     calls = []
     original = pyro_sdebnn.infer.train_svi
 
@@ -55,6 +56,7 @@ def svi_calls(monkeypatch):
 
     monkeypatch.setattr(pyro_sdebnn.infer, "train_svi", recording)
     monkeypatch.setattr(pyro_sdebnn.infer.svi_training, "train_svi", recording)
+    monkeypatch.setattr(pyro_sdebnn.infer.mnvi, "train_svi", recording)
     return calls
 
 
