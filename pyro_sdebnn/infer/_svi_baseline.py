@@ -62,6 +62,7 @@ from pyro_sdebnn.infer.map_training import _check_finite
 from pyro_sdebnn.infer.methods import (
     BaselineMethod,
     _check_likelihood,
+    _check_outputs,
 )
 from pyro_sdebnn.infer.svi_training import train_svi
 
@@ -154,6 +155,7 @@ class PyroBNN(PyroModule):
             idx = plate.indices
         x_batch = x if full else x[idx]
         outputs = self.net(x_batch)  # weights sampled here, outside the data plate
+        _check_outputs(outputs, self.likelihood)  # a shape check (no device sync), before Pyro's own errors
         pyro.deterministic("outputs", outputs)
         y_batch = None if y is None else (y if full else y[idx])
         with plate:

@@ -164,8 +164,9 @@ class SamplingFreeBNN(nn.Module):
         if self.likelihood == "normal" and (mean.dim() != 2 or mean.shape[-1] != 2):
             raise ValueError(f"a normal likelihood needs a net that outputs (N, 2) = (mean, log-variance), got "
                              f"{tuple(mean.shape)}")
-        if self.likelihood == "categorical" and mean.dim() != 2:
-            raise ValueError(f"a categorical net must output (N, C) logits, got {tuple(mean.shape)}")
+        if self.likelihood == "categorical" and (mean.dim() != 2 or mean.shape[-1] < 2):
+            raise ValueError(f"a categorical net must output (N, C) logits with C >= 2 classes, got "
+                             f"{tuple(mean.shape)}")
 
     def moments(self, x: Tensor) -> Moments:
         """Sampling-free forward pass: output means and variances for a deterministic input ``x``."""

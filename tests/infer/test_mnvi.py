@@ -292,3 +292,12 @@ def test_bad_data_raises():
         SamplingFreeBNN(MNSequential(MNLinear(2, 3)), "categorical").model(torch.randn(4, 2), torch.zeros(4))
     with pytest.raises(ValueError, match=r"\(N, 2\)"):
         SamplingFreeBNN(MNSequential(MNLinear(2, 3)), "normal").predict(torch.randn(4, 2))
+
+
+def test_categorical_net_with_one_logit_column_raises_naming_the_outputs():
+    """A one-column categorical net is a network error, not (as Pyro's support check would say) a label error."""
+    bnn = SamplingFreeBNN(MNSequential(MNLinear(2, 1)), "categorical")
+    with pytest.raises(ValueError, match=r"C >= 2 classes, got \(4, 1\)"):
+        bnn.model(torch.randn(4, 2), torch.zeros(4, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"C >= 2 classes"):
+        bnn.predict(torch.randn(4, 2))
