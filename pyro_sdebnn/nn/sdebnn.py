@@ -143,7 +143,7 @@ class SDEBNN(ParamStoreModule, ContinuousDepthNet):
     def _posterior(self, x: Tensor, guide):
         if guide is None:
             return None
-        q = guide.get_posterior(x)
+        q = _path_posteriors(guide, x)
         if "w_path" not in q:
             raise ValueError("guide has no posterior for site 'w_path'")
         return q["w_path"]
@@ -234,6 +234,9 @@ class SDEBNN(ParamStoreModule, ContinuousDepthNet):
             likelihood; other regression likelihoods report their location and scale parameters).
         :raises ValueError: if ``x`` (or a batch of the loader) holds a NaN or an infinity
             (:func:`~pyro_sdebnn.data.check_finite_batch`).
+        :raises TypeError: if ``guide`` is not a :class:`~pyro_sdebnn.infer.NeuralSDEGuide` (the solve integrates its
+            posterior SDE); a model trained with another guide (e.g. ``AutoNormal(net.model)``) predicts with
+            ``pyro.infer.Predictive(net.model, guide=guide, num_samples=S, return_sites=["f"])``.
 
         The network and the guide compute with the tensors of Pyro's param store, so a fit saved with
         ``pyro.get_param_store().save(path)`` predicts the same in a new process after::
@@ -262,8 +265,34 @@ def _hidden(sol) -> Tensor:
     return sol.hidden
 
 
+def _check_path_guide(guide) -> None:
+    """The fused solves integrate the posterior SDE of the guide: it must be a :class:`NeuralSDEGuide` (a
+    ``get_posterior`` returning the path laws by site). Another guide of the model (e.g. ``AutoNormal``) gets a
+    ``TypeError`` pointing to :class:`pyro.infer.Predictive`, which works with any guide."""
+    if guide is not None and not callable(getattr(guide, "get_posterior", None)):
+        raise TypeError(
+            f"guide: predict and fused_loss integrate the posterior SDE of a NeuralSDEGuide, got a "
+            f"{type(guide).__name__}; with another guide use pyro.infer.Predictive(net.model, guide=guide, "
+            "num_samples=..., return_sites=['f']) (the head outputs) or SVI with TracePathKL_ELBO"
+        )
+
+
+def _path_posteriors(guide, x: Tensor) -> dict:
+    """``guide.get_posterior(x)``: the posterior path law of every ``OUPath`` site, checked to be a dict."""
+    _check_path_guide(guide)
+    posteriors = guide.get_posterior(x)
+    if not isinstance(posteriors, dict):
+        raise TypeError(
+            f"guide: predict and fused_loss need the posterior path law of each OUPath site (a NeuralSDEGuide), but "
+            f"{type(guide).__name__}.get_posterior returned a {type(posteriors).__name__}; with another guide use "
+            "pyro.infer.Predictive(net.model, guide=guide, num_samples=..., return_sites=['f'])"
+        )
+    return posteriors
+
+
 def _sync(net: PyroModule, guide, x: Tensor) -> None:
     """Let ``net`` and ``guide`` compute with the param store's tensors (e.g. after ``param_store.load``)."""
+    _check_path_guide(guide)
     sync_from_param_store(net)
     if isinstance(guide, PyroModule):
         if getattr(guide, "prototype_trace", False) is None:
@@ -385,6 +414,6 @@ class MultiScaleSDEBNN(ParamStoreModule, PyroModule):
         if guide is None:
             paths = [p.sample((num_samples,)) for p in self.priors()]
         else:
-            posts = guide.get_posterior(x)
+            posts = _path_posteriors(guide, x)
             paths = [posts[f"w_path_{b}"].rsample((num_samples,)) for b in range(len(self.fields))]
         return ClassificationPrediction(self(x, paths).softmax(-1))

@@ -6,6 +6,7 @@ from pyro import poutine
 import pytest
 import torch
 from pyro.infer import SVI, Predictive
+from pyro.infer.autoguide import AutoMultivariateNormal, AutoNormal
 from pyro.optim import Adam
 
 from pyro_sdebnn.infer import ClassificationPrediction, NeuralSDEGuide, RegressionPrediction, TracePathKL_ELBO
@@ -354,3 +355,20 @@ def test_obs_scale_fixed_start_and_loaded_state_are_not_rescaled():
     pyro.clear_param_store()
     fresh.model(x, y)
     assert float(fresh.obs_scale.detach()) == pytest.approx(0.07)
+
+
+@pytest.mark.parametrize("make_guide", [AutoNormal, AutoMultivariateNormal])
+def test_predict_with_another_guide_raises_type_error_pointing_to_predictive(make_guide):
+    """The README's guide swap (AutoNormal for NeuralSDEGuide) trains with SVI; net.predict / fused_loss integrate the
+    posterior SDE and need a NeuralSDEGuide: another guide is named, with the way to predict with it."""
+    pyro.clear_param_store()
+    net = SDEBNN(2, 2, hidden=4, augment=1, dt=0.5, likelihood="categorical")
+    guide = make_guide(net.model)
+    x, y = torch.randn(6, 2), torch.arange(6) % 2
+    guide(x, y)  # set up, as after SVI
+    with pytest.raises(TypeError, match=f"{make_guide.__name__}.*pyro.infer.Predictive"):
+        net.predict(x, guide, num_samples=2)
+    with pytest.raises(TypeError, match="pyro.infer.Predictive"):
+        net.fused_loss(x, y, guide)
+    f = Predictive(net.model, guide=guide, num_samples=2, return_sites=["f"])(x)["f"]  # the way that works
+    assert f.shape[-2:] == (6, 2)
