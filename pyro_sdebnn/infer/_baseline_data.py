@@ -18,6 +18,7 @@ argument and the random-state bookkeeping that keeps a peek at a loader from cha
 
 from __future__ import annotations
 
+import numbers
 from typing import Iterator
 
 import torch
@@ -45,10 +46,17 @@ def _check_fit_args(n: int, *, num_epochs: int, lr: float, batch_size: int | Non
     """
     if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 0:
         raise ValueError(f"num_epochs must be a non-negative integer, got {num_epochs!r}")
+    for name, value in (("lr", lr), ("weight_decay", weight_decay)):
+        if name == "weight_decay" and value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
     if not lr > 0:
         raise ValueError(f"lr must be positive, got {lr!r}")
     if weight_decay is not None and not weight_decay >= 0:
         raise ValueError(f"weight_decay must be non-negative, got {weight_decay!r}")
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral)):
+        raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
     size = n if batch_size is None else int(batch_size)
     if size < 1:
         raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")

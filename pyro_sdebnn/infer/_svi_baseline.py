@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import copy
 import math
+import numbers
 from typing import Any, Callable
 
 import pyro
@@ -261,7 +262,7 @@ class SVIBaseline(BaselineMethod):
         loader = x if _is_loader_arg(x) else None
         data = _TrainingData(x, y, self.likelihood, batch_size)
         n = data.n
-        if weight_decay is not None and not weight_decay > 0:
+        if isinstance(weight_decay, numbers.Real) and not weight_decay > 0:  # other types: _check_fit_args
             raise ValueError(f"weight_decay must be positive or None, got {weight_decay!r}")
         batch_size = _check_fit_args(n, num_epochs=num_epochs, lr=lr, batch_size=batch_size, weight_decay=weight_decay)
         batch_size = None if batch_size >= n else batch_size  # None: the full data in every step

@@ -308,6 +308,21 @@ def test_bad_training_inputs(name):
         method.fit(DataLoader(TensorDataset(x, y.float()), batch_size=5), num_epochs=1)
 
 
+@pytest.mark.parametrize("name", ["map", "mfvi", "mc-dropout", "ensemble", "laplace"])
+@pytest.mark.parametrize("kwargs,error,match", [
+    ({"lr": "0.01"}, TypeError, "lr must be a number, got str"),
+    ({"weight_decay": "0"}, TypeError, "weight_decay must be a number"),
+    ({"batch_size": 2.5}, ValueError, "batch_size must be a positive integer or None, got 2.5"),
+    ({"batch_size": True}, ValueError, "batch_size must be a positive integer"),
+])
+def test_training_hyper_parameters_of_the_wrong_type(name, kwargs, error, match):
+    """A string learning rate raised Python's "'>' not supported between 'str' and 'int'"; a fractional batch size
+    was silently truncated (2.5 -> 2)."""
+    x, y = _data()
+    with pytest.raises(error, match=match):
+        _build(name).fit(x, y, num_epochs=1, **kwargs)
+
+
 def test_bad_prediction_inputs():
     x, y = _data()
     method = _build("ensemble").fit(x, y, num_epochs=1)
