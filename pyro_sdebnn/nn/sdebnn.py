@@ -209,6 +209,7 @@ class SDEBNN(ParamStoreModule, ContinuousDepthNet):
         """
         if y.shape[0] != x.shape[0]:
             raise ValueError(f"y must have {x.shape[0]} rows like x, got shape {tuple(y.shape)}")
+        y = self._check_targets(x, y)
         if dt is None and adjoint:
             dt = min(self.dt, ADJOINT_DT)
         out, kl = self._solve(x, guide, num_samples, estimator=estimator, method=method, adjoint=adjoint, dt=dt)

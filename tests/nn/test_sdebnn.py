@@ -372,3 +372,26 @@ def test_predict_with_another_guide_raises_type_error_pointing_to_predictive(mak
         net.fused_loss(x, y, guide)
     f = Predictive(net.model, guide=guide, num_samples=2, return_sites=["f"])(x)["f"]  # the way that works
     assert f.shape[-2:] == (6, 2)
+
+
+def test_targets_as_a_column_and_wrong_target_shapes():
+    """SDEBNN.model documents targets (b,) or (b, out_dim): a (b, 1) column for a scalar regression is that, and is
+    scored like (b,) (before: a (b, b) log-likelihood, which Pyro rejected under SVI and fused_loss summed without a
+    word); any other shape is a ValueError naming y."""
+    pyro.clear_param_store()
+    torch.manual_seed(0)
+    net = SDEBNN(2, 1, hidden=4, augment=1, dt=0.5)
+    guide = NeuralSDEGuide(net)
+    x, y = torch.randn(6, 2), torch.randn(6)
+    net.fused_loss(x, y, guide)  # sets the guide up (its first call draws the drift's initial weights)
+    pyro.set_rng_seed(1)
+    flat = net.fused_loss(x, y, guide)
+    pyro.set_rng_seed(1)
+    column = net.fused_loss(x, y[:, None], guide)
+    assert torch.equal(flat, column)
+    trace = poutine.trace(net.model).get_trace(x, y[:, None])
+    assert trace.nodes["obs"]["value"].shape == (6,)
+    with pytest.raises(ValueError, match=r"y must have shape \(6,\) \(or a \(b, 1\) column\).*got \(6, 2\)"):
+        net.model(x, torch.randn(6, 2))
+    with pytest.raises(ValueError, match=r"y must have shape \(6,\) for 6 inputs with likelihood='categorical'"):
+        SDEBNN(2, 3, hidden=4, augment=1, dt=0.5, likelihood="categorical").model(x, torch.zeros(6, 1).long())
