@@ -319,7 +319,8 @@ class SamplingFreeBNN(nn.Module):
         The model and guide run under ``poutine.scale(1 / N)``, so the reported loss (and the
         gradient) is the negative ELBO *per data point*, the scale at which Schmitt & Roth (2021) quote
         their learning rates. ``num_data`` is set to :math:`N` (``len(x)`` or ``len(loader.dataset)``)
-        if it was ``None``. The epochs are run by :func:`~pyro_sdebnn.infer.svi_training.train_svi`.
+        if it was ``None``, and again on every later ``fit`` (a fit on other data scales by its own :math:`N`); a
+        ``num_data`` given to the constructor is kept. The epochs are run by :func:`~pyro_sdebnn.infer.svi_training.train_svi`.
 
         :param x: inputs ``(N, ...)`` with targets ``y``, or a loader of ``(x, y)`` batches (e.g. a
             :class:`~torch.utils.data.DataLoader`, then ``y`` is ``None`` and ``batch_size`` is not used):
@@ -361,8 +362,8 @@ class SamplingFreeBNN(nn.Module):
             n, data, tensor_batch_size = x.shape[0], (x, y), batch_size
         if not isinstance(num_epochs, int) or num_epochs < 1:
             raise ValueError(f"num_epochs must be a positive int, got {num_epochs!r}")
-        if self.num_data is None:
-            self.num_data = n
+        if self.num_data is None or getattr(self, "_num_data_from_fit", False):  # the N of the data fitted last
+            self.num_data, self._num_data_from_fit = n, True
         loss = SamplingFree_ELBO() if loss is None else loss
         optim = pyro.optim.Adam({"lr": 1e-3}) if optim is None else optim  # type: ignore[attr-defined]
         scale = 1.0 / self.num_data

@@ -301,3 +301,19 @@ def test_categorical_net_with_one_logit_column_raises_naming_the_outputs():
         bnn.model(torch.randn(4, 2), torch.zeros(4, dtype=torch.long))
     with pytest.raises(ValueError, match=r"C >= 2 classes"):
         bnn.predict(torch.randn(4, 2))
+
+
+def test_num_data_follows_the_data_of_each_fit_unless_given():
+    """num_data=None is set by fit to N; a second fit on a smaller data set kept the first N, scaling its likelihood
+    by 40/10 as if it had four times the data. A num_data given to the constructor is the user's and stays."""
+    x, y = torch.randn(40, 2), torch.randn(40)
+    bnn = SamplingFreeBNN(MNSequential(MNLinear(2, 2)), "normal")
+    bnn.fit(x, y, num_epochs=1)
+    assert bnn.num_data == 40
+    bnn.fit(x[:10], y[:10], num_epochs=1)
+    assert bnn.num_data == 10
+    trace = poutine.trace(bnn.model).get_trace(x[:10], y[:10])
+    assert trace.nodes["obs"]["scale"] == 1.0  # the whole (new) data set: no N/b scaling
+    given = SamplingFreeBNN(MNSequential(MNLinear(2, 2)), "normal", num_data=100)
+    given.fit(x[:10], y[:10], num_epochs=1)
+    assert given.num_data == 100
