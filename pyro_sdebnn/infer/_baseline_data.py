@@ -32,6 +32,7 @@ from pyro_sdebnn.data.loaders import (
     iter_batches,
     minibatch_indices,
     module_device_dtype,
+    move_batch,
 )
 from pyro_sdebnn.data.loaders import check_tensors as _check_data
 from pyro_sdebnn.infer._training import SchedulerStepper, check_clip
@@ -82,6 +83,20 @@ def _is_loader_arg(x, name: str = "x") -> bool:
             f"{name} must be a torch.Tensor or a loader (an iterable of (x, y) batches whose dataset has a "
             f"length, e.g. torch.utils.data.DataLoader), got {type(x).__name__}"
         ) from None
+
+
+def _follow_module(x, y, module: nn.Module | None = None, *, device=None, dtype=None):
+    """Tensors ``x`` (and ``y``) on the model's device, floating ones in its dtype, as a loader's batches are moved
+    (integer labels keep their dtype); a loader is returned as it is. The device and dtype are those of the first
+    parameter of ``module``, or ``device`` / ``dtype``; without either nothing moves. Tensors already there are
+    returned themselves (no copy), so the numbers of every run whose data matched the model are unchanged."""
+    if _is_loader_arg(x):
+        return x, y
+    if module is not None:
+        device, dtype = module_device_dtype(module)
+    if device is None and dtype is None:
+        return x, y
+    return move_batch(x, device, dtype), (move_batch(y, device, dtype) if isinstance(y, Tensor) else y)
 
 
 def _module_device_dtype(module: nn.Module) -> tuple[torch.device, torch.dtype]:
@@ -174,7 +189,7 @@ def _iter_inputs(x, device=None, dtype=None, likelihood: str | None = None) -> I
     if not _is_loader_arg(x):
         _check_data(x, None, likelihood or "categorical")
         check_finite_batch(x, what="x")
-        yield x
+        yield move_batch(x, device, dtype)  # to the model's device and dtype, as a loader's batches
         return
     for xb, _ in iter_batches(x, device, dtype, with_targets=False, check_finite="x"):
         _check_data(xb, None, likelihood or "categorical")

@@ -51,6 +51,7 @@ from torch import Tensor, nn
 
 from pyro_sdebnn.nn._prior import ZeroMeanNormalPrior
 from pyro_sdebnn.infer._baseline_data import (
+    _follow_module,
     _check_fit_args,
     _is_loader_arg,
     _first_inputs,
@@ -281,6 +282,7 @@ class SVIBaseline(BaselineMethod):
             self.model.set_prior_scale(1.0 / math.sqrt(n * weight_decay))
         device = next(iter(self.model.init_values.values())).device
         dtype = next(iter(self.model.init_values.values())).dtype
+        x, y = _follow_module(x, y, device=device, dtype=dtype)  # tensors: on the weights' device and dtype
         store = pyro.get_param_store()
         with store.scope(self._store_state) as scope:
             if self.guide.prototype_trace is None or self._input_shape is None:
