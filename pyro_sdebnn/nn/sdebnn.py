@@ -42,7 +42,7 @@ import torch
 from pyro.nn import PyroModule, pyro_method
 from torch import Tensor, nn
 
-from pyro_sdebnn.data.loaders import check_finite_batch, is_loader
+from pyro_sdebnn.data.loaders import check_finite_batch, is_loader, module_device_dtype, move_batch
 from pyro_sdebnn.distributions import OUPath
 from pyro_sdebnn.nn._param_store import ParamStoreModule, sync_from_param_store
 from pyro_sdebnn.nn._streaming import stream_predict
@@ -254,6 +254,7 @@ class SDEBNN(ParamStoreModule, ContinuousDepthNet):
             batches = itertools.count()  # the index of the batch being predicted, for the error message
             return stream_predict(lambda xb: self._predict(xb, guide, num_samples, next(batches), **solve), x, self)
         check_finite_batch(x, what="x", batch_index=batch_index)
+        x = move_batch(x, *module_device_dtype(self, buffers=True))  # tensors follow the network, as loader batches
         _sync(self, guide, x)
         out, _ = self._solve(x, guide, num_samples, estimator="analytic", **solve)
         return self._prediction(out)
@@ -411,6 +412,7 @@ class MultiScaleSDEBNN(ParamStoreModule, PyroModule):
 
     def _predict_batch(self, x: Tensor, guide, num_samples: int, batch_index: int | None):
         check_finite_batch(x, what="x", batch_index=batch_index)
+        x = move_batch(x, *module_device_dtype(self, buffers=True))  # tensors follow the network, as loader batches
         _sync(self, guide, x)
         if guide is None:
             paths = [p.sample((num_samples,)) for p in self.priors()]

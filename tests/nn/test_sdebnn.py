@@ -395,3 +395,19 @@ def test_targets_as_a_column_and_wrong_target_shapes():
         net.model(x, torch.randn(6, 2))
     with pytest.raises(ValueError, match=r"y must have shape \(6,\) for 6 inputs with likelihood='categorical'"):
         SDEBNN(2, 3, hidden=4, augment=1, dt=0.5, likelihood="categorical").model(x, torch.zeros(6, 1).long())
+
+
+def test_predict_on_tensors_follows_the_network_dtype():
+    """A float64 SDE-BNN predicting on float32 tensors failed inside the drift ("expected scalar type Double but found
+    Float"), while a loader's batches were cast; tensors are now cast too: the same prediction as on float64 inputs."""
+    pyro.clear_param_store()
+    net = SDEBNN(2, 2, hidden=4, augment=1, dt=0.5, likelihood="categorical").double()
+    guide = NeuralSDEGuide(net)
+    x = torch.randn(5, 2)
+    guide(x.double())  # set up
+    preds = []
+    for xs in (x, x.double()):
+        pyro.set_rng_seed(0)
+        preds.append(net.predict(xs, guide, num_samples=3).probs)
+    assert preds[0].dtype == torch.float64
+    torch.testing.assert_close(preds[0], preds[1], rtol=0, atol=0)
