@@ -61,7 +61,14 @@ from pyro.optim import PyroOptim
 from torch import Tensor, nn
 from torch.distributions import Distribution, kl_divergence
 
-from pyro_sdebnn.data.loaders import check_finite_batch, check_tensors, dataset_size, is_loader
+from pyro_sdebnn.data.loaders import (
+    check_finite_batch,
+    check_tensors,
+    dataset_size,
+    is_loader,
+    module_device_dtype,
+    move_batch,
+)
 from pyro_sdebnn.infer.sampling_free_elbo import SamplingFree_ELBO
 from pyro_sdebnn.infer.svi_training import train_svi
 from pyro_sdebnn.nn._streaming import stream_predict
@@ -277,6 +284,7 @@ class SamplingFreeBNN(nn.Module):
     def _predict(self, x: Tensor, predictive: str, num_samples: int, batch_index: int | None):
         check_tensors(x)
         check_finite_batch(x, what="x", batch_index=batch_index)
+        x = move_batch(x, *module_device_dtype(self.net, buffers=True))  # tensors follow the network, as loader batches
         was_training = self.net.training
         switch = any(m.training for m in self.net.modules())  # Module.train visits (and sets) every submodule
         if switch:

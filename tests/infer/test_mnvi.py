@@ -317,3 +317,17 @@ def test_num_data_follows_the_data_of_each_fit_unless_given():
     given = SamplingFreeBNN(MNSequential(MNLinear(2, 2)), "normal", num_data=100)
     given.fit(x[:10], y[:10], num_epochs=1)
     assert given.num_data == 100
+
+
+@pytest.mark.parametrize("predictive", ["probit", "mc"])
+def test_predict_on_tensors_follows_the_network_dtype(predictive):
+    """fit casts float32 tensors to a float64 network (train_svi); predict on the same tensors failed with "mat1 and
+    mat2 must have the same dtype". Tensors are now cast as a loader's batches are: the float64 inputs' prediction."""
+    bnn = SamplingFreeBNN(MNSequential(MNLinear(2, 4), MNReLU(), MNLinear(4, 3)).double(), "categorical")
+    x = torch.randn(6, 2)
+    preds = []
+    for xs in (x, x.double()):
+        torch.manual_seed(0)
+        preds.append(bnn.predict(xs, predictive=predictive).probs)
+    assert preds[0].dtype == torch.float64
+    torch.testing.assert_close(preds[0], preds[1], rtol=0, atol=0)
