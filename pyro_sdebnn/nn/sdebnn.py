@@ -34,7 +34,7 @@ call (our Euler loop, or torchsde for Milstein/SRK and the stochastic adjoint), 
 from __future__ import annotations
 
 import itertools
-from typing import Sequence
+from typing import Sequence, cast
 
 import pyro
 import pyro.distributions as dist
@@ -209,7 +209,7 @@ class SDEBNN(ParamStoreModule, ContinuousDepthNet):
         """
         if y.shape[0] != x.shape[0]:
             raise ValueError(f"y must have {x.shape[0]} rows like x, got shape {tuple(y.shape)}")
-        y = self._check_targets(x, y)
+        y = cast(Tensor, self._check_targets(x, y))  # y is not None here
         if dt is None and adjoint:
             dt = min(self.dt, ADJOINT_DT)
         out, kl = self._solve(x, guide, num_samples, estimator=estimator, method=method, adjoint=adjoint, dt=dt)
