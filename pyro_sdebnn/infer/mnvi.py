@@ -328,7 +328,8 @@ class SamplingFreeBNN(nn.Module):
         gradient) is the negative ELBO *per data point*, the scale at which Schmitt & Roth (2021) quote
         their learning rates. ``num_data`` is set to :math:`N` (``len(x)`` or ``len(loader.dataset)``)
         if it was ``None``, and again on every later ``fit`` (a fit on other data scales by its own :math:`N`); a
-        ``num_data`` given to the constructor is kept. The epochs are run by :func:`~pyro_sdebnn.infer.svi_training.train_svi`.
+        ``num_data`` given to the constructor is kept. The epochs are run by
+        :func:`~pyro_sdebnn.infer.svi_training.train_svi`.
 
         :param x: inputs ``(N, ...)`` with targets ``y``, or a loader of ``(x, y)`` batches (e.g. a
             :class:`~torch.utils.data.DataLoader`, then ``y`` is ``None`` and ``batch_size`` is not used):
