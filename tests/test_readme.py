@@ -87,6 +87,17 @@ def test_readme_benchmark_names_exist():
     assert mentioned <= names, f"README names benchmarks that do not exist: {sorted(mentioned - names)}"
 
 
+def test_readme_benchmark_help_comment_lists_every_benchmark():
+    # the comment after `pyro-sdebnn benchmark --help` (it may run over several comment lines) says what the
+    # command lists: every benchmark the CLI has
+    from pyro_sdebnn.experiments import discover
+
+    match = re.search(r"^pyro-sdebnn benchmark --help +#(.*(?:\n +#.*)*)", TEXT, flags=re.M)
+    assert match is not None, "the README no longer shows `pyro-sdebnn benchmark --help`"
+    listed = {name.strip() for name in match.group(1).replace("#", "").split(",")}
+    assert listed == set(discover()), f"listed {sorted(listed)}, the CLI has {sorted(discover())}"
+
+
 def test_readme_cli_commands_parse():
     from pyro_sdebnn.cli import build_parser
 

@@ -203,7 +203,7 @@ def _sgmcmc(kernel_name: str):
         kernel_cls = getattr(sgmcmc, kernel_name)
         # SGLD (Welling & Teh 2011) with step 1e-3 / SGHMC (Chen, Fox & Guestrin 2014) with step 1e-2 and friction 1
         # (the kernels' defaults), batch 32, warm-up then thinned samples.
-        kwargs = dict(step_size=1e-3, num_steps=s.mcmc_thinning, subsample_size=s.batch_size)
+        kwargs = dict(step_size=1e-3, num_steps=s.mcmc_thinning, subsample_size=min(s.batch_size, len(data.x_train)))
         if kernel_name == "SGHMC":
             kwargs.update(step_size=1e-2, friction=1.0)
         kernel = kernel_cls(model, **kwargs)
@@ -254,7 +254,8 @@ def _functional_sgmcmc(kernel_name: str, step_size: float, friction: float = 0.1
         # width of a moon); measurement points = training inputs + uniform box points, redrawn every step.
         model = sgmcmc.BayesianMLP([2, *s.hidden, 1], likelihood="bernoulli", activation="relu").to(s.device)
         kernel_gp = gp.kernels.RBF(2, variance=torch.tensor(4.0), lengthscale=torch.tensor(0.5)).to(s.device)
-        kwargs = dict(gp_prior=kernel_gp, step_size=step_size, num_steps=s.mcmc_thinning, subsample_size=s.batch_size)
+        kwargs = dict(gp_prior=kernel_gp, step_size=step_size, num_steps=s.mcmc_thinning,
+                      subsample_size=min(s.batch_size, len(data.x_train)))  # --n-train may be below the batch size
         if kernel_name == "FSGHMC":
             kwargs["friction"] = friction
         kernel = getattr(sgmcmc, kernel_name)(model, **kwargs)

@@ -18,6 +18,7 @@ argument and the random-state bookkeeping that keeps a peek at a loader from cha
 
 from __future__ import annotations
 
+import numbers
 from typing import Iterator
 
 import torch
@@ -31,6 +32,7 @@ from pyro_sdebnn.data.loaders import (
     iter_batches,
     minibatch_indices,
     module_device_dtype,
+    move_batch,
 )
 from pyro_sdebnn.data.loaders import check_tensors as _check_data
 from pyro_sdebnn.infer._training import SchedulerStepper, check_clip
@@ -45,10 +47,17 @@ def _check_fit_args(n: int, *, num_epochs: int, lr: float, batch_size: int | Non
     """
     if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 0:
         raise ValueError(f"num_epochs must be a non-negative integer, got {num_epochs!r}")
+    for name, value in (("lr", lr), ("weight_decay", weight_decay)):
+        if name == "weight_decay" and value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
     if not lr > 0:
         raise ValueError(f"lr must be positive, got {lr!r}")
     if weight_decay is not None and not weight_decay >= 0:
         raise ValueError(f"weight_decay must be non-negative, got {weight_decay!r}")
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral)):
+        raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
     size = n if batch_size is None else int(batch_size)
     if size < 1:
         raise ValueError(f"batch_size must be a positive integer or None, got {batch_size!r}")
@@ -74,6 +83,20 @@ def _is_loader_arg(x, name: str = "x") -> bool:
             f"{name} must be a torch.Tensor or a loader (an iterable of (x, y) batches whose dataset has a "
             f"length, e.g. torch.utils.data.DataLoader), got {type(x).__name__}"
         ) from None
+
+
+def _follow_module(x, y, module: nn.Module | None = None, *, device=None, dtype=None):
+    """Tensors ``x`` (and ``y``) on the model's device, floating ones in its dtype, as a loader's batches are moved
+    (integer labels keep their dtype); a loader is returned as it is. The device and dtype are those of the first
+    parameter of ``module``, or ``device`` / ``dtype``; without either nothing moves. Tensors already there are
+    returned themselves (no copy), so the numbers of every run whose data matched the model are unchanged."""
+    if _is_loader_arg(x):
+        return x, y
+    if module is not None:
+        device, dtype = module_device_dtype(module)
+    if device is None and dtype is None:
+        return x, y
+    return move_batch(x, device, dtype), (move_batch(y, device, dtype) if isinstance(y, Tensor) else y)
 
 
 def _module_device_dtype(module: nn.Module) -> tuple[torch.device, torch.dtype]:
@@ -166,7 +189,7 @@ def _iter_inputs(x, device=None, dtype=None, likelihood: str | None = None) -> I
     if not _is_loader_arg(x):
         _check_data(x, None, likelihood or "categorical")
         check_finite_batch(x, what="x")
-        yield x
+        yield move_batch(x, device, dtype)  # to the model's device and dtype, as a loader's batches
         return
     for xb, _ in iter_batches(x, device, dtype, with_targets=False, check_finite="x"):
         _check_data(xb, None, likelihood or "categorical")

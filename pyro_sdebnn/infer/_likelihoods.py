@@ -47,6 +47,7 @@ def negative_log_likelihood_terms(outputs: Tensor, y: Tensor, likelihood: str) -
     :param Tensor outputs: network outputs ``(..., N, C)`` (logits) or ``(..., N, 2)`` (mean, log-variance).
     :param Tensor y: labels / targets ``(N,)``.
     :param str likelihood: ``"categorical"`` or ``"normal"``.
+    :raises ValueError: if a label is not in ``0..C-1`` (on the CPU; on a GPU torch's gather asserts on the device).
 
     >>> negative_log_likelihood_terms(torch.zeros(3, 2), torch.tensor([0, 1, 1]), "categorical")
     tensor([0.6931, 0.6931, 0.6931])
@@ -55,6 +56,15 @@ def negative_log_likelihood_terms(outputs: Tensor, y: Tensor, likelihood: str) -
     _check_outputs(outputs, likelihood)
     if likelihood == "categorical":
         logp = outputs.log_softmax(-1)
-        return -logp.gather(-1, y.expand(logp.shape[:-1]).unsqueeze(-1)).squeeze(-1)
+        try:
+            picked = logp.gather(-1, y.expand(logp.shape[:-1]).unsqueeze(-1))
+        except (IndexError, RuntimeError) as err:  # a label outside 0..C-1 (checked by torch's gather on the CPU)
+            if "out of bounds" not in str(err):
+                raise
+            raise ValueError(
+                f"y: categorical labels must be class indices in [0, {outputs.shape[-1] - 1}] for a network with "
+                f"{outputs.shape[-1]} logit columns ({err})"
+            ) from None
+        return -picked.squeeze(-1)
     mean, log_var = outputs.unbind(-1)
     return 0.5 * (math.log(2 * math.pi) + log_var + (y - mean).pow(2) * torch.exp(-log_var))

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import copy
 import math
+import numbers
 from typing import Any, Callable
 
 import pyro
@@ -50,6 +51,7 @@ from torch import Tensor, nn
 
 from pyro_sdebnn.nn._prior import ZeroMeanNormalPrior
 from pyro_sdebnn.infer._baseline_data import (
+    _follow_module,
     _check_fit_args,
     _is_loader_arg,
     _first_inputs,
@@ -62,6 +64,7 @@ from pyro_sdebnn.infer.map_training import _check_finite
 from pyro_sdebnn.infer.methods import (
     BaselineMethod,
     _check_likelihood,
+    _check_outputs,
 )
 from pyro_sdebnn.infer.svi_training import train_svi
 
@@ -154,6 +157,7 @@ class PyroBNN(PyroModule):
             idx = plate.indices
         x_batch = x if full else x[idx]
         outputs = self.net(x_batch)  # weights sampled here, outside the data plate
+        _check_outputs(outputs, self.likelihood)  # a shape check (no device sync), before Pyro's own errors
         pyro.deterministic("outputs", outputs)
         y_batch = None if y is None else (y if full else y[idx])
         with plate:
@@ -259,7 +263,7 @@ class SVIBaseline(BaselineMethod):
         loader = x if _is_loader_arg(x) else None
         data = _TrainingData(x, y, self.likelihood, batch_size)
         n = data.n
-        if weight_decay is not None and not weight_decay > 0:
+        if isinstance(weight_decay, numbers.Real) and not weight_decay > 0:  # other types: _check_fit_args
             raise ValueError(f"weight_decay must be positive or None, got {weight_decay!r}")
         batch_size = _check_fit_args(n, num_epochs=num_epochs, lr=lr, batch_size=batch_size, weight_decay=weight_decay)
         batch_size = None if batch_size >= n else batch_size  # None: the full data in every step
@@ -278,6 +282,7 @@ class SVIBaseline(BaselineMethod):
             self.model.set_prior_scale(1.0 / math.sqrt(n * weight_decay))
         device = next(iter(self.model.init_values.values())).device
         dtype = next(iter(self.model.init_values.values())).dtype
+        x, y = _follow_module(x, y, device=device, dtype=dtype)  # tensors: on the weights' device and dtype
         store = pyro.get_param_store()
         with store.scope(self._store_state) as scope:
             if self.guide.prototype_trace is None or self._input_shape is None:

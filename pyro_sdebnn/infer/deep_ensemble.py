@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from pyro_sdebnn.infer._baseline_data import (
+    _follow_module,
     _is_loader_arg,
     _is_sharded,
     _iter_inputs,
@@ -147,6 +148,7 @@ class DeepEnsemble(BaselineMethod):
                 "(num_members=pyro_sdebnn.distributed.local_members(K)) and the whole data (tensors or a loader "
                 "without a DistributedSampler), then gather them with pyro_sdebnn.distributed.gather_prediction"
             )
+        x, y = _follow_module(x, y, self.members[0])  # tensors: on the members' device and dtype
         data, size, (clip_norm, clip_inf_norm) = _network_training_data(
             x, y, self.likelihood, num_epochs=num_epochs, lr=lr, batch_size=batch_size, weight_decay=weight_decay,
             scheduler_step=scheduler_step, clip_norm=clip_norm, clip_inf_norm=clip_inf_norm,

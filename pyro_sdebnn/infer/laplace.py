@@ -68,6 +68,7 @@ from torch.func import functional_call, jacrev, vmap
 from pyro_sdebnn._comm import all_reduce_sum, broadcast_module_
 from pyro_sdebnn.data.loaders import check_finite_batch, iter_batches
 from pyro_sdebnn.infer._baseline_data import (
+    _follow_module,
     _check_data,
     _check_fit_args,
     _is_loader_arg,
@@ -405,6 +406,7 @@ class Laplace(BaselineMethod):
         :meth:`save` writes on rank 0 only.
         """
         loader = x if _is_loader_arg(x) else None
+        x, y = _follow_module(x, y, self.net)  # tensors: on the network's device and dtype (loader batches are moved)
         if tune_prior_precision is None:
             tune_prior_precision = "online" if self.subset == "all" else "posthoc"
         tuning = check_tuning(tune_prior_precision, marglik_burnin, marglik_frequency, marglik_steps, marglik_lr)

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from pyro_sdebnn._comm import all_reduce_mean, average_gradients_, broadcast_module_, is_main, running_stats
 from pyro_sdebnn.infer._baseline_data import (
+    _follow_module,
     _data_parallel_sampler,
     _module_device_dtype,
     _network_training_data,
@@ -204,6 +205,7 @@ def _train_network(net, x, y, likelihood, *, num_epochs, lr, batch_size, weight_
     """:func:`train_network` that can resume from a trainer ``state``; returns the history and the new state.
     ``first_epoch``: the epochs done before (a data-parallel run's ``loader.sampler.set_epoch``)."""
     _check_likelihood(likelihood)
+    x, y = _follow_module(x, y, net)
     data, _, (clip_norm, clip_inf_norm) = _network_training_data(
         x, y, likelihood, num_epochs=num_epochs, lr=lr, batch_size=batch_size, weight_decay=weight_decay,
         scheduler_step=scheduler_step, clip_norm=clip_norm, clip_inf_norm=clip_inf_norm,

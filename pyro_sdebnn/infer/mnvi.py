@@ -61,7 +61,14 @@ from pyro.optim import PyroOptim
 from torch import Tensor, nn
 from torch.distributions import Distribution, kl_divergence
 
-from pyro_sdebnn.data.loaders import check_finite_batch, check_tensors, dataset_size, is_loader
+from pyro_sdebnn.data.loaders import (
+    check_finite_batch,
+    check_tensors,
+    dataset_size,
+    is_loader,
+    module_device_dtype,
+    move_batch,
+)
 from pyro_sdebnn.infer.sampling_free_elbo import SamplingFree_ELBO
 from pyro_sdebnn.infer.svi_training import train_svi
 from pyro_sdebnn.nn._streaming import stream_predict
@@ -164,8 +171,9 @@ class SamplingFreeBNN(nn.Module):
         if self.likelihood == "normal" and (mean.dim() != 2 or mean.shape[-1] != 2):
             raise ValueError(f"a normal likelihood needs a net that outputs (N, 2) = (mean, log-variance), got "
                              f"{tuple(mean.shape)}")
-        if self.likelihood == "categorical" and mean.dim() != 2:
-            raise ValueError(f"a categorical net must output (N, C) logits, got {tuple(mean.shape)}")
+        if self.likelihood == "categorical" and (mean.dim() != 2 or mean.shape[-1] < 2):
+            raise ValueError(f"a categorical net must output (N, C) logits with C >= 2 classes, got "
+                             f"{tuple(mean.shape)}")
 
     def moments(self, x: Tensor) -> Moments:
         """Sampling-free forward pass: output means and variances for a deterministic input ``x``."""
@@ -276,6 +284,7 @@ class SamplingFreeBNN(nn.Module):
     def _predict(self, x: Tensor, predictive: str, num_samples: int, batch_index: int | None):
         check_tensors(x)
         check_finite_batch(x, what="x", batch_index=batch_index)
+        x = move_batch(x, *module_device_dtype(self.net, buffers=True))  # tensors follow the network, as loader batches
         was_training = self.net.training
         switch = any(m.training for m in self.net.modules())  # Module.train visits (and sets) every submodule
         if switch:
@@ -318,7 +327,9 @@ class SamplingFreeBNN(nn.Module):
         The model and guide run under ``poutine.scale(1 / N)``, so the reported loss (and the
         gradient) is the negative ELBO *per data point*, the scale at which Schmitt & Roth (2021) quote
         their learning rates. ``num_data`` is set to :math:`N` (``len(x)`` or ``len(loader.dataset)``)
-        if it was ``None``. The epochs are run by :func:`~pyro_sdebnn.infer.svi_training.train_svi`.
+        if it was ``None``, and again on every later ``fit`` (a fit on other data scales by its own :math:`N`); a
+        ``num_data`` given to the constructor is kept. The epochs are run by
+        :func:`~pyro_sdebnn.infer.svi_training.train_svi`.
 
         :param x: inputs ``(N, ...)`` with targets ``y``, or a loader of ``(x, y)`` batches (e.g. a
             :class:`~torch.utils.data.DataLoader`, then ``y`` is ``None`` and ``batch_size`` is not used):
@@ -360,8 +371,8 @@ class SamplingFreeBNN(nn.Module):
             n, data, tensor_batch_size = x.shape[0], (x, y), batch_size
         if not isinstance(num_epochs, int) or num_epochs < 1:
             raise ValueError(f"num_epochs must be a positive int, got {num_epochs!r}")
-        if self.num_data is None:
-            self.num_data = n
+        if self.num_data is None or getattr(self, "_num_data_from_fit", False):  # the N of the data fitted last
+            self.num_data, self._num_data_from_fit = n, True
         loss = SamplingFree_ELBO() if loss is None else loss
         optim = pyro.optim.Adam({"lr": 1e-3}) if optim is None else optim  # type: ignore[attr-defined]
         scale = 1.0 / self.num_data

@@ -123,7 +123,13 @@ class SamplingFree_ELBO(TraceMeanField_ELBO):
                 kl = kl + _kl_sum(name, guide_trace.nodes[name], model_site["fn"])
         for name, guide_site in guide_trace.nodes.items():
             if guide_site["type"] == "sample" and name not in model_trace.nodes:
-                raise ValueError(f"SamplingFree_ELBO: guide site {name!r} is not in the model")
+                hint = ""
+                if guide_site["infer"].get("is_auxiliary"):  # e.g. AutoNormal's "<site>_unconstrained"
+                    hint = (": it is an auxiliary site of an autoguide, whose weights are not the variational means "
+                            "SamplingFree_ELBO propagates; use a guide that samples the model's own sites (e.g. "
+                            "SamplingFreeBNN.guide, or a guide written with pyro.sample at the model's site names), "
+                            "or train this guide with Trace_ELBO / TraceMeanField_ELBO")
+                raise ValueError(f"SamplingFree_ELBO: guide site {name!r} is not in the model{hint}")
         surrogate = -expected_log_lik + self.kl_scale * kl
         loss = torch_item(surrogate)
         if not math.isfinite(loss):

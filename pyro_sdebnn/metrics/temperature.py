@@ -8,7 +8,7 @@ import math
 import torch
 from torch import Tensor
 
-from ._validation import _check_labels, _float_tensor
+from ._validation import _check_labels, _float_tensor, _sum_tolerance, _value_precision
 
 __all__ = ["fit_temperature", "temperature_scale"]
 
@@ -23,7 +23,24 @@ def _check_logits(logits) -> Tensor:
         raise ValueError("logits is empty: need at least one validation point")
     if not torch.isfinite(logits).all():
         raise ValueError("logits must be finite, got NaN or infinite values")
+    if logits.dim() == 2 and _look_like_probabilities(logits):
+        raise ValueError(
+            "logits look like probabilities (every row in [0, 1] and summing to 1): temperature scaling divides "
+            "logits, so pass log-probabilities instead, e.g. probs.clamp_min(1e-12).log()"
+        )
     return logits
+
+
+def _look_like_probabilities(logits: Tensor) -> bool:
+    """Whether ``(N, C)`` "logits" are in fact probabilities: every entry in [0, 1], every row summing to 1 (within
+    the tolerance the probability metrics use), and not all rows uniform (equal logits, for which :math:`T` does not
+    matter). Real logits pass this test with probability zero; probabilities given by mistake (``pred.mean_probs``)
+    would otherwise yield a meaningless :math:`T` without a word."""
+    if (logits < 0).any() or (logits > 1).any():
+        return False
+    if ((logits.sum(-1) - 1).abs() > _sum_tolerance(_value_precision(logits))).any():
+        return False
+    return bool((logits != logits[:, :1]).any())
 
 
 def _check_temperature(temperature) -> Tensor:
@@ -54,7 +71,9 @@ def fit_temperature(logits, labels, *, bounds: tuple[float, float] = (0.01, 100.
     over-confident model gets :math:`\\hat T > 1`. If the validation data are perfectly separated the
     NLL decreases towards 0 as :math:`T \\to 0` and the result is near the lower bound.
 
-    :param logits: ``(N, C)`` validation logits, or ``(N,)`` binary logits (log-odds of class 1).
+    :param logits: ``(N, C)`` validation logits, or ``(N,)`` binary logits (log-odds of class 1). For the
+        predictive of a Bayesian model pass the log of its mean probabilities; probabilities themselves (rows in
+        [0, 1] summing to 1) raise a ``ValueError``.
     :param labels: ``(N,)`` integer labels (``{0, 1}`` for binary logits).
     :param bounds: search interval :math:`(T_\\min, T_\\max)`, positive.
     :param float tol: absolute tolerance on :math:`\\log T`.

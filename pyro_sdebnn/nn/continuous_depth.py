@@ -211,6 +211,7 @@ class ContinuousDepthNet(PyroModule):
         shape ``(..., S, 1)`` whose last ``1`` is the data plate's slot, so the output is ``(..., S, 1, b, out)``; that
         slot is dropped for the likelihood, which must have batch shape ``(..., S, b)`` (not ``(..., S, S, b)``)."""
         obs_out = drop_data_plate_slot(out)
+        y = self._check_targets(x, y)
         if y is not None and getattr(self, "_obs_scale_from_data", False):
             self._scale_noise_to(y)
         size = x.shape[0] if num_data is None else int(num_data)
@@ -219,6 +220,26 @@ class ContinuousDepthNet(PyroModule):
             pyro.deterministic("f", obs_out, event_dim=1)
             pyro.sample("obs", self.likelihood_dist(obs_out), obs=y)
         return out
+
+    def _check_targets(self, x: Tensor, y: Tensor | None) -> Tensor | None:
+        """The targets in the shape the likelihood scores: ``(b,)`` (class labels, or a scalar regression, for which a
+        ``(b, 1)`` column is accepted and flattened) or ``(b, out_dim)``. Any other shape is a ``ValueError``: a
+        ``(b, 1)`` column scored against ``(b,)`` means would broadcast to a ``(b, b)`` log-likelihood, a silently wrong
+        loss wherever Pyro's shape validation is off (as in ``SDEBNN.fused_loss``)."""
+        if y is None:
+            return None
+        b = x.shape[0]
+        if self.likelihood == "categorical" or self.out_dim == 1:
+            if self.likelihood != "categorical" and tuple(y.shape) == (b, 1):
+                return y.squeeze(-1)
+            expected: tuple[int, ...] = (b,)
+        else:
+            expected = (b, self.out_dim)
+        if tuple(y.shape) != expected:
+            also = " (or a (b, 1) column)" if self.likelihood != "categorical" and self.out_dim == 1 else ""
+            raise ValueError(f"y must have shape {expected}{also} for {b} inputs with likelihood={self.likelihood!r} "
+                             f"and out_dim={self.out_dim}, got {tuple(y.shape)}")
+        return y
 
     def _scale_noise_to(self, y: Tensor) -> None:
         """``obs_scale=None``: the noise scale starts at the standard deviation of the first observed targets.

@@ -51,7 +51,7 @@ from pyro import poutine
 from pyro.nn import pyro_method
 from torch import Tensor, nn
 
-from pyro_sdebnn.data.loaders import check_finite_batch, is_loader
+from pyro_sdebnn.data.loaders import check_finite_batch, is_loader, module_device_dtype, move_batch
 from pyro_sdebnn.nn._param_store import ParamStoreModule, sync_from_param_store
 from pyro_sdebnn.nn._streaming import stream_predict
 from pyro_sdebnn.nn.continuous_depth import ContinuousDepthNet
@@ -169,6 +169,7 @@ class _ConstantWeightNet(ParamStoreModule, ContinuousDepthNet):
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
         check_finite_batch(x, what="x", batch_index=batch_index)
+        x = move_batch(x, *module_device_dtype(self, buffers=True))  # tensors follow the network, as loader batches
         sync_from_param_store(self)  # e.g. after pyro.get_param_store().load(path) in a new process
         if guide is None:
             weights = self.weights.unsqueeze(0)

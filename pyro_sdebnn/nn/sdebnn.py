@@ -34,7 +34,7 @@ call (our Euler loop, or torchsde for Milstein/SRK and the stochastic adjoint), 
 from __future__ import annotations
 
 import itertools
-from typing import Sequence
+from typing import Sequence, cast
 
 import pyro
 import pyro.distributions as dist
@@ -42,7 +42,7 @@ import torch
 from pyro.nn import PyroModule, pyro_method
 from torch import Tensor, nn
 
-from pyro_sdebnn.data.loaders import check_finite_batch, is_loader
+from pyro_sdebnn.data.loaders import check_finite_batch, is_loader, module_device_dtype, move_batch
 from pyro_sdebnn.distributions import OUPath
 from pyro_sdebnn.nn._param_store import ParamStoreModule, sync_from_param_store
 from pyro_sdebnn.nn._streaming import stream_predict
@@ -143,7 +143,7 @@ class SDEBNN(ParamStoreModule, ContinuousDepthNet):
     def _posterior(self, x: Tensor, guide):
         if guide is None:
             return None
-        q = guide.get_posterior(x)
+        q = _path_posteriors(guide, x)
         if "w_path" not in q:
             raise ValueError("guide has no posterior for site 'w_path'")
         return q["w_path"]
@@ -209,6 +209,7 @@ class SDEBNN(ParamStoreModule, ContinuousDepthNet):
         """
         if y.shape[0] != x.shape[0]:
             raise ValueError(f"y must have {x.shape[0]} rows like x, got shape {tuple(y.shape)}")
+        y = cast(Tensor, self._check_targets(x, y))  # y is not None here
         if dt is None and adjoint:
             dt = min(self.dt, ADJOINT_DT)
         out, kl = self._solve(x, guide, num_samples, estimator=estimator, method=method, adjoint=adjoint, dt=dt)
@@ -234,6 +235,9 @@ class SDEBNN(ParamStoreModule, ContinuousDepthNet):
             likelihood; other regression likelihoods report their location and scale parameters).
         :raises ValueError: if ``x`` (or a batch of the loader) holds a NaN or an infinity
             (:func:`~pyro_sdebnn.data.check_finite_batch`).
+        :raises TypeError: if ``guide`` is not a :class:`~pyro_sdebnn.infer.NeuralSDEGuide` (the solve integrates its
+            posterior SDE); a model trained with another guide (e.g. ``AutoNormal(net.model)``) predicts with
+            ``pyro.infer.Predictive(net.model, guide=guide, num_samples=S, return_sites=["f"])``.
 
         The network and the guide compute with the tensors of Pyro's param store, so a fit saved with
         ``pyro.get_param_store().save(path)`` predicts the same in a new process after::
@@ -250,6 +254,7 @@ class SDEBNN(ParamStoreModule, ContinuousDepthNet):
             batches = itertools.count()  # the index of the batch being predicted, for the error message
             return stream_predict(lambda xb: self._predict(xb, guide, num_samples, next(batches), **solve), x, self)
         check_finite_batch(x, what="x", batch_index=batch_index)
+        x = move_batch(x, *module_device_dtype(self, buffers=True))  # tensors follow the network, as loader batches
         _sync(self, guide, x)
         out, _ = self._solve(x, guide, num_samples, estimator="analytic", **solve)
         return self._prediction(out)
@@ -262,8 +267,34 @@ def _hidden(sol) -> Tensor:
     return sol.hidden
 
 
+def _check_path_guide(guide) -> None:
+    """The fused solves integrate the posterior SDE of the guide: it must be a :class:`NeuralSDEGuide` (a
+    ``get_posterior`` returning the path laws by site). Another guide of the model (e.g. ``AutoNormal``) gets a
+    ``TypeError`` pointing to :class:`pyro.infer.Predictive`, which works with any guide."""
+    if guide is not None and not callable(getattr(guide, "get_posterior", None)):
+        raise TypeError(
+            f"guide: predict and fused_loss integrate the posterior SDE of a NeuralSDEGuide, got a "
+            f"{type(guide).__name__}; with another guide use pyro.infer.Predictive(net.model, guide=guide, "
+            "num_samples=..., return_sites=['f']) (the head outputs) or SVI with TracePathKL_ELBO"
+        )
+
+
+def _path_posteriors(guide, x: Tensor) -> dict:
+    """``guide.get_posterior(x)``: the posterior path law of every ``OUPath`` site, checked to be a dict."""
+    _check_path_guide(guide)
+    posteriors = guide.get_posterior(x)
+    if not isinstance(posteriors, dict):
+        raise TypeError(
+            f"guide: predict and fused_loss need the posterior path law of each OUPath site (a NeuralSDEGuide), but "
+            f"{type(guide).__name__}.get_posterior returned a {type(posteriors).__name__}; with another guide use "
+            "pyro.infer.Predictive(net.model, guide=guide, num_samples=..., return_sites=['f'])"
+        )
+    return posteriors
+
+
 def _sync(net: PyroModule, guide, x: Tensor) -> None:
     """Let ``net`` and ``guide`` compute with the param store's tensors (e.g. after ``param_store.load``)."""
+    _check_path_guide(guide)
     sync_from_param_store(net)
     if isinstance(guide, PyroModule):
         if getattr(guide, "prototype_trace", False) is None:
@@ -381,10 +412,11 @@ class MultiScaleSDEBNN(ParamStoreModule, PyroModule):
 
     def _predict_batch(self, x: Tensor, guide, num_samples: int, batch_index: int | None):
         check_finite_batch(x, what="x", batch_index=batch_index)
+        x = move_batch(x, *module_device_dtype(self, buffers=True))  # tensors follow the network, as loader batches
         _sync(self, guide, x)
         if guide is None:
             paths = [p.sample((num_samples,)) for p in self.priors()]
         else:
-            posts = guide.get_posterior(x)
+            posts = _path_posteriors(guide, x)
             paths = [posts[f"w_path_{b}"].rsample((num_samples,)) for b in range(len(self.fields))]
         return ClassificationPrediction(self(x, paths).softmax(-1))

@@ -5,6 +5,8 @@ import csv
 import math
 import re
 
+import pytest
+
 from pyro_sdebnn.cli import main
 from pyro_sdebnn.experiments import discover
 from pyro_sdebnn.experiments.two_moons import ADAPTERS
@@ -109,3 +111,21 @@ def test_ctrl_c_keeps_the_finished_methods_written_as_each_finished(tmp_path, mo
     assert "C: not run: interrupted" in readme and "2 of 4 methods finished" in readme.splitlines()[-1]
     assert set(json.loads((tmp_path / "summary.json").read_text())) == {"map", "mfvi", "sgld", "mnvi"}
     assert "INTERRUPTED" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("key", ["sgld", "fsgld"])
+def test_fewer_training_points_than_the_sgmcmc_batch(key):
+    """--n-train below the SG-MCMC minibatch (32; 50 in --quick) ran every SG-MCMC method into "subsample_size=50
+    exceeds the data size"; the minibatch is now the whole (small) training set."""
+    from dataclasses import replace
+
+    import torch
+
+    from pyro_sdebnn.data import two_moons
+    from pyro_sdebnn.experiments.two_moons import Data, Settings
+
+    split = two_moons(n_train=20, n_test=5, noise=0.2, seed=0)
+    data = Data(split.x_train, split.y_train, split.x_train, split.y_train, split.x_test, split.y_test)
+    settings = replace(Settings.quick(torch.device("cpu")), mcmc_warmup=2, mcmc_samples=2, mcmc_thinning=1)
+    probs = ADAPTERS[key][1](data, settings)(split.x_test).mean_probs
+    assert probs.shape[-2:] == (5, 2) and torch.isfinite(probs).all()

@@ -215,6 +215,31 @@ def test_loader_batches_follow_the_model_dtype():
     assert pred.loc.dtype == torch.float64 and pred.loc.shape == (2, N)
 
 
+@pytest.mark.parametrize("name", ["map", "mfvi", "mc-dropout", "ensemble", "laplace", "laplace-kron"])
+def test_tensors_follow_the_model_dtype_like_loader_batches(name):
+    """A float64 network fitted on float32 tensors (and predicting on them) failed with torch's "mat1 and mat2 must
+    have the same dtype", while a loader's batches were cast; the tensors are now cast once, and the fit equals the
+    one on the same data given in float64."""
+    x, y = _data("normal", n=16)
+    nets = {"map": lambda: MAPEstimate(make_mlp([2, 4, 2], dtype=torch.float64), "normal"),
+            "mfvi": lambda: MeanFieldVI(make_mlp([2, 4, 2], dtype=torch.float64), "normal"),
+            "mc-dropout": lambda: MCDropout(make_mlp([2, 4, 2], dropout=0.2, dtype=torch.float64), "normal",
+                                            num_samples=2),
+            "ensemble": lambda: DeepEnsemble(lambda: make_mlp([2, 4, 2], dtype=torch.float64), "normal", num_members=2),
+            "laplace": lambda: Laplace(make_mlp([2, 4, 2], dtype=torch.float64), "normal"),
+            "laplace-kron": lambda: Laplace(make_mlp([2, 4, 2], dtype=torch.float64), "normal",
+                                            hessian_structure="kron")}
+    preds = []
+    for xs, ys in ((x, y), (x.double(), y.double())):
+        torch.manual_seed(0)
+        method = nets[name]().fit(xs, ys, num_epochs=2, batch_size=8)
+        torch.manual_seed(1)
+        preds.append(method.predict(xs[:5]))
+    assert preds[0].loc.dtype == torch.float64
+    torch.testing.assert_close(preds[0].loc, preds[1].loc, rtol=0, atol=0)
+    torch.testing.assert_close(preds[0].scale, preds[1].scale, rtol=0, atol=0)
+
+
 # ---------------------------------------------------------------- schedules and clipping on the loader path
 def _torch_lr_after(method, loader, **kwargs):
     seen = []
@@ -306,6 +331,21 @@ def test_bad_training_inputs(name):
         method.fit(x, num_epochs=1)
     with pytest.raises(TypeError, match="categorical labels"):
         method.fit(DataLoader(TensorDataset(x, y.float()), batch_size=5), num_epochs=1)
+
+
+@pytest.mark.parametrize("name", ["map", "mfvi", "mc-dropout", "ensemble", "laplace"])
+@pytest.mark.parametrize("kwargs,error,match", [
+    ({"lr": "0.01"}, TypeError, "lr must be a number, got str"),
+    ({"weight_decay": "0"}, TypeError, "weight_decay must be a number"),
+    ({"batch_size": 2.5}, ValueError, "batch_size must be a positive integer or None, got 2.5"),
+    ({"batch_size": True}, ValueError, "batch_size must be a positive integer"),
+])
+def test_training_hyper_parameters_of_the_wrong_type(name, kwargs, error, match):
+    """A string learning rate raised Python's "'>' not supported between 'str' and 'int'"; a fractional batch size
+    was silently truncated (2.5 -> 2)."""
+    x, y = _data()
+    with pytest.raises(error, match=match):
+        _build(name).fit(x, y, num_epochs=1, **kwargs)
 
 
 def test_bad_prediction_inputs():

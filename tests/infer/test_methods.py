@@ -63,3 +63,14 @@ def test_default_predict_wraps_predict_outputs():
     torch.testing.assert_close(probs, method.predict_outputs(x, num_samples=3).softmax(-1))
     assert probs.shape == (3, 16, 2)
 
+
+
+@pytest.mark.parametrize("bad", [2, -1])
+def test_labels_out_of_range_raise_value_error(bad):
+    """A label outside 0..C-1 is named with the valid range, not left as torch's gather IndexError/RuntimeError."""
+    with pytest.raises(ValueError, match=r"labels must be class indices in \[0, 1\] for a network with 2 logit"):
+        negative_log_likelihood_terms(torch.zeros(3, 2), torch.tensor([0, bad, 1]), "categorical")
+    x, y = _blobs(8)
+    y[3] = bad
+    with pytest.raises(ValueError, match=r"class indices in \[0, 1\]"):
+        MCDropout(make_mlp([2, 4, 2], dropout=0.1)).fit(x, y, num_epochs=1)

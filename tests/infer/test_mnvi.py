@@ -292,3 +292,42 @@ def test_bad_data_raises():
         SamplingFreeBNN(MNSequential(MNLinear(2, 3)), "categorical").model(torch.randn(4, 2), torch.zeros(4))
     with pytest.raises(ValueError, match=r"\(N, 2\)"):
         SamplingFreeBNN(MNSequential(MNLinear(2, 3)), "normal").predict(torch.randn(4, 2))
+
+
+def test_categorical_net_with_one_logit_column_raises_naming_the_outputs():
+    """A one-column categorical net is a network error, not (as Pyro's support check would say) a label error."""
+    bnn = SamplingFreeBNN(MNSequential(MNLinear(2, 1)), "categorical")
+    with pytest.raises(ValueError, match=r"C >= 2 classes, got \(4, 1\)"):
+        bnn.model(torch.randn(4, 2), torch.zeros(4, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"C >= 2 classes"):
+        bnn.predict(torch.randn(4, 2))
+
+
+def test_num_data_follows_the_data_of_each_fit_unless_given():
+    """num_data=None is set by fit to N; a second fit on a smaller data set kept the first N, scaling its likelihood
+    by 40/10 as if it had four times the data. A num_data given to the constructor is the user's and stays."""
+    x, y = torch.randn(40, 2), torch.randn(40)
+    bnn = SamplingFreeBNN(MNSequential(MNLinear(2, 2)), "normal")
+    bnn.fit(x, y, num_epochs=1)
+    assert bnn.num_data == 40
+    bnn.fit(x[:10], y[:10], num_epochs=1)
+    assert bnn.num_data == 10
+    trace = poutine.trace(bnn.model).get_trace(x[:10], y[:10])
+    assert trace.nodes["obs"]["scale"] == 1.0  # the whole (new) data set: no N/b scaling
+    given = SamplingFreeBNN(MNSequential(MNLinear(2, 2)), "normal", num_data=100)
+    given.fit(x[:10], y[:10], num_epochs=1)
+    assert given.num_data == 100
+
+
+@pytest.mark.parametrize("predictive", ["probit", "mc"])
+def test_predict_on_tensors_follows_the_network_dtype(predictive):
+    """fit casts float32 tensors to a float64 network (train_svi); predict on the same tensors failed with "mat1 and
+    mat2 must have the same dtype". Tensors are now cast as a loader's batches are: the float64 inputs' prediction."""
+    bnn = SamplingFreeBNN(MNSequential(MNLinear(2, 4), MNReLU(), MNLinear(4, 3)).double(), "categorical")
+    x = torch.randn(6, 2)
+    preds = []
+    for xs in (x, x.double()):
+        torch.manual_seed(0)
+        preds.append(bnn.predict(xs, predictive=predictive).probs)
+    assert preds[0].dtype == torch.float64
+    torch.testing.assert_close(preds[0], preds[1], rtol=0, atol=0)

@@ -250,3 +250,21 @@ def test_elbo_loss_leaves_batch_norm_statistics_unchanged():
     # a training step does update them (the check above can fail)
     assert not torch.equal(before["running_mean"], bn.running_mean)
     assert int(bn.num_batches_tracked) == 1
+
+
+def test_autoguide_auxiliary_site_is_named_with_what_to_use_instead():
+    """AutoNormal on a plain Pyro model: its auxiliary "<site>_unconstrained" is not a model site; the error says so
+    and names the guides that work, instead of only "guide site 'w_unconstrained' is not in the model"."""
+    import pyro.distributions as dist
+    from pyro.infer.autoguide import AutoNormal
+
+    def model(x, y=None):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+        with pyro.plate("data", x.shape[0]):
+            pyro.sample("y", dist.Normal(x @ w, 0.5), obs=y)
+
+    pyro.clear_param_store()
+    x = torch.randn(5, 2)
+    with pytest.raises(ValueError, match="'w_unconstrained' is not in the model: it is an auxiliary site of an "
+                                         "autoguide.*SamplingFreeBNN.guide"):
+        SamplingFree_ELBO().loss(model, AutoNormal(model), x, x[:, 0])

@@ -111,3 +111,18 @@ def test_a_non_finite_step_stops_the_fit_before_the_update():
     assert len(method.losses) == 1
     for name, value in method._store_state["params"].items():
         assert torch.equal(value, before[name]), name
+
+
+@pytest.mark.parametrize("cls", [MAPEstimate, MeanFieldVI])
+@pytest.mark.parametrize("likelihood,width,match", [
+    ("categorical", 1, "C >= 2 logit columns"),
+    ("normal", 3, "2 output columns"),
+    ("normal", 1, "2 output columns"),
+])
+def test_wrong_output_width_raises_naming_the_network(cls, likelihood, width, match):
+    """As for the other baselines: a network of the wrong output width is named, not left to Pyro's unpacking or
+    support errors deep inside the trace."""
+    x, y = _blobs(8)
+    y = y if likelihood == "categorical" else x[:, 0]
+    with pytest.raises(ValueError, match=match):
+        cls(make_mlp([2, 4, width]), likelihood).fit(x, y, num_epochs=1)

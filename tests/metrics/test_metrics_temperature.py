@@ -105,3 +105,19 @@ def test_bad_inputs(logits, labels, kwargs, name):
 def test_bad_temperature(temperature):
     with pytest.raises(ValueError, match="temperature"):
         temperature_scale(torch.zeros(3, 2), temperature)
+
+
+def test_probabilities_passed_as_logits_raise():
+    """Probabilities in place of logits (``pred.mean_probs``) gave a meaningless temperature without a word; their log
+    is accepted, as are equal logits (rows that happen to be uniform) and binary log-odds in [0, 1]."""
+    torch.manual_seed(0)
+    logits = torch.randn(50, 3) * 3
+    labels = torch.randint(0, 3, (50,))
+    probs = logits.softmax(-1)
+    for fn in (lambda z: fit_temperature(z, labels), lambda z: temperature_scale(z, 2.0)):
+        for z in (probs, probs.double(), probs.half()):
+            with pytest.raises(ValueError, match="logits look like probabilities.*log"):
+                fn(z)
+        fn(probs.log())
+        fn(torch.full((50, 3), 1 / 3))
+    fit_temperature(probs[:, 0], (labels == 0).long())  # (N,) binary log-odds may lie in [0, 1]

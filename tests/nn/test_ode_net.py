@@ -237,3 +237,13 @@ def test_nll_raises_on_non_finite_loss():
     net = ODENet(1, 1, hidden=4, dt=0.5)
     with pyro.validation_enabled(False), pytest.raises(ValueError, match="non-finite"):
         net.nll(torch.full((3, 1), float("nan")), torch.zeros(3))
+
+
+def test_predict_on_tensors_follows_the_network_dtype():
+    """As a loader's batches, float32 tensors given to a float64 ODENet's predict are cast to float64."""
+    pyro.clear_param_store()
+    ode = ODENet(2, 2, hidden=4, augment=1, dt=0.5, likelihood="categorical").double()
+    x = torch.randn(5, 2)
+    a, b = ode.predict(x).probs, ode.predict(x.double()).probs
+    assert a.dtype == torch.float64
+    torch.testing.assert_close(a, b, rtol=0, atol=0)

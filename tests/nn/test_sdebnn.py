@@ -6,6 +6,7 @@ from pyro import poutine
 import pytest
 import torch
 from pyro.infer import SVI, Predictive
+from pyro.infer.autoguide import AutoMultivariateNormal, AutoNormal
 from pyro.optim import Adam
 
 from pyro_sdebnn.infer import ClassificationPrediction, NeuralSDEGuide, RegressionPrediction, TracePathKL_ELBO
@@ -354,3 +355,59 @@ def test_obs_scale_fixed_start_and_loaded_state_are_not_rescaled():
     pyro.clear_param_store()
     fresh.model(x, y)
     assert float(fresh.obs_scale.detach()) == pytest.approx(0.07)
+
+
+@pytest.mark.parametrize("make_guide", [AutoNormal, AutoMultivariateNormal])
+def test_predict_with_another_guide_raises_type_error_pointing_to_predictive(make_guide):
+    """The README's guide swap (AutoNormal for NeuralSDEGuide) trains with SVI; net.predict / fused_loss integrate the
+    posterior SDE and need a NeuralSDEGuide: another guide is named, with the way to predict with it."""
+    pyro.clear_param_store()
+    net = SDEBNN(2, 2, hidden=4, augment=1, dt=0.5, likelihood="categorical")
+    guide = make_guide(net.model)
+    x, y = torch.randn(6, 2), torch.arange(6) % 2
+    guide(x, y)  # set up, as after SVI
+    with pytest.raises(TypeError, match=f"{make_guide.__name__}.*pyro.infer.Predictive"):
+        net.predict(x, guide, num_samples=2)
+    with pytest.raises(TypeError, match="pyro.infer.Predictive"):
+        net.fused_loss(x, y, guide)
+    f = Predictive(net.model, guide=guide, num_samples=2, return_sites=["f"])(x)["f"]  # the way that works
+    assert f.shape[-2:] == (6, 2)
+
+
+def test_targets_as_a_column_and_wrong_target_shapes():
+    """SDEBNN.model documents targets (b,) or (b, out_dim): a (b, 1) column for a scalar regression is that, and is
+    scored like (b,) (before: a (b, b) log-likelihood, which Pyro rejected under SVI and fused_loss summed without a
+    word); any other shape is a ValueError naming y."""
+    pyro.clear_param_store()
+    torch.manual_seed(0)
+    net = SDEBNN(2, 1, hidden=4, augment=1, dt=0.5)
+    guide = NeuralSDEGuide(net)
+    x, y = torch.randn(6, 2), torch.randn(6)
+    net.fused_loss(x, y, guide)  # sets the guide up (its first call draws the drift's initial weights)
+    pyro.set_rng_seed(1)
+    flat = net.fused_loss(x, y, guide)
+    pyro.set_rng_seed(1)
+    column = net.fused_loss(x, y[:, None], guide)
+    assert torch.equal(flat, column)
+    trace = poutine.trace(net.model).get_trace(x, y[:, None])
+    assert trace.nodes["obs"]["value"].shape == (6,)
+    with pytest.raises(ValueError, match=r"y must have shape \(6,\) \(or a \(b, 1\) column\).*got \(6, 2\)"):
+        net.model(x, torch.randn(6, 2))
+    with pytest.raises(ValueError, match=r"y must have shape \(6,\) for 6 inputs with likelihood='categorical'"):
+        SDEBNN(2, 3, hidden=4, augment=1, dt=0.5, likelihood="categorical").model(x, torch.zeros(6, 1).long())
+
+
+def test_predict_on_tensors_follows_the_network_dtype():
+    """A float64 SDE-BNN predicting on float32 tensors failed inside the drift ("expected scalar type Double but found
+    Float"), while a loader's batches were cast; tensors are now cast too: the same prediction as on float64 inputs."""
+    pyro.clear_param_store()
+    net = SDEBNN(2, 2, hidden=4, augment=1, dt=0.5, likelihood="categorical").double()
+    guide = NeuralSDEGuide(net)
+    x = torch.randn(5, 2)
+    guide(x.double())  # set up
+    preds = []
+    for xs in (x, x.double()):
+        pyro.set_rng_seed(0)
+        preds.append(net.predict(xs, guide, num_samples=3).probs)
+    assert preds[0].dtype == torch.float64
+    torch.testing.assert_close(preds[0], preds[1], rtol=0, atol=0)
