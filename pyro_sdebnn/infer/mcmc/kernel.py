@@ -575,10 +575,26 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         if map_steps is not None and (isinstance(map_steps, bool) or not isinstance(map_steps, int) or map_steps < 0):
             raise ValueError(f"map_steps must be None (automatic) or a non-negative int, got {map_steps!r}")
         _check_subsample_size(subsample_size)
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
-            raise ValueError(f"temperature must be a non-negative float, got {temperature!r}")
-        if not map_lr > 0:
-            raise ValueError(f"map_lr must be positive, got {map_lr!r}")
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
+                or not 0 <= temperature < math.inf:
+            raise ValueError(f"temperature must be a non-negative finite float, got {temperature!r}")
+        if isinstance(map_lr, bool) or not isinstance(map_lr, (int, float)):
+            raise TypeError(f"map_lr must be a float, got {type(map_lr).__name__}")
+        if not 0 < map_lr < math.inf:
+            raise ValueError(f"map_lr must be positive and finite, got {map_lr!r}")
+        if transforms is not None:
+            if not isinstance(transforms, dict):
+                raise TypeError(f"transforms must be a dict {{site name: Transform}} or None, got "
+                                f"{type(transforms).__name__}")
+            for site, transform in transforms.items():
+                if not isinstance(transform, Transform):
+                    raise TypeError(f"transforms[{site!r}] must be a torch Transform (constrained -> unconstrained, "
+                                    f"as for Pyro's HMC), got {type(transform).__name__}")
+        if sample_writer is not None and not all(
+            callable(getattr(sample_writer, name, None)) for name in ("start_chain", "write", "flush")
+        ):
+            raise TypeError("sample_writer must be None or a SampleWriter (pyro_sdebnn.infer.mcmc.arviz.SampleWriter),"
+                            f" got {type(sample_writer).__name__}")
         if on_divergence not in _ON_DIVERGENCE:
             raise ValueError(f"on_divergence must be one of {_ON_DIVERGENCE}, got {on_divergence!r}")
         if not isinstance(adapt_step_size, bool):
@@ -1172,7 +1188,16 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         matrix) times the factor of the warm-up step-size search."""
         if self.inverse_mass_matrix is not None:
             return self._adapted_eta * self._step_scale
-        return self.step_size(t) * self._step_scale
+        eta = self.step_size(t)
+        if not self.step_size.is_constant:  # a user's schedule: a zero step would freeze the chain, a negative,
+            try:  # infinite or NaN one pass for a divergence of the sampler
+                valid = not isinstance(eta, bool) and 0 < float(eta) < math.inf
+            except (TypeError, ValueError):
+                valid = False
+            if not valid:
+                raise ValueError(f"step_size schedule {self.step_size!r} returned {eta!r} at inner step {t}: a "
+                                 "step size must be a positive finite float")
+        return eta * self._step_scale
 
     # the largest step in standardised units, given the largest eigenvalue lambda of the preconditioned Hessian:
     # SGLD's update is stable up to eta = 4 / lambda, SGHMC's up to eta = 2 / sqrt(lambda): a quarter of that each.
