@@ -215,6 +215,17 @@ def _check_latents_outside_plate(
                 "weights must be sampled outside the plate over the data: inside it they get a batch dimension (one "
                 f"weight per data point) and, under subsampling, a prior scaled by N/b. {_PYROSAMPLE_HINT}"
             ) from cause
+        observed = name[: -len("_unobserved")] if name.endswith("_unobserved") else None
+        if observed is not None and f"{observed}_observed" in trace.nodes:  # Pyro's obs_mask imputes the masked data
+            raise ValueError(
+                f"Latent site '{name}' holds the entries of '{observed}' that its obs_mask hides: Pyro imputes them "
+                f"as latent variables inside the data plate '{plate}' (one per masked data point), and local latent "
+                "variables are not supported by the SG-MCMC kernels under subsampling (a minibatch step would see "
+                "only the values of its minibatch). To leave the masked entries out of the likelihood instead, "
+                f"sample '{observed}' under pyro.poutine.mask(mask=...) in place of obs_mask=; or drop those data "
+                "points; or sample without subsampling (subsample_size=None), which imputes them jointly with the "
+                "other latent sites."
+            )
         raise ValueError(
             f"Latent site '{name}' is sampled inside the data plate '{plate}' (one value per data point): it is a "
             "local latent variable, and local latent variables are not supported by the SG-MCMC kernels under "

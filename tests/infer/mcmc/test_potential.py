@@ -246,3 +246,31 @@ def test_local_latent_inside_the_data_plate_is_explained():
     with pytest.raises(ValueError, match=r"local latent variable.*not supported.*marginalise.*SVI"):
         MinibatchPotential(model, (x1, y1), subsample_size=20)
     assert MinibatchPotential(model, (x1, y1)).dim == 1 + N1  # full batch: sampled jointly with w
+
+
+def test_obs_mask_under_subsampling_points_to_poutine_mask():
+    # Pyro's obs_mask imputes the masked entries as a latent site 'y_unobserved' inside the data plate: the error
+    # names the observed site and its obs_mask (not an unknown local latent) and says how to leave them out instead
+    def model(x, y, mask):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0))
+        with pyro.plate("data", x.shape[0]):
+            pyro.sample("y", dist.Normal(w * x, 1.0), obs=y, obs_mask=mask)
+
+    def masked_likelihood(x, y, mask):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0))
+        with pyro.plate("data", x.shape[0]), pyro.poutine.mask(mask=mask):
+            pyro.sample("y", dist.Normal(w * x, 1.0), obs=y)
+
+    x1, y1, _, _ = _data()
+    mask = torch.arange(N1) % 4 != 0
+    with pytest.raises(ValueError, match=r"'y_unobserved' holds the entries of 'y' that its obs_mask hides.*"
+                                         r"poutine.mask\(mask=\.\.\.\) in place of obs_mask="):
+        MinibatchPotential(model, (x1, y1, mask), subsample_size=20)
+    # the advice runs, and equals the likelihood of the unmasked points alone, scaled by N/b
+    U = MinibatchPotential(masked_likelihood, (x1, y1, mask), subsample_size=20)
+    idx = torch.arange(20)
+    w = torch.tensor([0.7], dtype=x1.dtype)
+    keep = mask[idx]
+    expected = -(dist.Normal(0.0, 1.0).log_prob(w).sum()
+                 + N1 / 20 * dist.Normal(w * x1[idx][keep], 1.0).log_prob(y1[idx][keep]).sum())
+    torch.testing.assert_close(U(w, idx), expected)
