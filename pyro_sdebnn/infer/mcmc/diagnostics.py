@@ -182,7 +182,36 @@ def _trace_explained(model: Callable, args: tuple, kwargs: dict, data_plates: Op
         return tracer.get_trace(*args, **kwargs)
     except Exception as e:  # noqa: BLE001 - re-raised with an explanation or unchanged
         _check_latents_outside_plate(tracer.msngr.trace, data_plates, cause=e)
+        _check_dtypes_agree(model, tracer.msngr.trace, args, kwargs, cause=e)
         raise
+
+
+def _check_dtypes_agree(model: Callable, trace: Any, args: tuple, kwargs: dict, cause: Exception) -> None:
+    """After a failed trace: floating-point data of another dtype than the latent sites drawn so far (float64 data
+    and float32 priors, the usual ``mat1 and mat2 must have the same dtype`` deep in torch) is named."""
+    names: list[str] = []
+    try:  # the model's own names for its positional arguments where its signature gives them (a module: forward's)
+        parameters = inspect.signature(model.forward if isinstance(model, torch.nn.Module) else model).parameters
+        names = [n for n, p in parameters.items() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        pass
+    data = {f"argument {names[i]!r}" if i < len(names) else f"argument {i}": a for i, a in enumerate(args)}
+    data.update({f"argument {k!r}": v for k, v in kwargs.items()})
+    data_dtypes = {name: t.dtype for name, t in data.items() if isinstance(t, Tensor) and t.is_floating_point()}
+    for site_name, site in trace.nodes.items():
+        value = site.get("value")
+        if site["type"] != "sample" or site["is_observed"] or not isinstance(value, Tensor) \
+                or not value.is_floating_point():
+            continue
+        for arg_name, dtype in data_dtypes.items():
+            if dtype != value.dtype:
+                raise TypeError(
+                    f"the model failed on data of another dtype than its latent sites: the model's {arg_name} is "
+                    f"{dtype}, latent site '{site_name}' is {value.dtype} (drawn from its prior). Convert the data "
+                    f"(.to({value.dtype})) or build the priors in {dtype} (tensors of that dtype as their "
+                    "parameters, or torch.set_default_dtype before building the model)."
+                ) from cause
+        return
 
 
 _PYROSAMPLE_HINT = (

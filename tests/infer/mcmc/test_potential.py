@@ -8,6 +8,7 @@ import pyro.distributions as dist
 import pytest
 import torch
 from pyro.infer import MCMC
+from pyro.nn import PyroModule, PyroSample
 
 from pyro_sdebnn.infer.mcmc import SGLD
 from pyro_sdebnn.infer.mcmc.functional import FunctionalPotential
@@ -274,3 +275,25 @@ def test_obs_mask_under_subsampling_points_to_poutine_mask():
     expected = -(dist.Normal(0.0, 1.0).log_prob(w).sum()
                  + N1 / 20 * dist.Normal(w * x1[idx][keep], 1.0).log_prob(y1[idx][keep]).sum())
     torch.testing.assert_close(U(w, idx), expected)
+
+
+def test_data_of_another_dtype_than_the_priors_is_named():
+    # a PyroModule whose weights are all PyroSample has no parameter to give its dtype: float64 data met float32
+    # weights in nn.Linear, and the error was torch's "mat1 and mat2 must have the same dtype" from deep inside
+    class Net(PyroModule):
+        def __init__(self):
+            super().__init__()
+            self.fc = PyroModule[torch.nn.Linear](1, 1)
+            self.fc.weight = PyroSample(dist.Normal(0.0, 1.0).expand([1, 1]).to_event(2))
+            self.fc.bias = PyroSample(dist.Normal(0.0, 1.0).expand([1]).to_event(1))
+
+        def forward(self, x, y=None):
+            mean = self.fc(x).squeeze(-1)  # the weights drawn outside the data plate
+            with pyro.plate("data", x.shape[0]):
+                pyro.sample("y", dist.Normal(mean, 1.0), obs=y)
+
+    x1, y1, _, _ = _data()  # float64
+    with pytest.raises(TypeError, match=r"argument 'x' is torch.float64, latent site 'fc.weight' is torch.float32.*"
+                                        r"\.to\(torch.float32\)"):
+        MinibatchPotential(Net(), (x1.unsqueeze(-1), y1), subsample_size=20)
+    assert MinibatchPotential(Net(), (x1.unsqueeze(-1).float(), y1.float()), subsample_size=20).dim == 2
