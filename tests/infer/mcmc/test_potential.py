@@ -297,3 +297,18 @@ def test_data_of_another_dtype_than_the_priors_is_named():
                                         r"\.to\(torch.float32\)"):
         MinibatchPotential(Net(), (x1.unsqueeze(-1), y1), subsample_size=20)
     assert MinibatchPotential(Net(), (x1.unsqueeze(-1).float(), y1.float()), subsample_size=20).dim == 2
+
+
+def test_a_plain_model_failing_on_the_sliced_data_reports_that_error():
+    # a plain model (no plate indices) whose likelihood refuses the data's dtype: the kernel tries the model as an
+    # indexing one, then on the sliced data; only the first error (a shape mismatch) was reported, hiding the cause
+    def model(x, y):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0))
+        with pyro.plate("data", x.shape[0]):
+            pyro.sample("y", dist.Bernoulli(logits=w * x), obs=y)
+
+    x1, y1, _, _ = _data()
+    with pytest.raises(ValueError, match=r"indexing the data with the plate's indices: ValueError: Shape mismatch.*"
+                                         r"on the data sliced by the minibatch indices: RuntimeError: result type"):
+        MinibatchPotential(model, (x1, (y1 > 0).long()), subsample_size=20)
+    assert MinibatchPotential(model, (x1, (y1 > 0).double()), subsample_size=20).minibatch_mode == "slice"
