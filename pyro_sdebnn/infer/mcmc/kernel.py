@@ -376,6 +376,31 @@ def _model_device_dtype(model: Callable) -> tuple[Any, Optional[torch.dtype]]:
     return torch.get_default_device(), None
 
 
+def _check_initial_params(potential: MinibatchPotential, params: Any, chains: int) -> None:
+    """``initial_params`` (unconstrained, as for Pyro's ``HMC``) must name every latent site, with the site's shape or,
+    for ``vectorized_chains=K``, ``(K, *shape)``."""
+    if not isinstance(params, dict):
+        raise TypeError(f"initial_params must be a dict {{site name: tensor}}, got {type(params).__name__}")
+    names = [s.name for s in potential.sites]
+    missing, unknown = sorted(set(names) - set(params)), sorted(set(params) - set(names))
+    if missing or unknown:
+        raise ValueError(
+            f"initial_params must give every latent site of the model ({names}), in unconstrained space: "
+            + "; ".join(part for part in (f"missing {missing}" if missing else "",
+                                          f"not latent sites of the model {unknown}" if unknown else "") if part)
+        )
+    for s in potential.sites:
+        value = params[s.name]
+        if not isinstance(value, Tensor):
+            raise TypeError(f"initial_params[{s.name!r}] must be a tensor, got {type(value).__name__}")
+        shapes = [tuple(s.shape)] + ([(chains,) + tuple(s.shape)] if chains > 1 else [])
+        if tuple(value.shape) not in shapes:
+            raise ValueError(
+                f"initial_params[{s.name!r}] has shape {tuple(value.shape)}; the site's shape is {tuple(s.shape)}"
+                + (f" (or {(chains,) + tuple(s.shape)}, one value per vectorised chain)" if chains > 1 else "")
+            )
+
+
 class _KernelAttributes:
     """The attributes and methods of :class:`SGMCMCKernel` that its mixins (``DivergenceCheck``,
     ``ResumableState``) use, for the type checker only.
@@ -795,9 +820,13 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         if drawn:
             self._initial_params = self._draw_initial_params()
         assert self._initial_params is not None  # the user's or just drawn
+        if not drawn:
+            _check_initial_params(U, self._initial_params, self.vectorized_chains)
         position = U.pack(self._initial_params).to(U.dtype)
         if self.vectorized_chains > 1 and position.dim() == 1:
             position = position.expand(self.vectorized_chains, -1).clone()
+            # MCMC reads the sites' shapes (with the chain dimension) from initial_params after setup
+            self._initial_params = U.split(position)
         if (self.map_steps is None and drawn) or (self.map_steps is not None and self.map_steps > 0):
             position = self._map_fit(position)
             self._initial_params = U.split(position)
