@@ -767,6 +767,25 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         self._chain_closed = True
 
     @property
+    def step_size(self) -> StepSizeSchedule:
+        """The step-size schedule over inner steps; set it to a float or a
+        :class:`~pyro_sdebnn.infer.mcmc.schedules.StepSizeSchedule` between runs, as ``kernel.step_size = 1e-2``."""
+        return self._step_size
+
+    @step_size.setter
+    def step_size(self, value: Union[float, StepSizeSchedule]) -> None:
+        self._step_size = as_schedule(value)  # a float is wrapped and checked, as in __init__
+        self._eta_tensor = None
+
+    def _check_step_size(self) -> None:
+        """At set-up: the step size (which may have been set after ``__init__``) agrees with the other settings."""
+        if self.adapt_mass_matrix and not self.step_size.is_constant:
+            raise ValueError(
+                "the mass-matrix adaptation (adapt_mass_matrix) needs a constant step_size (a float), not a schedule: "
+                "set kernel.adapt_mass_matrix = False to run a schedule"
+            )
+
+    @property
     def model(self) -> Callable:
         """The model, as tools outside the kernel call it: with ``mcmc.run(loader)``, ``kernel.model(loader)`` runs
         the model on the loader's whole data set (so that ArviZ's ``az.from_pyro(mcmc)`` reads the observed data and
@@ -782,6 +801,7 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         self._initial_params = params
 
     def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
+        self._check_step_size()
         self._reset()
         self._warmup_steps = warmup_steps
         # Pyro's runner (for the number of samples and chains of the run, and its progress bar), if MCMC drives us
@@ -791,7 +811,12 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         if self._stream is not None:  # the first batch stands for the loader: the key is the loader and its shapes
             key = ("loader", id(self._stream.loader), tuple(_arg_key(a)[2:4] for a in args), key[1])
         # the key holds the version counters of the tensors: data changed in place also rebuild the potential
-        # (validating the data again) and trace the step again
+        # (validating the data again) and trace the step again; and the settings the potential is built from, which
+        # a user may change between runs (kernel.subsample_size = 64)
+        sub = self.subsample_size
+        plates = self.data_plate
+        key += ((dict(sub) if isinstance(sub, dict) else sub, tuple(plates) if isinstance(plates, list) else plates,
+                 id(self.user_transforms)),)
         if self.potential is None or key != self._graph_key or not self.cache_graphs:
             self.potential = self._build_potential(args, kwargs)
             self._reset_graphs()
