@@ -295,6 +295,14 @@ def find_data_plates(
                 f"subsample_size names plate(s) {missing}, which are not among the data plates {list(names)} "
                 "given as data_plate="
             )
+    if subsampled and not names and not observed_sites and frames:
+        # the plate is there, but nothing in it is observed: typically mcmc.run(x) with y left out (obs=None)
+        raise ValueError(
+            f"subsample_size was given but the model observes no data: it has the plate(s) {sorted(frames)} but no "
+            "site with obs= set (was the model run without its observations, e.g. mcmc.run(x) instead of "
+            "mcmc.run(x, y)?). Without observations the kernel would sample the prior, with every obs=None site as "
+            "a latent variable."
+        )
     if subsampled and not names:
         raise ValueError(
             "subsample_size was given but the model has no plate over the data. Put the likelihood in "

@@ -312,3 +312,17 @@ def test_a_plain_model_failing_on_the_sliced_data_reports_that_error():
                                          r"on the data sliced by the minibatch indices: RuntimeError: result type"):
         MinibatchPotential(model, (x1, (y1 > 0).long()), subsample_size=20)
     assert MinibatchPotential(model, (x1, (y1 > 0).double()), subsample_size=20).minibatch_mode == "slice"
+
+
+def test_subsampling_a_model_run_without_its_observations_is_explained():
+    # mcmc.run(x) with y left out: the plate is there but nothing in it is observed; the error said the model had
+    # "no plate over the data"
+    def model(x, y=None):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0))
+        with pyro.plate("data", x.shape[0]):
+            pyro.sample("y", dist.Normal(w * x, 1.0), obs=y)
+
+    x1, _, _, _ = _data()
+    with pytest.raises(ValueError, match=r"observes no data: it has the plate\(s\) \['data'\] but no site with obs=.*"
+                                         r"mcmc.run\(x, y\)"):
+        MinibatchPotential(model, (x1,), subsample_size=20)
