@@ -14,8 +14,9 @@ What you learn:
    all see the full data, so the pointwise log-likelihood behind LOO is computed on every data point;
 2. ``MCMC`` runs the kernel with its progress bar, ``num_chains``, ``hook_fn``, ``save_params``; several chains
    are cheapest as *vectorised* chains in one process (``vectorized_chains=4``);
-3. ``pyro_sdebnn.infer.mcmc.to_inference_data`` builds the ``InferenceData`` (``az.from_pyro`` silently drops the
-   log-likelihood for networks built from ``nn.Linear``, which do not vectorise over draws);
+3. ``pyro_sdebnn.infer.mcmc.to_inference_data`` builds the ``InferenceData`` (``az.from_pyro`` drops the
+   log-likelihood, with only a ``UserWarning``, for networks built from ``nn.Linear``, which do not vectorise over
+   draws);
 4. weight-space ESS / R-hat of a network are nearly meaningless (permutation symmetries, flat directions);
    diagnose the chains on their *predictions* instead (function-space ESS / R-hat);
 5. how to read the numbers it prints, whatever they come out as: the script compares each with its threshold and

@@ -91,3 +91,11 @@ def test_schedule_rejects_non_positive_step_size(bad):
 def test_schedule_rejects_callable():
     with pytest.raises(TypeError, match="StepSizeSchedule"):
         as_schedule(lambda t: 0.1)
+
+
+@pytest.mark.parametrize("bad, error", [(float("inf"), ValueError), (float("nan"), ValueError), (-1e-3, ValueError),
+                                        ("1e-4", TypeError)])
+def test_cyclical_schedule_rejects_a_bad_floor(bad, error):
+    # an infinite floor made every step infinite (reported later as a divergence); a NaN or a string got through
+    with pytest.raises(error, match="min_step_size"):
+        CyclicalStepSize(1e-2, cycle_length=10, min_step_size=bad)

@@ -7,7 +7,8 @@
   over the chains) work on them unchanged.
 - ``pointwise_log_likelihood``: :math:`\\log p(y_i | \\theta_s)` on the *full* data for every draw, vectorised
   over draws when the model allows it, else draw by draw (models built from ``nn.Linear`` inside a
-  ``PyroModule`` do not vectorise, and ``arviz.from_pyro`` then silently drops the log-likelihood).
+  ``PyroModule`` do not vectorise, nor does a likelihood written as ``x @ w``; ``arviz.from_pyro`` then drops the
+  log-likelihood group, with only a ``UserWarning``, and ``az.loo`` has nothing to work on).
 - :func:`to_inference_data`: ``arviz.InferenceData`` with posterior, divergences and a log-likelihood that always works,
   so that ``az.loo``/``az.waic`` apply.
 - :func:`posterior_prediction`: the predictive of the samples as a

@@ -8,14 +8,17 @@ to one checkpoint of kind ``"sgmcmc"`` (:mod:`pyro_sdebnn.infer.checkpoint`); :f
 kernel, runs ``MCMC`` for more samples from there and returns a :class:`ResumedMCMC`, an ``MCMC`` whose samples are
 the old ones followed by the new ones. With the same seed the continued run gives the
 same samples as an uninterrupted one (bitwise on CPU with a fixed ``backend``, ``"fx"`` or ``"eager"``: the
-default ``"auto"`` may switch to the compiled step at another point of the run)::
+default ``"auto"`` may switch to the compiled step at another point of the run). A finished run extended this way
+equals an uninterrupted run of the total length only with a fixed ``map_steps`` (an int): the automatic warm start
+is bounded by 10 % of the run's inner steps, which the first, shorter run takes from its own length::
 
     pyro.set_rng_seed(0)
-    mcmc = MCMC(SGHMC(model, step_size=1e-3, subsample_size=64, backend="fx"), num_samples=500, warmup_steps=500)
+    mcmc = MCMC(SGHMC(model, step_size=1e-3, subsample_size=64, backend="fx", map_steps=100), num_samples=500,
+                warmup_steps=500)
     mcmc.run(x, y)
     save_run(mcmc, "run.pt")
     ...                                              # another process, another day
-    kernel = SGHMC(model, step_size=1e-3, subsample_size=64, backend="fx")
+    kernel = SGHMC(model, step_size=1e-3, subsample_size=64, backend="fx", map_steps=100)
     mcmc = resume_run("run.pt", kernel, x, y, num_samples=500)   # 1000 samples in all
 
 :class:`CheckpointHook` writes the same file periodically while ``MCMC`` runs (as its ``hook_fn``), so that a
@@ -272,7 +275,9 @@ class CheckpointHook:
     Every ``every`` calls (warm-up and sampling steps of ``MCMC`` alike) it writes the kernel state and the samples
     returned so far to ``path``, in the format of :func:`save_run`; the file is replaced atomically, so an
     interrupted write leaves the previous checkpoint. :func:`resume_run` continues from it (the warm-up left, then
-    the samples). ``hook`` (optional) is called first, as ``MCMC``'s own ``hook_fn`` would be.
+    ``num_samples`` more samples: the planned number less the ``"num_samples"`` the file holds, which
+    :func:`~pyro_sdebnn.infer.checkpoint.load_checkpoint` reads). ``hook`` (optional) is called first, as
+    ``MCMC``'s own ``hook_fn`` would be.
 
     :param path: the checkpoint file.
     :param int every: write every that many steps of ``MCMC`` (default 100).
@@ -282,7 +287,9 @@ class CheckpointHook:
 
         hook = CheckpointHook("run.pt", every=200)
         mcmc = MCMC(kernel, num_samples=5000, warmup_steps=1000, hook_fn=hook)
-        mcmc.run(loader)                     # interrupted? resume_run("run.pt", kernel, loader, num_samples=...)
+        mcmc.run(loader)                     # interrupted? then, with a kernel built as this one:
+        done = load_checkpoint("run.pt", "sgmcmc")["num_samples"]
+        mcmc = resume_run("run.pt", kernel, loader, num_samples=5000 - done)
     """
 
     def __init__(self, path: PathLike, every: int = 100, hook: Any = None) -> None:

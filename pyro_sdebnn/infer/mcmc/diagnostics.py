@@ -182,7 +182,36 @@ def _trace_explained(model: Callable, args: tuple, kwargs: dict, data_plates: Op
         return tracer.get_trace(*args, **kwargs)
     except Exception as e:  # noqa: BLE001 - re-raised with an explanation or unchanged
         _check_latents_outside_plate(tracer.msngr.trace, data_plates, cause=e)
+        _check_dtypes_agree(model, tracer.msngr.trace, args, kwargs, cause=e)
         raise
+
+
+def _check_dtypes_agree(model: Callable, trace: Any, args: tuple, kwargs: dict, cause: Exception) -> None:
+    """After a failed trace: floating-point data of another dtype than the latent sites drawn so far (float64 data
+    and float32 priors, the usual ``mat1 and mat2 must have the same dtype`` deep in torch) is named."""
+    names: list[str] = []
+    try:  # the model's own names for its positional arguments where its signature gives them (a module: forward's)
+        parameters = inspect.signature(model.forward if isinstance(model, torch.nn.Module) else model).parameters
+        names = [n for n, p in parameters.items() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        pass
+    data = {f"argument {names[i]!r}" if i < len(names) else f"argument {i}": a for i, a in enumerate(args)}
+    data.update({f"argument {k!r}": v for k, v in kwargs.items()})
+    data_dtypes = {name: t.dtype for name, t in data.items() if isinstance(t, Tensor) and t.is_floating_point()}
+    for site_name, site in trace.nodes.items():
+        value = site.get("value")
+        if site["type"] != "sample" or site["is_observed"] or not isinstance(value, Tensor) \
+                or not value.is_floating_point():
+            continue
+        for arg_name, dtype in data_dtypes.items():
+            if dtype != value.dtype:
+                raise TypeError(
+                    f"the model failed on data of another dtype than its latent sites: the model's {arg_name} is "
+                    f"{dtype}, latent site '{site_name}' is {value.dtype} (drawn from its prior). Convert the data "
+                    f"(.to({value.dtype})) or build the priors in {dtype} (tensors of that dtype as their "
+                    "parameters, or torch.set_default_dtype before building the model)."
+                ) from cause
+        return
 
 
 _PYROSAMPLE_HINT = (
@@ -215,6 +244,17 @@ def _check_latents_outside_plate(
                 "weights must be sampled outside the plate over the data: inside it they get a batch dimension (one "
                 f"weight per data point) and, under subsampling, a prior scaled by N/b. {_PYROSAMPLE_HINT}"
             ) from cause
+        observed = name[: -len("_unobserved")] if name.endswith("_unobserved") else None
+        if observed is not None and f"{observed}_observed" in trace.nodes:  # Pyro's obs_mask imputes the masked data
+            raise ValueError(
+                f"Latent site '{name}' holds the entries of '{observed}' that its obs_mask hides: Pyro imputes them "
+                f"as latent variables inside the data plate '{plate}' (one per masked data point), and local latent "
+                "variables are not supported by the SG-MCMC kernels under subsampling (a minibatch step would see "
+                "only the values of its minibatch). To leave the masked entries out of the likelihood instead, "
+                f"sample '{observed}' under pyro.poutine.mask(mask=...) in place of obs_mask=; or drop those data "
+                "points; or sample without subsampling (subsample_size=None), which imputes them jointly with the "
+                "other latent sites."
+            )
         raise ValueError(
             f"Latent site '{name}' is sampled inside the data plate '{plate}' (one value per data point): it is a "
             "local latent variable, and local latent variables are not supported by the SG-MCMC kernels under "
@@ -255,6 +295,14 @@ def find_data_plates(
                 f"subsample_size names plate(s) {missing}, which are not among the data plates {list(names)} "
                 "given as data_plate="
             )
+    if subsampled and not names and not observed_sites and frames:
+        # the plate is there, but nothing in it is observed: typically mcmc.run(x) with y left out (obs=None)
+        raise ValueError(
+            f"subsample_size was given but the model observes no data: it has the plate(s) {sorted(frames)} but no "
+            "site with obs= set (was the model run without its observations, e.g. mcmc.run(x) instead of "
+            "mcmc.run(x, y)?). Without observations the kernel would sample the prior, with every obs=None site as "
+            "a latent variable."
+        )
     if subsampled and not names:
         raise ValueError(
             "subsample_size was given but the model has no plate over the data. Put the likelihood in "

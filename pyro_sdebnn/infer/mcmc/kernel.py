@@ -376,6 +376,31 @@ def _model_device_dtype(model: Callable) -> tuple[Any, Optional[torch.dtype]]:
     return torch.get_default_device(), None
 
 
+def _check_initial_params(potential: MinibatchPotential, params: Any, chains: int) -> None:
+    """``initial_params`` (unconstrained, as for Pyro's ``HMC``) must name every latent site, with the site's shape or,
+    for ``vectorized_chains=K``, ``(K, *shape)``."""
+    if not isinstance(params, dict):
+        raise TypeError(f"initial_params must be a dict {{site name: tensor}}, got {type(params).__name__}")
+    names = [s.name for s in potential.sites]
+    missing, unknown = sorted(set(names) - set(params)), sorted(set(params) - set(names))
+    if missing or unknown:
+        raise ValueError(
+            f"initial_params must give every latent site of the model ({names}), in unconstrained space: "
+            + "; ".join(part for part in (f"missing {missing}" if missing else "",
+                                          f"not latent sites of the model {unknown}" if unknown else "") if part)
+        )
+    for s in potential.sites:
+        value = params[s.name]
+        if not isinstance(value, Tensor):
+            raise TypeError(f"initial_params[{s.name!r}] must be a tensor, got {type(value).__name__}")
+        shapes = [tuple(s.shape)] + ([(chains,) + tuple(s.shape)] if chains > 1 else [])
+        if tuple(value.shape) not in shapes:
+            raise ValueError(
+                f"initial_params[{s.name!r}] has shape {tuple(value.shape)}; the site's shape is {tuple(s.shape)}"
+                + (f" (or {(chains,) + tuple(s.shape)}, one value per vectorised chain)" if chains > 1 else "")
+            )
+
+
 class _KernelAttributes:
     """The attributes and methods of :class:`SGMCMCKernel` that its mixins (``DivergenceCheck``,
     ``ResumableState``) use, for the type checker only.
@@ -575,10 +600,26 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         if map_steps is not None and (isinstance(map_steps, bool) or not isinstance(map_steps, int) or map_steps < 0):
             raise ValueError(f"map_steps must be None (automatic) or a non-negative int, got {map_steps!r}")
         _check_subsample_size(subsample_size)
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
-            raise ValueError(f"temperature must be a non-negative float, got {temperature!r}")
-        if not map_lr > 0:
-            raise ValueError(f"map_lr must be positive, got {map_lr!r}")
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
+                or not 0 <= temperature < math.inf:
+            raise ValueError(f"temperature must be a non-negative finite float, got {temperature!r}")
+        if isinstance(map_lr, bool) or not isinstance(map_lr, (int, float)):
+            raise TypeError(f"map_lr must be a float, got {type(map_lr).__name__}")
+        if not 0 < map_lr < math.inf:
+            raise ValueError(f"map_lr must be positive and finite, got {map_lr!r}")
+        if transforms is not None:
+            if not isinstance(transforms, dict):
+                raise TypeError(f"transforms must be a dict {{site name: Transform}} or None, got "
+                                f"{type(transforms).__name__}")
+            for site, transform in transforms.items():
+                if not isinstance(transform, Transform):
+                    raise TypeError(f"transforms[{site!r}] must be a torch Transform (constrained -> unconstrained, "
+                                    f"as for Pyro's HMC), got {type(transform).__name__}")
+        if sample_writer is not None and not all(
+            callable(getattr(sample_writer, name, None)) for name in ("start_chain", "write", "flush")
+        ):
+            raise TypeError("sample_writer must be None or a SampleWriter (pyro_sdebnn.infer.mcmc.arviz.SampleWriter),"
+                            f" got {type(sample_writer).__name__}")
         if on_divergence not in _ON_DIVERGENCE:
             raise ValueError(f"on_divergence must be one of {_ON_DIVERGENCE}, got {on_divergence!r}")
         if not isinstance(adapt_step_size, bool):
@@ -726,6 +767,25 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         self._chain_closed = True
 
     @property
+    def step_size(self) -> StepSizeSchedule:
+        """The step-size schedule over inner steps; set it to a float or a
+        :class:`~pyro_sdebnn.infer.mcmc.schedules.StepSizeSchedule` between runs, as ``kernel.step_size = 1e-2``."""
+        return self._step_size
+
+    @step_size.setter
+    def step_size(self, value: Union[float, StepSizeSchedule]) -> None:
+        self._step_size = as_schedule(value)  # a float is wrapped and checked, as in __init__
+        self._eta_tensor = None
+
+    def _check_step_size(self) -> None:
+        """At set-up: the step size (which may have been set after ``__init__``) agrees with the other settings."""
+        if self.adapt_mass_matrix and not self.step_size.is_constant:
+            raise ValueError(
+                "the mass-matrix adaptation (adapt_mass_matrix) needs a constant step_size (a float), not a schedule: "
+                "set kernel.adapt_mass_matrix = False to run a schedule"
+            )
+
+    @property
     def model(self) -> Callable:
         """The model, as tools outside the kernel call it: with ``mcmc.run(loader)``, ``kernel.model(loader)`` runs
         the model on the loader's whole data set (so that ArviZ's ``az.from_pyro(mcmc)`` reads the observed data and
@@ -741,6 +801,7 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         self._initial_params = params
 
     def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
+        self._check_step_size()
         self._reset()
         self._warmup_steps = warmup_steps
         # Pyro's runner (for the number of samples and chains of the run, and its progress bar), if MCMC drives us
@@ -750,7 +811,12 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         if self._stream is not None:  # the first batch stands for the loader: the key is the loader and its shapes
             key = ("loader", id(self._stream.loader), tuple(_arg_key(a)[2:4] for a in args), key[1])
         # the key holds the version counters of the tensors: data changed in place also rebuild the potential
-        # (validating the data again) and trace the step again
+        # (validating the data again) and trace the step again; and the settings the potential is built from, which
+        # a user may change between runs (kernel.subsample_size = 64)
+        sub = self.subsample_size
+        plates = self.data_plate
+        key += ((dict(sub) if isinstance(sub, dict) else sub, tuple(plates) if isinstance(plates, list) else plates,
+                 id(self.user_transforms)),)
         if self.potential is None or key != self._graph_key or not self.cache_graphs:
             self.potential = self._build_potential(args, kwargs)
             self._reset_graphs()
@@ -779,9 +845,13 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         if drawn:
             self._initial_params = self._draw_initial_params()
         assert self._initial_params is not None  # the user's or just drawn
+        if not drawn:
+            _check_initial_params(U, self._initial_params, self.vectorized_chains)
         position = U.pack(self._initial_params).to(U.dtype)
         if self.vectorized_chains > 1 and position.dim() == 1:
             position = position.expand(self.vectorized_chains, -1).clone()
+            # MCMC reads the sites' shapes (with the chain dimension) from initial_params after setup
+            self._initial_params = U.split(position)
         if (self.map_steps is None and drawn) or (self.map_steps is not None and self.map_steps > 0):
             position = self._map_fit(position)
             self._initial_params = U.split(position)
@@ -1172,7 +1242,16 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         matrix) times the factor of the warm-up step-size search."""
         if self.inverse_mass_matrix is not None:
             return self._adapted_eta * self._step_scale
-        return self.step_size(t) * self._step_scale
+        eta = self.step_size(t)
+        if not self.step_size.is_constant:  # a user's schedule: a zero step would freeze the chain, a negative,
+            try:  # infinite or NaN one pass for a divergence of the sampler
+                valid = not isinstance(eta, bool) and 0 < float(eta) < math.inf
+            except (TypeError, ValueError):
+                valid = False
+            if not valid:
+                raise ValueError(f"step_size schedule {self.step_size!r} returned {eta!r} at inner step {t}: a "
+                                 "step size must be a positive finite float")
+        return eta * self._step_scale
 
     # the largest step in standardised units, given the largest eigenvalue lambda of the preconditioned Hessian:
     # SGLD's update is stable up to eta = 4 / lambda, SGHMC's up to eta = 2 / sqrt(lambda): a quarter of that each.

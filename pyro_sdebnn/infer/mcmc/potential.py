@@ -352,17 +352,26 @@ class MinibatchPotential:
             if sliced and second is None:
                 return
             self.minibatch_mode = "index"
+        else:
+            second = None
+
+        def first_line(e: Exception) -> str:
+            return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
         e = error
-        first_line = str(e).splitlines()[0] if str(e) else ""
+        # a plain model run on the sliced data failed too: its error is the one a plain model's author needs (e.g. a
+        # dtype the likelihood refuses), the first one only says the model does not index the data
+        tried = f"; on the data sliced by the minibatch indices: {first_line(second)}" if second is not None else ""
         p = self.subsampled_plates[0]
         raise ValueError(
-            f"running the model with a minibatch of plate {plates} failed ({type(e).__name__}: {first_line}). "
+            f"running the model with a minibatch of plate {plates} failed (indexing the data with the plate's "
+            f"indices: {first_line(e)}{tried}). "
             "The likelihood must either index the data with the plate's indices "
             f"(`with pyro.plate('{p}', len(x)) as idx: pyro.sample(..., obs=y[idx])`, f(x[idx])) or, for a plain "
             f"model (`with pyro.plate('{p}', len(x)): pyro.sample(..., obs=y)`), take the data as arguments whose "
             f"leading dimension is the plate's size {self.data_sizes[p]} (they are then sliced by the minibatch "
             "indices)."
-        ) from e
+        ) from (second if second is not None else e)
 
     def _try_minibatch(self) -> Optional[Exception]:
         """Trace the model on a minibatch in the current ``minibatch_mode``: the error, or ``None`` if it worked."""

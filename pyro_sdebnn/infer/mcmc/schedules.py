@@ -115,9 +115,12 @@ class CyclicalStepSize(StepSizeSchedule):
         if isinstance(cycle_length, bool) or not isinstance(cycle_length, int) or cycle_length < 1:
             raise ValueError(f"cycle_length must be a positive int, got {cycle_length!r}")
         self.cycle_length = cycle_length
+        if min_step_size is not None and (isinstance(min_step_size, bool)
+                                          or not isinstance(min_step_size, (int, float))):
+            raise TypeError(f"min_step_size must be a float or None, got {type(min_step_size).__name__}")
         self.min_step_size = 1e-3 * self.initial_step_size if min_step_size is None else float(min_step_size)
-        if self.min_step_size < 0:
-            raise ValueError(f"min_step_size must be non-negative, got {min_step_size}")
+        if not 0 <= self.min_step_size < math.inf:  # a NaN floor passed the old `< 0` check
+            raise ValueError(f"min_step_size must be non-negative and finite, got {min_step_size}")
 
     def __call__(self, t: int) -> float:
         phase = (t % self.cycle_length) / self.cycle_length

@@ -138,6 +138,14 @@ class SGHMC(SGMCMCKernel):
         self._set_friction(max(self._base_friction, self._ADAPTED_MOMENTUM_DECAY / eta))
         return eta
 
+    def _check_step_size(self) -> None:
+        super()._check_step_size()
+        if self.step_size.is_constant and not self.step_size(0) * self._base_friction < 1:  # set after __init__
+            raise ValueError(
+                f"step_size {self.step_size(0):.4g} times friction {self._base_friction} is >= 1: the friction no "
+                "longer damps the momentum; lower the step size or the friction"
+            )
+
     def _exploring_step(self, eta: float) -> float:
         # the exploring step also keeps eta * c <= 1/2 for the user's friction
         return min(super()._exploring_step(eta), 0.5 / self._base_friction)

@@ -93,6 +93,8 @@ class SGLD(SGMCMCKernel):
         precond_eps: float = 1e-5,
         **kwargs: Any,
     ) -> None:
+        if not isinstance(preconditioned, bool):
+            raise TypeError(f"preconditioned must be a bool, got {preconditioned!r}")
         if not 0.0 <= precond_decay < 1.0:
             raise ValueError(f"precond_decay must be in [0, 1), got {precond_decay!r}")
         if not precond_eps > 0:

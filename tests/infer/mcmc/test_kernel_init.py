@@ -160,3 +160,39 @@ def test_bnn_with_gamma_noise_scale_runs_in_every_seed():
 def test_automatic_map_steps_is_validated():
     with pytest.raises(ValueError, match="map_steps must be None"):
         SGLD(BayesianRegression(3, 1), map_steps=-1)
+
+
+def _line(x, y=None):
+    w = pyro.sample("w", dist.Normal(torch.zeros(2), 1.0).to_event(1))
+    with pyro.plate("data", x.shape[0]):
+        pyro.sample("y", dist.Normal(x @ w, 1.0), obs=y)
+
+
+def test_one_initial_value_starts_every_vectorised_chain():
+    # Pyro's MCMC reads the sites' shapes from kernel.initial_params after setup: a user's unbatched value with
+    # vectorized_chains=2 stored (2,) next to samples of shape (2, 2) and failed in Pyro's assertion at the end
+    x = torch.randn(30, 2, generator=torch.Generator().manual_seed(0))
+    y = x.sum(-1)
+    start = torch.tensor([5.0, -5.0])
+    mcmc = MCMC(SGLD(_line, step_size=1e-3, subsample_size=10, vectorized_chains=2), num_samples=3, warmup_steps=0,
+                initial_params={"w": start}, disable_progbar=True)
+    mcmc.run(x, y)
+    first = mcmc.get_samples(group_by_chain=True)["w"][:, 0]  # one step of 1e-3 from the start, each chain
+    assert first.shape == (2, 2)
+    assert bool(((first - start).abs() < 1.0).all())
+
+
+@pytest.mark.parametrize(
+    "initial, error, match",
+    [
+        ({"v": torch.zeros(2)}, ValueError, r"every latent site of the model \(\['w'\]\).*missing \['w'\]; not latent"),
+        ({"w": torch.zeros(3)}, ValueError, r"initial_params\['w'\] has shape \(3,\); the site's shape is \(2,\)"),
+    ],
+)
+def test_bad_initial_params_are_named(initial, error, match):  # (a list fails in Pyro's MCMC first)
+    # they reached a KeyError or torch's reshape error in the kernel's packing of the position
+    x = torch.randn(30, 2, generator=torch.Generator().manual_seed(0))
+    mcmc = MCMC(SGLD(_line, step_size=1e-3, subsample_size=10), num_samples=2, warmup_steps=0,
+                initial_params=initial, disable_progbar=True)
+    with pytest.raises(error, match=match):
+        mcmc.run(x, x.sum(-1))

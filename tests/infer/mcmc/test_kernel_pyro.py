@@ -19,6 +19,7 @@ from pyro_sdebnn.infer.mcmc.arviz import (
     posterior_prediction,
 )
 from pyro_sdebnn.infer.mcmc.diagnostics import SamplerDivergenceError, SamplerWarning
+from pyro_sdebnn.infer.mcmc.schedules import StepSizeSchedule
 from pyro_sdebnn.predictive import ClassificationPrediction, RegressionPrediction
 
 N = 40
@@ -209,6 +210,42 @@ def test_divergence_marked_and_reported_to_arviz():
 def test_bad_kernel_arguments(kernel_cls, kwargs, match):
     with pytest.raises(ValueError, match=match):
         kernel_cls(regression_model, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kernel_cls, kwargs, error, match",
+    [
+        # an infinite temperature passed the check and surfaced as a "divergence" at the first step
+        (SGLD, {"temperature": float("inf")}, ValueError, "temperature must be a non-negative finite"),
+        (SGHMC, {"temperature": float("nan")}, ValueError, "temperature must be a non-negative finite"),
+        # these reached Python's '>' or an attribute lookup deep inside the set-up
+        (SGLD, {"map_lr": "0.1"}, TypeError, "map_lr must be a float"),
+        (SGLD, {"map_lr": float("inf")}, ValueError, "map_lr must be positive and finite"),
+        (SGLD, {"transforms": [1]}, TypeError, "transforms must be a dict"),
+        (SGHMC, {"transforms": {"sigma": 3}}, TypeError, r"transforms\['sigma'\] must be a torch Transform"),
+        (SGLD, {"sample_writer": "samples/"}, TypeError, "sample_writer must be None or a SampleWriter"),
+        # a truthy string silently switched on pSGLD
+        (SGLD, {"preconditioned": "yes"}, TypeError, "preconditioned must be a bool"),
+    ],
+)
+def test_bad_kernel_argument_types_are_named(kernel_cls, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        kernel_cls(regression_model, **kwargs)
+
+
+@pytest.mark.parametrize("bad", [0.0, -1e-3, float("nan"), float("inf")])
+def test_schedule_returning_a_bad_step_size_is_named(bad):
+    # a user's schedule returning 0 froze the chain silently; a negative, NaN or infinite step was reported as a
+    # divergence of the sampler ("use a smaller step_size")
+    class Broken(StepSizeSchedule):
+        def __call__(self, t):
+            return 1e-3 if t < 3 else bad
+
+    x, y = _data()
+    mcmc = MCMC(SGLD(regression_model, step_size=Broken(), subsample_size=10, map_steps=0), num_samples=4,
+                warmup_steps=2, disable_progbar=True)
+    with pytest.raises(ValueError, match=r"step_size schedule .* returned .* at inner step 3: a step size must be"):
+        mcmc.run(x, y)
 
 
 def _setup(model, **kwargs):

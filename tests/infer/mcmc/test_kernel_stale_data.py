@@ -164,3 +164,40 @@ def test_data_tensors_follow_the_bound_and_replaced_arguments():
     x2, y2 = _data(seed=1)
     U.model_args = (x2, y2)
     assert all(a is b for a, b in zip(U.data_tensors(), (x2, y2)))
+
+
+def test_settings_changed_between_runs_rebuild_the_potential():
+    # the cached potential was keyed on the data only: kernel.subsample_size = 10 after a run on the same data kept
+    # the minibatches of the first run, silently
+    x, y = _data()
+    kernel = SGLD(standardising_model, step_size=1e-5, subsample_size=20, map_steps=0)
+    MCMC(kernel, num_samples=2, warmup_steps=0, disable_progbar=True).run(x, y)
+    first = kernel.potential
+    assert first.batch_size == 20
+    MCMC(kernel, num_samples=2, warmup_steps=0, disable_progbar=True).run(x, y)
+    assert kernel.potential is first  # same data, same settings: the cache holds
+    kernel.subsample_size = 10
+    MCMC(kernel, num_samples=2, warmup_steps=0, disable_progbar=True).run(x, y)
+    assert kernel.potential is not first and kernel.potential.batch_size == 10
+
+
+def test_step_size_set_between_runs_is_checked_and_used():
+    # as for Pyro's HMC, kernel.step_size may be set between runs: a float was stored as is and the next run failed
+    # with "'float' object has no attribute 'is_constant'"
+    from pyro_sdebnn.infer.mcmc import PolynomialDecay
+
+    x, y = _data()
+    kernel = SGLD(standardising_model, step_size=1e-5, subsample_size=20, map_steps=0)
+    MCMC(kernel, num_samples=2, warmup_steps=0, disable_progbar=True).run(x, y)
+    kernel.step_size = 2e-5
+    MCMC(kernel, num_samples=2, warmup_steps=0, disable_progbar=True).run(x, y)
+    assert kernel.step_size(0) == 2e-5 and kernel.logging()["step size"] == "2.00e-05"  # the progress bar's
+    with pytest.raises(ValueError, match="step_size must be positive and finite"):
+        kernel.step_size = -1.0
+    kernel.step_size = PolynomialDecay(a=1e-5)  # the automatic mass-matrix adaptation was chosen for a float
+    with pytest.raises(ValueError, match=r"adaptation \(adapt_mass_matrix\) needs a constant step_size"):
+        MCMC(kernel, num_samples=2, warmup_steps=0, disable_progbar=True).run(x, y)
+    sghmc = SGHMC(standardising_model, step_size=1e-3, friction=1.0, subsample_size=20)
+    sghmc.step_size = 2.0
+    with pytest.raises(ValueError, match=r"step_size 2 times friction 1.0 is >= 1"):
+        MCMC(sghmc, num_samples=2, warmup_steps=0, disable_progbar=True).run(x, y)

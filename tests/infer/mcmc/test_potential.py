@@ -8,6 +8,7 @@ import pyro.distributions as dist
 import pytest
 import torch
 from pyro.infer import MCMC
+from pyro.nn import PyroModule, PyroSample
 
 from pyro_sdebnn.infer.mcmc import SGLD
 from pyro_sdebnn.infer.mcmc.functional import FunctionalPotential
@@ -246,3 +247,82 @@ def test_local_latent_inside_the_data_plate_is_explained():
     with pytest.raises(ValueError, match=r"local latent variable.*not supported.*marginalise.*SVI"):
         MinibatchPotential(model, (x1, y1), subsample_size=20)
     assert MinibatchPotential(model, (x1, y1)).dim == 1 + N1  # full batch: sampled jointly with w
+
+
+def test_obs_mask_under_subsampling_points_to_poutine_mask():
+    # Pyro's obs_mask imputes the masked entries as a latent site 'y_unobserved' inside the data plate: the error
+    # names the observed site and its obs_mask (not an unknown local latent) and says how to leave them out instead
+    def model(x, y, mask):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0))
+        with pyro.plate("data", x.shape[0]):
+            pyro.sample("y", dist.Normal(w * x, 1.0), obs=y, obs_mask=mask)
+
+    def masked_likelihood(x, y, mask):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0))
+        with pyro.plate("data", x.shape[0]), pyro.poutine.mask(mask=mask):
+            pyro.sample("y", dist.Normal(w * x, 1.0), obs=y)
+
+    x1, y1, _, _ = _data()
+    mask = torch.arange(N1) % 4 != 0
+    with pytest.raises(ValueError, match=r"'y_unobserved' holds the entries of 'y' that its obs_mask hides.*"
+                                         r"poutine.mask\(mask=\.\.\.\) in place of obs_mask="):
+        MinibatchPotential(model, (x1, y1, mask), subsample_size=20)
+    # the advice runs, and equals the likelihood of the unmasked points alone, scaled by N/b
+    U = MinibatchPotential(masked_likelihood, (x1, y1, mask), subsample_size=20)
+    idx = torch.arange(20)
+    w = torch.tensor([0.7], dtype=x1.dtype)
+    keep = mask[idx]
+    expected = -(dist.Normal(0.0, 1.0).log_prob(w).sum()
+                 + N1 / 20 * dist.Normal(w * x1[idx][keep], 1.0).log_prob(y1[idx][keep]).sum())
+    torch.testing.assert_close(U(w, idx), expected)
+
+
+def test_data_of_another_dtype_than_the_priors_is_named():
+    # a PyroModule whose weights are all PyroSample has no parameter to give its dtype: float64 data met float32
+    # weights in nn.Linear, and the error was torch's "mat1 and mat2 must have the same dtype" from deep inside
+    class Net(PyroModule):
+        def __init__(self):
+            super().__init__()
+            self.fc = PyroModule[torch.nn.Linear](1, 1)
+            self.fc.weight = PyroSample(dist.Normal(0.0, 1.0).expand([1, 1]).to_event(2))
+            self.fc.bias = PyroSample(dist.Normal(0.0, 1.0).expand([1]).to_event(1))
+
+        def forward(self, x, y=None):
+            mean = self.fc(x).squeeze(-1)  # the weights drawn outside the data plate
+            with pyro.plate("data", x.shape[0]):
+                pyro.sample("y", dist.Normal(mean, 1.0), obs=y)
+
+    x1, y1, _, _ = _data()  # float64
+    with pytest.raises(TypeError, match=r"argument 'x' is torch.float64, latent site 'fc.weight' is torch.float32.*"
+                                        r"\.to\(torch.float32\)"):
+        MinibatchPotential(Net(), (x1.unsqueeze(-1), y1), subsample_size=20)
+    assert MinibatchPotential(Net(), (x1.unsqueeze(-1).float(), y1.float()), subsample_size=20).dim == 2
+
+
+def test_a_plain_model_failing_on_the_sliced_data_reports_that_error():
+    # a plain model (no plate indices) whose likelihood refuses the data's dtype: the kernel tries the model as an
+    # indexing one, then on the sliced data; only the first error (a shape mismatch) was reported, hiding the cause
+    def model(x, y):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0))
+        with pyro.plate("data", x.shape[0]):
+            pyro.sample("y", dist.Bernoulli(logits=w * x), obs=y)
+
+    x1, y1, _, _ = _data()
+    with pytest.raises(ValueError, match=r"indexing the data with the plate's indices: ValueError: Shape mismatch.*"
+                                         r"on the data sliced by the minibatch indices: RuntimeError: result type"):
+        MinibatchPotential(model, (x1, (y1 > 0).long()), subsample_size=20)
+    assert MinibatchPotential(model, (x1, (y1 > 0).double()), subsample_size=20).minibatch_mode == "slice"
+
+
+def test_subsampling_a_model_run_without_its_observations_is_explained():
+    # mcmc.run(x) with y left out: the plate is there but nothing in it is observed; the error said the model had
+    # "no plate over the data"
+    def model(x, y=None):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0))
+        with pyro.plate("data", x.shape[0]):
+            pyro.sample("y", dist.Normal(w * x, 1.0), obs=y)
+
+    x1, _, _, _ = _data()
+    with pytest.raises(ValueError, match=r"observes no data: it has the plate\(s\) \['data'\] but no site with obs=.*"
+                                         r"mcmc.run\(x, y\)"):
+        MinibatchPotential(model, (x1,), subsample_size=20)
