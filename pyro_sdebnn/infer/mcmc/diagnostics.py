@@ -763,7 +763,8 @@ class RunChecks:
                     if not worst <= RHAT_THRESHOLD:
                         out.append(
                             f"{name}: site {s.name!r} has split R-hat {worst:.3g} > {RHAT_THRESHOLD} across {chains} "
-                            "chains: the chains have not mixed; run longer or check the model and step size"
+                            "chains: the chains have not mixed; run a longer chain (a larger num_steps) or check the "
+                            "model and step size"
                             + (f"; {faster}, whose momentum carries it along loosely determined directions, often "
                                "mixes in fewer steps" if faster else "")
                         )
