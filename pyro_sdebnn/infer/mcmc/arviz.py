@@ -96,8 +96,9 @@ def _diverging(mcmc: Any, num_chains: int, num_draws: int) -> Tensor:
 
     ``mcmc.diagnostics()`` keys its per-chain entries ``"chain 0"``, ..., ``"chain 10"``: they are read in numeric
     order (a string sort puts ``"chain 10"`` before ``"chain 2"``). The kernel's ``"divergence log"`` names the
-    vectorised chain of every divergence; without it (another kernel) a divergence marks the draw of all the
-    vectorised chains of that ``MCMC`` chain.
+    vectorised chain of every divergence and its draws (the restart, and a ``"bad draw"`` returned before the check
+    saw its state); without it (another kernel) a divergence marks the draw of all the vectorised chains of that
+    ``MCMC`` chain.
     """
     diverging = torch.zeros(num_chains, num_draws, dtype=torch.bool)
     diag = mcmc.diagnostics()
@@ -107,8 +108,11 @@ def _diverging(mcmc: Any, num_chains: int, num_draws: int) -> Tensor:
         key = f"chain {c}"
         if key in logs:
             for record in logs[key]:
-                if not record.get("warmup", False) and 0 <= record["sample"] < num_draws:
-                    diverging[c * k + int(record["chain"]), record["sample"]] = True
+                if record.get("warmup", False):
+                    continue
+                for j in (record["sample"], record.get("bad draw")):  # the restart, and a draw returned too early
+                    if j is not None and 0 <= j < num_draws:
+                        diverging[c * k + int(record["chain"]), j] = True
         else:
             for j in divergences.get(key, []):
                 diverging[c * k : (c + 1) * k, j] = True

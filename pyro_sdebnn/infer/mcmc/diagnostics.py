@@ -480,9 +480,18 @@ class DivergenceCheck(_KernelBase):
 
     def _check_chains(
         self, host: np.ndarray, potentials: Tensor, start_t: int, failed_at: int, error: Optional[Exception]
-    ) -> dict[int, tuple[int, str]]:
-        """``{chain: (inner step, cause)}`` of the chains that diverged in this sample (see the class docstring)."""
-        flagged: dict[int, tuple[int, str]] = {}
+    ) -> dict[int, tuple[int, str, bool]]:
+        """``{chain: (inner step, cause, previous)}`` of the chains that diverged in this sample (see the class
+        docstring). ``previous``: the state the previous sample returned was already bad (its potential, ``host[3]``,
+        not finite or above the threshold), so that draw is a divergent one too; the energy check reads the start of
+        a sample's last inner step, which with ``num_steps=1`` is that state."""
+        flagged: dict[int, tuple[int, str, bool]] = {}
+        limits = self._energy_threshold() if error is None else None
+
+        def previous(k: int) -> bool:
+            first = host[3, k]
+            return error is None and bool(not np.isfinite(first) or (limits is not None and first > limits[0][k]))
+
         bad = np.flatnonzero(host[0] == 0)
         if len(bad):
             nonfinite = (~torch.isfinite(potentials.reshape(self.num_steps, -1))).cpu().numpy()  # only on divergence
@@ -496,14 +505,12 @@ class DivergenceCheck(_KernelBase):
                     if error is not None
                     else "the potential or its gradient is not finite, or the state overflowed"
                 )
-                flagged[int(k)] = (step, cause)
-        if error is None:
-            limits = self._energy_threshold()
-            if limits is not None:
-                threshold, level, spread = limits
-                for k in np.flatnonzero((host[0] > 0) & (host[1] > threshold)):
-                    cause = self._describe_energy(host[1, k], host[2, k], threshold[k], level[k], spread[k])
-                    flagged[int(k)] = (start_t + self.num_steps - 1, cause)
+                flagged[int(k)] = (step, cause, previous(int(k)))
+        if limits is not None:
+            threshold, level, spread = limits
+            for k in np.flatnonzero((host[0] > 0) & (host[1] > threshold)):
+                cause = self._describe_energy(host[1, k], host[2, k], threshold[k], level[k], spread[k])
+                flagged[int(k)] = (start_t + self.num_steps - 1, cause, previous(int(k)))
         return flagged
 
     def _certify(self, flagged: dict) -> None:
@@ -521,11 +528,13 @@ class DivergenceCheck(_KernelBase):
         self._uncertified = self._state
 
     def _handle_divergences(
-        self, flagged: dict[int, tuple[int, str]], state: tuple, sample_index: int, error: Optional[Exception]
+        self, flagged: dict[int, tuple[int, str, bool]], state: tuple, sample_index: int, error: Optional[Exception]
     ) -> tuple:
         """Raise, or restart the flagged chains (only those) from their last healthy state with zero auxiliary
         state (momentum, RMSprop average), recording each restart; in warm-up with ``adapt_step_size`` or with
-        the mass-matrix adaptation (which sets the step size), also halve the step size."""
+        the mass-matrix adaptation (which sets the step size), also halve the step size. The divergent draws are
+        this sample's (the restart) and, where the check found the state the previous sample returned already bad,
+        that earlier draw: it was handed to the runner before the check could see it."""
         K = self.vectorized_chains
         adapting = sample_index < 0 and (
             self.adapt_step_size or self._adapter is not None or self.inverse_mass_matrix is not None
@@ -536,7 +545,7 @@ class DivergenceCheck(_KernelBase):
             lines = [
                 (f"chain {k}: " if K > 1 else "")
                 + f"diverged at inner step {step} (step size {self._eta(step):.3g}): {cause}"
-                for k, (step, cause) in sorted(flagged.items())
+                for k, (step, cause, _) in sorted(flagged.items())
             ]
             raise SamplerDivergenceError(
                 f"{self._name} " + "; ".join(lines) + ". Use a smaller step_size (or a decaying schedule, or "
@@ -545,25 +554,29 @@ class DivergenceCheck(_KernelBase):
                 + (" A chain that diverges in its first steps often starts at a bad point (e.g. a scale drawn close "
                    "to 0): keep the default start (init_strategy=init_to_robust with the automatic MAP warm start, "
                    "map_steps=None) and let adapt_step_size=True find a stable step."
-                   if min(step for step, _ in flagged.values()) < 10 else "")
+                   if min(step for step, _, _ in flagged.values()) < 10 else "")
             ) from error
-        for k, (step, cause) in sorted(flagged.items()):
-            self.divergence_log.append(
-                {"sample": sample_index, "warmup": sample_index < 0, "chain": k, "step": step,
-                 "step_size": self._eta(step), "cause": cause}
-            )
+        bad_previous = sample_index >= 1 and any(previous for _, _, previous in flagged.values())
+        for k, (step, cause, previous) in sorted(flagged.items()):
+            record = {"sample": sample_index, "warmup": sample_index < 0, "chain": k, "step": step,
+                      "step_size": self._eta(step), "cause": cause}
+            if previous and sample_index >= 1:
+                record["bad draw"] = sample_index - 1  # the draw returned before this check saw its state
+            self.divergence_log.append(record)
         if adapting:
             if len([r for r in self.divergence_log if r.get("halved")]) >= _MAX_HALVINGS:
                 raise SamplerDivergenceError(
                     f"{self._name}: the warm-up step-size search halved the step size {_MAX_HALVINGS} times (to "
                     f"{self._eta(self._t):.3g}) and the chain still diverges: " + "; ".join(
-                        c for _, c in flagged.values()
+                        c for _, c, _ in flagged.values()
                     ) + ". Check the model or start from a MAP fit (map_steps)."
                 ) from error
             self._step_scale *= 0.5
             self._eta_tensor = None
             self.divergence_log[-1]["halved"] = True
         elif sample_index >= 0:
+            if bad_previous and (not self._divergences or self._divergences[-1] != sample_index - 1):
+                self._divergences.append(sample_index - 1)
             self._divergences.append(sample_index)
         healthy = self._healthy
         assert healthy is not None  # setup sets it to the initial state

@@ -1429,9 +1429,11 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         if error is None:
             finite = finite & torch.isfinite(potentials).reshape(self.num_steps, -1).all(0)
         energy = self._energy(state, potentials[-1]).reshape(-1)
-        # the one host synchronisation per sample: per chain, finite or not, its energy and its potential
+        # the one host synchronisation per sample: per chain, finite or not, its energy, its potential, and the
+        # potential at the state the previous sample returned (its first inner step's)
         host = torch.stack(
-            [finite.to(energy.dtype), energy, potentials[-1].reshape(-1).to(energy.dtype)]
+            [finite.to(energy.dtype), energy, potentials[-1].reshape(-1).to(energy.dtype),
+             potentials[0].reshape(-1).to(energy.dtype)]
         ).detach().cpu().double().numpy()
         if error is None:
             self._auto_switch()

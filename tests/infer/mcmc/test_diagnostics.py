@@ -17,7 +17,7 @@ import torch
 from pyro.infer import MCMC
 
 from pyro_sdebnn.data import two_moons
-from pyro_sdebnn.infer.mcmc import BayesianMLP, FSGHMC, FSGLD, SGHMC, SGLD
+from pyro_sdebnn.infer.mcmc import BayesianMLP, FSGHMC, FSGLD, SGHMC, SGLD, to_inference_data
 from pyro_sdebnn.infer.mcmc.diagnostics import SamplerDivergenceError
 
 # runs that diverge on purpose (on_divergence='continue'), and short runs: the end-of-run check reports them
@@ -113,11 +113,18 @@ def test_fsgld_continue_marks_divergences_and_restarts_from_finite_state(moons):
     flat = torch.cat([v.reshape(12, -1) for v in samples.values()], -1)
     init = torch.cat([kernel.transforms[k].inv(initial[k]).reshape(-1) for k in samples])
     assert bool(torch.isfinite(flat).all())
-    for i in divergences:
+    log = kernel.diagnostics()["divergence log"]
+    restarts = [r["sample"] for r in log]
+    bad = [r["bad draw"] for r in log if "bad draw" in r]
+    # the divergent draws: each restart, and each draw whose state the next sample's check found already bad
+    assert divergences == sorted(set(restarts) | set(bad)) and bad
+    for i in restarts:
         # a diverged sample restarts from the last state a check certified: a sample's check certifies the state the
         # sample before it returned, so that is the initial state or a sample at least two before it
         earlier = [init] + [flat[j] for j in range(i - 1)]
         assert any(torch.equal(flat[i], e) for e in earlier), i
+    for i in bad:  # a state the chain blew up to, not a restart: no earlier draw equals it
+        assert not any(torch.equal(flat[i], e) for e in [init] + [flat[j] for j in range(i)]), i
     assert kernel._t == 12 * kernel.num_steps  # the schedule moved on by num_steps per sample, diverged or not
 
 
@@ -269,14 +276,21 @@ def test_continue_restarts_from_a_healthy_state_with_a_record():
     mcmc.run(x, y)
     w = mcmc.get_samples()["w"]
     divergences = kernel.diagnostics()["divergences"]
-    assert len(divergences) >= 9
-    for i in divergences:
-        assert torch.equal(w[i], w[divergences[0]])  # every restart is the same healthy (initial) state
-    # between restarts the chain takes one step (about lambda / 2 = 455 times the initial |w|) before the next check
-    assert float(w.abs().max()) < 1e4
     log = kernel.diagnostics()["divergence log"]
-    assert [r["sample"] for r in log] == divergences
+    restarts = [r["sample"] for r in log]
+    assert len(restarts) >= 9
+    for i in restarts:
+        assert torch.equal(w[i], w[restarts[0]])  # every restart is the same healthy (initial) state
+    # between restarts the chain takes one step (about lambda / 2 = 455 times the initial |w|) before the next check:
+    # with num_steps=1 the check sees that state one sample late, and marks the draw that returned it as divergent
+    bad = [r["bad draw"] for r in log if "bad draw" in r]
+    assert bad == [i - 1 for i in restarts if i >= 1]
+    assert all(float(w[i].abs().max()) > 100 * float(w[restarts[0]].abs().max()) for i in bad)
+    assert float(w.abs().max()) < 1e4
+    assert divergences == sorted(set(restarts) | set(bad)) == list(range(len(w)))  # every draw: restart or blown up
     assert all(r["chain"] == 0 and r["step"] >= 0 and r["cause"] for r in log)
+    diverging = to_inference_data(mcmc, log_likelihood=False).sample_stats["diverging"].values
+    assert diverging.shape == (1, 20) and bool(diverging.all())  # ArviZ sees the blown-up draws too
 
 
 def test_one_diverging_chain_restarts_only_itself():
