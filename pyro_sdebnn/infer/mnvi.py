@@ -141,6 +141,7 @@ class SamplingFreeBNN(nn.Module):
         self.net = net
         self.likelihood = likelihood
         self.num_data = num_data
+        self._num_data_from_fit = False  # set by fit when it chose num_data: a later fit chooses again
         self.prior_scale = float(prior_scale)
         self.num_logit_samples = num_logit_samples
         self.name = name
@@ -371,7 +372,7 @@ class SamplingFreeBNN(nn.Module):
             n, data, tensor_batch_size = x.shape[0], (x, y), batch_size
         if not isinstance(num_epochs, int) or num_epochs < 1:
             raise ValueError(f"num_epochs must be a positive int, got {num_epochs!r}")
-        if self.num_data is None or getattr(self, "_num_data_from_fit", False):  # the N of the data fitted last
+        if self.num_data is None or self._num_data_from_fit:  # the N of the data fitted last
             self.num_data, self._num_data_from_fit = n, True
         loss = SamplingFree_ELBO() if loss is None else loss
         optim = pyro.optim.Adam({"lr": 1e-3}) if optim is None else optim  # type: ignore[attr-defined]
