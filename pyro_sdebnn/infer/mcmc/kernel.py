@@ -626,8 +626,6 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
             raise TypeError(f"adapt_step_size must be a bool, got {adapt_step_size!r}")
         if adapt_mass_matrix is not None and not isinstance(adapt_mass_matrix, bool):
             raise TypeError(f"adapt_mass_matrix must be None (automatic) or a bool, got {adapt_mass_matrix!r}")
-        if adapt_mass_matrix and not self.step_size.is_constant:
-            raise ValueError("adapt_mass_matrix=True needs a constant step_size (a float), not a schedule")
         if adapted_step_size is None:
             adapted_step_size = self._adapted_step_default
         if isinstance(adapted_step_size, bool) or not isinstance(adapted_step_size, (int, float)) \
@@ -655,6 +653,8 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         self.adapt_step_size = adapt_step_size
         # automatic: adapt whenever the step size is a constant (a schedule keeps its own step sizes)
         self.adapt_mass_matrix = self.step_size.is_constant if adapt_mass_matrix is None else adapt_mass_matrix
+        # the base class's check only: a subclass checks its own settings once they are set (and setup checks again)
+        SGMCMCKernel._check_step_size(self)
         self.adapted_step_size = float(adapted_step_size)
         self.warmup_step_factor = float(warmup_step_factor)
         self._run_checks: Optional[RunChecks] = None
@@ -778,7 +778,8 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         self._eta_tensor = None
 
     def _check_step_size(self) -> None:
-        """At set-up: the step size (which may have been set after ``__init__``) agrees with the other settings."""
+        """In ``__init__`` and again at set-up: the step size (which may be set between runs) agrees with the other
+        settings."""
         if self.adapt_mass_matrix and not self.step_size.is_constant:
             raise ValueError(
                 "the mass-matrix adaptation (adapt_mass_matrix) needs a constant step_size (a float), not a schedule: "

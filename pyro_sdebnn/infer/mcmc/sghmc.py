@@ -100,11 +100,6 @@ class SGHMC(SGMCMCKernel):
         super().__init__(model, step_size=step_size, num_steps=num_steps, subsample_size=subsample_size, **kwargs)
         if isinstance(friction, bool) or not isinstance(friction, (int, float)) or not friction > 0:
             raise ValueError(f"friction must be a positive float, got {friction!r}")
-        if self.step_size.is_constant and not self.step_size(0) * friction < 1:
-            raise ValueError(
-                f"friction must lie in (0, 1/step_size) = (0, {1 / self.step_size(0):.4g}), got {friction}: with "
-                "step_size * friction >= 1 the friction no longer damps the momentum"
-            )
         if not 0 <= noise_estimate <= friction:
             raise ValueError(f"noise_estimate must lie in [0, friction] = [0, {friction}], got {noise_estimate!r}")
         if resample_momentum_every is not None and (
@@ -116,6 +111,7 @@ class SGHMC(SGMCMCKernel):
         self.friction = self._base_friction = float(friction)  # friction: the one in use (adapted in warm-up)
         self.noise_estimate = float(noise_estimate)
         self.resample_momentum_every = resample_momentum_every
+        self._check_step_size()  # step_size * friction < 1
 
     def _init_state(self, position: Tensor) -> tuple:
         return (position, torch.randn_like(position) * self.temperature**0.5)
@@ -140,10 +136,10 @@ class SGHMC(SGMCMCKernel):
 
     def _check_step_size(self) -> None:
         super()._check_step_size()
-        if self.step_size.is_constant and not self.step_size(0) * self._base_friction < 1:  # set after __init__
+        if self.step_size.is_constant and not self.step_size(0) * self._base_friction < 1:
             raise ValueError(
-                f"step_size {self.step_size(0):.4g} times friction {self._base_friction} is >= 1: the friction no "
-                "longer damps the momentum; lower the step size or the friction"
+                f"friction must lie in (0, 1/step_size) = (0, {1 / self.step_size(0):.4g}), got "
+                f"{self._base_friction}: with step_size * friction >= 1 the friction no longer damps the momentum"
             )
 
     def _exploring_step(self, eta: float) -> float:

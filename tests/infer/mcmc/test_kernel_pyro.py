@@ -19,7 +19,7 @@ from pyro_sdebnn.infer.mcmc.arviz import (
     posterior_prediction,
 )
 from pyro_sdebnn.infer.mcmc.diagnostics import SamplerDivergenceError, SamplerWarning
-from pyro_sdebnn.infer.mcmc.schedules import StepSizeSchedule
+from pyro_sdebnn.infer.mcmc.schedules import PolynomialDecay, StepSizeSchedule
 from pyro_sdebnn.predictive import ClassificationPrediction, RegressionPrediction
 
 N = 40
@@ -202,7 +202,8 @@ def test_divergence_marked_and_reported_to_arviz():
         (SGLD, {"temperature": -1.0}, "temperature"),
         (SGLD, {"backend": "gpu"}, "backend"),
         (SGLD, {"on_divergence": "ignore"}, "on_divergence"),
-        (SGHMC, {"step_size": 0.1, "friction": 10.0}, "friction"),
+        (SGLD, {"step_size": PolynomialDecay(a=1e-3), "adapt_mass_matrix": True}, r"needs a constant step_size"),
+        (SGHMC, {"step_size": 0.1, "friction": 10.0}, r"friction must lie in \(0, 1/step_size\)"),
         (SGHMC, {"friction": 0.0}, "friction"),
         (SGHMC, {"friction": 1.0, "noise_estimate": 2.0}, "noise_estimate"),
     ],

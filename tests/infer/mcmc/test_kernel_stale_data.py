@@ -199,5 +199,5 @@ def test_step_size_set_between_runs_is_checked_and_used():
         MCMC(kernel, num_samples=2, warmup_steps=0, disable_progbar=True).run(x, y)
     sghmc = SGHMC(standardising_model, step_size=1e-3, friction=1.0, subsample_size=20)
     sghmc.step_size = 2.0
-    with pytest.raises(ValueError, match=r"step_size 2 times friction 1.0 is >= 1"):
+    with pytest.raises(ValueError, match=r"friction must lie in \(0, 1/step_size\) = \(0, 0.5\), got 1.0"):
         MCMC(sghmc, num_samples=2, warmup_steps=0, disable_progbar=True).run(x, y)
