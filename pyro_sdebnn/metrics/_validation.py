@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 
 import numpy as np
 import torch
@@ -23,12 +24,27 @@ def _as_tensor(name: str, value) -> Tensor:
         return value
     if isinstance(value, np.ndarray):
         return torch.from_numpy(np.ascontiguousarray(value))
-    if isinstance(value, (list, tuple, int, float)) and not isinstance(value, bool):
+    if isinstance(value, (list, tuple, int, float, np.integer, np.floating)) and not isinstance(value, bool):
         try:
             return torch.as_tensor(value)
         except (TypeError, ValueError, RuntimeError) as err:
             raise TypeError(f"{name} must be a tensor or an array of numbers ({err})") from None
     raise TypeError(f"{name} must be a torch.Tensor or numpy.ndarray, got {type(value).__name__}")
+
+
+def _real_number(value) -> float | None:
+    """``value`` as a Python float if it is one real number: a Python or NumPy scalar, or a one-element real tensor
+    or array (``y.std()``, ``np.std(y)``); else ``None``. Booleans are not numbers here."""
+    if isinstance(value, (bool, np.bool_)):
+        return None
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, Tensor) and value.numel() == 1 and not (value.dtype == torch.bool or value.is_complex()):
+        return float(value.item())
+    if isinstance(value, np.ndarray) and value.size == 1 and np.issubdtype(value.dtype, np.number):
+        if not np.iscomplexobj(value):
+            return float(value.item())
+    return None
 
 
 #: Floating dtypes too narrow to accumulate in: their values are widened (exactly) to float32 first.

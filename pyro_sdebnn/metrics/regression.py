@@ -25,7 +25,7 @@ from torch import Tensor
 
 from pyro_sdebnn.predictive import RegressionPrediction
 
-from ._validation import _check_vector, _float_tensor, _is_prediction
+from ._validation import _check_vector, _float_tensor, _is_prediction, _real_number
 
 __all__ = [
     "gaussian_mixture_log_likelihood",
@@ -36,9 +36,10 @@ __all__ = [
 
 
 def _check_y_scale(y_scale: float) -> float:
-    if not (isinstance(y_scale, (int, float)) and math.isfinite(y_scale) and y_scale > 0):
+    value = _real_number(y_scale)  # a Python or NumPy number, or a one-element tensor such as y_train.std()
+    if value is None or not (math.isfinite(value) and value > 0):
         raise ValueError(f"y_scale must be a positive finite number, got {y_scale!r}")
-    return float(y_scale)
+    return value
 
 
 def _check_mixture(loc, scale, *, strictly_positive: bool) -> tuple[Tensor, Tensor]:
@@ -74,7 +75,8 @@ def rmse(mean, y, *, y_scale: float = 1.0) -> Tensor:
     :param mean: ``(N,)`` predictive means (e.g. ``RegressionPrediction.mean``), or a
         :class:`~pyro_sdebnn.predictive.RegressionPrediction`.
     :param y: ``(N,)`` targets in the same units as ``mean``.
-    :param float y_scale: :math:`s`, the factor back to the original units (``DataSplit.y_scale``).
+    :param float y_scale: :math:`s`, the factor back to the original units (``DataSplit.y_scale``; a NumPy
+        scalar or a one-element tensor such as ``y_train.std()`` is read as its number).
     :return: 0-dim tensor.
 
     >>> rmse(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 4.0]))
@@ -141,8 +143,10 @@ def interval_coverage(loc, scale, y, level: float = 0.95) -> Tensor:
     >>> interval_coverage(torch.zeros(3), torch.ones(3), torch.tensor([0.5, -1.9, 2.0]), level=0.95)
     tensor(0.6667)
     """
-    if not (isinstance(level, (int, float)) and 0 < level < 1):
+    value = _real_number(level)
+    if value is None or not 0 < value < 1:
         raise ValueError(f"level must be a number in (0, 1), got {level!r}")
+    level = value
     loc, scale = _check_mixture(loc, scale, strictly_positive=True)
     y = _check_vector("y", y, loc.shape[1]).to(loc)
     cdf = torch.special.ndtr((y - loc) / scale).mean(0)

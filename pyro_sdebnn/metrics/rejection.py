@@ -9,7 +9,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from ._validation import _check_labels, _check_probs, _check_vector
+from ._validation import _check_labels, _check_probs, _check_vector, _real_number
 from .classification import _entropy
 
 __all__ = ["aumrc", "misclassification_at_rejection", "misclassification_rejection_curve"]
@@ -90,7 +90,8 @@ def misclassification_at_rejection(
 
     :param probs: ``(N, C)`` class probabilities or ``(N,)`` positive-class probabilities.
     :param labels: ``(N,)`` integer labels.
-    :param rates: rejection fractions in :math:`[0, 1)` (default 10, 25 and 50 %).
+    :param rates: rejection fractions in :math:`[0, 1)` (default 10, 25 and 50 %): numbers, or a 1-D tensor
+        whose entries key the result by their ``float`` value.
     :param uncertainty: optional ``(N,)`` scores, higher = rejected first (default: predictive entropy).
     :return: ``{rate: 0-dim tensor}`` in the order of ``rates``.
 
@@ -103,9 +104,14 @@ def misclassification_at_rejection(
     rates = tuple(rates)
     if not rates:
         raise ValueError("rates is empty: give at least one rejection rate")
+    checked = []
     for rate in rates:
-        if not (isinstance(rate, (int, float)) and 0 <= rate < 1):
+        value = _real_number(rate)
+        if value is None or not 0 <= value < 1:
             raise ValueError(f"rates must lie in [0, 1), got {rate!r}")
+        # a tensor element (rates=torch.tensor([...])) is keyed by its value: tensors hash by identity
+        checked.append(value if isinstance(rate, torch.Tensor) else rate)
+    rates = tuple(checked)
     _, curve = misclassification_rejection_curve(probs, labels, uncertainty)
     n = curve.shape[0]
     # The small offset keeps floor(r N) exact when r N is an integer up to floating-point error.

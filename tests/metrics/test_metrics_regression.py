@@ -93,3 +93,24 @@ def test_prediction_objects_are_accepted():
     assert gaussian_mixture_log_likelihood(prediction, None, y).item() == pytest.approx(
         gaussian_mixture_log_likelihood(prediction.loc, prediction.scale, y).item()
     )
+
+
+def test_y_scale_and_level_accept_numpy_scalars_and_one_element_tensors():
+    # A standardisation written with torch or numpy gives y_scale as a tensor or a NumPy scalar (np.float32 is not a
+    # Python float); both used to be refused as "not a positive finite number".
+    import numpy as np
+
+    loc, scale = torch.tensor([[0.0, 1.0, -1.0]]), torch.tensor([[1.0, 0.5, 2.0]])
+    y = torch.tensor([0.3, 1.2, 0.4])
+    for y_scale in (np.float32(2.5), torch.tensor(2.5), torch.tensor([2.5], dtype=torch.float64), np.array(2.5)):
+        assert rmse(loc[0], y, y_scale=y_scale).item() == pytest.approx(rmse(loc[0], y, y_scale=2.5).item())
+        assert gaussian_mixture_log_likelihood(loc, scale, y, y_scale=y_scale).item() == pytest.approx(
+            gaussian_mixture_log_likelihood(loc, scale, y, y_scale=2.5).item()
+        )
+    for level in (np.float32(0.5), torch.tensor(0.5)):
+        assert interval_coverage(loc, scale, y, level=level).item() == interval_coverage(loc, scale, y, 0.5).item()
+    for bad in (torch.tensor([2.0, 3.0]), torch.tensor(-1.0), True, "2.5"):
+        with pytest.raises(ValueError, match="y_scale must be a positive finite number"):
+            rmse(loc[0], y, y_scale=bad)
+    with pytest.raises(ValueError, match=r"level must be a number in \(0, 1\)"):
+        interval_coverage(loc, scale, y, level=torch.tensor(1.5))

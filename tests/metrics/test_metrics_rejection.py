@@ -73,3 +73,17 @@ def test_uncertainty_must_match():
     with pytest.raises(ValueError, match="uncertainty"):
         aumrc(torch.tensor([0.2, 0.7]), torch.tensor([0, 1]), uncertainty=torch.zeros(3))
     assert math.isfinite(aumrc(torch.tensor([0.2, 0.7]), torch.tensor([0, 1])).item())
+
+
+def test_rates_given_as_a_tensor_or_numpy_scalars():
+    probs = torch.tensor([[0.9, 0.1], [0.6, 0.4], [0.8, 0.2], [0.7, 0.3]])
+    labels = torch.tensor([0, 1, 0, 0])
+    want = misclassification_at_rejection(probs, labels, rates=(0.0, 0.25))
+    got = misclassification_at_rejection(probs, labels, rates=torch.tensor([0.0, 0.25]))
+    assert list(got) == [0.0, 0.25] and all(got[r].item() == want[r].item() for r in want)
+    import numpy as np
+
+    got = misclassification_at_rejection(probs, labels, rates=(np.float32(0.25),))
+    assert got[np.float32(0.25)].item() == want[0.25].item()
+    with pytest.raises(ValueError, match="rates must lie in"):
+        misclassification_at_rejection(probs, labels, rates=torch.tensor([0.5, 1.0]))

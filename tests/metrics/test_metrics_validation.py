@@ -121,3 +121,13 @@ def test_regression_keyword_validation():
         metrics.rmse(Y, torch.zeros(2))
     with pytest.raises(ValueError, match="scale must be non-negative"):
         metrics.regression_variance_decomposition(LOC, -SCALE)
+
+
+def test_numpy_scalars_are_numbers():
+    # np.float32 is neither a Python float nor an ndarray: it used to be refused as "must be a torch.Tensor"
+    logits = torch.tensor([[2.0, -1.0], [0.3, 1.5]])
+    want = metrics.temperature_scale(logits, 2.0)
+    torch.testing.assert_close(metrics.temperature_scale(logits, np.float32(2.0)), want, rtol=0, atol=0)
+    torch.testing.assert_close(metrics.temperature_scale(logits, np.int64(2)), want, rtol=0, atol=0)
+    with pytest.raises(TypeError, match="temperature must be"):
+        metrics.temperature_scale(logits, np.bool_(True))
