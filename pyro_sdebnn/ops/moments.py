@@ -76,8 +76,8 @@ def check_moments(mean: Tensor, var: Tensor | None, name: str = "input", *, chec
     :param Tensor mean: the mean.
     :param var: the variance or ``None``.
     :param str name: the argument name used in error messages.
-    :param bool check_values: also check ``var >= 0`` (a device synchronisation; callers run it
-        only under Pyro validation).
+    :param bool check_values: also check ``var >= 0``, which NaN fails (a device synchronisation; callers run it
+        only under Pyro validation). Types, shapes, dtypes and devices are always checked.
     """
     if not isinstance(mean, Tensor):
         raise TypeError(f"{name}.mean must be a torch.Tensor, got {type(mean).__name__}")
@@ -89,8 +89,14 @@ def check_moments(mean: Tensor, var: Tensor | None, name: str = "input", *, chec
         raise ValueError(
             f"{name}.var must have the shape of {name}.mean {tuple(mean.shape)}, got {tuple(var.shape)}"
         )
-    if check_values and bool((var < 0).any()):
-        raise ValueError(f"{name}.var must be non-negative (variances), got a minimum of {var.min()}")
+    if var.dtype != mean.dtype or var.device != mean.device:
+        raise TypeError(
+            f"{name}.var must have the dtype and device of {name}.mean ({mean.dtype}, {mean.device}), "
+            f"got ({var.dtype}, {var.device})"
+        )
+    if check_values and not bool((var >= 0).all()):  # NaN fails ``>= 0`` too
+        found = "NaN" if bool(var.isnan().any()) else f"a minimum of {var.min()}"
+        raise ValueError(f"{name}.var must be non-negative (variances), got {found}")
 
 
 def multiplicative_linear_moments(

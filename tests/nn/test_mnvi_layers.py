@@ -111,6 +111,9 @@ def test_moment_forward_follows_dtype():
 @pytest.mark.parametrize("make_input,error,match", [
     (lambda: Moments(torch.zeros(2, 3), -torch.ones(2, 3)), ValueError, "non-negative"),
     (lambda: Moments(torch.zeros(2, 3), torch.ones(2, 4)), ValueError, "must have the shape"),
+    (lambda: Moments(torch.zeros(2, 3), torch.full((2, 3), float("nan"))), ValueError, "non-negative.*got NaN"),
+    (lambda: Moments(torch.zeros(2, 3), torch.ones(2, 3, dtype=torch.float64)), TypeError,
+     r"input.var must have the dtype and device of input.mean \(torch.float32"),
     (lambda: Moments(torch.zeros(2, 5), None), ValueError, "3 features"),
     (lambda: Moments([0.0, 1.0], None), TypeError, "torch.Tensor"),
     (lambda: [0.0, 1.0, 2.0], TypeError, "Moments"),
