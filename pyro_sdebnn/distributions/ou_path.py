@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 from pyro.distributions import Normal
 from pyro.distributions.torch_distribution import TorchDistribution
 from torch import Tensor
-from torch.distributions import constraints
+from torch.distributions import Distribution, constraints
 from torch.distributions.kl import register_kl
 from torch.distributions.utils import lazy_property
 from torch.types import _size
@@ -42,13 +43,19 @@ def ou_stationary(sigma: torch.Tensor | float, theta: torch.Tensor | float = 1.0
     shape of ``sigma`` and ``theta`` as its batch shape.
 
     :param sigma: diffusion scale :math:`\sigma > 0`.
-    :param theta: mean-reversion rate :math:`\theta > 0`.
+    :param theta: mean-reversion rate :math:`\theta > 0`. Both are checked (``ValueError``) under validation, as
+        torch checks a distribution's parameters.
 
     >>> ou_stationary(torch.tensor(0.2)).scale            # 0.2 / sqrt(2)
     tensor(0.1414)
     """
     sigma = torch.as_tensor(sigma)
     theta = torch.as_tensor(theta, dtype=sigma.dtype, device=sigma.device)
+    if Distribution._validate_args:  # as torch checks a law's parameters (``pyro.enable_validation``)
+        # sigma enters squared, so a negative sigma would give a valid-looking law without this check
+        for name, value in (("sigma", sigma), ("theta", theta)):
+            if not bool((value > 0).all()):
+                raise ValueError(f"ou_stationary: `{name}` must be positive, got {value}")
     scale = ou_stationary_variance(sigma, theta).sqrt()
     return Normal(torch.zeros_like(scale), scale)
 
@@ -155,6 +162,12 @@ class OUPath(TorchDistribution):
             raise TypeError(f"OUPath: `init` must be a tensor of shape batch + (D,), got {type(init)}")
         if init.dim() < 1:
             raise ValueError("OUPath: `init` must have at least one dimension (the state dimension D)")
+        if not init.is_floating_point():
+            # sigma and theta take init's dtype: an integer init truncated sigma=0.5 to 0
+            raise TypeError(f"OUPath: `init` must be a floating-point tensor, got dtype {init.dtype}")
+        for name, value in (("sigma", sigma), ("theta", theta)):
+            if not isinstance(value, torch.Tensor) and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+                raise TypeError(f"OUPath: `{name}` must be a tensor or a real number, got {type(value).__name__}")
         if method not in _METHODS:
             raise ValueError(f"OUPath: `method` must be one of {_METHODS}, got {method!r}")
         times = torch.as_tensor(times).to(dtype=init.dtype, device=init.device)

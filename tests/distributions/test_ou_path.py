@@ -174,3 +174,28 @@ def test_times_are_checked_for_shape_always_and_for_order_under_validation():
         OUPath(init, 1.0, torch.tensor([0.0, 0.5, 0.5]), validate_args=True)
     # without validation the order is not read back to the host (a GPU synchronisation per path otherwise)
     assert OUPath(init, 1.0, torch.tensor([0.0, 0.5, 0.5]), validate_args=False).event_shape == (2, 3)
+
+
+def test_integer_init_and_non_numeric_scales_are_named():
+    times = torch.tensor([0.0, 1.0])
+    # an integer init gave sigma its dtype: sigma=0.5 became 0 and was reported as "sigma ... found invalid values: 0"
+    with pytest.raises(TypeError, match="`init` must be a floating-point tensor, got dtype torch.int64"):
+        OUPath(torch.zeros(2, dtype=torch.long), 0.5, times)
+    with pytest.raises(TypeError, match="`sigma` must be a tensor or a real number, got str"):
+        OUPath(torch.zeros(2), "0.5", times)
+    with pytest.raises(TypeError, match="`theta` must be a tensor or a real number, got bool"):
+        OUPath(torch.zeros(2), 0.5, times, theta=True)
+    assert OUPath(torch.zeros(2), np.float32(0.5), times, theta=np.int64(2)).sigma.item() == 0.5
+
+
+@pytest.mark.parametrize("sigma, theta, name", [(-1.0, 1.0, "sigma"), (0.5, -1.0, "theta"), (0.0, 1.0, "sigma")])
+def test_ou_stationary_checks_its_parameters_under_validation(sigma, theta, name):
+    # sigma enters squared: ou_stationary(-1.0) was a valid-looking N(0, 0.5); theta < 0 failed as "scale ... nan"
+    with pytest.raises(ValueError, match=f"ou_stationary: `{name}` must be positive"):
+        ou_stationary(sigma, theta)
+    previous = torch.distributions.Distribution._validate_args
+    torch.distributions.Distribution.set_default_validate_args(False)
+    try:
+        ou_stationary(sigma, theta)  # no check (and no device synchronisation) without validation
+    finally:
+        torch.distributions.Distribution.set_default_validate_args(previous)
