@@ -118,10 +118,11 @@ class NNGP(Kernel):
             raise ValueError(f"NNGP: `num_quadrature` must be an int >= 2, got {num_quadrature!r}")
         weight_variance = torch.as_tensor(weight_variance, dtype=torch.get_default_dtype())
         bias_variance = torch.as_tensor(bias_variance, dtype=torch.get_default_dtype())
-        if weight_variance.dim() != 0 or not bool(weight_variance > 0):
-            raise ValueError(f"NNGP: `weight_variance` must be a positive scalar, got {weight_variance}")
-        if bias_variance.dim() != 0 or not bool(bias_variance >= 0):
-            raise ValueError(f"NNGP: `bias_variance` must be a non-negative scalar, got {bias_variance}")
+        # an infinite variance gives an infinite kernel matrix, which fails later in a Cholesky factorisation
+        if weight_variance.dim() != 0 or not bool((weight_variance > 0) & weight_variance.isfinite()):
+            raise ValueError(f"NNGP: `weight_variance` must be a positive finite scalar, got {weight_variance}")
+        if bias_variance.dim() != 0 or not bool((bias_variance >= 0) & bias_variance.isfinite()):
+            raise ValueError(f"NNGP: `bias_variance` must be a non-negative finite scalar, got {bias_variance}")
         super().__init__(input_dim if input_dim is not None else 0, active_dims if input_dim is not None else None)
         if input_dim is None and active_dims is not None:
             self.active_dims = list(active_dims)

@@ -150,3 +150,13 @@ def test_two_kernels_with_different_hyperparameters_in_one_store_need_a_scope():
         k2 = NNGP(1, 2.0, 0.0)(x)
     # ReLU with sigma_b = 0 is positively homogeneous, so K^1 scales with (sigma_w^2)^2 = 4
     torch.testing.assert_close(k2, 4.0 * NNGP(1, 1.0, 0.0)(x))
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    ({"weight_variance": float("inf")}, "weight_variance"),
+    ({"bias_variance": float("inf")}, "bias_variance"),
+])
+def test_infinite_variances_are_refused(kwargs, name):
+    # they were accepted, and the infinite kernel matrix failed later in GPFunctionalPrior's Cholesky factorisation
+    with pytest.raises(ValueError, match=f"`{name}` must be a (non-negative|positive) finite scalar"):
+        NNGP(depth=1, **kwargs)
