@@ -207,3 +207,18 @@ def test_importing_the_package_does_not_import_torchvision():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]", proc.stdout
+
+
+def test_a_plain_torch_layer_given_moments_is_named():
+    # torch's own errors ("relu(): argument 'input' must be Tensor, not Moments", "'Moments' object has no attribute
+    # 'flatten'") named neither the layer nor the fix
+    net = MNSequential(MNLinear(3, 4), nn.ReLU(), MNLinear(4, 2))
+    with pytest.raises(TypeError, match=r"MNSequential: module 1 is torch.nn.ReLU, .*MNReLU.*to_mnvi"):
+        net(Moments(torch.zeros(2, 3), None))
+    assert net(torch.zeros(2, 3)).shape == (2, 2)  # the deterministic pass takes plain layers
+    block = MNResidualBlock(MNLinear(3, 3), activation=nn.Tanh())
+    with pytest.raises(TypeError, match="MNResidualBlock: the activation is torch.nn.Tanh"):
+        block(Moments(torch.zeros(2, 3), None))
+    # torch modules that pass moments through are kept
+    out = MNSequential(nn.Identity(), nn.Sequential(MNLinear(3, 2), MNReLU()))(Moments(torch.zeros(2, 3), None))
+    assert out.var.shape == (2, 2)

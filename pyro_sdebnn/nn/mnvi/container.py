@@ -28,6 +28,21 @@ from pyro_sdebnn.ops.moments import Moments
 __all__ = ["MNConcat", "MNResidualBlock", "MNSequential"]
 
 
+#: torch modules that pass ``Moments`` through (containers run their children; ``Identity`` returns its input).
+_PASS_THROUGH = (nn.Identity, nn.Sequential, nn.ModuleList, nn.ModuleDict)
+
+
+def _check_takes_moments(module: nn.Module, where: str) -> None:
+    """Raise ``TypeError`` if ``module`` is a plain ``torch.nn`` layer, which cannot take :class:`Moments` (torch's
+    own error, e.g. "relu(): argument 'input' must be Tensor, not Moments", names neither the layer nor the fix)."""
+    if type(module).__module__.startswith("torch.nn.") and not isinstance(module, _PASS_THROUGH):
+        name = type(module).__name__
+        raise TypeError(
+            f"{where} is torch.nn.{name}, which cannot propagate Moments: use its moment version "
+            f"(e.g. MNReLU for ReLU, MNLinear for Linear) or convert the plain network with to_mnvi(...)"
+        )
+
+
 class MNSequential(nn.Sequential):
     """:class:`torch.nn.Sequential` for layers that accept tensors or :class:`Moments`.
 
@@ -44,7 +59,9 @@ class MNSequential(nn.Sequential):
         as_moments(input)
         vouch = vouching()
         passed = input if vouch else None  # the input just checked, then the outputs of this package's modules
-        for module in self:
+        for index, module in enumerate(self):
+            if isinstance(input, Moments):
+                _check_takes_moments(module, f"MNSequential: module {index}")
             with checked(passed):
                 input = module(input)
             passed = input if vouch and is_own(module) else None
@@ -100,6 +117,8 @@ class MNResidualBlock(nn.Module):
             out = _add(self.main(input), skip)
         if self.activation is None:
             return out
+        if isinstance(out, Moments):
+            _check_takes_moments(self.activation, "MNResidualBlock: the activation")
         own = vouch and is_own(self.main) and (self.shortcut is None or is_own(self.shortcut))
         with checked(out if own else None):
             return self.activation(out)
