@@ -231,7 +231,7 @@ def mean_field_conv2d_moments(
     return Moments(out_mean, out_var)
 
 
-def relu_moments(mean: Tensor, var: Tensor, min_var: float = RELU_MIN_VAR) -> Moments:
+def relu_moments(mean: Tensor, var: Tensor | None, min_var: float = RELU_MIN_VAR) -> Moments:
     r"""Exact mean and variance of :math:`\max(Z, 0)` for :math:`Z\sim\mathcal N(\mu, s^2)`.
 
     With :math:`r = \mu/s` (eq. (11) of [1], [2]; [3], Sec. 3):
@@ -254,7 +254,7 @@ def relu_moments(mean: Tensor, var: Tensor, min_var: float = RELU_MIN_VAR) -> Mo
     variance is floored at ``min_var`` (``1e-5``, as in Schmitt & Roth (2021), App. A).
 
     :param Tensor mean: :math:`\mu`.
-    :param Tensor var: :math:`s^2`, same shape.
+    :param var: :math:`s^2`, same shape, or ``None`` for an exactly known input (then ``Moments(relu(mean), None)``).
     :param float min_var: the variance floor.
 
     >>> m = relu_moments(torch.tensor([0.0]), torch.tensor([1.0]))
@@ -267,6 +267,8 @@ def relu_moments(mean: Tensor, var: Tensor, min_var: float = RELU_MIN_VAR) -> Mo
     # autograd has not saved, so this one function serves training and prediction, and ``del`` drops the others as
     # soon as they are used. exp2 rather than exp, because on the CPU exp of arguments that underflow (confident
     # units, |r| > 13) takes a slow path in MKL's vector math that exp2 does not.
+    if var is None:  # an exactly known input (the Moments convention): the rectifier of its value
+        return Moments(F.relu(mean), None)
     var = var.clamp_min(min_var)
     inv_std = var.rsqrt()
     std_pdf = var * inv_std  # s; times phi(r) below

@@ -62,6 +62,7 @@ Shapes: paths are ``(..., K, D)`` (time before state, as ``OUPath``); torchsde i
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Callable, NamedTuple
 
 import torch
@@ -100,7 +101,7 @@ def time_grid(t_span: tuple[float, float], dt: float, *, dtype: torch.dtype = to
     t0, t1 = (float(t) for t in t_span)
     if not t1 > t0:
         raise ValueError(f"t_span must be increasing (t0 < t1), got {t_span}")
-    if not (isinstance(dt, (int, float)) and dt > 0 and math.isfinite(dt)):
+    if isinstance(dt, bool) or not (isinstance(dt, numbers.Real) and dt > 0 and math.isfinite(dt)):
         raise ValueError(f"dt must be a positive finite float, got {dt!r}")
     steps = max(1, round((t1 - t0) / dt))
     grid = torch.linspace(t0, t1, steps + 1, dtype=torch.float64)
@@ -212,8 +213,14 @@ def euler_maruyama_kl(init: Tensor, times: Tensor, dB: Tensor, sigma: Tensor | f
     steps = times.shape[0] - 1
     if dB.shape[-2] != steps:
         raise ValueError(f"dB must have shape (..., K={steps}, D), got {tuple(dB.shape)}")
+    state_shape = dB.shape[:-2] + dB.shape[-1:]
+    if init.dim() > len(state_shape) or any(a not in (1, b) for a, b in zip(init.shape[::-1], state_shape[::-1])):
+        raise ValueError(
+            f"init must broadcast to the state shape dB.shape[:-2] + (D,) = {tuple(state_shape)}, "
+            f"got {tuple(init.shape)}"
+        )
     dts = times[1:] - times[:-1]
-    w = init.expand(dB.shape[:-2] + dB.shape[-1:])
+    w = init.expand(state_shape)
     h = hidden_init
     kl = dB.new_zeros(dB.shape[:-2])
     path = []
@@ -321,6 +328,12 @@ def sdeint_augmented(sde: AugmentedPathSDE, init: Tensor, hidden_init: Tensor | 
     if method not in SOLVERS:
         raise ValueError(f"method must be one of {SOLVERS}, got {method!r}")
     check_estimator(estimator)
+    if init.dim() != 2 or init.shape[1] != sde.weight_dim:
+        raise ValueError(f"init must have shape (batch, D={sde.weight_dim}), got {tuple(init.shape)}")
+    if hidden_init is not None and tuple(hidden_init.shape) != (init.shape[0], sde.hidden_dim):
+        raise ValueError(
+            f"hidden_init must have shape (batch, H) = {(init.shape[0], sde.hidden_dim)}, got {tuple(hidden_init.shape)}"
+        )
     parts = [init] + ([hidden_init] if hidden_init is not None else []) + [init.new_zeros(init.shape[0], 1)]
     y0 = torch.cat(parts, -1)
     if bm is None:

@@ -489,3 +489,10 @@ def test_mn_concat_stacks_branch_moments():
         MNConcat()
     with pytest.raises(TypeError, match="branch 1"):
         MNConcat(a, "b")
+
+
+def test_relu_moments_of_an_exactly_known_input():
+    # var=None is the Moments convention for an exactly known input; relu_moments raised AttributeError on it
+    mean = torch.tensor([-1.0, 0.0, 2.0])
+    out = relu_moments(mean, None)
+    assert out.var is None and torch.equal(out.mean, torch.tensor([0.0, 0.0, 2.0]))

@@ -190,3 +190,32 @@ def test_brownian_of_another_size_rejected():
         sdeint_augmented(sde, w0.detach().expand(2, -1), h0.reshape(1, -1).expand(2, -1), times, bm=wide)
     with pytest.raises(ValueError, match="bm must have size"):
         sdeint_augmented(sde, w0.detach().expand(2, -1), None, times, bm=brownian_interval(times, (2, 5)))
+
+
+def test_time_grid_takes_numpy_steps():
+    import numpy as np
+
+    # np.float32 is no Python float: it was refused as "dt must be a positive finite float, got np.float32(0.25)"
+    torch.testing.assert_close(time_grid((0.0, 1.0), np.float32(0.25)), time_grid((0.0, 1.0), 0.25))
+    with pytest.raises(ValueError, match="dt must be"):
+        time_grid((0.0, 1.0), True)
+
+
+def test_initial_states_of_the_wrong_shape_are_named():
+    times = torch.linspace(0, 1, 5)
+    dB = torch.zeros(4, 4, 3)
+    # these failed inside torch / torchsde ("The expanded size of the tensor (3) must match ...", "State sizes not
+    # consistent", "Tensors must have same number of dimensions")
+    with pytest.raises(ValueError, match=r"init must broadcast to the state shape .* \(4, 3\), got \(2,\)"):
+        euler_maruyama_kl(torch.zeros(2), times, dB, 0.5, 1.0)
+    for init in (torch.zeros(3), torch.zeros(4, 1), torch.zeros(())):  # broadcastable initial states still work
+        assert euler_maruyama_kl(init, times, dB, 0.5, 1.0).path.shape == (4, 4, 3)
+    for init in (torch.zeros(2, 4, 3), torch.zeros(5, 3)):
+        with pytest.raises(ValueError, match="init must broadcast"):
+            euler_maruyama_kl(init, times, dB, 0.5, 1.0)
+    sde = AugmentedPathSDE(3, 2, 0.5, 1.0)
+    for init in (torch.zeros(3), torch.zeros(2, 4)):
+        with pytest.raises(ValueError, match=r"init must have shape \(batch, D=3\)"):
+            sdeint_augmented(sde, init, None, times, entropy=0)
+    with pytest.raises(ValueError, match=r"hidden_init must have shape \(batch, H\) = \(2, 2\), got \(2, 3\)"):
+        sdeint_augmented(sde, torch.zeros(2, 3), torch.zeros(2, 3), times, entropy=0)
