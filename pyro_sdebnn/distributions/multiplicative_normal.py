@@ -70,7 +70,9 @@ class MultiplicativeNormal(TorchDistribution):
     tensor sample site. Samples are ``sample_shape + batch_shape``.
 
     .. note:: A weight with ``loc == 0`` has zero variance; its ``log_prob`` is degenerate (``-inf``/``nan``),
-        whereas the KL stays finite thanks to the :math:`10^{-10}` guard.
+        whereas the KL from it stays finite thanks to the :math:`10^{-10}` guard. As the second argument ``p`` of a
+        KL between two ``MultiplicativeNormal``, such a weight is a point mass at 0: the KL is 0 where ``q`` is the
+        same point mass and infinite elsewhere.
 
     :param Tensor loc: weight means :math:`m`, e.g. ``(out, in)`` for a linear layer or
         ``(out, in, kh, kw)`` for a convolution.
@@ -204,8 +206,14 @@ class MultiplicativeNormal(TorchDistribution):
 @register_kl(MultiplicativeNormal, MultiplicativeNormal)
 def _kl_multiplicative_normal_multiplicative_normal(q: MultiplicativeNormal, p: MultiplicativeNormal) -> torch.Tensor:
     # Both are element-wise Gaussians, so this is the Gaussian KL to N(m_p, alpha_p m_p^2), with the same guard on
-    # the q variance as the KL to a Normal (infinite where p has zero variance and q does not).
-    return _kl_multiplicative_normal_normal(q, Normal(p.loc, p.scale, validate_args=False))
+    # the q variance as the KL to a Normal. Where m_p = 0, p is a point mass at 0: the KL is 0 where q is that same
+    # point mass (m_q = 0) and infinite elsewhere. The Gaussian formula (0 / 0 there) is evaluated with a placeholder
+    # scale at those entries, so that no NaN reaches the result or the gradients of the other entries.
+    point_mass = p.variance == 0
+    scale = torch.where(point_mass, torch.ones_like(p.scale), p.scale)
+    kl = _kl_multiplicative_normal_normal(q, Normal(p.loc, scale, validate_args=False))
+    same_point = (q.variance == 0) & (q.loc == p.loc)
+    return torch.where(point_mass, torch.where(same_point, 0.0, math.inf).to(kl), kl)
 
 
 @register_kl(MultiplicativeNormal, Normal)

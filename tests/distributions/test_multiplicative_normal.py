@@ -88,3 +88,18 @@ def test_bad_arguments_raise():
         MultiplicativeNormal(torch.ones(2, 3), torch.ones(3), noise_dim=1.0)
     with pytest.raises(ValueError, match="weight_shape"):
         MultiplicativeNormal.num_parameters(())
+
+
+def test_kl_to_a_multiplicative_normal_with_zero_means():
+    # A zero mean makes p a point mass at 0 (a pruned weight of a previous posterior used as the prior): the KL is
+    # infinite unless q is that same point mass, where it is 0. Both were NaN, and the NaN reached the gradient of
+    # every other entry.
+    loc = torch.tensor([1.0, 0.0, 0.5, -2.0], dtype=DTYPE, requires_grad=True)
+    q = MultiplicativeNormal(loc, torch.full((4,), 0.1, dtype=DTYPE))
+    p = MultiplicativeNormal(torch.tensor([0.0, 0.0, 1.0, -1.0], dtype=DTYPE), torch.tensor([0.1, 0.1, 0.2, 0.3], dtype=DTYPE))
+    kl = kl_divergence(q, p)
+    assert kl[0].item() == math.inf and kl[1].item() == 0.0
+    want = kl_divergence(MultiplicativeNormal(loc[2:], q.alpha[2:]), dist.Normal(p.loc[2:], p.scale[2:]))
+    torch.testing.assert_close(kl[2:], want, rtol=1e-12, atol=0)
+    kl[2:].sum().backward()
+    assert torch.isfinite(loc.grad).all() and loc.grad[:2].eq(0).all()
