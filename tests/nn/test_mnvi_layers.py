@@ -222,3 +222,23 @@ def test_a_plain_torch_layer_given_moments_is_named():
     # torch modules that pass moments through are kept
     out = MNSequential(nn.Identity(), nn.Sequential(MNLinear(3, 2), MNReLU()))(Moments(torch.zeros(2, 3), None))
     assert out.var.shape == (2, 2)
+
+
+@pytest.mark.parametrize("make", [
+    lambda **kw: MNLinear(3, 2, **kw), lambda **kw: MFLinear(3, 2, **kw), lambda **kw: MNConv2d(2, 2, 3, **kw),
+    lambda **kw: to_mnvi(nn.Linear(3, 2), **kw), lambda **kw: to_mean_field(nn.Linear(3, 2), **kw),
+])
+def test_bad_rho_init_is_named(make):
+    # a string failed as "could not convert string to float: 'a'"; NaN / inf gave NaN / inf noise variances
+    with pytest.raises(TypeError, match="rho_init must be a real number"):
+        make(rho_init="a")
+    for value in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="rho_init must be finite"):
+            make(rho_init=value)
+    assert make(rho_init=torch.tensor(-2.0)) is not None
+
+
+@pytest.mark.parametrize("min_var, error", [("1e-5", TypeError), (float("inf"), ValueError), (float("nan"), ValueError)])
+def test_relu_min_var_type_and_finiteness(min_var, error):
+    with pytest.raises(error, match="min_var must be"):
+        MNReLU(min_var=min_var)

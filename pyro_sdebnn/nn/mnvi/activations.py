@@ -19,6 +19,8 @@ On a plain tensor both act as the ordinary activation.
 from __future__ import annotations
 
 import functools
+import math
+import numbers
 from collections.abc import Callable
 from typing import cast
 
@@ -54,8 +56,11 @@ class MNReLU(nn.Module):
 
     def __init__(self, min_var: float = RELU_MIN_VAR, *, compile: bool = False) -> None:
         super().__init__()
-        if not min_var > 0:
-            raise ValueError(f"min_var must be positive, got {min_var!r}")
+        given: object = min_var  # checked as any object: numbers.Real also admits NumPy numbers
+        if isinstance(given, bool) or not isinstance(given, numbers.Real):
+            raise TypeError(f"min_var must be a real number, got {type(min_var).__name__}")
+        if not (min_var > 0 and math.isfinite(min_var)):
+            raise ValueError(f"min_var must be positive and finite, got {min_var!r}")
         self.min_var = float(min_var)
         # not ``self.compile``: that would shadow the method ``nn.Module.compile``
         self.use_compile = bool(compile)

@@ -32,6 +32,8 @@ The bias is a point estimate: the activation noise multiplies the inputs, not th
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import cast, overload
 
 import torch
@@ -71,6 +73,18 @@ class BayesianLayer(nn.Module):
     def num_noise_parameters(self) -> int:
         """Number of parameters added to the deterministic layer."""
         raise NotImplementedError
+
+
+def _rho_init(value: float | None, default: float) -> float:
+    """``value`` (``None``: ``default``) as a finite float: a NaN or infinite ``rho`` gives NaN or infinite noise."""
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, Tensor)):
+        raise TypeError(f"rho_init must be a real number or None, got {type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"rho_init must be finite, got {value}")
+    return value
 
 
 def _check_positive_ints(**values: int) -> None:
@@ -130,7 +144,7 @@ class _MomentLinear(_MomentLayer, nn.Linear):
     ) -> None:
         _check_positive_ints(in_features=in_features, out_features=out_features)
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
-        self._init_noise(self._rho_init if rho_init is None else float(rho_init))
+        self._init_noise(_rho_init(rho_init, self._rho_init))
 
 
 class _MomentConv2d(_MomentLayer, nn.Conv2d):
@@ -165,7 +179,7 @@ class _MomentConv2d(_MomentLayer, nn.Conv2d):
             in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, "zeros",
             device=device, dtype=dtype,
         )
-        self._init_noise(self._rho_init if rho_init is None else float(rho_init))
+        self._init_noise(_rho_init(rho_init, self._rho_init))
 
     def _conv_args(self) -> tuple:
         return (self.stride, self.padding, self.dilation, self.groups)
