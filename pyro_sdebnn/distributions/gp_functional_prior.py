@@ -65,8 +65,15 @@ def fit_gp_kernel(
         raise ValueError(f"fit_gp_kernel: `x` must be (N,) or (N, d), got shape {tuple(x.shape)}")
     if y.dim() not in (1, 2) or y.shape[0] != x.shape[0]:
         raise ValueError(f"fit_gp_kernel: `y` must be (N,) or (N, C) with N={x.shape[0]}, got {tuple(y.shape)}")
-    if num_steps < 1 or max_points < 1:
-        raise ValueError("fit_gp_kernel: `num_steps` and `max_points` must be positive")
+    for name, value in (("num_steps", num_steps), ("max_points", max_points)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"fit_gp_kernel: `{name}` must be a positive int, got {value!r}")
+    if not (isinstance(noise, (int, float)) and 0 < noise < math.inf):
+        # the initial noise variance of a positive parameter: 0 maps to -inf, a negative value fails in a Cholesky
+        raise ValueError(f"fit_gp_kernel: `noise` must be a positive finite float, got {noise!r}")
+    for name, value in (("x", x), ("y", y)):
+        if not bool(torch.isfinite(value).all()):
+            raise ValueError(f"fit_gp_kernel: `{name}` must be finite, got NaN or infinite values")
     if x.shape[0] > max_points:
         index = torch.randperm(x.shape[0], generator=generator)[:max_points].to(x.device)
         x, y = x[index], y[index]

@@ -124,3 +124,17 @@ def test_kernel_uses_its_own_parameters_despite_param_store_names():
     prior = GPFunctionalPrior(_rbf(), x)
     expected = 1.3 * torch.exp(torch.tensor(-0.5 / 0.6**2, dtype=DTYPE))
     torch.testing.assert_close(prior.covariance_matrix[0, 1], expected)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"num_steps": 2.5}, "`num_steps` must be a positive int, got 2.5"),  # was "'float' object cannot be interpreted"
+    ({"max_points": 0}, "`max_points` must be a positive int"),
+    ({"noise": -1.0}, "`noise` must be a positive finite float"),  # was a LinAlgError inside GPRegression
+    ({"noise": 0.0}, "`noise` must be a positive finite float"),  # was accepted: log(0) = -inf as initial value
+    ({"y": torch.full((5,), float("nan"))}, "`y` must be finite"),  # was a support error of GPRegression's site 'y'
+    ({"x": torch.full((5, 1), float("inf"))}, "`x` must be finite"),
+])
+def test_fit_gp_kernel_names_bad_arguments(kwargs, match):
+    arguments = {"x": torch.linspace(-1, 1, 5).unsqueeze(-1), "y": torch.zeros(5), "num_steps": 2, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        fit_gp_kernel(gp.kernels.RBF(1), **arguments)
