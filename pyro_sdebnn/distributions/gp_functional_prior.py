@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -199,10 +200,13 @@ class GPFunctionalPrior(TorchDistribution):
         if not isinstance(inputs, torch.Tensor) or inputs.dim() not in (1, 2) or inputs.shape[0] < 1:
             shape = tuple(inputs.shape) if isinstance(inputs, torch.Tensor) else type(inputs)
             raise ValueError(f"GPFunctionalPrior: `inputs` must be a tensor of shape (M, d) or (M,), got {shape}")
-        if not isinstance(num_outputs, int) or num_outputs < 1:
+        # NumPy integers and floats are numbers too; a bool is not (True would be read as 1)
+        if isinstance(num_outputs, bool) or not isinstance(num_outputs, numbers.Integral) or num_outputs < 1:
             raise ValueError(f"GPFunctionalPrior: `num_outputs` must be a positive int, got {num_outputs!r}")
-        if not (isinstance(jitter, (int, float)) and jitter > 0):
-            raise ValueError(f"GPFunctionalPrior: `jitter` must be a positive float, got {jitter!r}")
+        for name, value in (("jitter", jitter), ("max_jitter", max_jitter)):
+            if isinstance(value, bool) or not (isinstance(value, numbers.Real) and 0 < value < math.inf):
+                raise ValueError(f"GPFunctionalPrior: `{name}` must be a positive finite float, got {value!r}")
+        num_outputs, jitter, max_jitter = int(num_outputs), float(jitter), float(max_jitter)
         self.kernel = kernel
         self.inputs = inputs
         self.num_outputs = num_outputs

@@ -49,8 +49,8 @@ def cholesky_with_jitter(
     """
     if matrix.dim() != 2 or matrix.shape[0] != matrix.shape[1]:
         raise ValueError(f"cholesky_with_jitter: expected a square (M, M) matrix, got shape {tuple(matrix.shape)}")
-    if not jitter > 0:
-        raise ValueError(f"cholesky_with_jitter: `jitter` must be positive, got {jitter}")
+    if not 0 < jitter < math.inf:
+        raise ValueError(f"cholesky_with_jitter: `jitter` must be positive and finite, got {jitter}")
     if not factor > 1:
         raise ValueError(f"cholesky_with_jitter: `factor` must be > 1, got {factor}")
     diag_mean = matrix.diagonal().mean()

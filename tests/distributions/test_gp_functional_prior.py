@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pyro
 import pyro.contrib.gp as gp
 import pytest
@@ -138,3 +139,17 @@ def test_fit_gp_kernel_names_bad_arguments(kwargs, match):
     arguments = {"x": torch.linspace(-1, 1, 5).unsqueeze(-1), "y": torch.zeros(5), "num_steps": 2, **kwargs}
     with pytest.raises(ValueError, match=match):
         fit_gp_kernel(gp.kernels.RBF(1), **arguments)
+
+
+def test_jitter_and_num_outputs_type_checks():
+    x = torch.linspace(-1, 1, 4).unsqueeze(-1)
+    # jitter=inf was reported as "not positive definite even with relative jitter inf"; a NaN max_jitter and a bool
+    # jitter were accepted; NumPy numbers were refused as "must be a positive int / float"
+    for kwargs, name in (({"jitter": float("inf")}, "jitter"), ({"jitter": True}, "jitter"),
+                         ({"max_jitter": float("nan")}, "max_jitter"), ({"max_jitter": -1.0}, "max_jitter")):
+        with pytest.raises(ValueError, match=f"`{name}` must be a positive finite float"):
+            GPFunctionalPrior(gp.kernels.RBF(1), x, **kwargs)
+    prior = GPFunctionalPrior(gp.kernels.RBF(1), x, num_outputs=np.int64(2), jitter=np.float64(1e-3))
+    assert prior.event_shape == (4, 2) and prior.jitter == 1e-3 and type(prior.num_outputs) is int
+    with pytest.raises(ValueError, match="`jitter` must be positive and finite, got inf"):
+        cholesky_with_jitter(torch.eye(2, dtype=torch.float64), float("inf"))
