@@ -77,7 +77,7 @@ def check_moments(mean: Tensor, var: Tensor | None, name: str = "input", *, chec
     :param var: the variance or ``None``.
     :param str name: the argument name used in error messages.
     :param bool check_values: also check ``var >= 0``, which NaN fails (a device synchronisation; callers run it
-        only under Pyro validation). Types, shapes, dtypes and devices are always checked.
+        only under Pyro validation). Types, shapes, devices and (outside autocast) dtypes are always checked.
     """
     if not isinstance(mean, Tensor):
         raise TypeError(f"{name}.mean must be a torch.Tensor, got {type(mean).__name__}")
@@ -89,7 +89,9 @@ def check_moments(mean: Tensor, var: Tensor | None, name: str = "input", *, chec
         raise ValueError(
             f"{name}.var must have the shape of {name}.mean {tuple(mean.shape)}, got {tuple(var.shape)}"
         )
-    if var.dtype != mean.dtype or var.device != mean.device:
+    # under autocast the layers mix dtypes by design (autocast casts the operands of each operation)
+    mixed = var.dtype != mean.dtype and not torch.is_autocast_enabled(mean.device.type)
+    if mixed or var.device != mean.device:
         raise TypeError(
             f"{name}.var must have the dtype and device of {name}.mean ({mean.dtype}, {mean.device}), "
             f"got ({var.dtype}, {var.device})"

@@ -242,3 +242,13 @@ def test_bad_rho_init_is_named(make):
 def test_relu_min_var_type_and_finiteness(min_var, error):
     with pytest.raises(error, match="min_var must be"):
         MNReLU(min_var=min_var)
+
+
+def test_moment_network_runs_under_cpu_autocast():
+    # autocast mixes the dtypes of a moment pair (batch norm in float32, convolutions in bfloat16): the dtype check of
+    # a Moments input must not refuse what autocast produces
+    net = to_mnvi(nn.Sequential(nn.Conv2d(1, 2, 3, padding=1), nn.BatchNorm2d(2), nn.ReLU(), nn.MaxPool2d(2),
+                                nn.Flatten(), nn.Linear(2 * 3 * 3, 3)))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = net(Moments(torch.randn(2, 1, 6, 6), None))
+    assert out.mean.shape == out.var.shape == (2, 3) and torch.isfinite(out.var).all()
