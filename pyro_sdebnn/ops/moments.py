@@ -76,8 +76,9 @@ def check_moments(mean: Tensor, var: Tensor | None, name: str = "input", *, chec
     :param Tensor mean: the mean.
     :param var: the variance or ``None``.
     :param str name: the argument name used in error messages.
-    :param bool check_values: also check ``var >= 0``, which NaN fails (a device synchronisation; callers run it
-        only under Pyro validation). Types, shapes, devices and (outside autocast) dtypes are always checked.
+    :param bool check_values: also check ``var >= 0``, which NaN fails (a device synchronisation), and that ``var``
+        has the device and (outside autocast) the dtype of ``mean``; callers run it under Pyro validation, once per
+        container. Types and shapes are always checked.
     """
     if not isinstance(mean, Tensor):
         raise TypeError(f"{name}.mean must be a torch.Tensor, got {type(mean).__name__}")
@@ -89,6 +90,8 @@ def check_moments(mean: Tensor, var: Tensor | None, name: str = "input", *, chec
         raise ValueError(
             f"{name}.var must have the shape of {name}.mean {tuple(mean.shape)}, got {tuple(var.shape)}"
         )
+    if not check_values:
+        return
     # under autocast the layers mix dtypes by design (autocast casts the operands of each operation)
     mixed = var.dtype != mean.dtype and not torch.is_autocast_enabled(mean.device.type)
     if mixed or var.device != mean.device:
@@ -96,7 +99,8 @@ def check_moments(mean: Tensor, var: Tensor | None, name: str = "input", *, chec
             f"{name}.var must have the dtype and device of {name}.mean ({mean.dtype}, {mean.device}), "
             f"got ({var.dtype}, {var.device})"
         )
-    if check_values and not bool((var >= 0).all()):  # NaN fails ``>= 0`` too
+    # one reduction (faster than a comparison pass and ``any``); a NaN propagates through ``min`` and fails ``>= 0``
+    if var.numel() and not bool(var.min() >= 0):
         found = "NaN" if bool(var.isnan().any()) else f"a minimum of {var.min()}"
         raise ValueError(f"{name}.var must be non-negative (variances), got {found}")
 

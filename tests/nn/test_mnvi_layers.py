@@ -219,9 +219,12 @@ def test_a_plain_torch_layer_given_moments_is_named():
     block = MNResidualBlock(MNLinear(3, 3), activation=nn.Tanh())
     with pytest.raises(TypeError, match="MNResidualBlock: the activation is torch.nn.Tanh"):
         block(Moments(torch.zeros(2, 3), None))
-    # torch modules that pass moments through are kept
+    # torch modules that pass moments through are kept, and so are torch-made subclasses of ours (parametrisations)
     out = MNSequential(nn.Identity(), nn.Sequential(MNLinear(3, 2), MNReLU()))(Moments(torch.zeros(2, 3), None))
     assert out.var.shape == (2, 2)
+    normed = torch.nn.utils.parametrizations.weight_norm(MNLinear(3, 2))
+    assert type(normed).__module__.startswith("torch.")
+    assert MNSequential(normed, MNReLU())(Moments(torch.ones(2, 3), None)).var.shape == (2, 2)
 
 
 @pytest.mark.parametrize("make", [

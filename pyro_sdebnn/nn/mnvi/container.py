@@ -32,10 +32,24 @@ __all__ = ["MNConcat", "MNResidualBlock", "MNSequential"]
 _PASS_THROUGH = (nn.Identity, nn.Sequential, nn.ModuleList, nn.ModuleDict)
 
 
+_TORCH_LAYERS: dict[type, bool] = {}
+
+
+def _is_torch_layer(cls: type) -> bool:
+    """Whether every class of ``cls`` comes from torch and it does not pass ``Moments`` through: not a subclass of one
+    of ours or of the user's (a parametrised ``MNLinear`` is a torch-made subclass of ``MNLinear``). Cached per type:
+    containers ask at every forward."""
+    known = _TORCH_LAYERS.get(cls)
+    if known is None:
+        plain = all(c is object or c.__module__.startswith("torch.") for c in cls.__mro__)
+        known = _TORCH_LAYERS[cls] = plain and not issubclass(cls, _PASS_THROUGH)
+    return known
+
+
 def _check_takes_moments(module: nn.Module, where: str) -> None:
     """Raise ``TypeError`` if ``module`` is a plain ``torch.nn`` layer, which cannot take :class:`Moments` (torch's
     own error, e.g. "relu(): argument 'input' must be Tensor, not Moments", names neither the layer nor the fix)."""
-    if type(module).__module__.startswith("torch.nn.") and not isinstance(module, _PASS_THROUGH):
+    if _is_torch_layer(type(module)):
         name = type(module).__name__
         raise TypeError(
             f"{where} is torch.nn.{name}, which cannot propagate Moments: use its moment version "
@@ -60,7 +74,7 @@ class MNSequential(nn.Sequential):
         vouch = vouching()
         passed = input if vouch else None  # the input just checked, then the outputs of this package's modules
         for index, module in enumerate(self):
-            if isinstance(input, Moments):
+            if vouch and isinstance(input, Moments):  # under Pyro validation, as the other checks of values
                 _check_takes_moments(module, f"MNSequential: module {index}")
             with checked(passed):
                 input = module(input)
@@ -117,7 +131,7 @@ class MNResidualBlock(nn.Module):
             out = _add(self.main(input), skip)
         if self.activation is None:
             return out
-        if isinstance(out, Moments):
+        if vouch and isinstance(out, Moments):
             _check_takes_moments(self.activation, "MNResidualBlock: the activation")
         own = vouch and is_own(self.main) and (self.shortcut is None or is_own(self.shortcut))
         with checked(out if own else None):
