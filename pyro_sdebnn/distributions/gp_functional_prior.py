@@ -66,14 +66,14 @@ def fit_gp_kernel(
         raise ValueError(f"fit_gp_kernel: `x` must be (N,) or (N, d), got shape {tuple(x.shape)}")
     if y.dim() not in (1, 2) or y.shape[0] != x.shape[0]:
         raise ValueError(f"fit_gp_kernel: `y` must be (N,) or (N, C) with N={x.shape[0]}, got {tuple(y.shape)}")
-    for name, value in (("num_steps", num_steps), ("max_points", max_points)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"fit_gp_kernel: `{name}` must be a positive int, got {value!r}")
+    for name, count in (("num_steps", num_steps), ("max_points", max_points)):
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"fit_gp_kernel: `{name}` must be a positive int, got {count!r}")
     if not (isinstance(noise, (int, float)) and 0 < noise < math.inf):
         # the initial noise variance of a positive parameter: 0 maps to -inf, a negative value fails in a Cholesky
         raise ValueError(f"fit_gp_kernel: `noise` must be a positive finite float, got {noise!r}")
-    for name, value in (("x", x), ("y", y)):
-        if not bool(torch.isfinite(value).all()):
+    for name, data in (("x", x), ("y", y)):
+        if not bool(torch.isfinite(data).all()):
             raise ValueError(f"fit_gp_kernel: `{name}` must be finite, got NaN or infinite values")
     if x.shape[0] > max_points:
         index = torch.randperm(x.shape[0], generator=generator)[:max_points].to(x.device)
@@ -200,12 +200,14 @@ class GPFunctionalPrior(TorchDistribution):
         if not isinstance(inputs, torch.Tensor) or inputs.dim() not in (1, 2) or inputs.shape[0] < 1:
             shape = tuple(inputs.shape) if isinstance(inputs, torch.Tensor) else type(inputs)
             raise ValueError(f"GPFunctionalPrior: `inputs` must be a tensor of shape (M, d) or (M,), got {shape}")
-        # NumPy integers and floats are numbers too; a bool is not (True would be read as 1)
-        if isinstance(num_outputs, bool) or not isinstance(num_outputs, numbers.Integral) or num_outputs < 1:
+        # NumPy integers and floats are numbers too; a bool is not (True would be read as 1). Checked as objects:
+        # the numbers ABCs also admit NumPy scalars, which the annotations do not name.
+        given: object = num_outputs
+        if isinstance(given, bool) or not isinstance(given, numbers.Integral) or int(given) < 1:
             raise ValueError(f"GPFunctionalPrior: `num_outputs` must be a positive int, got {num_outputs!r}")
-        for name, value in (("jitter", jitter), ("max_jitter", max_jitter)):
-            if isinstance(value, bool) or not (isinstance(value, numbers.Real) and 0 < value < math.inf):
-                raise ValueError(f"GPFunctionalPrior: `{name}` must be a positive finite float, got {value!r}")
+        for name, given in (("jitter", jitter), ("max_jitter", max_jitter)):
+            if isinstance(given, bool) or not (isinstance(given, numbers.Real) and 0 < float(given) < math.inf):
+                raise ValueError(f"GPFunctionalPrior: `{name}` must be a positive finite float, got {given!r}")
         num_outputs, jitter, max_jitter = int(num_outputs), float(jitter), float(max_jitter)
         self.kernel = kernel
         self.inputs = inputs

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import numbers
 
+import numpy as np
 import torch
 from pyro.distributions import Normal
 from pyro.distributions.torch_distribution import TorchDistribution
@@ -166,7 +167,8 @@ class OUPath(TorchDistribution):
             # sigma and theta take init's dtype: an integer init truncated sigma=0.5 to 0
             raise TypeError(f"OUPath: `init` must be a floating-point tensor, got dtype {init.dtype}")
         for name, value in (("sigma", sigma), ("theta", theta)):
-            if not isinstance(value, torch.Tensor) and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+            # a number (Python, NumPy) or tensor; a string would be parsed by float(), a bool read as 0 or 1
+            if isinstance(value, (str, bytes, bool)) or not isinstance(value, (torch.Tensor, numbers.Real, np.ndarray)):
                 raise TypeError(f"OUPath: `{name}` must be a tensor or a real number, got {type(value).__name__}")
         if method not in _METHODS:
             raise ValueError(f"OUPath: `method` must be one of {_METHODS}, got {method!r}")
