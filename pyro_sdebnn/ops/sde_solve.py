@@ -332,7 +332,8 @@ def sdeint_augmented(sde: AugmentedPathSDE, init: Tensor, hidden_init: Tensor | 
         raise ValueError(f"init must have shape (batch, D={sde.weight_dim}), got {tuple(init.shape)}")
     if hidden_init is not None and tuple(hidden_init.shape) != (init.shape[0], sde.hidden_dim):
         raise ValueError(
-            f"hidden_init must have shape (batch, H) = {(init.shape[0], sde.hidden_dim)}, got {tuple(hidden_init.shape)}"
+            f"hidden_init must have shape (batch, H) = {(init.shape[0], sde.hidden_dim)}, "
+            f"got {tuple(hidden_init.shape)}"
         )
     parts = [init] + ([hidden_init] if hidden_init is not None else []) + [init.new_zeros(init.shape[0], 1)]
     y0 = torch.cat(parts, -1)

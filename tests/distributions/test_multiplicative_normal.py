@@ -96,7 +96,8 @@ def test_kl_to_a_multiplicative_normal_with_zero_means():
     # every other entry.
     loc = torch.tensor([1.0, 0.0, 0.5, -2.0], dtype=DTYPE, requires_grad=True)
     q = MultiplicativeNormal(loc, torch.full((4,), 0.1, dtype=DTYPE))
-    p = MultiplicativeNormal(torch.tensor([0.0, 0.0, 1.0, -1.0], dtype=DTYPE), torch.tensor([0.1, 0.1, 0.2, 0.3], dtype=DTYPE))
+    p_loc = torch.tensor([0.0, 0.0, 1.0, -1.0], dtype=DTYPE)
+    p = MultiplicativeNormal(p_loc, torch.tensor([0.1, 0.1, 0.2, 0.3], dtype=DTYPE))
     kl = kl_divergence(q, p)
     assert kl[0].item() == math.inf and kl[1].item() == 0.0
     want = kl_divergence(MultiplicativeNormal(loc[2:], q.alpha[2:]), dist.Normal(p.loc[2:], p.scale[2:]))

@@ -241,7 +241,9 @@ def test_bad_rho_init_is_named(make):
     assert make(rho_init=torch.tensor(-2.0)) is not None
 
 
-@pytest.mark.parametrize("min_var, error", [("1e-5", TypeError), (float("inf"), ValueError), (float("nan"), ValueError)])
+@pytest.mark.parametrize(
+    "min_var, error", [("1e-5", TypeError), (float("inf"), ValueError), (float("nan"), ValueError)]
+)
 def test_relu_min_var_type_and_finiteness(min_var, error):
     with pytest.raises(error, match="min_var must be"):
         MNReLU(min_var=min_var)
