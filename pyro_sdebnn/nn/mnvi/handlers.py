@@ -2,9 +2,10 @@
 """The ``sampling_free`` effect handler: run a :class:`~pyro_sdebnn.infer.SamplingFreeBNN` model by moment propagation.
 
 Under ``sampling_free``, :meth:`~pyro_sdebnn.infer.SamplingFreeBNN.model` propagates means
-and variances instead of running the network on sampled weights, and latent sample sites that
-have no value yet take their distribution's mean instead of a random draw (the sampling-free ELBO
-only needs the variational *distributions*, for the closed-form KL). Observed sites are untouched.
+and variances instead of running the network on sampled weights, and continuous latent sample sites
+that have no value yet take their distribution's mean instead of a random draw (the sampling-free ELBO
+only needs the variational *distributions*, for the closed-form KL). Observed sites, discrete sites and
+sites whose distribution has no ``mean`` are sampled as usual.
 :class:`~pyro_sdebnn.infer.SamplingFree_ELBO` installs this handler around the model and guide.
 """
 
@@ -30,9 +31,11 @@ class SamplingFreeMessenger(Messenger):
         if msg["is_observed"] or msg["value"] is not None or site_is_subsample(msg):
             return  # a plate's subsample site (no subsample given) draws its indices as usual
         try:
+            if msg["fn"].support.is_discrete:
+                return  # a discrete site is sampled: its mean is no value of it (torch's Categorical.mean is NaN)
             msg["value"] = msg["fn"].mean.expand(msg["fn"].shape())
         except NotImplementedError:
-            pass  # no closed-form mean: the site is sampled as usual
+            pass  # no support or no closed-form mean: the site is sampled as usual
 
 
 def sampling_free(fn=None):
