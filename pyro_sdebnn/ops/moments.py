@@ -99,7 +99,7 @@ def check_moments(mean: Tensor, var: Tensor | None, name: str = "input", *, chec
             f"{name}.var must have the dtype and device of {name}.mean ({mean.dtype}, {mean.device}), "
             f"got ({var.dtype}, {var.device})"
         )
-    # one reduction (faster than a comparison pass and ``any``); a NaN propagates through ``min`` and fails ``>= 0``
+    # a NaN propagates through ``min`` and fails ``>= 0``
     if var.numel() and not bool(var.min() >= 0):
         found = "NaN" if bool(var.isnan().any()) else f"a minimum of {var.min()}"
         raise ValueError(f"{name}.var must be non-negative (variances), got {found}")
