@@ -333,6 +333,19 @@ def test_a_plain_keyboard_interrupt_is_noted_too(tmp_path, capsys):
     assert not (tmp_path / "summary.json").exists()
 
 
+def test_an_interrupt_while_starting_up_is_one_line_and_130(tmp_path, capsys):
+    # Ctrl-C while the benchmark's module (and torch) is imported: the parser fills the benchmark's options then
+    import types
+
+    def add_arguments(parser):
+        raise KeyboardInterrupt
+
+    fake = {"fake": types.SimpleNamespace(NAME="fake", DESCRIPTION="d", add_arguments=add_arguments, run=None)}
+    assert main(["benchmark", "fake", "--output", str(tmp_path)], fake) == 130
+    assert capsys.readouterr().err == "pyro-sdebnn: interrupted (Ctrl-C / SIGINT)\n"
+    assert not any(tmp_path.iterdir())
+
+
 def test_sigint_to_a_running_benchmark(tmp_path):
     """The real signal: SIGINT while a benchmark runs ends the process with status 130 and the finished part kept."""
     import signal
