@@ -289,6 +289,52 @@ def test_checkpoint_hook_resumes_an_interrupted_run(tmp_path, stop_at):
     torch.testing.assert_close(resumed.get_samples()["w"], full.get_samples()["w"], rtol=0, atol=0)
 
 
+def test_a_resumed_run_keeps_checkpointing_and_resumes_again(tmp_path):
+    # a pre-emptible job pre-empted twice: the resumed run's CheckpointHook writes all the samples so far
+    from pyro_sdebnn.infer.mcmc.checkpoint import CheckpointHook
+
+    x, y = _data()
+    make = _kernels()["sghmc"]
+    loader = _args("loader", x, y)[0]
+    pyro.set_rng_seed(0)
+    full = MCMC(make(backend="eager"), num_samples=20, warmup_steps=10, disable_progbar=True)
+    full.run(loader)
+
+    def stop_at(n):
+        calls = []
+
+        def hook(kernel, params, stage, i):
+            calls.append(i)
+            if len(calls) == n:
+                raise _Preempted
+        return hook
+
+    path = tmp_path / "run.pt"
+    checkpointer = CheckpointHook(path, every=4)
+
+    def first(kernel, params, stage, i):
+        checkpointer(kernel, params, stage, i)
+        if checkpointer.calls == 18:  # it holds 8 samples, the file (written at call 16) 6
+            raise _Preempted
+
+    pyro.set_rng_seed(0)
+    with pytest.raises(_Preempted):
+        MCMC(make(backend="eager"), num_samples=20, warmup_steps=10, hook_fn=first, disable_progbar=True).run(loader)
+    assert load_checkpoint(path)["num_samples"] == 6
+    checkpointer.hook = stop_at(7)  # the same hook, reused: pre-empted again at its 7th call, after writing at 24
+    with pytest.raises(_Preempted):
+        resume_run(path, make(backend="eager"), loader, num_samples=14, hook_fn=checkpointer, disable_progbar=True)
+    assert load_checkpoint(path)["num_samples"] == 6 + 6
+    resumed = resume_run(path, make(backend="eager"), loader, num_samples=8, hook_fn=CheckpointHook(path, every=4),
+                         disable_progbar=True)
+    torch.testing.assert_close(resumed.get_samples()["w"], full.get_samples()["w"], rtol=0, atol=0)
+    saved = load_checkpoint(path)  # written at the end of the last run: the whole run
+    assert saved["num_samples"] == 20
+    torch.testing.assert_close(saved["samples"]["w"], full.get_samples(group_by_chain=True)["w"], rtol=0, atol=0)
+    with pytest.raises(TypeError, match="hook_fn must be callable"):
+        resume_run(path, make(backend="eager"), loader, num_samples=1, hook_fn="print")
+
+
 def test_checkpoint_hook_checks_its_arguments(tmp_path):
     from pyro_sdebnn.infer.mcmc.checkpoint import CheckpointHook
 
