@@ -484,7 +484,8 @@ def train_svi(
     :raises FloatingPointError: if a step's loss is NaN or infinite (the parameters keep their last finite values).
     :raises FileNotFoundError: if the ``resume`` file does not exist.
     :raises ValueError: for a bad ``resume`` file (:func:`~pyro_sdebnn.infer.checkpoint.load_checkpoint`: not a
-        checkpoint of kind ``"svi"``, truncated, or of another model) or bad arguments; for data
+        checkpoint of kind ``"svi"``, truncated, of another model, or written on a data set of another size :math:`N`)
+        or bad arguments; for data
         holding a NaN or an infinity (inputs, or floating-point targets), naming the batch of the loader and the
         index (:func:`~pyro_sdebnn.data.loaders.check_finite_batch`: tensors are checked once, a loader's batches
         as they are read, before their SVI step); when data-parallel, if the ranks' loaders take different numbers
