@@ -260,6 +260,8 @@ def test_output_that_is_a_file_or_cannot_be_written(capsys, tmp_path):
     a_file = tmp_path / "results.txt"
     a_file.write_text("not a folder\n")
     _exit_2(["benchmark", "fake", "--output", str(a_file)], capsys, "--output", "existing file", experiments=fake)
+    # an empty path (an unset shell variable) would write into the current folder
+    _exit_2(["benchmark", "fake", "--output", ""], capsys, "--output", "empty path", experiments=fake)
     # a folder that cannot be created (its parent is a file): the same one-line error, from the run's start
     assert main(["benchmark", "fake", "--output", str(a_file / "sub")], fake) == 2
     err = capsys.readouterr().err
