@@ -4,8 +4,9 @@ r"""The bottom layer of distributed runs: process group, ranks, collectives, sha
 Everything here depends on :mod:`torch.distributed` only (nothing of :mod:`pyro_sdebnn.infer`), so that the training
 loops of :mod:`pyro_sdebnn.infer` import it, and the distributed wrappers of :mod:`pyro_sdebnn.distributed` build on
 both. The module is private: :mod:`pyro_sdebnn.distributed` exports what a training script calls (:func:`init`,
-:func:`rank`, :func:`world_size`, :func:`is_main`, :func:`barrier`, :func:`shutdown`, :func:`distributed_loader`,
-:class:`DistributedError`); the collectives and the gradient averaging are the package's own plumbing.
+:func:`distributed_loader`, :class:`DistributedError`; once :func:`init` has joined the group, the script asks
+:mod:`torch.distributed` for its rank, world size, barrier and shutdown); the rank helpers, the collectives and the
+gradient averaging here are the package's own plumbing.
 
 **Process group.**
 
