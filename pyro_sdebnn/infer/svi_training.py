@@ -114,6 +114,7 @@ from pyro_sdebnn._comm import (
     all_gather_objects,
     average_gradients_,
     broadcast_,
+    check_joined,
     is_main,
     rank,
     running_stats,
@@ -464,7 +465,9 @@ def train_svi(
     :param modules: the ``nn.Module`` objects whose buffers go into the checkpoint and whose first parameter gives
         the default device; default: the modules whose methods are the model and guide (or which they are).
     :param bool require_sharded: with several ranks running, raise a ``ValueError`` unless ``data`` is a loader
-        sharded by a ``DistributedSampler`` (instead of letting every rank train on its own data).
+        sharded by a ``DistributedSampler`` (instead of letting every rank train on its own data); under
+        ``torchrun`` with several processes, also a ``RuntimeError`` if no process group runs (no
+        :func:`pyro_sdebnn.distributed.init`).
     :param int subsample_size: tensor data only, instead of ``batch_size``: every step gets the whole ``(x, y)``
         and ``subsample_size=b`` as a keyword, and the model's subsampled plate,
         ``pyro.plate("data", len(x), subsample_size=subsample_size)``, draws the :math:`b` indices of its minibatch
@@ -548,6 +551,8 @@ def train_svi(
     if device is None and dtype is None:
         device, dtype = module_device_dtype(*modules)
     loader_obj = data if loader else None  # whose own generators are part of the random state
+    if require_sharded:
+        check_joined("train_svi(require_sharded=True)")
     sampler = _data_parallel_sampler(loader_obj)
     if require_sharded and sampler is None and world_size() > 1:
         raise ValueError("data: with several ranks and require_sharded=True the data must be a loader sharded by a "

@@ -128,6 +128,8 @@ def test_torchrun_without_init_is_an_error_not_a_silent_world_of_one(monkeypatch
     mcmc = MCMC(distributed.DataParallelSGLD(W.plain, step_size=1e-3), num_samples=1, disable_progbar=True)
     with pytest.raises(RuntimeError, match="DataParallelSGLD: .* WORLD_SIZE=2"):
         mcmc.run(DataLoader(data, batch_size=4))
+    with pytest.raises(RuntimeError, match=r"train_svi\(require_sharded=True\): .* WORLD_SIZE=2"):
+        train_svi(W.make_svi(), DataLoader(data, batch_size=4), num_epochs=1, require_sharded=True)
     monkeypatch.setenv("WORLD_SIZE", "1")  # torchrun --nproc_per_node=1: a world of one indeed
     assert isinstance(distributed.distributed_loader(data, 4).sampler, torch.utils.data.RandomSampler)
 
