@@ -253,7 +253,8 @@ class DataParallelSGLD(_DataParallelMixin, SGLD):
     :raises ValueError: at ``MCMC.run`` if the ranks' random generators differ or their loaders take different
         numbers of steps; at construction for another ``backend``, ``map_steps`` or a ``subsample_size``.
     :raises TypeError: at ``MCMC.run`` if the data are tensors instead of a loader.
-    :raises RuntimeError: at ``MCMC.run`` under ``torchrun`` (``WORLD_SIZE > 1``) without :func:`init`.
+    :raises RuntimeError: at ``MCMC.run`` under ``torchrun`` (``WORLD_SIZE > 1``) without
+        :func:`~pyro_sdebnn.distributed.init`.
     """
 
 
