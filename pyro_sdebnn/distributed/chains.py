@@ -136,6 +136,9 @@ def _rng_digest() -> str:
 class _DataParallelMixin(_KernelBase):
     """The data-parallel step of :class:`DataParallelSGLD` / :class:`DataParallelSGHMC` (see the module)."""
 
+    #: every rank holds the same chain: a checkpoint written by any rank resumes on every rank
+    _chain_shared_by_ranks = True
+
     def __init__(self, model, **kwargs: Any) -> None:
         backend = kwargs.pop("backend", "eager")
         if backend != "eager":

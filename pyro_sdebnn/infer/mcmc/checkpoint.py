@@ -63,6 +63,7 @@ from pyro.infer import MCMC
 from pyro.infer.mcmc.util import diagnostics, print_summary, select_samples
 from torch import Tensor
 
+from pyro_sdebnn import _comm
 from pyro_sdebnn.infer.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from pyro_sdebnn.infer.mcmc.diagnostics import _RECENT
 
@@ -266,7 +267,10 @@ def save_run(mcmc: MCMC, path: PathLike) -> None:
 def _write(path: PathLike, kernel: ResumableState, samples: dict[str, torch.Tensor]) -> None:
     """Write the checkpoint (atomically: an interrupted write leaves the previous checkpoint intact)."""
     num_samples = int(next(iter(samples.values())).shape[1]) if samples else 0
-    save_checkpoint("sgmcmc", {"kernel": kernel.state_dict(), "samples": samples, "num_samples": num_samples}, path)
+    # the rank that wrote it: under torchrun every rank runs its own chains (its own file), see resume_run
+    where = {"rank": _comm.rank(), "world_size": _comm.world_size()}
+    save_checkpoint("sgmcmc", {"kernel": kernel.state_dict(), "samples": samples, "num_samples": num_samples,
+                               **where}, path)
 
 
 class CheckpointHook:
@@ -359,7 +363,9 @@ def resume_run(
     :param kwargs: the model's keyword arguments.
     :return: a :class:`ResumedMCMC` that has run, whose ``get_samples()`` are the saved samples followed by the new
         ones.
-    :raises ValueError: for a checkpoint of another model, kernel or data, or a truncated file.
+    :raises ValueError: for a checkpoint of another model, kernel or data, or a truncated file; under ``torchrun``,
+        for the file of another rank (each rank runs its own chains and must resume from its own file, e.g.
+        ``f"run{torch.distributed.get_rank()}.pt"``; a data-parallel chain, the same on every rank, resumes anywhere).
     """
     if not isinstance(kernel, ResumableState):
         raise TypeError(f"kernel must be an SG-MCMC kernel (SGLD, SGHMC, ...), got {type(kernel).__name__}")
@@ -371,6 +377,13 @@ def resume_run(
     for key in ("kernel", "samples", "num_samples"):
         if key not in checkpoint:
             raise ValueError(f"{os.fspath(path)!r} is an incomplete SG-MCMC checkpoint (no {key!r})")
+    written_by = checkpoint.get("rank")  # absent from the files of earlier versions
+    shared = getattr(kernel, "_chain_shared_by_ranks", False)  # DataParallelSGLD / SGHMC: one chain on every rank
+    if _comm.world_size() > 1 and not shared and written_by is not None and int(written_by) != _comm.rank():
+        raise ValueError(f"{os.fspath(path)!r} holds the chains of rank {int(written_by)} (of "
+                         f"{int(checkpoint.get('world_size', 0))}), this process is rank {_comm.rank()}: every rank "
+                         "runs its own chains, so give each its own checkpoint file, e.g. "
+                         "f'run{torch.distributed.get_rank()}.pt'")
     state = checkpoint["kernel"]
     kernel.load_state_dict(state)
     warmup_left = max(0, int(state["warmup_steps"]) - int(state["sample_count"]))
