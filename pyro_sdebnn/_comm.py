@@ -4,8 +4,9 @@ r"""The bottom layer of distributed runs: process group, ranks, collectives, sha
 Everything here depends on :mod:`torch.distributed` only (nothing of :mod:`pyro_sdebnn.infer`), so that the training
 loops of :mod:`pyro_sdebnn.infer` import it, and the distributed wrappers of :mod:`pyro_sdebnn.distributed` build on
 both. The module is private: :mod:`pyro_sdebnn.distributed` exports what a training script calls (:func:`init`,
-:func:`rank`, :func:`world_size`, :func:`is_main`, :func:`barrier`, :func:`shutdown`, :func:`distributed_loader`,
-:class:`DistributedError`); the collectives and the gradient averaging are the package's own plumbing.
+:func:`distributed_loader`, :class:`DistributedError`; once :func:`init` has joined the group, the script asks
+:mod:`torch.distributed` for its rank, world size, barrier and shutdown); the rank helpers, the collectives and the
+gradient averaging here are the package's own plumbing.
 
 **Process group.**
 
@@ -200,6 +201,19 @@ def init(
     return _device()
 
 
+def check_joined(what: str) -> None:
+    """Refuse to go on when ``torchrun`` launched several processes (``WORLD_SIZE > 1``) but this one has not joined
+    their process group (no :func:`init`): each would silently run alone, as a world of one, on all the data.
+
+    :raises RuntimeError: naming ``what`` and the missing :func:`init`.
+    """
+    launched = os.environ.get("WORLD_SIZE", "").strip()
+    if not is_initialized() and launched.isdigit() and int(launched) > 1:
+        raise RuntimeError(f"{what}: this process is one of WORLD_SIZE={launched} launched by torchrun, but no process "
+                           "group is running, so it would run alone as a world of one; call "
+                           "pyro_sdebnn.distributed.init() first")
+
+
 def _device() -> torch.device:
     """The device of this rank: the current GPU with NCCL (or with CUDA and no group), else the CPU."""
     if is_initialized() and dist.get_backend() == "nccl":
@@ -277,11 +291,22 @@ def all_reduce_sum(tensor: Tensor) -> Tensor:
     return _all_reduce(tensor).to(tensor.device)
 
 
+def _check_rank(name: str, value: Any) -> None:
+    """``value`` must be an int, and a rank of the running group (any int on one process, where it is unused)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int (a rank), got {type(value).__name__}")
+    if world_size() > 1 and not 0 <= value < world_size():
+        raise ValueError(f"{name} must be a rank in [0, {world_size() - 1}] of this world of {world_size()}, "
+                         f"got {value}")
+
+
 def broadcast_(tensor: Tensor, src: int = 0) -> Tensor:
     """Overwrite ``tensor`` in place with its value on rank ``src``; returns it (no-op on one rank).
 
+    :raises ValueError: if ``src`` is not a rank of the group (a ``TypeError`` if not an int).
     :raises DistributedError: if a rank dies or does not arrive within the timeout.
     """
+    _check_rank("src", src)
     buf = _collective(tensor, "broadcast", lambda buf: dist.broadcast(buf, src=src))
     if buf is not tensor:
         with torch.no_grad():
@@ -295,8 +320,10 @@ def gather_objects(obj: Any, dst: int = 0) -> list | None:
     The objects travel pickled (:func:`torch.distributed.gather_object`): use it for results within a run (samples,
     ArviZ data), never to read files from elsewhere.
 
+    :raises ValueError: if ``dst`` is not a rank of the group (a ``TypeError`` if not an int).
     :raises DistributedError: if a rank dies or does not arrive within the timeout.
     """
+    _check_rank("dst", dst)
     if world_size() == 1:
         return [obj]
     out = [None] * world_size() if rank() == dst else None
@@ -354,12 +381,14 @@ def distributed_loader(
         sampler repeats up to ``world_size() - 1`` points so that all the ranks take the same number of steps.
     :param loader_kwargs: passed to ``DataLoader`` (``num_workers``, ``pin_memory``, ``generator``, ...).
     :raises ValueError: if ``batch_size`` is not a positive multiple of the world size.
+    :raises RuntimeError: under ``torchrun`` (``WORLD_SIZE > 1``) before :func:`init` joined the process group.
 
     >>> from torch.utils.data import TensorDataset
     >>> loader = distributed_loader(TensorDataset(torch.arange(10.0), torch.zeros(10)), 4, shuffle=False)
     >>> [x.tolist() for x, _ in loader]  # one process: the whole batch
     [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0], [8.0, 9.0]]
     """
+    check_joined("distributed_loader")
     size = world_size()
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")

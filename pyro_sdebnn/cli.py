@@ -41,7 +41,8 @@ Every other exception is a bug and propagates with its traceback.
 
 Ctrl-C (SIGINT) does not throw the run away: every benchmark writes its table (and the files of each finished
 method) as each method finishes; on an interrupt it writes what is finished, the command line adds a line saying
-so to ``OUTPUT/README.md``, prints the finished part and exits with status 130.
+so to ``OUTPUT/README.md``, prints the finished part and exits with status 130. Ctrl-C before the benchmark runs
+(while torch and the benchmark's module are imported) prints one line and exits with status 130 as well.
 """
 
 from __future__ import annotations
@@ -389,10 +390,21 @@ def _check_data_dir(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 def main(argv: Sequence[str] | None = None, experiments: Mapping[str, ModuleType] | None = None) -> int:
     """Entry point of ``pyro-sdebnn``; returns the process exit code (0; 2 for a user error; 130 after Ctrl-C).
 
+    Ctrl-C while the program starts (importing torch and the benchmark's module, which takes seconds) or before the
+    benchmark runs ends it with a one-line message and status 130 too, not a traceback.
+
     :param argv: the arguments (default ``sys.argv[1:]``).
     :param experiments: the ``benchmark`` sub-commands, ``{name: module}`` (default: those of
         :data:`pyro_sdebnn.experiments.REGISTRY`, each imported only when asked for).
     """
+    try:
+        return _main(argv, experiments)
+    except KeyboardInterrupt:  # outside a benchmark's run (which handles its own): nothing of it to keep
+        print("pyro-sdebnn: interrupted (Ctrl-C / SIGINT)", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: Sequence[str] | None, experiments: Mapping[str, ModuleType] | None) -> int:
     parser, bench = _build(experiments)
     args = parser.parse_args(argv)
     if args.command == "datasets":

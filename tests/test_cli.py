@@ -260,6 +260,8 @@ def test_output_that_is_a_file_or_cannot_be_written(capsys, tmp_path):
     a_file = tmp_path / "results.txt"
     a_file.write_text("not a folder\n")
     _exit_2(["benchmark", "fake", "--output", str(a_file)], capsys, "--output", "existing file", experiments=fake)
+    # an empty path (an unset shell variable) would write into the current folder
+    _exit_2(["benchmark", "fake", "--output", ""], capsys, "--output", "empty path", experiments=fake)
     # a folder that cannot be created (its parent is a file): the same one-line error, from the run's start
     assert main(["benchmark", "fake", "--output", str(a_file / "sub")], fake) == 2
     err = capsys.readouterr().err
@@ -331,6 +333,19 @@ def test_a_plain_keyboard_interrupt_is_noted_too(tmp_path, capsys):
     readme = (tmp_path / "README.md").read_text()
     assert readme.startswith("# fake\n\nwhat this run is.\n\n**Interrupted**") and "only what had been" in readme
     assert not (tmp_path / "summary.json").exists()
+
+
+def test_an_interrupt_while_starting_up_is_one_line_and_130(tmp_path, capsys):
+    # Ctrl-C while the benchmark's module (and torch) is imported: the parser fills the benchmark's options then
+    import types
+
+    def add_arguments(parser):
+        raise KeyboardInterrupt
+
+    fake = {"fake": types.SimpleNamespace(NAME="fake", DESCRIPTION="d", add_arguments=add_arguments, run=None)}
+    assert main(["benchmark", "fake", "--output", str(tmp_path)], fake) == 130
+    assert capsys.readouterr().err == "pyro-sdebnn: interrupted (Ctrl-C / SIGINT)\n"
+    assert not any(tmp_path.iterdir())
 
 
 def test_sigint_to_a_running_benchmark(tmp_path):

@@ -59,6 +59,7 @@ from pyro_sdebnn._comm import (
     all_gather_objects,
     all_reduce_mean,
     broadcast_,
+    check_joined,
     gather_objects,
     rank,
     world_size,
@@ -92,7 +93,7 @@ def gather_samples(mcmc: Any, dst: int = 0) -> Optional[dict[str, Tensor]]:
     :param int dst: the rank that receives the samples.
     :returns: on rank ``dst``, ``{site: (W * K, num_samples, *shape)}`` (chain ``r * K + k`` is chain ``k`` of rank
         ``r``; the layout of ``mcmc.get_samples(group_by_chain=True)``); ``None`` on the other ranks.
-    :raises ValueError: if the ranks' sites, chain counts or sample counts differ.
+    :raises ValueError: if the ranks' sites, chain counts or sample counts differ, or ``dst`` is not a rank.
     :raises DistributedError: if a rank dies or does not arrive within the timeout.
     """
     local = {k: v.detach().cpu() for k, v in get_samples(mcmc, group_by_chain=True).items()}
@@ -114,7 +115,7 @@ def gather_inference_data(mcmc: Any, dst: int = 0, **kwargs: Any) -> Any:
     :param kwargs: passed to :func:`~pyro_sdebnn.infer.mcmc.to_inference_data` (``log_likelihood``, ``coords``,
         ``dims``).
     :returns: an ``arviz.InferenceData`` with ``W * K`` chains on rank ``dst``; ``None`` on the other ranks.
-    :raises ValueError: if the ranks' sites, chain counts or sample counts differ.
+    :raises ValueError: if the ranks' sites, chain counts or sample counts differ, or ``dst`` is not a rank.
     """
     import arviz as az
 
@@ -135,6 +136,9 @@ def _rng_digest() -> str:
 class _DataParallelMixin(_KernelBase):
     """The data-parallel step of :class:`DataParallelSGLD` / :class:`DataParallelSGHMC` (see the module)."""
 
+    #: every rank holds the same chain: a checkpoint written by any rank resumes on every rank
+    _chain_shared_by_ranks = True
+
     def __init__(self, model, **kwargs: Any) -> None:
         backend = kwargs.pop("backend", "eager")
         if backend != "eager":
@@ -151,6 +155,7 @@ class _DataParallelMixin(_KernelBase):
         self._reduced: Optional[Iterator[tuple[Tensor, Tensor]]] = None  # see _eager_step
 
     def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
+        check_joined(type(self).__name__)
         super().setup(warmup_steps, *args, **kwargs)
         if self._stream is None:
             raise TypeError(f"{type(self).__name__} runs on a loader (mcmc.run(loader)), not on tensors")
@@ -251,6 +256,8 @@ class DataParallelSGLD(_DataParallelMixin, SGLD):
     :raises ValueError: at ``MCMC.run`` if the ranks' random generators differ or their loaders take different
         numbers of steps; at construction for another ``backend``, ``map_steps`` or a ``subsample_size``.
     :raises TypeError: at ``MCMC.run`` if the data are tensors instead of a loader.
+    :raises RuntimeError: at ``MCMC.run`` under ``torchrun`` (``WORLD_SIZE > 1``) without
+        :func:`~pyro_sdebnn.distributed.init`.
     """
 
 

@@ -90,8 +90,10 @@ seed = int_range(0, MAX_SEED)
 
 
 def output_folder(text: str) -> Path:
-    """``--output``: a folder path; an existing file there is an error (writability is checked when the run
-    starts, by creating the folder)."""
+    """``--output``: a folder path; an empty one (``--output "$UNSET"``, which would write into the current folder)
+    or an existing file there is an error (writability is checked when the run starts, by creating the folder)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a folder, got the empty path {text!r}")
     path = Path(text)
     if path.exists() and not path.is_dir():
         raise argparse.ArgumentTypeError(f"expected a folder, but {text!r} is an existing file")

@@ -114,6 +114,7 @@ from pyro_sdebnn._comm import (
     all_gather_objects,
     average_gradients_,
     broadcast_,
+    check_joined,
     is_main,
     rank,
     running_stats,
@@ -140,10 +141,12 @@ def _buffers(modules: Sequence[nn.Module]) -> list[dict]:
     return [{name: b.detach().clone() for name, b in m.named_buffers()} for m in modules]
 
 
-def _checkpoint_state(svi, names: Iterable[str], modules, epoch: int, losses: list[float], loader) -> dict:
+def _checkpoint_state(svi, names: Iterable[str], modules, epoch: int, losses: list[float], loader,
+                      num_data: int) -> dict:
     params = dict(pyro.get_param_store().named_parameters())  # name -> unconstrained value
     return {
         "epoch": int(epoch),
+        "num_data": int(num_data),  # N of the objective: resuming on another data set is an error
         "losses": [float(v) for v in losses],
         "params": {name: params[name].detach().clone() for name in sorted(names)},
         "buffers": _buffers(modules),
@@ -152,12 +155,17 @@ def _checkpoint_state(svi, names: Iterable[str], modules, epoch: int, losses: li
     }
 
 
-def _restore(svi, path, args, kwargs, modules, loader) -> tuple[int, list[float]]:
+def _restore(svi, path, args, kwargs, modules, loader, num_data: int) -> tuple[int, list[float]]:
     """Load ``path`` into the param store, optimiser, modules and RNGs; all checks before any change."""
     state = load_checkpoint(path, "svi", map_location="cpu")
     keys = {"epoch", "losses", "params", "buffers", "optim", "rng"}
     if not keys <= set(state):
         raise ValueError(f"resume: {str(path)!r} is an incomplete checkpoint (it lacks {sorted(keys - set(state))})")
+    saved_n = state.get("num_data")  # absent from the checkpoints of earlier versions
+    if saved_n is not None and int(saved_n) != num_data:
+        raise ValueError(f"resume: {str(path)!r} was trained on a data set of N={int(saved_n)} points, this run's has "
+                         f"N={num_data} (num_data, else the size of the data): resume on the same data, or start a "
+                         "new run")
     store = pyro.get_param_store()
     before = set(store.keys())
     # The parameters of model and guide are created on their first call: trace them once (blocked from
@@ -197,7 +205,9 @@ def _restore(svi, path, args, kwargs, modules, loader) -> tuple[int, list[float]
         generators = loader_generators(loader) if loader is not None else []
         if len(state["rng"]["loader"]) != len(generators):
             raise ValueError(f"resume: {str(path)!r} holds {len(state['rng']['loader'])} loader generator "
-                             f"states, the loader has {len(generators)}")
+                             f"states (DataLoader(generator=...), its sampler's), the data given have "
+                             f"{len(generators)}: resume on data given as the interrupted run's were (the same "
+                             "kind of loader, or tensors)")
     except BaseException:
         for name in set(store.keys()) - before:  # leave the param store as it was
             del store[name]
@@ -455,7 +465,9 @@ def train_svi(
     :param modules: the ``nn.Module`` objects whose buffers go into the checkpoint and whose first parameter gives
         the default device; default: the modules whose methods are the model and guide (or which they are).
     :param bool require_sharded: with several ranks running, raise a ``ValueError`` unless ``data`` is a loader
-        sharded by a ``DistributedSampler`` (instead of letting every rank train on its own data).
+        sharded by a ``DistributedSampler`` (instead of letting every rank train on its own data); under
+        ``torchrun`` with several processes, also a ``RuntimeError`` if no process group runs (no
+        :func:`pyro_sdebnn.distributed.init`).
     :param int subsample_size: tensor data only, instead of ``batch_size``: every step gets the whole ``(x, y)``
         and ``subsample_size=b`` as a keyword, and the model's subsampled plate,
         ``pyro.plate("data", len(x), subsample_size=subsample_size)``, draws the :math:`b` indices of its minibatch
@@ -475,7 +487,8 @@ def train_svi(
     :raises FloatingPointError: if a step's loss is NaN or infinite (the parameters keep their last finite values).
     :raises FileNotFoundError: if the ``resume`` file does not exist.
     :raises ValueError: for a bad ``resume`` file (:func:`~pyro_sdebnn.infer.checkpoint.load_checkpoint`: not a
-        checkpoint of kind ``"svi"``, truncated, or of another model) or bad arguments; for data
+        checkpoint of kind ``"svi"``, truncated, of another model, or written on a data set of another size :math:`N`)
+        or bad arguments; for data
         holding a NaN or an infinity (inputs, or floating-point targets), naming the batch of the loader and the
         index (:func:`~pyro_sdebnn.data.loaders.check_finite_batch`: tensors are checked once, a loader's batches
         as they are read, before their SVI step); when data-parallel, if the ranks' loaders take different numbers
@@ -538,6 +551,8 @@ def train_svi(
     if device is None and dtype is None:
         device, dtype = module_device_dtype(*modules)
     loader_obj = data if loader else None  # whose own generators are part of the random state
+    if require_sharded:
+        check_joined("train_svi(require_sharded=True)")
     sampler = _data_parallel_sampler(loader_obj)
     if require_sharded and sampler is None and world_size() > 1:
         raise ValueError("data: with several ranks and require_sharded=True the data must be a loader sharded by a "
@@ -576,7 +591,7 @@ def train_svi(
             first = next(iter(batches()), None)
             if first is None:
                 raise ValueError("data: the loader yields no batch")
-            start, history = _restore(svi, resume, first, kwargs, modules, loader_obj)
+            start, history = _restore(svi, resume, first, kwargs, modules, loader_obj, data_size)
         except BaseException:
             set_rng_state(rng, loader_obj)
             raise
@@ -601,7 +616,8 @@ def train_svi(
         history.append(epoch_loss)
         stepper.after_epoch(epoch_loss)
         if checkpoint is not None:
-            save_checkpoint("svi", _checkpoint_state(svi, names, modules, epoch + 1, history, loader_obj), checkpoint)
+            state = _checkpoint_state(svi, names, modules, epoch + 1, history, loader_obj, data_size)
+            save_checkpoint("svi", state, checkpoint)
         if callback is not None:
             callback(epoch, epoch_loss)
     return history

@@ -107,6 +107,33 @@ def test_averaged_gradients_in_svi_step_is_plain_svi_on_one_process(float64):
     assert path_kl.kl_scale == 0.25 and averaged.kl_scale == 0.25
 
 
+def test_a_bad_destination_rank_is_named_not_blamed_on_another_rank(monkeypatch):
+    # before: gloo's "invalid root rank: 5" came back as "another rank died, raised before reaching it, ..."
+    monkeypatch.setattr(_comm, "world_size", lambda: 2)
+    for dst in (2, -1):
+        with pytest.raises(ValueError, match=rf"dst must be a rank in \[0, 1\] of this world of 2, got {dst}"):
+            _comm.gather_objects("a", dst=dst)
+    with pytest.raises(TypeError, match="dst must be an int"):
+        _comm.gather_objects("a", dst=1.0)
+    with pytest.raises(ValueError, match="src must be a rank"):
+        _comm.broadcast_(torch.zeros(1), src=2)
+
+
+def test_torchrun_without_init_is_an_error_not_a_silent_world_of_one(monkeypatch):
+    # every process torchrun starts would otherwise build a plain loader and train (or sample) alone on all the data
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    data = TensorDataset(torch.randn(8, W.D), torch.randn(8))
+    with pytest.raises(RuntimeError, match=r"distributed_loader: .* WORLD_SIZE=2 .* call pyro_sdebnn.distributed.init"):
+        distributed.distributed_loader(data, 4)
+    mcmc = MCMC(distributed.DataParallelSGLD(W.plain, step_size=1e-3), num_samples=1, disable_progbar=True)
+    with pytest.raises(RuntimeError, match="DataParallelSGLD: .* WORLD_SIZE=2"):
+        mcmc.run(DataLoader(data, batch_size=4))
+    with pytest.raises(RuntimeError, match=r"train_svi\(require_sharded=True\): .* WORLD_SIZE=2"):
+        train_svi(W.make_svi(), DataLoader(data, batch_size=4), num_epochs=1, require_sharded=True)
+    monkeypatch.setenv("WORLD_SIZE", "1")  # torchrun --nproc_per_node=1: a world of one indeed
+    assert isinstance(distributed.distributed_loader(data, 4).sampler, torch.utils.data.RandomSampler)
+
+
 def test_init_rejects_bad_arguments(monkeypatch):
     with pytest.raises(ValueError, match="timeout"):
         distributed.init(timeout=0)

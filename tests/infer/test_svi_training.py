@@ -237,6 +237,21 @@ def test_other_models_checkpoint_is_rejected_and_changes_nothing(tmp_path):
     assert list(pyro.get_param_store().keys()) == []
 
 
+def test_resume_on_another_data_set_is_rejected_and_changes_nothing(tmp_path):
+    x, _ = _data()
+    y = x.sum(-1)
+    path = tmp_path / "ckpt.pt"
+    pyro.clear_param_store()
+    svi = SVI(_regression, AutoNormal(_regression), pyro.optim.Adam({"lr": 1e-2}), Trace_ELBO())
+    train_svi(svi, (x, y), num_epochs=1, batch_size=8, checkpoint=path)
+    assert load_checkpoint(path, "svi")["num_data"] == 20
+    before = _snapshot()
+    with pytest.raises(ValueError, match=r"trained on a data set of N=20 points, this run's has N=16"):
+        train_svi(svi, (x[:16], y[:16]), num_epochs=2, batch_size=8, resume=path)
+    _assert_unchanged(before)
+    train_svi(svi, (x, y), num_epochs=2, batch_size=8, resume=path)  # the same data: resumes
+
+
 def test_truncated_or_foreign_file_is_rejected(tmp_path):
     x, y = _data()
     path = tmp_path / "c.pt"

@@ -63,6 +63,7 @@ from pyro.infer import MCMC
 from pyro.infer.mcmc.util import diagnostics, print_summary, select_samples
 from torch import Tensor
 
+from pyro_sdebnn import _comm
 from pyro_sdebnn.infer.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from pyro_sdebnn.infer.mcmc.diagnostics import _RECENT
 
@@ -266,7 +267,10 @@ def save_run(mcmc: MCMC, path: PathLike) -> None:
 def _write(path: PathLike, kernel: ResumableState, samples: dict[str, torch.Tensor]) -> None:
     """Write the checkpoint (atomically: an interrupted write leaves the previous checkpoint intact)."""
     num_samples = int(next(iter(samples.values())).shape[1]) if samples else 0
-    save_checkpoint("sgmcmc", {"kernel": kernel.state_dict(), "samples": samples, "num_samples": num_samples}, path)
+    # the rank that wrote it: under torchrun every rank runs its own chains (its own file), see resume_run
+    where = {"rank": _comm.rank(), "world_size": _comm.world_size()}
+    save_checkpoint("sgmcmc", {"kernel": kernel.state_dict(), "samples": samples, "num_samples": num_samples,
+                               **where}, path)
 
 
 class CheckpointHook:
@@ -277,7 +281,9 @@ class CheckpointHook:
     interrupted write leaves the previous checkpoint. :func:`resume_run` continues from it (the warm-up left, then
     ``num_samples`` more samples: the planned number less the ``"num_samples"`` the file holds, which
     :func:`~pyro_sdebnn.infer.checkpoint.load_checkpoint` reads). ``hook`` (optional) is called first, as
-    ``MCMC``'s own ``hook_fn`` would be.
+    ``MCMC``'s own ``hook_fn`` would be. Given to :func:`resume_run` as ``hook_fn``, the hook keeps checkpointing
+    the resumed run: it starts from the checkpoint's samples, so its file holds all the samples so far and a run
+    pre-empted again resumes the same way.
 
     :param path: the checkpoint file.
     :param int every: write every that many steps of ``MCMC`` (default 100).
@@ -289,7 +295,8 @@ class CheckpointHook:
         mcmc = MCMC(kernel, num_samples=5000, warmup_steps=1000, hook_fn=hook)
         mcmc.run(loader)                     # interrupted? then, with a kernel built as this one:
         done = load_checkpoint("run.pt", "sgmcmc")["num_samples"]
-        mcmc = resume_run("run.pt", kernel, loader, num_samples=5000 - done)
+        mcmc = resume_run("run.pt", kernel, loader, num_samples=5000 - done,
+                          hook_fn=CheckpointHook("run.pt", every=200))   # and checkpoint the rest
     """
 
     def __init__(self, path: PathLike, every: int = 100, hook: Any = None) -> None:
@@ -327,9 +334,20 @@ class CheckpointHook:
             }
             _write(self.path, kernel, samples)
 
+    def _start_from(self, saved: dict[str, torch.Tensor], vectorized: bool) -> None:
+        """Hold the samples of a checkpoint, ``{site: (chains, draws, *shape)}``, as the draws returned so far (the
+        samples of an earlier use of this hook, past its last write, are dropped: the checkpoint is the run)."""
+        self.samples = {k: [v[:, d] if vectorized else v[0, d] for d in range(v.shape[1])] for k, v in saved.items()}
+
 
 def resume_run(
-    path: PathLike, kernel: ResumableState, *args: Any, num_samples: int, disable_progbar: bool = False, **kwargs: Any
+    path: PathLike,
+    kernel: ResumableState,
+    *args: Any,
+    num_samples: int,
+    disable_progbar: bool = False,
+    hook_fn: Any = None,
+    **kwargs: Any,
 ) -> "ResumedMCMC":
     """Continue the run saved by :func:`save_run` for ``num_samples`` more samples.
 
@@ -339,24 +357,40 @@ def resume_run(
     :param args: the model's arguments, as for the saved run's ``mcmc.run`` (the same data, or the same loader).
     :param int num_samples: how many samples to add (the warm-up left in the checkpoint, if any, runs first).
     :param bool disable_progbar: passed to ``MCMC``.
+    :param hook_fn: passed to ``MCMC``; a :class:`CheckpointHook` (a new one, or the interrupted run's) first takes
+        the checkpoint's samples, so that the files it writes hold the saved samples followed by the new ones and
+        the resumed run can itself be pre-empted and resumed.
     :param kwargs: the model's keyword arguments.
     :return: a :class:`ResumedMCMC` that has run, whose ``get_samples()`` are the saved samples followed by the new
         ones.
-    :raises ValueError: for a checkpoint of another model, kernel or data, or a truncated file.
+    :raises ValueError: for a checkpoint of another model, kernel or data, or a truncated file; under ``torchrun``,
+        for the file of another rank (each rank runs its own chains and must resume from its own file, e.g.
+        ``f"run{torch.distributed.get_rank()}.pt"``; a data-parallel chain, the same on every rank, resumes anywhere).
     """
     if not isinstance(kernel, ResumableState):
         raise TypeError(f"kernel must be an SG-MCMC kernel (SGLD, SGHMC, ...), got {type(kernel).__name__}")
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
         raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
+    if hook_fn is not None and not callable(hook_fn):
+        raise TypeError(f"hook_fn must be callable or None, got {type(hook_fn).__name__}")
     checkpoint = load_checkpoint(path, "sgmcmc", map_location="cpu")
     for key in ("kernel", "samples", "num_samples"):
         if key not in checkpoint:
             raise ValueError(f"{os.fspath(path)!r} is an incomplete SG-MCMC checkpoint (no {key!r})")
+    written_by = checkpoint.get("rank")  # absent from the files of earlier versions
+    shared = getattr(kernel, "_chain_shared_by_ranks", False)  # DataParallelSGLD / SGHMC: one chain on every rank
+    if _comm.world_size() > 1 and not shared and written_by is not None and int(written_by) != _comm.rank():
+        raise ValueError(f"{os.fspath(path)!r} holds the chains of rank {int(written_by)} (of "
+                         f"{int(checkpoint.get('world_size', 0))}), this process is rank {_comm.rank()}: every rank "
+                         "runs its own chains, so give each its own checkpoint file, e.g. "
+                         "f'run{torch.distributed.get_rank()}.pt'")
     state = checkpoint["kernel"]
     kernel.load_state_dict(state)
     warmup_left = max(0, int(state["warmup_steps"]) - int(state["sample_count"]))
+    if isinstance(hook_fn, CheckpointHook):
+        hook_fn._start_from(checkpoint["samples"], int(kernel.vectorized_chains) > 1)
     mcmc = ResumedMCMC(checkpoint["samples"], kernel, num_samples=num_samples, warmup_steps=warmup_left,
-                       disable_progbar=disable_progbar)
+                       disable_progbar=disable_progbar, **({} if hook_fn is None else {"hook_fn": hook_fn}))
     mcmc.run(*args, **kwargs)
     return mcmc
 

@@ -289,6 +289,71 @@ def test_checkpoint_hook_resumes_an_interrupted_run(tmp_path, stop_at):
     torch.testing.assert_close(resumed.get_samples()["w"], full.get_samples()["w"], rtol=0, atol=0)
 
 
+def test_a_resumed_run_keeps_checkpointing_and_resumes_again(tmp_path):
+    # a pre-emptible job pre-empted twice: the resumed run's CheckpointHook writes all the samples so far
+    from pyro_sdebnn.infer.mcmc.checkpoint import CheckpointHook
+
+    x, y = _data()
+    make = _kernels()["sghmc"]
+    loader = _args("loader", x, y)[0]
+    pyro.set_rng_seed(0)
+    full = MCMC(make(backend="eager"), num_samples=20, warmup_steps=10, disable_progbar=True)
+    full.run(loader)
+
+    def stop_at(n):
+        calls = []
+
+        def hook(kernel, params, stage, i):
+            calls.append(i)
+            if len(calls) == n:
+                raise _Preempted
+        return hook
+
+    path = tmp_path / "run.pt"
+    checkpointer = CheckpointHook(path, every=4)
+
+    def first(kernel, params, stage, i):
+        checkpointer(kernel, params, stage, i)
+        if checkpointer.calls == 18:  # it holds 8 samples, the file (written at call 16) 6
+            raise _Preempted
+
+    pyro.set_rng_seed(0)
+    with pytest.raises(_Preempted):
+        MCMC(make(backend="eager"), num_samples=20, warmup_steps=10, hook_fn=first, disable_progbar=True).run(loader)
+    assert load_checkpoint(path)["num_samples"] == 6
+    checkpointer.hook = stop_at(7)  # the same hook, reused: pre-empted again at its 7th call, after writing at 24
+    with pytest.raises(_Preempted):
+        resume_run(path, make(backend="eager"), loader, num_samples=14, hook_fn=checkpointer, disable_progbar=True)
+    assert load_checkpoint(path)["num_samples"] == 6 + 6
+    resumed = resume_run(path, make(backend="eager"), loader, num_samples=8, hook_fn=CheckpointHook(path, every=4),
+                         disable_progbar=True)
+    torch.testing.assert_close(resumed.get_samples()["w"], full.get_samples()["w"], rtol=0, atol=0)
+    saved = load_checkpoint(path)  # written at the end of the last run: the whole run
+    assert saved["num_samples"] == 20
+    torch.testing.assert_close(saved["samples"]["w"], full.get_samples(group_by_chain=True)["w"], rtol=0, atol=0)
+    with pytest.raises(TypeError, match="hook_fn must be callable"):
+        resume_run(path, make(backend="eager"), loader, num_samples=1, hook_fn="print")
+
+
+def test_under_torchrun_each_rank_resumes_its_own_chains(tmp_path, monkeypatch):
+    # chains over ranks: every rank writing "run.pt" leaves one rank's chains, which the others must not take up
+    from pyro_sdebnn import _comm
+
+    x, y = _data()
+    make = lambda: SGLD(plain_model, step_size=1e-2, subsample_size=10, backend="eager")  # noqa: E731
+    mcmc = MCMC(make(), num_samples=2, disable_progbar=True)
+    mcmc.run(x, y)
+    monkeypatch.setattr(_comm, "world_size", lambda: 2)
+    path = tmp_path / "run.pt"
+    save_run(mcmc, path)  # as rank 0 of 2
+    assert (load_checkpoint(path)["rank"], load_checkpoint(path)["world_size"]) == (0, 2)
+    monkeypatch.setattr(_comm, "rank", lambda: 1)
+    with pytest.raises(ValueError, match=r"holds the chains of rank 0 \(of 2\), this process is rank 1"):
+        resume_run(path, make(), x, y, num_samples=1, disable_progbar=True)
+    monkeypatch.setattr(_comm, "rank", lambda: 0)
+    assert resume_run(path, make(), x, y, num_samples=1, disable_progbar=True).get_samples()["w"].shape == (3, 2)
+
+
 def test_checkpoint_hook_checks_its_arguments(tmp_path):
     from pyro_sdebnn.infer.mcmc.checkpoint import CheckpointHook
 
