@@ -1546,9 +1546,15 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         return out
 
     def diagnostics(self) -> dict[str, Any]:
+        """What ``MCMC.diagnostics()`` reports per chain: ``"divergences"`` (the sample indices, as for Pyro's HMC;
+        ``MCMC.summary`` counts them and ArviZ's ``from_pyro`` reads them), the ``"backend"`` used, the
+        ``"divergence log"``, the ``"step size"`` when adapted, ``"mass matrix adapted"``, ``"warm start steps"`` and,
+        over a loader, ``"batches passed over"``. There is no ``"acceptance rate"``: SG-MCMC has no accept/reject
+        step, so the number would be 1 by construction and say nothing about the discretisation error, which no
+        Metropolis correction removes (watch the divergences, the function-space R-hat and, for SGHMC, the kinetic
+        temperature instead)."""
         out = {
             "divergences": list(self._divergences),
-            "acceptance rate": 1.0,  # SG-MCMC has no accept/reject step
             # backend="auto" before its first trace has stepped eagerly only
             "backend": self.backend_used if self._graph_modules or self.backend != "auto" else "eager",
             "divergence log": [dict(r) for r in self.divergence_log],
