@@ -58,7 +58,7 @@ def is_loader(data) -> bool:
         return False
     if isinstance(data, (list, tuple, dict, str, bytes, np.ndarray)) or not isinstance(data, Iterable):
         raise TypeError(
-            "data must be a torch.Tensor or a loader (an iterable of (x, y) batches whose dataset has a "
+            "data must be a torch.Tensor or a loader (an iterable of batches whose dataset has a "
             f"length, e.g. torch.utils.data.DataLoader), got {type(data).__name__}"
         )
     return True
