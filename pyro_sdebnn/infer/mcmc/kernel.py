@@ -700,7 +700,12 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         return MinibatchPotential(
             self._model, args, kwargs, subsample_size=self.subsample_size, data_plate=self.data_plate,
             transforms=self.user_transforms, data_size=None if self._stream is None else self._stream.size,
+            batch_keys=self._batch_keys(),
         )
+
+    def _batch_keys(self) -> tuple[str, ...]:
+        """With a loader, the model's keyword arguments that come from its batches (a dict batch's keys)."""
+        return () if self._pending_batch is None else tuple(self._pending_batch[1])
 
     # every kernel here takes a loader and has checkpoints; a subclass that cannot sets these to False
     _takes_loader = True

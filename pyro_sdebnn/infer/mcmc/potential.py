@@ -164,6 +164,8 @@ class MinibatchPotential:
         ``HMC``); other sites use ``biject_to(support).inv``.
     :param int data_size: the number of data points :math:`N` when ``model_args`` are one minibatch of them (a
         batch of a loader); excludes ``subsample_size``. The model must then have one data plate.
+    :param batch_keys: with ``data_size``, the names of the keyword arguments that come from the batch (a dict
+        batch's keys): with the positional arguments, the data of the batch.
 
     >>> import pyro.distributions as dist
     >>> def model(x, y=None):
@@ -226,6 +228,7 @@ class MinibatchPotential:
         prior_filter: Optional[Callable[[str, dict], bool]] = None,
         transforms: Optional[dict] = None,
         data_size: Optional[int] = None,
+        batch_keys: Sequence[str] = (),
     ) -> None:
         if not callable(model):
             raise TypeError(f"model must be callable, got {type(model).__name__}")
@@ -243,6 +246,7 @@ class MinibatchPotential:
         # "slice" (the data arguments are sliced by the minibatch indices and the data plate scaled by N/b) or
         # "batch" (the arguments are a minibatch already, e.g. a loader's batch; the data plate scaled by N/b)
         self.minibatch_mode = "batch" if data_size is not None else "index"
+        self.batch_keys = frozenset(batch_keys)
         self.model = model
         self.model_args = tuple(model_args)
         self.model_kwargs = dict(model_kwargs or {})

@@ -209,3 +209,22 @@ def test_batches_that_cannot_reach_the_model_are_clear_errors():
         _run_on(DataLoader(TensorDataset(x, t, y), batch_size=BATCH, collate_fn=changing))
     with pytest.raises(ValueError, match=r"y contains NaN at index \(1,\) of batch 2 of the loader"):
         _run_on(DataLoader(DictData(x=x, t=t, y=torch.where(torch.arange(N) == 9, math.nan, y)), batch_size=BATCH))
+
+
+def test_functional_kernel_takes_dict_batches_as_it_takes_tuples():
+    # fSGLD concatenates the batch's data arguments with the measurement points': a dict batch's keys are data too
+    import pyro.contrib.gp as gp
+
+    from pyro_sdebnn.infer.mcmc import FSGLD
+    from pyro_sdebnn.infer.mcmc.functional import MeasurementPoints
+
+    x = _data()[0]
+    measurement = {"tuple": lambda p: ((p, p.new_zeros(len(p))), {}),
+                   "dict": lambda p: ((), {"x": p, "t": p.new_zeros(len(p))})}
+
+    def make(structure):
+        return lambda: FSGLD(model3, step_size=1e-3, num_steps=2, gp_prior=gp.kernels.RBF(2), output_site="mean",
+                             measurement_points=MeasurementPoints(x), measurement_args=measurement[structure])
+
+    w = {s: _run(s, make(s), num_samples=4).get_samples()["w"] for s in ("tuple", "dict")}
+    assert torch.isfinite(w["tuple"]).all() and torch.equal(w["tuple"], w["dict"])
