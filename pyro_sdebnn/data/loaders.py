@@ -210,6 +210,8 @@ def batch_arguments(
     ValueError: batch 2 of the loader: its tensors must share their first (batch) dimension, ...
     """
     where = "the batch" if batch_index is None else f"batch {batch_index} of the loader"
+    args: tuple
+    kw: dict[str, Any]
     if isinstance(batch, Tensor):
         args, kw = (batch,), {}
     elif isinstance(batch, (tuple, list)):

@@ -16,8 +16,8 @@ TracePathKL_ELBO())``) over
   ``pyro.plate("data", len(x), subsample_size=subsample_size)`` draws the minibatch itself (Pyro's own
   idiom; :math:`\lceil N/b \rceil` steps an epoch).
 
-The model is called as ``model(x_b, y_b, num_data=N)`` (``model(*batch, num_data=N)``) when it has a ``num_data`` parameter, with
-:math:`N` the size of the whole data set (``len(loader.dataset)``), so that a model written the
+The model is called as ``model(x_b, y_b, num_data=N)`` (``model(*batch, num_data=N)``) when it has a
+``num_data`` parameter, with :math:`N` the size of the whole data set (``len(loader.dataset)``), so that a model written the
 Pyro way, ``with pyro.plate("data", num_data, subsample=torch.arange(len(x)))``, scales the
 log-likelihood of a minibatch :math:`B` of size :math:`b` by :math:`N/b`:
 
@@ -581,7 +581,7 @@ def train_svi(
             first = next(iter(batches()), None)
             if first is None:
                 raise ValueError("data: the loader yields no batch")
-            start, history = _restore(svi, resume, *first, modules, loader_obj)
+            start, history = _restore(svi, resume, first[0], first[1], modules, loader_obj)
         except BaseException:
             set_rng_state(rng, loader_obj)
             raise

@@ -272,6 +272,7 @@ class FunctionalPotential(MinibatchPotential):
         m_args, m_kwargs = self.measurement_args(points)
         num_points = points.shape[0]
         on_batch = self.minibatch_mode == "batch"
+        batch_size: Any  # the minibatch size b (the data size N for full-batch gradients)
         if on_batch:
             batch_size = batch_length(self.model_args, {k: v for k, v in self.model_kwargs.items()
                                                         if k in self.batch_keys})

@@ -1558,7 +1558,7 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         step, so the number would be 1 by construction and say nothing about the discretisation error, which no
         Metropolis correction removes (watch the divergences, the function-space R-hat and, for SGHMC, the kinetic
         temperature instead)."""
-        out = {
+        out: dict[str, Any] = {
             "divergences": list(self._divergences),
             # backend="auto" before its first trace has stepped eagerly only
             "backend": self.backend_used if self._graph_modules or self.backend != "auto" else "eager",

@@ -58,7 +58,6 @@ from pyro_sdebnn.data.loaders import (
     move_arguments,
 )
 from pyro_sdebnn.infer.mcmc.diagnostics import (
-    _argument_names,
     _check_finite_arguments,
     _check_latents_outside_plate,
     _check_observed_values,
