@@ -6,7 +6,7 @@ Every ``fit`` and ``predict`` of the package accepts either the whole data set a
 :class:`~torch.utils.data.DataLoader` over a torchvision data set with augmentation. The networks' ``fit``
 and ``predict`` (MAP, Laplace, ensembles...) read ``(x, y)`` batches (``(x,)`` or a bare ``x`` for prediction);
 a *Pyro model* fed a loader (``mcmc.run(loader)``, ``train_svi(svi, loader)``) is called on each batch by one rule,
-:func:`batch_arguments`:
+``batch_arguments``:
 
 * a tuple or list batch ``(x, y)``, ``(x, t, y)``... (what default collation makes of a data set of tuples, e.g. a
   :class:`~torch.utils.data.TensorDataset`) is called as ``model(*batch)``;
@@ -46,7 +46,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten, tree_map
 
-__all__ = ["batch_arguments", "check_finite_batch"]
+__all__ = ["check_finite_batch"]
 
 
 def is_loader(data) -> bool:
@@ -271,7 +271,7 @@ def batch_arguments(
 
 
 def batch_length(args: tuple, kwargs: Mapping[str, Any] | None = None) -> int:
-    """The batch dimension :math:`b` of arguments from :func:`batch_arguments`: the first dimension of their first
+    """The batch dimension :math:`b` of arguments from ``batch_arguments``: the first dimension of their first
     tensor (they all share it; a keyword argument given besides the batch is not looked at when there is a tensor in
     ``args``)."""
     leaves, _ = tree_flatten((args, dict(kwargs or {})))
@@ -279,13 +279,13 @@ def batch_length(args: tuple, kwargs: Mapping[str, Any] | None = None) -> int:
 
 
 def move_arguments(tree: Any, device=None, dtype: torch.dtype | None = None) -> Any:
-    """Every tensor of ``tree`` (arguments from :func:`batch_arguments`) moved by :func:`move_batch`."""
+    """Every tensor of ``tree`` (arguments from ``batch_arguments``) moved by ``move_batch``."""
     return tree_map(lambda t: move_batch(t, device, dtype) if isinstance(t, Tensor) else t, tree)
 
 
 def check_finite_arguments(args: tuple, kwargs: Mapping[str, Any], *, model: Callable | None = None,
                            batch_index: int | None = None) -> None:
-    """:func:`check_finite_batch` for the arguments of a batch (:func:`batch_arguments`): the floating-point tensors
+    """:func:`check_finite_batch` for the arguments of a batch (``batch_arguments``): the floating-point tensors
     among them are summed in one reduction (one host sync), and a non-finite sum is reported under the name of the
     model's argument that holds it."""
     params = _parameters(model) if model is not None else None
@@ -301,14 +301,14 @@ def check_finite_arguments(args: tuple, kwargs: Mapping[str, Any], *, model: Cal
 def iter_model_batches(loader, device=None, dtype: torch.dtype | None = None, *,
                        kwargs: Mapping[str, Any] | None = None, model: Callable | None = None,
                        check_finite: bool = False) -> Iterator[tuple[tuple, dict[str, Any]]]:
-    """Yield the model's arguments ``(args, kwargs)`` of every batch of ``loader`` (:func:`batch_arguments`), moved
+    """Yield the model's arguments ``(args, kwargs)`` of every batch of ``loader`` (``batch_arguments``), moved
     to ``device`` / ``dtype`` (floating-point tensors only).
 
     :param dict kwargs: keyword arguments passed to the model besides each batch (after a dict batch's own entries;
         neither moved nor checked).
     :param model: the model: the first batch is checked against its signature, and a non-finite batch is reported
         under the names of its parameters.
-    :param bool check_finite: every batch goes through :func:`check_finite_arguments` (one device-to-host sync per
+    :param bool check_finite: every batch goes through ``check_finite_arguments`` (one device-to-host sync per
         batch).
     """
     extra = dict(kwargs or {})

@@ -8,7 +8,7 @@ TracePathKL_ELBO())``) over
 * a loader: any iterable of batches whose ``dataset`` has a length, such as a
   :class:`~torch.utils.data.DataLoader` over a torchvision data set with augmentation; every batch
   is moved to the model's device on its own, the data set never is. A batch is passed to the model (and the
-  guide) by the rule of :func:`~pyro_sdebnn.data.loaders.batch_arguments`: a tuple or list batch as
+  guide) by the rule of ``pyro_sdebnn.data.loaders.batch_arguments``: a tuple or list batch as
   ``svi.step(*batch)`` (``model(x, y)``, ``model(x, t, y)``...), a dict batch as ``svi.step(**batch)``, a tensor as
   ``svi.step(batch)``;
 * or tensors ``(x, y)``, cut into (shuffled) minibatches of ``batch_size``; or, with ``subsample_size=b``,
@@ -435,7 +435,7 @@ def train_svi(
         :class:`~pyro.optim.PyroLRScheduler`, ELBO).
     :param data: a loader (an iterable of batches whose ``dataset`` has a length, e.g. a
         :class:`~torch.utils.data.DataLoader`; a tuple or list batch is passed as ``model(*batch)``, a dict batch as
-        ``model(**batch)``, a tensor as ``model(batch)``: :func:`~pyro_sdebnn.data.loaders.batch_arguments`) or a
+        ``model(**batch)``, a tensor as ``model(batch)``: ``pyro_sdebnn.data.loaders.batch_arguments``) or a
         pair ``(x, y)`` of tensors.
     :param int num_epochs: the epoch to train up to (with ``resume``, the epochs already done count).
     :param int batch_size: minibatch size for tensor data (default: the whole data set); not with a loader.

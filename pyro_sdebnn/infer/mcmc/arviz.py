@@ -149,7 +149,7 @@ def pointwise_log_likelihood(
     :param dict samples: constrained posterior samples, each ``(S, *site_shape)``.
     :param args: model arguments (the full data), or a loader alone: the model then runs on every batch of one
         pass over the loader's data set *in data-set order* (``in_dataset_order``: no shuffling, no dropped last
-        batch), called as :func:`~pyro_sdebnn.data.loaders.batch_arguments` says (``model(*batch)`` for a tuple
+        batch), called as ``pyro_sdebnn.data.loaders.batch_arguments`` says (``model(*batch)`` for a tuple
         batch, ``model(**batch)`` for a dict, ``model(batch)`` for a tensor; ``kwargs`` added), and the
         log-likelihoods are concatenated along the data dimension (all :math:`N` points, entry ``i`` being ``loader.dataset[i]``; the batches go to the samples' device one
         at a time).

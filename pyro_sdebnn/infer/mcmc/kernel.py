@@ -351,7 +351,7 @@ class _ModelOverLoader:
     whole data set: the batches of the loader's data set in data-set order
     (:func:`~pyro_sdebnn.infer.mcmc.potential.in_dataset_order`) are concatenated tensor by tensor along the batch
     dimension, moved to the model's device, and the model is called on them as on one batch
-    (:func:`~pyro_sdebnn.data.loaders.batch_arguments`: ``model(*batch)``, ``model(**batch)`` or ``model(batch)``);
+    (``pyro_sdebnn.data.loaders.batch_arguments``: ``model(*batch)``, ``model(**batch)`` or ``model(batch)``);
     torch's random state is left as it was (workers draw their seeds from it). This holds the whole data
     set in memory once; :func:`~pyro_sdebnn.infer.mcmc.to_inference_data` streams it instead.
     Any other call is passed to the model unchanged.

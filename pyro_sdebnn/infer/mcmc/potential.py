@@ -872,7 +872,7 @@ def short_batch_size(loader: Any, drop_last: Optional[bool]) -> Optional[int]:
 
 class BatchStream:
     """An endless stream of the batches of a loader, epoch after epoch, each as the model's arguments ``(args,
-    kwargs)`` (:func:`~pyro_sdebnn.data.loaders.batch_arguments`: a tuple or list batch is ``model(*batch)``, a dict
+    kwargs)`` (``pyro_sdebnn.data.loaders.batch_arguments``: a tuple or list batch is ``model(*batch)``, a dict
     batch ``model(**batch)``, a tensor ``model(batch)``).
 
     :param loader: an iterable of batches whose ``dataset`` has a length (e.g. a
@@ -963,7 +963,7 @@ class BatchStream:
         when the loader is exhausted (``kwargs`` holds a dict batch's own entries only, not :attr:`kwargs`).
 
         :raises TypeError: for a batch that is not a tuple, list, dict or tensor of tensors, or (the first) that does
-            not fit the model's signature (:func:`~pyro_sdebnn.data.loaders.batch_arguments`).
+            not fit the model's signature (``pyro_sdebnn.data.loaders.batch_arguments``).
         :raises ValueError: for a batch whose tensors do not share their first dimension, or holding a NaN or an
             infinity."""
         while True:
