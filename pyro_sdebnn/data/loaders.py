@@ -151,6 +151,11 @@ def iter_batches(loader, device=None, dtype: torch.dtype | None = None, *, with_
         yield x, y
 
 
+def _leaves(value: Any) -> list:
+    """The leaves of one argument: itself for a tensor (the common case, without the cost of a pytree pass)."""
+    return [value] if isinstance(value, Tensor) else tree_flatten(value)[0]
+
+
 def _parameters(model: Callable) -> list[inspect.Parameter] | None:
     """The parameters of ``model`` (of its ``forward`` for a module), ``None`` where they cannot be read."""
     fn = model.forward if isinstance(model, nn.Module) else model
@@ -230,8 +235,7 @@ def batch_arguments(
     params = _parameters(model) if model is not None else None
     sizes: list[tuple[str, int]] = []
     for name, value in [(_argument_label(params, i), a) for i, a in enumerate(args)] + list(kw.items()):
-        leaves, _ = tree_flatten(value)
-        for leaf in leaves:
+        for leaf in _leaves(value):
             if not isinstance(leaf, Tensor):
                 raise TypeError(
                     f"{where}: argument {name!r} holds a {type(leaf).__name__}, not a tensor; every element of a "
@@ -274,13 +278,30 @@ def batch_length(args: tuple, kwargs: Mapping[str, Any] | None = None) -> int:
     """The batch dimension :math:`b` of arguments from ``batch_arguments``: the first dimension of their first
     tensor (they all share it; a keyword argument given besides the batch is not looked at when there is a tensor in
     ``args``)."""
-    leaves, _ = tree_flatten((args, dict(kwargs or {})))
-    return int(next(t for t in leaves if isinstance(t, Tensor)).shape[0])
+    for value in (*args, *(kwargs or {}).values()):
+        for leaf in _leaves(value):
+            if isinstance(leaf, Tensor):
+                return int(leaf.shape[0])
+    raise ValueError("the arguments hold no tensor")
 
 
 def move_arguments(tree: Any, device=None, dtype: torch.dtype | None = None) -> Any:
     """Every tensor of ``tree`` (arguments from ``batch_arguments``) moved by ``move_batch``."""
+    if isinstance(tree, tuple) and all(isinstance(t, Tensor) for t in tree):  # (x, y): without a pytree pass
+        return tuple(move_batch(t, device, dtype) for t in tree)
+    if isinstance(tree, dict) and all(isinstance(t, Tensor) for t in tree.values()):
+        return {k: move_batch(t, device, dtype) for k, t in tree.items()}
     return tree_map(lambda t: move_batch(t, device, dtype) if isinstance(t, Tensor) else t, tree)
+
+
+def flatten_arguments(args: tuple, kwargs: Mapping[str, Any]) -> tuple[list, Any]:
+    """``(leaves, structure)`` of a batch's arguments: the tensors in the order of ``tree_flatten((args, kwargs))``,
+    and a structure that compares equal for batches of the same form (tuple length, dict keys, nesting)."""
+    values = (*args, *kwargs.values())
+    if all(isinstance(v, Tensor) for v in values):  # flat: no pytree pass
+        return list(values), (len(args), tuple(kwargs))
+    leaves, spec = tree_flatten((args, dict(kwargs)))
+    return leaves, spec
 
 
 def check_finite_arguments(args: tuple, kwargs: Mapping[str, Any], *, model: Callable | None = None,
@@ -288,14 +309,16 @@ def check_finite_arguments(args: tuple, kwargs: Mapping[str, Any], *, model: Cal
     """:func:`check_finite_batch` for the arguments of a batch (``batch_arguments``): the floating-point tensors
     among them are summed in one reduction (one host sync), and a non-finite sum is reported under the name of the
     model's argument that holds it."""
-    params = _parameters(model) if model is not None else None
-    named = [(_argument_label(params, i), a) for i, a in enumerate(args)] + list(kwargs.items())
-    floats = [(name, t) for name, value in named for t in tree_flatten(value)[0]
+    floats = [t for value in (*args, *kwargs.values()) for t in _leaves(value)
               if isinstance(t, Tensor) and (t.is_floating_point() or t.is_complex())]
-    if not floats or bool(torch.isfinite(torch.stack([t.sum().abs().float() for _, t in floats])).all()):
+    if not floats or bool(torch.isfinite(torch.stack([t.sum().abs().float() for t in floats])).all()):
         return
-    for name, t in floats:
-        check_finite_batch(t, what=name, batch_index=batch_index)
+    params = _parameters(model) if model is not None else None  # names, for the message only
+    named = [(_argument_label(params, i), a) for i, a in enumerate(args)] + list(kwargs.items())
+    for name, value in named:
+        for t in _leaves(value):
+            if isinstance(t, Tensor) and (t.is_floating_point() or t.is_complex()):
+                check_finite_batch(t, what=name, batch_index=batch_index)
 
 
 def iter_model_batches(loader, device=None, dtype: torch.dtype | None = None, *,

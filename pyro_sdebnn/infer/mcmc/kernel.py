@@ -62,7 +62,7 @@ from torch import Tensor
 from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.distributions.transforms import Transform
 
-from pyro_sdebnn.data.loaders import batch_length, iter_model_batches, move_arguments
+from pyro_sdebnn.data.loaders import batch_length, flatten_arguments, iter_model_batches, move_arguments
 from pyro_sdebnn.infer.mcmc.diagnostics import (
     _RECENT,
     DivergenceCheck,
@@ -734,7 +734,7 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         device, dtype = _model_device_dtype(self._model)
         self._stream = BatchStream(args[0], device, dtype, model=self._model, drop_last=self.drop_last, kwargs=kwargs)
         self._pending_batch = self._stream.next()
-        self._batch_spec = tree_flatten(self._pending_batch)[1]  # every batch must have the first one's structure
+        self._batch_spec = flatten_arguments(*self._pending_batch)[1]  # every batch must have the first's structure
         self._first_batch_size = batch_length(*self._pending_batch)
         batch_args, batch_kwargs = self._pending_batch
         return batch_args, {**batch_kwargs, **kwargs}
@@ -833,7 +833,7 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         key: tuple = (tuple(_arg_key(a) for a in args), tuple((k, _arg_key(v)) for k, v in sorted(kwargs.items())))
         args, kwargs = self._start_stream(args, kwargs)
         if self._stream is not None:  # the first batch stands for the loader: the key is the loader and its shapes
-            leaves, spec = tree_flatten(self._pending_batch)
+            leaves, spec = flatten_arguments(*self._pending_batch)
             key = ("loader", id(self._stream.loader), tuple(_arg_key(t)[2:4] for t in leaves), str(spec), key[1])
         # the key holds the version counters of the tensors: data changed in place also rebuild the potential
         # (validating the data again) and trace the step again; and the settings the potential is built from, which
@@ -859,7 +859,7 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
             self._pending_batch = move_arguments(self._pending_batch, U.device, U.dtype)
             # the data tensors of a step: the batch's, then those among the keyword arguments of mcmc.run (a dict
             # batch's entries come first among the model's keyword arguments: see _start_stream)
-            self._kwarg_tensors = U.data_tensors()[len(tree_flatten(self._pending_batch)[0]):]
+            self._kwarg_tensors = U.data_tensors()[len(flatten_arguments(*self._pending_batch)[0]):]
         self._precond = torch.ones(U.dim, dtype=U.dtype, device=U.device)
         self._start_run_checks()
         self._resumed = self._resume is not None
@@ -975,7 +975,7 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         batch, self._pending_batch = self._pending_batch, None
         if batch is None:
             batch = self._stream.next()
-        leaves, spec = tree_flatten(batch)
+        leaves, spec = flatten_arguments(*batch)
         if spec != self._batch_spec:
             raise ValueError(
                 f"batch {self._stream.position - 1} of the loader has another structure than its first batch (the "
