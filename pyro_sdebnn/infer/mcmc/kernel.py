@@ -833,6 +833,7 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         key: tuple = (tuple(_arg_key(a) for a in args), tuple((k, _arg_key(v)) for k, v in sorted(kwargs.items())))
         args, kwargs = self._start_stream(args, kwargs)
         if self._stream is not None:  # the first batch stands for the loader: the key is the loader and its shapes
+            assert self._pending_batch is not None  # the loader's first batch, drawn by _start_stream
             leaves, spec = flatten_arguments(*self._pending_batch)
             key = ("loader", id(self._stream.loader), tuple(_arg_key(t)[2:4] for t in leaves), str(spec), key[1])
         # the key holds the version counters of the tensors: data changed in place also rebuild the potential
