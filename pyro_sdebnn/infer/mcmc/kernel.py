@@ -59,8 +59,8 @@ from pyro.distributions import constraints
 from pyro.infer.autoguide.initialization import InitMessenger, init_to_median, init_to_sample
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from torch import Tensor
-from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.distributions.transforms import Transform
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from pyro_sdebnn.data.loaders import batch_length, flatten_arguments, iter_model_batches, move_arguments
 from pyro_sdebnn.infer.mcmc.diagnostics import (
