@@ -2,17 +2,26 @@
 """Training data as tensors or as a :class:`torch.utils.data.DataLoader`: one way to read both.
 
 Every ``fit`` and ``predict`` of the package accepts either the whole data set as tensors or a
-*loader*: any iterable of ``(x, y)`` batches (``(x,)`` or a bare ``x`` for prediction) whose
-``dataset`` has a length, such as a :class:`~torch.utils.data.DataLoader` over a torchvision data set
-with augmentation. This module holds the three pieces they share:
+*loader*: any iterable of batches whose ``dataset`` has a length, such as a
+:class:`~torch.utils.data.DataLoader` over a torchvision data set with augmentation. The networks' ``fit``
+and ``predict`` (MAP, Laplace, ensembles...) read ``(x, y)`` batches (``(x,)`` or a bare ``x`` for prediction);
+a *Pyro model* fed a loader (``mcmc.run(loader)``, ``train_svi(svi, loader)``) is called on each batch by one rule,
+``batch_arguments``:
+
+* a tuple or list batch ``(x, y)``, ``(x, t, y)``... (what default collation makes of a data set of tuples, e.g. a
+  :class:`~torch.utils.data.TensorDataset`) is called as ``model(*batch)``;
+* a dict batch ``{"x": ..., "y": ...}`` (a data set of dicts) as ``model(**batch)``;
+* a single tensor (a data set of tensors) as ``model(batch)``.
+
+This module holds the pieces they share:
 
 * ``is_loader`` tells a loader from a tensor;
 * ``dataset_size`` is the number of data points :math:`N` (the length of ``loader.dataset``),
   which scales the likelihood of a minibatch of size :math:`b` by :math:`N/b`, exactly as Pyro's
   subsampled :class:`~pyro.plate` does;
-* ``iter_batches`` yields the batches one at a time, each moved to the model's device (and
-  floating-point inputs to its dtype) with ``non_blocking=True`` when the loader pins memory; the
-  whole data set is never copied to the device.
+* ``iter_batches`` yields the ``(x, y)`` batches one at a time, and ``iter_model_batches`` the model arguments
+  ``(args, kwargs)`` of each batch, each moved to the model's device (and floating-point inputs to its dtype) with
+  ``non_blocking=True`` when the loader pins memory; the whole data set is never copied to the device.
 
 Tensors are read in random minibatches (``minibatch_indices``), and ``module_device_dtype`` says where
 the batches go: the model's device and dtype. ``check_tensors`` validates a data set (or a batch) given as
@@ -29,11 +38,13 @@ with a message naming the argument, the batch and the first bad index.
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator, Literal, overload
+import inspect
+from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, overload
 
 import numpy as np
 import torch
 from torch import Tensor, nn
+from torch.utils._pytree import tree_flatten, tree_map
 
 __all__ = ["check_finite_batch"]
 
@@ -47,7 +58,7 @@ def is_loader(data) -> bool:
         return False
     if isinstance(data, (list, tuple, dict, str, bytes, np.ndarray)) or not isinstance(data, Iterable):
         raise TypeError(
-            "data must be a torch.Tensor or a loader (an iterable of (x, y) batches whose dataset has a "
+            "data must be a torch.Tensor or a loader (an iterable of batches whose dataset has a "
             f"length, e.g. torch.utils.data.DataLoader), got {type(data).__name__}"
         )
     return True
@@ -138,6 +149,198 @@ def iter_batches(loader, device=None, dtype: torch.dtype | None = None, *, with_
         if check_finite is not None:  # targets only when they are used (not for prediction)
             check_finite_batch(x, y if with_targets else None, what=check_finite, batch_index=i)
         yield x, y
+
+
+def _leaves(value: Any) -> list:
+    """The leaves of one argument: itself for a tensor (the common case, without the cost of a pytree pass)."""
+    return [value] if isinstance(value, Tensor) else tree_flatten(value)[0]
+
+
+def _parameters(model: Callable) -> list[inspect.Parameter] | None:
+    """The parameters of ``model`` (of its ``forward`` for a module), ``None`` where they cannot be read."""
+    fn = model.forward if isinstance(model, nn.Module) else model
+    try:
+        return list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+
+
+def _signature_text(params: list[inspect.Parameter]) -> str:
+    return "(" + ", ".join(str(p) for p in params) + ")"
+
+
+def _argument_label(params: list[inspect.Parameter] | None, i: int) -> str:
+    """The name of the model's ``i``-th positional parameter (``batch[i]`` where unknown)."""
+    positional = [p.name for p in params or () if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return positional[i] if i < len(positional) else f"batch[{i}]"
+
+
+def batch_arguments(
+    batch: Any, batch_index: int | None = None, *, kwargs: Mapping[str, Any] | None = None,
+    model: Callable | None = None,
+) -> tuple[tuple, dict[str, Any]]:
+    """The model's arguments ``(args, kwargs)`` for one batch of a loader: the model is called as
+    ``model(*args, **kwargs)``. The one rule of the package, for the structures torch's default collation builds:
+
+    * a tuple or a list (a data set of tuples, e.g. a :class:`~torch.utils.data.TensorDataset`): ``model(*batch)``,
+      e.g. ``model(x, y)`` or ``model(x, t, y)``;
+    * a dict (a data set of dicts): ``model(**batch)``, its keys being the model's argument names;
+    * a single tensor (a data set of tensors): ``model(batch)``.
+
+    Every leaf of the batch (nested tuples, lists and dicts included) must be a tensor, and all of them must share
+    their first dimension, the batch dimension :math:`b` that default collation stacks them along: the likelihood
+    of the batch is scaled by :math:`N/b` as one minibatch of :math:`b` of the :math:`N` data points.
+
+    :param batch: one batch of a loader.
+    :param int batch_index: its position in the loader (0-based), for the messages.
+    :param dict kwargs: keyword arguments passed to the model besides the batch (e.g. those of ``mcmc.run``),
+        after the batch's own.
+    :param callable model: if given, the call ``model(*args, **kwargs)`` is checked against its signature (once, on
+        a loader's first batch, is enough).
+    :raises TypeError: for another structure, a leaf that is not a tensor (a batch of strings, say), a dict key
+        that is not a string, or a call that does not fit the model's signature (naming the batch's keys or length
+        and the model's parameters).
+    :raises ValueError: if the tensors do not share a non-empty first dimension (naming them), or a key of a dict
+        batch is also among ``kwargs``.
+
+    >>> x, t, y = torch.zeros(4, 3), torch.ones(4), torch.zeros(4)
+    >>> [tuple(a.shape) for a in batch_arguments([x, t, y])[0]]
+    [(4, 3), (4,), (4,)]
+    >>> args, kw = batch_arguments({"x": x, "y": y}, kwargs={"num_data": 100})
+    >>> args, sorted(kw)
+    ((), ['num_data', 'x', 'y'])
+    >>> batch_arguments({"x": x, "y": y[:3]}, 2)
+    Traceback (most recent call last):
+    ...
+    ValueError: batch 2 of the loader: its tensors must share their first (batch) dimension, ...
+    """
+    where = "the batch" if batch_index is None else f"batch {batch_index} of the loader"
+    args: tuple
+    kw: dict[str, Any]
+    if isinstance(batch, Tensor):
+        args, kw = (batch,), {}
+    elif isinstance(batch, (tuple, list)):
+        args, kw = tuple(batch), {}
+    elif isinstance(batch, Mapping):
+        keys = list(batch)
+        if not all(isinstance(k, str) for k in keys):
+            raise TypeError(f"{where} is a dict with keys {keys!r}: a dict batch is passed as model(**batch), so its "
+                            "keys must be the model's argument names (strings)")
+        args, kw = (), dict(batch)
+    else:
+        raise TypeError(
+            f"{where} is a {type(batch).__name__}; a batch must be a tuple or list (called as model(*batch)), a dict "
+            "(model(**batch)) or a tensor (model(batch)), as torch's default collate builds them"
+        )
+    params = _parameters(model) if model is not None else None
+    sizes: list[tuple[str, int]] = []
+    for name, value in [(_argument_label(params, i), a) for i, a in enumerate(args)] + list(kw.items()):
+        for leaf in _leaves(value):
+            if not isinstance(leaf, Tensor):
+                raise TypeError(
+                    f"{where}: argument {name!r} holds a {type(leaf).__name__}, not a tensor; every element of a "
+                    "batch must be a tensor (turn the data set's items into tensors, or drop this field in a "
+                    "collate_fn)"
+                )
+            if leaf.dim() == 0 or leaf.shape[0] == 0:
+                raise ValueError(f"{where} is empty or has no batch dimension (argument {name!r} has shape "
+                                 f"{tuple(leaf.shape)})")
+            sizes.append((name, int(leaf.shape[0])))
+    if not sizes:
+        raise TypeError(f"{where} holds no tensor")
+    if len({b for _, b in sizes}) > 1:
+        listed = ", ".join(f"{name!r}: {b}" for name, b in sizes)
+        raise ValueError(
+            f"{where}: its tensors must share their first (batch) dimension, as torch's default collate builds them "
+            f"(the likelihood of the batch is scaled by N/b), got {listed}"
+        )
+    if kwargs:
+        both = sorted(set(kw) & set(kwargs))
+        if both:
+            raise ValueError(f"{where} is a dict with the keys {both}, which are also given as keyword arguments")
+        kw.update(kwargs)
+    if params is not None:
+        try:
+            inspect.Signature(params).bind(*args, **kw)
+        except TypeError as e:
+            shape = (f"a dict with keys {list(batch)}, passed as model(**batch)" if isinstance(batch, Mapping)
+                     else "a tensor, passed as model(batch)" if isinstance(batch, Tensor)
+                     else f"a {type(batch).__name__} of length {len(args)}, passed as model(*batch)")
+            extra = f" with the keyword arguments {sorted(kwargs)}" if kwargs else ""
+            raise TypeError(
+                f"{where} is {shape}{extra}, which does not fit the model's parameters "
+                f"{_signature_text(params)}: {e}"
+            ) from None
+    return args, kw
+
+
+def batch_length(args: tuple, kwargs: Mapping[str, Any] | None = None) -> int:
+    """The batch dimension :math:`b` of arguments from ``batch_arguments``: the first dimension of their first
+    tensor (they all share it; a keyword argument given besides the batch is not looked at when there is a tensor in
+    ``args``)."""
+    for value in (*args, *(kwargs or {}).values()):
+        for leaf in _leaves(value):
+            if isinstance(leaf, Tensor):
+                return int(leaf.shape[0])
+    raise ValueError("the arguments hold no tensor")
+
+
+def move_arguments(tree: Any, device=None, dtype: torch.dtype | None = None) -> Any:
+    """Every tensor of ``tree`` (arguments from ``batch_arguments``) moved by ``move_batch``."""
+    if isinstance(tree, tuple) and all(isinstance(t, Tensor) for t in tree):  # (x, y): without a pytree pass
+        return tuple(move_batch(t, device, dtype) for t in tree)
+    if isinstance(tree, dict) and all(isinstance(t, Tensor) for t in tree.values()):
+        return {k: move_batch(t, device, dtype) for k, t in tree.items()}
+    return tree_map(lambda t: move_batch(t, device, dtype) if isinstance(t, Tensor) else t, tree)
+
+
+def flatten_arguments(args: tuple, kwargs: Mapping[str, Any]) -> tuple[list, Any]:
+    """``(leaves, structure)`` of a batch's arguments: the tensors in the order of ``tree_flatten((args, kwargs))``,
+    and a structure that compares equal for batches of the same form (tuple length, dict keys, nesting)."""
+    values = (*args, *kwargs.values())
+    if all(isinstance(v, Tensor) for v in values):  # flat: no pytree pass
+        return list(values), (len(args), tuple(kwargs))
+    leaves, spec = tree_flatten((args, dict(kwargs)))
+    return leaves, spec
+
+
+def check_finite_arguments(args: tuple, kwargs: Mapping[str, Any], *, model: Callable | None = None,
+                           batch_index: int | None = None) -> None:
+    """:func:`check_finite_batch` for the arguments of a batch (``batch_arguments``): the floating-point tensors
+    among them are summed in one reduction (one host sync), and a non-finite sum is reported under the name of the
+    model's argument that holds it."""
+    floats = [t for value in (*args, *kwargs.values()) for t in _leaves(value)
+              if isinstance(t, Tensor) and (t.is_floating_point() or t.is_complex())]
+    if not floats or bool(torch.isfinite(torch.stack([t.sum().abs().float() for t in floats])).all()):
+        return
+    params = _parameters(model) if model is not None else None  # names, for the message only
+    named = [(_argument_label(params, i), a) for i, a in enumerate(args)] + list(kwargs.items())
+    for name, value in named:
+        for t in _leaves(value):
+            if isinstance(t, Tensor) and (t.is_floating_point() or t.is_complex()):
+                check_finite_batch(t, what=name, batch_index=batch_index)
+
+
+def iter_model_batches(loader, device=None, dtype: torch.dtype | None = None, *,
+                       kwargs: Mapping[str, Any] | None = None, model: Callable | None = None,
+                       check_finite: bool = False) -> Iterator[tuple[tuple, dict[str, Any]]]:
+    """Yield the model's arguments ``(args, kwargs)`` of every batch of ``loader`` (``batch_arguments``), moved
+    to ``device`` / ``dtype`` (floating-point tensors only).
+
+    :param dict kwargs: keyword arguments passed to the model besides each batch (after a dict batch's own entries;
+        neither moved nor checked).
+    :param model: the model: the first batch is checked against its signature, and a non-finite batch is reported
+        under the names of its parameters.
+    :param bool check_finite: every batch goes through ``check_finite_arguments`` (one device-to-host sync per
+        batch).
+    """
+    extra = dict(kwargs or {})
+    for i, batch in enumerate(loader):
+        args, kw = batch_arguments(batch, i, kwargs=extra, model=model if i == 0 else None)
+        own = {k: v for k, v in kw.items() if k not in extra}  # the batch's own: checked and moved; not the extra
+        if check_finite:
+            check_finite_arguments(args, own, model=model, batch_index=i)
+        yield move_arguments(args, device, dtype), {**move_arguments(own, device, dtype), **extra}
 
 
 def minibatch_indices(n: int, batch_size: int, device=None, *, shuffle: bool = True,

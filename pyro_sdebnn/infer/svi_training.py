@@ -5,17 +5,19 @@ r"""SVI over tensors or a :class:`~torch.utils.data.DataLoader`, with checkpoint
 Pyro optimiser and ELBO, e.g. the SDE-BNN's ``SVI(net.model, NeuralSDEGuide(net), Adam(...),
 TracePathKL_ELBO())``) over
 
-* a loader: any iterable of ``(x, y)`` batches whose ``dataset`` has a length, such as a
+* a loader: any iterable of batches whose ``dataset`` has a length, such as a
   :class:`~torch.utils.data.DataLoader` over a torchvision data set with augmentation; every batch
-  is moved to the model's device on its own (``pyro_sdebnn.data.loaders.iter_batches``), the
-  data set never is;
+  is moved to the model's device on its own, the data set never is. A batch is passed to the model (and the
+  guide) by the rule of ``pyro_sdebnn.data.loaders.batch_arguments``: a tuple or list batch as
+  ``svi.step(*batch)`` (``model(x, y)``, ``model(x, t, y)``...), a dict batch as ``svi.step(**batch)``, a tensor as
+  ``svi.step(batch)``;
 * or tensors ``(x, y)``, cut into (shuffled) minibatches of ``batch_size``; or, with ``subsample_size=b``,
   passed whole to every step as ``model(x, y, subsample_size=b)`` for a model whose
   ``pyro.plate("data", len(x), subsample_size=subsample_size)`` draws the minibatch itself (Pyro's own
   idiom; :math:`\lceil N/b \rceil` steps an epoch).
 
-The model is called as ``model(x_b, y_b, num_data=N)`` when it has a ``num_data`` parameter, with
-:math:`N` the size of the whole data set (``len(loader.dataset)``), so that a model written the
+The model is called as ``model(x_b, y_b, num_data=N)`` (``model(*batch, num_data=N)``) when it has a
+``num_data`` parameter, with :math:`N` the size of the whole data set (``len(loader.dataset)``), so that a model written the
 Pyro way, ``with pyro.plate("data", num_data, subsample=torch.arange(len(x)))``, scales the
 log-likelihood of a minibatch :math:`B` of size :math:`b` by :math:`N/b`:
 
@@ -124,7 +126,8 @@ from pyro_sdebnn.data.loaders import (
     check_finite_batch,
     dataset_size,
     is_loader,
-    iter_batches,
+    batch_length,
+    iter_model_batches,
     minibatch_indices,
     module_device_dtype,
     move_batch,
@@ -352,7 +355,7 @@ def _tensor_batches(x: Tensor, y: Tensor, batch_size: int, shuffle: bool, device
 def _check_data(data, batch_size):
     if isinstance(data, (tuple, list)):
         if len(data) != 2 or not all(isinstance(t, Tensor) for t in data):
-            raise TypeError("data must be a loader of (x, y) batches or a pair (x, y) of tensors, got a "
+            raise TypeError("data must be a loader or a pair (x, y) of tensors, got a "
                             f"{type(data).__name__} of {[type(t).__name__ for t in data]}")
         x, y = data
         if x.dim() == 0 or x.shape[0] == 0 or y.shape[:1] != x.shape[:1]:
@@ -440,8 +443,10 @@ def train_svi(
 
     :param svi: a :class:`pyro.infer.SVI` (model, guide, Pyro optimiser or
         :class:`~pyro.optim.PyroLRScheduler`, ELBO).
-    :param data: a loader (an iterable of ``(x, y)`` batches whose ``dataset`` has a length, e.g. a
-        :class:`~torch.utils.data.DataLoader`) or a pair ``(x, y)`` of tensors.
+    :param data: a loader (an iterable of batches whose ``dataset`` has a length, e.g. a
+        :class:`~torch.utils.data.DataLoader`; a tuple or list batch is passed as ``model(*batch)``, a dict batch as
+        ``model(**batch)``, a tensor as ``model(batch)``: ``pyro_sdebnn.data.loaders.batch_arguments``) or a
+        pair ``(x, y)`` of tensors.
     :param int num_epochs: the epoch to train up to (with ``resume``, the epochs already done count).
     :param int batch_size: minibatch size for tensor data (default: the whole data set); not with a loader.
     :param bool shuffle: tensor data: a new random order every epoch (``torch.randperm``); else in order.
@@ -573,16 +578,16 @@ def train_svi(
         whole = (move_batch(data[0], device, dtype), move_batch(data[1], device, dtype))
         steps_per_epoch = -(-n // subsample_size)
 
-    def batches():
+    def batches():  # (args, kwargs) of every step
         if subsample_size is not None:
-            return (whole for _ in range(steps_per_epoch))
+            return ((whole, kwargs) for _ in range(steps_per_epoch))
         if loader:  # every batch checked for NaN / Inf: one reduction and one host sync, as the loss already costs
-            return iter_batches(data, device, dtype, check_finite="x")
-        return _tensor_batches(data[0], data[1], batch_size, shuffle, device, dtype)
+            return iter_model_batches(data, device, dtype, kwargs=kwargs, model=svi.model, check_finite=True)
+        return ((xy, kwargs) for xy in _tensor_batches(data[0], data[1], batch_size, shuffle, device, dtype))
 
     def weighted():  # (args, kwargs, weight) of every step; the weight of its loss in the epoch's mean
-        for x, y in batches():
-            yield (x, y), kwargs, 1 if loss_per_datum else (subsample_size or x.shape[0])
+        for args, kw in batches():
+            yield args, kw, 1 if loss_per_datum else (subsample_size or batch_length(args, kw))
 
     start, history = first_epoch, list[float]()
     if resume is not None:
@@ -591,7 +596,7 @@ def train_svi(
             first = next(iter(batches()), None)
             if first is None:
                 raise ValueError("data: the loader yields no batch")
-            start, history = _restore(svi, resume, first, kwargs, modules, loader_obj, data_size)
+            start, history = _restore(svi, resume, first[0], first[1], modules, loader_obj, data_size)
         except BaseException:
             set_rng_state(rng, loader_obj)
             raise

@@ -92,3 +92,43 @@ def test_iter_batches_checks_every_batch_when_asked():
     assert len(list(iter_batches(loader))) == 3  # unchecked by default
     with pytest.raises(ValueError, match=r"x contains NaN at index \(1, 2\) of batch 2 of the loader"):
         list(iter_batches(loader, check_finite="x"))
+
+
+def test_batch_arguments_follow_the_one_rule_for_every_default_collate_structure():
+    from torch.utils.data import default_collate
+
+    from pyro_sdebnn.data.loaders import batch_arguments, batch_length
+
+    x, t, y = torch.zeros(3, 2), torch.ones(3), torch.arange(3)
+    args, kwargs = batch_arguments(default_collate([(x[i], t[i], y[i]) for i in range(3)]))  # a list: model(*batch)
+    assert [a.shape for a in args] == [(3, 2), (3,), (3,)] and kwargs == {}
+    args, kwargs = batch_arguments(default_collate([{"x": x[i], "y": y[i]} for i in range(3)]))  # model(**batch)
+    assert args == () and list(kwargs) == ["x", "y"] and torch.equal(kwargs["y"], y)
+    args, kwargs = batch_arguments(default_collate([x[i] for i in range(3)]))  # a tensor: model(batch)
+    assert len(args) == 1 and torch.equal(args[0], x) and kwargs == {}
+    nested = default_collate([((x[i], t[i]), y[i]) for i in range(3)])  # nested: model([x, t], y)
+    args, _ = batch_arguments(nested)
+    assert isinstance(args[0], list) and batch_length(args) == 3
+
+
+def test_batch_arguments_name_what_cannot_reach_the_model():
+    from pyro_sdebnn.data.loaders import batch_arguments
+
+    def model(x, y=None):
+        return x
+
+    x = torch.zeros(3, 2)
+    with pytest.raises(TypeError, match=r"batch 5 of the loader is a set; a batch must be a tuple or list"):
+        batch_arguments({1, 2}, 5)
+    with pytest.raises(TypeError, match=r"a dict with keys \[0\]: .*keys must be the model's argument names"):
+        batch_arguments({0: x})
+    with pytest.raises(TypeError, match=r"the batch: argument 'y' holds a int, not a tensor"):
+        batch_arguments((x, [1, 2, 3]), model=model)
+    with pytest.raises(ValueError, match=r"the batch is empty or has no batch dimension \(argument 'x'"):
+        batch_arguments({"x": torch.zeros(0, 2)})
+    with pytest.raises(ValueError, match=r"share their first \(batch\) dimension.*'x': 3, 'y': 2"):
+        batch_arguments((x, torch.zeros(2)), model=model)
+    with pytest.raises(TypeError, match=r"the batch is a tensor, passed as model\(batch\), which does not fit the "
+                                        r"model's parameters \(a, b\): missing a required argument: 'b'"):
+        batch_arguments(x, model=lambda a, b: a)
+    assert batch_arguments({"x": x}, model=model)[1]["x"] is x  # y=None is optional

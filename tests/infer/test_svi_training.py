@@ -287,8 +287,9 @@ def test_bad_data():
     _, _, svi = _sdebnn_svi()
     with pytest.raises(TypeError, match="dataset` with a length"):
         train_svi(svi, _NoLength(), num_epochs=1)
-    with pytest.raises(TypeError, match=r"\(x, y\) pair"):
-        train_svi(svi, DataLoader(TensorDataset(x), batch_size=4), num_epochs=1)
+    # a batch is passed as model(*batch): a triple does not fit net.model(x, y=None, *, num_data=None)
+    with pytest.raises(TypeError, match=r"batch 0 of the loader is a list of length 3, passed as model\(\*batch\)"):
+        train_svi(svi, DataLoader(TensorDataset(x, y, y), batch_size=4), num_epochs=1)
     with pytest.raises(ValueError, match="batch_size is for tensor data"):
         train_svi(svi, _loader(x, y, batch_size=4), num_epochs=1, batch_size=4)
     with pytest.raises(ValueError, match="same, non-zero first dimension"):

@@ -34,7 +34,7 @@ from pyro.ops.stats import effective_sample_size, split_gelman_rubin
 from pyro.poutine.util import site_is_subsample
 from torch import Tensor
 
-from pyro_sdebnn.data.loaders import dataset_size, iter_batches
+from pyro_sdebnn.data.loaders import batch_length, dataset_size, iter_model_batches
 from pyro_sdebnn.infer.mcmc.potential import in_dataset_order, is_data_loader
 from pyro_sdebnn.predictive import ClassificationPrediction, RegressionPrediction
 
@@ -147,11 +147,11 @@ def pointwise_log_likelihood(
 
     :param callable model: the Pyro model.
     :param dict samples: constrained posterior samples, each ``(S, *site_shape)``.
-    :param args: model arguments (the full data), or a loader of ``(x, y)`` batches alone: the model then runs
-        on every batch of one pass over the loader's data set *in data-set order* 
-        (``in_dataset_order``:
-        no shuffling, no dropped last batch) and the log-likelihoods are concatenated along the data dimension
-        (all :math:`N` points, entry ``i`` being ``loader.dataset[i]``; the batches go to the samples' device one
+    :param args: model arguments (the full data), or a loader alone: the model then runs on every batch of one
+        pass over the loader's data set *in data-set order* (``in_dataset_order``: no shuffling, no dropped last
+        batch), called as ``pyro_sdebnn.data.loaders.batch_arguments`` says (``model(*batch)`` for a tuple
+        batch, ``model(**batch)`` for a dict, ``model(batch)`` for a tensor; ``kwargs`` added), and the
+        log-likelihoods are concatenated along the data dimension (all :math:`N` points, entry ``i`` being ``loader.dataset[i]``; the batches go to the samples' device one
         at a time).
     :param bool vectorize: ``True`` uses :class:`pyro.infer.Predictive`'s vectorised trace, ``False`` runs the
         model draw by draw, ``None`` (default) tries the former and falls back to the latter.
@@ -221,9 +221,10 @@ def _loader_log_likelihood(
     ll: dict[str, list[Tensor]] = {}
     size, seen = dataset_size(loader), 0
     with torch.random.fork_rng(devices=[]), torch.no_grad():
-        for x, y in iter_batches(in_dataset_order(loader, full_batches=True), like.device, like.dtype):
-            batch_ll, batch_observed = _log_likelihood_and_observed(model, samples, (x, y), kwargs, vectorize)
-            new = min(x.shape[0], size - seen)  # the last batch overlaps the one before: keep its new points
+        for args, kw in iter_model_batches(in_dataset_order(loader, full_batches=True), like.device, like.dtype,
+                                           kwargs=kwargs):
+            batch_ll, batch_observed = _log_likelihood_and_observed(model, samples, args, kw, vectorize)
+            new = min(batch_length(args, kw), size - seen)  # the last batch overlaps the one before: its new points
             seen += new
             for name, value in batch_observed.items():
                 observed.setdefault(name, []).append(value[value.shape[0] - new :].cpu())

@@ -44,6 +44,7 @@ from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import site_is_subsample
 from torch import Tensor
 
+from pyro_sdebnn.data.loaders import batch_length
 from pyro_sdebnn.distributions import GPFunctionalPrior
 from pyro_sdebnn.infer.mcmc.diagnostics import _is_factor
 from pyro_sdebnn.infer.mcmc.potential import MinibatchPotential, SubsampleSize, _no_validation
@@ -174,6 +175,7 @@ class FunctionalPotential(MinibatchPotential):
         data_plate: Union[None, str, Sequence[str]] = None,
         transforms: Optional[dict] = None,
         data_size: Optional[int] = None,
+        batch_keys: Sequence[str] = (),
     ) -> None:
         if not isinstance(gp_kernel, Kernel):
             raise TypeError(f"gp_kernel must be a pyro.contrib.gp.kernels.Kernel, got {type(gp_kernel).__name__}")
@@ -191,6 +193,7 @@ class FunctionalPotential(MinibatchPotential):
             prior_filter=lambda name, site: name in prior_sites,
             transforms=transforms,
             data_size=data_size,
+            batch_keys=batch_keys,
         )
         unknown = prior_sites - {s.name for s in self.sites}
         if unknown:
@@ -264,13 +267,15 @@ class FunctionalPotential(MinibatchPotential):
         """Model arguments with every data argument (leading size N) gathered at ``idx`` and extended by its
         measurement-point counterpart (``measurement_args(X_M)``; a missing/``None`` counterpart, e.g. the
         targets, is padded with copies of the first minibatch row, masked out of the likelihood). On a loader's
-        batch (``minibatch_mode="batch"``) the data arguments are the positional ones, the batch :math:`(x_B, y_B)`
-        of size :math:`b` = ``len(x_B)``."""
+        batch (``minibatch_mode="batch"``) the data arguments are those of the batch (the positional ones and a dict
+        batch's keys, ``batch_keys``), e.g. :math:`(x_B, y_B)`, of size :math:`b` = their first dimension."""
         m_args, m_kwargs = self.measurement_args(points)
         num_points = points.shape[0]
         on_batch = self.minibatch_mode == "batch"
+        batch_size: Any  # the minibatch size b (the data size N for full-batch gradients)
         if on_batch:
-            batch_size = self.model_args[0].shape[0]
+            batch_size = batch_length(self.model_args, {k: v for k, v in self.model_kwargs.items()
+                                                        if k in self.batch_keys})
         else:
             batch_size = self.data_size if idx is None else idx.shape[-1]
 
@@ -298,7 +303,8 @@ class FunctionalPotential(MinibatchPotential):
             extend(a, m_args[i] if i < len(m_args) else None, i < len(m_args), True)
             for i, a in enumerate(self.model_args)
         )
-        kwargs = {k: extend(v, m_kwargs.get(k), k in m_kwargs) for k, v in self.model_kwargs.items()}
+        kwargs = {k: extend(v, m_kwargs.get(k), k in m_kwargs, k in self.batch_keys)
+                  for k, v in self.model_kwargs.items()}
         return args, kwargs, batch_size
 
     def _concatenated_terms(
@@ -672,6 +678,7 @@ class FunctionalKernelMixin(_KernelBase):
             data_plate=self.data_plate,
             transforms=self.user_transforms,
             data_size=None if self._stream is None else self._stream.size,
+            batch_keys=self._batch_keys(),
         )
         self._points_cache = None
         self._set_queue.clear()

@@ -60,8 +60,9 @@ from pyro.infer.autoguide.initialization import InitMessenger, init_to_median, i
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from torch import Tensor
 from torch.distributions.transforms import Transform
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from pyro_sdebnn.data.loaders import iter_batches, move_batch
+from pyro_sdebnn.data.loaders import batch_length, flatten_arguments, iter_model_batches, move_arguments
 from pyro_sdebnn.infer.mcmc.diagnostics import (
     _RECENT,
     DivergenceCheck,
@@ -346,9 +347,12 @@ class _ModelOverLoader:
     """The model as ``kernel.model`` shows it: the user's model, which also accepts the loader of ``mcmc.run(loader)``.
 
     Tools that call ``kernel.model(*mcmc._args)`` (ArviZ's ``az.from_pyro`` does, for the observed data and the
-    pointwise log-likelihood) then run the model once on the whole data set: the ``(x, y)`` batches of the loader's
-    data set in data-set order (:func:`~pyro_sdebnn.infer.mcmc.potential.in_dataset_order`) are concatenated, moved to
-    the model's device, and torch's random state is left as it was (workers draw their seeds from it). This holds the whole data
+    pointwise log-likelihood; so can ``Predictive(kernel.model, samples)(loader)``) then run the model once on the
+    whole data set: the batches of the loader's data set in data-set order
+    (:func:`~pyro_sdebnn.infer.mcmc.potential.in_dataset_order`) are concatenated tensor by tensor along the batch
+    dimension, moved to the model's device, and the model is called on them as on one batch
+    (``pyro_sdebnn.data.loaders.batch_arguments``: ``model(*batch)``, ``model(**batch)`` or ``model(batch)``);
+    torch's random state is left as it was (workers draw their seeds from it). This holds the whole data
     set in memory once; :func:`~pyro_sdebnn.infer.mcmc.to_inference_data` streams it instead.
     Any other call is passed to the model unchanged.
     """
@@ -361,8 +365,15 @@ class _ModelOverLoader:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if args and is_data_loader(args[0]):
             with torch.random.fork_rng(devices=[]):  # a shuffling loader draws from torch's generator
-                xs, ys = zip(*iter_batches(in_dataset_order(args[0]), self.device, self.dtype))
-            args = (torch.cat(xs), torch.cat(ys)) + args[1:]
+                batches = [tree_flatten(b) for b in iter_model_batches(in_dataset_order(args[0]), self.device,
+                                                                        self.dtype)]
+            spec = batches[0][1]
+            if any(s != spec for _, s in batches):
+                raise ValueError("the loader's batches do not all have the same structure (tuple length, dict keys)")
+            whole, batch_kwargs = tree_unflatten([torch.cat(ts) for ts in zip(*(leaves for leaves, _ in batches))],
+                                                 spec)
+            args = tuple(whole) + args[1:]
+            kwargs = {**batch_kwargs, **kwargs}
         return self.model(*args, **kwargs)
 
 
@@ -668,6 +679,8 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         self._reset_graphs()
         self._stream: Optional[BatchStream] = None
         self._pending_batch: Optional[tuple] = None
+        self._batch_spec: Any = None  # the structure of the loader's batches (that of its first one)
+        self._first_batch_size = 0  # the batch dimension of the loader's first batch
         self._kwarg_tensors: tuple = ()
         self._resume: Optional[dict] = None
         self._reset()
@@ -687,34 +700,44 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         return MinibatchPotential(
             self._model, args, kwargs, subsample_size=self.subsample_size, data_plate=self.data_plate,
             transforms=self.user_transforms, data_size=None if self._stream is None else self._stream.size,
+            batch_keys=self._batch_keys(),
         )
+
+    def _batch_keys(self) -> tuple[str, ...]:
+        """With a loader, the model's keyword arguments that come from its batches (a dict batch's keys)."""
+        return () if self._pending_batch is None else tuple(self._pending_batch[1])
 
     # every kernel here takes a loader and has checkpoints; a subclass that cannot sets these to False
     _takes_loader = True
     _checkpointable = True
 
-    def _start_stream(self, args: tuple, kwargs: dict) -> tuple:
-        """``mcmc.run(loader)``: the model's arguments become the loader's first ``(x, y)`` batch, moved to the
+    def _start_stream(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """``mcmc.run(loader)``: the model's arguments become those of the loader's first batch (a tuple or list batch
+        ``model(*batch)``, a dict batch ``model(**batch)``, a tensor ``model(batch)``; ``kwargs`` added), moved to the
         model's device and dtype (the batch is also the first step's)."""
         self._stream = None
         self._pending_batch = None
         if not any(is_data_loader(a) for a in args) and not any(is_data_loader(v) for v in kwargs.values()):
-            return args
+            return args, kwargs
         if not self._takes_loader:
             raise TypeError(f"{self._name} does not take a loader: pass the data as tensors (mcmc.run(x, y))")
         if len(args) != 1 or not is_data_loader(args[0]):
             raise TypeError(
                 "a loader must be the only positional argument of mcmc.run (mcmc.run(loader), the model being "
-                "called as model(x, y) on each batch); keyword arguments are passed to the model unchanged"
+                "called as model(*batch) on each tuple batch, model(**batch) on a dict batch, model(batch) on a "
+                "tensor); keyword arguments are passed to the model unchanged"
             )
         if self.subsample_size is not None:
             raise ValueError(
                 "subsample_size must be None with a loader: the minibatch size is the loader's batch_size"
             )
         device, dtype = _model_device_dtype(self._model)
-        self._stream = BatchStream(args[0], device, dtype, model=self._model, drop_last=self.drop_last)
+        self._stream = BatchStream(args[0], device, dtype, model=self._model, drop_last=self.drop_last, kwargs=kwargs)
         self._pending_batch = self._stream.next()
-        return self._pending_batch
+        self._batch_spec = flatten_arguments(*self._pending_batch)[1]  # every batch must have the first's structure
+        self._first_batch_size = batch_length(*self._pending_batch)
+        batch_args, batch_kwargs = self._pending_batch
+        return batch_args, {**batch_kwargs, **kwargs}
 
     def _potential_and_grad_inputs(self) -> tuple:
         """Extra tensor inputs of the potential for the next step (none for weight-space kernels)."""
@@ -807,10 +830,12 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         self._warmup_steps = warmup_steps
         # Pyro's runner (for the number of samples and chains of the run, and its progress bar), if MCMC drives us
         self._mcmc_runner, self._progress_bar = find_runner(self)
-        args = self._start_stream(args, kwargs)
         key: tuple = (tuple(_arg_key(a) for a in args), tuple((k, _arg_key(v)) for k, v in sorted(kwargs.items())))
+        args, kwargs = self._start_stream(args, kwargs)
         if self._stream is not None:  # the first batch stands for the loader: the key is the loader and its shapes
-            key = ("loader", id(self._stream.loader), tuple(_arg_key(a)[2:4] for a in args), key[1])
+            assert self._pending_batch is not None  # the loader's first batch, drawn by _start_stream
+            leaves, spec = flatten_arguments(*self._pending_batch)
+            key = ("loader", id(self._stream.loader), tuple(_arg_key(t)[2:4] for t in leaves), str(spec), key[1])
         # the key holds the version counters of the tensors: data changed in place also rebuild the potential
         # (validating the data again) and trace the step again; and the settings the potential is built from, which
         # a user may change between runs (kernel.subsample_size = 64)
@@ -832,8 +857,10 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
             self._stream.device, self._stream.dtype = U.device, U.dtype
             self._stream.follow_model(U)  # a plate that fixes its subsample_size passes over shorter batches
             assert self._pending_batch is not None  # the loader's first batch, drawn by _start_stream
-            self._pending_batch = tuple(move_batch(t, U.device, U.dtype) for t in self._pending_batch)
-            self._kwarg_tensors = U.data_tensors()[len(self._pending_batch):]
+            self._pending_batch = move_arguments(self._pending_batch, U.device, U.dtype)
+            # the data tensors of a step: the batch's, then those among the keyword arguments of mcmc.run (a dict
+            # batch's entries come first among the model's keyword arguments: see _start_stream)
+            self._kwarg_tensors = U.data_tensors()[len(flatten_arguments(*self._pending_batch)[0]):]
         self._precond = torch.ones(U.dim, dtype=U.dtype, device=U.device)
         self._start_run_checks()
         self._resumed = self._resume is not None
@@ -903,8 +930,7 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
             try:  # less the short last batch, where it is passed over
                 return max(1, len(self._stream.loader) - int(self._stream.drops_short_batch))
             except TypeError:
-                assert self._pending_batch is not None  # the loader's first batch, drawn by _start_stream
-                return max(1, math.ceil(self._stream.size / max(1, int(self._pending_batch[0].shape[0]))))
+                return max(1, math.ceil(self._stream.size / max(1, self._first_batch_size)))
         U = self.potential
         assert U is not None  # built by setup
         if not U.subsample_sizes:
@@ -941,14 +967,22 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         return idx
 
     def _next_data(self) -> Optional[tuple]:
-        """With a loader, the data tensors of the next step (its ``(x, y)`` batch and the tensors among the keyword
-        arguments, in the order of :meth:`MinibatchPotential.data_tensors`); ``None`` with tensors."""
+        """With a loader, the data tensors of the next step (the tensors of its batch and those among the keyword
+        arguments, in the order of :meth:`MinibatchPotential.data_tensors`); ``None`` with tensors.
+
+        :raises ValueError: if the batch has another structure than the first one (tuple length, dict keys)."""
         if self._stream is None:
             return None
         batch, self._pending_batch = self._pending_batch, None
         if batch is None:
             batch = self._stream.next()
-        return tuple(batch) + self._kwarg_tensors
+        leaves, spec = flatten_arguments(*batch)
+        if spec != self._batch_spec:
+            raise ValueError(
+                f"batch {self._stream.position - 1} of the loader has another structure than its first batch (the "
+                f"model's arguments must be the same in every batch): {spec} against {self._batch_spec}"
+            )
+        return tuple(leaves) + self._kwarg_tensors
 
     def _bind(self, data: Optional[tuple]) -> ContextManager[Any]:
         """Within the block the model runs on the batch ``data`` (a no-op with tensors)."""
@@ -1518,9 +1552,15 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         return out
 
     def diagnostics(self) -> dict[str, Any]:
-        out = {
+        """What ``MCMC.diagnostics()`` reports per chain: ``"divergences"`` (the sample indices, as for Pyro's HMC;
+        ``MCMC.summary`` counts them and ArviZ's ``from_pyro`` reads them), the ``"backend"`` used, the
+        ``"divergence log"``, the ``"step size"`` when adapted, ``"mass matrix adapted"``, ``"warm start steps"`` and,
+        over a loader, ``"batches passed over"``. There is no ``"acceptance rate"``: SG-MCMC has no accept/reject
+        step, so the number would be 1 by construction and say nothing about the discretisation error, which no
+        Metropolis correction removes (watch the divergences, the function-space R-hat and, for SGHMC, the kinetic
+        temperature instead)."""
+        out: dict[str, Any] = {
             "divergences": list(self._divergences),
-            "acceptance rate": 1.0,  # SG-MCMC has no accept/reject step
             # backend="auto" before its first trace has stepped eagerly only
             "backend": self.backend_used if self._graph_modules or self.backend != "auto" else "eager",
             "divergence log": [dict(r) for r in self.divergence_log],

@@ -49,9 +49,15 @@ from torch.distributions.transforms import ComposeTransform, IndependentTransfor
 from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.data import DataLoader, IterableDataset
 
-from pyro_sdebnn.data.loaders import check_finite_batch, dataset_size, is_loader, iter_batches, move_batch
+from pyro_sdebnn.data.loaders import (
+    batch_arguments,
+    batch_length,
+    check_finite_arguments,
+    dataset_size,
+    is_loader,
+    move_arguments,
+)
 from pyro_sdebnn.infer.mcmc.diagnostics import (
-    _argument_names,
     _check_finite_arguments,
     _check_latents_outside_plate,
     _check_observed_values,
@@ -157,6 +163,8 @@ class MinibatchPotential:
         ``HMC``); other sites use ``biject_to(support).inv``.
     :param int data_size: the number of data points :math:`N` when ``model_args`` are one minibatch of them (a
         batch of a loader); excludes ``subsample_size``. The model must then have one data plate.
+    :param batch_keys: with ``data_size``, the names of the keyword arguments that come from the batch (a dict
+        batch's keys): with the positional arguments, the data of the batch.
 
     >>> import pyro.distributions as dist
     >>> def model(x, y=None):
@@ -219,6 +227,7 @@ class MinibatchPotential:
         prior_filter: Optional[Callable[[str, dict], bool]] = None,
         transforms: Optional[dict] = None,
         data_size: Optional[int] = None,
+        batch_keys: Sequence[str] = (),
     ) -> None:
         if not callable(model):
             raise TypeError(f"model must be callable, got {type(model).__name__}")
@@ -236,6 +245,7 @@ class MinibatchPotential:
         # "slice" (the data arguments are sliced by the minibatch indices and the data plate scaled by N/b) or
         # "batch" (the arguments are a minibatch already, e.g. a loader's batch; the data plate scaled by N/b)
         self.minibatch_mode = "batch" if data_size is not None else "index"
+        self.batch_keys = frozenset(batch_keys)
         self.model = model
         self.model_args = tuple(model_args)
         self.model_kwargs = dict(model_kwargs or {})
@@ -861,29 +871,35 @@ def short_batch_size(loader: Any, drop_last: Optional[bool]) -> Optional[int]:
 
 
 class BatchStream:
-    """An endless stream of the ``(x, y)`` batches of a loader, epoch after epoch.
+    """An endless stream of the batches of a loader, epoch after epoch, each as the model's arguments ``(args,
+    kwargs)`` (``pyro_sdebnn.data.loaders.batch_arguments``: a tuple or list batch is ``model(*batch)``, a dict
+    batch ``model(**batch)``, a tensor ``model(batch)``).
 
-    :param loader: an iterable of ``(x, y)`` batches whose ``dataset`` has a length (e.g. a
+    :param loader: an iterable of batches whose ``dataset`` has a length (e.g. a
         :class:`~torch.utils.data.DataLoader`).
     :param device: where the batches go (the model's device); ``None`` leaves them where they are.
     :param dtype: the model's floating-point dtype (inputs only; integer labels keep theirs).
-    :param model: the model the batches are for: a non-finite batch is reported under the name of its first
-        argument (``"x"`` without a model).
+    :param model: the model the batches are for: the first batch is checked against its signature, and a non-finite
+        batch is reported under the name of the model's argument that holds it.
     :param drop_last: pass over the loader's short last batch: ``None`` (automatic: when the loader reshuffles),
         ``True`` or ``False`` (see :func:`short_batch_size`).
+    :param dict kwargs: the keyword arguments the model gets besides each batch (those of ``mcmc.run``): a dict
+        batch must not repeat them, and the first batch is checked with them. They are not part of :meth:`next`.
     :raises TypeError: if the loader's ``dataset`` has no length.
     :raises ValueError: from :meth:`next`, for a batch holding a NaN or an infinity.
     """
 
     def __init__(
         self, loader: Any, device: Any = None, dtype: Optional[torch.dtype] = None, model: Optional[Any] = None,
-        drop_last: Optional[bool] = None,
+        drop_last: Optional[bool] = None, kwargs: Optional[dict] = None,
     ) -> None:
         self.loader = loader
         self.size = dataset_size(loader)
         self.device = device
         self.dtype = dtype
-        self.name = "x" if model is None else _argument_names(model, 1)[0]
+        self.model = model
+        self.kwargs = dict(kwargs or {})
+        self._checked = False  # the first batch read is checked against the model's signature
         self.position = 0  # batches taken from the current epoch's iterator
         self.epoch_rng: Optional[Tensor] = None  # torch's CPU RNG state from which that iterator was made
         self.generators = loader_generators(loader)
@@ -914,7 +930,7 @@ class BatchStream:
                 ) from None
         if lookahead:  # a sampler draws its order lazily, on the epoch's first batch: draw it from this state
             raw = itertools.chain([batch], raw)
-        self._batches = iter_batches(raw)
+        self._batches = raw
         self.position = skip
 
     def follow_model(self, potential: Any) -> None:
@@ -927,7 +943,7 @@ class BatchStream:
         if fixed is not None:
             self.fixed_batch_size = int(fixed)
 
-    def _raw_next(self) -> tuple[Tensor, Tensor]:
+    def _raw_next(self) -> Any:
         if self._batches is None:
             self._start_epoch()
         assert self._batches is not None  # set by _start_epoch
@@ -942,22 +958,31 @@ class BatchStream:
             except StopIteration:
                 raise ValueError("the loader yielded no batch in an epoch") from None
 
-    def next(self) -> tuple[Tensor, Tensor]:
-        """The next ``(x, y)`` batch on the model's device, starting a new epoch when the loader is exhausted.
+    def next(self) -> tuple[tuple, dict[str, Any]]:
+        """The model's arguments ``(args, kwargs)`` of the next batch, on the model's device, starting a new epoch
+        when the loader is exhausted (``kwargs`` holds a dict batch's own entries only, not :attr:`kwargs`).
 
-        :raises ValueError: for a batch holding a NaN or an infinity."""
+        :raises TypeError: for a batch that is not a tuple, list, dict or tensor of tensors, or (the first) that does
+            not fit the model's signature (``pyro_sdebnn.data.loaders.batch_arguments``).
+        :raises ValueError: for a batch whose tensors do not share their first dimension, or holding a NaN or an
+            infinity."""
         while True:
-            x, y = self._raw_next()
-            if self.fixed_batch_size is None or x.shape[0] == self.fixed_batch_size:
+            check = self.model is not None and not self._checked
+            args, kwargs = batch_arguments(self._raw_next(), self.position, kwargs=self.kwargs if check else None,
+                                           model=self.model if check else None)
+            if check:
+                self._checked = True
+                kwargs = {k: v for k, v in kwargs.items() if k not in self.kwargs}
+            if self.fixed_batch_size is None or batch_length(args, kwargs) == self.fixed_batch_size:
                 break
             # a batch of another size than the loader's batch_size or the plate's subsample_size (the short last
             # one; the first batch, which the potential was built on, has that size): passed over, counted for the
             # checkpoint's position
             self.position += 1
             self.passed_over += 1
-        check_finite_batch(x, y, what=self.name, batch_index=self.position)
+        check_finite_arguments(args, kwargs, model=self.model, batch_index=self.position)
         self.position += 1
-        return move_batch(x, self.device, self.dtype), move_batch(y, self.device, self.dtype)
+        return move_arguments(args, self.device, self.dtype), move_arguments(kwargs, self.device, self.dtype)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the stream is: ``{"epoch_rng": ByteTensor or None, "generators": [ByteTensor, ...],
