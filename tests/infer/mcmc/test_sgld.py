@@ -12,6 +12,13 @@ from pyro_sdebnn.testing import ConjugateLinearRegression
 
 PROBLEM = ConjugateLinearRegression(dim=2, prior_scale=1.0, noise_scale=1.0)
 NUM_DATA = 50
+# The statistical tests below check the chains' stationary distribution, not the start or the backend: the chains start
+# from their own prior draws (map_steps=0; the warm-up carries them to the posterior, which is a harder start than the
+# MAP) and every inner step is the traced step (backend="fx"; the update rule is the same as the eager one). The MAP
+# warm start and the auto backend's eager start run chain by chain, about two thirds of these tests' time with 32
+# vectorised chains; they are tested in test_map_warm_start_reaches_the_mode, test_kernel_chains.py and
+# test_kernel_backends.py.
+FAST = dict(map_steps=0, backend="fx")
 
 
 def _data():
@@ -43,7 +50,7 @@ def test_sgld_decaying_steps_recovers_posterior():
     x, y = _data()
     mean, cov = PROBLEM.posterior(x, y)
     kernel = SGLD(PROBLEM.model, step_size=PolynomialDecay(a=2e-3, b=100.0, gamma=0.3), num_steps=10,
-                  subsample_size=25, vectorized_chains=32)
+                  subsample_size=25, vectorized_chains=32, **FAST)
     w = _run(kernel, 500, 100, x, y)  # decaying steps mix slowly: 500 draws x 32 chains give ESS ~310-550
     _assert_matches(w, mean, cov.diagonal())
 
@@ -54,7 +61,7 @@ def test_sghmc_recovers_posterior():
     mean, cov = PROBLEM.posterior(x, y)
     # the unit-mass SGHMC with this step and friction (the adapted mass matrix is tested in test_kernel_adaptation)
     kernel = SGHMC(PROBLEM.model, step_size=2e-2, friction=10.0, num_steps=10, subsample_size=25,
-                   vectorized_chains=32, adapt_mass_matrix=False)
+                   vectorized_chains=32, adapt_mass_matrix=False, **FAST)
     w = _run(kernel, 250, 100, x, y)
     _assert_matches(w, mean, cov.diagonal())
 
@@ -63,7 +70,7 @@ def test_preconditioned_sgld_recovers_posterior_mean():
     x, y = _data()
     mean, cov = PROBLEM.posterior(x, y)
     kernel = SGLD(PROBLEM.model, step_size=1e-2, num_steps=10, subsample_size=25, preconditioned=True,
-                  vectorized_chains=32)
+                  vectorized_chains=32, **FAST)
     # the preconditioner adapts over ~1/(1 - 0.99) = 100 steps; chains started in the prior need ~1000 steps
     w = _run(kernel, 150, 200, x, y)
     # pSGLD drops the Gamma correction term of [Li et al. 2016]: a small O(eta) bias, hence 30 % on the variance
@@ -77,7 +84,7 @@ def test_full_batch_sgld_matches_nuts():
     w_nuts = nuts.get_samples()["w"]
     ess_nuts = effective_sample_size(w_nuts.unsqueeze(0), chain_dim=0, sample_dim=1)
     var_nuts = w_nuts.var(0)
-    kernel = SGLD(PROBLEM.model, step_size=1e-3, num_steps=10, vectorized_chains=32)  # batch_size = N
+    kernel = SGLD(PROBLEM.model, step_size=1e-3, num_steps=10, vectorized_chains=32, **FAST)  # batch_size = N
     w = _run(kernel, 150, 50, x, y)
     # NUTS' own Monte Carlo error enters the comparison: se^2 = var/ESS_sgld + var/ESS_nuts
     _assert_matches(w, w_nuts.mean(0), var_nuts, var_rtol=0.25, extra_se=(var_nuts / ess_nuts).sqrt())
@@ -88,7 +95,8 @@ def test_cold_posterior_scales_the_covariance():
     x, y = _data()
     mean, cov = PROBLEM.posterior(x, y)
     temperature = 0.5
-    kernel = SGLD(PROBLEM.model, step_size=1e-3, num_steps=10, temperature=temperature, vectorized_chains=32)
+    kernel = SGLD(PROBLEM.model, step_size=1e-3, num_steps=10, temperature=temperature, vectorized_chains=32,
+                  **FAST)
     w = _run(kernel, 150, 50, x, y)
     _assert_matches(w, mean, temperature * cov.diagonal(), var_rtol=0.25)
 
