@@ -66,8 +66,8 @@ def test_recovers_gp_posterior_at_measurement_points(kernel_cls, kwargs):
     chains = 32
     # the claim is the chains' stationary distribution: they start from their prior draws (map_steps=0; the warm-up
     # carries them to the posterior) and take the traced step from the first (backend="fx", the eager step's update
-    # rule). The MAP warm start and the auto backend's eager start run chain by chain, most of this test's time with 32
-    # chains; they are tested with the functional kernels in test_functional_determinism.py.
+    # rule). The MAP warm start and the auto backend's eager start, which run chain by chain, are tested with the
+    # functional kernels in test_functional_determinism.py.
     kernel = kernel_cls(linear_model, gp_prior=prior, num_steps=10, vectorized_chains=chains, map_steps=0,
                         backend="fx", **kwargs)
     mcmc = MCMC(kernel, num_samples=200, warmup_steps=50, disable_progbar=True)

@@ -50,8 +50,7 @@ def test_plain_model_recovers_the_conjugate_posterior(kernel_name, through):
     sd = cov.diagonal().sqrt()
     subsample = BATCH if through == "tensors" else None
     # the chains start from their prior draws (map_steps=0; the warm-up carries them to the posterior): the MAP warm
-    # start runs chain by chain, most of this test's time with 16 chains, and is tested with a loader in
-    # test_kernel_adaptation.py
+    # start, which runs chain by chain, is tested with a loader in test_kernel_adaptation.py
     if kernel_name == "sgld":
         kernel = SGLD(plain_model, step_size=2e-3, num_steps=10, subsample_size=subsample, vectorized_chains=16,
                       backend="fx", map_steps=0)

@@ -15,9 +15,8 @@ NUM_DATA = 50
 # The statistical tests below check the chains' stationary distribution, not the start or the backend: the chains start
 # from their own prior draws (map_steps=0; the warm-up carries them to the posterior, which is a harder start than the
 # MAP) and every inner step is the traced step (backend="fx"; the update rule is the same as the eager one). The MAP
-# warm start and the auto backend's eager start run chain by chain, about two thirds of these tests' time with 32
-# vectorised chains; they are tested in test_map_warm_start_reaches_the_mode, test_kernel_chains.py and
-# test_kernel_backends.py.
+# warm start and the auto backend's eager start, which run chain by chain, are tested in
+# test_map_warm_start_reaches_the_mode, test_kernel_chains.py and test_kernel_backends.py.
 FAST = dict(map_steps=0, backend="fx")
 
 
