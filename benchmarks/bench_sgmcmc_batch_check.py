@@ -2,8 +2,8 @@
 """Cost of the NaN/Inf check of every loader batch that SG-MCMC reads (``BatchStream.next``).
 
 Times, interleaved in every repeat: the check as the stream runs it
-(:func:`~pyro_sdebnn.data.loaders.check_finite_batch`: the sum of each floating-point tensor, the element-wise check
-only when a sum is not finite), the element-wise check on its own (``torch.isfinite(x).all()``), and one
+(``check_finite_arguments`` of :mod:`pyro_sdebnn.data.loaders` on the model's arguments of the batch: the sum of each
+floating-point tensor, the element-wise check only when a sum is not finite), the element-wise check on its own (``torch.isfinite(x).all()``), and one
 forward/backward pass of a 784-400-400-10 MLP on the batch, the floor of an SGLD step on MNIST. Prints the median and min-max of each ratio over the repeats.
 
     python benchmarks/bench_sgmcmc_batch_check.py --repeats 7 --threads 1
@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from pyro_sdebnn.data.loaders import check_finite_batch
+from pyro_sdebnn.data.loaders import check_finite_arguments
 
 
 def _time(fn, calls):
@@ -38,7 +38,7 @@ def main():
                               torch.nn.Linear(400, 10))
 
     def stream_check():
-        check_finite_batch(x, y)
+        check_finite_arguments((x, y), {})
 
     def exact_check():
         return bool(torch.isfinite(x).all())
