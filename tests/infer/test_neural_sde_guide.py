@@ -245,3 +245,21 @@ def test_combines_with_autoguidelist_for_other_latents():
     for _ in range(3):
         assert torch.isfinite(torch.tensor(svi.step()))
     assert set(guide()) == {"w", "z"}
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(drift_hidden=2.5), ValueError, "drift_hidden"), (dict(drift_hidden=0), ValueError, "drift_hidden"),
+    (dict(drift_layers=0), ValueError, "drift_layers"), (dict(drift_layers=True), ValueError, "drift_layers"),
+    (dict(bottleneck=0), ValueError, "bottleneck"), (dict(activation="gelu"), ValueError, "activation"),
+    (dict(model=3), TypeError, "model must be"),
+])
+def test_bad_guide_arguments_are_named_when_the_guide_is_built(kwargs, error, match):
+    """These were accepted by the constructor and failed at the first SVI step (drift_hidden=2.5 with torch's
+    "empty(): argument 'size' must be tuple of ints"); NeuralSDEGuide(3) was accepted."""
+    def model():
+        pyro.sample("w", OUPath(torch.zeros(2), 0.5, TIMES, method="euler"))
+
+    args = dict(model=model)
+    args.update(kwargs)
+    with pytest.raises(error, match=match):
+        NeuralSDEGuide(args.pop("model"), **args)
