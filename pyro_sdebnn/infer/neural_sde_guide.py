@@ -404,6 +404,9 @@ class NeuralSDEGuide(ParamStoreModule, AutoGuide):
         runs = [self._run_prefix(args, kwargs, fixed, offset=offset)[0] for offset in (0.0, 0.0, 1.0)]
         inits = [{name: prior.init.detach() for name, prior in run.items()} for run in runs]
         for name in self.path_sites:
+            if not bool(torch.isfinite(inits[0][name]).all()):  # NaN != NaN: not the message below
+                raise ValueError(f"NeuralSDEGuide: the initial state of OUPath site {name!r} holds NaN or Inf (the "
+                                 "model's parameters, e.g. w0, diverged in an earlier fit?): re-initialise them")
             if not torch.equal(inits[0][name], inits[1][name]):
                 raise ValueError(f"NeuralSDEGuide: the initial state of OUPath site {name!r} changes from one run of "
                                  "the model to the next: it depends on a sample site hidden from the guide (e.g. by "

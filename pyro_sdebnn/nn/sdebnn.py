@@ -248,7 +248,8 @@ class SDEBNN(ParamStoreModule, ContinuousDepthNet):
             :class:`~pyro_sdebnn.infer.RegressionPrediction` with ``loc, scale (S, N)`` (Gaussian
             likelihood; other regression likelihoods report their location and scale parameters).
         :raises ValueError: if ``x`` (or a batch of the loader) holds a NaN or an infinity
-            (:func:`~pyro_sdebnn.data.check_finite_batch`).
+            (:func:`~pyro_sdebnn.data.check_finite_batch`), or ``adaptive=True`` with ``rtol`` or ``atol`` not a
+            positive finite number (torchsde's step control would never accept a step).
         :raises TypeError: if ``guide`` is not a :class:`~pyro_sdebnn.infer.NeuralSDEGuide` (the solve integrates its
             posterior SDE); a model trained with another guide (e.g. ``AutoNormal(net.model)``) predicts with
             ``pyro.infer.Predictive(net.model, guide=guide, num_samples=S, return_sites=["f"])``.
@@ -408,9 +409,10 @@ class MultiScaleSDEBNN(ParamStoreModule, PyroModule):
     @pyro_method
     def model(self, x: Tensor, y: Tensor | None = None, *, num_data: int | None = None) -> Tensor:
         """Pyro model: sites ``"w_path_{b}"`` (OU priors) then ``"obs"`` (Categorical) in ``plate("data")``."""
+        check_num_data(num_data, x.shape[0])
         paths = [pyro.sample(f"w_path_{b}", prior) for b, prior in enumerate(self.priors())]
         logits = self(x, paths)
-        size = x.shape[0] if num_data is None else int(num_data)
+        size = x.shape[0] if num_data is None else num_data
         with pyro.plate("data", size, subsample=torch.arange(x.shape[0], device=x.device)):
             pyro.sample("obs", dist.Categorical(logits=drop_data_plate_slot(logits)), obs=y)
         return logits

@@ -263,3 +263,16 @@ def test_bad_guide_arguments_are_named_when_the_guide_is_built(kwargs, error, ma
     args.update(kwargs)
     with pytest.raises(error, match=match):
         NeuralSDEGuide(args.pop("model"), **args)
+
+
+def test_a_non_finite_initial_state_is_named_as_such():
+    """With Pyro's validation off, a NaN in the prior's init (e.g. w0 after a diverged fit) was reported as "the
+    initial state ... changes from one run of the model to the next ... hidden from the guide" (NaN != NaN)."""
+    init = torch.zeros(2)
+    init[1] = float("nan")
+
+    def model():
+        pyro.sample("w", OUPath(init, 0.5, TIMES, method="euler"))
+
+    with pyro.validation_enabled(False), pytest.raises(ValueError, match="'w' holds NaN or Inf"):
+        NeuralSDEGuide(model)()

@@ -262,6 +262,9 @@ def test_multiscale_two_blocks_two_path_sites():
     assert net.predict(x, guide, num_samples=3).probs.shape == (3, 12, 3)
     with pytest.raises(ValueError, match="in_shape"):
         MultiScaleSDEBNN((1, 6, 6), 3, blocks=2)
+    for num_data in (2.5, 5, 0):  # ran as N = 2 (int(2.5)) or 5 < 12 before (silently wrong), or failed in Pyro's plate
+        with pytest.raises(ValueError, match="num_data must be None or an int >= the batch size 12"):
+            svi.step(x, y, num_data=num_data)
 
 
 def test_integrate_weights_shape_error():
