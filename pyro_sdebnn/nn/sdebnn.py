@@ -162,6 +162,8 @@ class SDEBNN(ParamStoreModule, ContinuousDepthNet):
                     raise ValueError(f"{name} must be a positive finite float with adaptive=True, got {tol!r}")
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
+        if entropy is not None and (isinstance(entropy, bool) or not isinstance(entropy, int)):
+            raise TypeError(f"entropy must be an int seed or None, got {entropy!r}")
         check_estimator(estimator)
         q = self._posterior(x, guide)
         correction = q.correction if q is not None else None
@@ -169,7 +171,9 @@ class SDEBNN(ParamStoreModule, ContinuousDepthNet):
         times = self.times if dt is None else time_grid(self.t_span, dt, dtype=w0.dtype, device=w0.device)
         h0 = self.hidden_init(x)
         if method == "euler" and not adjoint and not adaptive:
-            dB = brownian_increments(times, (num_samples, self.num_weights))
+            # a given entropy seeds the Brownian increments here too, as it seeds torchsde's BrownianInterval
+            generator = None if entropy is None else torch.Generator(w0.device).manual_seed(entropy)
+            dB = brownian_increments(times, (num_samples, self.num_weights), generator=generator)
             sol = euler_maruyama_kl(w0, times, dB, self.sigma, self.theta, correction, estimator=estimator,
                                     field=self.field, hidden_init=self._lead(h0, torch.Size([num_samples])))
             return self._head(_hidden(sol)), sol.kl
@@ -244,6 +248,11 @@ class SDEBNN(ParamStoreModule, ContinuousDepthNet):
             targets are ignored): each batch is moved to the network's device on its own and every batch
             uses the same ``num_samples`` weight paths (the random state is rewound before each batch), so
             the result equals one call on the concatenated inputs.
+        :param str method: ``"euler"`` (the fused Euler loop, or torchsde's Euler with ``adaptive=True``),
+            ``"milstein"`` or ``"srk"`` (torchsde).
+        :param bool adaptive: adaptive torchsde steps with tolerances ``rtol``, ``atol`` (positive).
+        :param int entropy: seed of the Brownian motion (every method): the same seed gives the same weight
+            paths whatever torch's random state; default ``None``, drawn from torch's random state.
         :returns: :class:`~pyro_sdebnn.infer.ClassificationPrediction` with ``probs (S, N, C)`` or
             :class:`~pyro_sdebnn.infer.RegressionPrediction` with ``loc, scale (S, N)`` (Gaussian
             likelihood; other regression likelihoods report their location and scale parameters).

@@ -504,3 +504,19 @@ def test_predict_checks_the_guide_once_before_reading_a_loader():
 
     with pytest.raises(TypeError, match="NeuralSDEGuide"):
         net.predict(Unread(torch.utils.data.TensorDataset(x)), "not a guide")
+
+
+def test_predict_entropy_seeds_every_method():
+    """``entropy`` fixed torchsde's Brownian motion but was silently ignored by the default fused Euler solve."""
+    pyro.clear_param_store()
+    net = SDEBNN(2, 1, hidden=4, augment=1, dt=0.5)
+    x = torch.randn(5, 2)
+    for method in ("euler", "srk"):
+        draws = []
+        for seed, entropy in ((0, 7), (1, 7), (0, 8)):
+            pyro.set_rng_seed(seed)
+            draws.append(net.predict(x, None, num_samples=3, method=method, entropy=entropy).loc)
+        torch.testing.assert_close(draws[0], draws[1], rtol=0, atol=0)
+        assert not torch.equal(draws[0], draws[2])
+    with pytest.raises(TypeError, match="entropy must be an int"):
+        net.predict(x, None, num_samples=3, entropy="7")
