@@ -64,6 +64,29 @@ def check_num_data(num_data, batch: int) -> None:
         raise ValueError(f"num_data must be None or an int >= the batch size {batch}, got {num_data!r}")
 
 
+def check_class_labels(y: Tensor, num_classes: int) -> None:
+    """Class labels must be integers in ``0..num_classes - 1`` (integral floats are accepted, as by Pyro's
+    ``Categorical``). One reduction read back: Pyro's support check names neither ``y`` nor the classes, and
+    without validation torch's ``gather`` fails on an out-of-range label."""
+    if not y.numel():
+        return
+    bad = (y < 0) | (y >= num_classes)
+    if y.is_floating_point():
+        bad = bad | (y != y.trunc())
+    if bool(bad.any()):
+        i = int(bad.flatten().nonzero()[0])
+        raise ValueError(f"y must hold class labels in 0..{num_classes - 1} (out_dim={num_classes}), got "
+                         f"{y.flatten()[i].item()} at index {i}")
+
+
+def check_input_dtype(x: Tensor, like: Tensor) -> None:
+    """``x`` must have the dtype of the network's weights ``like`` (torch's matmul or conv would fail deep inside the
+    field with "same dtype")."""
+    if x.dtype != like.dtype:
+        raise TypeError(f"x must have the network's dtype {like.dtype}, got {x.dtype} (convert the data with "
+                        f"x.to({like.dtype}) or the network with net.to({x.dtype}))")
+
+
 def drop_data_plate_slot(out: Tensor) -> Tensor:
     """``(..., S, 1, b, out)`` -> ``(..., S, b, out)``: drop the size-1 slot that weights sampled in an outer
     plate carry for the data plate (their batch shape is ``(..., S, 1)``), so that the likelihood's batch shape is
@@ -170,10 +193,7 @@ class ContinuousDepthNet(PyroModule):
             raise TypeError(f"x must be a tensor, got {type(x).__name__}")
         if tuple(x.shape[1:]) != self.in_shape:
             raise ValueError(f"x must have shape (N, {', '.join(map(str, self.in_shape))}), got {tuple(x.shape)}")
-        like = self._grid_like()
-        if x.dtype != like.dtype:  # torch's matmul would fail deep inside the field ("same dtype")
-            raise TypeError(f"x must have the network's dtype {like.dtype}, got {x.dtype} (convert the data with "
-                            f"x.to({like.dtype}) or the network with net.to({x.dtype}))")
+        check_input_dtype(x, self._grid_like())
         if not self.augment:
             return x
         zeros = x.new_zeros((x.shape[0], self.augment) + tuple(x.shape[2:]))
@@ -263,16 +283,8 @@ class ContinuousDepthNet(PyroModule):
             also = " (or a (b, 1) column)" if self.likelihood != "categorical" and self.out_dim == 1 else ""
             raise ValueError(f"y must have shape {expected}{also} for {b} inputs with likelihood={self.likelihood!r} "
                              f"and out_dim={self.out_dim}, got {tuple(y.shape)}")
-        if self.likelihood == "categorical" and y.numel():
-            # one reduction read back: Pyro's support check names neither y nor the classes, and without
-            # validation torch's gather fails on an out-of-range label
-            bad = (y < 0) | (y >= self.out_dim)
-            if y.is_floating_point():
-                bad = bad | (y != y.trunc())
-            if bool(bad.any()):
-                i = int(bad.flatten().nonzero()[0])
-                raise ValueError(f"y must hold class labels in 0..{self.out_dim - 1} (out_dim={self.out_dim}), got "
-                                 f"{y.flatten()[i].item()} at index {i}")
+        if self.likelihood == "categorical":
+            check_class_labels(y, self.out_dim)
         return y
 
     def _scale_noise_to(self, y: Tensor) -> None:

@@ -47,7 +47,8 @@ from pyro_sdebnn.data.loaders import check_finite_batch, is_loader, module_devic
 from pyro_sdebnn.distributions import OUPath
 from pyro_sdebnn.nn._param_store import ParamStoreModule, sync_from_param_store
 from pyro_sdebnn.nn._streaming import stream_predict
-from pyro_sdebnn.nn.continuous_depth import ContinuousDepthNet, check_num_data, drop_data_plate_slot
+from pyro_sdebnn.nn.continuous_depth import (ContinuousDepthNet, check_class_labels, check_input_dtype,
+                                             check_num_data, drop_data_plate_slot)
 from pyro_sdebnn.nn.sde_drift import ConvField
 from pyro_sdebnn.ops.path_kl import check_estimator
 from pyro_sdebnn.ops.sde_solve import (ADJOINT_DT, SOLVERS, AugmentedPathSDE, brownian_increments,
@@ -399,6 +400,7 @@ class MultiScaleSDEBNN(ParamStoreModule, PyroModule):
         """Logits ``(S, N, out_dim)`` for inputs ``(N, C, H, W)`` and one path ``(S, K, D_b)`` per block."""
         if tuple(x.shape[1:]) != self.in_shape:
             raise ValueError(f"x must have shape (N, {', '.join(map(str, self.in_shape))}), got {tuple(x.shape)}")
+        check_input_dtype(x, self.w0s[0])
         times = self.times
         dts = times[1:] - times[:-1]
         lead = paths[0].shape[:-2]
@@ -419,6 +421,11 @@ class MultiScaleSDEBNN(ParamStoreModule, PyroModule):
     def model(self, x: Tensor, y: Tensor | None = None, *, num_data: int | None = None) -> Tensor:
         """Pyro model: sites ``"w_path_{b}"`` (OU priors) then ``"obs"`` (Categorical) in ``plate("data")``."""
         check_num_data(num_data, x.shape[0])
+        if y is not None:
+            if tuple(y.shape) != (x.shape[0],):
+                raise ValueError(f"y must have shape ({x.shape[0]},) (class labels of the {x.shape[0]} inputs), got "
+                                 f"{tuple(y.shape)}")
+            check_class_labels(y, self.head.out_features)
         paths = [pyro.sample(f"w_path_{b}", prior) for b, prior in enumerate(self.priors())]
         logits = self(x, paths)
         size = x.shape[0] if num_data is None else num_data

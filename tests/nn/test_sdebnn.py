@@ -265,6 +265,12 @@ def test_multiscale_two_blocks_two_path_sites():
     for num_data in (2.5, 5, 0):  # ran as N = 2 (int(2.5)) or 5 < 12 before (silently wrong), or failed in Pyro's plate
         with pytest.raises(ValueError, match="num_data must be None or an int >= the batch size 12"):
             svi.step(x, y, num_data=num_data)
+    with pytest.raises(ValueError, match=r"y must hold class labels in 0..2"):  # Pyro's support message before
+        svi.step(x, torch.full((12,), 3))
+    with pytest.raises(ValueError, match=r"y must have shape \(12,\)"):
+        svi.step(x, y[:, None])
+    with pytest.raises(TypeError, match="x must have the network's dtype torch.float32"):  # torch's conv before
+        net.model(x.double(), y)
 
 
 def test_integrate_weights_shape_error():
