@@ -526,3 +526,15 @@ def test_predict_entropy_seeds_every_method():
         assert not torch.equal(draws[0], draws[2])
     with pytest.raises(TypeError, match="entropy must be an int"):
         net.predict(x, None, num_samples=3, entropy="7")
+
+
+def test_fused_loss_reports_a_non_finite_loss_without_a_warning():
+    """The message read ``float(loss)`` of a tensor that requires grad: torch's UserWarning ("Converting a tensor with
+    requires_grad=True to a scalar") came first, an error under ``filterwarnings = error``."""
+    pyro.clear_param_store()
+    net = SDEBNN(2, 1, hidden=4, augment=1, dt=0.5, obs_scale=1.0)
+    guide = NeuralSDEGuide(net, drift_hidden=4)
+    with torch.no_grad():
+        net.head.bias.fill_(float("inf"))
+    with pytest.raises(ValueError, match="SDEBNN.fused_loss: non-finite loss"):
+        net.fused_loss(torch.randn(4, 2), torch.randn(4), guide)
