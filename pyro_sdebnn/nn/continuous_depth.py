@@ -25,6 +25,7 @@ They differ only in where :math:`W_k` comes from: an OU weight path (SDE-BNN), o
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Sequence, cast
 
 import pyro
@@ -59,8 +60,8 @@ def check_num_data(num_data, batch: int) -> None:
     give a silently wrong or a failing plate)."""
     if batch < 1:
         raise ValueError("x must hold at least one data point, got an empty batch")
-    if num_data is not None and not (isinstance(num_data, int) and not isinstance(num_data, bool)
-                                     and num_data >= batch):
+    if num_data is not None and not (isinstance(num_data, numbers.Integral) and not isinstance(num_data, bool)
+                                     and num_data >= batch):  # a NumPy integer is an int here
         raise ValueError(f"num_data must be None or an int >= the batch size {batch}, got {num_data!r}")
 
 

@@ -428,7 +428,7 @@ class MultiScaleSDEBNN(ParamStoreModule, PyroModule):
             check_class_labels(y, self.head.out_features)
         paths = [pyro.sample(f"w_path_{b}", prior) for b, prior in enumerate(self.priors())]
         logits = self(x, paths)
-        size = x.shape[0] if num_data is None else num_data
+        size = x.shape[0] if num_data is None else int(num_data)
         with pyro.plate("data", size, subsample=torch.arange(x.shape[0], device=x.device)):
             pyro.sample("obs", dist.Categorical(logits=drop_data_plate_slot(logits)), obs=y)
         return logits
