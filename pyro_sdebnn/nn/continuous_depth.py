@@ -61,7 +61,7 @@ def check_num_data(num_data, batch: int) -> None:
     if batch < 1:
         raise ValueError("x must hold at least one data point, got an empty batch")
     if num_data is not None and not (isinstance(num_data, numbers.Integral) and not isinstance(num_data, bool)
-                                     and num_data >= batch):  # a NumPy integer is an int here
+                                     and int(num_data) >= batch):  # a NumPy integer is an int here
         raise ValueError(f"num_data must be None or an int >= the batch size {batch}, got {num_data!r}")
 
 
