@@ -71,7 +71,7 @@ from torch.types import _size
 from pyro_sdebnn.distributions import OUPath
 from pyro_sdebnn.distributions.ou_path import as_tensor_like
 from pyro_sdebnn.nn._param_store import ParamStoreModule
-from pyro_sdebnn.nn.sde_drift import DriftMLP
+from pyro_sdebnn.nn.sde_drift import DriftMLP, _activation
 from pyro_sdebnn.ops.path_kl import check_estimator
 from pyro_sdebnn.ops.sde_solve import brownian_increments, euler_maruyama_kl
 
@@ -321,6 +321,16 @@ class NeuralSDEGuide(ParamStoreModule, AutoGuide):
                  drift: nn.Module | dict | Callable | None = None, activation: str = "swish") -> None:
         if isinstance(model, nn.Module) and callable(getattr(model, "model", None)):
             model = model.model
+        if not callable(model):
+            raise TypeError(f"NeuralSDEGuide: model must be a Pyro model (a callable) or a module with a model method, "
+                            f"got {type(model).__name__}")
+        for name, value in (("drift_hidden", drift_hidden), ("drift_layers", drift_layers)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"NeuralSDEGuide: {name} must be a positive int, got {value!r}")
+        if bottleneck is not None and (isinstance(bottleneck, bool) or not isinstance(bottleneck, int)
+                                       or bottleneck < 1):
+            raise ValueError(f"NeuralSDEGuide: bottleneck must be a positive int or None, got {bottleneck!r}")
+        _activation(activation)  # ValueError naming the known activations
         super().__init__(model)
         self.drift_hidden, self.drift_layers, self.bottleneck = drift_hidden, drift_layers, bottleneck
         self.activation = activation
@@ -394,6 +404,9 @@ class NeuralSDEGuide(ParamStoreModule, AutoGuide):
         runs = [self._run_prefix(args, kwargs, fixed, offset=offset)[0] for offset in (0.0, 0.0, 1.0)]
         inits = [{name: prior.init.detach() for name, prior in run.items()} for run in runs]
         for name in self.path_sites:
+            if not bool(torch.isfinite(inits[0][name]).all()):  # NaN != NaN: not the message below
+                raise ValueError(f"NeuralSDEGuide: the initial state of OUPath site {name!r} holds NaN or Inf (the "
+                                 "model's parameters, e.g. w0, diverged in an earlier fit?): re-initialise them")
             if not torch.equal(inits[0][name], inits[1][name]):
                 raise ValueError(f"NeuralSDEGuide: the initial state of OUPath site {name!r} changes from one run of "
                                  "the model to the next: it depends on a sample site hidden from the guide (e.g. by "

@@ -24,15 +24,19 @@ They differ only in where :math:`W_k` comes from: an OU weight path (SDE-BNN), o
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Sequence, cast
 
 import pyro
 import pyro.distributions as dist
 import torch
+from pyro.infer.util import is_validation_enabled
 from pyro.nn import PyroModule, PyroParam
 from torch import Tensor, nn
 
 from pyro_sdebnn._likelihoods import check_likelihood
+from pyro_sdebnn.data.loaders import check_finite_batch
 from pyro_sdebnn.nn.sde_drift import ConvField, TimeMLPField
 from pyro_sdebnn.ops.sde_solve import time_grid
 from pyro_sdebnn.predictive import ClassificationPrediction, RegressionPrediction
@@ -48,6 +52,40 @@ def _check_int(name: str, value, minimum: int) -> None:
     if not (isinstance(value, int) and not isinstance(value, bool) and value >= minimum):
         kind = "positive" if minimum == 1 else "non-negative"
         raise ValueError(f"{name} must be a {kind} int, got {value!r}")
+
+
+def check_num_data(num_data, batch: int) -> None:
+    """``num_data``, the size N of the data set a minibatch of ``batch`` points comes from, scales the
+    log-likelihood by N / b: it must be ``None`` or an int >= ``batch`` (a smaller, zero or fractional N would
+    give a silently wrong or a failing plate)."""
+    if batch < 1:
+        raise ValueError("x must hold at least one data point, got an empty batch")
+    if num_data is not None and not (isinstance(num_data, numbers.Integral) and not isinstance(num_data, bool)
+                                     and int(num_data) >= batch):  # a NumPy integer is an int here
+        raise ValueError(f"num_data must be None or an int >= the batch size {batch}, got {num_data!r}")
+
+
+def check_class_labels(y: Tensor, num_classes: int) -> None:
+    """Class labels must be integers in ``0..num_classes - 1`` (integral floats are accepted, as by Pyro's
+    ``Categorical``). One reduction read back: Pyro's support check names neither ``y`` nor the classes, and
+    without validation torch's ``gather`` fails on an out-of-range label."""
+    if not y.numel():
+        return
+    bad = (y < 0) | (y >= num_classes)
+    if y.is_floating_point():
+        bad = bad | (y != y.trunc())
+    if bool(bad.any()):
+        i = int(bad.flatten().nonzero()[0])
+        raise ValueError(f"y must hold class labels in 0..{num_classes - 1} (out_dim={num_classes}), got "
+                         f"{y.flatten()[i].item()} at index {i}")
+
+
+def check_input_dtype(x: Tensor, like: Tensor) -> None:
+    """``x`` must have the dtype of the network's weights ``like`` (torch's matmul or conv would fail deep inside the
+    field with "same dtype")."""
+    if x.dtype != like.dtype:
+        raise TypeError(f"x must have the network's dtype {like.dtype}, got {x.dtype} (convert the data with "
+                        f"x.to({like.dtype}) or the network with net.to({x.dtype}))")
 
 
 def drop_data_plate_slot(out: Tensor) -> Tensor:
@@ -97,8 +135,11 @@ class ContinuousDepthNet(PyroModule):
         _check_int("out_dim", out_dim, 1)
         _check_int("hidden", hidden, 1)
         if obs_scale is not None and not (isinstance(obs_scale, (int, float)) and not isinstance(obs_scale, bool)
-                                          and obs_scale > 0):
-            raise ValueError(f"obs_scale must be a positive float or None (scaled to the data), got {obs_scale!r}")
+                                          and 0 < obs_scale < math.inf):
+            raise ValueError(f"obs_scale must be a positive finite float or None (scaled to the data), "
+                             f"got {obs_scale!r}")
+        if not (isinstance(df, (int, float)) and not isinstance(df, bool) and 0 < df < math.inf):
+            raise ValueError(f"df must be a positive finite float (Student-t degrees of freedom), got {df!r}")
         self._grid = time_grid(t_span, dt)  # validates t_span and dt
         self.t_span, self.dt = (float(t_span[0]), float(t_span[1])), float(dt)
         self.likelihood, self.df = likelihood, float(df)
@@ -153,6 +194,7 @@ class ContinuousDepthNet(PyroModule):
             raise TypeError(f"x must be a tensor, got {type(x).__name__}")
         if tuple(x.shape[1:]) != self.in_shape:
             raise ValueError(f"x must have shape (N, {', '.join(map(str, self.in_shape))}), got {tuple(x.shape)}")
+        check_input_dtype(x, self._grid_like())
         if not self.augment:
             return x
         zeros = x.new_zeros((x.shape[0], self.augment) + tuple(x.shape[2:]))
@@ -210,8 +252,11 @@ class ContinuousDepthNet(PyroModule):
         Weights sampled inside an outer plate (vectorised ELBO particles, ``Predictive(parallel=True)``) get a batch
         shape ``(..., S, 1)`` whose last ``1`` is the data plate's slot, so the output is ``(..., S, 1, b, out)``; that
         slot is dropped for the likelihood, which must have batch shape ``(..., S, b)`` (not ``(..., S, S, b)``)."""
+        check_num_data(num_data, x.shape[0])
         obs_out = drop_data_plate_slot(out)
         y = self._check_targets(x, y)
+        if is_validation_enabled():  # as Pyro's own checks: a NaN named as x or y, not as a distribution's "loc"
+            check_finite_batch(x, y, what="x")
         if y is not None and getattr(self, "_obs_scale_from_data", False):
             self._scale_noise_to(y)
         size = x.shape[0] if num_data is None else int(num_data)
@@ -239,6 +284,8 @@ class ContinuousDepthNet(PyroModule):
             also = " (or a (b, 1) column)" if self.likelihood != "categorical" and self.out_dim == 1 else ""
             raise ValueError(f"y must have shape {expected}{also} for {b} inputs with likelihood={self.likelihood!r} "
                              f"and out_dim={self.out_dim}, got {tuple(y.shape)}")
+        if self.likelihood == "categorical":
+            check_class_labels(y, self.out_dim)
         return y
 
     def _scale_noise_to(self, y: Tensor) -> None:

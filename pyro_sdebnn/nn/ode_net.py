@@ -142,8 +142,6 @@ class _ConstantWeightNet(ParamStoreModule, ContinuousDepthNet):
         :param int num_data: full data-set size N; the log-likelihood is scaled by ``N / b``.
         :returns: the head output ``(..., b, out_dim)`` (also recorded as deterministic site ``"f"``).
         """
-        if num_data is not None and not (isinstance(num_data, int) and num_data >= x.shape[0]):
-            raise ValueError(f"num_data must be an int >= the batch size {x.shape[0]}, got {num_data!r}")
         w = pyro.sample("w", self.prior())
         return self._observe(x, y, self(x, w), num_data)
 

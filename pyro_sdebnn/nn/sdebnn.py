@@ -34,6 +34,7 @@ call (our Euler loop, or torchsde for Milstein/SRK and the stochastic adjoint), 
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Sequence, cast
 
 import pyro
@@ -46,7 +47,8 @@ from pyro_sdebnn.data.loaders import check_finite_batch, is_loader, module_devic
 from pyro_sdebnn.distributions import OUPath
 from pyro_sdebnn.nn._param_store import ParamStoreModule, sync_from_param_store
 from pyro_sdebnn.nn._streaming import stream_predict
-from pyro_sdebnn.nn.continuous_depth import ContinuousDepthNet, drop_data_plate_slot
+from pyro_sdebnn.nn.continuous_depth import (ContinuousDepthNet, check_class_labels, check_input_dtype,
+                                             check_num_data, drop_data_plate_slot)
 from pyro_sdebnn.nn.sde_drift import ConvField
 from pyro_sdebnn.ops.path_kl import check_estimator
 from pyro_sdebnn.ops.sde_solve import (ADJOINT_DT, SOLVERS, AugmentedPathSDE, brownian_increments,
@@ -93,10 +95,9 @@ class SDEBNN(ParamStoreModule, ContinuousDepthNet):
                  sigma: float = 0.2, theta: float = 1.0, t_span: tuple[float, float] = (0.0, 1.0),
                  dt: float = 0.05, *, likelihood: str = "normal", obs_scale: float | None = None, df: float = 4.0,
                  activation: str = "tanh") -> None:
-        if not (isinstance(sigma, (int, float)) and sigma > 0):
-            raise ValueError(f"sigma must be a positive float, got {sigma!r}")
-        if not (isinstance(theta, (int, float)) and theta > 0):
-            raise ValueError(f"theta must be a positive float, got {theta!r}")
+        for name, value in (("sigma", sigma), ("theta", theta)):
+            if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf):
+                raise ValueError(f"{name} must be a positive finite float, got {value!r}")
         super().__init__(in_dim, out_dim, hidden, augment, t_span, dt, likelihood=likelihood, obs_scale=obs_scale,
                          df=df, activation=activation)
         self.sigma, self.theta = float(sigma), float(theta)
@@ -154,8 +155,16 @@ class SDEBNN(ParamStoreModule, ContinuousDepthNet):
         """One solver call for weights, hidden state and KL: returns ``(out (S, N, out_dim), kl (S,))``."""
         if method not in SOLVERS:
             raise ValueError(f"method must be one of {SOLVERS}, got {method!r}")
+        if not isinstance(adjoint, bool) or not isinstance(adaptive, bool):
+            raise TypeError(f"adjoint and adaptive must be True or False, got {adjoint!r} and {adaptive!r}")
+        if adaptive:  # torchsde's step control never ends with a tolerance <= 0 (or NaN)
+            for name, tol in (("rtol", rtol), ("atol", atol)):
+                if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not (0 < tol < math.inf):
+                    raise ValueError(f"{name} must be a positive finite float with adaptive=True, got {tol!r}")
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
+        if entropy is not None and (isinstance(entropy, bool) or not isinstance(entropy, int)):
+            raise TypeError(f"entropy must be an int seed or None, got {entropy!r}")
         check_estimator(estimator)
         q = self._posterior(x, guide)
         correction = q.correction if q is not None else None
@@ -163,7 +172,9 @@ class SDEBNN(ParamStoreModule, ContinuousDepthNet):
         times = self.times if dt is None else time_grid(self.t_span, dt, dtype=w0.dtype, device=w0.device)
         h0 = self.hidden_init(x)
         if method == "euler" and not adjoint and not adaptive:
-            dB = brownian_increments(times, (num_samples, self.num_weights))
+            # a given entropy seeds the Brownian increments here too, as it seeds torchsde's BrownianInterval
+            generator = None if entropy is None else torch.Generator(w0.device).manual_seed(entropy)
+            dB = brownian_increments(times, (num_samples, self.num_weights), generator=generator)
             sol = euler_maruyama_kl(w0, times, dB, self.sigma, self.theta, correction, estimator=estimator,
                                     field=self.field, hidden_init=self._lead(h0, torch.Size([num_samples])))
             return self._head(_hidden(sol)), sol.kl
@@ -207,8 +218,16 @@ class SDEBNN(ParamStoreModule, ContinuousDepthNet):
             of it and ``ADJOINT_DT`` (0.01), where the adjoint gradient is
             within a few percent.
         """
-        if y.shape[0] != x.shape[0]:
+        _check_path_guide(guide)
+        if not isinstance(x, Tensor) or not isinstance(y, Tensor):
+            raise TypeError(f"x and y must be tensors, got {type(x).__name__} and {type(y).__name__}")
+        if not (isinstance(kl_scale, (int, float)) and not isinstance(kl_scale, bool) and 0 <= kl_scale < math.inf):
+            raise ValueError(f"kl_scale must be a finite float >= 0, got {kl_scale!r}")
+        self.hidden_init(x)  # checks x: a tensor of shape (N,) + in_shape
+        check_num_data(num_data, x.shape[0])
+        if y.dim() == 0 or y.shape[0] != x.shape[0]:
             raise ValueError(f"y must have {x.shape[0]} rows like x, got shape {tuple(y.shape)}")
+        check_finite_batch(x, y, what="x")
         y = cast(Tensor, self._check_targets(x, y))  # y is not None here
         if dt is None and adjoint:
             dt = min(self.dt, ADJOINT_DT)
@@ -217,8 +236,8 @@ class SDEBNN(ParamStoreModule, ContinuousDepthNet):
         loglik = self.likelihood_dist(out).log_prob(y).sum(-1) * scale
         loss = -(loglik - kl_scale * kl).mean()
         if not torch.isfinite(loss):
-            raise ValueError(f"SDEBNN.fused_loss: non-finite loss {float(loss)} "
-                             f"(log-likelihood {float(loglik.mean())}, KL {float(kl.mean())})")
+            raise ValueError(f"SDEBNN.fused_loss: non-finite loss {float(loss.detach())} "
+                             f"(log-likelihood {float(loglik.detach().mean())}, KL {float(kl.detach().mean())})")
         return loss
 
     @torch.no_grad()
@@ -230,11 +249,17 @@ class SDEBNN(ParamStoreModule, ContinuousDepthNet):
             targets are ignored): each batch is moved to the network's device on its own and every batch
             uses the same ``num_samples`` weight paths (the random state is rewound before each batch), so
             the result equals one call on the concatenated inputs.
+        :param str method: ``"euler"`` (the fused Euler loop, or torchsde's Euler with ``adaptive=True``),
+            ``"milstein"`` or ``"srk"`` (torchsde).
+        :param bool adaptive: adaptive torchsde steps with tolerances ``rtol``, ``atol`` (positive).
+        :param int entropy: seed of the Brownian motion (every method): the same seed gives the same weight
+            paths whatever torch's random state; default ``None``, drawn from torch's random state.
         :returns: :class:`~pyro_sdebnn.infer.ClassificationPrediction` with ``probs (S, N, C)`` or
             :class:`~pyro_sdebnn.infer.RegressionPrediction` with ``loc, scale (S, N)`` (Gaussian
             likelihood; other regression likelihoods report their location and scale parameters).
         :raises ValueError: if ``x`` (or a batch of the loader) holds a NaN or an infinity
-            (:func:`~pyro_sdebnn.data.check_finite_batch`).
+            (:func:`~pyro_sdebnn.data.check_finite_batch`), or ``adaptive=True`` with ``rtol`` or ``atol`` not a
+            positive finite number (torchsde's step control would never accept a step).
         :raises TypeError: if ``guide`` is not a :class:`~pyro_sdebnn.infer.NeuralSDEGuide` (the solve integrates its
             posterior SDE); a model trained with another guide (e.g. ``AutoNormal(net.model)``) predicts with
             ``pyro.infer.Predictive(net.model, guide=guide, num_samples=S, return_sites=["f"])``.
@@ -250,6 +275,8 @@ class SDEBNN(ParamStoreModule, ContinuousDepthNet):
                              entropy=entropy)
 
     def _predict(self, x, guide, num_samples: int, batch_index: int | None, **solve):
+        if batch_index is None:  # the one check of the guide, before a loader is read
+            _check_path_guide(guide)
         if not isinstance(x, Tensor) and is_loader(x):
             batches = itertools.count()  # the index of the batch being predicted, for the error message
             return stream_predict(lambda xb: self._predict(xb, guide, num_samples, next(batches), **solve), x, self)
@@ -280,8 +307,8 @@ def _check_path_guide(guide) -> None:
 
 
 def _path_posteriors(guide, x: Tensor) -> dict:
-    """``guide.get_posterior(x)``: the posterior path law of every ``OUPath`` site, checked to be a dict."""
-    _check_path_guide(guide)
+    """``guide.get_posterior(x)``: the posterior path law of every ``OUPath`` site, checked to be a dict (the guide
+    itself is checked by the public caller, with :func:`_check_path_guide`)."""
     posteriors = guide.get_posterior(x)
     if not isinstance(posteriors, dict):
         raise TypeError(
@@ -293,8 +320,8 @@ def _path_posteriors(guide, x: Tensor) -> dict:
 
 
 def _sync(net: PyroModule, guide, x: Tensor) -> None:
-    """Let ``net`` and ``guide`` compute with the param store's tensors (e.g. after ``param_store.load``)."""
-    _check_path_guide(guide)
+    """Let ``net`` and ``guide`` compute with the param store's tensors (e.g. after ``param_store.load``); ``guide``
+    was checked by :func:`_check_path_guide`."""
     sync_from_param_store(net)
     if isinstance(guide, PyroModule):
         if getattr(guide, "prototype_trace", False) is None:
@@ -373,6 +400,7 @@ class MultiScaleSDEBNN(ParamStoreModule, PyroModule):
         """Logits ``(S, N, out_dim)`` for inputs ``(N, C, H, W)`` and one path ``(S, K, D_b)`` per block."""
         if tuple(x.shape[1:]) != self.in_shape:
             raise ValueError(f"x must have shape (N, {', '.join(map(str, self.in_shape))}), got {tuple(x.shape)}")
+        check_input_dtype(x, self.w0s[0])
         times = self.times
         dts = times[1:] - times[:-1]
         lead = paths[0].shape[:-2]
@@ -392,6 +420,12 @@ class MultiScaleSDEBNN(ParamStoreModule, PyroModule):
     @pyro_method
     def model(self, x: Tensor, y: Tensor | None = None, *, num_data: int | None = None) -> Tensor:
         """Pyro model: sites ``"w_path_{b}"`` (OU priors) then ``"obs"`` (Categorical) in ``plate("data")``."""
+        check_num_data(num_data, x.shape[0])
+        if y is not None:
+            if tuple(y.shape) != (x.shape[0],):
+                raise ValueError(f"y must have shape ({x.shape[0]},) (class labels of the {x.shape[0]} inputs), got "
+                                 f"{tuple(y.shape)}")
+            check_class_labels(y, self.head.out_features)
         paths = [pyro.sample(f"w_path_{b}", prior) for b, prior in enumerate(self.priors())]
         logits = self(x, paths)
         size = x.shape[0] if num_data is None else int(num_data)
@@ -405,6 +439,7 @@ class MultiScaleSDEBNN(ParamStoreModule, PyroModule):
 
         ``x`` may be a loader of input batches, streamed as in :meth:`SDEBNN.predict` (same paths for every batch).
         """
+        _check_path_guide(guide)  # once, before a loader is read
         if not isinstance(x, Tensor) and is_loader(x):
             batches = itertools.count()  # the index of the batch being predicted, for the error message
             return stream_predict(lambda xb: self._predict_batch(xb, guide, num_samples, next(batches)), x, self)

@@ -98,9 +98,12 @@ def time_grid(t_span: tuple[float, float], dt: float, *, dtype: torch.dtype = to
     >>> time_grid((0.0, 1.0), 0.25)
     tensor([0.0000, 0.2500, 0.5000, 0.7500, 1.0000])
     """
-    t0, t1 = (float(t) for t in t_span)
-    if not t1 > t0:
-        raise ValueError(f"t_span must be increasing (t0 < t1), got {t_span}")
+    try:
+        t0, t1 = (float(t) for t in t_span)
+    except (TypeError, ValueError):
+        raise ValueError(f"t_span must be a pair of numbers (t0, t1), got {t_span!r}") from None
+    if not (math.isfinite(t0) and math.isfinite(t1) and t1 > t0):
+        raise ValueError(f"t_span must be finite and increasing (t0 < t1), got {t_span}")
     if isinstance(dt, bool) or not (isinstance(dt, numbers.Real) and dt > 0 and math.isfinite(dt)):
         raise ValueError(f"dt must be a positive finite float, got {dt!r}")
     steps = max(1, round((t1 - t0) / dt))

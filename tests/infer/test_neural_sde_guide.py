@@ -245,3 +245,34 @@ def test_combines_with_autoguidelist_for_other_latents():
     for _ in range(3):
         assert torch.isfinite(torch.tensor(svi.step()))
     assert set(guide()) == {"w", "z"}
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(drift_hidden=2.5), ValueError, "drift_hidden"), (dict(drift_hidden=0), ValueError, "drift_hidden"),
+    (dict(drift_layers=0), ValueError, "drift_layers"), (dict(drift_layers=True), ValueError, "drift_layers"),
+    (dict(bottleneck=0), ValueError, "bottleneck"), (dict(activation="gelu"), ValueError, "activation"),
+    (dict(model=3), TypeError, "model must be"),
+])
+def test_bad_guide_arguments_are_named_when_the_guide_is_built(kwargs, error, match):
+    """These were accepted by the constructor and failed at the first SVI step (drift_hidden=2.5 with torch's
+    "empty(): argument 'size' must be tuple of ints"); NeuralSDEGuide(3) was accepted."""
+    def model():
+        pyro.sample("w", OUPath(torch.zeros(2), 0.5, TIMES, method="euler"))
+
+    args = dict(model=model)
+    args.update(kwargs)
+    with pytest.raises(error, match=match):
+        NeuralSDEGuide(args.pop("model"), **args)
+
+
+def test_a_non_finite_initial_state_is_named_as_such():
+    """With Pyro's validation off, a NaN in the prior's init (e.g. w0 after a diverged fit) was reported as "the
+    initial state ... changes from one run of the model to the next ... hidden from the guide" (NaN != NaN)."""
+    init = torch.zeros(2)
+    init[1] = float("nan")
+
+    def model():
+        pyro.sample("w", OUPath(init, 0.5, TIMES, method="euler"))
+
+    with pyro.validation_enabled(False), pytest.raises(ValueError, match="'w' holds NaN or Inf"):
+        NeuralSDEGuide(model)()

@@ -178,6 +178,10 @@ def test_predict_adaptive():
     (dict(sigma=0.0), "sigma"), (dict(sigma=-1.0), "sigma"), (dict(dt=0.0), "dt"), (dict(dt=-0.1), "dt"),
     (dict(t_span=(1.0, 0.0)), "t_span"), (dict(likelihood="poisson"), "likelihood"), (dict(in_dim=(1, 7, 7)), "in_dim"),
     (dict(obs_scale=0.0), "obs_scale"), (dict(obs_scale="1"), "obs_scale"),
+    # accepted before (and a NaN loss at the first step, or a failing Student-t later):
+    (dict(sigma=float("inf")), "sigma"), (dict(sigma=True), "sigma"), (dict(theta=float("inf")), "theta"),
+    (dict(obs_scale=float("inf")), "obs_scale"), (dict(df=0.0), "df"), (dict(df=float("nan")), "df"),
+    (dict(t_span=(0.0, float("inf"))), "t_span"),
 ])
 def test_bad_constructor_arguments(kwargs, match):
     args = dict(in_dim=1, out_dim=1, hidden=4)
@@ -258,6 +262,15 @@ def test_multiscale_two_blocks_two_path_sites():
     assert net.predict(x, guide, num_samples=3).probs.shape == (3, 12, 3)
     with pytest.raises(ValueError, match="in_shape"):
         MultiScaleSDEBNN((1, 6, 6), 3, blocks=2)
+    for num_data in (2.5, 5, 0):  # ran as N = 2 (int(2.5)) or 5 < 12 before (silently wrong), or failed in Pyro's plate
+        with pytest.raises(ValueError, match="num_data must be None or an int >= the batch size 12"):
+            svi.step(x, y, num_data=num_data)
+    with pytest.raises(ValueError, match=r"y must hold class labels in 0..2"):  # Pyro's support message before
+        svi.step(x, torch.full((12,), 3))
+    with pytest.raises(ValueError, match=r"y must have shape \(12,\)"):
+        svi.step(x, y[:, None])
+    with pytest.raises(TypeError, match="x must have the network's dtype torch.float32"):  # torch's conv before
+        net.model(x.double(), y)
 
 
 def test_integrate_weights_shape_error():
@@ -411,3 +424,117 @@ def test_predict_on_tensors_follows_the_network_dtype():
         preds.append(net.predict(xs, guide, num_samples=3).probs)
     assert preds[0].dtype == torch.float64
     torch.testing.assert_close(preds[0], preds[1], rtol=0, atol=0)
+
+
+def test_bad_data_and_loss_arguments_are_named():
+    """Each of these was a raw error from deep inside (torch's matmul "same dtype", Pyro's plate "size cannot be
+    zero", ``'NoneType' object has no attribute 'shape'``, Pyro's/torch's support message that names neither y nor
+    the classes) or, worse, a silently wrong number (fused_loss with num_data < b or <= 0, or kl_scale < 0)."""
+    pyro.clear_param_store()
+    net = SDEBNN(2, 1, hidden=4, augment=1, dt=0.5)
+    guide = NeuralSDEGuide(net, drift_hidden=4)
+    cls = SDEBNN(2, 3, hidden=4, augment=1, dt=0.5, likelihood="categorical")
+    cls_guide = NeuralSDEGuide(cls, drift_hidden=4)
+    x, y, labels = torch.randn(8, 2), torch.randn(8), torch.arange(8) % 3
+    svi = SVI(net.model, guide, Adam({"lr": 1e-2}), TracePathKL_ELBO())
+    with pytest.raises(TypeError, match=r"x must have the network's dtype torch.float32, got torch.float64"):
+        svi.step(x.double(), y.double())
+    with pytest.raises(TypeError, match=r"x must have the network's dtype torch.float32, got torch.int64"):
+        net.model(torch.ones(8, 2, dtype=torch.long), y)
+    for num_data in (0, 3, 2.5):
+        with pytest.raises(ValueError, match="num_data must be None or an int >= the batch size 8"):
+            svi.step(x, y, num_data=num_data)
+        with pytest.raises(ValueError, match="num_data must be None or an int >= the batch size 8"):
+            net.fused_loss(x, y, guide, num_data=num_data)
+    with pytest.raises(ValueError, match="at least one data point"):
+        svi.step(torch.randn(0, 2), torch.randn(0))
+    for bad in (torch.full((8,), 3), torch.full((8,), -1), torch.full((8,), 0.5)):
+        with pytest.raises(ValueError, match=r"y must hold class labels in 0..2 \(out_dim=3\)"):
+            cls.model(x, bad)
+        with pytest.raises(ValueError, match=r"y must hold class labels in 0..2"):
+            cls.fused_loss(x, bad, cls_guide)
+    cls.model(x, labels.float())  # integral float labels are labels, as for Pyro's Categorical
+    with pytest.raises(TypeError, match="x and y must be tensors"):
+        net.fused_loss(x, None, guide)
+    with pytest.raises(ValueError, match="kl_scale"):
+        net.fused_loss(x, y, guide, kl_scale=-1.0)
+    bad_x = x.clone()
+    bad_x[2, 1] = float("nan")
+    with pytest.raises(ValueError, match=r"x contains NaN at index \(2, 1\)"):
+        net.fused_loss(bad_x, y, guide)
+    with pytest.raises(ValueError, match=r"x contains NaN at index \(2, 1\)"):
+        svi.step(bad_x, y)  # Pyro's own message: "Expected parameter loc ... Normal ... found invalid values"
+    bad_y = y.clone()
+    bad_y[5] = float("inf")
+    with pytest.raises(ValueError, match=r"y contains Inf at index \(5,\)"):
+        svi.step(x, bad_y)
+
+
+@pytest.mark.parametrize("tol", [dict(rtol=-1.0), dict(rtol=0.0, atol=0.0), dict(atol=float("nan"))])
+def test_adaptive_prediction_with_a_tolerance_that_never_holds_is_an_error(tol):
+    """predict(adaptive=True, rtol=-1) never returned (torchsde shrinks the step for ever)."""
+    pyro.clear_param_store()
+    net = SDEBNN(2, 1, hidden=4, augment=1, dt=0.5)
+    with pytest.raises(ValueError, match="rtol|atol"):
+        net.predict(torch.randn(4, 2), None, num_samples=2, adaptive=True, **tol)
+    with pytest.raises(TypeError, match="adjoint and adaptive"):
+        net.predict(torch.randn(4, 2), None, num_samples=2, adaptive="no")
+
+
+def test_predict_checks_the_guide_once_before_reading_a_loader():
+    """The guide was checked twice per call (and once per batch of a loader, after the batch was read); one check
+    now comes first."""
+    from pyro_sdebnn.nn import sdebnn
+
+    pyro.clear_param_store()
+    net = SDEBNN(2, 1, hidden=4, augment=1, dt=0.5)
+    guide = NeuralSDEGuide(net, drift_hidden=4)
+    x = torch.randn(6, 2)
+    guide(x)
+    calls = []
+    check = sdebnn._check_path_guide
+    sdebnn._check_path_guide = lambda g: calls.append(g) or check(g)
+    try:
+        net.predict(x, guide, num_samples=2)
+        assert len(calls) == 1
+        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, torch.zeros(6)), batch_size=4)
+        calls.clear()
+        net.predict(loader, guide, num_samples=2)
+        assert len(calls) == 1
+    finally:
+        sdebnn._check_path_guide = check
+
+    class Unread(torch.utils.data.DataLoader):
+        def __iter__(self):
+            raise AssertionError("the loader was read before the guide was checked")
+
+    with pytest.raises(TypeError, match="NeuralSDEGuide"):
+        net.predict(Unread(torch.utils.data.TensorDataset(x)), "not a guide")
+
+
+def test_predict_entropy_seeds_every_method():
+    """``entropy`` fixed torchsde's Brownian motion but was silently ignored by the default fused Euler solve."""
+    pyro.clear_param_store()
+    net = SDEBNN(2, 1, hidden=4, augment=1, dt=0.5)
+    x = torch.randn(5, 2)
+    for method in ("euler", "srk"):
+        draws = []
+        for seed, entropy in ((0, 7), (1, 7), (0, 8)):
+            pyro.set_rng_seed(seed)
+            draws.append(net.predict(x, None, num_samples=3, method=method, entropy=entropy).loc)
+        torch.testing.assert_close(draws[0], draws[1], rtol=0, atol=0)
+        assert not torch.equal(draws[0], draws[2])
+    with pytest.raises(TypeError, match="entropy must be an int"):
+        net.predict(x, None, num_samples=3, entropy="7")
+
+
+def test_fused_loss_reports_a_non_finite_loss_without_a_warning():
+    """The message read ``float(loss)`` of a tensor that requires grad: torch's UserWarning ("Converting a tensor with
+    requires_grad=True to a scalar") came first, an error under ``filterwarnings = error``."""
+    pyro.clear_param_store()
+    net = SDEBNN(2, 1, hidden=4, augment=1, dt=0.5, obs_scale=1.0)
+    guide = NeuralSDEGuide(net, drift_hidden=4)
+    with torch.no_grad():
+        net.head.bias.fill_(float("inf"))
+    with pytest.raises(ValueError, match="SDEBNN.fused_loss: non-finite loss"):
+        net.fused_loss(torch.randn(4, 2), torch.randn(4), guide)

@@ -47,6 +47,14 @@ def test_time_grid_errors(bad):
         time_grid(**bad)
 
 
+@pytest.mark.parametrize("t_span", [(0.0, float("inf")), (float("-inf"), 0.0), 1.0, (0.0, 1.0, 2.0), ("a", 1.0)])
+def test_time_grid_names_a_bad_t_span(t_span):
+    """An infinite end point was a raw OverflowError from round(), a scalar a TypeError "not iterable", three
+    numbers "too many values to unpack": each is now a ValueError naming t_span."""
+    with pytest.raises(ValueError, match="t_span must be"):
+        time_grid(t_span, 0.1)
+
+
 def test_euler_loop_matches_torchsde_euler_on_the_same_brownian_path():
     # same BrownianInterval through both solvers; torchsde accumulates t += dt in floating point, so
     # its queries hit the interval at times ~1e-16 off the grid points, which perturbs the increments
