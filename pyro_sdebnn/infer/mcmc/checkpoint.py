@@ -59,11 +59,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Union, cast
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from pyro.infer import MCMC
 from pyro.infer.mcmc.util import diagnostics, print_summary, select_samples
 from torch import Tensor
 
-from pyro_sdebnn import _comm
 from pyro_sdebnn.infer.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from pyro_sdebnn.infer.mcmc.diagnostics import _RECENT
 
@@ -264,11 +264,19 @@ def save_run(mcmc: MCMC, path: PathLike) -> None:
     _write(path, mcmc.kernel, {k: v.detach().cpu().clone() for k, v in samples.items()})
 
 
+def _rank_and_world() -> tuple[int, int]:
+    """This process's rank and the world size under ``torch.distributed`` (0 and 1 without a process group)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
 def _write(path: PathLike, kernel: ResumableState, samples: dict[str, torch.Tensor]) -> None:
     """Write the checkpoint (atomically: an interrupted write leaves the previous checkpoint intact)."""
     num_samples = int(next(iter(samples.values())).shape[1]) if samples else 0
     # the rank that wrote it: under torchrun every rank runs its own chains (its own file), see resume_run
-    where = {"rank": _comm.rank(), "world_size": _comm.world_size()}
+    rank, world = _rank_and_world()
+    where = {"rank": rank, "world_size": world}
     save_checkpoint("sgmcmc", {"kernel": kernel.state_dict(), "samples": samples, "num_samples": num_samples,
                                **where}, path)
 
@@ -379,9 +387,10 @@ def resume_run(
             raise ValueError(f"{os.fspath(path)!r} is an incomplete SG-MCMC checkpoint (no {key!r})")
     written_by = checkpoint.get("rank")  # absent from the files of earlier versions
     shared = getattr(kernel, "_chain_shared_by_ranks", False)  # DataParallelSGLD / SGHMC: one chain on every rank
-    if _comm.world_size() > 1 and not shared and written_by is not None and int(written_by) != _comm.rank():
+    rank, world = _rank_and_world()
+    if world > 1 and not shared and written_by is not None and int(written_by) != rank:
         raise ValueError(f"{os.fspath(path)!r} holds the chains of rank {int(written_by)} (of "
-                         f"{int(checkpoint.get('world_size', 0))}), this process is rank {_comm.rank()}: every rank "
+                         f"{int(checkpoint.get('world_size', 0))}), this process is rank {rank}: every rank "
                          "runs its own chains, so give each its own checkpoint file, e.g. "
                          "f'run{torch.distributed.get_rank()}.pt'")
     state = checkpoint["kernel"]

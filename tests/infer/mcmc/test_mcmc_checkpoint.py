@@ -337,20 +337,20 @@ def test_a_resumed_run_keeps_checkpointing_and_resumes_again(tmp_path):
 
 def test_under_torchrun_each_rank_resumes_its_own_chains(tmp_path, monkeypatch):
     # chains over ranks: every rank writing "run.pt" leaves one rank's chains, which the others must not take up
-    from pyro_sdebnn import _comm
+    from pyro_sdebnn.infer.mcmc import checkpoint
 
     x, y = _data()
     make = lambda: SGLD(plain_model, step_size=1e-2, subsample_size=10, backend="eager")  # noqa: E731
     mcmc = MCMC(make(), num_samples=2, disable_progbar=True)
     mcmc.run(x, y)
-    monkeypatch.setattr(_comm, "world_size", lambda: 2)
+    monkeypatch.setattr(checkpoint, "_rank_and_world", lambda: (0, 2))
     path = tmp_path / "run.pt"
     save_run(mcmc, path)  # as rank 0 of 2
     assert (load_checkpoint(path)["rank"], load_checkpoint(path)["world_size"]) == (0, 2)
-    monkeypatch.setattr(_comm, "rank", lambda: 1)
+    monkeypatch.setattr(checkpoint, "_rank_and_world", lambda: (1, 2))
     with pytest.raises(ValueError, match=r"holds the chains of rank 0 \(of 2\), this process is rank 1"):
         resume_run(path, make(), x, y, num_samples=1, disable_progbar=True)
-    monkeypatch.setattr(_comm, "rank", lambda: 0)
+    monkeypatch.setattr(checkpoint, "_rank_and_world", lambda: (0, 2))
     assert resume_run(path, make(), x, y, num_samples=1, disable_progbar=True).get_samples()["w"].shape == (3, 2)
 
 
