@@ -346,9 +346,20 @@ def all_gather_objects(obj: Any) -> list:
     return out
 
 
-def shutdown() -> None:
-    """Leave the process group (:func:`torch.distributed.destroy_process_group`); no-op without one."""
+def shutdown(wait: bool = True) -> None:
+    """Leave the process group (:func:`torch.distributed.destroy_process_group`); no-op without one.
+
+    :param bool wait: first wait for every rank (:func:`torch.distributed.barrier`), so that no rank tears down its
+        connections while another still uses them: a gloo rank whose peer left first can abort at exit ("terminate
+        called without an active exception", status -6) after a run that succeeded. Pass ``False`` on an error path,
+        where the other ranks may be inside another collective.
+    """
     if is_initialized():
+        if wait:
+            try:
+                dist.barrier()
+            except (RuntimeError, ValueError):  # a rank died or timed out: leave anyway
+                pass
         dist.destroy_process_group()
 
 

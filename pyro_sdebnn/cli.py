@@ -241,6 +241,11 @@ def _run_distributed(args: argparse.Namespace, experiment: ModuleType) -> int:
             print(f"rank {r} (seed {got['seed']}): {len(got['files'])} files under {folder}"
                   + ("" if got["status"] == 0 else f", exit status {got['status']}"))
         return max(got["status"] for got in gathered)
+    except BaseException:
+        if started:
+            _comm.shutdown(wait=False)  # the other ranks may be inside a collective: no barrier
+            started = False
+        raise
     finally:
         if started:
             _comm.shutdown()

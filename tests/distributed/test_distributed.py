@@ -489,3 +489,27 @@ def test_benchmark_command_with_distributed_on_one_process_is_the_plain_run(tmp_
         cli.main(["--distributed", "--dist-timeout", "0", "benchmark", "fake"], experiments=fake)
     assert exit_info.value.code == 2
     assert "argument --dist-timeout: expected a finite number > 0, got '0'" in capsys.readouterr().err
+
+
+def test_shutdown_waits_for_every_rank_before_leaving(monkeypatch):
+    # a gloo rank whose peer destroyed the group first can abort at exit: the barrier comes first, except on an error
+    # path (wait=False) or when a rank has died (the barrier raises and the group is left anyway)
+    from pyro_sdebnn import _comm
+
+    calls: list[str] = []
+    monkeypatch.setattr(_comm, "is_initialized", lambda: True)
+    monkeypatch.setattr(_comm.dist, "barrier", lambda: calls.append("barrier"))
+    monkeypatch.setattr(_comm.dist, "destroy_process_group", lambda: calls.append("destroy"))
+    _comm.shutdown()
+    assert calls == ["barrier", "destroy"]
+    calls.clear()
+    _comm.shutdown(wait=False)
+    assert calls == ["destroy"]
+
+    def dead_peer():
+        raise RuntimeError("Connection closed by peer")
+
+    monkeypatch.setattr(_comm.dist, "barrier", dead_peer)
+    calls.clear()
+    _comm.shutdown()
+    assert calls == ["destroy"]
