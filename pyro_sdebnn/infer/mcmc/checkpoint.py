@@ -25,7 +25,7 @@ is bounded by 10 % of the run's inner steps, which the first, shorter run takes 
 pre-empted run, even in warm-up, can be resumed from its last checkpoint. The file holds only tensors, numbers,
 strings, lists and dicts: it loads with ``torch.load(path, weights_only=True)``
 (:func:`~pyro_sdebnn.infer.checkpoint.load_checkpoint` checks it). Runs over a loader (``mcmc.run(loader)``) resume
-on the same loader: the epoch in progress is made again from its recorded random state (torch's, and that of the
+on the same loader (one of another size, batch size, ``drop_last`` or sampler is a ``ValueError``): the epoch in progress is made again from its recorded random state (torch's, and that of the
 loader's own ``torch.Generator``, given as
 ``DataLoader(..., generator=g)`` or to its sampler) and the batches already used are skipped. A run of several
 sequential chains (``MCMC(num_chains > 1)``) cannot be checkpointed (the kernel holds the last chain only):

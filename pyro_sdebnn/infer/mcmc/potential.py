@@ -986,11 +986,20 @@ class BatchStream:
 
     def state_dict(self) -> dict[str, Any]:
         """Where the stream is: ``{"epoch_rng": ByteTensor or None, "generators": [ByteTensor, ...],
-        "position": int, "size": int, "passed_over": int}``."""
+        "position": int, "size": int, "passed_over": int, "batching": dict}``."""
         rng = None if self.epoch_rng is None else self.epoch_rng.clone()
         generators = [state.clone() for state in self.epoch_generators]
         return {"epoch_rng": rng, "generators": generators, "position": int(self.position), "size": int(self.size),
-                "passed_over": int(self.passed_over)}
+                "passed_over": int(self.passed_over), "batching": self._batching()}
+
+    def _batching(self) -> dict[str, Any]:
+        """How a :class:`~torch.utils.data.DataLoader` cuts its data set into batches (batch size, ``drop_last``, the
+        sampler's type); empty for another iterable. A resumed run must see the same batches."""
+        loader = self.loader
+        if not isinstance(loader, torch.utils.data.DataLoader):
+            return {}
+        return {"batch_size": -1 if loader.batch_size is None else int(loader.batch_size),
+                "drop_last": bool(loader.drop_last), "sampler": type(loader.sampler).__name__}
 
     def restore(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`state_dict`: the loader's generators are put back in their state at the start of the
@@ -998,11 +1007,19 @@ class BatchStream:
         skipped (the generators then stand where they stood in the uninterrupted run); torch's global random state
         is left as it was before.
 
-        :raises ValueError: if the loader has another size, or other generators, than the checkpoint's.
+        :raises ValueError: if the loader has another size, batch size, ``drop_last``, sampler type (``shuffle``) or
+            other generators than the checkpoint's.
         """
         if int(state["size"]) != self.size:
             raise ValueError(
                 f"the loader has {self.size} data points but the checkpoint was taken with {int(state['size'])}"
+            )
+        saved_batching, batching = state.get("batching"), self._batching()  # absent from earlier checkpoints
+        if saved_batching and batching and {k: saved_batching.get(k) for k in batching} != batching:
+            raise ValueError(
+                f"the loader cuts its data into batches as {batching}, but the checkpoint's loader did as "
+                f"{dict(saved_batching)}: resume on a loader built as the saved run's (the same batch_size, drop_last "
+                "and shuffle)"
             )
         self.passed_over = int(state.get("passed_over", 0))
         if state["epoch_rng"] is None:

@@ -149,6 +149,23 @@ def test_resume_on_a_loader_without_the_saved_generator_is_a_clear_error(tmp_pat
                    num_samples=1, disable_progbar=True)
 
 
+@pytest.mark.parametrize("change", [dict(batch_size=40), dict(shuffle=False), dict(drop_last=True)])
+def test_resume_on_a_loader_that_batches_differently_is_a_clear_error(tmp_path, change):
+    # another batch size, order or drop_last would silently make other batches than the saved run's
+    pyro.set_rng_seed(0)
+    make = lambda: SGLD(readme_model, step_size=1e-3, num_steps=2, map_steps=0)  # noqa: E731
+    mcmc = MCMC(make(), num_samples=2, warmup_steps=0, disable_progbar=True)
+    mcmc.run(_readme_loader(50, "loader generator"))
+    save_run(mcmc, tmp_path / "run.pt")
+    data = two_moons(n_train=200, seed=0)
+    settings = {**dict(batch_size=50, shuffle=True, generator=torch.Generator().manual_seed(0)), **change}
+    if not settings["shuffle"]:
+        del settings["generator"]
+    other = DataLoader(TensorDataset(data.x_train, data.y_train), **settings)
+    with pytest.raises(ValueError, match=r"cuts its data into batches as .*resume on a loader built as the saved"):
+        resume_run(tmp_path / "run.pt", make(), other, num_samples=1, disable_progbar=True)
+
+
 def test_checkpoint_loads_with_weights_only_and_restores_the_adapted_step_size(tmp_path):
     x, y = _data()
     # a step size far above the stability limit (about 4 / 50): the warm-up search halves it several times
