@@ -132,11 +132,24 @@ def svi_update(svi: pyro.infer.SVI, args: tuple = (), kwargs: dict | None = None
 
     :param str where: where in the run this step is, for the error message (e.g. ``"epoch 3, batch 7"``).
     :returns: the loss estimate and the names of the parameters updated.
-    :raises FloatingPointError: if the loss is NaN or infinite (the gradients are zeroed, nothing is updated).
+    :raises FloatingPointError: if the loss is NaN or infinite (the gradients are zeroed, nothing is updated), or
+        the step fails on a parameter that an earlier update made NaN or infinite (naming it).
     :raises TypeError: if the loss returns a tuple (several losses) instead of one number.
     """
-    with poutine.trace(param_only=True) as capture:
-        loss = svi.loss_and_grads(svi.model, svi.guide, *args, **(kwargs or {}))
+    try:
+        with poutine.trace(param_only=True) as capture:
+            loss = svi.loss_and_grads(svi.model, svi.guide, *args, **(kwargs or {}))
+    except (ValueError, RuntimeError) as err:
+        # a parameter an earlier update made NaN or infinite fails here inside Pyro ("Expected parameter loc ...
+        # found invalid values"), far from its cause: name it (read on this error path only)
+        bad = sorted(name for name, value in pyro.get_param_store().named_parameters()
+                     if not bool(torch.isfinite(value).all()))
+        if bad:
+            raise FloatingPointError(
+                f"the SVI parameters {bad} are NaN or infinite at {where}: an earlier update diverged (try a smaller "
+                f"learning rate or clip_norm). The step failed with: {err}"
+            ) from err
+        raise
     sites = sorted(capture.trace.nodes.values(), key=lambda site: str(site["name"]))
     names = [str(site["name"]) for site in sites]
     params = [site["value"].unconstrained() for site in sites]  # type: ignore[union-attr]  # a param site's value

@@ -294,3 +294,29 @@ def test_ensemble_reduce_on_plateau_trains_members_one_by_one():
     with pytest.raises(ValueError, match="ReduceLROnPlateau"):
         ens.fit(x, y, num_epochs=1, scheduler=factory, vectorize=True)
 
+
+
+def test_a_step_failing_on_a_diverged_parameter_names_it():
+    # a learning rate too large leaves finite losses but non-finite parameters; the next step then fails inside
+    # Pyro's validation ("Expected parameter loc ... found invalid values"), which names neither the parameter nor
+    # the step: svi_update does
+    pyro.clear_param_store()
+    svi = pyro.infer.SVI(_two_param_model, _guide, pyro.optim.SGD({"lr": 1.0}), pyro.infer.Trace_ELBO())
+    svi_update(svi)
+    with torch.no_grad():
+        pyro.get_param_store()["big"].unconstrained()[1] = math.nan
+    with pyro.validation_enabled(True):
+        with pytest.raises(FloatingPointError, match=r"parameters \['big'\] are NaN or infinite at epoch 2, batch 5"):
+            svi_update(svi, where="epoch 2, batch 5")
+
+
+def test_a_step_failing_with_finite_parameters_raises_its_own_error():
+    def failing_model():
+        pyro.param("p", torch.zeros(2))
+        raise ValueError("boom")
+
+    pyro.clear_param_store()
+    svi = pyro.infer.SVI(failing_model, _guide, pyro.optim.SGD({"lr": 1.0}), pyro.infer.Trace_ELBO())
+    with pytest.raises(ValueError, match="boom") as raised:
+        svi_update(svi)
+    assert type(raised.value) is ValueError  # not turned into a FloatingPointError
