@@ -67,8 +67,8 @@ def check_num_data(num_data, batch: int) -> None:
 
 def check_class_labels(y: Tensor, num_classes: int) -> None:
     """Class labels must be integers in ``0..num_classes - 1`` (integral floats are accepted, as by Pyro's
-    ``Categorical``). One reduction read back: Pyro's support check names neither ``y`` nor the classes, and
-    without validation torch's ``gather`` fails on an out-of-range label."""
+    ``Categorical``). One reduction read back (a device synchronisation), so the networks run it under Pyro's
+    validation, as Pyro runs its own support check, which names neither ``y`` nor the classes."""
     if not y.numel():
         return
     bad = (y < 0) | (y >= num_classes)
@@ -284,7 +284,7 @@ class ContinuousDepthNet(PyroModule):
             also = " (or a (b, 1) column)" if self.likelihood != "categorical" and self.out_dim == 1 else ""
             raise ValueError(f"y must have shape {expected}{also} for {b} inputs with likelihood={self.likelihood!r} "
                              f"and out_dim={self.out_dim}, got {tuple(y.shape)}")
-        if self.likelihood == "categorical":
+        if self.likelihood == "categorical" and is_validation_enabled():  # a device sync: with Pyro's checks only
             check_class_labels(y, self.out_dim)
         return y
 

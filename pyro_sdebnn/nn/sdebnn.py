@@ -40,6 +40,7 @@ from typing import Sequence, cast
 import pyro
 import pyro.distributions as dist
 import torch
+from pyro.infer.util import is_validation_enabled
 from pyro.nn import PyroModule, pyro_method
 from torch import Tensor, nn
 
@@ -227,7 +228,8 @@ class SDEBNN(ParamStoreModule, ContinuousDepthNet):
         check_num_data(num_data, x.shape[0])
         if y.dim() == 0 or y.shape[0] != x.shape[0]:
             raise ValueError(f"y must have {x.shape[0]} rows like x, got shape {tuple(y.shape)}")
-        check_finite_batch(x, y, what="x")
+        if is_validation_enabled():  # as in the model: the data named, not the loss (a device sync per step)
+            check_finite_batch(x, y, what="x")
         y = cast(Tensor, self._check_targets(x, y))  # y is not None here
         if dt is None and adjoint:
             dt = min(self.dt, ADJOINT_DT)
@@ -425,7 +427,8 @@ class MultiScaleSDEBNN(ParamStoreModule, PyroModule):
             if tuple(y.shape) != (x.shape[0],):
                 raise ValueError(f"y must have shape ({x.shape[0]},) (class labels of the {x.shape[0]} inputs), got "
                                  f"{tuple(y.shape)}")
-            check_class_labels(y, self.head.out_features)
+            if is_validation_enabled():
+                check_class_labels(y, self.head.out_features)
         paths = [pyro.sample(f"w_path_{b}", prior) for b, prior in enumerate(self.priors())]
         logits = self(x, paths)
         size = x.shape[0] if num_data is None else int(num_data)

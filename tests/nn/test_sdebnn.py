@@ -454,6 +454,21 @@ def test_bad_data_and_loss_arguments_are_named():
         with pytest.raises(ValueError, match=r"y must hold class labels in 0..2"):
             cls.fused_loss(x, bad, cls_guide)
     cls.model(x, labels.float())  # integral float labels are labels, as for Pyro's Categorical
+    # the label and data checks read a value back (a device sync per step): they run under Pyro's validation only
+    calls = []
+    import pyro_sdebnn.nn.continuous_depth as cd
+    import pyro_sdebnn.nn.sdebnn as sd
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cd, "check_class_labels", lambda *a: calls.append("labels"))
+        mp.setattr(sd, "check_finite_batch", lambda *a, **k: calls.append("finite"))
+        with pyro.validation_enabled(False):
+            cls.model(x, labels)
+            cls.fused_loss(x, labels, cls_guide)
+        assert calls == []
+        with pyro.validation_enabled(True):
+            cls.fused_loss(x, labels, cls_guide)
+        assert calls == ["finite", "labels"]
     with pytest.raises(TypeError, match="x and y must be tensors"):
         net.fused_loss(x, None, guide)
     with pytest.raises(ValueError, match="kl_scale"):

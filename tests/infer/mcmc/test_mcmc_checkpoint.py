@@ -275,16 +275,23 @@ class _Preempted(Exception):
     pass
 
 
-@pytest.mark.parametrize("stop_at", [6, 23])  # in warm-up (no samples yet), in sampling
-def test_checkpoint_hook_resumes_an_interrupted_run(tmp_path, stop_at):
-    from pyro_sdebnn.infer.mcmc.checkpoint import CheckpointHook
-
+def _sghmc_over_loader(backend):
+    """The SGHMC kernel factory, the loader and the uninterrupted run it is compared with (10 warm-up steps, 20
+    samples, seed 0)."""
     x, y = _data()
     make = _kernels()["sghmc"]
     loader = _args("loader", x, y)[0]
     pyro.set_rng_seed(0)
-    full = MCMC(make(backend="fx"), num_samples=20, warmup_steps=10, disable_progbar=True)
+    full = MCMC(make(backend=backend), num_samples=20, warmup_steps=10, disable_progbar=True)
     full.run(loader)
+    return make, loader, full
+
+
+@pytest.mark.parametrize("stop_at", [6, 23])  # in warm-up (no samples yet), in sampling
+def test_checkpoint_hook_resumes_an_interrupted_run(tmp_path, stop_at):
+    from pyro_sdebnn.infer.mcmc.checkpoint import CheckpointHook
+
+    make, loader, full = _sghmc_over_loader("fx")
 
     path = tmp_path / "run.pt"
     checkpointer = CheckpointHook(path, every=4)
@@ -310,12 +317,7 @@ def test_a_resumed_run_keeps_checkpointing_and_resumes_again(tmp_path):
     # a pre-emptible job pre-empted twice: the resumed run's CheckpointHook writes all the samples so far
     from pyro_sdebnn.infer.mcmc.checkpoint import CheckpointHook
 
-    x, y = _data()
-    make = _kernels()["sghmc"]
-    loader = _args("loader", x, y)[0]
-    pyro.set_rng_seed(0)
-    full = MCMC(make(backend="eager"), num_samples=20, warmup_steps=10, disable_progbar=True)
-    full.run(loader)
+    make, loader, full = _sghmc_over_loader("eager")
 
     def stop_at(n):
         calls = []
