@@ -117,6 +117,7 @@ from pyro_sdebnn._comm import (
     average_gradients_,
     broadcast_,
     check_joined,
+    gather_objects,
     is_main,
     rank,
     running_stats,
@@ -144,7 +145,7 @@ def _buffers(modules: Sequence[nn.Module]) -> list[dict]:
     return [{name: b.detach().clone() for name, b in m.named_buffers()} for m in modules]
 
 
-def _checkpoint_state(svi, names: Iterable[str], modules, epoch: int, losses: list[float], loader,
+def _checkpoint_state(svi, names: Iterable[str], modules, epoch: int, losses: list[float], rngs: list[dict],
                       num_data: int) -> dict:
     params = dict(pyro.get_param_store().named_parameters())  # name -> unconstrained value
     return {
@@ -154,16 +155,40 @@ def _checkpoint_state(svi, names: Iterable[str], modules, epoch: int, losses: li
         "params": {name: params[name].detach().clone() for name in sorted(names)},
         "buffers": _buffers(modules),
         "optim": svi.optim.get_state(),
-        "rng": rng_state(loader),
+        "world_size": len(rngs),  # the ranks of the run: the one process, or the data-parallel ranks
+        "rng": rngs,  # rng_state of every rank, in rank order
     }
 
 
-def _restore(svi, path, args, kwargs, modules, loader, num_data: int) -> tuple[int, list[float]]:
-    """Load ``path`` into the param store, optimiser, modules and RNGs; all checks before any change."""
+def _rank_rng(state: dict, path, ranks: int, this_rank: int) -> dict:
+    """This rank's random state in a checkpoint: ``state["rng"][this_rank]`` of a run of ``ranks`` ranks.
+
+    A checkpoint of an earlier version holds one random state (a dict, the state of the process that wrote it,
+    rank 0 when data-parallel): it is restored on every rank, as that version did.
+    """
+    rngs = state["rng"]
+    if isinstance(rngs, dict):
+        return rngs
+    saved = state.get("world_size")
+    if not isinstance(rngs, list) or not rngs or (saved is not None and saved != len(rngs)):
+        raise ValueError(f"resume: {str(path)!r}: the random states are not a list of one state per rank (of "
+                         f"world_size={saved!r})")
+    if len(rngs) != ranks:
+        raise ValueError(f"resume: {str(path)!r} was written by a run of {len(rngs)} rank(s) and holds their random "
+                         f"states, this run has {ranks} (data-parallel ranks, or 1): resume on {len(rngs)} rank(s) "
+                         "to continue the run exactly, or start a new run")
+    return rngs[this_rank]
+
+
+def _restore(svi, path, args, kwargs, modules, loader, num_data: int, ranks: int = 1,
+             this_rank: int = 0) -> tuple[int, list[float]]:
+    """Load ``path`` into the param store, optimiser, modules and RNGs (``this_rank``'s of ``ranks``); all checks
+    before any change."""
     state = load_checkpoint(path, "svi", map_location="cpu")
     keys = {"epoch", "losses", "params", "buffers", "optim", "rng"}
     if not keys <= set(state):
         raise ValueError(f"resume: {str(path)!r} is an incomplete checkpoint (it lacks {sorted(keys - set(state))})")
+    rng = _rank_rng(state, path, ranks, this_rank)
     saved_n = state.get("num_data")  # absent from the checkpoints of earlier versions
     if saved_n is not None and int(saved_n) != num_data:
         raise ValueError(f"resume: {str(path)!r} was trained on a data set of N={int(saved_n)} points, this run's has "
@@ -203,11 +228,11 @@ def _restore(svi, path, args, kwargs, modules, loader, num_data: int) -> tuple[i
         if not isinstance(state["optim"], dict) or not set(state["optim"]) <= names:
             raise ValueError(f"resume: {str(path)!r}: the optimiser state names parameters this model does not have")
         rng_keys = {"torch", "cuda", "numpy", "random", "loader"}
-        if not isinstance(state["rng"], dict) or not rng_keys <= set(state["rng"]):
+        if not isinstance(rng, dict) or not rng_keys <= set(rng):
             raise ValueError(f"resume: {str(path)!r}: the random state is incomplete (expected {sorted(rng_keys)})")
         generators = loader_generators(loader) if loader is not None else []
-        if len(state["rng"]["loader"]) != len(generators):
-            raise ValueError(f"resume: {str(path)!r} holds {len(state['rng']['loader'])} loader generator "
+        if len(rng["loader"]) != len(generators):
+            raise ValueError(f"resume: {str(path)!r} holds {len(rng['loader'])} loader generator "
                              f"states (DataLoader(generator=...), its sampler's), the data given have "
                              f"{len(generators)}: resume on data given as the interrupted run's were (the same "
                              "kind of loader, or tensors)")
@@ -222,7 +247,7 @@ def _restore(svi, path, args, kwargs, modules, loader, num_data: int) -> tuple[i
             for name, b in module.named_buffers():
                 b.copy_(saved_buffers[name])
     svi.optim.set_state(state["optim"])
-    set_rng_state(state["rng"], loader)
+    set_rng_state(rng, loader)
     return int(state["epoch"]), list(state["losses"])
 
 
@@ -281,11 +306,16 @@ class AveragedGradients:
             self.modules = _find_modules(model, guide)
         buffers = [b for m in self.modules for b in m.buffers()]
         saved = [b.clone() for b in buffers]
+        existing, rng = set(pyro.get_param_store().keys()), rng_state()
         with torch.no_grad(), poutine.trace(param_only=True) as capture:
             self.elbo.loss(model, guide, *args, **kwargs)  # creates the parameters
         with torch.no_grad():  # a step of one process would not have run this forward pass
             for b, value in zip(buffers, saved):
                 b.copy_(value)
+        if set(pyro.get_param_store().keys()) <= existing:
+            # no parameter created (a resumed run, a second call): nor are its draws, so that the run continues with
+            # the random numbers of the run that was never stopped (a first call keeps the draws that initialised)
+            set_rng_state(rng)
         store = dict(pyro.get_param_store().named_parameters())
         names = sorted(_site_names(capture.trace))
         self._stats = running_stats(self.modules)
@@ -570,8 +600,11 @@ def train_svi(
                             f"{type(elbo).__name__}")
         svi = pyro.infer.SVI(svi.model, svi.guide, svi.optim, loss=elbo.loss,  # type: ignore[attr-defined]
                              loss_and_grads=AveragedGradients(elbo, modules).loss_and_grads)
-        if not is_main():
-            checkpoint, progress = None, False
+    # every rank saves its own random state: the data-parallel ranks send theirs to rank 0, which writes them all
+    ranks, this_rank = (world_size(), rank()) if sampler is not None else (1, 0)
+    gather_rng = sampler is not None and checkpoint is not None
+    if sampler is not None and not is_main():
+        checkpoint, progress = None, False
     checkpoint = None if checkpoint is None else Path(checkpoint)
 
     if subsample_size is not None:  # the whole data in every step, moved once; the model's plate subsamples
@@ -596,7 +629,8 @@ def train_svi(
             first = next(iter(batches()), None)
             if first is None:
                 raise ValueError("data: the loader yields no batch")
-            start, history = _restore(svi, resume, first[0], first[1], modules, loader_obj, data_size)
+            start, history = _restore(svi, resume, first[0], first[1], modules, loader_obj, data_size, ranks,
+                                      this_rank)
         except BaseException:
             set_rng_state(rng, loader_obj)
             raise
@@ -620,8 +654,10 @@ def train_svi(
         epoch_loss = total / (count * data_size) if loss_per_datum else total / count
         history.append(epoch_loss)
         stepper.after_epoch(epoch_loss)
+        rngs = gather_objects(rng_state(loader_obj)) if gather_rng else None  # on rank 0; None elsewhere
         if checkpoint is not None:
-            state = _checkpoint_state(svi, names, modules, epoch + 1, history, loader_obj, data_size)
+            rngs = rngs or [rng_state(loader_obj)]
+            state = _checkpoint_state(svi, names, modules, epoch + 1, history, rngs, data_size)
             save_checkpoint("svi", state, checkpoint)
         if callback is not None:
             callback(epoch, epoch_loss)

@@ -15,7 +15,7 @@ import pyro.distributions as dist
 import torch
 import torch.multiprocessing as mp
 from pyro.infer import MCMC, SVI, Trace_ELBO
-from pyro.infer.autoguide import AutoDelta
+from pyro.infer.autoguide import AutoDelta, AutoNormal
 from torch.utils.data import DataLoader, TensorDataset
 
 N, D = 16, 3
@@ -56,6 +56,25 @@ def make_svi():
 
 def svi_params() -> dict:
     return {k: v.detach().clone() for k, v in pyro.get_param_store().items()}
+
+
+SAMPLED_SEED = 17
+
+
+def sampled_run(loader, num_epochs: int, **kwargs) -> dict:
+    """train_svi with AutoNormal (a guide that samples) from a fresh param store; the losses, the parameters and a
+    draw of every generator afterwards (where this rank's random streams stand)."""
+    import random
+
+    import numpy as np
+
+    from pyro_sdebnn.infer import train_svi
+
+    pyro.clear_param_store()
+    svi = SVI(regression, AutoNormal(regression), pyro.optim.Adam({"lr": 0.05}), Trace_ELBO())
+    losses = train_svi(svi, loader, num_epochs=num_epochs, **kwargs)
+    return {"losses": losses, "params": svi_params(),
+            "draws": [torch.rand(2), float(np.random.rand()), random.random()]}
 
 
 def sgld_kwargs() -> dict:
@@ -157,6 +176,16 @@ def scenarios(out: str) -> dict:
     pyro.clear_param_store()  # a new run, resumed from it by every rank
     losses = train_svi(make_svi(), loader, num_epochs=2, checkpoint=ckpt, resume=ckpt)
     res["svi_params"], res["svi_losses"] = svi_params(), losses
+    # 1a. a guide that samples (each rank its own noise, seeds SAMPLED_SEED + rank): 3 epochs at once, and stopped
+    # after epoch 1 then resumed by ranks whose random states were seeded otherwise (as new processes' would be)
+    distributed.init(seed=SAMPLED_SEED)
+    res["sampled_full"] = sampled_run(loader, 3)
+    distributed.init(seed=SAMPLED_SEED)
+    ckpt = os.path.join(out, "svi_sampled.pt")
+    sampled_run(loader, 1, checkpoint=ckpt)
+    _comm.barrier()  # rank 0 has written the checkpoint of epoch 1, with the random states of both ranks
+    distributed.init(seed=SAMPLED_SEED + 100)
+    res["sampled_resumed"] = sampled_run(loader, 3, checkpoint=ckpt, resume=ckpt)
     # 1b. the baselines' own fit loops on a sharded loader, data-parallel by themselves; each rank starts from its
     # own random weights (seeds FIT_SEED + rank), rank 0's are copied to the other ranks
     distributed.init(seed=FIT_SEED)

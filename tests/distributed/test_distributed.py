@@ -169,7 +169,26 @@ def test_data_parallel_svi_equals_one_process_on_the_combined_batches(group, flo
     assert ckpt["epoch"] == 2
     # one checkpoint of each run, written by rank 0
     assert sorted(f for f in os.listdir(out) if f.endswith(".pt")) == ["map0.pt", "mnvi.pt", "rank0.pt", "rank1.pt",
-                                                                       "svi.pt"]
+                                                                       "svi.pt", "svi_sampled.pt"]
+
+
+def test_resumed_data_parallel_svi_with_a_sampling_guide_continues_exactly_on_every_rank(group):
+    # AutoNormal draws other noise on each rank; the run stopped after epoch 1 and resumed must be the uninterrupted
+    # one bit for bit: the same losses and parameters, and every generator of every rank where it would stand
+    results, out = group
+    for r, res in enumerate(results):
+        full, resumed = res["sampled_full"], res["sampled_resumed"]
+        assert resumed["losses"] == full["losses"], f"rank {r}"
+        assert set(resumed["params"]) == set(full["params"]) == {"AutoNormal.locs.w", "AutoNormal.scales.w"}
+        for name, value in full["params"].items():
+            assert torch.equal(resumed["params"][name], value), f"rank {r}: {name}"
+        assert torch.equal(resumed["draws"][0], full["draws"][0]) and resumed["draws"][1:] == full["draws"][1:]
+    # the ranks' streams differ (so restoring rank 0's on both would fail above), and the parameters moved
+    assert not torch.equal(results[0]["sampled_full"]["draws"][0], results[1]["sampled_full"]["draws"][0])
+    assert (results[0]["sampled_full"]["params"]["AutoNormal.locs.w"]).abs().max() > 0.1
+    ckpt = torch.load(os.path.join(out, "svi_sampled.pt"), weights_only=True)
+    assert ckpt["epoch"] == 3 and ckpt["world_size"] == 2 and len(ckpt["rng"]) == 2
+    assert not torch.equal(ckpt["rng"][0]["torch"], ckpt["rng"][1]["torch"])
 
 
 def _single_process_loader(shuffle: bool):
