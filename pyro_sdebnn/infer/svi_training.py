@@ -39,8 +39,8 @@ envelope it holds
 * ``"buffers"``: the buffers of the ``modules`` (e.g. batch-norm statistics), which are not parameters;
 * ``"optim"``: ``svi.optim.get_state()``, the ``state_dict`` of the optimiser (and of the
   learning-rate scheduler of a :class:`~pyro.optim.PyroLRScheduler`) of every parameter;
-* ``"epoch"`` (the number of finished epochs), ``"losses"`` (their losses) and ``"rng"``
-  (``rng_state``: torch's CPU and CUDA generators, NumPy's, Python's, and the
+* ``"epoch"`` (the number of finished epochs), ``"losses"`` (their losses), ``"world_size"`` and ``"rng"``
+  (``rng_state`` of every rank, in rank order: torch's CPU and CUDA generators, NumPy's, Python's, and the
   loader's own generators).
 
 ``resume=path`` restores all of these before the next epoch, so a run stopped after epoch :math:`k`
@@ -73,7 +73,8 @@ the estimate of one process on the combined batch :math:`B = \cup_r B_r`: a dete
 the combined batches, up to rounding; a sampled ELBO gives an estimate with :math:`W` independent guide draws (one
 per rank, when the ranks are seeded with :func:`~pyro_sdebnn.distributed.init`'s ``seed_per_rank=True``).
 
-Only rank 0 writes the ``checkpoint`` and shows the progress bar. The parameters are copied from rank 0 to the
+Only rank 0 writes the ``checkpoint`` (with every rank's random state; each rank resumes from its own) and shows
+the progress bar. The parameters are copied from rank 0 to the
 others before the first step, so the ranks need not share a seed for the initialisation.
 
 This follows the pattern of Pyro's Horovod example (``examples/svi_horovod.py``: gradient averaging around the
@@ -522,7 +523,8 @@ def train_svi(
     :raises FloatingPointError: if a step's loss is NaN or infinite (the parameters keep their last finite values).
     :raises FileNotFoundError: if the ``resume`` file does not exist.
     :raises ValueError: for a bad ``resume`` file (:func:`~pyro_sdebnn.infer.checkpoint.load_checkpoint`: not a
-        checkpoint of kind ``"svi"``, truncated, of another model, or written on a data set of another size :math:`N`)
+        checkpoint of kind ``"svi"``, truncated, of another model, written on a data set of another size :math:`N`,
+        or by a run of another number of data-parallel ranks)
         or bad arguments; for data
         holding a NaN or an infinity (inputs, or floating-point targets), naming the batch of the loader and the
         index (:func:`~pyro_sdebnn.data.loaders.check_finite_batch`: tensors are checked once, a loader's batches

@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from pyro_sdebnn.infer import NeuralSDEGuide, SamplingFree_ELBO, SamplingFreeBNN, TracePathKL_ELBO, train_svi
 from pyro_sdebnn.infer.checkpoint import load_checkpoint
+from pyro_sdebnn.infer.svi_training import _rank_rng
 from pyro_sdebnn.nn import SDEBNN, ODENet
 from pyro_sdebnn.nn.mnvi import MNLinear, MNReLU, MNSequential
 
@@ -205,7 +206,7 @@ def test_checkpoint_round_trip_weights_only(tmp_path):
     assert set(state["params"]) == set(store.keys())
     assert all(torch.equal(state["params"][k], store._params[k]) for k in store.keys())
     assert set(state["optim"]) == set(store.keys())
-    assert torch.equal(state["rng"]["torch"], torch.get_rng_state())
+    assert state["world_size"] == 1 and torch.equal(state["rng"][0]["torch"], torch.get_rng_state())
 
 
 def _snapshot():
@@ -346,6 +347,45 @@ def test_resume_is_bitwise_with_constrained_guide_parameters(tmp_path):
     resumed = _params()
     assert full.keys() == resumed.keys() and all(torch.equal(full[k], resumed[k]) for k in full)
     assert pyro.get_param_store().get_param("AutoNormal.scales.w").min() > 0
+
+
+def test_checkpoint_of_an_earlier_version_resumes_and_one_of_another_world_size_is_refused(tmp_path):
+    # earlier versions stored one random state (a dict) and no world_size; this one a list of one state per rank
+    x, _ = _data()
+    y = x.sum(-1)
+
+    def make():
+        pyro.set_rng_seed(0)
+        return SVI(_regression, AutoNormal(_regression), pyro.optim.Adam({"lr": 1e-2}), Trace_ELBO())
+
+    def run(num_epochs, **kwargs):
+        pyro.clear_param_store()
+        return train_svi(make(), (x, y), num_epochs=num_epochs, batch_size=8, **kwargs)
+
+    full_losses = run(3)
+    full = _params()
+    run(1, checkpoint=tmp_path / "new.pt")
+    state = torch.load(tmp_path / "new.pt", weights_only=True)
+    earlier = {**{k: v for k, v in state.items() if k != "world_size"}, "rng": state["rng"][0]}
+    torch.save(earlier, tmp_path / "earlier.pt")
+    torch.rand(3)
+    assert run(3, resume=tmp_path / "earlier.pt") == full_losses
+    resumed = _params()
+    assert all(torch.equal(full[k], resumed[k]) for k in full)
+    # under several ranks every rank restores the one state of such a file (the earlier behaviour)
+    assert _rank_rng(earlier, "earlier.pt", 2, 1) is earlier["rng"]
+    # the random states of a run of 2 ranks do not continue a run of 1: refused, nothing changed
+    torch.save({**state, "world_size": 2, "rng": [state["rng"][0]] * 2}, tmp_path / "two.pt")
+    pyro.clear_param_store()
+    svi = make()
+    train_svi(svi, (x, y), num_epochs=1, batch_size=8)
+    before = _snapshot()
+    with pytest.raises(ValueError, match=r"written by a run of 2 rank\(s\) .*, this run has 1 .*resume on 2 rank"):
+        train_svi(svi, (x, y), num_epochs=3, batch_size=8, resume=tmp_path / "two.pt")
+    torch.save({**state, "world_size": 3, "rng": [state["rng"][0]] * 2}, tmp_path / "inconsistent.pt")
+    with pytest.raises(ValueError, match=r"not a list of one state per rank \(of world_size=3\)"):
+        train_svi(svi, (x, y), num_epochs=3, batch_size=8, resume=tmp_path / "inconsistent.pt")
+    _assert_unchanged(before)
 
 
 def test_gradients_are_clipped_in_the_order_of_parameter_names(monkeypatch):
