@@ -74,8 +74,8 @@ the combined batches, up to rounding; a sampled ELBO gives an estimate with :mat
 per rank, when the ranks are seeded with :func:`~pyro_sdebnn.distributed.init`'s ``seed_per_rank=True``).
 
 Only rank 0 writes the ``checkpoint`` (with every rank's random state; each rank resumes from its own) and shows
-the progress bar. The parameters are copied from rank 0 to the
-others before the first step, so the ranks need not share a seed for the initialisation.
+the progress bar. The parameters are copied from rank 0 to the others before the first step, so the ranks need not
+share a seed for the initialisation.
 
 This follows the pattern of Pyro's Horovod example (``examples/svi_horovod.py``: gradient averaging around the
 optimiser, parameters broadcast from rank 0 before training), with ``torch.distributed`` in place of Horovod and
