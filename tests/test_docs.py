@@ -31,9 +31,9 @@ SKIPPED = {
     ("distributed.rst", 105): "a train.py under torchrun: the user's model, guide and optimiser",
     ("distributed.rst", 116): "a train.py under torchrun: the user's data set (train_set, d) and networks",
     ("distributed.rst", 187): "a train.py under torchrun: the user's data set (train_set, d)",
-    ("distributed.rst", 202): "a train.py under torchrun: the user's model and data (x, y)",
-    ("distributed.rst", 219): "a train.py under torchrun: the user's model and data set",
-    ("distributed.rst", 252): "a train.py under torchrun: the user's loader and test inputs",
+    ("distributed.rst", 204): "a train.py under torchrun: the user's model and data (x, y)",
+    ("distributed.rst", 221): "a train.py under torchrun: the user's model and data set",
+    ("distributed.rst", 254): "a train.py under torchrun: the user's loader and test inputs",
 }
 
 
