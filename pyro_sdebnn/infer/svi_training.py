@@ -412,8 +412,9 @@ def train_svi(
     :raises FloatingPointError: if a step's loss is NaN or infinite (the parameters keep their last finite values).
     :raises FileNotFoundError: if the ``resume`` file does not exist.
     :raises TypeError: if ``num_data`` is given to a model without that parameter.
-    :raises ValueError: for a bad ``resume`` file, bad arguments, data holding a NaN or an infinity (naming the batch
-        and the index), or, when data-parallel, ranks whose loaders take different numbers of steps per epoch.
+    :raises ValueError: for a bad ``resume`` file (also one written by a run of another number of data-parallel
+        ranks), bad arguments, data holding a NaN or an infinity (naming the batch and the index), or, when
+        data-parallel, ranks whose loaders take different numbers of steps per epoch.
     """
     if not isinstance(svi, pyro.infer.SVI):
         raise TypeError(f"svi must be a pyro.infer.SVI, got {type(svi).__name__}")
