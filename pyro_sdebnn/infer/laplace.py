@@ -350,7 +350,8 @@ class Laplace(BaselineMethod):
             ``False``, keep :math:`\\delta`; ``None`` (default), ``"online"`` for ``subset="all"`` and ``"posthoc"``
             for the last layer. :doc:`/methods/baselines` explains the choice.
         :param scheduler: learning-rate schedule of the MAP training, as in
-            :func:`~pyro_sdebnn.infer.map_training.train_network`, stepped per ``scheduler_step``.
+            :func:`~pyro_sdebnn.infer.map_training.train_network` (a callable ``optimizer -> lr_scheduler``), stepped
+            per ``scheduler_step`` (``"epoch"`` or ``"step"``).
         :param clip_norm: clip the whole MAP gradient by its :math:`L_2` norm,
             :math:`g \\leftarrow g \\min(1, c/\\|g\\|_2)`.
         :param clip_inf_norm: clip it by its :math:`L_\\infty` norm.
