@@ -4,75 +4,25 @@ r"""The bottom layer of distributed runs: process group, ranks, collectives, sha
 Everything here depends on :mod:`torch.distributed` only (nothing of :mod:`pyro_sdebnn.infer`), so that the training
 loops of :mod:`pyro_sdebnn.infer` import it, and the distributed wrappers of :mod:`pyro_sdebnn.distributed` build on
 both. The module is private: :mod:`pyro_sdebnn.distributed` exports what a training script calls (:func:`init`,
-:func:`distributed_loader`, :class:`DistributedError`; once :func:`init` has joined the group, the script asks
-:mod:`torch.distributed` for its rank, world size, barrier and shutdown); the rank helpers, the collectives and the
-gradient averaging here are the package's own plumbing.
+:func:`distributed_loader`, :class:`DistributedError`); the rank helpers, the collectives and the gradient averaging
+here are the package's own plumbing. The user's guide, :doc:`/distributed`, explains all of it.
 
-**Process group.**
+:func:`init` joins the process group that ``torchrun`` describes (NCCL with a GPU, gloo otherwise), seeds the
+generators and gives every collective a timeout; without ``torchrun`` it starts nothing and every collective is the
+identity. The collectives move their tensors to the device the backend needs and back, and turn a failed or
+timed-out collective into a :class:`DistributedError` that names it.
 
-:func:`init` hides the boilerplate of :func:`torch.distributed.init_process_group`: it reads the environment that
-``torchrun`` sets (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), picks the backend
-(NCCL when the process has a GPU, gloo otherwise), selects the GPU ``LOCAL_RANK``, seeds the random number
-generators (per rank on request) and gives every collective a timeout, so that a rank that dies or never arrives
-makes the others raise instead of hanging. Run without ``torchrun`` (no ``WORLD_SIZE`` in the environment) it
-starts no process group: :func:`world_size` is 1, :func:`rank` is 0 and every collective is the identity, so the
-same script runs unchanged on one process.
-
-The collectives (:func:`all_reduce_mean`, :func:`all_reduce_sum`, :func:`broadcast_`, :func:`gather_objects`,
-:func:`barrier`) move their tensors to the device the backend needs (the GPU for NCCL, the CPU for gloo) and back, and
-turn a failed or timed-out collective into a :class:`DistributedError` that says which collective failed.
-
-**Data-parallel fit.** What the training loops of the package do when a run is data-parallel. A run is
-*data-parallel* when a process group with more than one rank is running (``torchrun`` and :func:`init`) **and** the
-training data is a loader whose sampler is a
-:class:`~torch.utils.data.distributed.DistributedSampler` (e.g. :func:`distributed_loader`):
-each rank then reads only its shard, and training on it alone would be wrong. In that case, and only then, the loops
-of :func:`pyro_sdebnn.infer.train_svi` (hence :meth:`~pyro_sdebnn.infer.SamplingFreeBNN.fit` and the ``fit`` of
-:class:`~pyro_sdebnn.infer.MAPEstimate` and :class:`~pyro_sdebnn.infer.MeanFieldVI`),
-:func:`~pyro_sdebnn.infer.map_training.train_network` and
-:meth:`~pyro_sdebnn.infer.MCDropout.fit`
-
-- check the set-up with :func:`data_parallel_sampler` (the sampler is for this rank of this world, and every rank
-  takes the same number of steps per epoch over a data set of the same size);
-- copy the parameters of rank 0 to the other ranks before the first step (:func:`broadcast_module_` for
-  ``nn.Module`` parameters, :class:`~pyro_sdebnn.infer.svi_training.AveragedGradients` for the Pyro param store);
-- average the gradients over the ranks before every optimiser step (:func:`average_gradients_`, which
-  :class:`~pyro_sdebnn.infer.svi_training.AveragedGradients` calls for the Pyro param store), before gradient
-  clipping, so that every rank applies the same update and holds the same parameters, and average the batch-norm
-  running statistics in the same all-reduce (below);
-- call ``loader.sampler.set_epoch(e)`` at the start of epoch ``e`` (a new shared permutation every epoch);
-- report the epoch loss over all the ranks, and write checkpoints (``save``, ``checkpoint=``) on rank 0 only.
-
-With :math:`W` ranks of equal local batches :math:`B_r` of size :math:`b/W` (a ``DistributedSampler`` gives every
-rank the same number of points), the mean of the ranks' gradients of the mean loss is
+A run is *data-parallel* when a process group of more than one rank runs **and** the data is a loader whose sampler
+is a :class:`~torch.utils.data.distributed.DistributedSampler`. The training loops then check the set-up
+(:func:`data_parallel_sampler`), copy rank 0's parameters to the others (:func:`broadcast_module_`), and average the
+gradients and the batch-norm running statistics (:func:`running_stats`) over the ranks in one all-reduce before every
+optimiser step (:func:`average_gradients_`). With :math:`W` ranks of equal local batches :math:`B_r` of size
+:math:`b/W`, the mean of the ranks' gradients of the mean loss is the gradient of one process on the combined batch:
 
 .. math::
 
     \frac1W \sum_{r=1}^W \nabla \frac{W}{b} \sum_{i \in B_r} \ell_i(w) = \nabla \frac1b \sum_{i \in B} \ell_i(w),
-    \qquad B = \cup_r B_r,
-
-the gradient of one process on the combined batch; for an ELBO scaled by the global :math:`N` the same holds (see
-:mod:`pyro_sdebnn.infer.svi_training`). A deterministic loss therefore gives the parameters of the single-process run on
-the combined batches, up to rounding.
-
-**Batch-norm statistics.** The running statistics of the normalisation layers (:func:`running_stats`: the
-``running_mean`` and ``running_var`` buffers of ``BatchNorm`` layers) are *averaged* over the ranks after every step,
-in the all-reduce of the gradients, in the PyTorch loops and in the SVI loops alike. A layer in training mode
-updates them from its local batch, :math:`\mu \leftarrow (1 - m)\mu + m\,\bar x_{B_r}`, an affine map of the batch
-mean, so with equal local batches the average over the ranks is the update by the mean of the combined batch: the
-running mean of a layer on the inputs is that of one process on the combined batches, and every rank ends with the
-same statistics. The running variance becomes the mean of the ranks' unbiased batch variances: an unbiased estimate
-of the same variance as that of the combined batch, but not equal to it (it leaves out the spread of the ranks' batch
-means). Averaging was chosen over copying rank 0's buffers
-before every step (the default of :class:`~torch.nn.parallel.DistributedDataParallel`) because the latter keeps the
-statistics of rank 0's shard only and leaves every rank with its own last update at the end of training, and it
-costs no collective of its own. The forward pass in training mode still normalises by the local batch's statistics,
-as under ``DistributedDataParallel`` without :class:`~torch.nn.SyncBatchNorm`; a network with batch norm therefore
-follows the single-process run only approximately.
-
-On one process, or with tensor data or a loader without a ``DistributedSampler``, nothing of this happens: the
-loops run exactly as they do without :mod:`torch.distributed` (with several ranks, each rank then trains on the data
-it is given on its own, as the members of a deep ensemble split over the ranks do).
+    \qquad B = \cup_r B_r.
 
 >>> device = init(seed=0)  # no torchrun: nothing to set up
 >>> world_size(), rank(), is_main()

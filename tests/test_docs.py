@@ -27,13 +27,13 @@ BUILD_COMMAND = "python -m sphinx -W --keep-going -n -b html docs docs/_build/ht
 # (page, first line of the block) -> why the block does not run in the test suite
 SKIPPED = {
     ("distributed.rst", 32): "a train.py under torchrun, with placeholders (...) for the user's code",
-    ("distributed.rst", 78): "a train.py under torchrun: the user's network, data set and sigma stand as placeholders",
-    ("distributed.rst", 102): "a train.py under torchrun: the user's model, guide and optimiser",
-    ("distributed.rst", 113): "a train.py under torchrun: the user's data set (train_set, d) and networks",
-    ("distributed.rst", 172): "a train.py under torchrun: the user's data set (train_set, d)",
-    ("distributed.rst", 187): "a train.py under torchrun: the user's model and data (x, y)",
-    ("distributed.rst", 204): "a train.py under torchrun: the user's model and data set",
-    ("distributed.rst", 223): "a train.py under torchrun: the user's loader and test inputs",
+    ("distributed.rst", 81): "a train.py under torchrun: the user's network, data set and sigma stand as placeholders",
+    ("distributed.rst", 105): "a train.py under torchrun: the user's model, guide and optimiser",
+    ("distributed.rst", 116): "a train.py under torchrun: the user's data set (train_set, d) and networks",
+    ("distributed.rst", 187): "a train.py under torchrun: the user's data set (train_set, d)",
+    ("distributed.rst", 204): "a train.py under torchrun: the user's model and data (x, y)",
+    ("distributed.rst", 221): "a train.py under torchrun: the user's model and data set",
+    ("distributed.rst", 254): "a train.py under torchrun: the user's loader and test inputs",
 }
 
 

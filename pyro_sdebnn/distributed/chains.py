@@ -1,43 +1,27 @@
 # SPDX-License-Identifier: Apache-2.0
 r"""SG-MCMC across ranks: independent chains on every rank, or one chain with data-parallel gradients.
 
-**Distributed chains.** Every rank runs its own :class:`pyro.infer.MCMC` of an SG-MCMC kernel (e.g.
-``SGLD(model, vectorized_chains=K)``) on the full data or a loader, seeded by :func:`~pyro_sdebnn.distributed.init`
-with ``seed + rank`` (``seed_per_rank=True``), so rank :math:`r` runs exactly the chains that one process seeded
-with ``seed + r`` would run. :func:`gather_samples` puts them together on rank 0 in the layout of
+**Distributed chains.** Every rank runs its own :class:`pyro.infer.MCMC` of an SG-MCMC kernel, seeded by
+:func:`~pyro_sdebnn.distributed.init` with ``seed + rank``, so rank :math:`r` runs exactly the chains that one
+process seeded with ``seed + r`` would run. :func:`gather_samples` puts them together on rank 0 in the layout of
 ``mcmc.get_samples(group_by_chain=True)``, ``(W * K, num_samples, *shape)`` with chain ``r * K + k`` the chain
-``k`` of rank ``r``, and :func:`gather_inference_data` does the same for the ArviZ data of
-:func:`~pyro_sdebnn.infer.mcmc.to_inference_data` (each rank computes the pointwise log-likelihood of its own
-chains), so that ``az.summary`` gives R-hat over all :math:`W K` chains.
+``k`` of rank ``r``, and :func:`gather_inference_data` does the same for the ArviZ data, so that ``az.summary``
+gives R-hat over all :math:`W K` chains.
 
 **One chain, data-parallel gradients.** :class:`DataParallelSGLD` and :class:`DataParallelSGHMC` run one chain (or
 ``K`` vectorised chains) held identically by all the ranks, after ``init(seed=s, seed_per_rank=False)``. At every
 inner step rank :math:`r` evaluates the minibatch potential :math:`\tilde U_r` on its part :math:`B_r` of the global
 batch :math:`B`, scaled by :math:`N/b_r` (:math:`b_r = |B_r|`), and one all-reduce combines the ranks weighted by
-their batch sizes,
+their batch sizes into the gradient one process computes on the combined batch, for any split:
 
 .. math::
 
     \frac{\sum_r b_r \nabla \tilde U_r(w)}{\sum_r b_r}
-    = -\frac{N}{b} \sum_{i \in B} \nabla \log p(y_i \mid x_i, w) - \nabla \log p(w), \qquad b = \sum_r b_r,
+    = -\frac{N}{b} \sum_{i \in B} \nabla \log p(y_i \mid x_i, w) - \nabla \log p(w), \qquad b = \sum_r b_r.
 
-the gradient one process computes on the combined batch, for any split (the potentials likewise). The parts come
-from the loader given to ``mcmc.run``:
-
-- a plain loader (e.g. ``DataLoader(data, batch_size=b, shuffle=True)``): every rank draws the same batch (the
-  ranks share their random state) and takes its contiguous slice of it, of :math:`\lfloor b/W \rfloor` or
-  :math:`\lceil b/W \rceil` points (a rank left without points adds nothing);
-- a loader sharded by a :class:`~torch.utils.data.distributed.DistributedSampler`
-  (:func:`~pyro_sdebnn.distributed.distributed_loader`): every rank reads only its own part.
-
-A shuffling loader's short last batch is passed over as in one process (the kernels' ``drop_last=None``), on every
-rank alike: the ranks draw the same batches, or (a ``DistributedSampler`` pads every rank to the same number of
-points) batches of the same sizes.
-
-The injected noise is drawn from the generator that all the ranks seeded alike, so every rank takes the same step
-and holds the same chain as one process with the same seed and batches, up to rounding. ``K`` vectorised chains send
-their gradients in one all-reduce per inner step, and the warm-up's curvature estimate (which caps the adapted step)
-uses the same all-reduced gradients, so every rank adapts the same step.
+The parts are slices of the batch that every rank draws alike from a plain loader, or the shards of a
+``DistributedSampler``; the injected noise comes from the generator that all the ranks seeded alike, so every rank
+takes the same step. :doc:`/distributed` explains the slicing, the short last batch and the warm-up.
 
 **References**
 

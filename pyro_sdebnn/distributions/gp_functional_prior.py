@@ -131,31 +131,13 @@ class GPFunctionalPrior(TorchDistribution):
         f(X_M) \sim \mathcal N\big(m(X_M),\ K + \delta I\big),\qquad K = k(X_M, X_M),\qquad
         \delta = \text{jitter}\cdot \operatorname{mean}(\operatorname{diag} K).
 
-    **The jitter is relative** to the mean kernel variance (:math:`10^{-4}\sigma_f^2` by default); the
-    absolute value is ``delta``. If the Cholesky factorisation fails the jitter is raised ×10 up to
-    ``max_jitter`` with a :class:`~pyro_sdebnn.ops.gp.JitterWarning` stating the value used (attribute
-    ``jitter``); past the bound a ``ValueError`` is raised. With ``num_outputs = C > 1`` the C outputs are
-    independent GPs with the same kernel (classification logits).
-
-    :math:`K` is evaluated once, without gradient, in float64, and its Cholesky factor is cached: the kernel is a
-    fixed prior (fit it beforehand with :meth:`fit`; hyper-parameters with ``PyroSample`` priors are not supported).
-    The kernel is evaluated against an empty private param store and under ``poutine.block``, so it uses its own
-    parameter values even if another Pyro module registered parameters with the same names (``"lengthscale"``,
-    ...) in the global store, and it adds no parameter to the store or to a trace. The prior can therefore be
-    built inside the model, as Pyro's examples build their distributions, and the model trains with SVI, runs in
-    ``Predictive`` (with or without a guide) and samples with the SG-MCMC kernels. Built inside, it is rebuilt
-    (kernel matrix and Cholesky factor, :math:`O(M^3)`) at every model run, and its jitter escalation branches on
-    the data, so the SG-MCMC kernels cannot trace such a model into a graph and need ``backend="eager"``; for
-    many measurement points build it once outside the model and close over it.
-    ``log_prob`` and :meth:`score` solve in float64 and return the dtype of their argument. For functional
-    SG-MCMC [2], :meth:`precision_residual` returns :math:`\alpha = (K + \delta I)^{-1}(f - m)` for a whole batch
-    of ``f`` in one solve and :meth:`score` returns :math:`\nabla_f \log p(f) = -\alpha`.
-
-    Shapes: ``event_shape = (M,)`` for one output, ``(M, C)`` for ``C = num_outputs > 1``; ``batch_shape = ()``
-    (or what :meth:`expand` gives; :meth:`infer_shapes` computes both from the argument shapes). ``rsample`` is
-    reparameterised in the mean only. :meth:`entropy` is closed form, and
-    :func:`~torch.distributions.kl.kl_divergence` between two ``GPFunctionalPrior`` on the same number of points
-    is registered in closed form (the Gaussian KL with the two cached Cholesky factors).
+    The jitter is relative to the mean kernel variance and raised tenfold (with a
+    :class:`~pyro_sdebnn.ops.gp.JitterWarning`) while the Cholesky factorisation fails, up to ``max_jitter``.
+    :math:`K` is evaluated once, in float64, without gradient and outside the global param store, and its Cholesky
+    factor is cached: the kernel is a fixed prior (fit it beforehand with :meth:`fit`). For functional SG-MCMC [2],
+    :meth:`precision_residual` returns :math:`\alpha = (K + \delta I)^{-1}(f - m)` and :meth:`score` returns
+    :math:`-\alpha`. ``event_shape`` is ``(M,)``, or ``(M, C)`` for ``C = num_outputs > 1`` independent outputs.
+    :doc:`/methods/sgmcmc` explains building it inside a model, the shapes and the closed forms.
 
     :param kernel: a :class:`pyro.contrib.gp.kernels.Kernel`.
     :param Tensor inputs: measurement points ``(M, d)`` (or ``(M,)`` for 1-D inputs); their dtype and device are
@@ -173,13 +155,10 @@ class GPFunctionalPrior(TorchDistribution):
     [2] Mengjing Wu, Junyu Xuan, Jie Lu (2024). "Functional Stochastic Gradient MCMC for Bayesian Neural
     Networks". arXiv:2409.16632.
 
-    >>> x = torch.linspace(-1, 1, 5).unsqueeze(-1)
-    >>> prior = GPFunctionalPrior(pyro.contrib.gp.kernels.RBF(1), x, num_outputs=3)
-    >>> prior.event_shape
-    torch.Size([5, 3])
+    >>> prior = GPFunctionalPrior(pyro.contrib.gp.kernels.RBF(1), torch.linspace(-1, 1, 5).unsqueeze(-1), num_outputs=3)
     >>> f = prior.sample((2,))
-    >>> prior.log_prob(f).shape, prior.score(f).shape
-    (torch.Size([2]), torch.Size([2, 5, 3]))
+    >>> prior.event_shape, prior.log_prob(f).shape, prior.score(f).shape
+    (torch.Size([5, 3]), torch.Size([2]), torch.Size([2, 5, 3]))
     """
 
     has_rsample = True

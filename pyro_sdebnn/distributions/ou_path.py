@@ -73,12 +73,8 @@ class OUPath(TorchDistribution):
     r"""Law of an Ornstein–Uhlenbeck weight path at ``times[1:]`` given its value ``init`` at ``times[0]``.
 
     The prior SDE of the SDE-BNN [2] on the weights :math:`w_t \in \mathbb R^D` is the OU process [1]
-
-    .. math::
-
-        dw_t = -\theta\, w_t\, dt + \sigma\, dB_t,
-
-    whose exact transitions over :math:`\Delta_k = t_k - t_{k-1}` are (``method="exact"``)
+    :math:`dw_t = -\theta\, w_t\, dt + \sigma\, dB_t`, whose exact transitions over :math:`\Delta_k = t_k - t_{k-1}`
+    are (``method="exact"``)
 
     .. math::
 
@@ -86,35 +82,19 @@ class OUPath(TorchDistribution):
         \frac{\sigma^2 (1 - e^{-2\theta\Delta_k})}{2\theta} I\Big),
 
     and whose Euler–Maruyama discretisation (``method="euler"``, the chain a solver simulates) is
-    :math:`w_k \mid w_{k-1} \sim \mathcal N(w_{k-1} - \theta w_{k-1}\Delta_k,\ \sigma^2\Delta_k I)`. Generative
-    story::
-
-        w_0 = init
-        for k in 1..K:  w_k = a_k * w_{k-1} + s_k * Normal(0, I).sample()
-
-    ``log_prob`` sums the transition log-densities, ``rsample`` simulates the chain exactly (reparameterised),
-    ``mean``/``variance``/``entropy`` are analytic. :func:`~torch.distributions.kl.kl_divergence` between two
-    ``OUPath`` on the same grid with the same :math:`\sigma` is registered in closed form (it is the exact KL of these
-    finite-dimensional laws; for ``method="euler"`` it equals the discretised Girsanov sum
-    :math:`\sum_k \frac{\Delta_k}{2}\mathbb E|(\theta_p-\theta_q) w_{k-1}/\sigma|^2` plus the ``init`` term).
-
-    The initial state is a parameter, not a random variable: to give it the stationary prior
-    :math:`\mathcal N(0, \sigma^2/(2\theta))`, sample it in its own site with :func:`ou_stationary`.
-
-    Shapes: ``event_shape = (K, D)`` with ``K = len(times) - 1`` and ``D = init.shape[-1]`` (time before state);
-    ``batch_shape = broadcast(init.shape[:-1], sigma.shape, theta.shape)``. ``sigma`` and ``theta`` are scalars
-    or tensors broadcastable to the batch shape; they are shared by all ``D`` state dimensions (use batch
-    dimensions for per-weight values). ``times`` is shared by the whole batch.
+    :math:`\mathcal N(w_{k-1} - \theta w_{k-1}\Delta_k,\ \sigma^2\Delta_k I)`. ``log_prob`` sums the transition
+    log-densities, ``rsample`` simulates the chain exactly, ``mean``/``variance``/``entropy`` are analytic, and
+    ``kl_divergence`` between two ``OUPath`` on the same grid with the same :math:`\sigma` is registered in closed form.
+    ``init`` is a parameter; give it the stationary prior with :func:`ou_stationary` in its own site.
+    ``event_shape = (K, D)`` with ``K = len(times) - 1``; :doc:`/methods/sdebnn` gives the shapes, the attributes and
+    examples.
 
     :param Tensor init: initial state :math:`w_{t_0}` of shape ``batch + (D,)`` (learnable).
-    :param sigma: diffusion scale :math:`\sigma > 0`.
-    :param Tensor times: strictly increasing 1-D grid :math:`t_0 < \dots < t_K` (``ValueError`` otherwise);
-        cast to the dtype and device of ``init``.
-    :param theta: mean-reversion rate :math:`\theta > 0` (default 1).
+    :param sigma: diffusion scale :math:`\sigma > 0`, broadcastable to the batch shape, shared by the ``D`` dimensions.
+    :param Tensor times: strictly increasing 1-D grid :math:`t_0 < \dots < t_K` (``ValueError`` otherwise), shared
+        by the whole batch; cast to the dtype and device of ``init``.
+    :param theta: mean-reversion rate :math:`\theta > 0` (default 1), broadcastable like ``sigma``.
     :param str method: ``"exact"`` (default) or ``"euler"``.
-
-    Public attributes: ``init`` (``batch_shape + (D,)``), ``sigma`` and ``theta`` (``batch_shape``), ``times``,
-    ``method``, and the per-step AR(1) coefficients :attr:`transition_coef` / scales :attr:`transition_scale`.
 
     **References**
 
@@ -124,21 +104,11 @@ class OUPath(TorchDistribution):
     [2] Winnie Xu, Ricky T. Q. Chen, Xuechen Li, David Duvenaud (2022). "Infinitely Deep Bayesian Neural
     Networks with Stochastic Differential Equations". AISTATS 2022, PMLR 151. arXiv:2102.06559.
 
-    >>> times = torch.linspace(0.0, 1.0, 11)
-    >>> p = OUPath(torch.zeros(3), 0.5, times)
+    >>> p = OUPath(torch.zeros(3), 0.5, torch.linspace(0.0, 1.0, 11))
     >>> p.batch_shape, p.event_shape
     (torch.Size([]), torch.Size([10, 3]))
-    >>> path = p.rsample((2,))
-    >>> path.shape, p.log_prob(path).shape
-    (torch.Size([2, 10, 3]), torch.Size([2]))
-    >>> def model():                          # stationary initial law in its own site, then the path
-    ...     w0 = pyro.sample("w0", ou_stationary(0.5).expand([3]).to_event(1))
-    ...     return pyro.sample("w", OUPath(w0, 0.5, times))
-    >>> model().shape
-    torch.Size([10, 3])
-    >>> q = OUPath(torch.ones(3), 0.5, times, theta=2.0, method="euler")
-    >>> torch.distributions.kl_divergence(q, OUPath(torch.ones(3), 0.5, times, method="euler")).shape
-    torch.Size([])
+    >>> p.log_prob(p.rsample((2,))).shape
+    torch.Size([2])
     """
 
     arg_constraints = {

@@ -216,49 +216,33 @@ class SVIBaseline(BaselineMethod):
     ) -> "SVIBaseline":
         """Run SVI for ``num_epochs`` passes over the data in minibatches of ``batch_size``.
 
-        The epochs are run by :func:`~pyro_sdebnn.infer.train_svi` (the package's one SVI loop) on
-        ``SVI(self.model, self.guide, optim, elbo)``: with ``subsample_size=batch_size`` for tensors, with
-        ``model_kwargs={"data_size": N}`` for a loader, ``loss_per_datum=True`` and ``first_epoch`` = the epochs
-        of the earlier fits.
+        The epochs are run by :func:`~pyro_sdebnn.infer.train_svi` on ``SVI(self.model, self.guide, optim, elbo)``
+        (:doc:`/methods/baselines` explains how).
 
-        :param x: inputs ``(N, ...)`` with targets ``y`` (``ceil(N / batch_size)`` steps per epoch on
-            minibatches drawn by the model's subsampled plate), or a loader of ``(x, y)`` batches
-            (``y`` omitted, ``batch_size`` unused): one step per batch, the model called as
-            ``model(x_batch, y_batch, data_size=N)`` with :math:`N` = ``len(loader.dataset)``, so the
-            likelihood of a batch of size :math:`b` is scaled by :math:`N/b`; batches are moved to the
-            model's device one at a time.
-        :param weight_decay: if given, sets the prior to the one weight decay :math:`\\lambda`
-            corresponds to, :math:`\\sigma_p^2 = 1/(N\\lambda)`; otherwise the constructor's prior stays.
-        :param optim: a Pyro optimiser; default ``pyro.optim.Adam({"lr": lr})`` (``lr`` is then unused).
-            A :class:`pyro.optim.PyroLRScheduler` (e.g. ``pyro.optim.MultiStepLR``) is stepped once per
-            epoch, or once per SVI step with ``scheduler_step="step"``; ``ReduceLROnPlateau`` gets the loss.
-        :param str scheduler_step: ``"epoch"`` or ``"step"``.
-        :param clip_norm: clip the whole gradient (all guide parameters together) by its :math:`L_2`
-            norm before every step, :math:`g \\leftarrow g \\min(1, c/\\|g\\|_2)` (Pyro's
-            ``clip_args`` clip each parameter tensor separately instead).
-        :param clip_inf_norm: clip the whole gradient by its :math:`L_\\infty` norm,
-            :math:`g \\leftarrow g \\min(1, c/\\|g\\|_\\infty)` (after ``clip_norm`` when both are given).
-        :param bool resume: continue the last (or a loaded) run: the optimiser's state (Pyro's
-            ``optim.get_state()``) and torch's random state are restored, so ``fit(num_epochs=k)`` then
-            ``fit(num_epochs=K - k, resume=True)`` (same other arguments) equals ``fit(num_epochs=K)``.
-            Without it, a new ``fit`` continues from the current guide parameters with a fresh optimiser.
-        :param callback: ``callback(epoch, loss)`` after every epoch, with the epoch counted over every fit
-            (:attr:`epoch`) and its ELBO loss per data point.
-        :returns: ``self``; the ELBO loss per epoch (per data point: the mean of the step losses divided by
-            :math:`N`) is in ``self.losses``.
+        :param x: inputs ``(N, ...)`` with targets ``y`` (``ceil(N / batch_size)`` steps per epoch on minibatches
+            drawn by the model's subsampled plate), or a loader of ``(x, y)`` batches (``y`` omitted, ``batch_size``
+            unused): one step per batch, the likelihood of a batch of size :math:`b` scaled by :math:`N/b` with
+            :math:`N` = ``len(loader.dataset)``.
+        :param weight_decay: if given, the prior becomes the one weight decay :math:`\\lambda` corresponds to,
+            :math:`\\sigma_p^2 = 1/(N\\lambda)`.
+        :param optim: a Pyro optimiser or :class:`pyro.optim.PyroLRScheduler`; default ``pyro.optim.Adam({"lr": lr})``.
+        :param str scheduler_step: ``"epoch"`` or ``"step"``: when a scheduler is stepped.
+        :param clip_norm: clip the whole gradient (all guide parameters together) by its :math:`L_2` norm,
+            :math:`g \\leftarrow g \\min(1, c/\\|g\\|_2)`.
+        :param clip_inf_norm: clip the whole gradient by its :math:`L_\\infty` norm (after ``clip_norm``).
+        :param bool resume: continue the last (or a loaded) run with its optimiser and random states, so
+            ``fit(num_epochs=k)`` then ``fit(num_epochs=K - k, resume=True)`` equals ``fit(num_epochs=K)``;
+            without it, a new ``fit`` continues from the current guide parameters with a fresh optimiser.
+        :param callback: ``callback(epoch, loss)`` after every epoch (the epoch counted over every fit,
+            :attr:`epoch`; the ELBO loss per data point).
+        :returns: ``self``; the ELBO loss per epoch and data point is in ``self.losses``.
         :raises FloatingPointError: if a step's loss is NaN or infinite (the parameters keep their last finite
             values; the losses of the finished epochs are kept).
-        :raises ValueError: if data-parallel (below) and the ranks' loaders take different numbers of steps.
+        :raises ValueError: if data-parallel and the ranks' loaders take different numbers of steps.
 
-        **Data-parallel.** Under ``torchrun`` (:func:`pyro_sdebnn.distributed.init`, :math:`W > 1` ranks), a loader
-        ``x`` sharded by a :class:`~torch.utils.data.distributed.DistributedSampler` (e.g.
-        :func:`pyro_sdebnn.distributed.distributed_loader`) makes the fit data-parallel: the guide parameters of
-        rank 0 are copied to the other ranks before the first step, the gradients are averaged across the ranks
-        before every update (and before clipping), the likelihood is scaled by the global :math:`N`
-        (``len(x.dataset)``), ``x.sampler.set_epoch(epoch)`` is called before every epoch (counted as
-        :attr:`epoch`), the losses are means over the ranks and :meth:`save` writes on rank 0 only. Every rank
-        holds the same parameters: for MAP those of one process on the combined batches. See
-        :mod:`pyro_sdebnn.distributed`.
+        Under ``torchrun``, a loader sharded by a ``DistributedSampler`` makes the fit data-parallel: the gradients
+        are averaged across the ranks before every update and every rank holds the same parameters
+        (:doc:`/distributed`).
         """
         loader = x if _is_loader_arg(x) else None
         data = _TrainingData(x, y, self.likelihood, batch_size)

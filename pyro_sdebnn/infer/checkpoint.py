@@ -19,16 +19,9 @@ The training state a checkpoint needs to *resume* bitwise includes every random 
 captures torch's CPU generator, every initialised CUDA device's, NumPy's, Python's, and the ``torch.Generator`` objects
 a loader shuffles with (``DataLoader(generator=...)``, its sampler's); ``set_rng_state`` restores them.
 
-Fitted baselines (:class:`~pyro_sdebnn.infer.MAPEstimate`, :class:`~pyro_sdebnn.infer.MeanFieldVI`,
-:class:`~pyro_sdebnn.infer.MCDropout`, :class:`~pyro_sdebnn.infer.DeepEnsemble`, :class:`~pyro_sdebnn.infer.Laplace`)
-have ``state_dict()`` / ``load_state_dict(sd)`` and ``save(path)`` / ``load(path)``; their checkpoint (kind
-``"baseline"``) holds the method's class name (checked on load), the fitted state (Pyro guide parameters as
-*unconstrained* tensors with the names of their constraints, network weights, ensemble members, the Laplace
-curvature) and the training state: optimiser (and scheduler) state, the loss of every epoch so far and the random
-state at the end of the last epoch. ``fit(..., resume=True)`` continues from it, so ``fit(num_epochs=k)``, ``save``,
-``load`` in a new object, ``fit(num_epochs=K - k, resume=True)`` ends with the same parameters as
-``fit(num_epochs=K)`` with the same seed (bitwise on CPU). A file of another method or model raises ``ValueError``
-and leaves the object unchanged.
+Fitted baselines (``MAPEstimate``, ``MeanFieldVI``, ``MCDropout``, ``DeepEnsemble``, ``Laplace``) save the method's
+class name (checked on load), the fitted state and the training state (kind ``"baseline"``), so that
+``fit(..., resume=True)`` continues a run bitwise on CPU (:doc:`/methods/baselines`).
 
 >>> import os, tempfile
 >>> path = os.path.join(tempfile.mkdtemp(), "state.pt")

@@ -13,35 +13,22 @@ Around the MAP :math:`\\hat w` the posterior is approximated by :math:`\\mathcal
     H_{\\mathrm{data}} \\approx \\sum_n J_n^\\top \\Lambda_n J_n \\quad \\text{(generalised Gauss-Newton)},
 
 where :math:`J_n = \\partial f_{\\hat w}(x_n)/\\partial w`, :math:`\\Lambda_n` is the Hessian of the negative
-log-likelihood with respect to the network outputs (:math:`\\operatorname{diag}(p) - pp^\\top` for a
-softmax, :math:`\\operatorname{diag}(e^{-s}, \\tfrac12)` for the heteroscedastic Gaussian's mean and
-log-variance, its Fisher) and :math:`\\delta = 1/\\tau^2` the prior precision. Structures of
-:math:`H_{\\mathrm{data}}`:
-
-- ``"full"``: the dense :math:`P\\times P` GGN (or, with ``curvature="hessian"``, the exact Hessian of
-  the negative log-likelihood, eigenvalues clipped at 0);
-- ``"diag"``: its diagonal;
-- ``"kron"``: per linear layer :math:`G_\\ell \\otimes A_\\ell` (KFAC, Martens & Grosse [3]) with
-  :math:`A_\\ell = \\sum_n \\tilde a_n \\tilde a_n^\\top` over the layer inputs (with a bias 1) and
-  :math:`G_\\ell = \\frac1N \\sum_n B_n^\\top \\Lambda_n B_n`, :math:`B_n = \\partial f(x_n)/\\partial s_\\ell`
-  the Jacobian of the outputs with respect to the layer's pre-activations; the weight vector of a
-  layer is :math:`\\operatorname{vec}([W\\,|\\,b])` in row-major order.
-
-``subset="last_layer"`` restricts the approximation to the last linear layer (Daxberger et al. [1]).
-All structures store an eigendecomposition of :math:`H_{\\mathrm{data}}`, so the Laplace evidence
+log-likelihood with respect to the network outputs and :math:`\\delta = 1/\\tau^2` the prior precision. Structures of
+:math:`H_{\\mathrm{data}}`: ``"full"`` (the dense GGN, or with ``curvature="hessian"`` the exact Hessian), ``"diag"``
+(its diagonal) and ``"kron"`` (per linear layer :math:`G_\\ell \\otimes A_\\ell`, KFAC [3]); ``subset="last_layer"``
+restricts the approximation to the last linear layer [1]. All structures store an eigendecomposition of
+:math:`H_{\\mathrm{data}}`, so the Laplace evidence
 
 .. math::
 
     \\log p(\\mathcal D | \\delta) \\approx \\log p(\\mathcal D|\\hat w) - \\tfrac\\delta2 \\|\\hat w\\|^2
     + \\tfrac P2 \\log\\delta - \\tfrac12 \\log\\det(H_{\\mathrm{data}} + \\delta I)
 
-is cheap for every :math:`\\delta` and :meth:`Laplace.optimize_prior_precision` maximises it on a grid
-(MacKay [2]). Predictives: linearised (``pred_type="glm"``; logits
-:math:`\\mathcal N(f_{\\hat w}(x), J(x) H^{-1} J(x)^\\top)`, then the probit approximation
-:math:`\\mathrm{softmax}(m / \\sqrt{1 + \\pi v/8})` or Monte Carlo) or sampled weights
-(``pred_type="nn"``). This is an own implementation with :mod:`torch.func` for multi-layer perceptrons
-(any ``nn.Module`` for ``"full"``/``"diag"``); the laplace-torch library [1] covers the same ground
-for large convolutional networks.
+is cheap for every :math:`\\delta`: :meth:`Laplace.optimize_prior_precision` maximises it on a grid [2], and the
+online tuning [4] during the MAP training ascends it. Predictives: linearised (``pred_type="glm"``; logits
+:math:`\\mathcal N(f_{\\hat w}(x), J(x) H^{-1} J(x)^\\top)`, then the probit approximation or Monte Carlo) or
+sampled weights (``pred_type="nn"``). :doc:`/methods/baselines` gives the curvature of each likelihood, the KFAC
+factors and the predictive in full.
 
 **References**
 
@@ -351,59 +338,35 @@ class Laplace(BaselineMethod):
     ) -> "Laplace":
         """Train the MAP (Adam with weight decay), compute the curvature and tune :math:`\\delta`.
 
-        :param x: inputs ``(N, ...)`` with targets ``y``, or a loader of ``(x, y)`` batches (``y``
-            omitted, ``batch_size`` unused): an epoch of MAP training is one pass over the loader and
-            the curvature and log-likelihood are accumulated batch by batch over one more pass
-            (:math:`H_{\\mathrm{data}} = \\sum_{\\mathcal B} \\sum_{n \\in \\mathcal B} J_n^\\top \\Lambda_n J_n`
-            over the batches :math:`\\mathcal B`),
-            each batch moved to the network's device one at a time.
+        :param x: inputs ``(N, ...)`` with targets ``y``, or a loader of ``(x, y)`` batches (``y`` omitted,
+            ``batch_size`` unused): the curvature and log-likelihood are then accumulated batch by batch,
+            :math:`H_{\\mathrm{data}} = \\sum_{\\mathcal B} \\sum_{n \\in \\mathcal B} J_n^\\top \\Lambda_n J_n`.
         :param int num_epochs: MAP training epochs (0: use ``net`` as trained).
         :param tune_prior_precision: how :math:`\\delta` is chosen from the Laplace evidence
-            :math:`\\log p(\\mathcal D|\\delta)` (class docstring). ``True`` or ``"posthoc"``: maximise it
-            after the MAP training, which used the weight decay ``weight_decay`` (MacKay [2]). ``"online"``:
-            learn :math:`\\delta` during the MAP training (Immer et al. [4], Algorithm 1): the MAP loss uses
-            the current :math:`\\delta` as its weight decay :math:`\\lambda = \\delta/N` (starting from
-            :math:`\\delta_0` = ``prior_precision`` or :math:`N` ``weight_decay``); after ``marglik_burnin``
-            epochs and then every ``marglik_frequency`` epochs, the curvature of the current network is
-            computed (all weights: KFAC, or the diagonal when ``hessian_structure="diag"`` or a layer is not
-            an ``nn.Linear`` with bias) and ``marglik_steps`` Adam steps of rate ``marglik_lr`` on
-            :math:`\\log\\delta` ascend the evidence; finally the evidence of the fitted approximation is
-            maximised as for ``"posthoc"``. The pairs (epoch, :math:`\\delta`) of the updates are kept in
-            ``online_prior_precisions``. A network trained with an arbitrary weight decay sits at a mode
-            of another posterior than the one the tuned :math:`\\delta` describes; online training makes the
-            two agree. ``False``: keep :math:`\\delta` (``prior_precision``, else :math:`N` ``weight_decay``).
-            ``None`` (default): ``"online"`` for ``subset="all"``, where it lowered the test NLL of the post-hoc
-            tuning on every data set of ``benchmarks/bench_laplace.py``, ``"posthoc"`` for the last layer,
-            where it did not on Two Moons (the figures are in ``BENCHMARKS.md``). With ``num_epochs=0`` (a
-            trained network) both are the post-hoc tuning. ``resume=True`` continues an online run exactly
-            (the updates fall on the same epochs, the hyper-optimiser goes on).
+            :math:`\\log p(\\mathcal D|\\delta)`: ``True`` or ``"posthoc"``, maximise it after the MAP training [2];
+            ``"online"``, learn it during the MAP training, which uses it as its weight decay :math:`\\delta/N`
+            (Immer et al. [4], Algorithm 1; every ``marglik_frequency`` epochs after ``marglik_burnin``,
+            ``marglik_steps`` Adam steps of rate ``marglik_lr`` on :math:`\\log\\delta`), then post-hoc;
+            ``False``, keep :math:`\\delta`; ``None`` (default), ``"online"`` for ``subset="all"`` and ``"posthoc"``
+            for the last layer. :doc:`/methods/baselines` explains the choice.
         :param scheduler: learning-rate schedule of the MAP training, as in
-            :func:`~pyro_sdebnn.infer.map_training.train_network` (a callable ``optimizer -> lr_scheduler``),
-            stepped per ``scheduler_step`` (``"epoch"`` or ``"step"``).
+            :func:`~pyro_sdebnn.infer.map_training.train_network` (a callable ``optimizer -> lr_scheduler``), stepped
+            per ``scheduler_step`` (``"epoch"`` or ``"step"``).
         :param clip_norm: clip the whole MAP gradient by its :math:`L_2` norm,
             :math:`g \\leftarrow g \\min(1, c/\\|g\\|_2)`.
-        :param clip_inf_norm: clip it by its :math:`L_\\infty` norm,
-            :math:`g \\leftarrow g \\min(1, c/\\|g\\|_\\infty)`.
-        :param bool resume: continue the MAP training of the last (or a loaded) run from its optimiser,
-            scheduler and random states (then the curvature is recomputed), so that
-            ``fit(num_epochs=k)`` then ``fit(num_epochs=K - k, resume=True)`` equals ``fit(num_epochs=K)``.
+        :param clip_inf_norm: clip it by its :math:`L_\\infty` norm.
+        :param bool resume: continue the MAP training (and an online tuning) of the last or a loaded run from its
+            optimiser, scheduler and random states, so that ``fit(num_epochs=k)`` then
+            ``fit(num_epochs=K - k, resume=True)`` equals ``fit(num_epochs=K)``.
         :returns: ``self``.
-        :raises ValueError: if data-parallel (below) and the ranks' loaders take different numbers of steps, or
-            the data set has fewer points than ranks.
+        :raises ValueError: if data-parallel and the ranks' loaders take different numbers of steps, or the data
+            set has fewer points than ranks.
         :raises MemoryError: before any training, if ``hessian_structure="full"`` needs more memory
-            (:meth:`full_curvature_bytes`) than the network's device has available; the message gives the
-            size and the alternatives.
+            (:meth:`full_curvature_bytes`) than the network's device has available.
 
-        **Data-parallel.** Under ``torchrun`` (:math:`W > 1` ranks) a loader sharded by a
-        :class:`~torch.utils.data.distributed.DistributedSampler` (e.g.
-        :func:`pyro_sdebnn.distributed.distributed_loader`) trains the MAP data-parallel (as
-        :func:`~pyro_sdebnn.infer.map_training.train_network`), copies rank 0's network to every rank, and sums the
-        curvature statistics, the log-likelihood and the number of points of the ranks' shards by one all-reduce,
-        leaving out the up to :math:`W - 1` points the sampler repeats to even out the shards. The curvature is
-        additive over the data (:math:`H_{\\mathrm{data}} = \\sum_r \\sum_{n \\in \\mathcal D_r}
-        J_n^\\top \\Lambda_n J_n`, likewise the Kronecker factors' sums), so every rank then holds the posterior
-        of one process on the whole data set (with ``drop_last=True``: without the dropped tail), and
-        :meth:`save` writes on rank 0 only.
+        Under ``torchrun`` with a loader sharded by a ``DistributedSampler``, the MAP trains data-parallel and the
+        ranks sum their shards' curvature (it is additive over the data), so every rank holds the posterior of one
+        process on the whole data set (:doc:`/distributed`).
         """
         loader = x if _is_loader_arg(x) else None
         x, y = _follow_module(x, y, self.net)  # tensors: on the network's device and dtype (loader batches are moved)

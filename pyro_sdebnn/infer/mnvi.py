@@ -1,8 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 r"""A Pyro model/guide pair around a moment-propagating network (MNVI or sampling-free MFVI).
 
-Design
-------
 The network (built from :mod:`pyro_sdebnn.nn.mnvi` layers, or converted with
 :func:`~pyro_sdebnn.nn.mnvi.to_mnvi`) stays a plain :class:`torch.nn.Module`, so it composes with
 torch code, :mod:`torch.func` and ``state_dict``; :class:`SamplingFreeBNN` adds the Pyro program,

@@ -1,47 +1,27 @@
 # SPDX-License-Identifier: Apache-2.0
 """Neural-SDE posterior over Ornstein–Uhlenbeck weight paths: :class:`NeuralSDEPath` and :class:`NeuralSDEGuide`.
 
-Design (how the SDE-BNN fits Pyro's model/guide split)
-------------------------------------------------------
 The *model* samples a weight path from the prior, ``pyro.sample("w_path", OUPath(w0, sigma, times,
-method="euler"))``. The *guide* samples the same site from :class:`NeuralSDEPath`, the Euler–Maruyama
-law of the posterior SDE
+method="euler"))``. The *guide* samples the same site from :class:`NeuralSDEPath`, the Euler–Maruyama law of the
+posterior SDE [1]
 
 .. math::
 
     dw_t = \\big(-\\theta w_t + \\mathrm{NN}(w_t, t; \\phi)\\big)\\,dt + \\sigma\\,dB_t ,
     \\qquad w_{t_0} = \\text{the prior's } w_{t_0},
 
-on the prior's grid. Its ``rsample`` runs the fused Euler loop of
-:func:`~pyro_sdebnn.ops.sde_solve.euler_maruyama_kl`, which accumulates the path-KL estimate in the
-same pass and caches it on the distribution object; :class:`~pyro_sdebnn.infer.TracePathKL_ELBO`
-reads that cache instead of evaluating ``log p - log q``. The model then integrates its hidden state
-along the already-sampled path (one more pass over the same grid, no solver call). A single solver
-call over the full augmented state ``[w, h, KL]`` (torchsde: Milstein/SRK/adaptive/adjoint) is
-offered by :meth:`pyro_sdebnn.nn.SDEBNN.fused_loss` and :meth:`pyro_sdebnn.nn.SDEBNN.predict`, which
-use the same guide object.
+on the prior's grid. Its ``rsample`` runs the fused Euler loop of :func:`~pyro_sdebnn.ops.sde_solve.euler_maruyama_kl`,
+which accumulates the path-KL estimate in the same pass and caches it for
+:class:`~pyro_sdebnn.infer.TracePathKL_ELBO`.
 
-The guide must start its path where the prior starts. :class:`NeuralSDEGuide` runs the model *up to
-its last* ``OUPath`` *site* (hidden from all outer handlers with :func:`pyro.poutine.block`; later
-sites are never reached) and at each ``OUPath`` site samples the posterior path from the prior's
-current ``init``, ``sigma``, ``theta`` and ``times``, and gives that path back to the model, so that:
-
-- the initial weights may be learnable parameters of the model;
-- an ``OUPath`` whose ``init`` depends on an earlier ``OUPath`` (e.g. ``init=a[-1]``) starts from the
-  guide's own sample of the earlier path;
-- an ``init`` drawn at another sample site (``w0 = pyro.sample("w0", ...)``) is taken from the
-  enclosing guide trace, i.e. from the guide of ``w0`` (e.g. an ``AutoNormal`` placed *before* the
-  :class:`NeuralSDEGuide` in an :class:`~pyro.infer.autoguide.AutoGuideList`). If that value is not
-  there (no enclosing trace, or the other guide runs later), a ``ValueError`` names the site: a path
-  started from a fresh prior draw of ``w0`` would make the ELBO silently wrong.
-
-Randomness hidden from the guide (a ``pyro.sample`` blocked with :func:`pyro.poutine.block` inside the
-model given to the guide) cannot be matched; when the start of a path depends on it (checked once, when
-the guide is set up, by running the model prefix twice) a ``ValueError`` is raised. Sites that are not
-``OUPath`` are not guided (they are sampled from the model, as observation sites are under
-:class:`~pyro.infer.Predictive`); real latent variables among them need another guide (combine with
-:class:`~pyro.infer.autoguide.AutoGuideList` and :func:`pyro.poutine.block`) --
-:class:`~pyro_sdebnn.infer.TracePathKL_ELBO` raises otherwise.
+The guide must start its path where the prior starts: :class:`NeuralSDEGuide` runs the model up to its last
+``OUPath`` site (blocked from outer handlers) and samples each path from the prior's current ``init``, ``sigma``,
+``theta`` and ``times``, so that the initial weights may be learnable parameters of the model, the guide's own
+sample of an earlier path (``init=a[-1]``), or another guide's value of a sample site such as ``w0`` (that guide
+placed before it in an :class:`~pyro.infer.autoguide.AutoGuideList`). A start that cannot be matched (the value is
+missing, or depends on randomness hidden by :func:`pyro.poutine.block`) is a ``ValueError`` naming the site: a path
+started from a fresh prior draw would make the ELBO silently wrong. Sites that are not ``OUPath`` are not guided.
+:doc:`/methods/sdebnn` explains the design in full.
 
 **References**
 

@@ -1,85 +1,23 @@
 # SPDX-License-Identifier: Apache-2.0
 r"""SVI over tensors or a :class:`~torch.utils.data.DataLoader`, with checkpoints that resume bitwise.
 
-:func:`train_svi` runs the epochs of an existing :class:`pyro.infer.SVI` object (any model, guide,
-Pyro optimiser and ELBO, e.g. the SDE-BNN's ``SVI(net.model, NeuralSDEGuide(net), Adam(...),
-TracePathKL_ELBO())``) over
-
-* a loader: any iterable of batches whose ``dataset`` has a length, such as a
-  :class:`~torch.utils.data.DataLoader` over a torchvision data set with augmentation; every batch
-  is moved to the model's device on its own, the data set never is. A batch is passed to the model (and the
-  guide) by the rule of ``pyro_sdebnn.data.loaders.batch_arguments``: a tuple or list batch as
-  ``svi.step(*batch)`` (``model(x, y)``, ``model(x, t, y)``...), a dict batch as ``svi.step(**batch)``, a tensor as
-  ``svi.step(batch)``;
-* or tensors ``(x, y)``, cut into (shuffled) minibatches of ``batch_size``; or, with ``subsample_size=b``,
-  passed whole to every step as ``model(x, y, subsample_size=b)`` for a model whose
-  ``pyro.plate("data", len(x), subsample_size=subsample_size)`` draws the minibatch itself (Pyro's own
-  idiom; :math:`\lceil N/b \rceil` steps an epoch).
-
-The model is called as ``model(x_b, y_b, num_data=N)`` (``model(*batch, num_data=N)``) when it has a
-``num_data`` parameter, with :math:`N` the size of the whole data set (``len(loader.dataset)``), so that a model written the
-Pyro way, ``with pyro.plate("data", num_data, subsample=torch.arange(len(x)))``, scales the
-log-likelihood of a minibatch :math:`B` of size :math:`b` by :math:`N/b`:
+:func:`train_svi` runs the epochs of an existing :class:`pyro.infer.SVI` object (any model, guide, Pyro optimiser and
+ELBO) over a loader (any iterable of batches whose ``dataset`` has a length; a batch goes to the model as
+``svi.step(*batch)``, ``svi.step(**batch)`` or ``svi.step(batch)``) or over tensors ``(x, y)``. A model with a
+``num_data`` parameter is given :math:`N`, the size of the whole data set, so that a model written the Pyro way,
+``pyro.plate("data", num_data, subsample=torch.arange(len(x)))``, turns a minibatch :math:`B` of size :math:`b`
+into an unbiased estimate of the full-data ELBO:
 
 .. math::
 
     \widehat{\mathcal L} = \frac{N}{b} \sum_{i \in B} \mathbb E_q[\log p(y_i \mid x_i, w)]
-    - \mathrm{KL}(q \,\|\, p),
+    - \mathrm{KL}(q \,\|\, p).
 
-an unbiased estimate of the full-data ELBO. (A model that has no ``num_data`` parameter must know
-:math:`N` itself, as :class:`~pyro_sdebnn.infer.SamplingFreeBNN` does.)
-
-**Checkpoints.** With ``checkpoint=path``, a checkpoint of kind ``"svi"`` (:mod:`pyro_sdebnn.infer.checkpoint`:
-written atomically, read with ``torch.load(path, weights_only=True)``) is written after every epoch. Besides the
-envelope it holds
-
-* ``"params"``: the unconstrained values of the Pyro parameters that the model and guide use
-  (``pyro.get_param_store()``), which include the parameters of ``PyroModule`` networks and of
-  modules registered with ``pyro.module``;
-* ``"buffers"``: the buffers of the ``modules`` (e.g. batch-norm statistics), which are not parameters;
-* ``"optim"``: ``svi.optim.get_state()``, the ``state_dict`` of the optimiser (and of the
-  learning-rate scheduler of a :class:`~pyro.optim.PyroLRScheduler`) of every parameter;
-* ``"epoch"`` (the number of finished epochs), ``"losses"`` (their losses), ``"world_size"`` and ``"rng"``
-  (``rng_state`` of every rank, in rank order: torch's CPU and CUDA generators, NumPy's, Python's, and the
-  loader's own generators).
-
-``resume=path`` restores all of these before the next epoch, so a run stopped after epoch :math:`k`
-and resumed ends with the same parameters as the run that was never stopped, bit for bit on the CPU,
-provided the model, guide, optimiser, data and loader are rebuilt in the same way. A file that is not
-such a checkpoint, is truncated, or belongs to another model (other parameter names or shapes) raises
-a ``ValueError`` and changes nothing.
-
-**Data-parallel.** Under ``torchrun`` with a loader sharded by a
-:class:`~torch.utils.data.distributed.DistributedSampler` (:func:`~pyro_sdebnn.distributed.distributed_loader`),
-:func:`train_svi` is data-parallel by itself. The one change from a single-process run: between ``loss_and_grads``
-and the optimiser step, the gradients of all the Pyro parameters of the step (model and guide,
-``pyro.get_param_store()``, which includes the weights of ``PyroModule`` networks and of modules registered with
-``pyro.module``) are averaged across the ranks by one all-reduce (:class:`AveragedGradients`). Every rank therefore
-applies the same update and holds the same parameters, as with PyTorch's ``DistributedDataParallel``, but at the
-level of Pyro's param store, so any model, guide and ELBO work unchanged.
-
-With :math:`W` ranks, rank :math:`r` computes the ELBO estimate of its local batch :math:`B_r` of size :math:`b/W`
-with the *global* data size :math:`N` (``len(loader.dataset)`` is the whole data set also under a
-:class:`~torch.utils.data.distributed.DistributedSampler`), and the average over the ranks is
-
-.. math::
-
-    \frac1W \sum_{r=1}^{W} \Bigl(\frac{N}{b/W} \sum_{i \in B_r} \mathbb E_q[\log p(y_i \mid x_i, w)]
-    - \mathrm{KL}(q \,\|\, p)\Bigr)
-    = \frac{N}{b} \sum_{i \in B} \mathbb E_q[\log p(y_i \mid x_i, w)] - \mathrm{KL}(q \,\|\, p),
-
-the estimate of one process on the combined batch :math:`B = \cup_r B_r`: a deterministic objective (MAP with
-:class:`~pyro.infer.autoguide.AutoDelta`, the sampling-free ELBO) gives the parameters of the single-process run on
-the combined batches, up to rounding; a sampled ELBO gives an estimate with :math:`W` independent guide draws (one
-per rank, when the ranks are seeded with :func:`~pyro_sdebnn.distributed.init`'s ``seed_per_rank=True``).
-
-Only rank 0 writes the ``checkpoint`` (with every rank's random state; each rank resumes from its own) and shows
-the progress bar. The parameters are copied from rank 0 to the others before the first step, so the ranks need not
-share a seed for the initialisation.
-
-This follows the pattern of Pyro's Horovod example (``examples/svi_horovod.py``: gradient averaging around the
-optimiser, parameters broadcast from rank 0 before training), with ``torch.distributed`` in place of Horovod and
-the averaging placed *before* gradient clipping and the non-finite loss check, so that both see the global gradient.
+``checkpoint=path`` writes a checkpoint of kind ``"svi"`` (:mod:`pyro_sdebnn.infer.checkpoint`) after every epoch;
+``resume=path`` continues from it, bit for bit on the CPU. Under ``torchrun`` with a sharded loader the loop is
+data-parallel: :class:`AveragedGradients` averages the gradients of the Pyro param store across the ranks before
+every update, as Pyro's Horovod example (``examples/svi_horovod.py``) does. :doc:`/training` explains the data
+forms, the options, the checkpoints and the data-parallel estimate.
 
 >>> import pyro, torch
 >>> from pyro.infer import SVI, Trace_ELBO
@@ -472,74 +410,41 @@ def train_svi(
 ) -> list[float]:
     r"""Run ``num_epochs`` epochs of :meth:`pyro.infer.SVI.step` over a loader or tensors; return the epoch losses.
 
-    :param svi: a :class:`pyro.infer.SVI` (model, guide, Pyro optimiser or
-        :class:`~pyro.optim.PyroLRScheduler`, ELBO).
+    Every option is explained in :doc:`/training`; the data-parallel behaviour under ``torchrun`` in the module.
+
+    :param svi: a :class:`pyro.infer.SVI` (model, guide, Pyro optimiser or :class:`~pyro.optim.PyroLRScheduler`, ELBO).
     :param data: a loader (an iterable of batches whose ``dataset`` has a length, e.g. a
-        :class:`~torch.utils.data.DataLoader`; a tuple or list batch is passed as ``model(*batch)``, a dict batch as
-        ``model(**batch)``, a tensor as ``model(batch)``: ``pyro_sdebnn.data.loaders.batch_arguments``) or a
-        pair ``(x, y)`` of tensors.
+        :class:`~torch.utils.data.DataLoader`) or a pair ``(x, y)`` of tensors.
     :param int num_epochs: the epoch to train up to (with ``resume``, the epochs already done count).
     :param int batch_size: minibatch size for tensor data (default: the whole data set); not with a loader.
-    :param bool shuffle: tensor data: a new random order every epoch (``torch.randperm``); else in order.
-    :param int num_data: :math:`N` passed as ``num_data=`` to a model that has that parameter (default: the
-        size of the data set); passing it to a model without that parameter is a ``TypeError``.
-    :param device: where each batch goes (default: the device of the first parameter of ``modules``;
-        ``None`` with no parameter found leaves batches where they are).
+    :param bool shuffle: tensor data: a new random order every epoch; else in order.
+    :param int num_data: :math:`N` passed as ``num_data=`` to a model that has that parameter (default: data set size).
+    :param device: where each batch goes (default: the device of the first parameter of ``modules``).
     :param dtype: floating dtype of the inputs (default: that of the same parameter); integer labels keep theirs.
-    :param str scheduler_step: ``"epoch"`` or ``"step"``: when a :class:`~pyro.optim.PyroLRScheduler` is stepped
-        (``ReduceLROnPlateau`` gets the epoch's or the step's loss).
-    :param clip_norm: clip the whole gradient by its :math:`L_2` norm before every update,
-        :math:`g \leftarrow g \min(1, c/\|g\|_2)`.
+    :param str scheduler_step: ``"epoch"`` or ``"step"``: when a :class:`~pyro.optim.PyroLRScheduler` is stepped.
+    :param clip_norm: clip the whole gradient by its :math:`L_2` norm, :math:`g \leftarrow g \min(1, c/\|g\|_2)`.
     :param clip_inf_norm: clip the whole gradient by its :math:`L_\infty` norm (after ``clip_norm``).
-    :param kl_schedule: ``epoch -> kappa`` assigned to the ELBO's ``kl_scale`` at the start of each epoch (for ELBOs
-        with a ``kl_scale``, e.g. :class:`~pyro_sdebnn.infer.TracePathKL_ELBO`,
-        :class:`~pyro_sdebnn.infer.SamplingFree_ELBO`).
-    :param bool progress: show a progress bar over epochs (on rank 0 only when data-parallel).
+    :param kl_schedule: ``epoch -> kappa`` assigned to the ELBO's ``kl_scale`` at the start of each epoch.
+    :param bool progress: show a progress bar over epochs.
     :param callback: ``callback(epoch, loss)`` after every epoch (after its checkpoint is written).
-    :param checkpoint: write a checkpoint to this path after every epoch (by rank 0 only when data-parallel).
+    :param checkpoint: write a checkpoint to this path after every epoch.
     :param resume: continue from this checkpoint (the same path as ``checkpoint`` is fine).
     :param modules: the ``nn.Module`` objects whose buffers go into the checkpoint and whose first parameter gives
         the default device; default: the modules whose methods are the model and guide (or which they are).
-    :param bool require_sharded: with several ranks running, raise a ``ValueError`` unless ``data`` is a loader
-        sharded by a ``DistributedSampler`` (instead of letting every rank train on its own data); under
-        ``torchrun`` with several processes, also a ``RuntimeError`` if no process group runs (no
-        :func:`pyro_sdebnn.distributed.init`).
-    :param int subsample_size: tensor data only, instead of ``batch_size``: every step gets the whole ``(x, y)``
-        and ``subsample_size=b`` as a keyword, and the model's subsampled plate,
-        ``pyro.plate("data", len(x), subsample_size=subsample_size)``, draws the :math:`b` indices of its minibatch
-        (and scales the likelihood by :math:`N/b`); an epoch is :math:`\lceil N/b \rceil` steps, the tensors
-        are moved to ``device`` once, and no other random draw is made.
-    :param dict model_kwargs: keyword arguments passed to the model and guide at every step, besides
-        ``num_data`` (e.g. ``{"data_size": N}`` for a model that takes the data-set size under another name).
-    :param bool loss_per_datum: report the epoch loss per data point: the plain mean of the step losses (each an
-        estimate of the whole-data loss when the model scales the likelihood by :math:`N/b`) divided by
-        :math:`N` (``num_data``, default the size of the data set), instead of the mean weighted by the batch
-        sizes. The scheduler (``ReduceLROnPlateau``), ``callback`` and the returned list all get this value.
-    :param int first_epoch: the number of epochs already run on these parameters and optimiser (by an earlier call):
-        the epochs are counted from it (``kl_schedule``, the sampler's ``set_epoch``, ``callback``, the
-        checkpoint) up to ``num_epochs``; not with ``resume``.
-    :returns: the loss of every epoch (including those before ``resume``, excluding those before
-        ``first_epoch``): the mean of the step losses weighted by the batch sizes (see ``loss_per_datum``).
+    :param bool require_sharded: with several ranks, require a loader sharded by a ``DistributedSampler``.
+    :param int subsample_size: tensor data only, instead of ``batch_size``: every step gets the whole ``(x, y)`` and
+        ``subsample_size=b``, and the model's subsampled plate draws the minibatch.
+    :param dict model_kwargs: keyword arguments passed to the model and guide at every step, besides ``num_data``.
+    :param bool loss_per_datum: report the plain mean of the step losses divided by :math:`N`.
+    :param int first_epoch: the epochs already run on these parameters and optimiser; not with ``resume``.
+    :returns: the loss of every epoch (including those before ``resume``, excluding those before ``first_epoch``):
+        the mean of the step losses weighted by the batch sizes (see ``loss_per_datum``).
     :raises FloatingPointError: if a step's loss is NaN or infinite (the parameters keep their last finite values).
     :raises FileNotFoundError: if the ``resume`` file does not exist.
-    :raises ValueError: for a bad ``resume`` file (:func:`~pyro_sdebnn.infer.checkpoint.load_checkpoint`: not a
-        checkpoint of kind ``"svi"``, truncated, of another model, written on a data set of another size :math:`N`,
-        or by a run of another number of data-parallel ranks)
-        or bad arguments; for data
-        holding a NaN or an infinity (inputs, or floating-point targets), naming the batch of the loader and the
-        index (:func:`~pyro_sdebnn.data.loaders.check_finite_batch`: tensors are checked once, a loader's batches
-        as they are read, before their SVI step); when data-parallel, if the ranks' loaders take different numbers
-        of steps per epoch.
-
-    **Data-parallel.** Under ``torchrun`` (a process group of :math:`W > 1` ranks) with a loader sharded by a
-    :class:`~torch.utils.data.distributed.DistributedSampler` (e.g.
-    :func:`pyro_sdebnn.distributed.distributed_loader`), the gradients of the Pyro parameters are averaged across
-    the ranks before every update (:class:`AveragedGradients`, which also copies rank 0's
-    parameters to the others before the first step and averages the batch-norm running statistics of ``modules``),
-    ``loader.sampler.set_epoch(epoch)`` is called at the start of every epoch, the losses are the means over the
-    ranks, and only rank 0 writes the ``checkpoint``; ``svi``'s loss must then be a :class:`pyro.infer.ELBO`. See
-    :mod:`pyro_sdebnn.distributed`. On one process, or with tensors or a loader without a
-    ``DistributedSampler``, nothing changes.
+    :raises TypeError: if ``num_data`` is given to a model without that parameter.
+    :raises ValueError: for a bad ``resume`` file (also one written by a run of another number of data-parallel
+        ranks), bad arguments, data holding a NaN or an infinity (naming the batch and the index), or, when
+        data-parallel, ranks whose loaders take different numbers of steps per epoch.
     """
     if not isinstance(svi, pyro.infer.SVI):
         raise TypeError(f"svi must be a pyro.infer.SVI, got {type(svi).__name__}")

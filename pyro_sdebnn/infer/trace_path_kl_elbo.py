@@ -35,30 +35,19 @@ class _EstimatorMessenger(Messenger):
 class TracePathKL_ELBO(Trace_ELBO):
     """Trace ELBO with a path-space KL estimator for ``OUPath`` sites guided by a ``NeuralSDEPath``.
 
-    For every sample site where the model has an ``OUPath`` prior and the guide a ``NeuralSDEPath``,
-    the term :math:`\\log p(w) - \\log q(w)` of :class:`~pyro.infer.Trace_ELBO` is replaced by
-    :math:`-\\kappa\\,\\widehat{\\mathrm{KL}}(q\\|p)` computed along the sampled path. With the shared diffusion
-    :math:`\\sigma` and :math:`u(w, t) = (f_q - f_p)(w, t)/\\sigma` (the posterior drift correction divided by
-    :math:`\\sigma`), Girsanov's theorem gives
-    :math:`\\mathrm{KL}(q\\|p) = \\mathbb E_q\\big[\\int_{t_0}^{t_1} \\tfrac12 |u(w_t, t)|^2\\,dt\\big]` ([1], Sec. 3.1;
-    [3]), estimated on the Euler grid with :math:`u_k = u(w_k, t_k)`:
+    For every ``OUPath`` prior site guided by a ``NeuralSDEPath``, :math:`\\log p(w) - \\log q(w)` of
+    :class:`~pyro.infer.Trace_ELBO` becomes :math:`-\\kappa\\,\\widehat{\\mathrm{KL}}(q\\|p)` along the sampled path
+    (Girsanov's theorem, [1] Sec. 3.1, [3], on the Euler grid, :math:`u_k = (f_q - f_p)(w_k, t_k)/\\sigma`):
 
     .. math::
 
         \\mathrm{ELBO} = \\frac{N}{b}\\sum_{i \\in \\text{batch}} \\log p(y_i \\mid x_i, w_\\cdot)
         - \\kappa \\sum_k \\Big(\\tfrac12 |u_k|^2 \\Delta t_k \\,[+ v_k \\cdot \\Delta B_k]\\Big),
 
-    with :math:`v = u` (``"full_mc"``, the exact Euler log-ratio), :math:`v = u(\\cdot; \\mathrm{sg}
-    (\\phi))` (``"stl"``, sticking the landing: zero gradient variance at the true posterior) or no
-    :math:`v` term (``"analytic"``). All other sites behave exactly as in ``Trace_ELBO`` (including
-    the :math:`N/b` scaling of subsampled :class:`~pyro.plate`). :math:`\\kappa` = ``kl_scale``
-    (KL annealing, tempered posteriors); it also scales any site-level ``poutine.scale``.
-
-    .. warning:: The ``OUPath`` prior must use ``method="euler"`` on the same grid as the guide, and the
-        guide path must start at the prior's ``init``: the estimators are KLs between Euler chains with
-        the same initial state. Checked under validation.
-
-    A non-finite loss raises ``ValueError`` naming the call number and the offending term.
+    with :math:`v = u` (``"full_mc"``, the exact Euler log-ratio), :math:`v = u(\\cdot; \\mathrm{sg}(\\phi))`
+    (``"stl"``, sticking the landing [2]: zero gradient variance at the true posterior) or no :math:`v` term
+    (``"analytic"``). The prior must use ``method="euler"`` on the guide's grid and start where the guide path starts
+    (checked under validation); a non-finite loss is a ``ValueError``. :doc:`/methods/sdebnn` explains it all.
 
     :param int num_particles: as in ``Trace_ELBO``.
     :param int max_plate_nesting: as in ``Trace_ELBO``.
@@ -75,13 +64,12 @@ class TracePathKL_ELBO(Trace_ELBO):
     3. X. Li, T.-K. L. Wong, R. T. Q. Chen, D. Duvenaud (2020). Scalable Gradients for Stochastic
        Differential Equations. AISTATS 2020. arXiv:2001.01328.
 
-    >>> from pyro_sdebnn.distributions import OUPath
     >>> from pyro_sdebnn.infer import NeuralSDEGuide
     >>> def model():
     ...     w = pyro.sample("w", OUPath(torch.zeros(2), 0.5, torch.linspace(0, 1, 5), method="euler"))
     ...     pyro.sample("y", pyro.distributions.Normal(w[-1].sum(), 1.0), obs=torch.tensor(1.0))
-    >>> guide = NeuralSDEGuide(model, drift_hidden=8)
-    >>> svi = pyro.infer.SVI(model, guide, pyro.optim.Adam({"lr": 1e-2}), TracePathKL_ELBO(estimator="stl"))
+    >>> svi = pyro.infer.SVI(model, NeuralSDEGuide(model, drift_hidden=8), pyro.optim.Adam({"lr": 1e-2}),
+    ...                      TracePathKL_ELBO(estimator="stl"))
     >>> isinstance(svi.step(), float)
     True
     """

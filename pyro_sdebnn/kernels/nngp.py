@@ -50,14 +50,12 @@ class NNGP(Kernel):
             \mathbb E_{(u, v) \sim \mathcal N(0, \Sigma^{l-1})}\big[\phi(u)\phi(v)\big],\qquad
         \Sigma^{l-1} = \begin{pmatrix} K^{l-1}(x,x) & K^{l-1}(x,x') \\ K^{l-1}(x,x') & K^{l-1}(x',x')\end{pmatrix}.
 
-    The expectation is in closed form for ReLU (arc-cosine kernel [2]:
-    :math:`\frac{1}{2\pi}(\sqrt{k_{11}k_{22}-k_{12}^2} + (\pi - \vartheta) k_{12})`,
-    :math:`\vartheta = \arccos\frac{k_{12}}{\sqrt{k_{11}k_{22}}}`) and erf ([1]:
-    :math:`\frac{2}{\pi}\arcsin\frac{2k_{12}}{\sqrt{(1+2k_{11})(1+2k_{22})}}`), and computed by a
-    ``num_quadrature``\ :sup:`2` point Gauss–Hermite rule on the 2-D Gaussian otherwise (``"tanh"`` or any callable).
-    ``depth=0`` is Bayesian linear regression. ``weight_variance`` and ``bias_variance`` are
-    :class:`~pyro.nn.module.PyroParam` hyper-parameters, so the kernel can be fitted with
-    :class:`pyro.contrib.gp.models.GPRegression` (e.g. by :func:`pyro_sdebnn.distributions.fit_gp_kernel`).
+    The expectation is in closed form for ReLU (the arc-cosine kernel [2]) and erf [1], and computed by a
+    ``num_quadrature``\ :sup:`2` point Gauss–Hermite rule otherwise (``"tanh"`` or any callable). ``depth=0`` is
+    Bayesian linear regression. ``weight_variance`` and ``bias_variance`` are :class:`~pyro.nn.module.PyroParam`
+    hyper-parameters, read from Pyro's param store by name like every :mod:`pyro.contrib.gp` kernel's, so the kernel
+    can be fitted with :func:`pyro_sdebnn.distributions.fit_gp_kernel`. :doc:`/methods/sgmcmc` gives the closed forms,
+    the quadrature's accuracy and how to keep two kernels' parameters apart.
 
     :param int depth: number of hidden layers :math:`L \ge 0`.
     :param weight_variance: :math:`\sigma_w^2 > 0`.
@@ -65,32 +63,15 @@ class NNGP(Kernel):
     :param activation: ``"relu"``, ``"erf"``, ``"tanh"`` or a callable applied element-wise to tensors.
     :param int input_dim: number of input features (``None``: all columns of the input).
     :param list active_dims: feature columns the kernel acts on (as for other Pyro kernels).
-    :param int num_quadrature: Gauss–Hermite points per dimension for the quadrature activations (default 40,
-        within 1e-3 of a 120-point rule for a depth-2 tanh kernel with pre-activation variances of 1–5;
-        saturating activations with large variances converge slowly, prefer ``"erf"`` there). Cost: ``num_quadrature**2`` activation evaluations per input pair and layer, chunked in memory.
+    :param int num_quadrature: Gauss–Hermite points per dimension for the quadrature activations (default 40).
 
-    .. note:: Like every :mod:`pyro.contrib.gp` kernel this is a ``PyroModule``: when called, it reads its
-        parameters from Pyro's global param store *by name* (``"weight_variance"``, ``"bias_variance"``), so two
-        kernels evaluated in the same param store share values. Use one kernel per store, clear it
-        (``pyro.clear_param_store()``), or enable ``pyro.settings.set(module_local_params=True)`` before creating
-        kernels. :class:`~pyro_sdebnn.distributions.GPFunctionalPrior` evaluates its kernel in an empty scope.
-
-    **References**
-
-    [1] C. K. I. Williams (1997). Computing with infinite networks. NeurIPS 9.
-
-    [2] Y. Cho, L. K. Saul (2009). Kernel methods for deep learning. NeurIPS 22.
-
-    [3] J. Lee, Y. Bahri, R. Novak, S. S. Schoenholz, J. Pennington, J. Sohl-Dickstein (2018). Deep neural networks
-    as Gaussian processes. ICLR 2018, arXiv:1711.00165.
-
+    **References.** [1] C. K. I. Williams (1997). Computing with infinite networks. NeurIPS 9. [2] Y. Cho, L. K. Saul
+    (2009). Kernel methods for deep learning. NeurIPS 22. [3] J. Lee, Y. Bahri, R. Novak, S. S. Schoenholz,
+    J. Pennington, J. Sohl-Dickstein (2018). Deep neural networks as Gaussian processes. ICLR 2018, arXiv:1711.00165.
     [4] A. G. de G. Matthews, M. Rowland, J. Hron, R. E. Turner, Z. Ghahramani (2018). Gaussian process behaviour in
     wide deep neural networks. ICLR 2018, arXiv:1804.11271.
 
-    >>> kernel = NNGP(depth=2, weight_variance=2.0, bias_variance=0.1)
-    >>> x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
-    >>> kernel(x).shape, kernel(x, diag=True).shape
-    (torch.Size([3, 3]), torch.Size([3]))
+    >>> kernel, x = NNGP(depth=2, weight_variance=2.0, bias_variance=0.1), torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     >>> print(f"{kernel(x, diag=True)[0]:.4f}")   # K^0 = 0.1 + 2 * 1/2 = 1.1, then + 0.1 per ReLU layer
     1.3000
     """

@@ -14,42 +14,19 @@ where :math:`c` is the posterior drift correction (``c = 0`` is the OU prior), :
 state of the network and :math:`\\kappa` the path-KL channel (:math:`v = 0` for the ``analytic``
 estimator, :math:`v = u` for ``full_mc``, :math:`v = u(\\cdot; \\mathrm{sg}(\\phi))` for ``stl``).
 
-Two implementations:
+- :func:`euler_maruyama_kl`: a fixed-step Euler–Maruyama loop over a given grid with explicit Brownian increments,
+  the training path (no per-step overhead of a general-purpose solver), all three estimators, optionally the hidden
+  state in the same pass.
+- :func:`sdeint_augmented`: the same SDE through :func:`torchsde.sdeint` / :func:`torchsde.sdeint_adjoint` [2]
+  (Milstein, SRK, adaptive steps, the stochastic adjoint), the diffusion :math:`[\\sigma I; 0; 0]` declared as
+  additive noise on a D-dimensional Brownian motion and given as a product only. The ``analytic`` KL rides in the
+  state; the Itô term of ``full_mc`` and ``stl`` (state-dependent noise, which the adjoint handles poorly) is
+  computed by :func:`euler_maruyama_kl` on the weights alone along the same Brownian path and differentiated by
+  backprop.
 
-- :func:`euler_maruyama_kl`: our own fixed-step Euler–Maruyama loop over a given grid with explicit
-  Brownian increments. It is the training path: a plain loop of tensor operations, without the
-  per-step overhead of a general-purpose solver. It supports all three estimators
-  and, optionally, the hidden state in the same pass.
-- :func:`sdeint_augmented`: the same augmented SDE through :func:`torchsde.sdeint` /
-  :func:`torchsde.sdeint_adjoint` (Milstein, SRK, adaptive steps, stochastic adjoint), with all three
-  estimators. The diffusion :math:`[\\sigma I; 0; 0]` is declared *additive* noise driven by a
-  D-dimensional Brownian motion (only the weights are noisy; the hidden state and the KL channel get
-  no Brownian channels) and is given to torchsde as the product ``g_prod`` only, never as a dense
-  ``(D + H + 1) x D`` matrix. The ``analytic`` KL rides in the state (:math:`v = 0`), so the adjoint's
-  memory stays constant in the number of steps. For ``full_mc`` and ``stl`` the Itô term
-  :math:`\\sum_k v_k \\cdot \\Delta B_k` is *not* put in the torchsde state: a state-dependent row
-  :math:`v(w)^\\top` in the diffusion is general (non-additive) noise, whose Itô adjoint needs one
-  Jacobian-vector product per Brownian channel and step (D of them) and is limited to Euler.
-  Instead the KL is computed by :func:`euler_maruyama_kl` on the weights alone, along the *same*
-  Brownian path (increments of the same :class:`torchsde.BrownianInterval` on the grid), and
-  differentiated by ordinary backprop. The weights do not depend on the hidden state, so the two
-  solves share one weight path and the gradients add up; that part stores ``S x D`` numbers (plus
-  the drift net's activations) per step, independent of the data batch and image size, while the
-  hidden state, by far the larger part, keeps the adjoint's constant memory. torchsde's
-  ``logqp=True`` is deliberately not used (it returns NaN when the diffusion is zero on the hidden
-  dimensions). The Brownian motion is always an explicit :class:`torchsde.BrownianInterval` built
-  with ``dt`` (``brownian_interval``), never torchsde's default.
-
-**Accuracy of the stochastic adjoint.** :func:`torchsde.sdeint_adjoint` differentiates by solving
-the adjoint SDE backward in time with its own Euler steps, reconstructing the forward state on the
-way; its gradient is therefore not the exact gradient of the discretised forward solve, but differs
-from it by :math:`O(\\Delta t)`, with a constant that depends on the network. The step
-``ADJOINT_DT`` (0.01), where the relative gap is a few percent on small SDE-BNNs
-(``benchmarks/bench_sdebnn_adjoint_gap.py`` measures it; the figures are in ``BENCHMARKS.md``), is
-therefore the default step of :meth:`pyro_sdebnn.nn.SDEBNN.fused_loss` with ``adjoint=True``.
-
-Shapes: paths are ``(..., K, D)`` (time before state, as ``OUPath``); torchsde internals are
-``(T, batch, d)`` and are converted in :func:`sdeint_augmented` only.
+The adjoint's gradient differs from that of the discretised forward solve by :math:`O(\\Delta t)`, hence the default
+step ``ADJOINT_DT`` of :meth:`pyro_sdebnn.nn.SDEBNN.fused_loss` with ``adjoint=True``. :doc:`/methods/sdebnn`
+explains the memory, the accuracy, the Brownian motion and the shapes.
 
 **References**
 

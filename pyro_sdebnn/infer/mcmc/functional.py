@@ -808,59 +808,32 @@ class FSGLD(FunctionalKernelMixin, SGLD):
             + \\tfrac12 (f_M - m_M)^\\top (K + \\delta I)^{-1} (f_M - m_M),
         \\qquad w \\leftarrow w - \\frac{\\eta_t}{2} \\nabla \\tilde U(w) + \\sqrt{\\eta_t T}\\, \\xi
 
-    with :math:`f_M = f(X_M; w)` at measurement points :math:`X_M` (training inputs plus uniform box points,
-    redrawn every step by default) and a GP prior :math:`\\mathcal{GP}(m, k)`. The weight-space prior of the model
-    is dropped (no weight prior, as in [1]); keep the priors of other latent sites with ``prior_sites`` and add a
-    weak isotropic weight prior with ``weight_prior_scale`` (a deviation from [1], off by default).
-
-    The prior is on the network outputs, read from a deterministic site (default ``"f"``)::
-
-        with pyro.plate("data", len(x)) as idx:
-            f = pyro.deterministic("f", net(x[idx]))
-            pyro.sample("obs", dist.Normal(f, sigma), obs=None if y is None else y[idx])
-
-    or, for a model written as for NUTS without that site, from its likelihood (the ``loc`` of a ``Normal``, the
-    ``logits`` of a ``Bernoulli`` or ``Categorical``: ``likelihood_outputs``), evaluated at :math:`X_M` in the
-    same forward pass as the minibatch when that reproduces the two-pass potential at set-up
-    (``FunctionalPotential``). Over a loader (``mcmc.run(loader)``) the kernel needs ``measurement_points=``
-    (e.g. ``MeasurementPoints(next(iter(loader))[0])``) or a :class:`~pyro_sdebnn.distributions.GPFunctionalPrior`;
-    checkpoints hold the measurement-set stream. All settings of :class:`~pyro_sdebnn.infer.mcmc.SGLD` apply.
+    with :math:`f_M = f(X_M; w)` at measurement points :math:`X_M` and a GP prior :math:`\\mathcal{GP}(m, k)`. The
+    model's weight-space prior is dropped, as in [1]. The outputs :math:`f` are a deterministic site (default
+    ``"f"``) or, for a model written as for NUTS, the parameter of its likelihood (see the module);
+    :doc:`/methods/sgmcmc` explains the measurement points and loaders and runs an example. All settings of
+    :class:`~pyro_sdebnn.infer.mcmc.SGLD` apply.
 
     :param callable model: the Pyro model.
-    :param gp_prior: a ``pyro.contrib.gp`` kernel (``RBF``, ``Matern52``, :class:`~pyro_sdebnn.kernels.NNGP`, ...;
-        fit it with :func:`pyro_sdebnn.distributions.fit_gp_kernel`), or a
-        :class:`~pyro_sdebnn.distributions.GPFunctionalPrior` on fixed measurement points (its cached Cholesky
-        factor is reused).
+    :param gp_prior: a ``pyro.contrib.gp`` kernel (``RBF``, :class:`~pyro_sdebnn.kernels.NNGP`, ...; fit it with
+        :func:`pyro_sdebnn.distributions.fit_gp_kernel`), or a :class:`~pyro_sdebnn.distributions.GPFunctionalPrior`
+        on fixed measurement points (its cached Cholesky factor is reused).
     :param measurement_points: a :class:`~pyro_sdebnn.infer.mcmc.functional.MeasurementPoints` sampler; by default
-        ``num_measurement_data`` training inputs (the model's first argument) plus ``num_measurement_box`` box points,
-        redrawn every step. Required over a loader (unless ``gp_prior`` is a ``GPFunctionalPrior``).
+        ``num_measurement_data`` training inputs plus ``num_measurement_box`` box points, redrawn every step. Required
+        over a loader (unless ``gp_prior`` is a ``GPFunctionalPrior``).
     :param gp_mean: GP mean: ``None`` (zero), a tensor or a callable of :math:`X_M`.
     :param float jitter: relative jitter :math:`\\delta/\\sigma_f^2` (raised at set-up if needed).
     :param str output_site: deterministic site with the network outputs, or a likelihood site whose distribution
-        gives them; without a site of the default name ``"f"``, the model's one likelihood site in the data plate.
+        gives them; without a site named ``"f"``, the model's one likelihood site in the data plate.
     :param prior_sites: latent sites whose priors are kept (e.g. ``("sigma",)``).
-    :param float weight_prior_scale: optional weak weight prior scale.
+    :param float weight_prior_scale: optional weak isotropic weight prior scale (a deviation from [1], off by default).
     :param callable measurement_args: ``X_M -> (args, kwargs)`` of the model.
     :param callable output_fn: ``output_fn(values, X_M) -> f(X_M)`` instead of running the model on :math:`X_M`.
     :param concatenate_inputs: ``None``: one pass on :math:`[x_B; X_M]` when it reproduces the two-trace potential
-        at set-up (``FunctionalPotential``); ``True``: require it; ``False``: always trace twice.
+        at set-up; ``True``: require it; ``False``: always trace twice.
 
-    **References**
-
-    [1] Mengjing Wu, Junyu Xuan, Jie Lu (2024). "Functional Stochastic Gradient MCMC for Bayesian Neural
-        Networks". arXiv:2409.16632.
-
-    >>> import pyro.contrib.gp as gp
-    >>> from pyro.infer import MCMC
-    >>> from pyro_sdebnn.infer.mcmc import BayesianMLP
-    >>> x = torch.linspace(-1, 1, 20).unsqueeze(-1); y = torch.sin(3 * x[:, 0])
-    >>> model = BayesianMLP([1, 10, 1], noise_scale=0.1)
-    >>> kernel = FSGLD(model, gp_prior=gp.kernels.RBF(1), step_size=1e-5, num_steps=2, subsample_size=10,
-    ...                num_measurement_data=5, num_measurement_box=5)
-    >>> mcmc = MCMC(kernel, num_samples=5, warmup_steps=5, disable_progbar=True)
-    >>> mcmc.run(x, y)
-    >>> mcmc.get_samples()["layers.0.weight"].shape
-    torch.Size([5, 10, 1])
+    **References.** [1] Mengjing Wu, Junyu Xuan, Jie Lu (2024). "Functional Stochastic Gradient MCMC for Bayesian
+    Neural Networks". arXiv:2409.16632.
     """
 
     _name = "fSGLD"

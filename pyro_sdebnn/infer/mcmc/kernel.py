@@ -10,26 +10,18 @@ Every inner step is :meth:`SGMCMCKernel._step`: the gradient and value of the mi
     w \\leftarrow w - \\frac{\\eta}{2} \\nabla \\tilde U(w) + \\sqrt{\\eta T}\\, \\xi,
     \\qquad \\xi \\sim \\mathcal N(0, I).
 
-The backends run that one function: ``"eager"`` calls it chain by chain with Pyro's handlers live (any model);
-``"fx"`` traces it once per shape of the data (``make_fx``, vectorised over the chains with ``vmap``) into a graph
-of ATen calls and runs that graph; ``"compile"`` compiles the graph with ``torch.compile``; ``"auto"`` (default)
-steps eagerly for the first 100 inner steps (or ``compile_after``, if fewer: a short run never pays for a trace), runs
-``"fx"`` from there and compiles after ``compile_after`` inner steps (step counts, not times, so that a seed gives the
-same chain on any machine). The data are inputs of the graph, never constants; tensors the model reads from
-outside (module parameters, a GP kernel's hyper-parameters) stay references, so changes in place are seen.
+The backends run that one function eagerly (``"eager"``, any model), traced into a graph of ATen calls (``"fx"``,
+vectorised over the chains) or compiled (``"compile"``); ``"auto"`` (default) switches between them after fixed
+numbers of inner steps. Around the step the kernel does set-up (potential, minibatches, initial values), the loop
+of ``num_steps`` inner steps per returned sample, warm-up, divergence checks
+(:mod:`~pyro_sdebnn.infer.mcmc.diagnostics`) and checkpoints (:mod:`~pyro_sdebnn.infer.mcmc.checkpoint`).
 
-Around the step the kernel does set-up (potential, minibatches, initial values), the loop of ``num_steps`` inner
-steps per returned sample, divergence checks (:mod:`~pyro_sdebnn.infer.mcmc.diagnostics`) and checkpoints
-(:mod:`~pyro_sdebnn.infer.mcmc.checkpoint`). Heuristics that a user did not ask for, each with its switch:
-
-- ``init_strategy=init_to_robust``: prior draws for real-valued sites, prior medians for constrained ones;
-- ``map_steps=None``: a short MAP warm start by Adam (``map_steps=0`` turns it off);
-- ``adapt_mass_matrix=None``: a diagonal mass matrix adapted in Stan's warm-up windows, then frozen (``False``);
-- ``warmup_step_factor=2``: between adaptation windows the chain explores with twice the adapted step (``1``);
-- ``closed_form_prior=True``: constant ``Normal`` priors added in closed form outside the traced graph (``False``);
-- ``cache_graphs=True``: the potential and traced graphs kept between runs on the same, unchanged data (``False``);
-- ``drop_last=None``: a reshuffling loader's short last batch passed over, as with tensors (``False`` keeps it);
-- ``backend="auto"`` with ``compile_after``: the compiled step after that many inner steps (``backend="fx"``).
+Heuristics that a user did not ask for, each with its switch (:doc:`/methods/sgmcmc` explains them): the start
+``init_strategy=init_to_robust``, the MAP warm start ``map_steps=None`` (``0``: off), the windowed mass-matrix
+adaptation ``adapt_mass_matrix=None`` (``False``), the exploring step between the windows ``warmup_step_factor=2``
+(``1``), closed-form ``Normal`` priors ``closed_form_prior=True`` (``False``), graphs kept between runs
+``cache_graphs=True`` (``False``), a reshuffling loader's short last batch passed over ``drop_last=None``
+(``False``), and ``backend="auto"`` (``"fx"`` or ``"eager"``).
 
 **References**
 
@@ -506,45 +498,31 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
     :meth:`_init_state` and :meth:`_update` (a pure rule of :mod:`pyro_sdebnn.ops.sgmcmc`). Returned ``params`` are
     unconstrained, as for Pyro's ``HMC``; ``MCMC`` maps them back through ``kernel.transforms``. With
     ``vectorized_chains=K`` every site carries a leading chain dimension and ``MCMC`` stores ``num_chains * K``
-    chains, so ``Predictive``, ``mcmc.summary()`` and :func:`~pyro_sdebnn.infer.mcmc.to_inference_data` see them.
+    chains. The warm-up, the heuristics and their switches are explained in :doc:`/methods/sgmcmc`.
 
     :param data_plate: the plate(s) over the data (default: found from the observed sites).
     :param float temperature: :math:`T`: samples :math:`\\propto \\exp(-U/T)`.
     :param callable init_strategy: Pyro init strategy (default :func:`init_to_robust`).
-    :param int map_steps: ``None``: an automatic MAP warm start (Adam on the minibatch potential, at most one epoch,
-        10 % of the run's inner steps and 500 steps, stopped when it levels off; only from initial values the kernel
-        drew); an int: that many Adam steps; ``0``: none.
+    :param int map_steps: ``None``: an automatic Adam warm start on the minibatch potential (bounded, stopped when it
+        levels off; only from initial values the kernel drew); an int: that many Adam steps; ``0``: none.
     :param float map_lr: learning rate of the warm start.
     :param int vectorized_chains: ``K`` chains at once in this process.
     :param str on_divergence: ``"raise"`` (:class:`~pyro_sdebnn.infer.mcmc.diagnostics.SamplerDivergenceError`) or
-        ``"continue"`` (record it in ``diagnostics()["divergence log"]`` and restart the chain from its last healthy
+        ``"continue"`` (record it in ``diagnostics()["divergence log"]``, restart the chain from its last healthy
         state); the rule is in :mod:`~pyro_sdebnn.infer.mcmc.diagnostics`.
     :param bool adapt_step_size: in warm-up, halve the step size whenever a chain diverges (at most 30 times).
     :param bool adapt_mass_matrix: ``None``: adapt a diagonal mass matrix in warm-up when the step size is a constant
         and the warm-up has at least 1000 inner steps; ``False``: unit mass throughout.
     :param float adapted_step_size: the step in standardised units once :math:`M` is adapted (default 0.1 for SGLD),
-        capped by the curvature of the preconditioned Hessian averaged over up to 8 minibatches (a quarter of the
-        stability limit of each: :math:`1/\\lambda` for SGLD, :math:`0.5/\\sqrt\\lambda` for SGHMC) at the last
-        window's end (SGHMC: the stiffest of 8 positions spread through the last window), and checked once more at
-        the end of warm-up, at the settled chain's position.
-    :param float warmup_step_factor: :math:`f \\in [1, 4)`: from the end of the first adaptation window to the end of
-        the last, the chain steps :math:`f` times the capped step (half the stability limit at the default 2). The
-        windows estimate :math:`M^{-1}` from the chain's own positions; a chain that moves too slowly to cross the
-        loosely determined directions underestimates their variances, and the sampling step, capped by the stiffest
-        direction, then mixes them slowly. The windows' draws are discarded, so their larger discretisation bias
-        costs nothing; the last window's end and the end of warm-up set the sampling step. ``1``: the sampling step
-        throughout. SGHMC's exploring step stays within :math:`\\epsilon c \\le 1/2` of the user's friction
-        :math:`c`, so that the friction still damps the momentum.
+        capped by the curvature of the preconditioned potential.
+    :param float warmup_step_factor: :math:`f \\in [1, 4)`: between the first and the last adaptation window the
+        chain explores with :math:`f` times the capped step; ``1``: the sampling step throughout.
     :param str backend: ``"auto"``, ``"eager"``, ``"fx"`` or ``"compile"`` (see the module).
     :param int compile_after: with ``backend="auto"``, the inner steps after which the step is compiled.
     :param bool closed_form_prior: add constant ``Normal`` priors in closed form outside the traced graph.
     :param bool cache_graphs: keep the potential and traced graphs between runs on the same, unchanged data.
-    :param drop_last: with a loader, pass over the short batch that ends each epoch (:math:`N \\bmod b` points,
-        which the potential would scale by :math:`N / (N \\bmod b)`): ``None`` (default) when the loader reshuffles
-        every epoch, so that every point is still seen and each batch is a uniform draw, as with tensors and
-        ``subsample_size``; ``True`` for any loader; ``False`` never (see
-        :doc:`/methods/sgmcmc`). ``diagnostics()["batches passed over"]`` counts
-        them.
+    :param drop_last: with a loader, pass over the short batch that ends each epoch: ``None`` (default) when the
+        loader reshuffles every epoch, ``True`` for any loader, ``False`` never.
     :param sample_writer: a :class:`~pyro_sdebnn.infer.mcmc.arviz.SampleWriter` streaming the samples to disk.
     :param dict transforms: ``{site: transform}`` from constrained to unconstrained space, as for ``HMC``.
 

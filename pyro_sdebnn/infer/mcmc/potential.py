@@ -133,38 +133,28 @@ class MinibatchPotential:
 
     .. math::
 
-        \\tilde U(u) = -\\sum_{\\text{sites } s} \\text{scale}_s \\log p_s(v_s) - \\log|\\det J_T(u)|
+        \\tilde U(u) = -\\sum_{\\text{sites } s} \\text{scale}_s \\log p_s(v_s) - \\log|\\det J_T(u)|,
 
-    where the subsample of every subsampled data plate :math:`p` is set to its minibatch indices (scale
-    :math:`N_p/b_p` on the terms inside it). Observed sites and ``pyro.factor`` terms outside the data plates are
-    full-data terms (scale 1). With several subsampled plates, the indices ``idx`` handed to the potential are the
-    concatenation of each plate's indices in the order of ``subsampled_plates`` (see :meth:`join_indices`).
+    with scale :math:`N_p/b_p` on the terms inside a subsampled data plate :math:`p` and 1 on the full-data terms
+    (see the module). ``minibatch_mode`` says how a minibatch reaches the model: ``"index"`` (its plate's
+    subsample), ``"slice"`` (the data arguments of leading size :math:`N` sliced) or ``"batch"`` (one loader batch,
+    with ``data_size``). With several subsampled plates, ``idx`` is their indices joined by :meth:`join_indices`.
 
-    The model reaches a minibatch in one of three ways (``minibatch_mode``): ``"index"`` when it indexes the data
-    with the plate's indices (the minibatch indices are the plate's subsample); ``"slice"`` for a plain model
-    (``with pyro.plate("data", len(x)): ... obs=y``) under ``subsample_size``: every tensor argument whose leading
-    dimension is the plate's size :math:`N` is sliced by the minibatch indices and the sites of the data plate are
-    scaled by :math:`N/b`; ``"batch"`` with ``data_size=N``: the arguments are one minibatch already (a loader's
-    batch) and the data plate, of size :math:`b` = its batch size, is scaled by :math:`N/b`.
-
-    :param callable model: a Pyro model; its likelihood sits in a plate over the data, with the network weights
-        sampled outside that plate. Local latent variables (sampled inside a subsampled data plate) are not
-        supported under subsampling.
+    :param callable model: a Pyro model: the weights outside the plate over the data, the likelihood inside (no local
+        latent variables under subsampling).
     :param tuple model_args: positional arguments of the model (the full data; one minibatch with ``data_size``).
     :param dict model_kwargs: keyword arguments of the model.
-    :param subsample_size: minibatch size :math:`b`: an int for every data plate, a dict
-        ``{plate name: size}`` (the plates it names are the subsampled data plates; other plates are not
-        subsampled), or ``None`` for full-batch gradients.
-    :param data_plate: name (or list of names) of the plate(s) over the data; by default the plates of the observed
-        sites (the plate that contains every observed site, else each observed site's own plate).
+    :param subsample_size: minibatch size :math:`b`: an int for every data plate, a dict ``{plate name: size}``
+        (only the plates it names are subsampled), or ``None`` for full-batch gradients.
+    :param data_plate: name (or list of names) of the plate(s) over the data; by default the plate that contains
+        every observed site, else each observed site's own plate.
     :param prior_filter: optional ``(name, site) -> bool`` keeping only the prior terms of the latent sites it
-        accepts (used by the functional kernels, which drop the weight-space prior).
+        accepts (the functional kernels drop the weight-space prior).
     :param dict transforms: optional ``{site: transform}`` from constrained to unconstrained space (as for Pyro's
         ``HMC``); other sites use ``biject_to(support).inv``.
-    :param int data_size: the number of data points :math:`N` when ``model_args`` are one minibatch of them (a
-        batch of a loader); excludes ``subsample_size``. The model must then have one data plate.
-    :param batch_keys: with ``data_size``, the names of the keyword arguments that come from the batch (a dict
-        batch's keys): with the positional arguments, the data of the batch.
+    :param int data_size: :math:`N` when ``model_args`` are one minibatch (a loader's batch); excludes
+        ``subsample_size``; the model must then have one data plate.
+    :param batch_keys: with ``data_size``, the names of the keyword arguments that come from the batch.
 
     >>> import pyro.distributions as dist
     >>> def model(x, y=None):
@@ -173,37 +163,10 @@ class MinibatchPotential:
     ...         pyro.sample("y", dist.Normal(w * x[idx], 1.0), obs=None if y is None else y[idx])
     >>> x = torch.linspace(-1, 1, 10); y = 2 * x
     >>> U = MinibatchPotential(model, (x, y), subsample_size=5)
-    >>> U.dim, U.data_plate, U.data_size
-    (1, 'data', 10)
+    >>> U.dim, U.data_plate, U.data_size, U.minibatch_mode
+    (1, 'data', 10, 'index')
     >>> U(torch.zeros(1), torch.arange(5)).shape
     torch.Size([])
-
-    Two data sets, each subsampled with its own size, and a penalty on the weights outside the data plates:
-
-    >>> def model2(x1, y1, x2, y2):
-    ...     w = pyro.sample("w", dist.Normal(0.0, 1.0))
-    ...     pyro.factor("penalty", -w**2)
-    ...     with pyro.plate("first", len(x1)) as i:
-    ...         pyro.sample("y1", dist.Normal(w * x1[i], 1.0), obs=y1[i])
-    ...     with pyro.plate("second", len(x2)) as j:
-    ...         pyro.sample("y2", dist.Normal(w * x2[j], 1.0), obs=y2[j])
-    >>> U2 = MinibatchPotential(model2, (x, y, x[:6], y[:6]), subsample_size={"first": 5, "second": 2})
-    >>> U2.subsampled_plates, U2.data_sizes
-    (('first', 'second'), {'first': 10, 'second': 6})
-    >>> U2(torch.zeros(1), U2.join_indices({"first": torch.arange(5), "second": torch.tensor([0, 3])})).shape
-    torch.Size([])
-
-    A plain model (no plate indices), under subsampling and on one batch of a loader:
-
-    >>> def plain(x, y=None):
-    ...     w = pyro.sample("w", dist.Normal(0.0, 1.0))
-    ...     with pyro.plate("data", len(x)):
-    ...         pyro.sample("y", dist.Normal(w * x, 1.0), obs=y)
-    >>> MinibatchPotential(plain, (x, y), subsample_size=5).minibatch_mode
-    'slice'
-    >>> U3 = MinibatchPotential(plain, (x[:4], y[:4]), data_size=10)
-    >>> U3.minibatch_mode, U3.data_size
-    ('batch', 10)
     """
 
     # the model's data plates, set by ``_find_data_plates`` (and ``_use_batch_data_size`` for a loader's batch)

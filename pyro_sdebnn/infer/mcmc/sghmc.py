@@ -24,30 +24,13 @@ class SGHMC(SGMCMCKernel):
         v \\leftarrow (1 - \\eta c) v - \\eta \\hat g + \\sqrt{2 \\eta (c - \\hat B) T}\\, \\xi, \\qquad
         w \\leftarrow w + \\eta v,
 
-    ``num_steps`` inner steps on fresh minibatches per returned sample; the momentum persists across samples
-    (``resample_momentum_every=k`` redraws it from :math:`\\mathcal N(0, T I)` every ``k`` samples). By default the
-    warm-up adapts a diagonal mass matrix :math:`M`, frozen for sampling, which then runs with the momentum in
-    standardised coordinates (:math:`\\hat g \\to M^{-1/2} \\hat g`, :math:`w \\leftarrow w + \\epsilon M^{-1/2} v`;
-    a constant :math:`M` keeps the target stationary, Ma, Chen and Fox 2015), the step :math:`\\epsilon` capped at
-    :math:`0.5/\\sqrt\\lambda` (:math:`\\lambda` the largest eigenvalue of the preconditioned Hessian averaged over
-    minibatches, the stiffest of 8 positions spread through the last adaptation window and of the end of warm-up)
-    and at :math:`\\epsilon c \\le 0.5`, and the
-    friction raised to at least :math:`0.07/\\epsilon`, so that the momentum loses at least 7 % per step (the momentum
-    decay :math:`\\alpha = \\epsilon c` of the SGD-with-momentum form of [1], section 3.3): that damps the heat of the
-    minibatch gradients and of the energy the chain releases as it settles. ``kernel.friction`` is the one in use.
-    All other settings are those of
-    :class:`~pyro_sdebnn.infer.mcmc.SGLD`.
-
-    *Kinetic temperature.* At stationarity :math:`v \\sim \\mathcal N(0, T I)`, so :math:`\\|v\\|^2 / D` should be
-    close to :math:`T`; ``diagnostics()["kinetic temperature"]`` is its mean over the returned samples. A value well
-    above :math:`T` means the chain is hotter than the target: the energy released while it descends from its
-    initial point (friction removes it over about :math:`1/(\\eta c)` steps) or minibatch noise that :math:`c` does
-    not dominate (:math:`\\hat B \\le c` in [1]). Remedies: a larger ``friction`` (keeping :math:`\\eta c < 1`), a
-    longer warm-up, ``resample_momentum_every``, a smaller ``step_size``. The divergence check watches the total
-    energy :math:`H = U + \\|v\\|^2/2`, which friction dissipates.
-
-    *Defaults.* ``step_size=0.01`` and ``friction=1.0`` (:math:`\\eta c = 0.01`: the momentum remembers about 100
-    steps); the step is stable up to a curvature of :math:`(2/\\eta)^2`.
+    ``num_steps`` inner steps on fresh minibatches per returned sample; the momentum persists across samples. By
+    default the warm-up adapts a diagonal mass matrix :math:`M`, frozen for sampling, and raises the friction to at
+    least :math:`0.07/\\epsilon` (``kernel.friction`` is the one in use). At stationarity
+    :math:`v \\sim \\mathcal N(0, T I)`: ``diagnostics()["kinetic temperature"]``, the mean of :math:`\\|v\\|^2 / D`
+    over the returned samples, well above :math:`T` means the chain is hotter than the target. The divergence check
+    watches :math:`H = U + \\|v\\|^2/2`. All other settings are those of :class:`~pyro_sdebnn.infer.mcmc.SGLD`;
+    :doc:`/methods/sgmcmc` explains the warm-up and the remedies for a hot chain.
 
     :param callable model: the Pyro model (see :class:`~pyro_sdebnn.infer.mcmc.SGLD` for its form).
     :param step_size: :math:`\\eta` or a schedule (default 0.01).
@@ -55,21 +38,20 @@ class SGHMC(SGMCMCKernel):
     :param float noise_estimate: :math:`\\hat B \\in [0, c]` (default 0).
     :param int num_steps: inner steps per returned sample.
     :param int subsample_size: minibatch size with tensors (``None`` with a loader).
-    :param int resample_momentum_every: redraw the momentum every that many returned samples (default never).
+    :param int resample_momentum_every: redraw the momentum from :math:`\\mathcal N(0, T I)` every that many returned
+        samples (default never).
 
-    **References**
+    **References.** [1] Tianqi Chen, Emily B. Fox, Carlos Guestrin (2014). "Stochastic Gradient Hamiltonian Monte
+    Carlo". ICML 2014.
 
-    [1] Tianqi Chen, Emily B. Fox, Carlos Guestrin (2014). "Stochastic Gradient Hamiltonian Monte Carlo". ICML 2014.
-
-    >>> import pyro.distributions as dist
     >>> from pyro.infer import MCMC
     >>> def model(x, y=None):
-    ...     w = pyro.sample("w", dist.Normal(0.0, 1.0))
+    ...     w = pyro.sample("w", pyro.distributions.Normal(0.0, 1.0))
     ...     with pyro.plate("data", len(x)) as idx:
-    ...         pyro.sample("y", dist.Normal(w * x[idx], 1.0), obs=None if y is None else y[idx])
+    ...         pyro.sample("y", pyro.distributions.Normal(w * x[idx], 1.0), obs=None if y is None else y[idx])
     >>> x = torch.linspace(-1, 1, 20); y = 2 * x
-    >>> kernel = SGHMC(model, step_size=1e-2, friction=1.0, num_steps=5, subsample_size=10)
-    >>> mcmc = MCMC(kernel, num_samples=20, warmup_steps=10, disable_progbar=True)
+    >>> mcmc = MCMC(SGHMC(model, step_size=1e-2, friction=1.0, num_steps=5, subsample_size=10), 20, 10,
+    ...             disable_progbar=True)
     >>> mcmc.run(x, y)
     >>> mcmc.get_samples()["w"].shape
     torch.Size([20])

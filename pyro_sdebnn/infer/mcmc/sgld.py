@@ -15,26 +15,20 @@ __all__ = ["SGLD"]
 
 
 class SGLD(SGMCMCKernel):
-    """Stochastic-gradient Langevin dynamics (Welling and Teh [1]) on a minibatched Pyro model, run by
-    :class:`pyro.infer.MCMC`.
+    """Stochastic-gradient Langevin dynamics (Welling and Teh [1]) on a minibatched Pyro model, run by ``MCMC``.
 
     Every :meth:`sample` takes ``num_steps`` inner steps, each on a fresh minibatch :math:`B` of :math:`b` of the
-    :math:`N` data points (eq. (4) of [1], in the unconstrained space of the latent sites):
+    :math:`N` data points (eq. (4) of [1], in unconstrained space), :math:`\\xi \\sim \\mathcal N(0, I)`:
 
     .. math::
 
         w \\leftarrow w - \\frac{\\eta_t}{2} \\hat g + \\sqrt{\\eta_t T}\\, \\xi, \\qquad
-        \\hat g = -\\frac{N}{b} \\sum_{i \\in B} \\nabla \\log p(y_i | x_i, w) - \\nabla \\log p(w),
-        \\qquad \\xi \\sim \\mathcal N(0, I).
+        \\hat g = -\\frac{N}{b} \\sum_{i \\in B} \\nabla \\log p(y_i | x_i, w) - \\nabla \\log p(w).
 
-    The model is written as for NUTS (weights outside ``pyro.plate("data", len(x))``, the likelihood inside);
-    the data come as tensors, ``mcmc.run(x, y)`` with ``subsample_size=b``, or as a loader, ``mcmc.run(loader)``.
-    By default the warm-up adapts a diagonal mass matrix :math:`M` (Stan's windows, then frozen: a constant
-    :math:`M` keeps the target stationary [3]) and samples with :math:`w \\leftarrow w - \\frac{\\epsilon}{2}
-    M^{-1} \\hat g + \\sqrt{\\epsilon T M^{-1}}\\, \\xi`; ``preconditioned=True`` instead scales every coordinate by a
-    running RMSprop estimate :math:`G = 1/(\\epsilon + \\sqrt V)` (pSGLD [2]). The settings shared by all kernels
-    (minibatches, warm start, adaptation, divergences, backends, switches of the heuristics) are those of
-    :class:`~pyro_sdebnn.infer.mcmc.kernel.SGMCMCKernel`; :doc:`/methods/sgmcmc` explains them.
+    The model is written as for NUTS; the data come as tensors (``mcmc.run(x, y)``, ``subsample_size=b``) or a
+    loader (``mcmc.run(loader)``). ``preconditioned=True`` scales every coordinate by a running RMSprop estimate
+    :math:`G = 1/(\\epsilon + \\sqrt V)` (pSGLD [2]) in place of the adapted diagonal mass matrix. The settings shared
+    by all kernels are those of :class:`~pyro_sdebnn.infer.mcmc.kernel.SGMCMCKernel` (:doc:`/methods/sgmcmc`).
 
     :param callable model: the Pyro model.
     :param step_size: :math:`\\eta` (float) or a :class:`~pyro_sdebnn.infer.mcmc.schedules.StepSizeSchedule` over
@@ -46,34 +40,18 @@ class SGLD(SGMCMCKernel):
     :param float precond_eps: :math:`\\epsilon` of the preconditioner.
     :param kwargs: the settings of :class:`~pyro_sdebnn.infer.mcmc.kernel.SGMCMCKernel`.
 
-    **References**
+    **References.** [1] Max Welling, Yee Whye Teh (2011). "Bayesian Learning via Stochastic Gradient Langevin
+    Dynamics". ICML 2011. [2] Chunyuan Li, Changyou Chen, David Carlson, Lawrence Carin (2016). "Preconditioned
+    Stochastic Gradient Langevin Dynamics for Deep Neural Networks". AAAI 2016.
 
-    [1] Max Welling, Yee Whye Teh (2011). "Bayesian Learning via Stochastic Gradient Langevin Dynamics". ICML 2011.
-
-    [2] Chunyuan Li, Changyou Chen, David Carlson, Lawrence Carin (2016). "Preconditioned Stochastic Gradient
-        Langevin Dynamics for Deep Neural Networks". AAAI 2016.
-
-    [3] Yi-An Ma, Tianqi Chen, Emily B. Fox (2015). "A Complete Recipe for Stochastic Gradient MCMC". NeurIPS 2015.
-
-    >>> import pyro.distributions as dist
     >>> from pyro.infer import MCMC
     >>> def model(x, y=None):
-    ...     w = pyro.sample("w", dist.Normal(0.0, 1.0))
+    ...     w = pyro.sample("w", pyro.distributions.Normal(0.0, 1.0))
     ...     with pyro.plate("data", len(x)):
-    ...         pyro.sample("y", dist.Normal(w * x, 1.0), obs=y)
+    ...         pyro.sample("y", pyro.distributions.Normal(w * x, 1.0), obs=y)
     >>> x = torch.linspace(-1, 1, 20); y = 2 * x
-    >>> mcmc = MCMC(SGLD(model, step_size=1e-2, num_steps=5, subsample_size=10), num_samples=20, warmup_steps=10,
-    ...             disable_progbar=True)
+    >>> mcmc = MCMC(SGLD(model, step_size=1e-2, num_steps=5, subsample_size=10), 20, 10, disable_progbar=True)
     >>> mcmc.run(x, y)
-    >>> mcmc.get_samples()["w"].shape
-    torch.Size([20])
-
-    The same model over a loader:
-
-    >>> from torch.utils.data import DataLoader, TensorDataset
-    >>> loader = DataLoader(TensorDataset(x, y), batch_size=10, shuffle=True)
-    >>> mcmc = MCMC(SGLD(model, step_size=1e-2, num_steps=5), num_samples=20, warmup_steps=10, disable_progbar=True)
-    >>> mcmc.run(loader)
     >>> mcmc.get_samples()["w"].shape
     torch.Size([20])
     """
