@@ -28,6 +28,11 @@ the batches go: the model's device and dtype. ``check_tensors`` validates a data
 tensors, and :func:`check_finite_batch` rejects a batch (or a whole data set) holding a NaN or an infinity
 with a message naming the argument, the batch and the first bad index.
 
+A run over data resumes bitwise only if every random state it reads is put back: ``rng_state`` captures torch's CPU
+generator, every initialised CUDA device's, NumPy's, Python's, and the ``torch.Generator`` objects a loader shuffles
+with (``loader_generators``: ``DataLoader(generator=...)``, its sampler's); ``set_rng_state`` restores them. Every
+checkpoint of the package (:mod:`pyro_sdebnn.infer.checkpoint`) stores this one capture.
+
 >>> from torch.utils.data import DataLoader, TensorDataset
 >>> loader = DataLoader(TensorDataset(torch.randn(10, 3), torch.arange(10)), batch_size=4)
 >>> is_loader(loader), dataset_size(loader)
@@ -39,6 +44,7 @@ with a message naming the argument, the batch and the first bad index.
 from __future__ import annotations
 
 import inspect
+import random
 from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, overload
 
 import numpy as np
@@ -459,3 +465,65 @@ def check_finite_batch(x: Tensor, y: Tensor | None = None, *, what: str = "x", b
                 f"{name} contains {kind} at index {first}{where} ({count} non-finite value"
                 f"{'' if count == 1 else 's'} in all); remove or impute the non-finite entries"
             )
+
+
+# ----- the random state a run over data reads ------------------------------------------------------------------------
+def loader_generators(loader: Any) -> list[torch.Generator]:
+    """The ``torch.Generator`` objects a loader draws its order from, each once, in a fixed order: the loader's own
+    (``DataLoader(..., generator=g)``, which also seeds the workers), its sampler's and its batch sampler's
+    sampler's (``RandomSampler(data, generator=g)``, ``SubsetRandomSampler``, ``WeightedRandomSampler``).
+
+    >>> from torch.utils.data import DataLoader, TensorDataset
+    >>> g = torch.Generator().manual_seed(0)
+    >>> loader = DataLoader(TensorDataset(torch.zeros(4)), batch_size=2, shuffle=True, generator=g)
+    >>> loader_generators(loader) == [g]
+    True
+    """
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    owners = (loader, getattr(loader, "sampler", None), batch_sampler, getattr(batch_sampler, "sampler", None))
+    found: list[torch.Generator] = []
+    for owner in owners:
+        g = getattr(owner, "generator", None)
+        if isinstance(g, torch.Generator) and all(g is not h for h in found):
+            found.append(g)
+    return found
+
+
+def rng_state(loader: Any = None) -> dict:
+    """Every random state a training run reads, as tensors, numbers and lists (``weights_only``-loadable): torch's
+    CPU generator (uint8 tensor), the CUDA ones if initialised, NumPy's and Python's, and the loader's own
+    generators (``DataLoader(generator=...)``, a sampler's)."""
+    version, mt, gauss = random.getstate()
+    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if cuda else [],
+        "numpy": {"name": str(np_name), "keys": torch.from_numpy(np.asarray(np_keys, dtype=np.int64)),
+                  "pos": int(np_pos), "has_gauss": int(np_has_gauss), "gauss": float(np_gauss)},
+        "random": {"version": int(version), "state": list(mt), "gauss": gauss},
+        "loader": [g.get_state() for g in loader_generators(loader)] if loader is not None else [],
+    }
+
+
+def set_rng_state(state: dict, loader: Any = None) -> None:
+    """Restore what ``rng_state`` captured (the loader's generators only if it has as many)."""
+    gens = loader_generators(loader) if loader is not None else []
+    saved = state.get("loader", [])
+    if gens and saved and len(gens) != len(saved):
+        raise ValueError(
+            f"the loader has {len(gens)} torch.Generator(s) but the interrupted run's had {len(saved)}; "
+            "resume with a loader built the same way"
+        )
+    torch.set_rng_state(state["torch"].cpu())
+    if state.get("cuda") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+    if "numpy" in state:
+        npy = state["numpy"]
+        np.random.set_state((npy["name"], npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"],
+                             npy["gauss"]))
+    if "random" in state:
+        rnd = state["random"]
+        random.setstate((rnd["version"], tuple(rnd["state"]), rnd["gauss"]))
+    for gen, gen_state in zip(gens, saved):
+        gen.set_state(gen_state.cpu())

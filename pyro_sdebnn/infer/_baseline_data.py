@@ -33,10 +33,11 @@ from pyro_sdebnn.data.loaders import (
     minibatch_indices,
     module_device_dtype,
     move_batch,
+    rng_state,
+    set_rng_state,
 )
 from pyro_sdebnn.data.loaders import check_tensors as _check_data
 from pyro_sdebnn.infer._training import SchedulerStepper, check_clip
-from pyro_sdebnn.infer.checkpoint import rng_state, set_rng_state
 
 
 def _check_fit_args(n: int, *, num_epochs: int, lr: float, batch_size: int | None, weight_decay: float | None) -> int:

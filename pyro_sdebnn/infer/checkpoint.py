@@ -17,7 +17,9 @@ at all (truncated, corrupted), raises a ``ValueError`` naming the format and ver
 
 The training state a checkpoint needs to *resume* bitwise includes every random state a run reads: ``rng_state``
 captures torch's CPU generator, every initialised CUDA device's, NumPy's, Python's, and the ``torch.Generator`` objects
-a loader shuffles with (``DataLoader(generator=...)``, its sampler's); ``set_rng_state`` restores them.
+a loader shuffles with (``DataLoader(generator=...)``, its sampler's); ``set_rng_state`` restores them. They live with
+the loaders (:mod:`pyro_sdebnn.data.loaders`), below the samplers and trainers that capture them, and are importable
+from here too.
 
 Fitted baselines (``MAPEstimate``, ``MeanFieldVI``, ``MCDropout``, ``DeepEnsemble``, ``Laplace``) save the method's
 class name (checked on load), the fitted state and the training state (kind ``"baseline"``), so that
@@ -38,15 +40,16 @@ from __future__ import annotations
 
 import copy
 import os
-import random
 import tempfile
 from collections import Counter, OrderedDict
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
+
+# the one capture of the random state (re-exported: the trainers import it from here)
+from pyro_sdebnn.data.loaders import loader_generators, rng_state, set_rng_state  # noqa: F401
 
 __all__ = ["load_checkpoint"]
 
@@ -167,59 +170,3 @@ def detached(obj: Any) -> Any:
     if isinstance(obj, tuple):
         return tuple(detached(v) for v in obj)
     return copy.deepcopy(obj)
-
-
-def loader_generators(loader) -> list[torch.Generator]:
-    """The distinct ``torch.Generator`` objects a loader shuffles with (``loader.generator``, its samplers')."""
-    found: list[torch.Generator] = []
-    batch_sampler = getattr(loader, "batch_sampler", None)
-    candidates = [
-        getattr(loader, "generator", None),
-        getattr(getattr(loader, "sampler", None), "generator", None),
-        getattr(batch_sampler, "generator", None),
-        getattr(getattr(batch_sampler, "sampler", None), "generator", None),
-    ]
-    for gen in candidates:
-        if isinstance(gen, torch.Generator) and all(gen is not g for g in found):
-            found.append(gen)
-    return found
-
-
-def rng_state(loader=None) -> dict:
-    """Every random state a training run reads, as tensors, numbers and lists (``weights_only``-loadable): torch's
-    CPU generator (uint8 tensor), the CUDA ones if initialised, NumPy's and Python's, and the loader's own
-    generators (``DataLoader(generator=...)``, a sampler's)."""
-    version, mt, gauss = random.getstate()
-    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
-    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-    return {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if cuda else [],
-        "numpy": {"name": str(np_name), "keys": torch.from_numpy(np.asarray(np_keys, dtype=np.int64)),
-                  "pos": int(np_pos), "has_gauss": int(np_has_gauss), "gauss": float(np_gauss)},
-        "random": {"version": int(version), "state": list(mt), "gauss": gauss},
-        "loader": [g.get_state() for g in loader_generators(loader)] if loader is not None else [],
-    }
-
-
-def set_rng_state(state: dict, loader=None) -> None:
-    """Restore what ``rng_state`` captured (the loader's generators only if it has as many)."""
-    gens = loader_generators(loader) if loader is not None else []
-    saved = state.get("loader", [])
-    if gens and saved and len(gens) != len(saved):
-        raise ValueError(
-            f"the loader has {len(gens)} torch.Generator(s) but the interrupted run's had {len(saved)}; "
-            "resume with a loader built the same way"
-        )
-    torch.set_rng_state(state["torch"].cpu())
-    if state.get("cuda") and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
-    if "numpy" in state:
-        npy = state["numpy"]
-        np.random.set_state((npy["name"], npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"],
-                             npy["gauss"]))
-    if "random" in state:
-        rnd = state["random"]
-        random.setstate((rnd["version"], tuple(rnd["state"]), rnd["gauss"]))
-    for gen, gen_state in zip(gens, saved):
-        gen.set_state(gen_state.cpu())

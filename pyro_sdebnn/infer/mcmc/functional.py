@@ -724,10 +724,9 @@ class FunctionalKernelMixin(_KernelBase):
 
     # ----- checkpoints ------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The state of
-        :meth:`ResumableState.state_dict <pyro_sdebnn.infer.mcmc.checkpoint.ResumableState.state_dict>` plus,
-        under ``"functional"``, the measurement-set stream: the current set and its factor and how many more steps
-        use it, the sets (and factors) of the current batch not used yet, the state of the sampler's own generator
+        """The state of :meth:`SGMCMCKernel.state_dict <pyro_sdebnn.infer.mcmc.kernel.SGMCMCKernel.state_dict>`
+        plus, under ``"functional"``, the measurement-set stream: the current set and its factor and how many more
+        steps use it, the sets (and factors) of the current batch not used yet, the state of the sampler's own generator
         (if it has one; otherwise the sets come from torch's, saved with the chain), and the jitter :math:`\\delta`
         chosen at set-up. The unused sets are stored rather than drawn again (at most one batch of ``prefetch``
         factors).

@@ -41,7 +41,7 @@ import math
 import warnings
 from abc import abstractmethod
 from collections import deque
-from typing import Any, Callable, ContextManager, NamedTuple, Optional, Union
+from typing import Any, Callable, ContextManager, NamedTuple, Optional, Union, cast
 
 import numpy as np
 import pyro
@@ -54,7 +54,8 @@ from torch import Tensor
 from torch.distributions.transforms import Transform
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from pyro_sdebnn.data.loaders import batch_length, flatten_arguments, iter_model_batches, move_arguments
+from pyro_sdebnn.data.loaders import (batch_length, flatten_arguments, iter_model_batches, move_arguments, rng_state,
+                                      set_rng_state)
 from pyro_sdebnn.infer.mcmc.diagnostics import (
     _RECENT,
     DivergenceCheck,
@@ -67,7 +68,6 @@ from pyro_sdebnn.infer.mcmc.diagnostics import (
     find_runner,
 )
 from pyro_sdebnn.infer.mcmc.potential import BatchStream, MinibatchPotential, in_dataset_order, is_data_loader
-from pyro_sdebnn.infer.mcmc.checkpoint import ResumableState
 from pyro_sdebnn.infer.mcmc.schedules import StepSizeSchedule, as_schedule
 
 __all__ = ["SGMCMCKernel", "init_to_robust"]
@@ -405,18 +405,16 @@ def _check_initial_params(potential: MinibatchPotential, params: Any, chains: in
 
 
 class _KernelAttributes:
-    """The attributes and methods of :class:`SGMCMCKernel` that its mixins (``DivergenceCheck``,
-    ``ResumableState``) use, for the type checker only.
+    """The attributes and methods of :class:`SGMCMCKernel` that its mixin ``DivergenceCheck`` uses, for the type
+    checker only.
 
-    The mixins are bases of the kernel, so they cannot name the kernel as their typed base (an inheritance cycle);
-    they take this class as their base under ``typing.TYPE_CHECKING`` (``object`` at run time) instead. The kernel
+    The mixin is a base of the kernel, so it cannot name the kernel as its typed base (an inheritance cycle); it
+    takes this class as its base under ``typing.TYPE_CHECKING`` (``object`` at run time) instead. The kernel
     sets these in ``__init__``, ``_reset`` and ``setup``; here they are only declared.
     """
 
     # settings (``__init__``)
     _name: str
-    _checkpointable: bool
-    _state_type: type
     potential: Optional[MinibatchPotential]  # built by setup
     num_steps: int
     vectorized_chains: int
@@ -428,20 +426,8 @@ class _KernelAttributes:
     # the chain (``_reset``, ``setup``, ``sample``)
     _state: Optional[tuple]
     _t: int  # inner gradient steps taken
-    _sample_count: int  # calls to sample()
-    _warmup_steps: int
-    _initial_params: Optional[dict[str, Tensor]]
-    _last_params: Optional[dict[str, Tensor]]
-    _last_potential: Optional[Tensor]
     _eta_tensor: Optional[Tensor]
     _step_scale: float
-    map_steps_taken: int
-    # minibatches
-    _stream: Optional[BatchStream]
-    _pending_batch: Optional[tuple]
-    _batches: Optional[Tensor]
-    _batch_pos: int
-    _resume: Optional[dict[str, Any]]  # a checkpoint to restore on the next setup
     # the preconditioner and its adaptation
     _precond: Optional[Tensor]
     _unit_mass: Optional[bool]  # the traced step has no preconditioner (no mass matrix in this run)
@@ -491,7 +477,7 @@ class _KernelAttributes:
     def _bind(self, data: Optional[tuple]) -> ContextManager[Any]: ...
 
 
-class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
+class SGMCMCKernel(DivergenceCheck, MCMCKernel):
     """Base class of the SG-MCMC kernels: set-up, the loop of inner steps, warm-up, divergences, diagnostics.
 
     A subclass names its chain state (``_state_type``, a ``NamedTuple`` whose first field is the position),
@@ -685,9 +671,8 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         """With a loader, the model's keyword arguments that come from its batches (a dict batch's keys)."""
         return () if self._pending_batch is None else tuple(self._pending_batch[1])
 
-    # every kernel here takes a loader and has checkpoints; a subclass that cannot sets these to False
+    # every kernel here takes a loader; a subclass that cannot sets this to False
     _takes_loader = True
-    _checkpointable = True
 
     def _start_stream(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """``mcmc.run(loader)``: the model's arguments become those of the loader's first batch (a tuple or list batch
@@ -1469,39 +1454,171 @@ class SGMCMCKernel(DivergenceCheck, ResumableState, MCMCKernel):
         return params
 
     # ----- checkpoints ------------------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """The chain's state
-        (:meth:`ResumableState.state_dict <pyro_sdebnn.infer.mcmc.checkpoint.ResumableState.state_dict>`) plus, under
-        ``"adaptation"``, the adapted inverse mass matrix, its step size and, in warm-up, the adaptation window's
-        running sums, so that a run resumed in warm-up adapts as the uninterrupted one."""
-        out = super().state_dict()
-        inverse = self.inverse_mass_matrix
-        out["adaptation"] = {
-            "inverse_mass": None if inverse is None else inverse.detach().clone(),
-            "step": float(self._adapted_eta),
-            "adapter": None if self._adapter is None else self._adapter.state_dict(),
-            "recheck": bool(self._recheck_step),
+    def _signature(self) -> dict[str, Any]:
+        """What a checkpoint must match: the kernel, its latent sites, the data sizes and the vectorised chains."""
+        U = self.potential
+        assert U is not None  # built by setup, before a chain exists to save or restore
+        return {
+            "kernel": type(self).__name__,
+            "sites": [[site.name, list(site.shape)] for site in U.sites],
+            "data_sizes": {p: int(n) for p, n in U.data_sizes.items()},
+            "vectorized_chains": int(self.vectorized_chains),
         }
-        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state of the chain after the last :meth:`sample`, enough to continue it exactly (as an optimiser's
+        ``state_dict``).
+
+        The position and auxiliary state (momentum, RMSprop average; unconstrained, flat), the inner step count
+        (the position in the step-size schedule), the sample count, the warm-up step-size factor and divergence
+        records, the energy history of the divergence check, the minibatch position (the index pass, or the loader's
+        epoch and batch), the random state (``rng``: torch's CPU and CUDA generators, NumPy's and Python's) and,
+        under ``"adaptation"``, the adapted inverse mass matrix, its step size and, in warm-up, the adaptation
+        window's running sums, so that a run resumed in warm-up adapts as the uninterrupted one. It holds only
+        tensors, numbers, strings, lists and dicts, so ``torch.save`` / ``torch.load(path, weights_only=True)``
+        round-trip it. :func:`~pyro_sdebnn.infer.mcmc.checkpoint.save_run` writes it with the samples.
+
+        :raises ValueError: before the kernel was set up (``mcmc.run``).
+        """
+        if self.potential is None or self._state is None:
+            raise ValueError("state_dict: the kernel has no chain yet; run it first (mcmc.run)")
+
+        def tensors(state: Optional[tuple]) -> Optional[list[Tensor]]:
+            return None if state is None else [t.detach().clone() for t in state]
+
+        def array(a: Optional[np.ndarray]) -> Optional[Tensor]:
+            return None if a is None else torch.as_tensor(np.asarray(a, dtype=np.float64).copy())
+
+        stream = None
+        if self._stream is not None:
+            stream = self._stream.state_dict()
+            if self._pending_batch is not None:  # the first batch was drawn but not used yet
+                stream["position"] -= 1
+        inverse = self.inverse_mass_matrix
+        return {
+            "signature": self._signature(),
+            "state": tensors(self._state),
+            "healthy": tensors(self._healthy),
+            "uncertified": tensors(self._uncertified),
+            "last_potential": None if self._last_potential is None else self._last_potential.detach().clone(),
+            "t": int(self._t),
+            "sample_count": int(self._sample_count),
+            "warmup_steps": int(self._warmup_steps),
+            "step_scale": float(self._step_scale),
+            "divergences": [int(i) for i in self._divergences],
+            "divergence_log": [dict(r) for r in self.divergence_log],
+            "map_steps_taken": int(self.map_steps_taken),
+            "energy": {
+                "all": [array(r) for r in self._energy_all],
+                "recent": [array(r) for r in self._energy_recent],
+                "stride": int(self._energy_stride),
+                "seen": int(self._energy_seen),
+                "healthy": array(self._healthy_energy),
+            },
+            "batches": None if self._batches is None else self._batches.clone(),
+            "batch_pos": int(self._batch_pos),
+            "loader": stream,
+            "rng": rng_state(),
+            "adaptation": {
+                "inverse_mass": None if inverse is None else inverse.detach().clone(),
+                "step": float(self._adapted_eta),
+                "adapter": None if self._adapter is None else self._adapter.state_dict(),
+                "recheck": bool(self._recheck_step),
+            },
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict` on the next ``setup`` (the next ``mcmc.run``), which must get the same
+        model and data (the same loader for a run over a loader): it restores the chain instead of drawing initial
+        values, and the random state, so the continued chain is the one an uninterrupted run would have given
+        (bitwise on CPU with a fixed ``backend``). The ``warmup_steps`` of that run must be the warm-up left in the
+        checkpoint (0 once sampling began); :func:`~pyro_sdebnn.infer.mcmc.checkpoint.resume_run` does all this.
+
+        :raises TypeError: if ``state_dict`` is not a dict of the expected layout.
+        :raises ValueError: if it is the state of another kernel class.
+        """
+        required = ("signature", "state", "t", "sample_count", "warmup_steps", "rng", "energy")
+        if not isinstance(state_dict, dict) or any(k not in state_dict for k in required):
+            raise TypeError(
+                "state_dict must be a dict returned by SGMCMCKernel.state_dict() (keys "
+                f"{list(required)}), got {type(state_dict).__name__}"
+            )
+        if state_dict["signature"].get("kernel") != type(self).__name__:
+            raise ValueError(
+                f"the checkpoint is of a {state_dict['signature'].get('kernel')} kernel, not of {type(self).__name__}"
+            )
+        self._resume = state_dict
 
     def _restore(self, sd: dict[str, Any], warmup_steps: int) -> None:
-        super()._restore(sd, warmup_steps)
+        """Restore the chain saved by :meth:`state_dict` (called by ``setup``, once the potential is built)."""
+        self._resume = None
         U = self.potential
-        assert U is not None  # built by setup
-        saved = sd.get("adaptation") or {}
+        assert U is not None  # setup restores after building the potential
+        saved, here = sd["signature"], self._signature()
+        for key in ("sites", "data_sizes", "vectorized_chains"):
+            if saved.get(key) != here[key]:
+                raise ValueError(
+                    f"the checkpoint does not belong to this model and data: its {key} {saved.get(key)!r} differ "
+                    f"from {here[key]!r}"
+                )
+        if (sd.get("loader") is None) != (self._stream is None):
+            raise ValueError(
+                "the checkpoint was taken on a run over " + ("a loader" if sd.get("loader") is not None else "tensors")
+                + ": resume it on the same kind of data"
+            )
+        left = max(0, int(sd["warmup_steps"]) - int(sd["sample_count"]))
+        if warmup_steps != left:
+            raise ValueError(
+                f"warmup_steps={warmup_steps} on resuming, but the checkpoint has {left} warm-up step(s) left: "
+                f"run MCMC(..., warmup_steps={left}) (resume_run does)"
+            )
+
+        def tensors(ts: Optional[list]) -> Optional[tuple]:
+            return None if ts is None else tuple(t.to(device=U.device, dtype=U.dtype) for t in ts)
+
+        state = tensors(sd["state"])
+        assert state is not None  # state_dict saves the chain's state (load_state_dict checked the key)
+        if len(state) != len(cast("type[NamedTuple]", self._state_type)._fields):
+            raise ValueError("the checkpoint's chain state does not match this kernel's (e.g. preconditioned or not)")
+        self._state = state
+        self._healthy = tensors(sd["healthy"])
+        self._uncertified = tensors(sd["uncertified"])
+        last = sd.get("last_potential")
+        self._last_potential = None if last is None else last.to(U.device)
+        self._t = int(sd["t"])
+        self._sample_count = int(sd["sample_count"])
+        self._warmup_steps = int(sd["warmup_steps"])
+        self._step_scale = float(sd["step_scale"])
+        self._eta_tensor = None
+        self._divergences = [int(i) for i in sd["divergences"]]
+        self.divergence_log = [dict(r) for r in sd["divergence_log"]]
+        self.map_steps_taken = int(sd["map_steps_taken"])
+        energy = sd["energy"]
+        self._energy_all = [r.numpy().copy() for r in energy["all"]]
+        self._energy_recent = deque((r.numpy().copy() for r in energy["recent"]), maxlen=_RECENT)
+        self._energy_stride, self._energy_seen = int(energy["stride"]), int(energy["seen"])
+        self._healthy_energy = None if energy["healthy"] is None else energy["healthy"].numpy().copy()
+        batches = sd.get("batches")
+        self._batches = None if batches is None else batches.to(U.device)
+        self._batch_pos = int(sd["batch_pos"])
+        if self._stream is not None:
+            self._pending_batch = None
+            self._stream.restore(sd["loader"])
+        set_rng_state(sd["rng"])  # torch's (CPU and CUDA), NumPy's, Python's; the loader's are the stream's
+        self._initial_params = U.split(self._state[0])
+        self._last_params = self._initial_params
+        adaptation = sd.get("adaptation") or {}
         self.inverse_mass_matrix = None
         self._precond = torch.ones(U.dim, dtype=U.dtype, device=U.device)
-        if saved.get("inverse_mass") is not None:
-            self._set_inverse_mass(saved["inverse_mass"].to(device=U.device, dtype=U.dtype))
-            self._adapted_eta = float(saved["step"])
+        if adaptation.get("inverse_mass") is not None:
+            self._set_inverse_mass(adaptation["inverse_mass"].to(device=U.device, dtype=U.dtype))
+            self._adapted_eta = float(adaptation["step"])
         self._adapter = None
-        self._recheck_step = bool(saved.get("recheck", False))
-        if saved.get("adapter") is not None:
-            total = int(sd["warmup_steps"]) * self.num_steps
-            assert self._state is not None  # restored by super()._restore
-            self._adapter = MassMatrixAdapter(total, tuple(self._state[0].shape), U.dtype, U.device,
-                                              self._CURVATURE_POSITIONS)
-            self._adapter.load_state_dict(saved["adapter"])
+        self._recheck_step = bool(adaptation.get("recheck", False))
+        if adaptation.get("adapter") is not None:
+            self._adapter = MassMatrixAdapter(int(sd["warmup_steps"]) * self.num_steps, tuple(self._state[0].shape),
+                                              U.dtype, U.device, self._CURVATURE_POSITIONS)
+            self._adapter.load_state_dict(adaptation["adapter"])
 
     # ----- divergence detection --------------------------------------------------------------------------------
     def cleanup(self) -> None:

@@ -55,6 +55,7 @@ from pyro_sdebnn.data.loaders import (
     check_finite_arguments,
     dataset_size,
     is_loader,
+    loader_generators,
     move_arguments,
 )
 from pyro_sdebnn.infer.mcmc.diagnostics import (
@@ -738,27 +739,6 @@ def is_data_loader(arg: Any) -> bool:
         return is_loader(arg)
     except TypeError:
         return False
-
-
-def loader_generators(loader: Any) -> list[torch.Generator]:
-    """The ``torch.Generator`` objects a loader draws its order from, each once, in a fixed order: the loader's own
-    (``DataLoader(..., generator=g)``, which also seeds the workers), its sampler's and its batch sampler's
-    sampler's (``RandomSampler(data, generator=g)``, ``SubsetRandomSampler``, ``WeightedRandomSampler``).
-
-    >>> from torch.utils.data import TensorDataset
-    >>> g = torch.Generator().manual_seed(0)
-    >>> loader = DataLoader(TensorDataset(torch.zeros(4)), batch_size=2, shuffle=True, generator=g)
-    >>> loader_generators(loader) == [g]
-    True
-    """
-    batch_sampler = getattr(loader, "batch_sampler", None)
-    owners = (loader, getattr(loader, "sampler", None), batch_sampler, getattr(batch_sampler, "sampler", None))
-    found: list[torch.Generator] = []
-    for owner in owners:
-        g = getattr(owner, "generator", None)
-        if isinstance(g, torch.Generator) and all(g is not h for h in found):
-            found.append(g)
-    return found
 
 
 def in_dataset_order(loader: Any, *, full_batches: bool = False) -> Any:
