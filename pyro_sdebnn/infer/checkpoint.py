@@ -18,8 +18,7 @@ at all (truncated, corrupted), raises a ``ValueError`` naming the format and ver
 The training state a checkpoint needs to *resume* bitwise includes every random state a run reads: ``rng_state``
 captures torch's CPU generator, every initialised CUDA device's, NumPy's, Python's, and the ``torch.Generator`` objects
 a loader shuffles with (``DataLoader(generator=...)``, its sampler's); ``set_rng_state`` restores them. They live with
-the loaders (:mod:`pyro_sdebnn.data.loaders`), below the samplers and trainers that capture them, and are importable
-from here too.
+the loaders (:mod:`pyro_sdebnn.data.loaders`), below the samplers and trainers that capture them.
 
 Fitted baselines (``MAPEstimate``, ``MeanFieldVI``, ``MCDropout``, ``DeepEnsemble``, ``Laplace``) save the method's
 class name (checked on load), the fitted state and the training state (kind ``"baseline"``), so that
@@ -48,8 +47,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-# the one capture of the random state (re-exported: the trainers import it from here)
-from pyro_sdebnn.data.loaders import loader_generators, rng_state, set_rng_state  # noqa: F401
 
 __all__ = ["load_checkpoint"]
 

@@ -38,6 +38,7 @@ import torch
 from torch import Tensor, nn
 
 from pyro_sdebnn._comm import is_main
+from pyro_sdebnn.data.loaders import rng_state, set_rng_state
 from pyro_sdebnn.infer._baseline_data import (
     _data_parallel_sampler,
     _is_loader_arg,
@@ -54,9 +55,7 @@ from pyro_sdebnn.infer.checkpoint import (
     detached,
     envelope,
     load_checkpoint,
-    rng_state,
     save_checkpoint,
-    set_rng_state,
 )
 from pyro_sdebnn.infer.map_training import _train_network
 from pyro_sdebnn.metrics import regression_variance_decomposition, uncertainty_decomposition

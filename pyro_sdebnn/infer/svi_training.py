@@ -68,13 +68,16 @@ from pyro_sdebnn.data.loaders import (
     is_loader,
     batch_length,
     iter_model_batches,
+    loader_generators,
     minibatch_indices,
     module_device_dtype,
     move_batch,
+    rng_state,
+    set_rng_state,
 )
 from pyro_sdebnn.infer._baseline_data import _data_parallel_sampler
 from pyro_sdebnn.infer._training import SchedulerStepper, check_clip, svi_update
-from pyro_sdebnn.infer.checkpoint import load_checkpoint, loader_generators, rng_state, save_checkpoint, set_rng_state
+from pyro_sdebnn.infer.checkpoint import load_checkpoint, save_checkpoint
 
 __all__ = ["train_svi"]
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
-from pyro_sdebnn.infer.checkpoint import CHECKPOINT_VERSION, KINDS, load_checkpoint, rng_state, save_checkpoint
-from pyro_sdebnn.infer.checkpoint import set_rng_state
+from pyro_sdebnn.data.loaders import rng_state, set_rng_state
+from pyro_sdebnn.infer.checkpoint import CHECKPOINT_VERSION, KINDS, load_checkpoint, save_checkpoint
 
 
 @pytest.mark.parametrize("kind", KINDS)
