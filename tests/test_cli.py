@@ -5,7 +5,8 @@ import sys
 
 import pytest
 
-from pyro_sdebnn.cli import build_parser, main, resolve_device
+from pyro_sdebnn._commands import resolve_device
+from pyro_sdebnn.cli import build_parser, main
 
 
 def test_help_lists_commands(capsys):
@@ -52,8 +53,9 @@ def test_python_dash_m_entry_point_and_a_light_start():
         "        main(['--version'])\n"
         "    except SystemExit as exit:\n"
         "        assert exit.code == 0, exit.code\n"
+        "light = ('pyro_sdebnn.experiments._arg_types', 'pyro_sdebnn.experiments._report')\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'pyro', 'numpy')\n"
-        "               or m.startswith('pyro_sdebnn.experiments.') and m != 'pyro_sdebnn.experiments._arg_types')\n"
+        "               or m.startswith('pyro_sdebnn.experiments.') and m not in light or m == 'pyro_sdebnn._commands')\n"
         "print(out.getvalue())\n"
         "print('HEAVY', heavy)\n"
     )
@@ -171,7 +173,7 @@ def test_end_of_run_prints_tables_and_the_files_written(capsys, tmp_path):
 
 
 def test_format_summary_layouts():
-    from pyro_sdebnn.cli import format_summary
+    from pyro_sdebnn.experiments._report import format_summary
 
     flat = format_summary({"steps": 400, "final_loss": 1.23456, "converged": True})
     assert flat[0].split() == ["name", "value"] and flat[3].split() == ["final_loss", "1.235"]
@@ -385,7 +387,7 @@ def test_sigint_to_a_running_benchmark(tmp_path):
 
 def test_summary_cells_leave_out_a_nan_standard_error():
     # a single run has no standard error: the summary shows its mean alone, not "mean ± nan"
-    from pyro_sdebnn.cli import _cell
+    from pyro_sdebnn.experiments._report import _cell
 
     assert _cell((0.5, 0.0123)) == "0.5 ± 0.0123"
     assert _cell((24.2, float("nan"))) == "24.2"
