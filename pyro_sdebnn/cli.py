@@ -181,13 +181,14 @@ def _known(parser: argparse.ArgumentParser, option: str) -> bool:
 
 
 def _misplaced_options(argv: Sequence[str], parser: argparse.ArgumentParser, bench: argparse.ArgumentParser,
-                       names: Sequence[str]) -> str | None:
-    """The usage error for a benchmark's own option given before the benchmark's name, or ``None``.
+                       names: Sequence[str]) -> tuple[argparse.ArgumentParser, str] | None:
+    """The usage error for a benchmark's own options given before the benchmark's name: ``(parser, message)``, the
+    parser whose level the first of them was given at, or ``None``.
 
     ``pyro-sdebnn --n-train 50 benchmark two-moons`` and ``pyro-sdebnn benchmark --n-train 50 two-moons`` would get
-    argparse's ``invalid choice: '50'``; this names the option, says where it goes and shows the command line with
-    it there. Only an option unknown where it stands and known to the benchmark named (or to the default benchmark,
-    without a sub-command) is reported; anything else is left to argparse.
+    argparse's ``invalid choice: '50'``; this names the options, says where they go and shows the command line with
+    them there. Only an option unknown where it stands and known to the benchmark named (or to the default benchmark,
+    without a sub-command) is moved; anything else is left to argparse.
     """
     argv = list(argv)
     end = argv.index("--") if "--" in argv else len(argv)
@@ -206,34 +207,38 @@ def _misplaced_options(argv: Sequence[str], parser: argparse.ArgumentParser, ben
     if not unknown:
         return None
     sub = _benchmark_parser(bench, name)
-    moved: list[int] = []
+    options: list[int] = []  # the misplaced options' positions
+    moved: list[int] = []  # theirs and their values'
     for i in unknown:
-        option = argv[i].split("=", 1)[0]
-        action = sub._option_string_actions.get(option)
+        action = sub._option_string_actions.get(argv[i].split("=", 1)[0])
         if action is None:
-            return None  # not an option of that benchmark either: argparse's message stands
+            continue  # not an option of that benchmark either: argparse says so
+        options.append(i)
         moved.append(i)
         if "=" in argv[i] or action.nargs == 0:
             continue
         count = action.nargs if isinstance(action.nargs, int) else 1
         j = i + 1
-        while j < name_at and j != at and not argv[j].startswith("-") and (
-                count > 0 or action.nargs in ("*", "+")):
+        while j < name_at and j != at and not argv[j].startswith("-") and (count > 0 or action.nargs in ("*", "+")):
             moved.append(j)
             count -= 1
             j += 1
-    options = [argv[i].split("=", 1)[0] for i in unknown]
+    if not options:
+        return None
     kept = [token for i, token in enumerate(argv) if i not in moved]
     if name_at == end:  # no sub-command given: spell out the default benchmark
-        kept[end - len(moved):end - len(moved)] = ["benchmark", name]
-        insert = end - len(moved) + 2
+        insert = end - len(moved)
+        kept[insert:insert] = ["benchmark", name]
+        insert += 2
     else:
         insert = name_at - sum(1 for i in moved if i < name_at) + 1
     fixed = kept[:insert] + [argv[i] for i in sorted(moved)] + kept[insert:]
-    where = "`pyro-sdebnn`" if unknown[0] < at else "`pyro-sdebnn benchmark`"
-    what = f"{options[0]} is an option" if len(options) == 1 else f"{', '.join(options)} are options"
-    return (f"{what} of `benchmark {name}`, not of {where}: put {'it' if len(options) == 1 else 'them'} after the "
-            f"benchmark name, as in: pyro-sdebnn {shlex.join(fixed)}")
+    flags = [argv[i].split("=", 1)[0] for i in options]
+    before = options[0] < at
+    what = f"{flags[0]} is an option" if len(flags) == 1 else f"{', '.join(flags)} are options"
+    return parser if before else bench, (
+        f"{what} of `benchmark {name}`, not of `pyro-sdebnn{'' if before else ' benchmark'}`: put "
+        f"{'it' if len(flags) == 1 else 'them'} after the benchmark name, as in: pyro-sdebnn {shlex.join(fixed)}")
 
 
 def _check_data_dir(parser: argparse.ArgumentParser, args: argparse.Namespace,
@@ -246,9 +251,9 @@ def _check_data_dir(parser: argparse.ArgumentParser, args: argparse.Namespace,
     if (benchmark is not None and getattr(args, "data_dir", None) is not None
             and "--data-dir" not in benchmark._option_string_actions):
         name = benchmark.prog.split()[-1]
-        parser.error(f"--data-dir: benchmark {name} reads no data from disk (it generates its data or uses a data "
-                     f"set bundled with the package), so the folder would be ignored; leave --data-dir out (the "
-                     f"benchmarks that read data files list --data-dir in `pyro-sdebnn benchmark NAME --help`)")
+        parser.error(f"--data-dir: benchmark {name} reads no data from disk (it uses generated or bundled data), so "
+                     f"the folder would be ignored; leave --data-dir out (the benchmarks that read data files list "
+                     f"--data-dir in `pyro-sdebnn benchmark NAME --help`)")
 
 
 def main(argv: Sequence[str] | None = None, experiments: Mapping[str, ModuleType] | None = None) -> int:
@@ -274,7 +279,7 @@ def _main(argv: Sequence[str] | None, experiments: Mapping[str, ModuleType] | No
     names = sorted(experiments if experiments is not None else REGISTRY)
     misplaced = _misplaced_options(argv, parser, bench, names)
     if misplaced is not None:
-        (bench if "benchmark" in argv else parser).error(misplaced)
+        misplaced[0].error(misplaced[1])
     args = parser.parse_args(argv)
     if args.command == "datasets":
         return _command("datasets")(args)
