@@ -19,20 +19,27 @@ replicates in the time of one. Rank 0 writes the outputs: its own run's under ``
 ``r`` (gathered to it, its ``summary.json`` included) under ``OUTPUT/rank<r>/``. The experiments themselves are not
 data-parallel; ``--dist-timeout`` (default one day) bounds how long rank 0 waits for the slowest rank.
 
-The common options may also be given after the sub-command. Without a sub-command the main job
-runs: ``benchmark two-moons`` when that experiment is installed.
+The common options may also be given after the sub-command (after ``benchmark`` or after its ``NAME``). A
+benchmark's own options (``pyro-sdebnn benchmark NAME --help`` lists them) go after its ``NAME``; one given before
+it is a usage error that names it and shows the command line with it in its place, e.g. ``pyro-sdebnn --n-train 50
+benchmark two-moons`` says ``--n-train is an option of `benchmark two-moons` ... as in: pyro-sdebnn benchmark
+two-moons --n-train 50``. Without a sub-command the main job runs: ``benchmark two-moons`` when that experiment is
+installed.
 
 ``--data-dir DIR`` (before the sub-command, or after an image benchmark's name) points the image
 benchmarks (``sdebnn-mnist``, ``mnvi-mnist``) at the torchvision files of MNIST, Fashion-MNIST or
 CIFAR-10 in ``DIR``; they then train through a :class:`~torch.utils.data.DataLoader` on the full data
 set. Nothing is downloaded unless ``--download`` is given; without ``--data-dir`` they use the small
-bundled subsets.
+bundled subsets. The other benchmarks generate their data or use bundled data: ``--data-dir`` with one of them is a
+usage error (exit 2), not a folder silently ignored.
 
-The benchmarks are those of :data:`pyro_sdebnn.experiments.REGISTRY` (one line each); a benchmark's module, and
-torch with it, is imported only when that benchmark is asked for, so ``--version`` and ``--help`` start at once.
+The benchmarks are those of :data:`pyro_sdebnn.experiments.REGISTRY` (one line each) and the sub-commands' work is
+that of ``COMMANDS`` (``pyro_sdebnn._commands``); each is imported by name only when it runs, so ``--version`` and
+``--help`` import no torch and start at once.
 
 Errors the user can fix end the program with a one-line message and exit status 2: an unknown
-command, benchmark or option, or a value an option does not allow (argparse: every numeric option has a
+command, benchmark or option, a benchmark option given before the benchmark's name, ``--data-dir`` for a
+benchmark that reads no data files, or a value an option does not allow (argparse: every numeric option has a
 ``type=`` check, e.g. ``argument --n-train: expected an integer >= 1, got '0'``), ``benchmark`` without a name,
 ``--download`` without ``--data-dir``, an ``--output`` that is a file or cannot be written, an unavailable
 ``--device``, a data file that is missing (``FileNotFoundError`` from the loaders) and a ``ValueError`` whose
