@@ -14,8 +14,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "pyro_sdebnn"
 
@@ -53,9 +51,12 @@ def _target(importer: str, node: ast.ImportFrom | ast.Import) -> list[str]:
     return out
 
 
-def _imports() -> tuple[dict[str, set[str]], list[tuple[str, str, int]]]:
-    """Module-level imports ``{module: {imported}}`` and function-level ones ``[(module, imported, line)]``."""
-    top: dict[str, set[str]] = {name: set() for name in MODULES}
+def _imports(sources: dict[str, str] | None = None) -> tuple[dict[str, set[str]], list[tuple[str, str, int]]]:
+    """Module-level imports ``{module: {imported}}`` and function-level ones ``[(module, imported, line)]`` of the
+    package's modules (or of ``sources``, ``{module name: code}``)."""
+    if sources is None:
+        sources = {name: path.read_text() for name, path in MODULES.items()}
+    top: dict[str, set[str]] = {name: set() for name in sources}
     late: list[tuple[str, str, int]] = []
 
     def walk(module: str, node: ast.AST, in_function: bool, type_checking: bool) -> None:
@@ -70,8 +71,8 @@ def _imports() -> tuple[dict[str, set[str]], list[tuple[str, str, int]]]:
                         top[module].add(target)
             walk(module, child, function, checking)
 
-    for name, path in MODULES.items():
-        walk(name, ast.parse(path.read_text(), str(path)), False, False)
+    for name, code in sources.items():
+        walk(name, ast.parse(code, name), False, False)
     return top, late
 
 
@@ -157,8 +158,9 @@ def test_the_checks_see_a_cycle_and_a_late_import():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     graph = _graph({"p.x.m": {"p.y.n"}, "p.y.n": {"p.x.k"}})
     assert graph["p.x.m"] == {"p.y", "p.y.n"} and graph["p.y.n"] == {"p.x", "p.x.k"}
-    code = "import os\n\ndef f():\n    import pyro_sdebnn.infer\n    from . import metrics\n    import numpy\n"
-    tree = ast.parse(code)
-    late = [_target("pyro_sdebnn.experiments.two_moons", n) for n in ast.walk(tree)
-            if isinstance(n, (ast.Import, ast.ImportFrom)) and n.col_offset > 0]
-    assert late == [["pyro_sdebnn.infer"], ["pyro_sdebnn.experiments"], []]
+    code = ("import numpy\nfrom pyro_sdebnn import metrics\n\n\ndef f():\n    import pyro_sdebnn.infer\n"
+            "    from .. import nn\n    import numpy\n")
+    top, late = _imports({"pyro_sdebnn.experiments.two_moons": code})
+    assert top == {"pyro_sdebnn.experiments.two_moons": {"pyro_sdebnn.metrics"}}
+    assert late == [("pyro_sdebnn.experiments.two_moons", "pyro_sdebnn.infer", 6),
+                    ("pyro_sdebnn.experiments.two_moons", "pyro_sdebnn.nn", 7)]
