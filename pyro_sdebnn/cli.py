@@ -19,20 +19,27 @@ replicates in the time of one. Rank 0 writes the outputs: its own run's under ``
 ``r`` (gathered to it, its ``summary.json`` included) under ``OUTPUT/rank<r>/``. The experiments themselves are not
 data-parallel; ``--dist-timeout`` (default one day) bounds how long rank 0 waits for the slowest rank.
 
-The common options may also be given after the sub-command. Without a sub-command the main job
-runs: ``benchmark two-moons`` when that experiment is installed.
+The common options may also be given after the sub-command (after ``benchmark`` or after its ``NAME``). A
+benchmark's own options (``pyro-sdebnn benchmark NAME --help`` lists them) go after its ``NAME``; one given before
+it is a usage error that names it and shows the command line with it in its place, e.g. ``pyro-sdebnn --n-train 50
+benchmark two-moons`` says ``--n-train is an option of `benchmark two-moons` ... as in: pyro-sdebnn benchmark
+two-moons --n-train 50``. Without a sub-command the main job runs: ``benchmark two-moons`` when that experiment is
+installed.
 
 ``--data-dir DIR`` (before the sub-command, or after an image benchmark's name) points the image
 benchmarks (``sdebnn-mnist``, ``mnvi-mnist``) at the torchvision files of MNIST, Fashion-MNIST or
 CIFAR-10 in ``DIR``; they then train through a :class:`~torch.utils.data.DataLoader` on the full data
 set. Nothing is downloaded unless ``--download`` is given; without ``--data-dir`` they use the small
-bundled subsets.
+bundled subsets. The other benchmarks generate their data or use bundled data: ``--data-dir`` with one of them is a
+usage error (exit 2), not a folder silently ignored.
 
-The benchmarks are those of :data:`pyro_sdebnn.experiments.REGISTRY` (one line each); a benchmark's module, and
-torch with it, is imported only when that benchmark is asked for, so ``--version`` and ``--help`` start at once.
+The benchmarks are those of :data:`pyro_sdebnn.experiments.REGISTRY` (one line each) and the sub-commands' work is
+that of ``COMMANDS`` (``pyro_sdebnn._commands``); each is imported by name only when it runs, so ``--version`` and
+``--help`` import no torch and start at once.
 
 Errors the user can fix end the program with a one-line message and exit status 2: an unknown
-command, benchmark or option, or a value an option does not allow (argparse: every numeric option has a
+command, benchmark or option, a benchmark option given before the benchmark's name, ``--data-dir`` for a
+benchmark that reads no data files, or a value an option does not allow (argparse: every numeric option has a
 ``type=`` check, e.g. ``argument --n-train: expected an integer >= 1, got '0'``), ``benchmark`` without a name,
 ``--download`` without ``--data-dir``, an ``--output`` that is a file or cannot be written, an unavailable
 ``--device``, a data file that is missing (``FileNotFoundError`` from the loaders) and a ``ValueError`` whose
@@ -48,34 +55,34 @@ so to ``OUTPUT/README.md``, prints the finished part and exits with status 130. 
 from __future__ import annotations
 
 import argparse
-import json
+import importlib
+import shlex
 import sys
-import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Mapping, Sequence
 
+from pyro_sdebnn import __version__
 from pyro_sdebnn.experiments import _arg_types as check
 from pyro_sdebnn.experiments import REGISTRY, load
+from pyro_sdebnn.experiments._report import EXIT_INTERRUPTED
 
 DEFAULT_BENCHMARK = "two-moons"
-#: The exit status after Ctrl-C (SIGINT), as a shell reports a process ended by that signal: 128 + 2.
-EXIT_INTERRUPTED = 130
+
+#: The work of each sub-command, ``{command: "module:function"}`` (the form of a console-script entry point). The
+#: module imports torch, so it is imported by name only when its command runs -- as a benchmark's module is imported
+#: only when that benchmark is asked for (:func:`pyro_sdebnn.experiments.load`) -- and ``--help`` and ``--version``
+#: import no torch. The function takes the parsed arguments (and, for ``benchmark``, the experiment's module) and
+#: returns the exit status.
+COMMANDS = {
+    "datasets": "pyro_sdebnn._commands:list_datasets",
+    "benchmark": "pyro_sdebnn._commands:run_benchmark",
+}
 
 
-def resolve_device(name: str):
-    """Turn ``--device`` into a :class:`torch.device`, with a clear error when it is unavailable."""
-    import torch
-
-    try:
-        device = torch.device(name)
-    except RuntimeError as err:
-        raise ValueError(f"--device: {name!r} is not a torch device name ({err})") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device: {name!r} was asked for but CUDA is not available on this machine")
-    if device.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"--device: {name!r} was asked for but MPS is not available on this machine")
-    return device
+def _command(name: str) -> Callable[..., int]:
+    module, _, function = COMMANDS[name].partition(":")
+    return getattr(importlib.import_module(module), function)
 
 
 def _add_common(parser: argparse.ArgumentParser, suppress: bool, quick: str | None = None) -> None:
@@ -99,17 +106,6 @@ def _add_common(parser: argparse.ArgumentParser, suppress: bool, quick: str | No
     )
 
 
-def add_data_dir_arguments(parser: argparse.ArgumentParser, suppress: bool = True) -> None:
-    """``--data-dir`` and ``--download``: the global options, repeated (``suppress``: no default, so that the
-    global value stays unless given again) by the image benchmarks that read them."""
-    parser.add_argument("--data-dir", type=Path, default=argparse.SUPPRESS if suppress else None,
-                        help="folder with the torchvision files (MNIST/raw, FashionMNIST/raw or cifar-10-batches-py) "
-                             "for the image benchmarks: train on the full data set through a DataLoader")
-    parser.add_argument("--download", action="store_true", default=argparse.SUPPRESS if suppress else False,
-                        help="allow the image benchmarks to download missing files into --data-dir (off by default; "
-                             "needs --data-dir)")
-
-
 class _Benchmarks(argparse._SubParsersAction):
     """The ``benchmark NAME`` sub-parsers, filled in only for the NAME given: the experiment's module (and torch with
     it) is imported when its options are needed, not when ``pyro-sdebnn --help`` or ``--version`` runs."""
@@ -131,15 +127,13 @@ def _benchmark_module(name: str, experiments: Mapping[str, ModuleType] | None) -
 
 
 def _build(experiments: Mapping[str, ModuleType] | None) -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
-    from pyro_sdebnn import __version__
-
     parser = argparse.ArgumentParser(
         prog="pyro-sdebnn",
         description="Bayesian neural networks for Pyro: data sets, benchmarks and the head-to-head study.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     _add_common(parser, suppress=False)
-    add_data_dir_arguments(parser, suppress=False)
+    check.add_data_dir_arguments(parser, suppress=False)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     datasets = commands.add_parser("datasets", help="list the bundled data sets with their shapes")
@@ -147,6 +141,9 @@ def _build(experiments: Mapping[str, ModuleType] | None) -> tuple[argparse.Argum
     datasets.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
     bench = commands.add_parser("benchmark", help="run an experiment (see `pyro-sdebnn benchmark --help`)")
+    # The global options are accepted here too (`benchmark --seed 2 NAME`); a benchmark's own options go after NAME.
+    _add_common(bench, suppress=True)
+    check.add_data_dir_arguments(bench)
     names = bench.add_subparsers(dest="benchmark", metavar="NAME", action=_Benchmarks)
     assert isinstance(names, _Benchmarks)
     descriptions = ({name: REGISTRY[name].description for name in REGISTRY} if experiments is None
@@ -169,227 +166,101 @@ def build_parser(experiments: Mapping[str, ModuleType] | None = None) -> argpars
     return _build(experiments)[0]
 
 
-def _run_datasets(args: argparse.Namespace) -> int:
-    from pyro_sdebnn.data._catalog import describe_datasets
-
-    rows = describe_datasets()
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return 0
-    header = ("name", "task", "shapes", "source")
-    table = [header] + [(r["name"], r["task"], r["shapes"], r["source"]) for r in rows]
-    widths = [max(len(str(row[i])) for row in table) for i in range(len(header))]
-    for row in table:
-        print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip())
-    return 0
+def _names(bench: argparse.ArgumentParser) -> _Benchmarks:
+    return next(a for a in bench._actions if isinstance(a, _Benchmarks))
 
 
-def _usage_error(err: Exception) -> int:
-    print(f"pyro-sdebnn: error: {err}", file=sys.stderr)
-    return 2
+def _benchmark_parser(bench: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    """The sub-parser of ``benchmark name`` with its options (imports the benchmark's module if not done yet)."""
+    names = _names(bench)
+    fill = names.pending.pop(name, None)
+    if fill is not None:
+        fill()
+    return names.choices[name]
 
 
-def _run_benchmark(args: argparse.Namespace, experiment: ModuleType) -> int:
-    try:
-        args.device = resolve_device(args.device)
-    except ValueError as err:
-        return _usage_error(err)
-    if args.distributed:
-        return _run_distributed(args, experiment)
-    return _run_once(args, experiment)
+def _known(parser: argparse.ArgumentParser, option: str) -> bool:
+    """Whether ``parser`` takes ``option`` (or an unambiguous abbreviation of one of its options, as argparse does)."""
+    if option in parser._option_string_actions:
+        return True
+    return option.startswith("--") and parser.allow_abbrev and any(
+        known.startswith(option) for known in parser._option_string_actions)
 
 
-def _run_distributed(args: argparse.Namespace, experiment: ModuleType) -> int:
-    """``--distributed``: rank ``r`` runs the benchmark with seed ``--seed + r``; rank 0 writes every rank's files.
+def _misplaced_options(argv: Sequence[str], parser: argparse.ArgumentParser, bench: argparse.ArgumentParser,
+                       names: Sequence[str]) -> tuple[argparse.ArgumentParser, str] | None:
+    """The usage error for a benchmark's own options given before the benchmark's name: ``(parser, message)``, the
+    parser whose level the first of them was given at, or ``None``.
 
-    Rank 0 runs into ``--output``; every other rank runs into a temporary folder, and its files (its
-    ``summary.json`` among them) travel to rank 0, which writes them under ``OUTPUT/rank<r>/``. Only rank 0 prints
-    the end-of-run report. Launched without ``torchrun`` this is the plain run (a world of one).
+    ``pyro-sdebnn --n-train 50 benchmark two-moons`` and ``pyro-sdebnn benchmark --n-train 50 two-moons`` would get
+    argparse's ``invalid choice: '50'``; this names the options, says where they go and shows the command line with
+    them there. Only an option unknown where it stands and known to the benchmark named (or to the default benchmark,
+    without a sub-command) is moved; anything else is left to argparse.
     """
-    import contextlib
-    import io
-    import tempfile
-
-    from pyro_sdebnn import _comm
-
-    started = not _comm.is_initialized()  # leave a group the caller started as it is
-    try:  # an incomplete torchrun environment (argparse has already checked --dist-timeout)
-        device = _comm.init("nccl" if args.device.type == "cuda" else "gloo", timeout=args.dist_timeout)
-    except ValueError as err:
-        return _usage_error(ValueError(f"--distributed: {err}"))
-    rank = _comm.rank()
-    if args.device.type == "cuda":
-        args.device = device  # one GPU per process: cuda:LOCAL_RANK
-    args.seed += rank
-    try:
-        if rank == 0:
-            status, files = _run_once(args, experiment), {}
-        else:
-            with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()):
-                args.output = Path(tmp)
-                status = _run_once(args, experiment)
-                files = {p.relative_to(tmp).as_posix(): p.read_bytes() for p in sorted(Path(tmp).rglob("*"))
-                         if p.is_file()}
-        gathered = _comm.gather_objects({"seed": args.seed, "status": status, "files": files})
-        if gathered is None:
-            return status
-        for r, got in enumerate(gathered[1:], start=1):
-            folder = args.output / f"rank{r}"
-            for name, data in got["files"].items():
-                (folder / name).parent.mkdir(parents=True, exist_ok=True)
-                (folder / name).write_bytes(data)
-            print(f"rank {r} (seed {got['seed']}): {len(got['files'])} files under {folder}"
-                  + ("" if got["status"] == 0 else f", exit status {got['status']}"))
-        return max(got["status"] for got in gathered)
-    except BaseException:
-        if started:
-            _comm.shutdown(wait=False)  # the other ranks may be inside a collective: no barrier
-            started = False
-        raise
-    finally:
-        if started:
-            _comm.shutdown()
-
-
-def _prepare_output(output: Path) -> None:
-    """Create ``--output`` and check that a file can be written there.
-
-    :raises ValueError: (``--output: ...``) naming the folder and the operating system's reason.
-    """
-    import tempfile
-
-    try:
-        output.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=output):
-            pass
-    except OSError as err:
-        raise ValueError(f"--output: cannot write into the folder {str(output)!r} ({err.strerror or err})") from None
+    argv = list(argv)
+    end = argv.index("--") if "--" in argv else len(argv)
+    if "benchmark" in argv[:end]:
+        at = argv.index("benchmark")
+        name_at = next((i for i in range(at + 1, end) if argv[i] in names), None)
+        if name_at is None:
+            return None
+        name = argv[name_at]
+    elif "datasets" not in argv[:end] and DEFAULT_BENCHMARK in names:
+        at, name_at, name = end, end, DEFAULT_BENCHMARK  # `pyro-sdebnn [options]` runs the default benchmark
+    else:
+        return None
+    unknown = [i for i in range(name_at) if i != at and argv[i].startswith("-") and argv[i] != "-"
+               and not _known(parser if i < at else bench, argv[i].split("=", 1)[0])]
+    if not unknown:
+        return None
+    sub = _benchmark_parser(bench, name)
+    options: list[int] = []  # the misplaced options' positions
+    moved: list[int] = []  # theirs and their values'
+    for i in unknown:
+        action = sub._option_string_actions.get(argv[i].split("=", 1)[0])
+        if action is None:
+            continue  # not an option of that benchmark either: argparse says so
+        options.append(i)
+        moved.append(i)
+        if "=" in argv[i] or action.nargs == 0:
+            continue
+        count = action.nargs if isinstance(action.nargs, int) else 1
+        j = i + 1
+        while j < name_at and j != at and not argv[j].startswith("-") and (count > 0 or action.nargs in ("*", "+")):
+            moved.append(j)
+            count -= 1
+            j += 1
+    if not options:
+        return None
+    kept = [token for i, token in enumerate(argv) if i not in moved]
+    if name_at == end:  # no sub-command given: spell out the default benchmark
+        insert = end - len(moved)
+        kept[insert:insert] = ["benchmark", name]
+        insert += 2
+    else:
+        insert = name_at - sum(1 for i in moved if i < name_at) + 1
+    fixed = kept[:insert] + [argv[i] for i in sorted(moved)] + kept[insert:]
+    flags = [argv[i].split("=", 1)[0] for i in options]
+    before = options[0] < at
+    what = f"{flags[0]} is an option" if len(flags) == 1 else f"{', '.join(flags)} are options"
+    return parser if before else bench, (
+        f"{what} of `benchmark {name}`, not of `pyro-sdebnn{'' if before else ' benchmark'}`: put "
+        f"{'it' if len(flags) == 1 else 'them'} after the benchmark name, as in: pyro-sdebnn {shlex.join(fixed)}")
 
 
-def _note_interruption(output: Path, err: KeyboardInterrupt, seconds: float) -> str:
-    """Append to ``OUTPUT/README.md`` (created if missing) the line saying the run was interrupted; return it."""
-    progress = getattr(err, "progress", None)
-    line = (f"**Interrupted** (Ctrl-C / SIGINT) after {seconds:.0f} s: "
-            + (f"{progress}; the tables and figures here hold only those." if progress else
-               "the files here hold only what had been finished by then."))
-    readme = output / "README.md"
-    previous = readme.read_text() if readme.is_file() else "# Interrupted run\n"
-    readme.write_text(previous.rstrip("\n") + "\n\n" + line + "\n")
-    return line
-
-
-def _run_once(args: argparse.Namespace, experiment: ModuleType) -> int:
-    import pyro
-
-    try:
-        _prepare_output(args.output)  # argparse made it a Path
-    except ValueError as err:
-        return _usage_error(err)
-    pyro.set_rng_seed(args.seed)  # seeds torch, numpy and random
-    start, wall_start = time.perf_counter(), time.time() - 1.0  # mtime resolution margin
-    interrupted = None
-    try:
-        summary = experiment.run(args)
-    except FileNotFoundError as err:  # a data set that is not on this machine
-        return _usage_error(err)
-    except ValueError as err:
-        if not str(err).startswith("--"):  # not an option the user gave: a bug, keep the traceback
-            raise
-        return _usage_error(err)
-    except KeyboardInterrupt as err:  # Ctrl-C: keep what is finished (an experiment's Interrupted carries it)
-        summary = getattr(err, "summary", None)
-        interrupted = _note_interruption(args.output, err, time.perf_counter() - start)
-    elapsed = time.perf_counter() - start
-    if summary:
-        (args.output / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    report = end_of_run_report(args.benchmark, summary or {}, args.output, elapsed, since=wall_start)
-    if interrupted is not None:
-        print(report.replace(f"benchmark {args.benchmark} finished", f"benchmark {args.benchmark} INTERRUPTED", 1))
-        print(interrupted.replace("**", ""), file=sys.stderr)
-        return EXIT_INTERRUPTED
-    print(report)
-    return 0
-
-
-def _cell(value: Any) -> str:
-    """A cell of the summary table: a float to 4 significant digits, a ``(mean, se)`` pair as ``"mean ± se"``, the
-    mean alone where the standard error is NaN (a single run)."""
-    if isinstance(value, bool) or value is None:
-        return str(value)
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    if isinstance(value, (list, tuple)) and value and all(isinstance(v, (int, float)) for v in value):
-        kept = [v for i, v in enumerate(value) if i == 0 or v == v]  # v != v: NaN
-        return " ± ".join(_cell(v) for v in kept)
-    return str(value)
-
-
-def _text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    widths = [max(len(str(row[i])) for row in (header, *rows)) for i in range(len(header))]
-    lines = ["  ".join(str(cell).ljust(w) for cell, w in zip(header, widths)).rstrip()]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
-    return lines
-
-
-def format_summary(summary: Mapping[str, Any], title: str = "") -> list[str]:
-    r"""Render an experiment's summary as plain-text tables.
-
-    Scalars become a ``name  value`` table; a mapping of rows to mappings of scalars (``{method:
-    {metric: value}}``) becomes one table with a row per key (a row that is a plain string, such as a
-    failed method's status, goes into a ``status`` column); a list of flat mappings becomes a table
-    with a row per item; deeper nesting gets a titled section per key.
-
-    >>> print("\n".join(format_summary({"map": {"acc": 0.91234, "nll": 0.25}, "mfvi": "failed: NaN loss"})))
-    method  acc     nll   status
-    ------  ------  ----  ----------------
-    map     0.9123  0.25
-    mfvi                  failed: NaN loss
-    """
-    lines: list[str] = [title, ""] if title else []
-
-    def is_row(value: Any) -> bool:  # a flat mapping of scalars
-        return isinstance(value, Mapping) and not any(isinstance(x, (Mapping, list)) for x in value.values())
-
-    values = list(summary.values())
-    if any(is_row(v) for v in values) and all(is_row(v) or isinstance(v, str) for v in values):
-        # {row: {column: value}}, where a row may be a status string instead (a failed method)
-        columns = list(dict.fromkeys(c for v in values if is_row(v) for c in v))
-        status = any(isinstance(v, str) for v in values)
-        rows = [[key, *(_cell(v[c]) if c in v else "" for c in columns), *([""] if status else [])] if is_row(v)
-                else [key, *("" for _ in columns), v] for key, v in summary.items()]
-        return lines + _text_table(["method", *columns, *(["status"] if status else [])], rows)
-    scalars = [[k, _cell(v)] for k, v in summary.items() if not isinstance(v, (Mapping, list))]
-    if scalars:
-        lines += _text_table(["name", "value"], scalars)
-    for key, value in summary.items():
-        if isinstance(value, Mapping):
-            lines += ([""] if lines else []) + format_summary(value, title=key)
-        elif isinstance(value, list) and value and all(isinstance(x, Mapping) for x in value):
-            columns = list(dict.fromkeys(c for row in value for c in row))
-            table = _text_table(columns, [[_cell(row.get(c, "")) for c in columns] for row in value])
-            lines += ([""] if lines else []) + [key, "", *table]
-        elif isinstance(value, list):
-            lines += ([""] if lines else []) + [f"{key}: {_cell(value)}"]
-    return lines
-
-
-def end_of_run_report(name: str, summary: Mapping[str, Any], output: Path, seconds: float, since: float) -> str:
-    """What the end of a benchmark prints: its results as text tables and the files it wrote (those under
-    ``output`` modified since the wall-clock time ``since``)."""
-    written = sorted(p for p in output.rglob("*") if p.is_file() and p.stat().st_mtime >= since)
-    lines = ["", f"benchmark {name} finished in {seconds:.1f} s", ""]
-    if summary:
-        lines += format_summary(summary) + [""]
-    lines.append(f"files written under {output}:" if written else f"no file was written under {output}")
-    lines += [f"  {p.relative_to(output)}  ({p.stat().st_size:,} bytes)" for p in written]
-    return "\n".join(lines)
-
-
-def _check_data_dir(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+def _check_data_dir(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                    benchmark: argparse.ArgumentParser | None = None) -> None:
+    """``--download`` needs a folder; ``--data-dir`` is refused for a benchmark (its sub-parser ``benchmark``) that
+    reads no data from disk, since it would be ignored and the results would not be those of the user's data."""
     folder = next((getattr(args, key) for key in ("data_dir", "root", "mnist_root") if getattr(args, key, None)), None)
     if getattr(args, "download", False) and folder is None:
         parser.error("--download needs --data-dir DIR, the folder to download the torchvision files into")
+    if (benchmark is not None and getattr(args, "data_dir", None) is not None
+            and "--data-dir" not in benchmark._option_string_actions):
+        name = benchmark.prog.split()[-1]
+        parser.error(f"--data-dir: benchmark {name} reads no data from disk (it uses generated or bundled data), so "
+                     f"the folder would be ignored; leave --data-dir out (the benchmarks that read data files list "
+                     f"--data-dir in `pyro-sdebnn benchmark NAME --help`)")
 
 
 def main(argv: Sequence[str] | None = None, experiments: Mapping[str, ModuleType] | None = None) -> int:
@@ -411,24 +282,29 @@ def main(argv: Sequence[str] | None = None, experiments: Mapping[str, ModuleType
 
 def _main(argv: Sequence[str] | None, experiments: Mapping[str, ModuleType] | None) -> int:
     parser, bench = _build(experiments)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    names = sorted(experiments if experiments is not None else REGISTRY)
+    misplaced = _misplaced_options(argv, parser, bench, names)
+    if misplaced is not None:
+        misplaced[0].error(misplaced[1])
     args = parser.parse_args(argv)
     if args.command == "datasets":
-        return _run_datasets(args)
+        return _command("datasets")(args)
     if args.command == "benchmark":
         if args.benchmark is None:
-            names = sorted(experiments if experiments is not None else REGISTRY)
             bench.error(f"a benchmark NAME is required, one of: {', '.join(names)}")
-        _check_data_dir(bench, args)
-        return _run_benchmark(args, _benchmark_module(args.benchmark, experiments))
+        _check_data_dir(bench, args, _benchmark_parser(bench, args.benchmark))
+        return _command("benchmark")(args, _benchmark_module(args.benchmark, experiments))
     # No sub-command: the main job.
     _check_data_dir(parser, args)
-    if DEFAULT_BENCHMARK not in (experiments if experiments is not None else REGISTRY):
+    if DEFAULT_BENCHMARK not in names:
         parser.print_help()
         return 0
     default_args = parser.parse_args(["benchmark", DEFAULT_BENCHMARK])
+    _check_data_dir(parser, args, _benchmark_parser(bench, DEFAULT_BENCHMARK))
     for key in ("device", "seed", "output", "quick", "distributed", "dist_timeout"):
         setattr(default_args, key, getattr(args, key))
-    return _run_benchmark(default_args, _benchmark_module(DEFAULT_BENCHMARK, experiments))
+    return _command("benchmark")(default_args, _benchmark_module(DEFAULT_BENCHMARK, experiments))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ import sys
 
 import pytest
 
-from pyro_sdebnn.cli import build_parser, main, resolve_device
+from pyro_sdebnn._commands import resolve_device
+from pyro_sdebnn.cli import build_parser, main
 
 
 def test_help_lists_commands(capsys):
@@ -52,8 +53,9 @@ def test_python_dash_m_entry_point_and_a_light_start():
         "        main(['--version'])\n"
         "    except SystemExit as exit:\n"
         "        assert exit.code == 0, exit.code\n"
+        "light = ('pyro_sdebnn.experiments._arg_types', 'pyro_sdebnn.experiments._report')\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'pyro', 'numpy')\n"
-        "               or m.startswith('pyro_sdebnn.experiments.') and m != 'pyro_sdebnn.experiments._arg_types')\n"
+        "               or m.startswith('pyro_sdebnn.experiments.') and m not in light or m == 'pyro_sdebnn._commands')\n"
         "print(out.getvalue())\n"
         "print('HEAVY', heavy)\n"
     )
@@ -171,7 +173,7 @@ def test_end_of_run_prints_tables_and_the_files_written(capsys, tmp_path):
 
 
 def test_format_summary_layouts():
-    from pyro_sdebnn.cli import format_summary
+    from pyro_sdebnn.experiments._report import format_summary
 
     flat = format_summary({"steps": 400, "final_loss": 1.23456, "converged": True})
     assert flat[0].split() == ["name", "value"] and flat[3].split() == ["final_loss", "1.235"]
@@ -385,10 +387,91 @@ def test_sigint_to_a_running_benchmark(tmp_path):
 
 def test_summary_cells_leave_out_a_nan_standard_error():
     # a single run has no standard error: the summary shows its mean alone, not "mean ± nan"
-    from pyro_sdebnn.cli import _cell
+    from pyro_sdebnn.experiments._report import _cell
 
     assert _cell((0.5, 0.0123)) == "0.5 ± 0.0123"
     assert _cell((24.2, float("nan"))) == "24.2"
     assert _cell([3, 1]) == "3 ± 1"
     assert _cell(1.23456) == "1.235"
     assert _cell("mnvi") == "mnvi"
+
+
+# --------------------------------------------------------------------------- options in the wrong place
+def _options_fake(run=None, data_dir=False):
+    """A benchmark ``fake`` with its own options ``--n-train N``, ``--paper`` and ``--milestones [M ...]``."""
+    import types
+
+    from pyro_sdebnn.experiments import _arg_types as check
+
+    def add_arguments(parser):
+        parser.add_argument("--n-train", type=check.positive_int, default=200)
+        parser.add_argument("--paper", action="store_true")
+        parser.add_argument("--milestones", type=check.positive_int, nargs="*", default=[10])
+        if data_dir:
+            check.add_data_dir_arguments(parser)
+
+    run = run or (lambda args: pytest.fail("run must not start"))
+    return types.SimpleNamespace(NAME="fake", DESCRIPTION="a test double", add_arguments=add_arguments, run=run)
+
+
+@pytest.mark.parametrize("argv, where, fixed", [
+    (["--n-train", "50", "benchmark", "fake"], "`pyro-sdebnn`", "benchmark fake --n-train 50"),
+    (["benchmark", "--n-train", "50", "fake", "--quick"], "`pyro-sdebnn benchmark`",
+     "benchmark fake --n-train 50 --quick"),
+    (["--paper", "--seed", "3", "benchmark", "fake"], "`pyro-sdebnn`", "--seed 3 benchmark fake --paper"),
+    (["benchmark", "--milestones", "3", "4", "--n-train=5", "fake"], "`pyro-sdebnn benchmark`",
+     "benchmark fake --milestones 3 4 --n-train=5"),
+])
+def test_a_benchmark_option_before_its_name_says_where_it_goes(capsys, argv, where, fixed):
+    fake = {"fake": _options_fake()}
+    line = _exit_2(argv, capsys, f"of `benchmark fake`, not of {where}", "after the benchmark name",
+                   f"as in: pyro-sdebnn {fixed}", experiments=fake)
+    assert "invalid choice" not in line
+    args = build_parser(fake).parse_args(fixed.split())  # the suggested command line is right
+    assert args.benchmark == "fake" and args.n_train in (50, 5, 200)
+
+
+def test_a_benchmark_option_without_a_sub_command_names_the_default_benchmark(capsys):
+    fake = {"two-moons": _options_fake()}
+    _exit_2(["--n-train", "50", "--quick"], capsys, "--n-train is an option of `benchmark two-moons`",
+            "as in: pyro-sdebnn --quick benchmark two-moons --n-train 50", experiments=fake)
+
+
+def test_global_options_also_between_benchmark_and_its_name():
+    fake = {"fake": _options_fake()}
+    args = build_parser(fake).parse_args(["benchmark", "--seed", "2", "--quick", "fake", "--n-train", "5"])
+    assert args.seed == 2 and args.quick is True and args.n_train == 5
+    args = build_parser(fake).parse_args(["--seed", "1", "benchmark", "--seed", "2", "fake", "--seed", "3"])
+    assert args.seed == 3  # the last one given wins, as for any repeated option
+
+
+def test_an_option_of_no_benchmark_keeps_argparse_message(capsys):
+    fake = {"fake": _options_fake()}
+    _exit_2(["--bogus", "benchmark", "fake"], capsys, "unrecognized arguments: --bogus", experiments=fake)
+
+
+# --------------------------------------------------------------------------- --data-dir
+@pytest.mark.parametrize("argv", [
+    ["--data-dir", "DIR", "benchmark", "fake"],
+    ["benchmark", "--data-dir", "DIR", "fake"],
+    ["--data-dir", "DIR", "--download", "benchmark", "fake"],
+])
+def test_data_dir_is_refused_for_a_benchmark_that_reads_no_files(capsys, tmp_path, argv):
+    fake = {"fake": _options_fake()}
+    argv = [str(tmp_path) if a == "DIR" else a for a in argv]
+    _exit_2(argv, capsys, "--data-dir: benchmark fake reads no data from disk", "would be ignored",
+            experiments=fake)
+
+
+def test_data_dir_is_refused_for_the_default_benchmark_and_a_registered_one(capsys, tmp_path):
+    _exit_2(["--data-dir", str(tmp_path), "--quick"], capsys, "--data-dir: benchmark two-moons reads no data",
+            experiments={"two-moons": _options_fake()})
+    _exit_2(["--data-dir", str(tmp_path), "benchmark", "sgmcmc-uci"], capsys, "benchmark sgmcmc-uci reads no data")
+
+
+def test_data_dir_reaches_a_benchmark_that_reads_files(tmp_path):
+    seen = {}
+    fake = {"fake": _options_fake(run=lambda args: seen.update(data_dir=args.data_dir) or {}, data_dir=True)}
+    assert main(["--data-dir", str(tmp_path / "data"), "benchmark", "fake", "--output", str(tmp_path / "out")],
+                fake) == 0
+    assert seen["data_dir"] == tmp_path / "data"

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``type=`` checkers for the options of ``pyro-sdebnn`` and its benchmarks.
+"""``type=`` checkers for the options of ``pyro-sdebnn`` and its benchmarks, and the option groups that both the
+command line and a benchmark add (:func:`add_data_dir_arguments`).
 
 Each turns the option's text into a value or raises :class:`argparse.ArgumentTypeError` saying what is allowed, so
 that a bad value ends the program with argparse's one-line message naming the option and exit status 2 (e.g.
@@ -98,3 +99,16 @@ def output_folder(text: str) -> Path:
     if path.exists() and not path.is_dir():
         raise argparse.ArgumentTypeError(f"expected a folder, but {text!r} is an existing file")
     return path
+
+
+def add_data_dir_arguments(parser: argparse.ArgumentParser, suppress: bool = True) -> None:
+    """``--data-dir`` and ``--download``: global options of ``pyro-sdebnn``, repeated (``suppress``: no default, so
+    that the global value stays unless given again) by the benchmarks that read data from disk (the image
+    benchmarks). A benchmark without these options reads no data folder, and the command line refuses a global
+    ``--data-dir`` for it."""
+    parser.add_argument("--data-dir", type=Path, default=argparse.SUPPRESS if suppress else None,
+                        help="folder with the torchvision files (MNIST/raw, FashionMNIST/raw or cifar-10-batches-py) "
+                             "for the image benchmarks: train on the full data set through a DataLoader")
+    parser.add_argument("--download", action="store_true", default=argparse.SUPPRESS if suppress else False,
+                        help="allow the image benchmarks to download missing files into --data-dir (off by default; "
+                             "needs --data-dir)")

@@ -17,10 +17,12 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 import torch
+from tqdm import tqdm
 
 from pyro_sdebnn.data.loaders import iter_batches
 from pyro_sdebnn.experiments import _harness as common
 from pyro_sdebnn.experiments._images import ImageLoaders, predict_test_set
+from pyro_sdebnn.infer import train_svi
 from pyro_sdebnn.metrics import accuracy, negative_log_likelihood
 
 
@@ -68,8 +70,6 @@ def fit_with_curve(args, data, step, curve: Curve, desc: str, per_example: bool 
 
     :param bool per_example: ``step`` returns the mean loss per example (else the loss of all ``num_data``).
     """
-    from tqdm import tqdm
-
     if isinstance(data, ImageLoaders):
 
         steps, n = 0, data.num_train
@@ -93,8 +93,6 @@ def svi_fit_with_curve(args, svi, data, curve: Curve, desc: str) -> None:
     """:func:`fit_with_curve` for Pyro's ``SVI``: ``svi.step`` on random minibatches of the bundled tensors, or
     :func:`~pyro_sdebnn.infer.train_svi` for ``--epochs`` epochs over the full data set's loader (a point per
     epoch)."""
-    from pyro_sdebnn.infer import train_svi
-
     if isinstance(data, ImageLoaders):
         per_epoch = math.ceil(data.num_train / data.batch_size)
 

@@ -41,14 +41,17 @@ import contextlib
 import csv
 import math
 import statistics
+import textwrap
 import time
 import warnings
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
+import pyro
 import torch
 from torch import Tensor
 
+from pyro_sdebnn.infer.mcmc.arviz import function_space_diagnostics
 from pyro_sdebnn.metrics import (
     accuracy,
     brier_score,
@@ -97,8 +100,6 @@ def fresh_start(seed: int) -> None:
     Called before each method of an experiment, so that every method starts from the same random state whatever
     ran before it.
     """
-    import pyro
-
     pyro.set_rng_seed(seed)
     pyro.clear_param_store()
 
@@ -305,8 +306,6 @@ def _grid_shape(count: int, max_columns: int) -> tuple[int, int]:
 
 
 def _wrap(title: str, width: int = 30) -> str:
-    import textwrap
-
     return "\n".join(textwrap.wrap(title, width)) or title
 
 
@@ -451,8 +450,6 @@ def write_chain_diagnostics(chains: Mapping[str, tuple[Tensor, float]], out: Pat
     """
     if not chains:
         raise ValueError("write_chain_diagnostics: chains is empty")
-    from pyro_sdebnn.infer.mcmc.arviz import function_space_diagnostics
-
     rows = []
     for name, (draws, seconds) in chains.items():
         ess = function_space_diagnostics(draws.double(), num_chains=1)["ess"]

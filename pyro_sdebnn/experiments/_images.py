@@ -17,6 +17,7 @@ from typing import Any, Protocol, cast
 
 import torch
 from torch import Tensor
+from torch.utils.data import DataLoader, Subset
 
 from pyro_sdebnn import data
 from pyro_sdebnn.data import images
@@ -95,8 +96,6 @@ class ImageLoaders:
     """
 
     def __init__(self, args, name: str, root: Path, batch_size: int, test_batch_size: int = 250) -> None:
-        from torch.utils.data import Subset
-
         train_set, test_set = images.image_datasets(name, root, download=bool(getattr(args, "download", False)))
         # torchvision's data sets (and Subset) have a length; torch's Dataset type does not say so
         self.train_set, self.test_set = cast(_SizedDataset, train_set), cast(_SizedDataset, test_set)
@@ -111,14 +110,10 @@ class ImageLoaders:
         self.common = {"num_workers": workers, "pin_memory": torch.device(args.device).type == "cuda"}
 
     def train(self):
-        from torch.utils.data import DataLoader
-
         generator = torch.Generator().manual_seed(self.args.seed)
         return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, generator=generator, **self.common)
 
     def test(self):
-        from torch.utils.data import DataLoader
-
         return DataLoader(self.test_set, batch_size=self.test_batch_size, **self.common)
 
     def test_labels(self) -> Tensor:

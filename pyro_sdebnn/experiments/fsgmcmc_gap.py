@@ -39,13 +39,20 @@ from __future__ import annotations
 import argparse
 
 import pyro
+import pyro.contrib.gp as gp
 import torch
+from pyro.infer import MCMC
 from tqdm.auto import tqdm
 
 from pyro_sdebnn.data import gap_regression_1d
+from pyro_sdebnn.distributions import fit_gp_kernel
 from pyro_sdebnn.experiments import REGISTRY
 from pyro_sdebnn.experiments import _arg_types as check
 from pyro_sdebnn.experiments import _harness as common
+from pyro_sdebnn.infer import RegressionPrediction
+from pyro_sdebnn.infer.mcmc import BayesianMLP, FSGHMC, FSGLD, SGHMC, SGLD
+from pyro_sdebnn.infer.mcmc.arviz import posterior_prediction
+from pyro_sdebnn.infer.mcmc.functional import MeasurementPoints
 from pyro_sdebnn.metrics import interval_coverage
 
 NAME = "fsgmcmc-gap"
@@ -67,9 +74,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _kernel(method, model, gp_kernel, x, steps, backend):
-    from pyro_sdebnn.infer.mcmc import FSGHMC, FSGLD, SGHMC, SGLD
-    from pyro_sdebnn.infer.mcmc.functional import MeasurementPoints
-
     common = dict(step_size=STEP_SIZES[method], num_steps=steps, map_steps=500, map_lr=1e-2, backend=backend)
     if method == "SGLD":
         return SGLD(model, **common)
@@ -82,14 +86,6 @@ def _kernel(method, model, gp_kernel, x, steps, backend):
 
 
 def run(args: argparse.Namespace) -> dict:
-    import pyro.contrib.gp as gp
-    from pyro.infer import MCMC
-
-    from pyro_sdebnn.distributions import fit_gp_kernel
-    from pyro_sdebnn.infer import RegressionPrediction
-    from pyro_sdebnn.infer.mcmc import BayesianMLP
-    from pyro_sdebnn.infer.mcmc.arviz import posterior_prediction
-
     device = torch.device(args.device)
     pyro.set_rng_seed(args.seed)
     split = gap_regression_1d(args.n_train, 200, args.seed, standardize=True)

@@ -59,7 +59,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pyro.optim import PyroLRScheduler
 from torch import Tensor, nn
+from torch.utils.benchmark import Timer
 from tqdm.auto import tqdm
 
 from pyro_sdebnn.data.loaders import is_loader, iter_batches
@@ -68,7 +70,10 @@ from pyro_sdebnn.experiments import _arg_types as check
 from pyro_sdebnn.experiments import _harness as common
 from pyro_sdebnn.experiments._curves import write_curves
 from pyro_sdebnn.experiments._images import ImageLoaders, TensorImages, bundled_split, data_dir, predict_test_set
+from pyro_sdebnn.infer import ClassificationPrediction, MCDropout, SamplingFreeBNN, SamplingFree_ELBO
+from pyro_sdebnn.infer.map_training import train_network
 from pyro_sdebnn.metrics import aumrc, misclassification_at_rejection, reliability_diagram
+from pyro_sdebnn.nn.mnvi import to_mean_field, to_mnvi
 
 NAME = "mnvi-mnist"
 #: What ``--quick`` does (shown by ``--help``).
@@ -151,9 +156,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--predictive", default="mc", choices=("mc", "probit"),
                         help="MNVI/MFVI predictive: logit sampling as in the paper (default) or the probit "
                              "approximation")
-    from pyro_sdebnn.cli import add_data_dir_arguments
-
-    add_data_dir_arguments(parser)
+    check.add_data_dir_arguments(parser)
     parser.add_argument("--mnist-root", type=Path, default=None, help="the same as --data-dir")
     parser.add_argument("--dataset", default="mnist", choices=("mnist", "fashion_mnist"),
                         help="the torchvision data set read from --data-dir (default mnist)")
@@ -191,12 +194,6 @@ def _deterministic_predict(net: nn.Module, x) -> Tensor:
 
 def _fit(kind: str, args, data, epochs: int, device, dtype):
     """Train one method; return ``(predict: inputs -> (S, N, C) probabilities, parameter count, losses)``."""
-    from pyro.optim import PyroLRScheduler
-
-    from pyro_sdebnn.infer import MCDropout, SamplingFreeBNN, SamplingFree_ELBO
-    from pyro_sdebnn.infer.map_training import train_network
-    from pyro_sdebnn.nn.mnvi import to_mean_field, to_mnvi
-
     base = ARCHS[args.arch](device=device, dtype=dtype)
     milestones = list(args.lr_milestones)
     # the full data set's loader (labels inside), or the bundled tensors
@@ -229,8 +226,6 @@ def _fit(kind: str, args, data, epochs: int, device, dtype):
 
 def _probs(prediction) -> Tensor:
     """The class probabilities ``(S, N, C)`` of a classification predictive."""
-    from pyro_sdebnn.infer import ClassificationPrediction
-
     if not isinstance(prediction, ClassificationPrediction):
         raise TypeError(f"expected a ClassificationPrediction, got {type(prediction).__name__}")
     return prediction.probs
@@ -242,8 +237,6 @@ def _inference_ms(predict, batch: Tensor, quick: bool) -> float:
     On the CPU the timer reads the process's CPU time (``time.process_time``), not the wall clock, so that other
     jobs on a shared machine do not inflate it; on a GPU, the wall clock (the timer synchronises the device).
     """
-    from torch.utils.benchmark import Timer
-
     clock = time.process_time if batch.device.type == "cpu" else time.perf_counter
     timer = Timer(stmt="predict(batch)", globals={"predict": predict, "batch": batch}, num_threads=1, timer=clock)
     return 1e3 * timer.blocked_autorange(min_run_time=0.05 if quick else 0.5).median

@@ -65,15 +65,19 @@ import math
 from pathlib import Path
 
 import torch
+from pyro.optim import PyroLRScheduler
+from sklearn.model_selection import KFold
 from tqdm.auto import tqdm
 
 from pyro_sdebnn.data import uci_boston
-from pyro_sdebnn.data.split import DataSplit
-from pyro_sdebnn.data.split import _check_dtype, _standardize_columns, _to_split
+from pyro_sdebnn.data.split import DataSplit, _check_dtype, _standardize_columns, _to_split
 from pyro_sdebnn.data.uci import NUM_UCI_SPLITS, _boston_arrays
 from pyro_sdebnn.experiments import REGISTRY
 from pyro_sdebnn.experiments import _arg_types as check
 from pyro_sdebnn.experiments import _harness as common
+from pyro_sdebnn.infer import DeepEnsemble, MCDropout, PiecewiseKLSchedule, SamplingFreeBNN
+from pyro_sdebnn.nn._mlp import make_mlp
+from pyro_sdebnn.nn.mnvi import MFLinear, MNConcat, MNLinear, MNReLU, MNSequential
 
 NAME = "mnvi-uci"
 #: What ``--quick`` does (shown by ``--help``).
@@ -127,8 +131,6 @@ def paper_fold(fold: int, *, dtype: torch.dtype = torch.float32):
     >>> split.x_train.shape, split.x_test.shape
     (torch.Size([455, 13]), torch.Size([51, 13]))
     """
-    from sklearn.model_selection import KFold
-
     if isinstance(fold, bool) or not isinstance(fold, int) or not 0 <= fold < NUM_FOLDS:
         raise ValueError(f"fold must be an int in [0, {NUM_FOLDS}), got {fold!r}")
     dtype = _check_dtype(dtype)
@@ -152,8 +154,6 @@ def build_network(kind: str, in_features: int, *, device=None, dtype=None) -> to
     >>> build_network("mnvi", 13)(Moments(torch.randn(4, 13), None)).mean.shape
     torch.Size([4, 2])
     """
-    from pyro_sdebnn.nn.mnvi import MFLinear, MNConcat, MNLinear, MNReLU, MNSequential
-
     if kind not in ("mnvi", "mfvi"):
         raise ValueError(f"kind must be 'mnvi' or 'mfvi', got {kind!r}")
     layer = MNLinear if kind == "mnvi" else MFLinear
@@ -185,10 +185,6 @@ def fit_sampling_free(kind: str, x: torch.Tensor, y: torch.Tensor, *, epochs: in
         raise ValueError(f"epochs must be a positive int, got {epochs!r}")
     if not kl_final >= 0:
         raise ValueError(f"kl_final must be >= 0, got {kl_final!r}")
-    from pyro.optim import PyroLRScheduler
-
-    from pyro_sdebnn.infer import PiecewiseKLSchedule, SamplingFreeBNN
-
     milestones = [epochs // 2, (3 * epochs) // 4]
     net = build_network(kind, x.shape[1], device=x.device, dtype=x.dtype)
     bnn = SamplingFreeBNN(net, "normal", num_data=x.shape[0], prior_scale=math.sqrt(PRIOR_VARIANCE), name=kind)
@@ -201,9 +197,6 @@ def fit_sampling_free(kind: str, x: torch.Tensor, y: torch.Tensor, *, epochs: in
 
 
 def _fit_baseline(kind: str, split, epochs: int, quick: bool, device, dtype) -> object:
-    from pyro_sdebnn.infer import DeepEnsemble, MCDropout
-    from pyro_sdebnn.nn._mlp import make_mlp
-
     d = split.x_train.shape[1]
     method: MCDropout | DeepEnsemble
     if kind == "mc-dropout":

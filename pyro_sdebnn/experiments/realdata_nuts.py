@@ -42,11 +42,20 @@ import warnings
 from pathlib import Path
 from typing import TypedDict
 
+import pyro
+import pyro.distributions as dist
 import torch
+from pyro.infer import MCMC, NUTS
+from sklearn.datasets import load_breast_cancer, load_diabetes
+from sklearn.model_selection import train_test_split
+from torch.utils.data import DataLoader, TensorDataset
 
 from pyro_sdebnn import metrics
 from pyro_sdebnn.experiments import _arg_types as check
 from pyro_sdebnn.experiments import _harness as common
+from pyro_sdebnn.infer.mcmc import SGHMC, SGLD
+from pyro_sdebnn.infer.mcmc.arviz import function_space_diagnostics, get_samples, posterior_prediction
+from pyro_sdebnn.infer.mcmc.diagnostics import SamplerDivergenceError, SamplerWarning
 
 NAME = "realdata-nuts"
 DESCRIPTION = "SGLD / SGHMC defaults against NUTS on scikit-learn's diabetes and breast-cancer data"
@@ -86,11 +95,6 @@ def _settings(quick: bool) -> dict:
 
 
 def _load(name: str, max_train):
-    try:
-        from sklearn.datasets import load_breast_cancer, load_diabetes
-        from sklearn.model_selection import train_test_split
-    except ImportError as err:  # pragma: no cover - scikit-learn is an optional dependency
-        raise ImportError("benchmark realdata-nuts needs scikit-learn (pip install scikit-learn)") from err
     X, y = (load_diabetes if name == "diabetes" else load_breast_cancer)(return_X_y=True)
     classify = name == "breast"
     Xtr, Xte, ytr, yte = train_test_split(X, y, test_size=0.2, random_state=0, stratify=y if classify else None)
@@ -105,9 +109,6 @@ def _load(name: str, max_train):
 
 
 def _model(num_inputs: int, hidden: int, classify: bool):
-    import pyro
-    import pyro.distributions as dist
-
     def model(x, y=None):
         w1 = pyro.sample("w1", dist.Normal(0.0, 1.0).expand([num_inputs, hidden]).to_event(2))
         b1 = pyro.sample("b1", dist.Normal(0.0, 1.0).expand([hidden]).to_event(1))
@@ -125,9 +126,6 @@ def _model(num_inputs: int, hidden: int, classify: bool):
 
 
 def _nuts(model, Xtr, ytr, s, seed):
-    import pyro
-    from pyro.infer import MCMC, NUTS
-
     pyro.set_rng_seed(seed)
     # the JIT pays off on the long chains only
     kernel = NUTS(model, jit_compile=not s["quick"], ignore_jit_warnings=True, max_tree_depth=s["depth"])
@@ -140,13 +138,6 @@ def _nuts(model, Xtr, ytr, s, seed):
 
 
 def _sgmcmc(kernel_cls, model, Xtr, ytr, s, seed):
-    import pyro
-    from pyro.infer import MCMC
-    from torch.utils.data import DataLoader, TensorDataset
-
-    from pyro_sdebnn.infer.mcmc.arviz import get_samples
-    from pyro_sdebnn.infer.mcmc.diagnostics import SamplerWarning
-
     pyro.set_rng_seed(seed)
     loader = DataLoader(TensorDataset(Xtr, ytr), batch_size=s["batch"], shuffle=True,
                         generator=torch.Generator().manual_seed(seed))
@@ -160,8 +151,6 @@ def _sgmcmc(kernel_cls, model, Xtr, ytr, s, seed):
 
 
 def _score(pred, yte, yscale, classify):
-    from pyro_sdebnn.infer.mcmc.arviz import function_space_diagnostics
-
     out = {"fs_rhat": float(function_space_diagnostics(pred, num_chains=2)["r_hat_max"])}
     if classify:
         out["spread"] = float(pred.probs.std(0).mean())
@@ -188,10 +177,6 @@ def _write_tables(out_dir: Path, rows: list) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from pyro_sdebnn.infer.mcmc import SGHMC, SGLD
-    from pyro_sdebnn.infer.mcmc.arviz import posterior_prediction
-    from pyro_sdebnn.infer.mcmc.diagnostics import SamplerDivergenceError
-
     torch.set_num_threads(1)
     s = _settings(args.quick)
     if getattr(args, "num_steps", None) is not None:

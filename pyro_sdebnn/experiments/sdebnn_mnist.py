@@ -94,12 +94,10 @@ METHOD_NAMES = ("sdebnn", "sdebnn-stl", "odenet", "mf-odenet", "resnet", "mf-res
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from pyro_sdebnn.cli import add_data_dir_arguments
-
     parser.add_argument("--dataset", default=None, choices=("mnist_subset", "digits") + IMAGE_DATASETS,
                         help="default: mnist with --data-dir, else the bundled mnist_subset (--quick: digits); "
                              "an explicit --dataset is always used")
-    add_data_dir_arguments(parser)
+    check.add_data_dir_arguments(parser)
     parser.add_argument("--root", type=Path, default=None, help="the same as --data-dir")
     parser.add_argument("--steps", type=check.positive_int, default=None,
                         help="optimisation steps per method (default 1500; --quick: 60)")

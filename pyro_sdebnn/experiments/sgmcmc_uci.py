@@ -35,14 +35,20 @@ from __future__ import annotations
 
 import argparse
 
+import pyro.contrib.gp as gp
 import torch
+from pyro.infer import MCMC
 from tqdm.auto import tqdm
 
 from pyro_sdebnn.data import uci_boston
 from pyro_sdebnn.data.uci import NUM_UCI_SPLITS
+from pyro_sdebnn.distributions import fit_gp_kernel
 from pyro_sdebnn.experiments import REGISTRY
 from pyro_sdebnn.experiments import _arg_types as check
 from pyro_sdebnn.experiments import _harness as common
+from pyro_sdebnn.infer.mcmc import BayesianMLP, FSGHMC, FSGLD, SGHMC, SGLD
+from pyro_sdebnn.infer.mcmc.arviz import posterior_prediction
+from pyro_sdebnn.infer.mcmc.functional import MeasurementPoints
 
 NAME = "sgmcmc-uci"
 #: What ``--quick`` does (shown by ``--help``).
@@ -66,9 +72,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _kernel(method, model, gp_kernel, x, thin, backend):
-    from pyro_sdebnn.infer.mcmc import FSGHMC, FSGLD, SGHMC, SGLD
-    from pyro_sdebnn.infer.mcmc.functional import MeasurementPoints
-
     common = dict(step_size=STEP_SIZES[method], num_steps=thin, subsample_size=BATCH, map_steps=500, map_lr=1e-2,
                   backend=backend)
     if method == "SGLD":
@@ -83,13 +86,6 @@ def _kernel(method, model, gp_kernel, x, thin, backend):
 
 
 def run(args: argparse.Namespace) -> dict:
-    import pyro.contrib.gp as gp
-    from pyro.infer import MCMC
-
-    from pyro_sdebnn.distributions import fit_gp_kernel
-    from pyro_sdebnn.infer.mcmc import BayesianMLP
-    from pyro_sdebnn.infer.mcmc.arviz import posterior_prediction
-
     num_splits = args.splits if args.splits is not None else (2 if args.quick else 10)
     if not 1 <= num_splits <= NUM_UCI_SPLITS:
         raise ValueError(f"--splits must be in [1, {NUM_UCI_SPLITS}], got {num_splits}")

@@ -51,13 +51,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import pyro.contrib.gp as gp
 import torch
+from pyro.infer import MCMC, Predictive, SVI
+from pyro.optim import PyroOptim
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from pyro_sdebnn.data import two_moons
 from pyro_sdebnn.experiments import REGISTRY
 from pyro_sdebnn.experiments import _arg_types as check
 from pyro_sdebnn.experiments import _harness as common
+from pyro_sdebnn.infer import (
+    ClassificationPrediction, DeepEnsemble, Laplace, MAPEstimate, MCDropout, MeanFieldVI, NeuralSDEGuide,
+    SamplingFreeBNN, TracePathKL_ELBO, train_svi,
+)
+from pyro_sdebnn.infer import mcmc as sgmcmc
+from pyro_sdebnn.infer._svi_baseline import PyroBNN
+from pyro_sdebnn.infer.mcmc.arviz import posterior_prediction
+from pyro_sdebnn.nn import SDEBNN
+from pyro_sdebnn.nn._mlp import make_mlp
+from pyro_sdebnn.nn.mnvi import to_mnvi
 
 NAME = "two-moons"
 #: What ``--quick`` does (shown by ``--help``).
@@ -112,8 +126,6 @@ class Data:
 
 
 def _mlp(settings: Settings, dropout: float = 0.0):
-    from pyro_sdebnn.nn._mlp import make_mlp
-
     return make_mlp([2, *settings.hidden, 2], "relu", dropout=dropout, device=settings.device)
 
 
@@ -132,8 +144,6 @@ def _adapter(key: str, display: str):
 
 @_adapter("map", "Point estimate (MAP, AutoDelta)")
 def _map(data: Data, s: Settings) -> Predictor:
-    from pyro_sdebnn.infer import MAPEstimate
-
     fit = MAPEstimate(_mlp(s), "categorical").fit(
         data.x_train, data.y_train, num_epochs=s.svi_epochs, lr=s.lr, batch_size=s.svi_batch_size,
         weight_decay=s.weight_decay,
@@ -143,8 +153,6 @@ def _map(data: Data, s: Settings) -> Predictor:
 
 def _laplace(structure: str, subset: str):
     def adapter(data: Data, s: Settings) -> Predictor:
-        from pyro_sdebnn.infer import Laplace
-
         la = Laplace(_mlp(s), "categorical", subset=subset, hessian_structure=structure).fit(
             data.x_train, data.y_train, num_epochs=s.epochs, lr=s.lr, batch_size=s.batch_size,
             weight_decay=s.weight_decay,
@@ -161,8 +169,6 @@ _adapter("laplace-last-layer", "Laplace (last layer, full)")(_laplace("full", "l
 
 @_adapter("mc-dropout", "MC-dropout")
 def _mc_dropout(data: Data, s: Settings) -> Predictor:
-    from pyro_sdebnn.infer import MCDropout
-
     fit = MCDropout(_mlp(s, s.dropout), "categorical", num_samples=s.num_samples).fit(
         data.x_train, data.y_train, num_epochs=s.epochs, lr=s.lr, batch_size=s.batch_size, weight_decay=s.weight_decay
     )
@@ -171,8 +177,6 @@ def _mc_dropout(data: Data, s: Settings) -> Predictor:
 
 @_adapter("deep-ensemble", "Deep ensemble")
 def _deep_ensemble(data: Data, s: Settings) -> Predictor:
-    from pyro_sdebnn.infer import DeepEnsemble
-
     fit = DeepEnsemble(lambda: _mlp(s), "categorical", num_members=s.num_members).fit(
         data.x_train, data.y_train, num_epochs=s.epochs, lr=s.lr, batch_size=s.batch_size, weight_decay=s.weight_decay
     )
@@ -181,8 +185,6 @@ def _deep_ensemble(data: Data, s: Settings) -> Predictor:
 
 @_adapter("mfvi", "Mean-field VI (AutoNormal)")
 def _mfvi(data: Data, s: Settings) -> Predictor:
-    from pyro_sdebnn.infer import MeanFieldVI
-
     fit = MeanFieldVI(_mlp(s), "categorical", prior_scale=1.0).fit(
         data.x_train, data.y_train, num_epochs=s.svi_epochs, lr=s.lr, batch_size=s.svi_batch_size
     )
@@ -194,11 +196,6 @@ _NUM_PROBES = 4
 
 def _sgmcmc(kernel_name: str):
     def adapter(data: Data, s: Settings) -> Predictor:
-        from pyro.infer import MCMC, Predictive
-
-        from pyro_sdebnn.infer._svi_baseline import PyroBNN
-        from pyro_sdebnn.infer import mcmc as sgmcmc
-
         model = PyroBNN(_mlp(s), "categorical", prior_scale=1.0)
         kernel_cls = getattr(sgmcmc, kernel_name)
         # SGLD (Welling & Teh 2011) with step 1e-3 / SGHMC (Chen, Fox & Guestrin 2014) with step 1e-2 and friction 1
@@ -232,8 +229,6 @@ class _SampledPredictor:
         self.diagnostics: dict | None = None
 
     def __call__(self, x: Tensor):
-        from pyro_sdebnn.infer import ClassificationPrediction
-
         outputs = self.predictive(x)["outputs"]
         return ClassificationPrediction(outputs.reshape(-1, *outputs.shape[-2:]).softmax(-1))
 
@@ -244,12 +239,6 @@ _adapter("sghmc", "SGHMC")(_sgmcmc("SGHMC"))
 
 def _functional_sgmcmc(kernel_name: str, step_size: float, friction: float = 0.1):
     def adapter(data: Data, s: Settings) -> Predictor:
-        import pyro.contrib.gp as gp
-        from pyro.infer import MCMC
-
-        from pyro_sdebnn.infer import mcmc as sgmcmc
-        from pyro_sdebnn.infer.mcmc.arviz import posterior_prediction
-
         # One GP prior on the class-1 logit: RBF with logit standard deviation 2 and length scale 0.5 (the
         # width of a moon); measurement points = training inputs + uniform box points, redrawn every step.
         model = sgmcmc.BayesianMLP([2, *s.hidden, 1], likelihood="bernoulli", activation="relu").to(s.device)
@@ -280,11 +269,6 @@ _adapter("fsghmc", "fSGHMC (GP functional prior)")(_functional_sgmcmc("FSGHMC", 
 
 @_adapter("mnvi", "MNVI (sampling-free)")
 def _mnvi(data: Data, s: Settings) -> Predictor:
-    from pyro.optim import PyroOptim
-
-    from pyro_sdebnn.infer import SamplingFreeBNN
-    from pyro_sdebnn.nn.mnvi import to_mnvi
-
     bnn = SamplingFreeBNN(to_mnvi(_mlp(s)), "categorical", num_data=len(data.y_train), prior_scale=1.0).to(s.device)
     bnn.fit(
         data.x_train, data.y_train, num_epochs=s.svi_epochs, batch_size=s.svi_batch_size,
@@ -295,12 +279,6 @@ def _mnvi(data: Data, s: Settings) -> Predictor:
 
 @_adapter("sdebnn", "SDE-BNN")
 def _sdebnn(data: Data, s: Settings) -> Predictor:
-    from pyro.infer import SVI
-    from pyro.optim import PyroOptim
-
-    from pyro_sdebnn.infer import NeuralSDEGuide, TracePathKL_ELBO, train_svi
-    from pyro_sdebnn.nn import SDEBNN
-
     # Diffusion sigma 0.2 (one of the values Xu et al. 2022, "Infinitely Deep Bayesian Neural Networks with
     # Stochastic Differential Equations", select from: 0.1, 0.2, 0.5), a time-conditioned MLP field, Euler
     # steps; the width of the field follows the MLP baselines' hidden width.
@@ -440,8 +418,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> dict:
     """Train every method, write the table and figures, return ``{method: metrics}``."""
-    from tqdm.auto import tqdm
-
     device = torch.device(getattr(args, "device", "cpu"))
     seed = int(getattr(args, "seed", 0))
     out = Path(args.output)

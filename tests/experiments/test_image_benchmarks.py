@@ -8,6 +8,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import pyro_sdebnn.data.images as images
+import pyro_sdebnn.experiments._curves
 import pyro_sdebnn.infer
 import pyro_sdebnn.infer.mnvi
 import pyro_sdebnn.infer.svi_training
@@ -46,7 +47,8 @@ def mnist_dir(tmp_path, monkeypatch):
 
 @pytest.fixture
 def svi_calls(monkeypatch):
-    """Record the data of every train_svi call (from pyro_sdebnn.infer, its module, or SamplingFreeBNN.fit's)."""
+    """Record the data of every train_svi call (from pyro_sdebnn.infer, its module, SamplingFreeBNN.fit's or the
+    benchmarks')."""
     calls = []
     original = pyro_sdebnn.infer.train_svi
 
@@ -57,6 +59,7 @@ def svi_calls(monkeypatch):
     monkeypatch.setattr(pyro_sdebnn.infer, "train_svi", recording)
     monkeypatch.setattr(pyro_sdebnn.infer.svi_training, "train_svi", recording)
     monkeypatch.setattr(pyro_sdebnn.infer.mnvi, "train_svi", recording)
+    monkeypatch.setattr(pyro_sdebnn.experiments._curves, "train_svi", recording)  # the benchmarks' import of it
     return calls
 
 

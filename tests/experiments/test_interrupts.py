@@ -157,8 +157,8 @@ def test_sgmcmc_uci(tmp_path, monkeypatch):
     def prediction(model, samples, x):
         return RegressionPrediction(torch.zeros(2, len(x)), torch.ones(2, len(x)))
 
-    monkeypatch.setattr("pyro.infer.MCMC", _FakeMCMC)
-    monkeypatch.setattr("pyro_sdebnn.infer.mcmc.arviz.posterior_prediction", prediction)
+    monkeypatch.setattr(sgmcmc_uci, "MCMC", _FakeMCMC)
+    monkeypatch.setattr(sgmcmc_uci, "posterior_prediction", prediction)
     monkeypatch.setattr(sgmcmc_uci, "_kernel", _second_call_interrupts(None))
     code = main(["benchmark", "sgmcmc-uci", "--quick", "--methods", "SGLD", "SGHMC", "--output", str(tmp_path)])
     assert code == 130
@@ -177,9 +177,9 @@ def test_fsgmcmc_gap(tmp_path, monkeypatch):
     def prediction(model, samples, x):
         return RegressionPrediction(torch.zeros(2, len(x)), torch.ones(2, len(x)))
 
-    monkeypatch.setattr("pyro.infer.MCMC", _FakeMCMC)
-    monkeypatch.setattr("pyro_sdebnn.infer.mcmc.arviz.posterior_prediction", prediction)
-    monkeypatch.setattr("pyro_sdebnn.distributions.fit_gp_kernel", lambda kernel, *args, **kwargs: kernel)
+    monkeypatch.setattr(fsgmcmc_gap, "MCMC", _FakeMCMC)
+    monkeypatch.setattr(fsgmcmc_gap, "posterior_prediction", prediction)
+    monkeypatch.setattr(fsgmcmc_gap, "fit_gp_kernel", lambda kernel, *args, **kwargs: kernel)
     monkeypatch.setattr(fsgmcmc_gap, "_kernel", _second_call_interrupts(types.SimpleNamespace()))
     code = main(["benchmark", "fsgmcmc-gap", "--quick", "--methods", "SGLD", "fSGLD", "--output", str(tmp_path)])
     assert code == 130

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from pyro_sdebnn.cli import main
+from pyro_sdebnn.experiments import mnvi_mnist
 from pyro_sdebnn.experiments.mnvi_mnist import METHODS, paper_lenet
 from pyro_sdebnn.infer import SamplingFreeBNN
 from pyro_sdebnn.nn.mnvi import to_mean_field, to_mnvi
@@ -48,6 +49,7 @@ def test_schedule_decays_the_learning_rate_at_the_milestones(monkeypatch, tmp_pa
             super().__init__(constructor, args, clip_args)
 
     monkeypatch.setattr(pyro.optim, "PyroLRScheduler", Spy)
+    monkeypatch.setattr(mnvi_mnist, "PyroLRScheduler", Spy)  # the name the benchmark imported
     seen = {}
     real_init = SamplingFreeBNN.__init__
 

@@ -91,6 +91,17 @@ def get_samples(mcmc: Any, *, group_by_chain: bool = False) -> dict[str, Tensor]
     return samples
 
 
+def _kernel_diagnostics(mcmc: Any) -> dict[str, dict[str, Any]]:
+    """The kernel's diagnostics of every chain, keyed as ``mcmc.diagnostics()`` keys them (``{name: {"chain c":
+    value}}``), without the ESS and split R-hat of every site that ``MCMC.diagnostics()`` computes first: split R-hat
+    needs at least 4 draws per chain (Pyro asserts it), and the export reads none of them."""
+    per_chain = getattr(mcmc, "_diagnostics", None)  # what MCMC.diagnostics() adds to the ESS / R-hat table
+    if not isinstance(per_chain, list) or not all(isinstance(d, dict) for d in per_chain):
+        return mcmc.diagnostics()  # another MCMC front end
+    names = per_chain[0] if per_chain else {}
+    return {name: {f"chain {c}": d[name] for c, d in enumerate(per_chain)} for name in names}
+
+
 def _diverging(mcmc: Any, num_chains: int, num_draws: int) -> Tensor:
     """``(chains, draws)`` bool: which post-warm-up draw of which chain (vectorised chains included) diverged.
 
@@ -101,7 +112,7 @@ def _diverging(mcmc: Any, num_chains: int, num_draws: int) -> Tensor:
     ``MCMC`` chain.
     """
     diverging = torch.zeros(num_chains, num_draws, dtype=torch.bool)
-    diag = mcmc.diagnostics()
+    diag = _kernel_diagnostics(mcmc)
     k = num_chains // mcmc.num_chains
     divergences, logs = diag.get("divergences", {}), diag.get("divergence log", {})
     for c in range(mcmc.num_chains):
@@ -244,8 +255,11 @@ def to_inference_data(mcmc: Any, *, log_likelihood: bool = True, **kwargs: Any) 
     (``in_dataset_order``): the last axis of ``observed_data`` and
     ``log_likelihood`` is the index of the data point in the data set, as for the tensors of the data set.
     Prefer it to ``arviz.from_pyro``, which drops the log-likelihood of models that do not vectorise over draws,
-    sizes ``sample_stats`` by ``MCMC``'s ``num_chains`` (not the vectorised chains) and orders 11 or more chains'
-    divergences as strings (``"chain 10"`` before ``"chain 2"``).
+    sizes ``sample_stats`` by ``MCMC``'s ``num_chains`` (not the vectorised chains), orders 11 or more chains'
+    divergences as strings (``"chain 10"`` before ``"chain 2"``) and fails with a bare ``AssertionError`` for a run
+    of fewer than 4 draws per chain (it calls ``MCMC.diagnostics()``, whose split R-hat needs 4). This export reads
+    the divergences without those diagnostics and works for any ``num_samples``; compute R-hat and ESS with ArviZ
+    (``az.rhat``, ``az.ess``) on runs long enough for them.
 
     :param mcmc: a :class:`pyro.infer.MCMC` that has run.
     :param bool log_likelihood: include the ``log_likelihood`` group.
@@ -298,7 +312,10 @@ def to_inference_data(mcmc: Any, *, log_likelihood: bool = True, **kwargs: Any) 
         groups["log_likelihood"] = {
             n: v.reshape((num_chains, num_draws) + v.shape[1:]).cpu().numpy() for n, v in ll.items()
         }
-    return az.from_dict(**groups, **kwargs)
+    with warnings.catch_warnings():
+        # ArviZ guesses a transposed array when a run has fewer draws than chains; these are (chains, draws, ...)
+        warnings.filterwarnings("ignore", message=r"More chains \(\d+\) than draws", category=UserWarning)
+        return az.from_dict(**groups, **kwargs)
 
 
 def _unwrap(fn: Any) -> Any:
