@@ -437,9 +437,9 @@ def check_finite_tensors(tensors: Sequence, names: Callable[[], Sequence[str]], 
     ``MinibatchPotential``).
 
     A single non-finite datum turns the loss, its gradient and then every weight into NaN; Pyro would report it only
-    later, as an invalid distribution parameter, far from its cause. The check is one plain sum per tensor, all read
-    back at once as a Python ``bool`` (a sum is several times cheaper on a CPU than ``torch.isfinite(x).all()``; on a
-    GPU it is one device-to-host synchronisation per call). Only a non-finite sum (a bad entry, or an overflow of
+    later, as an invalid distribution parameter, far from its cause. The check is one plain sum per tensor, their
+    total read back as a Python ``bool`` (a sum is several times cheaper on a CPU than ``torch.isfinite(x).all()``; on
+    a GPU it is one device-to-host synchronisation per call). Only a non-finite sum (a bad entry, or an overflow of
     finite values, which then passes) goes on to the exact element-wise check, which builds the message with the
     index of the first bad entry. Integer tensors (class labels) and other values are not read.
 
@@ -449,8 +449,11 @@ def check_finite_tensors(tensors: Sequence, names: Callable[[], Sequence[str]], 
     :param str advice: appended to the message.
     :raises ValueError: naming the tensor, the batch and the first bad index.
     """
-    floats = [t for t in tensors if isinstance(t, Tensor) and (t.is_floating_point() or t.is_complex())]
-    if not floats or bool(torch.isfinite(torch.stack([t.sum().abs().float() for t in floats])).all()):
+    total: Tensor | None = None  # the sum of the sums: a NaN or an infinity in any tensor makes it non-finite
+    for t in tensors:
+        if isinstance(t, Tensor) and (t.is_floating_point() or t.is_complex()):
+            total = t.sum() if total is None else total + t.sum()
+    if total is None or bool(torch.isfinite(total)):
         return
     where = "" if batch_index is None else f" of batch {batch_index} of the loader"
     for name, t in zip(names(), tensors):
@@ -467,7 +470,7 @@ def check_finite_tensors(tensors: Sequence, names: Callable[[], Sequence[str]], 
 
 def check_finite_batch(x: Tensor, y: Tensor | None = None, *, what: str = "x", batch_index: int | None = None) -> None:
     """Reject inputs ``x`` (and floating-point targets ``y``) holding a NaN or an infinity (``check_finite_tensors``:
-    one sum per tensor, read back at once, and the exact element-wise check only when a sum is not finite). Integer
+    one sum per tensor, their total read back, and the exact element-wise check only when it is not finite). Integer
     targets (class labels) are always finite and not read.
 
     :param x: the inputs of one batch (or the whole data set given as a tensor).

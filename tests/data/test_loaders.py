@@ -80,6 +80,7 @@ def test_check_finite_batch_passes_finite_values_whose_sum_overflows():
     big = torch.full((4, 2), 3e38)  # finite, but the fast test's sum is inf: the exact check must let it through
     assert not torch.isfinite(big.sum())
     check_finite_batch(big, big.double() * 1e200, what="x_train")
+    check_finite_batch(big, -big, what="x_train")  # sums of +inf and -inf: a NaN total, still finite values
     big[2, 0] = float("-inf")
     with pytest.raises(ValueError, match=r"x_train contains Inf at index \(2, 0\)"):
         check_finite_batch(big, what="x_train")

@@ -228,6 +228,21 @@ def test_every_batch_is_read_in_one_pass_and_checked_once(structure, monkeypatch
     assert calls == one + ["check_finite_tensors"] + one * 4
 
 
+def test_a_passed_over_short_batch_is_not_checked():
+    x, t, y = _data()
+    y = torch.where(torch.arange(N) == 9, math.nan, y)  # in the short last batch (rows 8 and 9)
+    loader = DataLoader(TensorDataset(x, t, y), batch_size=BATCH)
+    for drop_last in (True, False):
+        mcmc = MCMC(SGLD(model3, step_size=1e-3, map_steps=0, drop_last=drop_last), num_samples=5, warmup_steps=0,
+                    disable_progbar=True)
+        if drop_last:
+            mcmc.run(loader)  # batches 0, 1, (2 passed over), 0, 1, (2), 0
+            assert mcmc.kernel.diagnostics()["batches passed over"] == 2
+        else:
+            with pytest.raises(ValueError, match=r"y contains NaN at index \(1,\) of batch 2 of the loader"):
+                mcmc.run(loader)
+
+
 def test_functional_kernel_takes_dict_batches_as_it_takes_tuples():
     # fSGLD concatenates the batch's data arguments with the measurement points': a dict batch's keys are data too
     import pyro.contrib.gp as gp
