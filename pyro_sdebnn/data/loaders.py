@@ -177,8 +177,8 @@ def _named(args: tuple, kwargs: Mapping[str, Any], model: Callable | None, unkno
     unknown)."""
     params = (_parameters(model) if model is not None else None) or ()
     positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return [(positional[i] if i < len(positional) else f"{unknown}[{i}]", a) for i, a in enumerate(args)] + list(
-        kwargs.items())
+    names = [positional[i] if i < len(positional) else f"{unknown}[{i}]" for i in range(len(args))]
+    return list(zip(names, args)) + list(kwargs.items())
 
 
 def read_batch(
