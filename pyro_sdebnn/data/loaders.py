@@ -261,7 +261,7 @@ def _structure_error(args: tuple, kwargs: dict[str, Any], where: str, model: Cal
 
 
 def arguments(leaves: Sequence, spec: Any) -> tuple[tuple, dict[str, Any]]:
-    """The model's ``(args, kwargs)`` from the tensors ``leaves`` of a batch of structure ``spec`` (:func:`read_batch`)."""
+    """The model's ``(args, kwargs)`` from the tensors ``leaves`` of a batch of structure ``spec`` (``read_batch``)."""
     if isinstance(spec, tuple):  # flat: (number of positional arguments, keys)
         n, keys = spec
         return tuple(leaves[:n]), dict(zip(keys, leaves[n:]))
@@ -347,7 +347,7 @@ def iter_model_batches(loader, device=None, dtype: torch.dtype | None = None, *,
         neither moved nor checked).
     :param model: the model: the first batch is checked against its signature, and a non-finite batch is reported
         under the names of its parameters.
-    :param bool check_finite: every batch goes through :func:`check_finite_tensors` (one device-to-host sync per
+    :param bool check_finite: every batch goes through ``check_finite_tensors`` (one device-to-host sync per
         batch).
     """
     extra = dict(kwargs or {})
