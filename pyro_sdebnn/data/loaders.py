@@ -21,12 +21,15 @@ This module holds the pieces they share:
   subsampled :class:`~pyro.plate` does;
 * ``iter_batches`` yields the ``(x, y)`` batches one at a time, and ``iter_model_batches`` the model arguments
   ``(args, kwargs)`` of each batch, each moved to the model's device (and floating-point inputs to its dtype) with
-  ``non_blocking=True`` when the loader pins memory; the whole data set is never copied to the device.
+  ``non_blocking=True`` when the loader pins memory; the whole data set is never copied to the device;
+* ``read_batch`` reads one batch by that rule in one pass (its tensors, structure and batch dimension), and
+  ``arguments`` turns its tensors back into the model's ``(args, kwargs)``.
 
 Tensors are read in random minibatches (``minibatch_indices``), and ``module_device_dtype`` says where
 the batches go: the model's device and dtype. ``check_tensors`` validates a data set (or a batch) given as
-tensors, and :func:`check_finite_batch` rejects a batch (or a whole data set) holding a NaN or an infinity
-with a message naming the argument, the batch and the first bad index.
+tensors, and :func:`check_finite_batch` (for ``(x, y)``; ``check_finite_tensors`` for any tensors) rejects a batch
+(or a whole data set) holding a NaN or an infinity with a message naming the argument, the batch and the first bad
+index.
 
 A run over data resumes bitwise only if every random state it reads is put back: ``rng_state`` captures torch's CPU
 generator, every initialised CUDA device's, NumPy's, Python's, and the ``torch.Generator`` objects a loader shuffles
@@ -45,12 +48,12 @@ from __future__ import annotations
 
 import inspect
 import random
-from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, overload
+from typing import Any, Callable, Iterable, Iterator, Literal, Mapping, NoReturn, Sequence, overload
 
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 __all__ = ["check_finite_batch"]
 
@@ -175,10 +178,114 @@ def _signature_text(params: list[inspect.Parameter]) -> str:
     return "(" + ", ".join(str(p) for p in params) + ")"
 
 
-def _argument_label(params: list[inspect.Parameter] | None, i: int) -> str:
-    """The name of the model's ``i``-th positional parameter (``batch[i]`` where unknown)."""
-    positional = [p.name for p in params or () if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return positional[i] if i < len(positional) else f"batch[{i}]"
+def _named(args: tuple, kwargs: Mapping[str, Any], model: Callable | None, unknown: str = "batch") -> list:
+    """``(name, value)`` of every argument, a positional one named after the model's parameter (``batch[i]`` where
+    unknown)."""
+    params = (_parameters(model) if model is not None else None) or ()
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    names = [positional[i] if i < len(positional) else f"{unknown}[{i}]" for i in range(len(args))]
+    return list(zip(names, args)) + list(kwargs.items())
+
+
+def read_batch(
+    batch: Any, batch_index: int | None = None, *, kwargs: Mapping[str, Any] | None = None,
+    model: Callable | None = None,
+) -> tuple[list, Any, int]:
+    """One batch of a loader, read by the rule of :func:`batch_arguments` and checked in one pass: ``(tensors, spec,
+    b)``, its tensors in the order of ``tree_flatten((args, kwargs))``, its structure (equal for batches of the same
+    form: tuple length, dict keys, nesting) and its batch dimension; :func:`arguments` turns the tensors (or their
+    moved copies) back into the model's ``(args, kwargs)``. Parameters and errors: those of :func:`batch_arguments`."""
+    where = "the batch" if batch_index is None else f"batch {batch_index} of the loader"
+    args: tuple
+    kw: dict[str, Any]
+    if isinstance(batch, Tensor):
+        args, kw = (batch,), {}
+    elif isinstance(batch, (tuple, list)):
+        args, kw = tuple(batch), {}
+    elif isinstance(batch, Mapping):
+        keys = list(batch)
+        if not all(isinstance(k, str) for k in keys):
+            raise TypeError(f"{where} is a dict with keys {keys!r}: a dict batch is passed as model(**batch), so its "
+                            "keys must be the model's argument names (strings)")
+        args, kw = (), dict(batch)
+    else:
+        raise TypeError(
+            f"{where} is a {type(batch).__name__}; a batch must be a tuple or list (called as model(*batch)), a dict "
+            "(model(**batch)) or a tensor (model(batch)), as torch's default collate builds them"
+        )
+    values = (*args, *kw.values())
+    spec: Any
+    if all(isinstance(v, Tensor) for v in values):  # flat: no pytree pass
+        leaves, spec = list(values), (len(args), tuple(kw))
+    else:
+        leaves, spec = tree_flatten((args, kw))
+    sizes = {t.shape[0] if isinstance(t, Tensor) and t.dim() else 0 for t in leaves}
+    if len(sizes) != 1 or 0 in sizes:
+        _structure_error(args, kw, where, model)
+    if kwargs:
+        both = sorted(set(kw) & set(kwargs))
+        if both:
+            raise ValueError(f"{where} is a dict with the keys {both}, which are also given as keyword arguments")
+    params = _parameters(model) if model is not None else None
+    if params is not None:
+        try:
+            inspect.Signature(params).bind(*args, **kw, **(kwargs or {}))
+        except TypeError as e:
+            shape = (f"a dict with keys {list(batch)}, passed as model(**batch)" if isinstance(batch, Mapping)
+                     else "a tensor, passed as model(batch)" if isinstance(batch, Tensor)
+                     else f"a {type(batch).__name__} of length {len(args)}, passed as model(*batch)")
+            extra = f" with the keyword arguments {sorted(kwargs)}" if kwargs else ""
+            raise TypeError(
+                f"{where} is {shape}{extra}, which does not fit the model's parameters "
+                f"{_signature_text(params)}: {e}"
+            ) from None
+    return leaves, spec, sizes.pop()
+
+
+def _structure_error(args: tuple, kwargs: dict[str, Any], where: str, model: Callable | None) -> NoReturn:
+    """The error for a batch whose leaves are not tensors sharing a non-empty first dimension, naming them."""
+    sizes: list[tuple[str, int]] = []
+    for name, value in _named(args, kwargs, model):
+        for leaf in _leaves(value):
+            if not isinstance(leaf, Tensor):
+                raise TypeError(
+                    f"{where}: argument {name!r} holds a {type(leaf).__name__}, not a tensor; every element of a "
+                    "batch must be a tensor (turn the data set's items into tensors, or drop this field in a "
+                    "collate_fn)"
+                )
+            if leaf.dim() == 0 or leaf.shape[0] == 0:
+                raise ValueError(f"{where} is empty or has no batch dimension (argument {name!r} has shape "
+                                 f"{tuple(leaf.shape)})")
+            sizes.append((name, int(leaf.shape[0])))
+    if not sizes:
+        raise TypeError(f"{where} holds no tensor")
+    listed = ", ".join(f"{name!r}: {b}" for name, b in sizes)
+    raise ValueError(
+        f"{where}: its tensors must share their first (batch) dimension, as torch's default collate builds them "
+        f"(the likelihood of the batch is scaled by N/b), got {listed}"
+    )
+
+
+def arguments(leaves: Sequence, spec: Any) -> tuple[tuple, dict[str, Any]]:
+    """The model's ``(args, kwargs)`` from the tensors ``leaves`` of a batch of structure ``spec`` (``read_batch``)."""
+    if isinstance(spec, tuple):  # flat: (number of positional arguments, keys)
+        n, keys = spec
+        return tuple(leaves[:n]), dict(zip(keys, leaves[n:]))
+    args, kw = tree_unflatten(list(leaves), spec)
+    return args, kw
+
+
+def leaf_names(spec: Any, count: int, model: Callable | None = None, *, label: str = "{}",
+               unknown: str = "batch") -> list[str]:
+    """The name of each of the ``count`` leaves of arguments of structure ``spec``, for messages: ``label`` filled with
+    the name of the model's argument that holds it, followed by ``(its tensor k)`` in an argument of several."""
+    args, kw = arguments(range(count), spec)  # the leaves' positions, in the arguments' structure
+    names = [""] * count
+    for name, value in _named(args, kw, model, unknown):
+        positions = _leaves(value)
+        for k, i in enumerate(positions):
+            names[i] = label.format(name) + ("" if len(positions) == 1 else f" (its tensor {k})")
+    return names
 
 
 def batch_arguments(
@@ -220,64 +327,9 @@ def batch_arguments(
     ...
     ValueError: batch 2 of the loader: its tensors must share their first (batch) dimension, ...
     """
-    where = "the batch" if batch_index is None else f"batch {batch_index} of the loader"
-    args: tuple
-    kw: dict[str, Any]
-    if isinstance(batch, Tensor):
-        args, kw = (batch,), {}
-    elif isinstance(batch, (tuple, list)):
-        args, kw = tuple(batch), {}
-    elif isinstance(batch, Mapping):
-        keys = list(batch)
-        if not all(isinstance(k, str) for k in keys):
-            raise TypeError(f"{where} is a dict with keys {keys!r}: a dict batch is passed as model(**batch), so its "
-                            "keys must be the model's argument names (strings)")
-        args, kw = (), dict(batch)
-    else:
-        raise TypeError(
-            f"{where} is a {type(batch).__name__}; a batch must be a tuple or list (called as model(*batch)), a dict "
-            "(model(**batch)) or a tensor (model(batch)), as torch's default collate builds them"
-        )
-    params = _parameters(model) if model is not None else None
-    sizes: list[tuple[str, int]] = []
-    for name, value in [(_argument_label(params, i), a) for i, a in enumerate(args)] + list(kw.items()):
-        for leaf in _leaves(value):
-            if not isinstance(leaf, Tensor):
-                raise TypeError(
-                    f"{where}: argument {name!r} holds a {type(leaf).__name__}, not a tensor; every element of a "
-                    "batch must be a tensor (turn the data set's items into tensors, or drop this field in a "
-                    "collate_fn)"
-                )
-            if leaf.dim() == 0 or leaf.shape[0] == 0:
-                raise ValueError(f"{where} is empty or has no batch dimension (argument {name!r} has shape "
-                                 f"{tuple(leaf.shape)})")
-            sizes.append((name, int(leaf.shape[0])))
-    if not sizes:
-        raise TypeError(f"{where} holds no tensor")
-    if len({b for _, b in sizes}) > 1:
-        listed = ", ".join(f"{name!r}: {b}" for name, b in sizes)
-        raise ValueError(
-            f"{where}: its tensors must share their first (batch) dimension, as torch's default collate builds them "
-            f"(the likelihood of the batch is scaled by N/b), got {listed}"
-        )
-    if kwargs:
-        both = sorted(set(kw) & set(kwargs))
-        if both:
-            raise ValueError(f"{where} is a dict with the keys {both}, which are also given as keyword arguments")
-        kw.update(kwargs)
-    if params is not None:
-        try:
-            inspect.Signature(params).bind(*args, **kw)
-        except TypeError as e:
-            shape = (f"a dict with keys {list(batch)}, passed as model(**batch)" if isinstance(batch, Mapping)
-                     else "a tensor, passed as model(batch)" if isinstance(batch, Tensor)
-                     else f"a {type(batch).__name__} of length {len(args)}, passed as model(*batch)")
-            extra = f" with the keyword arguments {sorted(kwargs)}" if kwargs else ""
-            raise TypeError(
-                f"{where} is {shape}{extra}, which does not fit the model's parameters "
-                f"{_signature_text(params)}: {e}"
-            ) from None
-    return args, kw
+    leaves, spec, _ = read_batch(batch, batch_index, kwargs=kwargs, model=model)
+    args, kw = arguments(leaves, spec)
+    return args, {**kw, **(kwargs or {})}
 
 
 def batch_length(args: tuple, kwargs: Mapping[str, Any] | None = None) -> int:
@@ -291,42 +343,6 @@ def batch_length(args: tuple, kwargs: Mapping[str, Any] | None = None) -> int:
     raise ValueError("the arguments hold no tensor")
 
 
-def move_arguments(tree: Any, device=None, dtype: torch.dtype | None = None) -> Any:
-    """Every tensor of ``tree`` (arguments from ``batch_arguments``) moved by ``move_batch``."""
-    if isinstance(tree, tuple) and all(isinstance(t, Tensor) for t in tree):  # (x, y): without a pytree pass
-        return tuple(move_batch(t, device, dtype) for t in tree)
-    if isinstance(tree, dict) and all(isinstance(t, Tensor) for t in tree.values()):
-        return {k: move_batch(t, device, dtype) for k, t in tree.items()}
-    return tree_map(lambda t: move_batch(t, device, dtype) if isinstance(t, Tensor) else t, tree)
-
-
-def flatten_arguments(args: tuple, kwargs: Mapping[str, Any]) -> tuple[list, Any]:
-    """``(leaves, structure)`` of a batch's arguments: the tensors in the order of ``tree_flatten((args, kwargs))``,
-    and a structure that compares equal for batches of the same form (tuple length, dict keys, nesting)."""
-    values = (*args, *kwargs.values())
-    if all(isinstance(v, Tensor) for v in values):  # flat: no pytree pass
-        return list(values), (len(args), tuple(kwargs))
-    leaves, spec = tree_flatten((args, dict(kwargs)))
-    return leaves, spec
-
-
-def check_finite_arguments(args: tuple, kwargs: Mapping[str, Any], *, model: Callable | None = None,
-                           batch_index: int | None = None) -> None:
-    """:func:`check_finite_batch` for the arguments of a batch (``batch_arguments``): the floating-point tensors
-    among them are summed in one reduction (one host sync), and a non-finite sum is reported under the name of the
-    model's argument that holds it."""
-    floats = [t for value in (*args, *kwargs.values()) for t in _leaves(value)
-              if isinstance(t, Tensor) and (t.is_floating_point() or t.is_complex())]
-    if not floats or bool(torch.isfinite(torch.stack([t.sum().abs().float() for t in floats])).all()):
-        return
-    params = _parameters(model) if model is not None else None  # names, for the message only
-    named = [(_argument_label(params, i), a) for i, a in enumerate(args)] + list(kwargs.items())
-    for name, value in named:
-        for t in _leaves(value):
-            if isinstance(t, Tensor) and (t.is_floating_point() or t.is_complex()):
-                check_finite_batch(t, what=name, batch_index=batch_index)
-
-
 def iter_model_batches(loader, device=None, dtype: torch.dtype | None = None, *,
                        kwargs: Mapping[str, Any] | None = None, model: Callable | None = None,
                        check_finite: bool = False) -> Iterator[tuple[tuple, dict[str, Any]]]:
@@ -337,16 +353,16 @@ def iter_model_batches(loader, device=None, dtype: torch.dtype | None = None, *,
         neither moved nor checked).
     :param model: the model: the first batch is checked against its signature, and a non-finite batch is reported
         under the names of its parameters.
-    :param bool check_finite: every batch goes through ``check_finite_arguments`` (one device-to-host sync per
+    :param bool check_finite: every batch goes through ``check_finite_tensors`` (one device-to-host sync per
         batch).
     """
     extra = dict(kwargs or {})
-    for i, batch in enumerate(loader):
-        args, kw = batch_arguments(batch, i, kwargs=extra, model=model if i == 0 else None)
-        own = {k: v for k, v in kw.items() if k not in extra}  # the batch's own: checked and moved; not the extra
+    for i, raw in enumerate(loader):
+        leaves, spec, _ = read_batch(raw, i, kwargs=extra, model=model if i == 0 else None)
         if check_finite:
-            check_finite_arguments(args, own, model=model, batch_index=i)
-        yield move_arguments(args, device, dtype), {**move_arguments(own, device, dtype), **extra}
+            check_finite_tensors(leaves, lambda: leaf_names(spec, len(leaves), model), batch_index=i)
+        args, own = arguments([move_batch(t, device, dtype) for t in leaves], spec)
+        yield args, {**own, **extra}
 
 
 def minibatch_indices(n: int, batch_size: int, device=None, *, shuffle: bool = True,
@@ -420,24 +436,48 @@ def _target_name(what: str) -> str:
     return "y" + what[1:] if what.startswith("x") else f"the targets of {what}"
 
 
-def _first_bad(t: Tensor) -> tuple[str, tuple[int, ...], int]:
-    """``("NaN" or "Inf", index of the first non-finite entry, number of non-finite entries)``."""
-    t = t.detach()
-    bad = ~torch.isfinite(t)
-    first = tuple(int(i) for i in bad.nonzero()[0]) if bad.dim() else ()
-    return ("NaN" if bool(torch.isnan(t[first])) else "Inf"), first, int(bad.sum())
+def check_finite_tensors(tensors: Sequence, names: Callable[[], Sequence[str]], *, batch_index: int | None = None,
+                         advice: str = "") -> None:
+    """Reject floating-point (or complex) tensors holding a NaN or an infinity: the one finite-data check of the
+    package (:func:`check_finite_batch`, a loader's batches for SVI and SG-MCMC, the model's arguments of
+    ``MinibatchPotential``).
+
+    A single non-finite datum turns the loss, its gradient and then every weight into NaN; Pyro would report it only
+    later, as an invalid distribution parameter, far from its cause. The check is one plain sum per tensor, their
+    total read back as a Python ``bool`` (a sum is several times cheaper on a CPU than ``torch.isfinite(x).all()``; on
+    a GPU it is one device-to-host synchronisation per call). Only a non-finite sum (a bad entry, or an overflow of
+    finite values, which then passes) goes on to the exact element-wise check, which builds the message with the
+    index of the first bad entry. Integer tensors (class labels) and other values are not read.
+
+    :param tensors: the values to check (anything but a floating-point or complex tensor is passed over).
+    :param names: called only to build a message: the name of each of ``tensors``.
+    :param int batch_index: the position of the batch in its loader (0-based), or ``None`` for tensors.
+    :param str advice: appended to the message.
+    :raises ValueError: naming the tensor, the batch and the first bad index.
+    """
+    total: Tensor | None = None  # the sum of the sums: a NaN or an infinity in any tensor makes it non-finite
+    for t in tensors:
+        if isinstance(t, Tensor) and (t.is_floating_point() or t.is_complex()):
+            total = t.sum() if total is None else total + t.sum()
+    if total is None or bool(torch.isfinite(total)):
+        return
+    where = "" if batch_index is None else f" of batch {batch_index} of the loader"
+    for name, t in zip(names(), tensors):
+        if isinstance(t, Tensor) and (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all()):
+            t = t.detach()
+            bad = ~torch.isfinite(t)
+            first = tuple(int(i) for i in bad.nonzero()[0]) if bad.dim() else ()
+            count = int(bad.sum())
+            raise ValueError(
+                f"{name} contains {'NaN' if bool(torch.isnan(t[first])) else 'Inf'} at index {first}{where} ({count} "
+                f"non-finite value{'' if count == 1 else 's'} in all); remove or impute the non-finite entries{advice}"
+            )
 
 
 def check_finite_batch(x: Tensor, y: Tensor | None = None, *, what: str = "x", batch_index: int | None = None) -> None:
-    """Reject inputs ``x`` (and floating-point targets ``y``) holding a NaN or an infinity.
-
-    A single non-finite datum turns the loss, its gradient and then every weight into NaN; Pyro would
-    report it only later, as an invalid distribution parameter, far from its cause. The check is one
-    plain sum per tensor, read back as a Python ``bool``: a NaN or an infinity makes the sum non-finite,
-    and a sum is several times cheaper on a CPU than ``torch.isfinite(x).all()``; on a GPU it is one
-    device-to-host synchronisation per batch. Only a non-finite sum (a bad entry, or an overflow of
-    finite values, which then passes) goes on to the exact element-wise check, which builds the message
-    with the index of the first bad entry. Integer targets (class labels) are always finite and not read.
+    """Reject inputs ``x`` (and floating-point targets ``y``) holding a NaN or an infinity (``check_finite_tensors``:
+    one sum per tensor, their total read back, and the exact element-wise check only when it is not finite). Integer
+    targets (class labels) are always finite and not read.
 
     :param x: the inputs of one batch (or the whole data set given as a tensor).
     :param y: the targets, or ``None``.
@@ -453,18 +493,7 @@ def check_finite_batch(x: Tensor, y: Tensor | None = None, *, what: str = "x", b
     ValueError: x_train contains NaN at index (3, 1) of batch 2 of the loader (1 non-finite value in all); ...
     >>> check_finite_batch(torch.zeros(2, 1), torch.tensor([0, 1]))  # integer labels: not read
     """
-    check_y = y is not None and (y.is_floating_point() or y.is_complex())
-    tensors = [t for t in (x, y if check_y else None) if t is not None and (t.is_floating_point() or t.is_complex())]
-    if not tensors or bool(torch.isfinite(torch.stack([t.sum().abs().float() for t in tensors])).all()):
-        return
-    where = "" if batch_index is None else f" of batch {batch_index} of the loader"
-    for name, t in ((what, x), (_target_name(what), y if check_y else None)):
-        if t is not None and not bool(torch.isfinite(t).all()):
-            kind, first, count = _first_bad(t)
-            raise ValueError(
-                f"{name} contains {kind} at index {first}{where} ({count} non-finite value"
-                f"{'' if count == 1 else 's'} in all); remove or impute the non-finite entries"
-            )
+    check_finite_tensors((x, y), lambda: (what, _target_name(what)), batch_index=batch_index)
 
 
 # ----- the random state a run over data reads ------------------------------------------------------------------------

@@ -80,9 +80,43 @@ def test_check_finite_batch_passes_finite_values_whose_sum_overflows():
     big = torch.full((4, 2), 3e38)  # finite, but the fast test's sum is inf: the exact check must let it through
     assert not torch.isfinite(big.sum())
     check_finite_batch(big, big.double() * 1e200, what="x_train")
+    check_finite_batch(big, -big, what="x_train")  # sums of +inf and -inf: a NaN total, still finite values
     big[2, 0] = float("-inf")
     with pytest.raises(ValueError, match=r"x_train contains Inf at index \(2, 0\)"):
         check_finite_batch(big, what="x_train")
+
+
+def test_read_batch_flattens_a_batch_once_and_arguments_rebuild_the_call():
+    from pyro_sdebnn.data.loaders import arguments, read_batch
+
+    x, t, y = torch.zeros(3, 2), torch.ones(3), torch.arange(3)
+    leaves, spec, b = read_batch((x, y))
+    assert leaves == [x, y] and b == 3  # the batch's own tensors, not copies
+    assert read_batch([x, y])[1] == spec != read_batch({"x": x, "y": y})[1] != read_batch(((x, t), y))[1]
+    args, kwargs = arguments(leaves, spec)
+    assert args[0] is x and args[1] is y and kwargs == {}
+    leaves, spec, _ = read_batch(({"x": x, "t": t}, y))  # nested: the pytree path
+    assert leaves == [x, t, y]
+    args, kwargs = arguments(leaves, spec)
+    assert list(args[0]) == ["x", "t"] and args[0]["t"] is t and args[1] is y and kwargs == {}
+    leaves, spec, _ = read_batch({"y": y, "x": x})
+    assert leaves == [y, x] and arguments(leaves, spec) == ((), {"y": y, "x": x})
+
+
+def test_check_finite_tensors_names_the_argument_and_tensor_and_builds_names_only_for_a_message():
+    from pyro_sdebnn.data.loaders import check_finite_tensors, leaf_names, read_batch
+
+    def model(xt, y=None):
+        return xt
+
+    x, t = torch.zeros(3, 2), torch.zeros(3)
+    leaves, spec, _ = read_batch(([x, t], torch.arange(3)), 4)
+    check_finite_tensors(leaves, lambda: pytest.fail("the names are built only for a message"), batch_index=4)
+    t[1] = float("inf")
+    with pytest.raises(ValueError, match=r"^xt \(its tensor 1\) contains Inf at index \(1,\) of batch 4 of the loader "
+                                         r"\(1 non-finite value in all\); remove or impute the non-finite entries$"):
+        check_finite_tensors(leaves, lambda: leaf_names(spec, len(leaves), model), batch_index=4)
+    assert leaf_names(spec, len(leaves)) == ["batch[0] (its tensor 0)", "batch[0] (its tensor 1)", "batch[1]"]
 
 
 def test_iter_batches_checks_every_batch_when_asked():

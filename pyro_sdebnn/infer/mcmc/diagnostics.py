@@ -47,7 +47,6 @@ import torch
 from pyro import poutine
 from pyro.poutine.util import site_is_subsample
 from torch import Tensor
-from torch.utils._pytree import tree_flatten
 
 if TYPE_CHECKING:
     # the kernel's attributes and methods the mixin uses (the kernel itself would be a cycle: it subclasses the mixin)
@@ -92,43 +91,10 @@ def _data_plate_names(data_plate: Any) -> Optional[tuple[str, ...]]:
     raise TypeError(f"data_plate must be a str, a non-empty sequence of str or None, got {data_plate!r}")
 
 
-def _argument_names(model: Callable, num_args: int) -> list[str]:
-    """Names of the first ``num_args`` positional parameters of ``model`` (``args[i]`` where unknown)."""
-    fn = model.forward if isinstance(model, torch.nn.Module) else model
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        params = []
-    positional = [
-        p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    ]
-    return [positional[i] if i < len(positional) else f"args[{i}]" for i in range(num_args)]
-
-
 def _first_bad(mask: Tensor, what: str) -> str:
     """``"<count> <what>, the first at index <index>"`` for a boolean mask of bad entries."""
     count = f"{int(mask.sum())} {what}"
     return f"{count}, the first at index {tuple(int(i) for i in mask.nonzero()[0])}" if mask.dim() else count
-
-
-def _check_finite_arguments(model: Callable, args: tuple, kwargs: dict) -> None:
-    """A non-finite entry in a floating-point tensor argument of the model is a data problem, named here."""
-    names = _argument_names(model, len(args))
-    named = list(zip(names, args)) + list(kwargs.items())
-    for name, arg in named:
-        leaves, _ = tree_flatten(arg)
-        for k, leaf in enumerate(leaves):
-            if not (torch.is_tensor(leaf) and (leaf.is_floating_point() or leaf.is_complex())):
-                continue
-            bad = ~torch.isfinite(leaf.detach())
-            if bool(bad.any()):
-                where = f"'{name}'" if len(leaves) == 1 else f"'{name}' (its tensor {k})"
-                raise ValueError(
-                    f"data problem: model argument {where} has "
-                    + _first_bad(bad, "non-finite value(s) (NaN or Inf)")
-                    + ". SG-MCMC needs finite data: remove or impute these entries (a non-finite datum makes the "
-                    "potential or its gradient non-finite, which the sampler could only report as a divergence)."
-                )
 
 
 def _is_deterministic(site: dict) -> bool:

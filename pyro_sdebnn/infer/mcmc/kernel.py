@@ -54,8 +54,7 @@ from torch import Tensor
 from torch.distributions.transforms import Transform
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from pyro_sdebnn.data.loaders import (batch_length, flatten_arguments, iter_model_batches, move_arguments, rng_state,
-                                      set_rng_state)
+from pyro_sdebnn.data.loaders import arguments, iter_model_batches, move_batch, rng_state, set_rng_state
 from pyro_sdebnn.infer.mcmc.diagnostics import (
     _RECENT,
     DivergenceCheck,
@@ -642,8 +641,7 @@ class SGMCMCKernel(DivergenceCheck, MCMCKernel):
         self._graph_key: Any = None
         self._reset_graphs()
         self._stream: Optional[BatchStream] = None
-        self._pending_batch: Optional[tuple] = None
-        self._batch_spec: Any = None  # the structure of the loader's batches (that of its first one)
+        self._pending_batch: Optional[tuple] = None  # the tensors of the loader's first batch, until a step takes them
         self._first_batch_size = 0  # the batch dimension of the loader's first batch
         self._kwarg_tensors: tuple = ()
         self._resume: Optional[dict] = None
@@ -669,7 +667,7 @@ class SGMCMCKernel(DivergenceCheck, MCMCKernel):
 
     def _batch_keys(self) -> tuple[str, ...]:
         """With a loader, the model's keyword arguments that come from its batches (a dict batch's keys)."""
-        return () if self._pending_batch is None else tuple(self._pending_batch[1])
+        return () if self._stream is None else self._stream.keys
 
     # every kernel here takes a loader; a subclass that cannot sets this to False
     _takes_loader = True
@@ -697,9 +695,8 @@ class SGMCMCKernel(DivergenceCheck, MCMCKernel):
         device, dtype = _model_device_dtype(self._model)
         self._stream = BatchStream(args[0], device, dtype, model=self._model, drop_last=self.drop_last, kwargs=kwargs)
         self._pending_batch = self._stream.next()
-        self._batch_spec = flatten_arguments(*self._pending_batch)[1]  # every batch must have the first's structure
-        self._first_batch_size = batch_length(*self._pending_batch)
-        batch_args, batch_kwargs = self._pending_batch
+        self._first_batch_size = int(self._pending_batch[0].shape[0])
+        batch_args, batch_kwargs = arguments(self._pending_batch, self._stream.spec)
         return batch_args, {**batch_kwargs, **kwargs}
 
     def _potential_and_grad_inputs(self) -> tuple:
@@ -797,8 +794,8 @@ class SGMCMCKernel(DivergenceCheck, MCMCKernel):
         args, kwargs = self._start_stream(args, kwargs)
         if self._stream is not None:  # the first batch stands for the loader: the key is the loader and its shapes
             assert self._pending_batch is not None  # the loader's first batch, drawn by _start_stream
-            leaves, spec = flatten_arguments(*self._pending_batch)
-            key = ("loader", id(self._stream.loader), tuple(_arg_key(t)[2:4] for t in leaves), str(spec), key[1])
+            key = ("loader", id(self._stream.loader), tuple(_arg_key(t)[2:4] for t in self._pending_batch),
+                   str(self._stream.spec), key[1])
         # the key holds the version counters of the tensors: data changed in place also rebuild the potential
         # (validating the data again) and trace the step again; and the settings the potential is built from, which
         # a user may change between runs (kernel.subsample_size = 64)
@@ -820,10 +817,10 @@ class SGMCMCKernel(DivergenceCheck, MCMCKernel):
             self._stream.device, self._stream.dtype = U.device, U.dtype
             self._stream.follow_model(U)  # a plate that fixes its subsample_size passes over shorter batches
             assert self._pending_batch is not None  # the loader's first batch, drawn by _start_stream
-            self._pending_batch = move_arguments(self._pending_batch, U.device, U.dtype)
+            self._pending_batch = tuple(move_batch(t, U.device, U.dtype) for t in self._pending_batch)
             # the data tensors of a step: the batch's, then those among the keyword arguments of mcmc.run (a dict
             # batch's entries come first among the model's keyword arguments: see _start_stream)
-            self._kwarg_tensors = U.data_tensors()[len(flatten_arguments(*self._pending_batch)[0]):]
+            self._kwarg_tensors = U.data_tensors()[len(self._pending_batch):]
         self._precond = torch.ones(U.dim, dtype=U.dtype, device=U.device)
         self._start_run_checks()
         self._resumed = self._resume is not None
@@ -933,19 +930,12 @@ class SGMCMCKernel(DivergenceCheck, MCMCKernel):
         """With a loader, the data tensors of the next step (the tensors of its batch and those among the keyword
         arguments, in the order of :meth:`MinibatchPotential.data_tensors`); ``None`` with tensors.
 
-        :raises ValueError: if the batch has another structure than the first one (tuple length, dict keys)."""
+        :raises ValueError: if the batch has another structure than the first one (tuple length, dict keys) or holds a
+            NaN or an infinity (:meth:`BatchStream.next`)."""
         if self._stream is None:
             return None
-        batch, self._pending_batch = self._pending_batch, None
-        if batch is None:
-            batch = self._stream.next()
-        leaves, spec = flatten_arguments(*batch)
-        if spec != self._batch_spec:
-            raise ValueError(
-                f"batch {self._stream.position - 1} of the loader has another structure than its first batch (the "
-                f"model's arguments must be the same in every batch): {spec} against {self._batch_spec}"
-            )
-        return tuple(leaves) + self._kwarg_tensors
+        tensors, self._pending_batch = self._pending_batch, None
+        return (self._stream.next() if tensors is None else tensors) + self._kwarg_tensors
 
     def _bind(self, data: Optional[tuple]) -> ContextManager[Any]:
         """Within the block the model runs on the batch ``data`` (a no-op with tensors)."""

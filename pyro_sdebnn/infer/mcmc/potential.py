@@ -50,16 +50,16 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.data import DataLoader, IterableDataset
 
 from pyro_sdebnn.data.loaders import (
-    batch_arguments,
-    batch_length,
-    check_finite_arguments,
+    arguments,
+    check_finite_tensors,
     dataset_size,
     is_loader,
+    leaf_names,
     loader_generators,
-    move_arguments,
+    move_batch,
+    read_batch,
 )
 from pyro_sdebnn.infer.mcmc.diagnostics import (
-    _check_finite_arguments,
     _check_latents_outside_plate,
     _check_observed_values,
     _check_subsample_size,
@@ -215,7 +215,13 @@ class MinibatchPotential:
         self.model_kwargs = dict(model_kwargs or {})
         self.prior_filter = prior_filter
         self.user_transforms = dict(transforms or {})
-        _check_finite_arguments(model, self.model_args, self.model_kwargs)
+        leaves, spec = tree_flatten((self.model_args, self.model_kwargs))
+        check_finite_tensors(  # a non-finite datum is a data problem, named here
+            leaves, lambda: leaf_names(spec, len(leaves), model, label="data problem: model argument '{}'",
+                                       unknown="args"),
+            advice=": SG-MCMC needs finite data (a non-finite datum makes the potential or its gradient non-finite, "
+            "which the sampler could only report as a divergence)",
+        )
         with pyro.validation_enabled(False), poutine.block():
             trace = _trace_explained(model, self.model_args, self.model_kwargs, data_plates)
         self.prototype_trace = trace
@@ -814,9 +820,9 @@ def short_batch_size(loader: Any, drop_last: Optional[bool]) -> Optional[int]:
 
 
 class BatchStream:
-    """An endless stream of the batches of a loader, epoch after epoch, each as the model's arguments ``(args,
-    kwargs)`` (``pyro_sdebnn.data.loaders.batch_arguments``: a tuple or list batch is ``model(*batch)``, a dict
-    batch ``model(**batch)``, a tensor ``model(batch)``).
+    """An endless stream of the batches of a loader, epoch after epoch, each as the tensors of the model's arguments
+    (``pyro_sdebnn.data.loaders.read_batch``: a tuple or list batch is ``model(*batch)``, a dict batch
+    ``model(**batch)``, a tensor ``model(batch)``), each batch read, checked and moved in one pass.
 
     :param loader: an iterable of batches whose ``dataset`` has a length (e.g. a
         :class:`~torch.utils.data.DataLoader`).
@@ -842,7 +848,8 @@ class BatchStream:
         self.dtype = dtype
         self.model = model
         self.kwargs = dict(kwargs or {})
-        self._checked = False  # the first batch read is checked against the model's signature
+        self.spec: Any = None  # the structure of the first batch (every batch must have it); None before it is read
+        self.keys: tuple[str, ...] = ()  # the first batch's own keyword arguments (a dict batch's keys)
         self.position = 0  # batches taken from the current epoch's iterator
         self.epoch_rng: Optional[Tensor] = None  # torch's CPU RNG state from which that iterator was made
         self.generators = loader_generators(loader)
@@ -901,31 +908,35 @@ class BatchStream:
             except StopIteration:
                 raise ValueError("the loader yielded no batch in an epoch") from None
 
-    def next(self) -> tuple[tuple, dict[str, Any]]:
-        """The model's arguments ``(args, kwargs)`` of the next batch, on the model's device, starting a new epoch
-        when the loader is exhausted (``kwargs`` holds a dict batch's own entries only, not :attr:`kwargs`).
+    def next(self) -> tuple[Tensor, ...]:
+        """The tensors of the next batch (``arguments(tensors, self.spec)`` are the model's), on the model's device,
+        starting a new epoch when the loader is exhausted.
 
         :raises TypeError: for a batch that is not a tuple, list, dict or tensor of tensors, or (the first) that does
             not fit the model's signature (``pyro_sdebnn.data.loaders.batch_arguments``).
-        :raises ValueError: for a batch whose tensors do not share their first dimension, or holding a NaN or an
-            infinity."""
+        :raises ValueError: for a batch whose tensors do not share their first dimension, holding a NaN or an
+            infinity, or of another structure than the first batch (tuple length, dict keys)."""
         while True:
-            check = self.model is not None and not self._checked
-            args, kwargs = batch_arguments(self._raw_next(), self.position, kwargs=self.kwargs if check else None,
-                                           model=self.model if check else None)
-            if check:
-                self._checked = True
-                kwargs = {k: v for k, v in kwargs.items() if k not in self.kwargs}
-            if self.fixed_batch_size is None or batch_length(args, kwargs) == self.fixed_batch_size:
+            first = self.spec is None  # checked against the model's signature and the keyword arguments
+            leaves, spec, size = read_batch(self._raw_next(), self.position, kwargs=self.kwargs if first else None,
+                                            model=self.model if first else None)
+            if self.fixed_batch_size is None or size == self.fixed_batch_size:
                 break
             # a batch of another size than the loader's batch_size or the plate's subsample_size (the short last
             # one; the first batch, which the potential was built on, has that size): passed over, counted for the
             # checkpoint's position
             self.position += 1
             self.passed_over += 1
-        check_finite_arguments(args, kwargs, model=self.model, batch_index=self.position)
+        check_finite_tensors(leaves, lambda: leaf_names(spec, len(leaves), self.model), batch_index=self.position)
+        if first:
+            self.spec, self.keys = spec, tuple(arguments(leaves, spec)[1])
+        elif spec != self.spec:
+            raise ValueError(
+                f"batch {self.position} of the loader has another structure than its first batch (the model's "
+                f"arguments must be the same in every batch): {spec} against {self.spec}"
+            )
         self.position += 1
-        return move_arguments(args, self.device, self.dtype), move_arguments(kwargs, self.device, self.dtype)
+        return tuple(move_batch(t, self.device, self.dtype) for t in leaves)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the stream is: ``{"epoch_rng": ByteTensor or None, "generators": [ByteTensor, ...],

@@ -211,6 +211,38 @@ def test_batches_that_cannot_reach_the_model_are_clear_errors():
         _run_on(DataLoader(DictData(x=x, t=t, y=torch.where(torch.arange(N) == 9, math.nan, y)), batch_size=BATCH))
 
 
+@pytest.mark.parametrize("structure", ["tuple", "dict"])
+def test_every_batch_is_read_in_one_pass_and_checked_once(structure, monkeypatch):
+    import pyro_sdebnn.infer.mcmc.potential as potential
+
+    calls = []
+    for name in ("read_batch", "check_finite_tensors"):
+        real = getattr(potential, name)
+        monkeypatch.setattr(potential, name,
+                            lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
+    # 5 steps over an unshuffled loader of batches of 4, 4 and 2 (kept): batches 0, 1, 2 and, in the next epoch, 0, 1;
+    # the potential, built on the first batch at set-up, checks the model's arguments once more
+    MCMC(SGLD(model3, step_size=1e-3, map_steps=0), num_samples=5, warmup_steps=0, disable_progbar=True).run(
+        _loader(structure, shuffle=False))
+    one = ["read_batch", "check_finite_tensors"]
+    assert calls == one + ["check_finite_tensors"] + one * 4
+
+
+def test_a_passed_over_short_batch_is_not_checked():
+    x, t, y = _data()
+    y = torch.where(torch.arange(N) == 9, math.nan, y)  # in the short last batch (rows 8 and 9)
+    loader = DataLoader(TensorDataset(x, t, y), batch_size=BATCH)
+    for drop_last in (True, False):
+        mcmc = MCMC(SGLD(model3, step_size=1e-3, map_steps=0, drop_last=drop_last), num_samples=5, warmup_steps=0,
+                    disable_progbar=True)
+        if drop_last:
+            mcmc.run(loader)  # batches 0, 1, (2 passed over), 0, 1, (2), 0
+            assert mcmc.kernel.diagnostics()["batches passed over"] == 2
+        else:
+            with pytest.raises(ValueError, match=r"y contains NaN at index \(1,\) of batch 2 of the loader"):
+                mcmc.run(loader)
+
+
 def test_functional_kernel_takes_dict_batches_as_it_takes_tuples():
     # fSGLD concatenates the batch's data arguments with the measurement points': a dict batch's keys are data too
     import pyro.contrib.gp as gp

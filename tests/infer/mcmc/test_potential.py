@@ -225,6 +225,21 @@ def test_inf_in_a_model_argument_is_a_data_problem(subsample_size):
         MCMC(SGLD(simple, step_size=1e-4), num_samples=2, disable_progbar=True).run(x=x1, y=y1)
 
 
+def test_a_non_finite_datum_names_its_kind_index_and_the_tensor_of_a_nested_argument():
+    def model(xt, y=None):
+        x, t = xt
+        w = pyro.sample("w", dist.Normal(0.0, 1.0))
+        with pyro.plate("data", len(x)):
+            pyro.sample("y", dist.Normal(w * x + t, 1.0), obs=y)
+
+    x, t = torch.zeros(6), torch.zeros(6)
+    t[2] = float("nan")
+    with pytest.raises(ValueError, match=r"^data problem: model argument 'xt' \(its tensor 1\) contains NaN at index "
+                                         r"\(2,\) \(1 non-finite value in all\); remove or impute the non-finite "
+                                         r"entries: SG-MCMC needs finite data"):
+        MinibatchPotential(model, ([x, t], torch.zeros(6)))
+
+
 def test_observed_value_outside_the_support_is_a_data_problem():
     def model(y):
         p = pyro.sample("p", dist.Beta(1.0, 1.0))
