@@ -105,6 +105,64 @@ def check_moments(mean: Tensor, var: Tensor | None, name: str = "input", *, chec
         raise ValueError(f"{name}.var must be non-negative (variances), got {found}")
 
 
+# ----------------------------------------------------------------------------------- argument checks (shapes only)
+# Pure Python on ``.shape`` / ``.ndim``: no tensor data is read, so they cost no device synchronisation, and they turn
+# torch's bare broadcast and matmul errors (or a silent broadcast) into a ValueError naming the argument.
+def _check_tensor(name: str, value: object) -> Tensor:
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def _check_broadcast(**tensors: object) -> None:
+    shapes = {name: tuple(_check_tensor(name, t).shape) for name, t in tensors.items()}
+    try:
+        torch.broadcast_shapes(*shapes.values())
+    except RuntimeError:
+        listed = ", ".join(f"{name} {shape}" for name, shape in shapes.items())
+        raise ValueError(f"{', '.join(shapes)} must broadcast with each other, got {listed}") from None
+
+
+def _check_shape(name: str, value: object, shape: tuple[int, ...], expected: str) -> None:
+    if tuple(_check_tensor(name, value).shape) != shape:
+        raise ValueError(f"{name} must have shape {expected} = {shape}, got {tuple(cast(Tensor, value).shape)}")
+
+
+def _check_var(mean: Tensor, var: object) -> None:
+    if var is not None and tuple(_check_tensor("var", var).shape) != tuple(mean.shape):
+        raise ValueError(f"var must have the shape of mean {tuple(mean.shape)} or be None, "
+                         f"got {tuple(cast(Tensor, var).shape)}")
+
+
+def _check_layer_args(mean: object, var: object, weight: object, bias: object, *, conv: bool, groups: int = 1
+                      ) -> int:
+    """Check the arguments shared by the dense / convolutional moment maps; return the input size (features or
+    channels) that the per-input parameters must have."""
+    weight = _check_tensor("weight", weight)
+    mean = _check_tensor("mean", mean)
+    if conv:
+        if weight.ndim != 4:
+            raise ValueError(f"weight must have shape (C_out, C_in / groups, kH, kW), got {tuple(weight.shape)}")
+        if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1 or weight.shape[0] % groups:
+            raise ValueError(f"groups must be a positive int dividing C_out = weight.shape[0] = {weight.shape[0]}, "
+                             f"got {groups!r}")
+        size = weight.shape[1] * groups
+        if mean.ndim not in (3, 4) or mean.shape[-3] != size:
+            raise ValueError(f"mean must have shape (N, C_in, H, W) with C_in = weight.shape[1] * groups = {size}, "
+                             f"got {tuple(mean.shape)}")
+    else:
+        if weight.ndim != 2:
+            raise ValueError(f"weight must have shape (out, in), got {tuple(weight.shape)}")
+        size = weight.shape[1]
+        if mean.ndim < 1 or mean.shape[-1] != size:
+            raise ValueError(f"mean must have shape (..., in) with in = weight.shape[1] = {size}, "
+                             f"got {tuple(mean.shape)}")
+    _check_var(mean, var)
+    if bias is not None:
+        _check_shape("bias", bias, (weight.shape[0],), "(out,) = (weight.shape[0],)")
+    return size
+
+
 def multiplicative_linear_moments(
     mean: Tensor, var: Tensor | None, weight: Tensor, alpha: Tensor, bias: Tensor | None = None
 ) -> Moments:
@@ -131,6 +189,8 @@ def multiplicative_linear_moments(
     >>> out.mean[0], out.var[0]
     (tensor([3., 3.]), tensor([0.3000, 0.3000]))
     """
+    size = _check_layer_args(mean, var, weight, bias, conv=False)
+    _check_shape("alpha", alpha, (size,), "(in,)")
     out_mean = F.linear(mean, weight, bias)
     return Moments(out_mean, F.linear(*_multiplicative_variance_input(mean, var, weight.square(), alpha, -1)))
 
@@ -162,6 +222,8 @@ def multiplicative_conv2d_moments(
     >>> out.mean.shape, out.var[0, 0, 0, 0]
     (torch.Size([1, 3, 2, 2]), tensor(18.))
     """
+    size = _check_layer_args(mean, var, weight, bias, conv=True, groups=groups)
+    _check_shape("alpha", alpha, (size,), "(C_in,)")
     out_mean = F.conv2d(mean, weight, bias, stride, padding, dilation, groups)
     var_in, weight_sq = _multiplicative_variance_input(mean, var, weight.square(), alpha, -3, groups)
     return Moments(out_mean, F.conv2d(var_in, weight_sq, None, stride, padding, dilation, groups))
@@ -203,6 +265,8 @@ def mean_field_linear_moments(
     >>> out.var
     tensor([[0.3000, 0.3000]])
     """
+    _check_layer_args(mean, var, weight, bias, conv=False)
+    _check_shape("weight_var", weight_var, tuple(weight.shape), "weight.shape")
     out_mean = F.linear(mean, weight, bias)
     second = mean.square() if var is None else mean.square() + var
     out_var = F.linear(second, weight_var)
@@ -228,6 +292,8 @@ def mean_field_conv2d_moments(
     >>> out.var.flatten()
     tensor([9.])
     """
+    _check_layer_args(mean, var, weight, bias, conv=True, groups=groups)
+    _check_shape("weight_var", weight_var, tuple(weight.shape), "weight.shape")
     conv = lambda x, w, b=None: F.conv2d(x, w, b, stride, padding, dilation, groups)  # noqa: E731
     out_mean = conv(mean, weight, bias)
     second = mean.square() if var is None else mean.square() + var
@@ -274,6 +340,7 @@ def relu_moments(mean: Tensor, var: Tensor | None, min_var: float = RELU_MIN_VAR
     >>> torch.allclose(m.mean, torch.tensor([(2 * torch.pi) ** -0.5]))
     True
     """
+    _check_var(_check_tensor("mean", mean), var)
     if var is None:  # an exactly known input (the Moments convention): the rectifier of its value
         return Moments(F.relu(mean), None)
     if torch.is_grad_enabled() and (mean.requires_grad or var.requires_grad) and not torch.compiler.is_compiling():
@@ -414,6 +481,7 @@ def taylor_moments(fn: Callable[[Tensor], Tensor], mean: Tensor, var: Tensor | N
     >>> m.mean, m.var
     (tensor([0., 0.]), tensor([0.5000, 0.5000]))
     """
+    _check_var(_check_tensor("mean", mean), var)
     if var is None:
         return Moments(fn(mean), None)
     outer_grad = torch.is_grad_enabled()
@@ -449,6 +517,7 @@ def gaussian_expected_log_likelihood(
     ...                                  torch.tensor(0.0), torch.tensor(0.0))
     tensor(-0.9189)
     """
+    _check_broadcast(y=y, loc=loc, loc_var=loc_var, log_var=log_var, log_var_var=log_var_var)
     precision = torch.exp(log_var_var * 0.5 - log_var)
     return -0.5 * (_LOG_2PI + log_var + precision * (loc_var + (loc - y).square()))
 
@@ -459,4 +528,5 @@ def gaussian_predictive_variance(loc_var: Tensor, log_var: Tensor, log_var_var: 
     >>> gaussian_predictive_variance(torch.tensor(1.0), torch.tensor(0.0), torch.tensor(0.0))
     tensor(2.)
     """
+    _check_broadcast(loc_var=loc_var, log_var=log_var, log_var_var=log_var_var)
     return loc_var + torch.exp(log_var + 0.5 * log_var_var)
