@@ -206,8 +206,8 @@ def time_blocks(items: dict, repeats: int, inner: int, warmup: int = 3, sync=Non
 
 def _ablate(device_name: str) -> None:
     """Switch a CPU speed device of the moment pass off in this process, to measure what it buys: ``"pool"`` runs
-    the 2x2 moment max-pooling without autograd through ``max_pool2d`` and a gather instead of two branch-free
-    halvings. (``"memory"`` acts through the child's environment, before the package is imported.)"""
+    the 2x2 moment max-pooling (in prediction and training) through ``max_pool2d`` and a gather instead of two
+    branch-free halvings. (``"memory"`` acts through the child's environment, before the package is imported.)"""
     if device_name == "pool":
         MNMaxPool2d._halves = lambda self: False
 
