@@ -147,7 +147,8 @@ class _MaxPoolHalves(torch.autograd.Function):
         """Forward mode: the tangents of the entries taken."""
         (index,) = ctx.saved_tensors
         flat = index.flatten(-2)
-        taken = [None if t is None else t.flatten(-2).gather(-1, flat).view_as(index) for t in (tangent_mean, tangent_var)]
+        taken = [None if t is None else t.flatten(-2).gather(-1, flat).view_as(index)
+                 for t in (tangent_mean, tangent_var)]
         return taken[0], taken[1], None
 
 
