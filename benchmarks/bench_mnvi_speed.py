@@ -43,7 +43,7 @@ upper quartile and upper over lower.
 
 ``--ablate memory`` runs the groups with ``PYRO_SDEBNN_KEEP_FREED_MEMORY=0`` (glibc left to return the memory a pass
 frees to the system, see :func:`pyro_sdebnn.nn.mnvi._memory.keep_freed_memory`), ``--ablate pool`` without the
-branch-free 2x2 moment max-pooling (prediction and training), ``--ablate relu-backward`` without the hand-written
+branch-free 2x2 moment max-pooling, ``--ablate relu-backward`` without the hand-written
 backward pass of the ReLU moments (autograd through their forward operations instead), so that a run with a device
 against one without measures what that device buys.
 
@@ -209,8 +209,8 @@ def time_blocks(items: dict, repeats: int, inner: int, warmup: int = 3, sync=Non
 
 def _ablate(device_name: str) -> None:
     """Switch a CPU speed device of the moment pass off in this process, to measure what it buys: ``"pool"`` runs
-    the 2x2 moment max-pooling (in prediction and training) through ``max_pool2d`` and a gather instead of two
-    branch-free halvings; ``"relu-backward"`` differentiates the ReLU moments by autograd through their forward
+    the 2x2 moment max-pooling without autograd through ``max_pool2d`` and a gather instead of two branch-free
+    halvings; ``"relu-backward"`` differentiates the ReLU moments by autograd through their forward
     operations instead of their hand-written backward pass. (``"memory"`` acts through the child's environment,
     before the package is imported.)"""
     if device_name == "pool":

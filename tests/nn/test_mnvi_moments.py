@@ -534,51 +534,6 @@ def test_maxpool_2x2_without_autograd_halves_and_equals_max_pool2d(shape, monkey
 
 
 
-@pytest.mark.parametrize("shape", [(2, 6, 28, 28), (2, 3, 7, 5), (3, 5, 4)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_maxpool_2x2_with_autograd_equals_max_pool2d_and_gather(shape, dtype, monkeypatch):
-    # in training the 2x2 / stride-2 window runs as the halvings too (no max_pool2d forward), with the arg-max index
-    # computed from their weights and max_pool2d's own backward: values and gradients bitwise those of max_pool2d with
-    # indices and a gather (odd sizes, unbatched input, tied means), for gradients of the mean, the variance or both
-    g = torch.Generator().manual_seed(5)
-    mean, var = torch.randn(shape, generator=g, dtype=dtype), torch.rand(shape, generator=g, dtype=dtype)
-    mean[..., 0, 0] = mean[..., 0, 1]  # a tie: the first entry in row-major order is taken
-    mean[..., 2, 3] = mean[..., 3, 2]
-    out, index = F.max_pool2d(mean, 2, 2, return_indices=True)
-    out_grads = torch.randn((2,) + out.shape, generator=g, dtype=dtype)
-    for needs in ((True, True), (True, False), (False, True)):
-        ref_in = [t.clone().requires_grad_(need) for t, need in zip((mean, var), needs)]
-        ref_out, ref_index = F.max_pool2d(ref_in[0], 2, 2, return_indices=True)
-        ref_var = ref_in[1].flatten(-2).gather(-1, ref_index.flatten(-2)).view_as(ref_out)
-        ref_loss = (ref_out * out_grads[0] + ref_var * out_grads[1]).sum()
-        ref_grads = torch.autograd.grad(ref_loss, [t for t in ref_in if t.requires_grad])
-        with monkeypatch.context() as patch:
-            patch.setattr(F, "max_pool2d", None)  # the pooling module calls F.max_pool2d through the module F
-            ins = [t.clone().requires_grad_(need) for t, need in zip((mean, var), needs)]
-            pooled = MNMaxPool2d(2)(Moments(*ins))
-        assert torch.equal(pooled.mean, out) and torch.equal(pooled.var, ref_var)
-        loss = (pooled.mean * out_grads[0] + pooled.var * out_grads[1]).sum()
-        grads = torch.autograd.grad(loss, [t for t in ins if t.requires_grad])
-        assert all(torch.equal(a, b) for a, b in zip(grads, ref_grads))
-
-
-# torch.func's forward mode triggers torch's own deprecation warning of torch.jit.script, internally
-@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
-def test_maxpool_2x2_with_autograd_higher_derivatives():
-    # the routing backward is itself differentiable (double backward) and the forward mode takes the tangents of
-    # the entries taken
-    g = torch.Generator().manual_seed(6)
-    mean = torch.randn(2, 2, 5, 6, generator=g, dtype=torch.float64, requires_grad=True)
-    var = torch.rand(2, 2, 5, 6, generator=g, dtype=torch.float64, requires_grad=True)
-    pool = MNMaxPool2d(2)
-    assert torch.autograd.gradgradcheck(lambda m, v: tuple(pool(Moments(m, v))), (mean, var))
-    tangents = (torch.randn(mean.shape, generator=g, dtype=torch.float64),
-                torch.randn(mean.shape, generator=g, dtype=torch.float64))
-    got = torch.func.jvp(lambda m, v: tuple(pool(Moments(m, v))), (mean.detach(), var.detach()), tangents)[1]
-    _, index = F.max_pool2d(mean.detach(), 2, 2, return_indices=True)
-    for t, t_out in zip(tangents, got):
-        assert torch.equal(t_out, t.flatten(-2).gather(-1, index.flatten(-2)).view_as(index))
-
 def test_probit_softmax_without_variance_is_softmax_and_checks_arguments():
     h = torch.randn(5, 4)
     torch.testing.assert_close(probit_softmax(h, torch.zeros_like(h)), torch.softmax(h, -1))

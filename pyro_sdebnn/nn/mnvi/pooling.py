@@ -40,9 +40,9 @@ class MNMaxPool2d(nn.MaxPool2d):
 
     Arguments as :class:`torch.nn.MaxPool2d` (``return_indices`` must be ``False``). The arg-max indices of
     :func:`torch.nn.functional.max_pool2d` gather the variance (a tied maximum carries the variance of the entry
-    whose index ``max_pool2d`` returns, the first one on the CPU). The common 2x2 window of stride 2 on the CPU, run
-    eagerly, takes the same entries by two branch-free halvings instead, which is faster there; in training their
-    weights give the arg-max index for ``max_pool2d``'s backward, so the gradients are the same too.
+    whose index ``max_pool2d`` returns, the first one on the CPU). The common 2x2 window of stride 2 without autograd
+    on the CPU (prediction), run eagerly, takes the same entries by two branch-free halvings instead, which is
+    faster there.
 
     >>> pool = MNMaxPool2d(2)
     >>> out = pool(Moments(torch.arange(4.0).reshape(1, 1, 2, 2), torch.tensor([[[[1.0, 2.0], [3.0, 4.0]]]])))
@@ -67,10 +67,8 @@ class MNMaxPool2d(nn.MaxPool2d):
             return super().forward(cast(Tensor, input))
         if moments.var is None:
             return Moments(super().forward(moments.mean), None)
-        if moments.mean.device.type == "cpu" and self._halves() and not torch.compiler.is_compiling():
-            if torch.is_grad_enabled() and (moments.mean.requires_grad or moments.var.requires_grad):
-                out_mean, out_var, *_ = _MaxPoolHalves.apply(moments.mean, moments.var)
-                return Moments(out_mean, out_var)
+        if (moments.mean.device.type == "cpu" and self._halves() and not torch.compiler.is_compiling()
+                and not (torch.is_grad_enabled() and (moments.mean.requires_grad or moments.var.requires_grad))):
             return _max_pool_halves(moments.mean, moments.var)
         out, index = F.max_pool2d(
             moments.mean, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode, True
@@ -84,15 +82,14 @@ class MNMaxPool2d(nn.MaxPool2d):
                 and _pair(self.padding) == (0, 0) and _pair(self.dilation) == (1, 1) and not self.ceil_mode)
 
 
-def _max_pool_halves(mean: Tensor, var: Tensor, masks: list[Tensor] | None = None) -> Moments:
+def _max_pool_halves(mean: Tensor, var: Tensor) -> Moments:
     """2x2 / stride-2 :class:`MNMaxPool2d` as two branch-free halvings, first along the width, then the height.
 
     Each halving compares the two halves' means and takes mean and variance of the larger one (the first on a
     tie) with ``lerp`` by a 0/1 weight, which returns either input exactly. Width first, then height, gives the
     arg-max entry of :func:`torch.nn.functional.max_pool2d`, the first in row-major order on a tie, so the values
     are the same. On the CPU it takes a fraction of the time of ``max_pool2d``, whose compare-and-branch loop is
-    slow on inputs without ties, such as the means of a moment pass. ``masks``, if given, receives the two 0/1
-    weights (width, then height), for the backward of :class:`_MaxPoolHalves`.
+    slow on inputs without ties, such as the means of a moment pass.
     """
     height, width = mean.shape[-2] // 2 * 2, mean.shape[-1] // 2 * 2
     for dim, size in ((-1, width), (-2, height)):
@@ -100,62 +97,7 @@ def _max_pool_halves(mean: Tensor, var: Tensor, masks: list[Tensor] | None = Non
         var_first, var_second = var.narrow(dim, 0, size).unflatten(dim, (-1, 2)).unbind(dim)
         take_first = (first >= second).to(mean.dtype)
         mean, var = torch.lerp(second, first, take_first), torch.lerp(var_second, var_first, take_first)
-        if masks is not None:
-            masks.append(take_first)
     return Moments(mean, var)
-
-
-class _MaxPoolHalves(torch.autograd.Function):
-    """:func:`_max_pool_halves` for training: the forward pass by the two halvings, which also give the flat index
-    of the entry taken in each window, :math:`(2i + 1 - h_{ij}) W + 2j + 1 - w_{ij}` with :math:`h, w` the 0/1
-    weights of the height and (at the row taken) width halvings; the backward pass routes each output gradient to that
-    entry with ``max_pool2d``'s own backward. The same entries as ``max_pool2d``, so the same values and gradients,
-    without its slow compare-and-branch forward pass."""
-
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(mean: Tensor, var: Tensor):
-        masks: list[Tensor] = []
-        out = _max_pool_halves(mean, var, masks)
-        take_width, take_height = masks
-        height, width = mean.shape[-2] // 2 * 2, mean.shape[-1] // 2 * 2
-        first, second = take_width.narrow(-2, 0, height).unflatten(-2, (-1, 2)).unbind(-2)
-        take_width = torch.lerp(second, first, take_height)  # the width halving's weight at the row taken
-        rows = torch.arange(0, height, 2, device=mean.device).unsqueeze(-1) * mean.shape[-1]
-        base = (rows + torch.arange(0, width, 2, device=mean.device)).to(mean.dtype)  # 2i W + 2j (exact integers)
-        index = (take_height.mul(-mean.shape[-1]).add_(base).sub_(take_width)
-                 .add_(mean.shape[-1] + 1)).to(torch.int64)
-        return out.mean, out.var, index
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:
-        mean, var = inputs
-        ctx.mark_non_differentiable(output[2])
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(mean, output[2])
-        ctx.save_for_forward(output[2])
-
-    @staticmethod
-    def backward(ctx, grad_mean: Tensor | None, grad_var: Tensor | None, _):
-        mean, index = ctx.saved_tensors
-        return tuple(None if g is None or not need else _max_pool_backward(g, mean, index)
-                     for g, need in zip((grad_mean, grad_var), ctx.needs_input_grad))
-
-    @staticmethod
-    def jvp(ctx, tangent_mean: Tensor | None, tangent_var: Tensor | None):
-        """Forward mode: the tangents of the entries taken."""
-        (index,) = ctx.saved_tensors
-        flat = index.flatten(-2)
-        taken = [None if t is None else t.flatten(-2).gather(-1, flat).view_as(index)
-                 for t in (tangent_mean, tangent_var)]
-        return taken[0], taken[1], None
-
-
-def _max_pool_backward(grad: Tensor, input: Tensor, index: Tensor) -> Tensor:
-    """``grad`` scattered to the entries ``index`` of a tensor shaped as ``input`` (the backward of 2x2 / stride-2
-    ``max_pool2d`` with these indices)."""
-    return torch.ops.aten.max_pool2d_with_indices_backward(grad, input, [2, 2], [2, 2], [0, 0], [1, 1], False, index)
 
 
 class MNAvgPool2d(nn.AvgPool2d):
