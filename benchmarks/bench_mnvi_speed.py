@@ -35,7 +35,7 @@ cost.
 Usage::
 
     python benchmarks/bench_mnvi_speed.py [--repeats 10] [--inner 5] [--threads 1] [--groups predict step ...]
-        [--malloc-env] [--validate] [--ablate memory|pool] [--solo] [--device cpu] [--output FILE]
+        [--malloc-env] [--validate] [--ablate memory|pool|relu-backward] [--solo] [--device cpu] [--output FILE]
 
 ``--solo`` times each model in processes of its own, two per model in turn, with no other model run in them (MNVI
 alone, as a user times it); a ratio is then that of the two models' medians, with the bounds lower quartile over
@@ -43,7 +43,9 @@ upper quartile and upper over lower.
 
 ``--ablate memory`` runs the groups with ``PYRO_SDEBNN_KEEP_FREED_MEMORY=0`` (glibc left to return the memory a pass
 frees to the system, see :func:`pyro_sdebnn.nn.mnvi._memory.keep_freed_memory`), ``--ablate pool`` without the
-branch-free 2x2 moment max-pooling, so that a run with it against one without measures what that device buys.
+branch-free 2x2 moment max-pooling, ``--ablate relu-backward`` without the hand-written
+backward pass of the ReLU moments (autograd through their forward operations instead), so that a run with a device
+against one without measures what that device buys.
 
 **References**
 
@@ -79,6 +81,7 @@ from pyro_sdebnn.nn.mnvi import MNReLU, to_mean_field, to_mnvi
 from pyro_sdebnn.nn.mnvi._memory import ENV_SWITCH
 from pyro_sdebnn.nn.mnvi.pooling import MNMaxPool2d
 from pyro_sdebnn.ops import Moments
+from pyro_sdebnn.ops import moments as _moments
 
 GROUPS = ("predict", "step", "others", "compile")
 
@@ -207,9 +210,20 @@ def time_blocks(items: dict, repeats: int, inner: int, warmup: int = 3, sync=Non
 def _ablate(device_name: str) -> None:
     """Switch a CPU speed device of the moment pass off in this process, to measure what it buys: ``"pool"`` runs
     the 2x2 moment max-pooling without autograd through ``max_pool2d`` and a gather instead of two branch-free
-    halvings. (``"memory"`` acts through the child's environment, before the package is imported.)"""
+    halvings; ``"relu-backward"`` differentiates the ReLU moments by autograd through their forward
+    operations instead of their hand-written backward pass. (``"memory"`` acts through the child's environment,
+    before the package is imported.)"""
     if device_name == "pool":
         MNMaxPool2d._halves = lambda self: False
+    elif device_name == "relu-backward":
+        _moments._ReLUMoments.apply = _relu_moments_by_autograd
+
+
+def _relu_moments_by_autograd(mean, var, min_var):
+    """:func:`~pyro_sdebnn.ops.relu_moments` differentiated by autograd through its forward operations (the
+    ``relu-backward`` ablation), in place of its hand-written backward pass."""
+    out_mean, out_var, *_ = _moments._relu_moments_forward(mean, var, min_var, backward_terms=False)
+    return out_mean, out_var.clamp_min(0.0)
 
 
 def run_group(group: str, repeats: int, inner: int, device: str = "cpu", validate: bool = False,
@@ -258,7 +272,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--malloc-env", action="store_true",
                         help="run the groups with glibc keeping freed memory (see the module docstring)")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--ablate", choices=["memory", "pool"], default=None,
+    parser.add_argument("--ablate", choices=["memory", "pool", "relu-backward"], default=None,
                         help="switch one speed device of the moment pass off (see _ablate)")
     parser.add_argument("--validate", action="store_true",
                         help="keep Pyro's validation on, as it is by default in a user's process")

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -105,6 +105,64 @@ def check_moments(mean: Tensor, var: Tensor | None, name: str = "input", *, chec
         raise ValueError(f"{name}.var must be non-negative (variances), got {found}")
 
 
+# ----------------------------------------------------------------------------------- argument checks (shapes only)
+# Pure Python on ``.shape`` / ``.ndim``: no tensor data is read, so they cost no device synchronisation, and they turn
+# torch's bare broadcast and matmul errors (or a silent broadcast) into a ValueError naming the argument.
+def _check_tensor(name: str, value: object) -> Tensor:
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def _check_broadcast(**tensors: object) -> None:
+    shapes = {name: tuple(_check_tensor(name, t).shape) for name, t in tensors.items()}
+    try:
+        torch.broadcast_shapes(*shapes.values())
+    except RuntimeError:
+        listed = ", ".join(f"{name} {shape}" for name, shape in shapes.items())
+        raise ValueError(f"{', '.join(shapes)} must broadcast with each other, got {listed}") from None
+
+
+def _check_shape(name: str, value: object, shape: tuple[int, ...], expected: str) -> None:
+    if tuple(_check_tensor(name, value).shape) != shape:
+        raise ValueError(f"{name} must have shape {expected} = {shape}, got {tuple(cast(Tensor, value).shape)}")
+
+
+def _check_var(mean: Tensor, var: object) -> None:
+    if var is not None and tuple(_check_tensor("var", var).shape) != tuple(mean.shape):
+        raise ValueError(f"var must have the shape of mean {tuple(mean.shape)} or be None, "
+                         f"got {tuple(cast(Tensor, var).shape)}")
+
+
+def _check_layer_args(mean: object, var: object, weight: object, bias: object, *, conv: bool, groups: int = 1
+                      ) -> int:
+    """Check the arguments shared by the dense / convolutional moment maps; return the input size (features or
+    channels) that the per-input parameters must have."""
+    weight = _check_tensor("weight", weight)
+    mean = _check_tensor("mean", mean)
+    if conv:
+        if weight.ndim != 4:
+            raise ValueError(f"weight must have shape (C_out, C_in / groups, kH, kW), got {tuple(weight.shape)}")
+        if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1 or weight.shape[0] % groups:
+            raise ValueError(f"groups must be a positive int dividing C_out = weight.shape[0] = {weight.shape[0]}, "
+                             f"got {groups!r}")
+        size = weight.shape[1] * groups
+        if mean.ndim not in (3, 4) or mean.shape[-3] != size:
+            raise ValueError(f"mean must have shape (N, C_in, H, W) with C_in = weight.shape[1] * groups = {size}, "
+                             f"got {tuple(mean.shape)}")
+    else:
+        if weight.ndim != 2:
+            raise ValueError(f"weight must have shape (out, in), got {tuple(weight.shape)}")
+        size = weight.shape[1]
+        if mean.ndim < 1 or mean.shape[-1] != size:
+            raise ValueError(f"mean must have shape (..., in) with in = weight.shape[1] = {size}, "
+                             f"got {tuple(mean.shape)}")
+    _check_var(mean, var)
+    if bias is not None:
+        _check_shape("bias", bias, (weight.shape[0],), "(out,) = (weight.shape[0],)")
+    return size
+
+
 def multiplicative_linear_moments(
     mean: Tensor, var: Tensor | None, weight: Tensor, alpha: Tensor, bias: Tensor | None = None
 ) -> Moments:
@@ -131,6 +189,8 @@ def multiplicative_linear_moments(
     >>> out.mean[0], out.var[0]
     (tensor([3., 3.]), tensor([0.3000, 0.3000]))
     """
+    size = _check_layer_args(mean, var, weight, bias, conv=False)
+    _check_shape("alpha", alpha, (size,), "(in,)")
     out_mean = F.linear(mean, weight, bias)
     return Moments(out_mean, F.linear(*_multiplicative_variance_input(mean, var, weight.square(), alpha, -1)))
 
@@ -162,6 +222,8 @@ def multiplicative_conv2d_moments(
     >>> out.mean.shape, out.var[0, 0, 0, 0]
     (torch.Size([1, 3, 2, 2]), tensor(18.))
     """
+    size = _check_layer_args(mean, var, weight, bias, conv=True, groups=groups)
+    _check_shape("alpha", alpha, (size,), "(C_in,)")
     out_mean = F.conv2d(mean, weight, bias, stride, padding, dilation, groups)
     var_in, weight_sq = _multiplicative_variance_input(mean, var, weight.square(), alpha, -3, groups)
     return Moments(out_mean, F.conv2d(var_in, weight_sq, None, stride, padding, dilation, groups))
@@ -203,6 +265,8 @@ def mean_field_linear_moments(
     >>> out.var
     tensor([[0.3000, 0.3000]])
     """
+    _check_layer_args(mean, var, weight, bias, conv=False)
+    _check_shape("weight_var", weight_var, tuple(weight.shape), "weight.shape")
     out_mean = F.linear(mean, weight, bias)
     second = mean.square() if var is None else mean.square() + var
     out_var = F.linear(second, weight_var)
@@ -228,6 +292,8 @@ def mean_field_conv2d_moments(
     >>> out.var.flatten()
     tensor([9.])
     """
+    _check_layer_args(mean, var, weight, bias, conv=True, groups=groups)
+    _check_shape("weight_var", weight_var, tuple(weight.shape), "weight.shape")
     conv = lambda x, w, b=None: F.conv2d(x, w, b, stride, padding, dilation, groups)  # noqa: E731
     out_mean = conv(mean, weight, bias)
     second = mean.square() if var is None else mean.square() + var
@@ -259,6 +325,13 @@ def relu_moments(mean: Tensor, var: Tensor | None, min_var: float = RELU_MIN_VAR
     float64 reference, over :math:`|r|` up to :math:`10^3` and :math:`s^2` from ``1e-8`` to ``1e4``. The input
     variance is floored at ``min_var`` (``1e-5``, as in Schmitt & Roth (2021), App. A).
 
+    When a gradient is needed, the derivatives are the closed forms :math:`\partial\mathbb E/\partial\mu = \Phi(r)`,
+    :math:`\partial\mathbb E/\partial s^2 = \varphi(r)/(2s)`, :math:`\partial\mathbb V/\partial\mu =
+    2\mathbb E\,(1-\Phi(r))`, :math:`\partial\mathbb V/\partial s^2 = \Phi(r) - \mathbb E\,\varphi(r)/s` ([2]),
+    evaluated by a hand-written backward from three saved terms instead of autograd through the dozen and a half
+    operations of the forward pass; they equal autograd's to rounding, higher derivatives and :mod:`torch.func`
+    included.
+
     :param Tensor mean: :math:`\mu`.
     :param var: :math:`s^2`, same shape, or ``None`` for an exactly known input (then ``Moments(relu(mean), None)``).
     :param float min_var: the variance floor.
@@ -267,26 +340,131 @@ def relu_moments(mean: Tensor, var: Tensor | None, min_var: float = RELU_MIN_VAR
     >>> torch.allclose(m.mean, torch.tensor([(2 * torch.pi) ** -0.5]))
     True
     """
-    # Written for few activation-sized temporaries, because every fresh buffer is written to memory that is not in
-    # the cache (and, once the allocator has handed the last pass's memory back to the operating system, page by
-    # page through page faults): the in-place operations (trailing underscore) act only on fresh temporaries that
-    # autograd has not saved, so this one function serves training and prediction, and ``del`` drops the others as
-    # soon as they are used. exp2 rather than exp, because on the CPU exp of arguments that underflow (confident
-    # units, |r| > 13) takes a slow path in MKL's vector math that exp2 does not.
+    _check_var(_check_tensor("mean", mean), var)
     if var is None:  # an exactly known input (the Moments convention): the rectifier of its value
         return Moments(F.relu(mean), None)
+    if torch.is_grad_enabled() and (mean.requires_grad or var.requires_grad) and not torch.compiler.is_compiling():
+        out_mean, out_var, *_ = _ReLUMoments.apply(mean, var, min_var)
+        return Moments(out_mean, out_var)
+    out_mean, out_var, *_ = _relu_moments_forward(mean, var, min_var, backward_terms=False)
+    return Moments(out_mean, out_var.clamp_min_(0.0))
+
+
+def _relu_moments_forward(mean: Tensor, var: Tensor, min_var: float, backward_terms: bool = True,
+                          inplace: bool = True) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    r"""The closed form of :func:`relu_moments` before the final clamp: :math:`(\mathbb E, \mathbb V, 2\Phi(r),
+    \varphi(r)/s)`, the last two being what the hand-written backward of :class:`_ReLUMoments` needs (without
+    ``backward_terms``, :math:`\varphi(r)/s` is not computed and is ``None``). ``inplace=False`` replaces the two
+    in-place ``addcmul_`` by ``addcmul``, which :func:`torch.func.vmap` batches (the derivatives of the backward).
+
+    Written for few activation-sized temporaries, because every fresh buffer is written to memory that is not in the
+    cache (and, once the allocator has handed the last pass's memory back to the operating system, page by page
+    through page faults): the in-place operations (trailing underscore) act only on fresh temporaries that autograd
+    has not saved, so under ``torch.compile`` autograd can still trace it, and ``del`` drops the others as soon as
+    they are used. exp2 rather than exp, because on the CPU exp of arguments that underflow (confident units,
+    :math:`|r| > 13`) takes a slow path in MKL's vector math that exp2 does not.
+    """
     var = var.clamp_min(min_var)
     inv_std = var.rsqrt()
-    std_pdf = var * inv_std  # s; times phi(r) below
     z = (mean * inv_std).mul_(_SQRT_HALF)  # r / sqrt(2)
-    del inv_std
-    std_pdf.mul_(torch.addcmul(z.new_full((), _LOG2_INV_SQRT_2PI), z, z, value=-_LOG2_E).exp2_())  # s phi(r)
+    pdf = torch.addcmul(z.new_full((), _LOG2_INV_SQRT_2PI), z, z, value=-_LOG2_E).exp2_()  # phi(r)
     cdf2 = torch.erf(z).add_(1.0)  # 2 Phi(r); the factors 1/2 go into the addcmul's below (exact: a power of two)
     del z
+    std_pdf = (var * inv_std).mul_(pdf)  # s phi(r)
+    pdf_over_std = pdf * inv_std if backward_terms else None  # phi(r) / s
+    del inv_std, pdf
     out_mean = torch.addcmul(std_pdf, mean, cdf2, value=0.5)  # mu Phi(r) + s phi(r)
-    excess = std_pdf.addcmul_(mean, torch.rsub(cdf2, 2.0), value=-0.5)  # E - mu = s phi(r) - mu Phi(-r)
-    out_var = excess.mul_(out_mean).neg_().addcmul_(var, cdf2, value=0.5)  # s^2 Phi(r) - E (E - mu)
-    return Moments(out_mean, out_var.clamp_min_(0.0))
+    addcmul = Tensor.addcmul_ if inplace else torch.addcmul
+    excess = addcmul(std_pdf, mean, torch.rsub(cdf2, 2.0), value=-0.5)  # E - mu = s phi(r) - mu Phi(-r)
+    out_var = addcmul(excess.mul_(out_mean).neg_(), var, cdf2, value=0.5)  # s^2 Phi(r) - E (E - mu)
+    return out_mean, out_var, cdf2, pdf_over_std
+
+
+class _ReLUMoments(torch.autograd.Function):
+    r""":func:`relu_moments` with a hand-written backward (Frey & Hinton (1999)), for training.
+
+    With :math:`\Phi = \Phi(r)`, :math:`\varphi = \varphi(r)`, :math:`r = \mu/s` and the output moments
+    :math:`\mathbb E, \mathbb V`, the derivatives of the closed form are
+
+    .. math::
+
+        \frac{\partial\mathbb E}{\partial\mu} = \Phi, \quad
+        \frac{\partial\mathbb E}{\partial s^2} = \frac{\varphi}{2s}, \quad
+        \frac{\partial\mathbb V}{\partial\mu} = 2\,\mathbb E\,(1 - \Phi), \quad
+        \frac{\partial\mathbb V}{\partial s^2} = \Phi - \mathbb E\,\frac{\varphi}{s},
+
+    so the vector-Jacobian product with output gradients :math:`(g_E, g_V)` is, with :math:`a = g_E - 2 g_V\mathbb E`,
+    :math:`g_\mu = g_E - a\,(1 - \Phi)` and :math:`g_{s^2} = \tfrac12 (a\,\varphi/s + 2 g_V \Phi)`: about ten
+    element-wise passes over the saved :math:`2\Phi`, :math:`\varphi/s` and :math:`\mathbb E`, where autograd
+    differentiates the forward pass operation by operation, saving the operands of each. As autograd does for the
+    clamps, :math:`g_{s^2}` is zero where :math:`s^2` was raised to the floor and :math:`g_V` where :math:`\mathbb V`
+    rounded below zero. A backward that is itself differentiated (``create_graph=True``, e.g.
+    :func:`torch.func.hessian`) and the forward mode (:meth:`jvp`) recompute the three terms from the inputs by
+    differentiable operations, so higher derivatives are exact too.
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(mean: Tensor, var: Tensor, min_var: float):
+        out_mean, out_var, cdf2, pdf_over_std = _relu_moments_forward(mean, var, min_var)
+        clamped = out_var < 0
+        return out_mean, out_var.clamp_min_(0.0), cdf2, pdf_over_std, clamped
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        mean, var, min_var = inputs
+        out_mean, _, cdf2, pdf_over_std, clamped = output
+        ctx.min_var = min_var
+        ctx.set_materialize_grads(False)
+        ctx.mark_non_differentiable(cdf2, pdf_over_std, clamped)
+        ctx.save_for_backward(mean, var, out_mean, cdf2, pdf_over_std, clamped)
+        ctx.save_for_forward(mean, var)
+
+    @staticmethod
+    def jvp(ctx, tangent_mean: Tensor | None, tangent_var: Tensor | None, _):
+        """Forward mode (``torch.func.jvp`` / ``jacfwd``): the Jacobian of the class docstring times the tangents,
+        from terms recomputed by differentiable operations, so that the result can be differentiated again."""
+        mean, var = ctx.saved_tensors
+        out_mean, out_var, cdf2, terms = _relu_moments_forward(mean, var, ctx.min_var, inplace=False)
+        pdf_over_std = cast(Tensor, terms)
+        zero = torch.zeros_like(out_mean)
+        d_mean, d_var = zero, zero
+        if tangent_mean is not None:  # dE = Phi t_mu, dV = 2 E (1 - Phi) t_mu
+            d_mean = d_mean + 0.5 * cdf2 * tangent_mean
+            d_var = d_var + out_mean * (2.0 - cdf2) * tangent_mean
+        if tangent_var is not None:  # dE = phi / (2 s) t_s2, dV = (Phi - E phi / s) t_s2, zero below the floor
+            tangent_var = tangent_var.masked_fill(var < ctx.min_var, 0.0)
+            d_mean = d_mean + 0.5 * pdf_over_std * tangent_var
+            d_var = d_var + (0.5 * cdf2 - out_mean * pdf_over_std) * tangent_var
+        return d_mean, d_var.masked_fill(out_var < 0, 0.0), None, None, None
+
+    @staticmethod
+    def backward(ctx, grad_mean: Tensor | None, grad_var: Tensor | None, *_):
+        mean, var, out_mean, cdf2, pdf_over_std, clamped = ctx.saved_tensors
+        if grad_mean is None and grad_var is None:
+            return None, None, None
+        if torch.is_grad_enabled():  # a backward to be differentiated (create_graph): its terms recomputed from the
+            # inputs by differentiable operations (the saved ones are constants to autograd)
+            out_mean, out_var, cdf2, pdf_over_std = _relu_moments_forward(mean, var, ctx.min_var, inplace=False)
+            clamped = out_var < 0
+        needs_mean, needs_var = ctx.needs_input_grad[:2]
+        if grad_var is None:  # g_V = 0: a = g_E
+            a = cast(Tensor, grad_mean)
+            grad_mu = torch.mul(a, cdf2).mul_(0.5) if needs_mean else None  # g_E Phi
+            grad_s2 = torch.mul(a, pdf_over_std).mul_(0.5) if needs_var else None
+        else:
+            grad_var = grad_var.masked_fill(clamped, 0.0)
+            grad_var_mean = grad_var * out_mean  # g_V E
+            a = (torch.neg(grad_var_mean).mul_(2.0) if grad_mean is None
+                 else torch.add(grad_mean, grad_var_mean, alpha=-2.0))  # g_E - 2 g_V E
+            # g_E - a (1 - Phi) = 2 g_V E + a Phi
+            grad_mu = torch.addcmul(grad_var_mean, a, cdf2, value=0.25).mul_(2.0) if needs_mean else None
+            # (a phi/s + g_V 2 Phi) / 2
+            grad_s2 = torch.addcmul(torch.mul(a, pdf_over_std), grad_var, cdf2).mul_(0.5) if needs_var else None
+        if grad_s2 is not None:
+            grad_s2 = grad_s2.masked_fill_(var < ctx.min_var, 0.0)
+        return grad_mu, grad_s2, None
 
 
 def taylor_moments(fn: Callable[[Tensor], Tensor], mean: Tensor, var: Tensor | None) -> Moments:
@@ -303,6 +481,7 @@ def taylor_moments(fn: Callable[[Tensor], Tensor], mean: Tensor, var: Tensor | N
     >>> m.mean, m.var
     (tensor([0., 0.]), tensor([0.5000, 0.5000]))
     """
+    _check_var(_check_tensor("mean", mean), var)
     if var is None:
         return Moments(fn(mean), None)
     outer_grad = torch.is_grad_enabled()
@@ -338,6 +517,7 @@ def gaussian_expected_log_likelihood(
     ...                                  torch.tensor(0.0), torch.tensor(0.0))
     tensor(-0.9189)
     """
+    _check_broadcast(y=y, loc=loc, loc_var=loc_var, log_var=log_var, log_var_var=log_var_var)
     precision = torch.exp(log_var_var * 0.5 - log_var)
     return -0.5 * (_LOG_2PI + log_var + precision * (loc_var + (loc - y).square()))
 
@@ -348,4 +528,5 @@ def gaussian_predictive_variance(loc_var: Tensor, log_var: Tensor, log_var_var: 
     >>> gaussian_predictive_variance(torch.tensor(1.0), torch.tensor(0.0), torch.tensor(0.0))
     tensor(2.)
     """
+    _check_broadcast(loc_var=loc_var, log_var=log_var, log_var_var=log_var_var)
     return loc_var + torch.exp(log_var + 0.5 * log_var_var)

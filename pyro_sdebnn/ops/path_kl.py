@@ -39,6 +39,8 @@ independent check of ``full_mc``); reference problems live in :mod:`pyro_sdebnn.
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 from torch import Tensor
 
@@ -59,6 +61,28 @@ def check_estimator(estimator: str) -> str:
     return estimator
 
 
+def _check_tensor(name: str, value: object) -> Tensor:
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def _check_like_u(name: str, value: object, u: Tensor) -> Tensor:
+    """``value`` must be a tensor ``(..., D)`` with the ``D`` of ``u`` whose batch dimensions broadcast with ``u``'s.
+    Shapes only (no data read, so no device synchronisation)."""
+    value = _check_tensor(name, value)
+    ok = value.shape == u.shape or (value.ndim >= 1 and value.shape[-1] == u.shape[-1])
+    if ok and value.shape != u.shape:
+        try:
+            torch.broadcast_shapes(value.shape, u.shape)
+        except RuntimeError:
+            ok = False
+    if not ok:
+        raise ValueError(f"{name} must have the shape of u (..., D) = {tuple(u.shape)} (or one that broadcasts with "
+                         f"it), got {tuple(value.shape)}")
+    return value
+
+
 def path_kl_increment(u: Tensor, dt: Tensor | float, dB: Tensor | None, estimator: str,
                       u_stl: Tensor | None = None) -> Tensor:
     """One Euler step of a path-KL estimator, summed over the last (state) dimension.
@@ -69,17 +93,30 @@ def path_kl_increment(u: Tensor, dt: Tensor | float, dB: Tensor | None, estimato
         v_k = u_k \\text{ (full\\_mc)}, \\quad v_k = u(w_k, t_k; \\mathrm{sg}(\\phi)) \\text{ (stl)}.
 
     :param Tensor u: :math:`u_k = (f_q - f_p)/\\sigma` at the left end of the step, shape ``(..., D)``.
-    :param dt: step size :math:`\\Delta t_k` (scalar).
+    :param dt: step size :math:`\\Delta t_k`: a number, a 0-d tensor, or a tensor broadcasting with ``u.shape[:-1]``.
     :param Tensor dB: the Brownian increment that drove the posterior step, shape ``(..., D)``;
         unused (may be ``None``) for ``"analytic"``.
     :param str estimator: ``"analytic"``, ``"full_mc"`` or ``"stl"``.
-    :param Tensor u_stl: for ``"stl"``: ``u`` evaluated with the drift parameters detached.
+    :param Tensor u_stl: for ``"stl"``: ``u`` evaluated with the drift parameters detached, shaped as ``u``.
     :returns: the increment, shape ``(...)``.
+    :raises ValueError: for an unknown estimator, a missing ``dB`` / ``u_stl``, or a ``dB`` / ``u_stl`` / ``dt`` whose
+        shape does not match (or broadcast with) ``u``'s, naming the argument (checked on the shapes only).
 
     >>> u = torch.tensor([[1.0, 2.0]]); dB = torch.tensor([[0.1, -0.1]])
     >>> path_kl_increment(u, 0.1, dB, "analytic"), path_kl_increment(u, 0.1, dB, "full_mc")
     (tensor([0.2500]), tensor([0.1500]))
     """
+    if _check_tensor("u", u).ndim < 1:
+        raise ValueError(f"u must have shape (..., D), got a 0-d tensor {tuple(u.shape)}")
+    if isinstance(dt, Tensor):
+        try:
+            if dt.ndim:
+                torch.broadcast_shapes(dt.shape, u.shape[:-1])
+        except RuntimeError:
+            raise ValueError(f"dt must be a number or a tensor that broadcasts with the batch shape of u "
+                             f"{tuple(u.shape[:-1])}, got shape {tuple(dt.shape)}") from None
+    elif isinstance(dt, bool) or not isinstance(dt, numbers.Real):
+        raise TypeError(f"dt must be a number or a torch.Tensor, got {type(dt).__name__}")
     kl = 0.5 * u.pow(2).sum(-1) * dt
     if estimator == "analytic":
         return kl
@@ -87,11 +124,13 @@ def path_kl_increment(u: Tensor, dt: Tensor | float, dB: Tensor | None, estimato
         raise ValueError(f"estimator must be one of {PATH_KL_ESTIMATORS}, got {estimator!r}")
     if dB is None:
         raise ValueError(f"estimator={estimator!r} needs the Brownian increment dB")
+    _check_like_u("dB", dB, u)
     if estimator == "full_mc":
         return kl + (u * dB).sum(-1)
     if estimator == "stl":
         if u_stl is None:
             raise ValueError("estimator='stl' needs u_stl (u evaluated with detached drift parameters)")
+        _check_like_u("u_stl", u_stl, u)
         return kl + (u_stl * dB).sum(-1)
     raise ValueError(f"estimator must be one of {PATH_KL_ESTIMATORS}, got {estimator!r}")
 
@@ -115,6 +154,17 @@ def euler_path_log_ratio(path: Tensor, init: Tensor, times: Tensor, drift_q, dri
     >>> euler_path_log_ratio(path, torch.zeros(1), times, lambda t, w: -w, lambda t, w: -w, 0.5)
     tensor(0.)
     """
+    if _check_tensor("path", path).ndim < 2:
+        raise ValueError(f"path must have shape (..., K, D), got {tuple(path.shape)}")
+    if _check_tensor("times", times).shape != (path.shape[-2] + 1,):
+        raise ValueError(f"times must have shape (K + 1,) = ({path.shape[-2] + 1},) for path of shape (..., K, D) = "
+                         f"{tuple(path.shape)}, got {tuple(times.shape)}")
+    target = path.shape[:-2] + path.shape[-1:]
+    try:
+        if torch.broadcast_shapes(_check_tensor("init", init).shape, target) != target:
+            raise RuntimeError
+    except RuntimeError:
+        raise ValueError(f"init must broadcast to (..., D) = {tuple(target)}, got {tuple(init.shape)}") from None
     prev = torch.cat([init.expand(path.shape[:-2] + path.shape[-1:]).unsqueeze(-2), path[..., :-1, :]], -2)
     total = path.new_zeros(path.shape[:-2])
     for k in range(path.shape[-2]):

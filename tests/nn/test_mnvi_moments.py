@@ -392,6 +392,78 @@ def test_relu_moments_single_erf_float32_error_bound():
     assert ((out.var.double() - ref.var).abs() / s2f).max() < 24 * eps
 
 
+def _relu_moments_autograd(mean, var, out_grads):
+    """Gradients of the closed form by autograd through its operations (no hand-written backward)."""
+    from pyro_sdebnn.ops.moments import _relu_moments_forward
+
+    mean, var = mean.detach().requires_grad_(), var.detach().requires_grad_()
+    out_mean, out_var, *_ = _relu_moments_forward(mean, var, 1e-5, backward_terms=False)
+    loss = (out_mean * out_grads[0] + out_var.clamp_min(0.0) * out_grads[1]).sum()
+    return torch.autograd.grad(loss, (mean, var))
+
+
+def _relu_moments_backward(mean, var, out_grads):
+    mean, var = mean.detach().requires_grad_(), var.detach().requires_grad_()
+    out = relu_moments(mean, var)
+    return torch.autograd.grad((out.mean * out_grads[0] + out.var * out_grads[1]).sum(), (mean, var))
+
+
+def test_relu_moments_hand_written_backward_equals_autograd():
+    # relu_moments trains through a hand-written backward (dE/dmu = Phi, dE/ds2 = phi/(2s), dV/dmu = 2E(1 - Phi),
+    # dV/ds2 = Phi - E phi/s). On the wide input set (both tails, the variance floor, and ~10 % of points whose
+    # variance rounds below zero and is clamped) and random output gradients: in float64 it equals autograd through
+    # the closed form to rounding, and in float32 its error against that float64 reference is within a few dozen eps
+    # of the gradients' natural scales (|g_E| + |g_V| (|E| + s) for mu, divided by s for s^2), as autograd's is.
+    mu, s2 = _wide_relu_inputs(torch.float64)
+    g = torch.Generator().manual_seed(3)
+    out_grads = torch.randn((2,) + mu.shape, generator=g, dtype=torch.float64)
+    from pyro_sdebnn.ops.moments import _relu_moments_forward
+
+    raw_var = _relu_moments_forward(mu, s2, 1e-5)[1]
+    assert (raw_var < 0).sum() > 100 and (s2 < 1e-5).sum() > 10  # the clamps' masks are exercised
+    std = s2.clamp_min(1e-5).sqrt()
+    scale_mu = out_grads[0].abs() + out_grads[1].abs() * (relu_moments(mu, s2).mean.abs() + std)
+    scales = (scale_mu, scale_mu / std)
+    reference = _relu_moments_autograd(mu, s2, out_grads)
+    for got, ref, scale in zip(_relu_moments_backward(mu, s2, out_grads), reference, scales):
+        assert ((got - ref).abs() / scale).max() < 1e-14
+    eps = torch.finfo(torch.float32).eps
+    got32 = _relu_moments_backward(mu.float(), s2.float(), out_grads.float())
+    for got, ref, scale in zip(got32, reference, scales):
+        assert ((got.double() - ref).abs() / scale).max() < 32 * eps
+
+
+# torch.func's forward mode (jacfwd, hessian) triggers torch's own deprecation warning of torch.jit.script, internally
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
+def test_relu_moments_higher_derivatives_and_torch_func():
+    # the hand-written backward must not cut higher derivatives or torch.func: double backward, hessian (jacfwd of
+    # jacrev: forward mode over the vmapped backward) and jvp against autograd through the closed form, in float64
+    # (both sides of 0, the floor)
+    from pyro_sdebnn.ops.moments import _relu_moments_forward
+
+    def closed_form(m, v):
+        out_mean, out_var, *_ = _relu_moments_forward(m, v, 1e-5, backward_terms=False)
+        return out_mean, out_var.clamp_min(0.0)
+
+    g = torch.Generator().manual_seed(4)
+    mean = torch.cat([torch.randn(8, generator=g, dtype=torch.float64) * 2, torch.tensor([-4.0, 4.0])])
+    var = torch.cat([torch.rand(8, generator=g, dtype=torch.float64) + 0.1, torch.tensor([1e-7, 1.0])])
+    assert torch.autograd.gradgradcheck(lambda m, v: tuple(relu_moments(m, v)), (mean.clone().requires_grad_(),
+                                                                                   var.clone().requires_grad_()))
+
+    def loss(fn):
+        return lambda m, v: sum((w * o).sum() for w, o in zip((1.5, -0.7), fn(m, v)))
+
+    ours, ref = loss(lambda m, v: tuple(relu_moments(m, v))), loss(closed_form)
+    for argnums in (0, 1):
+        torch.testing.assert_close(torch.func.hessian(ours, argnums)(mean, var),
+                                   torch.func.hessian(ref, argnums)(mean, var), rtol=1e-12, atol=1e-14)
+    tangents = (torch.randn(10, generator=g, dtype=torch.float64), torch.randn(10, generator=g, dtype=torch.float64))
+    got = torch.func.jvp(lambda m, v: tuple(relu_moments(m, v)), (mean, var), tangents)[1]
+    want = torch.func.jvp(closed_form, (mean, var), tangents)[1]
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
+
+
 @pytest.mark.parametrize("with_var", [False, True])
 @pytest.mark.parametrize("kind", ["linear", "conv", "conv-groups"])
 def test_multiplicative_variance_equals_literal_formula(kind, with_var):
@@ -459,6 +531,7 @@ def test_maxpool_2x2_without_autograd_halves_and_equals_max_pool2d(shape, monkey
     with torch.no_grad():
         pooled = MNMaxPool2d(2)(Moments(mean, var))
     assert torch.equal(pooled.mean, out) and torch.equal(pooled.var, expected_var)
+
 
 
 def test_probit_softmax_without_variance_is_softmax_and_checks_arguments():

@@ -46,6 +46,40 @@ def test_increment_bad_estimator():
         path_kl_increment(u, 0.1, u, "stl")
 
 
+
+@pytest.mark.parametrize("estimator", ["full_mc", "stl"])
+def test_increment_shape_errors_name_the_argument(estimator):
+    # a wrongly shaped dB / u_stl / dt raised torch's bare broadcast error (or broadcast silently); now a ValueError
+    # naming the argument and the expected shape
+    u = torch.zeros(4, 3)
+    with pytest.raises(ValueError, match=r"dB must have the shape of u \(\.\.\., D\) = \(4, 3\).*got \(4, 2\)"):
+        path_kl_increment(u, 0.1, torch.zeros(4, 2), estimator, u)
+    with pytest.raises(ValueError, match=r"dB must have the shape of u .*got \(5, 3\)"):
+        path_kl_increment(u, 0.1, torch.zeros(5, 3), estimator, u)
+    with pytest.raises(ValueError, match=r"dt must be a number or a tensor .* \(4,\), got shape \(3,\)"):
+        path_kl_increment(u, torch.ones(3), torch.zeros(4, 3), estimator, u)
+    with pytest.raises(ValueError, match=r"u must have shape \(\.\.\., D\)"):
+        path_kl_increment(torch.tensor(1.0), 0.1, torch.zeros(4, 3), estimator, u)
+    with pytest.raises(TypeError, match="dB must be a torch.Tensor"):
+        path_kl_increment(u, 0.1, [0.0, 0.0, 0.0], estimator, u)
+    if estimator == "stl":
+        with pytest.raises(ValueError, match=r"u_stl must have the shape of u .*got \(4, 1, 2\)"):
+            path_kl_increment(u, 0.1, torch.zeros(4, 3), estimator, torch.zeros(4, 1, 2))
+    # shapes that broadcast are still accepted: one u for several Brownian paths, a dt per batch entry
+    out = path_kl_increment(torch.ones(3), torch.full((4,), 0.5), torch.ones(4, 3), estimator, torch.ones(3))
+    torch.testing.assert_close(out, torch.full((4,), 0.75 + 3.0))
+
+
+def test_euler_path_log_ratio_shape_errors():
+    times = torch.linspace(0, 1, 3)
+    drift = lambda t, w: -w  # noqa: E731
+    with pytest.raises(ValueError, match=r"times must have shape \(K \+ 1,\) = \(3,\).*got \(4,\)"):
+        euler_path_log_ratio(torch.zeros(2, 1), torch.zeros(1), torch.linspace(0, 1, 4), drift, drift, 0.5)
+    with pytest.raises(ValueError, match=r"path must have shape \(\.\.\., K, D\)"):
+        euler_path_log_ratio(torch.zeros(2), torch.zeros(1), times, drift, drift, 0.5)
+    with pytest.raises(ValueError, match=r"init must broadcast to \(\.\.\., D\) = \(5, 1\), got \(2,\)"):
+        euler_path_log_ratio(torch.zeros(5, 2, 1), torch.zeros(2), times, drift, drift, 0.5)
+
 def test_euler_full_mc_equals_independent_log_ratio():
     # full_mc is exactly log q - log p of the Euler chains; computed here from Gaussian densities
     times = time_grid((0.0, 1.0), 0.1, dtype=torch.float64)
