@@ -950,7 +950,8 @@ class SGMCMCKernel(DivergenceCheck, MCMCKernel):
         one epoch (not for passes shorter than ``_MAP_WINDOW`` steps, e.g. full-batch gradients), 10 % of the run's
         inner steps and ``_AUTO_MAP_STEPS`` steps (the smallest), stopped early once the
         mean potential of the last ``_MAP_WINDOW`` steps is no more than ``0.01 (D + 1)`` below that of the window
-        before (the fit has levelled off). Its progress shows in the progress bar."""
+        before (the fit has levelled off). Its progress shows in the progress bar. Vectorised chains take their
+        gradients together (:meth:`_chains_gradient`)."""
         position = position.detach().clone()
         adam = _Adam(position, lr=self.map_lr)
         auto = self.map_steps is None
@@ -982,12 +983,15 @@ class SGMCMCKernel(DivergenceCheck, MCMCKernel):
                 with self._bind(data):  # the sampler's own gradient (closed-form prior terms included)
                     if self.vectorized_chains == 1:
                         grad, value = self._gradient(position, idx, *extra)
-                    else:
-                        grads, values = zip(*(
-                            self._gradient(position[k], None if idx is None else idx[k], *extra)
-                            for k in range(self.vectorized_chains)
-                        ))
-                        grad, value = torch.stack(grads), torch.stack(values).sum()
+                    else:  # the chains together where the model allows it, else chain by chain
+                        chains = self._chains_gradient(position, idx, *extra)
+                        if chains is None:
+                            grads, values = zip(*(
+                                self._gradient(position[k], None if idx is None else idx[k], *extra)
+                                for k in range(self.vectorized_chains)
+                            ))
+                            chains = torch.stack(grads), torch.stack(values)
+                        grad, value = chains[0], chains[1].sum()
                 adam.step(grad)
                 if auto:
                     window.append(value.detach())
@@ -1048,19 +1052,77 @@ class SGMCMCKernel(DivergenceCheck, MCMCKernel):
             grad, value = grad.add_(prior_grad), value + prior_value  # grad: a fresh buffer (the concatenation)
         return grad, value
 
+    def _chains_gradient(
+        self, position: Tensor, idx: Optional[Tensor], *extra: Tensor
+    ) -> Optional[tuple[Tensor, Tensor]]:
+        """:meth:`_gradient` of the ``K`` vectorised chains at once, ``(K, D)`` and ``(K,)``, or ``None`` where the
+        kernel computes them chain by chain (see below).
+
+        The potential of one chain is ``vmap``-ed over the chains, as in the traced step, and differentiated by plain
+        autograd: the chains are independent, so the gradient of the sum of their potentials is each chain's
+        gradient. One trace of the model through Pyro's handlers serves every chain, where the chain-by-chain
+        gradient traces it ``K`` times (``torch.func``'s own gradient would import ``torch._dynamo``, about a
+        second the first time in a process, more than a short run's warm start). The closed-form prior terms are
+        added chain by chain, as :meth:`_gradient` adds them (on ``(K, D)`` they would allocate and fill buffers
+        ``K`` times the size, slower for a large network). The model's batched products may round differently
+        from the chain-by-chain ones (in the last bits of the dtype).
+
+        ``None`` (chain by chain) with one chain, with ``backend="eager"`` (the backend for models that cannot be
+        traced or vectorised), with a kernel that computes its gradient its own way (the data-parallel kernels'
+        all-reduce), and for a model that ``vmap`` cannot run (data-dependent control flow, random draws in the
+        potential): that is found at its first call and remembered for the potential."""
+        U = self.potential
+        assert U is not None  # built by setup
+        if (
+            self.vectorized_chains == 1 or self.backend_used == "eager" or getattr(self, "_unbatched", None) is U
+            or type(self)._gradient is not SGMCMCKernel._gradient
+        ):
+            return None
+        split = self.closed_form_prior and U.has_gaussian_prior
+        potential = functools.partial(self._potential_fn, exclude_gaussian_prior=split)
+        in_dims = (0, None if idx is None else 0) + (None,) * len(extra)
+        parts = tuple(part.detach().requires_grad_() for part in position.split([s.numel for s in U.sites], -1))
+        try:
+            with torch.enable_grad():
+                value = torch.func.vmap(potential, in_dims=in_dims)(parts, idx, *extra)
+                if value.requires_grad:
+                    grads = torch.autograd.grad(value.sum(), parts, allow_unused=True, materialize_grads=True)
+                else:  # every term in closed form (a model without data)
+                    grads = tuple(torch.zeros_like(part) for part in parts)
+        except Exception:  # noqa: BLE001 - a model vmap cannot run is differentiated chain by chain
+            self._unbatched = U
+            return None
+        grad, value = torch.cat(grads, -1), value.detach()
+        if split:  # chain by chain, as _gradient adds it
+            for k in range(self.vectorized_chains):
+                prior_value, prior_grad = U.gaussian_prior(position[k])
+                grad[k].add_(prior_grad)
+                value[k] += prior_value
+        return grad, value
+
     def _eager_step(self, state: tuple, idx: Optional[Tensor], step_size: Tensor, *extra: Tensor) -> tuple:
         """``backend="eager"``: :meth:`_step` chain by chain, with Pyro's handlers running. No argument validation in
         the hot loop (the model was validated at set-up): a non-finite state is a divergence, not a validation
-        error."""
+        error. ``backend="auto"``'s first, eager steps take the chains' gradients together
+        (:meth:`_chains_gradient`), then each chain's noise and update in turn, as :meth:`_step` draws them."""
         with pyro.validation_enabled(False):
             if self.vectorized_chains == 1:
                 return self._step(state, idx, step_size, self._precond, *extra)
-            outs = [
-                self._step(
-                    tuple(t[k] for t in state), None if idx is None else idx[k], step_size, self._precond, *extra
-                )
-                for k in range(self.vectorized_chains)
-            ]
+            chains = self._chains_gradient(state[0], idx, *extra)
+            if chains is not None:  # the gradients together; the noise and the update chain by chain, as below
+                grads, values = chains
+                outs = []
+                for k in range(self.vectorized_chains):
+                    chain = self._state_type(*(t[k] for t in state))
+                    noise = torch.randn_like(chain[0])
+                    outs.append((tuple(self._update(noise, chain, grads[k], step_size, self._precond)), values[k]))
+            else:
+                outs = [
+                    self._step(
+                        tuple(t[k] for t in state), None if idx is None else idx[k], step_size, self._precond, *extra
+                    )
+                    for k in range(self.vectorized_chains)
+                ]
         new_state = tuple(torch.stack([o[0][j] for o in outs]) for j in range(len(state)))
         return new_state, torch.stack([o[1] for o in outs])
 

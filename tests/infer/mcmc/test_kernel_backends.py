@@ -183,15 +183,16 @@ def test_auto_backend_steps_eagerly_before_its_first_trace():
 def test_short_default_run_does_not_import_torch_compiler():
     # constructing a torch.optim optimiser or tracing with make_fx imports torch._dynamo (about a second, the first
     # time in a process): a default run shorter than the eager start pays neither (the warm start's Adam is the
-    # kernel's own)
+    # kernel's own; vectorised chains take their gradients together by vmap and plain autograd, not torch.func.grad)
     code = (
         "import sys, torch, pyro\n"
         "from pyro.infer import MCMC\n"
         "from pyro_sdebnn.infer.mcmc import BayesianMLP, SGLD\n"
         "x = torch.randn(64, 2); y = x[:, 0].sin()\n"
-        "kernel = SGLD(BayesianMLP([2, 5, 1]), subsample_size=16)\n"
-        "MCMC(kernel, num_samples=50, warmup_steps=0, disable_progbar=True).run(x, y)\n"
-        "assert kernel.map_steps_taken > 0\n"
+        "for chains in (1, 2):\n"
+        "    kernel = SGLD(BayesianMLP([2, 5, 1]), subsample_size=16, vectorized_chains=chains)\n"
+        "    MCMC(kernel, num_samples=50, warmup_steps=0, disable_progbar=True).run(x, y)\n"
+        "    assert kernel.map_steps_taken > 0 and getattr(kernel, '_unbatched', None) is None\n"
         "print('torch._dynamo' in sys.modules)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -174,3 +174,98 @@ def test_divergences_of_eleven_sequential_chains_in_numeric_order(monkeypatch):
     assert [len(mcmc.diagnostics()["divergences"][f"chain {c}"]) > 0 for c in range(C)] == [c == 2 for c in range(C)]
     idata = to_inference_data(mcmc, log_likelihood=False)
     assert _diverging_rows(idata) == [2]
+
+
+# ----- the warm start and the eager start compute the chains' gradients together -----------------------------------
+def _counting(fn):
+    def counted(*args, **kwargs):
+        counted.calls += 1
+        return fn(*args, **kwargs)
+
+    counted.calls = 0
+    return counted
+
+
+def _bnn_data():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(40, 2, generator=g, dtype=torch.float64)
+    return x, (x[:, 0] * x[:, 1] > 0).double()
+
+
+def _warm_start(net, chains, start, x, y, backend="auto"):
+    counted = _counting(net)
+    kernel = SGLD(counted, map_steps=0, vectorized_chains=chains, backend=backend)
+    kernel.initial_params = start
+    kernel.setup(0, x, y)
+    kernel.map_steps, calls = 20, counted.calls
+    end = kernel._map_fit(kernel.potential.pack(start))  # as setup runs it
+    return end, kernel, counted.calls - calls
+
+
+@pytest.mark.parametrize("backend", ["auto", "eager"])
+def test_warm_start_of_vectorised_chains_is_each_chains_own_warm_start(backend):
+    # C chains start from C points; the warm start traces the model once per Adam step for all of them (not once per
+    # chain) and ends where C single-chain warm starts from those points end, to the rounding of the batched products;
+    # backend="eager" (any model) keeps the chain-by-chain gradient: bitwise the single-chain warm starts
+    from pyro_sdebnn.infer.mcmc import BayesianMLP
+
+    x, y = _bnn_data()
+    net = BayesianMLP([2, 8, 1], likelihood="bernoulli").double()
+    pyro.set_rng_seed(0)
+    probe = SGLD(net, map_steps=0, vectorized_chains=3)
+    probe.setup(0, x, y)
+    start = {k: v.clone() for k, v in probe.initial_params.items()}
+    together, kernel, calls = _warm_start(net, 3, start, x, y, backend)
+    assert kernel.map_steps_taken == 20 and calls == (20 if backend == "auto" else 3 * 20)  # traces of the model
+    for k in range(3):
+        alone, _, single_calls = _warm_start(net, 1, {name: v[k] for name, v in start.items()}, x, y, backend)
+        assert single_calls == 20
+        if backend == "eager":
+            assert torch.equal(together[k], alone)
+        torch.testing.assert_close(together[k], alone, rtol=1e-12, atol=1e-12)
+        assert (together[k] - probe.potential.pack(start)[k]).abs().max() > 0.1  # the fit moved
+
+
+def branchy_model(x, y=None):
+    w = pyro.sample("w", dist.Normal(0.0, 1.0))
+    sigma = pyro.sample("sigma", dist.LogNormal(0.0, 1.0))
+    slope = w if float(w.detach()) > -10.0 else -w  # data-dependent control flow: vmap cannot run it
+    with pyro.plate("data", x.shape[0]) as idx:
+        return pyro.sample("y", dist.Normal(slope * x[idx], sigma), obs=None if y is None else y[idx])
+
+
+def test_warm_start_of_a_model_vmap_cannot_run_is_chain_by_chain_and_exact():
+    # the batched gradient fails on the model's control flow: the chains are warm started one by one, bitwise as C
+    # single-chain warm starts, and the batched path is not tried again for that potential
+    x, y = _data()
+    start = {"w": torch.tensor([-1.0, 0.5, 2.0], dtype=torch.float64), "sigma": torch.zeros(3, dtype=torch.float64)}
+    together, kernel, calls = _warm_start(branchy_model, 3, start, x, y)
+    assert kernel._unbatched is kernel.potential and calls == 1 + 3 * 20  # the failed try, then chain by chain
+    for k in range(3):
+        alone, _, _ = _warm_start(branchy_model, 1, {name: v[k] for name, v in start.items()}, x, y)
+        assert torch.equal(together[k], alone)
+
+
+@pytest.mark.parametrize("kernel_cls", [SGLD, SGHMC])
+def test_eager_start_draws_the_noise_chain_by_chain_as_before(kernel_cls):
+    # backend="auto"'s eager steps: the chains' gradients together, then each chain's noise and update in turn, so
+    # that the random stream is that of the chain-by-chain step and the states agree to rounding
+    from pyro_sdebnn.infer.mcmc import BayesianMLP
+
+    x, y = _bnn_data()
+    counted = _counting(BayesianMLP([2, 8, 1], likelihood="bernoulli").double())
+    pyro.set_rng_seed(0)
+    kernel = kernel_cls(counted, step_size=1e-3, subsample_size=10, map_steps=0, vectorized_chains=3)
+    kernel.setup(0, x, y)
+    idx, eta = kernel._next_indices(), torch.tensor(1e-3, dtype=torch.float64)
+    rng = torch.get_rng_state()
+    calls = counted.calls
+    together, value = kernel._eager_step(kernel._state, idx, eta)
+    assert counted.calls - calls == 1
+    torch.set_rng_state(rng)
+    kernel._unbatched = kernel.potential  # chain by chain, as backend="eager"
+    one_by_one, reference = kernel._eager_step(kernel._state, idx, eta)
+    assert counted.calls - calls == 1 + 3
+    for a, b in zip(together, one_by_one):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(value, reference, rtol=1e-12, atol=0)
