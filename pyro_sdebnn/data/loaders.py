@@ -13,28 +13,19 @@ a *Pyro model* fed a loader (``mcmc.run(loader)``, ``train_svi(svi, loader)``) i
 * a dict batch ``{"x": ..., "y": ...}`` (a data set of dicts) as ``model(**batch)``;
 * a single tensor (a data set of tensors) as ``model(batch)``.
 
-This module holds the pieces they share:
-
-* ``is_loader`` tells a loader from a tensor;
-* ``dataset_size`` is the number of data points :math:`N` (the length of ``loader.dataset``),
-  which scales the likelihood of a minibatch of size :math:`b` by :math:`N/b`, exactly as Pyro's
-  subsampled :class:`~pyro.plate` does;
-* ``iter_batches`` yields the ``(x, y)`` batches one at a time, and ``iter_model_batches`` the model arguments
-  ``(args, kwargs)`` of each batch, each moved to the model's device (and floating-point inputs to its dtype) with
-  ``non_blocking=True`` when the loader pins memory; the whole data set is never copied to the device;
-* ``read_batch`` reads one batch by that rule in one pass (its tensors, structure and batch dimension), and
-  ``arguments`` turns its tensors back into the model's ``(args, kwargs)``.
-
-Tensors are read in random minibatches (``minibatch_indices``), and ``module_device_dtype`` says where
-the batches go: the model's device and dtype. ``check_tensors`` validates a data set (or a batch) given as
-tensors, and :func:`check_finite_batch` (for ``(x, y)``; ``check_finite_tensors`` for any tensors) rejects a batch
-(or a whole data set) holding a NaN or an infinity with a message naming the argument, the batch and the first bad
-index.
-
-A run over data resumes bitwise only if every random state it reads is put back: ``rng_state`` captures torch's CPU
-generator, every initialised CUDA device's, NumPy's, Python's, and the ``torch.Generator`` objects a loader shuffles
-with (``loader_generators``: ``DataLoader(generator=...)``, its sampler's); ``set_rng_state`` restores them. Every
-checkpoint of the package (:mod:`pyro_sdebnn.infer.checkpoint`) stores this one capture.
+This module holds the pieces they share: ``is_loader`` tells a loader from a tensor; ``dataset_size`` is the number
+of data points :math:`N` (``len(loader.dataset)``), which scales the likelihood of a minibatch of size :math:`b` by
+:math:`N/b`, as Pyro's subsampled :class:`~pyro.plate` does; ``iter_batches`` yields the ``(x, y)`` batches and
+``iter_model_batches`` the model arguments ``(args, kwargs)`` of each batch, one at a time, moved to the model's device
+(and floating-point inputs to its dtype; ``non_blocking=True`` when the loader pins memory), so that the whole data set
+is never copied to the device; ``read_batch`` reads one batch by that rule in one pass and ``arguments`` turns its
+tensors back into ``(args, kwargs)``; ``minibatch_indices`` draws the random minibatches of tensors and
+``module_device_dtype`` says where batches go. ``check_tensors`` validates a data set given as tensors, and
+:func:`check_finite_batch` (``check_finite_tensors`` for any tensors) rejects a batch holding a NaN or an infinity,
+naming the argument, the batch and the first bad index. ``rng_state`` captures every random state a run reads (torch's
+CPU and CUDA generators, NumPy's, Python's and the loader's ``torch.Generator`` objects, ``loader_generators``) and
+``set_rng_state`` restores it: every checkpoint of the package (:mod:`pyro_sdebnn.infer.checkpoint`) stores this one
+capture, so that a run over data resumes bitwise.
 
 >>> from torch.utils.data import DataLoader, TensorDataset
 >>> loader = DataLoader(TensorDataset(torch.randn(10, 3), torch.arange(10)), batch_size=4)

@@ -1,37 +1,21 @@
 # SPDX-License-Identifier: Apache-2.0
 """Checkpoints of SG-MCMC runs: save a finished :class:`pyro.infer.MCMC` run and continue it later.
 
-Pyro's ``MCMC`` has no resume API. A run is therefore continued through the kernel, which owns the state of its
-chain as an optimiser owns its own (``state_dict`` / ``load_state_dict``); this module, above it, adds the file, the
-samples and the checks of which run and rank wrote them. :func:`save_run` writes the kernel's
-:meth:`~pyro_sdebnn.infer.mcmc.kernel.SGMCMCKernel.state_dict` (position, momentum, step-size schedule position,
-random state, warm-up step-size factor, divergence records, minibatch position) and the samples so far to one
-checkpoint of kind ``"sgmcmc"`` (:mod:`pyro_sdebnn.infer.checkpoint`); :func:`resume_run` loads it into a kernel,
-runs ``MCMC`` for more samples from there and returns a :class:`ResumedMCMC`, an ``MCMC`` whose samples are
-the old ones followed by the new ones. With the same seed the continued run gives the
-same samples as an uninterrupted one (bitwise on CPU with a fixed ``backend``, ``"fx"`` or ``"eager"``: the
-default ``"auto"`` may switch to the compiled step at another point of the run). A finished run extended this way
-equals an uninterrupted run of the total length only with a fixed ``map_steps`` (an int): the automatic warm start
-is bounded by 10 % of the run's inner steps, which the first, shorter run takes from its own length::
-
-    pyro.set_rng_seed(0)
-    mcmc = MCMC(SGHMC(model, step_size=1e-3, subsample_size=64, backend="fx", map_steps=100), num_samples=500,
-                warmup_steps=500)
-    mcmc.run(x, y)
-    save_run(mcmc, "run.pt")
-    ...                                              # another process, another day
-    kernel = SGHMC(model, step_size=1e-3, subsample_size=64, backend="fx", map_steps=100)
-    mcmc = resume_run("run.pt", kernel, x, y, num_samples=500)   # 1000 samples in all
-
-:class:`CheckpointHook` writes the same file periodically while ``MCMC`` runs (as its ``hook_fn``), so that a
-pre-empted run, even in warm-up, can be resumed from its last checkpoint. The file holds only tensors, numbers,
-strings, lists and dicts: it loads with ``torch.load(path, weights_only=True)``
-(:func:`~pyro_sdebnn.infer.checkpoint.load_checkpoint` checks it). Runs over a loader (``mcmc.run(loader)``) resume
-on the same loader (one of another size, batch size, ``drop_last`` or sampler is a ``ValueError``): the epoch in progress is made again from its recorded random state (torch's, and that of the
-loader's own ``torch.Generator``, given as
-``DataLoader(..., generator=g)`` or to its sampler) and the batches already used are skipped. A run of several
-sequential chains (``MCMC(num_chains > 1)``) cannot be checkpointed (the kernel holds the last chain only):
-use ``vectorized_chains`` instead.
+Pyro's ``MCMC`` has no resume API, so a run is continued through the kernel, which owns the state of its chain as an
+optimiser does (:meth:`~pyro_sdebnn.infer.mcmc.kernel.SGMCMCKernel.state_dict`: position, momentum, schedule
+position, random state, warm-up state, divergence records, minibatch position); this module, above it, adds the file,
+the samples and the checks of which run and rank wrote them. :func:`save_run` writes the state and the samples so far
+to one checkpoint of kind ``"sgmcmc"`` (:mod:`pyro_sdebnn.infer.checkpoint`; it loads with
+``torch.load(path, weights_only=True)``); :func:`resume_run` loads it into a kernel, runs ``MCMC`` on from there and
+returns a :class:`ResumedMCMC`, whose samples are the old ones followed by the new ones; :class:`CheckpointHook` writes
+the same file periodically as ``MCMC``'s ``hook_fn``, so that a pre-empted run, even in warm-up, resumes from its last
+checkpoint. With the same seed the continued run gives the samples of an uninterrupted one, bitwise on CPU with a fixed
+``backend`` (``"auto"`` may switch to the compiled step at another point) and, for a finished run extended, a fixed
+``map_steps`` (the automatic warm start is bounded by 10 % of the run's own length). A run over a loader resumes on
+the same loader (another size, batch size, ``drop_last`` or sampler is a ``ValueError``): the epoch in progress is
+made again from its recorded random state and the batches already used are skipped. Sequential chains
+(``MCMC(num_chains > 1)``) cannot be checkpointed (the kernel holds the last chain only): use ``vectorized_chains``.
+The SG-MCMC page of the documentation shows a run saved and resumed in another process.
 
 >>> import os, tempfile
 >>> import pyro.distributions as dist
