@@ -342,6 +342,10 @@ class Laplace(BaselineMethod):
             ``batch_size`` unused): the curvature and log-likelihood are then accumulated batch by batch,
             :math:`H_{\\mathrm{data}} = \\sum_{\\mathcal B} \\sum_{n \\in \\mathcal B} J_n^\\top \\Lambda_n J_n`.
         :param int num_epochs: MAP training epochs (0: use ``net`` as trained).
+        :param float lr: Adam's learning rate for the MAP training.
+        :param batch_size: minibatch size on tensors (``None``: the whole data set at once).
+        :param float weight_decay: the MAP training's weight decay; :math:`\\delta = N \\cdot` ``weight_decay`` is the
+            starting prior precision when none is set (``"online"`` then decays by :math:`\\delta/N` as it learns it).
         :param tune_prior_precision: how :math:`\\delta` is chosen from the Laplace evidence
             :math:`\\log p(\\mathcal D|\\delta)`: ``True`` or ``"posthoc"``, maximise it after the MAP training [2];
             ``"online"``, learn it during the MAP training, which uses it as its weight decay :math:`\\delta/N`
@@ -355,6 +359,11 @@ class Laplace(BaselineMethod):
         :param clip_norm: clip the whole MAP gradient by its :math:`L_2` norm,
             :math:`g \\leftarrow g \\min(1, c/\\|g\\|_2)`.
         :param clip_inf_norm: clip it by its :math:`L_\\infty` norm.
+        :param int marglik_burnin: ``"online"``: MAP epochs before the first update of :math:`\\delta`.
+        :param int marglik_frequency: ``"online"``: epochs between updates.
+        :param int marglik_steps: ``"online"``: Adam steps on :math:`\\log\\delta` per update.
+        :param float marglik_lr: ``"online"``: their learning rate.
+        :param bool progress: show a progress bar of the MAP epochs.
         :param bool resume: continue the MAP training (and an online tuning) of the last or a loaded run from its
             optimiser, scheduler and random states, so that ``fit(num_epochs=k)`` then
             ``fit(num_epochs=K - k, resume=True)`` equals ``fit(num_epochs=K)``.
@@ -364,9 +373,8 @@ class Laplace(BaselineMethod):
         :raises MemoryError: before any training, if ``hessian_structure="full"`` needs more memory
             (:meth:`full_curvature_bytes`) than the network's device has available.
 
-        Under ``torchrun`` with a loader sharded by a ``DistributedSampler``, the MAP trains data-parallel and the
-        ranks sum their shards' curvature (it is additive over the data), so every rank holds the posterior of one
-        process on the whole data set (:doc:`/distributed`).
+        Under ``torchrun`` with a sharded loader the MAP trains data-parallel and the ranks sum their shards'
+        curvature, so every rank holds the posterior of the whole data set (:doc:`/distributed`).
         """
         loader = x if _is_loader_arg(x) else None
         x, y = _follow_module(x, y, self.net)  # tensors: on the network's device and dtype (loader batches are moved)
