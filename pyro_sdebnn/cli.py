@@ -23,22 +23,22 @@ The common options may also be given after the sub-command (after ``benchmark`` 
 benchmark's own options (``pyro-sdebnn benchmark NAME --help`` lists them) go after its ``NAME``; one given before
 it is a usage error that names it and shows the command line with it in its place, e.g. ``pyro-sdebnn --n-train 50
 benchmark two-moons`` says ``--n-train is an option of `benchmark two-moons` ... as in: pyro-sdebnn benchmark
-two-moons --n-train 50``. Without a sub-command the main job runs: ``benchmark two-moons`` when that experiment is
-installed.
+two-moons --n-train 50``; one given to ``datasets`` is refused the same way. Without a sub-command the main job
+runs: ``benchmark two-moons`` when that experiment is installed.
 
 ``--data-dir DIR`` (before the sub-command, or after an image benchmark's name) points the image
 benchmarks (``sdebnn-mnist``, ``mnvi-mnist``) at the torchvision files of MNIST, Fashion-MNIST or
 CIFAR-10 in ``DIR``; they then train through a :class:`~torch.utils.data.DataLoader` on the full data
 set. Nothing is downloaded unless ``--download`` is given; without ``--data-dir`` they use the small
-bundled subsets. The other benchmarks generate their data or use bundled data: ``--data-dir`` with one of them is a
-usage error (exit 2), not a folder silently ignored.
+bundled subsets. The other benchmarks generate their data or use bundled data: ``--data-dir`` with one of them
+(before or after its name) is a usage error (exit 2), not a folder silently ignored.
 
 The benchmarks are those of :data:`pyro_sdebnn.experiments.REGISTRY` (one line each) and the sub-commands' work is
 that of ``COMMANDS`` (``pyro_sdebnn._commands``); each is imported by name only when it runs, so ``--version`` and
 ``--help`` import no torch and start at once.
 
 Errors the user can fix end the program with a one-line message and exit status 2: an unknown
-command, benchmark or option, a benchmark option given before the benchmark's name, ``--data-dir`` for a
+command, benchmark or option, a benchmark option before the benchmark's name or with ``datasets``, ``--data-dir`` for a
 benchmark that reads no data files, or a value an option does not allow (argparse: every numeric option has a
 ``type=`` check, e.g. ``argument --n-train: expected an integer >= 1, got '0'``), ``benchmark`` without a name,
 ``--download`` without ``--data-dir``, an ``--output`` that is a file or cannot be written, an unavailable
@@ -166,13 +166,15 @@ def build_parser(experiments: Mapping[str, ModuleType] | None = None) -> argpars
     return _build(experiments)[0]
 
 
-def _names(bench: argparse.ArgumentParser) -> _Benchmarks:
-    return next(a for a in bench._actions if isinstance(a, _Benchmarks))
+def _names(parser: argparse.ArgumentParser) -> argparse._SubParsersAction:
+    """The sub-commands of ``parser``: ``pyro-sdebnn``'s, or the benchmark names (a :class:`_Benchmarks`)."""
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
 
 
 def _benchmark_parser(bench: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
     """The sub-parser of ``benchmark name`` with its options (imports the benchmark's module if not done yet)."""
     names = _names(bench)
+    assert isinstance(names, _Benchmarks)
     fill = names.pending.pop(name, None)
     if fill is not None:
         fill()
@@ -187,39 +189,68 @@ def _known(parser: argparse.ArgumentParser, option: str) -> bool:
         known.startswith(option) for known in parser._option_string_actions)
 
 
+def _is_data_dir(parser: argparse.ArgumentParser, option: str) -> bool:
+    """Whether ``option`` is ``--data-dir`` for ``parser`` (or an abbreviation that argparse reads as it)."""
+    return option.startswith("--") and [known for known in parser._option_string_actions
+                                        if known.startswith(option)] == ["--data-dir"]
+
+
+def _sub_command_at(argv: Sequence[str], command: str, parser: argparse.ArgumentParser) -> int | None:
+    """Where the sub-command ``command`` stands in ``argv``, not as an option's value (``--output datasets``)."""
+    for i, token in enumerate(argv):
+        action = parser._option_string_actions.get(argv[i - 1]) if i else None
+        if token == command and (action is None or action.nargs == 0):
+            return i
+    return None
+
+
 def _misplaced_options(argv: Sequence[str], parser: argparse.ArgumentParser, bench: argparse.ArgumentParser,
                        names: Sequence[str]) -> tuple[argparse.ArgumentParser, str] | None:
-    """The usage error for a benchmark's own options given before the benchmark's name: ``(parser, message)``, the
-    parser whose level the first of them was given at, or ``None``.
+    """The usage error for a benchmark's own options given before the benchmark's name, or given to ``datasets``:
+    ``(parser, message)``, the parser whose level the first of them was given at, or ``None``.
 
     ``pyro-sdebnn --n-train 50 benchmark two-moons`` and ``pyro-sdebnn benchmark --n-train 50 two-moons`` would get
     argparse's ``invalid choice: '50'``; this names the options, says where they go and shows the command line with
     them there. Only an option unknown where it stands and known to the benchmark named (or to the default benchmark,
-    without a sub-command) is moved; anything else is left to argparse.
+    without a sub-command; or, with ``datasets``, to any benchmark: the line shown then leaves it out) is moved;
+    anything else is left to argparse.
     """
     argv = list(argv)
     end = argv.index("--") if "--" in argv else len(argv)
-    if "benchmark" in argv[:end]:
-        at = argv.index("benchmark")
+    name: str | None
+    benchmark_at = _sub_command_at(argv[:end], "benchmark", parser)
+    datasets_at = _sub_command_at(argv[:end], "datasets", parser)
+    if benchmark_at is not None:
+        at = benchmark_at
         name_at = next((i for i in range(at + 1, end) if argv[i] in names), None)
         if name_at is None:
             return None
         name = argv[name_at]
-    elif "datasets" not in argv[:end] and DEFAULT_BENCHMARK in names:
+    elif datasets_at is not None:
+        at, name_at, name = datasets_at, end, None  # `pyro-sdebnn --n-train 5 datasets`: the option is no sub-command's
+    elif DEFAULT_BENCHMARK in names:
         at, name_at, name = end, end, DEFAULT_BENCHMARK  # `pyro-sdebnn [options]` runs the default benchmark
     else:
         return None
+    # the parser of the options after `at`: `benchmark`'s before NAME; `datasets`', where a global one is not moved
+    after = bench if name is not None else _names(parser).choices["datasets"]
     unknown = [i for i in range(name_at) if i != at and argv[i].startswith("-") and argv[i] != "-"
-               and not _known(parser if i < at else bench, argv[i].split("=", 1)[0])]
+               and not parser._negative_number_matcher.match(argv[i])  # a value, as argparse reads it
+               and not _known(parser if i < at else after, argv[i].split("=", 1)[0])
+               and (name is not None or not _known(parser, argv[i].split("=", 1)[0]))]
     if not unknown:
         return None
-    sub = _benchmark_parser(bench, name)
+    subs = [_benchmark_parser(bench, n) for n in ([name] if name is not None else names)]
     options: list[int] = []  # the misplaced options' positions
     moved: list[int] = []  # theirs and their values'
+    owners: list[str] = []  # with `datasets`: the benchmarks that take them
     for i in unknown:
-        action = sub._option_string_actions.get(argv[i].split("=", 1)[0])
-        if action is None:
-            continue  # not an option of that benchmark either: argparse says so
+        flag = argv[i].split("=", 1)[0]
+        takers = [sub for sub in subs if flag in sub._option_string_actions]
+        if not takers:
+            continue  # not an option of that benchmark (of any, with `datasets`) either: argparse says so
+        action = takers[0]._option_string_actions[flag]
+        owners += [sub.prog.split()[-1] for sub in takers if sub.prog.split()[-1] not in owners]
         options.append(i)
         moved.append(i)
         if "=" in argv[i] or action.nargs == 0:
@@ -233,6 +264,12 @@ def _misplaced_options(argv: Sequence[str], parser: argparse.ArgumentParser, ben
     if not options:
         return None
     kept = [token for i, token in enumerate(argv) if i not in moved]
+    flags = [argv[i].split("=", 1)[0] for i in options]
+    what = f"{flags[0]} is an option" if len(flags) == 1 else f"{', '.join(flags)} are options"
+    if name is None:  # `datasets` takes no benchmark option: the corrected line leaves them out
+        return parser if options[0] < at else after, (
+            f"{what} of `benchmark NAME` (NAME: {', '.join(sorted(owners))}), not of `pyro-sdebnn` or `datasets`: "
+            f"leave {'it' if len(flags) == 1 else 'them'} out, as in: pyro-sdebnn {shlex.join(kept)}")
     if name_at == end:  # no sub-command given: spell out the default benchmark
         insert = end - len(moved)
         kept[insert:insert] = ["benchmark", name]
@@ -240,22 +277,21 @@ def _misplaced_options(argv: Sequence[str], parser: argparse.ArgumentParser, ben
     else:
         insert = name_at - sum(1 for i in moved if i < name_at) + 1
     fixed = kept[:insert] + [argv[i] for i in sorted(moved)] + kept[insert:]
-    flags = [argv[i].split("=", 1)[0] for i in options]
     before = options[0] < at
-    what = f"{flags[0]} is an option" if len(flags) == 1 else f"{', '.join(flags)} are options"
     return parser if before else bench, (
         f"{what} of `benchmark {name}`, not of `pyro-sdebnn{'' if before else ' benchmark'}`: put "
         f"{'it' if len(flags) == 1 else 'them'} after the benchmark name, as in: pyro-sdebnn {shlex.join(fixed)}")
 
 
 def _check_data_dir(parser: argparse.ArgumentParser, args: argparse.Namespace,
-                    benchmark: argparse.ArgumentParser | None = None) -> None:
+                    benchmark: argparse.ArgumentParser | None = None, given: bool = False) -> None:
     """``--download`` needs a folder; ``--data-dir`` is refused for a benchmark (its sub-parser ``benchmark``) that
-    reads no data from disk, since it would be ignored and the results would not be those of the user's data."""
+    reads no data from disk, since it would be ignored and the results would not be those of the user's data.
+    ``given``: ``--data-dir`` came after the name of such a benchmark (an argument its sub-parser left unparsed)."""
     folder = next((getattr(args, key) for key in ("data_dir", "root", "mnist_root") if getattr(args, key, None)), None)
     if getattr(args, "download", False) and folder is None:
         parser.error("--download needs --data-dir DIR, the folder to download the torchvision files into")
-    if (benchmark is not None and getattr(args, "data_dir", None) is not None
+    if (benchmark is not None and (given or getattr(args, "data_dir", None) is not None)
             and "--data-dir" not in benchmark._option_string_actions):
         name = benchmark.prog.split()[-1]
         parser.error(f"--data-dir: benchmark {name} reads no data from disk (it uses generated or bundled data), so "
@@ -287,7 +323,13 @@ def _main(argv: Sequence[str] | None, experiments: Mapping[str, ModuleType] | No
     misplaced = _misplaced_options(argv, parser, bench, names)
     if misplaced is not None:
         misplaced[0].error(misplaced[1])
-    args = parser.parse_args(argv)
+    args, unparsed = parser.parse_known_args(argv)
+    if unparsed:
+        if args.command == "benchmark" and args.benchmark is not None and any(
+                _is_data_dir(parser, token.split("=", 1)[0]) for token in unparsed):
+            # `benchmark two-moons --data-dir X`: the message of `--data-dir X benchmark two-moons`
+            _check_data_dir(bench, args, _benchmark_parser(bench, args.benchmark), given=True)
+        parser.error(f"unrecognized arguments: {' '.join(unparsed)}")  # as parse_args says it
     if args.command == "datasets":
         return _command("datasets")(args)
     if args.command == "benchmark":

@@ -445,9 +445,34 @@ def test_global_options_also_between_benchmark_and_its_name():
     assert args.seed == 3  # the last one given wins, as for any repeated option
 
 
+@pytest.mark.parametrize("argv, where, fixed", [
+    (["--n-train", "5", "datasets"], "pyro-sdebnn: error: --n-train is an option", "datasets"),
+    (["--seed", "3", "--milestones", "4", "5", "datasets", "--json"], "pyro-sdebnn: error: --milestones is",
+     "--seed 3 datasets --json"),
+    (["datasets", "--n-train=5", "--paper", "--json"], "pyro-sdebnn datasets: error: --n-train, --paper are",
+     "datasets --json"),
+])
+def test_a_benchmark_option_given_to_datasets_says_whose_it_is(capsys, argv, where, fixed):
+    fake = {"fake": _options_fake()}
+    line = _exit_2(argv, capsys, "of `benchmark NAME` (NAME: fake), not of `pyro-sdebnn` or `datasets`",
+                   f"as in: pyro-sdebnn {fixed}", experiments=fake)
+    assert line.startswith(where) and "invalid choice" not in line
+    assert build_parser(fake).parse_args(fixed.split()).command == "datasets"  # the suggested line is right
+
+
+def test_datasets_as_an_option_value_is_not_the_sub_command(capsys):
+    fake = {"two-moons": _options_fake()}  # `--output datasets`: a folder; no sub-command, so the default benchmark
+    _exit_2(["--output", "datasets", "--n-train", "5"], capsys, "--n-train is an option of `benchmark two-moons`",
+            "as in: pyro-sdebnn --output datasets benchmark two-moons --n-train 5", experiments=fake)
+
+
 def test_an_option_of_no_benchmark_keeps_argparse_message(capsys):
     fake = {"fake": _options_fake()}
     _exit_2(["--bogus", "benchmark", "fake"], capsys, "unrecognized arguments: --bogus", experiments=fake)
+    _exit_2(["--bogus", "datasets"], capsys, "unrecognized arguments: --bogus", experiments=fake)
+    _exit_2(["benchmark", "fake", "--bogus"], capsys, "unrecognized arguments: --bogus", experiments=fake)
+    # a global option after `datasets` is not a benchmark's: argparse's message, not "an option of `benchmark NAME`"
+    _exit_2(["datasets", "--data-dir", "DIR"], capsys, "unrecognized arguments: --data-dir DIR", experiments=fake)
 
 
 # --------------------------------------------------------------------------- --data-dir
@@ -463,10 +488,20 @@ def test_data_dir_is_refused_for_a_benchmark_that_reads_no_files(capsys, tmp_pat
             experiments=fake)
 
 
+@pytest.mark.parametrize("after", [["--data-dir", "DIR"], ["--data-dir=DIR", "--quick"], ["--data", "DIR"]])
+def test_data_dir_after_the_name_gets_the_same_message_as_before_it(capsys, tmp_path, after):
+    fake = {"fake": _options_fake()}
+    after = [a.replace("DIR", str(tmp_path)) for a in after]
+    before = _exit_2(["--data-dir", str(tmp_path), "benchmark", "fake"], capsys, experiments=fake)
+    line = _exit_2(["benchmark", "fake", *after], capsys, experiments=fake)
+    assert line == before and "--data-dir: benchmark fake reads no data from disk" in line
+
+
 def test_data_dir_is_refused_for_the_default_benchmark_and_a_registered_one(capsys, tmp_path):
     _exit_2(["--data-dir", str(tmp_path), "--quick"], capsys, "--data-dir: benchmark two-moons reads no data",
             experiments={"two-moons": _options_fake()})
     _exit_2(["--data-dir", str(tmp_path), "benchmark", "sgmcmc-uci"], capsys, "benchmark sgmcmc-uci reads no data")
+    _exit_2(["benchmark", "sgmcmc-uci", "--data-dir", str(tmp_path)], capsys, "benchmark sgmcmc-uci reads no data")
 
 
 def test_data_dir_reaches_a_benchmark_that_reads_files(tmp_path):
