@@ -52,9 +52,8 @@ from pyro.infer.autoguide.initialization import InitMessenger, init_to_median, i
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from torch import Tensor
 from torch.distributions.transforms import Transform
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from pyro_sdebnn.data.loaders import arguments, iter_model_batches, move_batch, rng_state, set_rng_state
+from pyro_sdebnn.data.loaders import arguments, move_batch, read_batch, rng_state, set_rng_state
 from pyro_sdebnn.infer.mcmc.diagnostics import (
     _RECENT,
     DivergenceCheck,
@@ -356,15 +355,15 @@ class _ModelOverLoader:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if args and is_data_loader(args[0]):
             with torch.random.fork_rng(devices=[]):  # a shuffling loader draws from torch's generator
-                batches = [tree_flatten(b) for b in iter_model_batches(in_dataset_order(args[0]), self.device,
-                                                                        self.dtype)]
+                batches = [read_batch(b, i)[:2] for i, b in enumerate(in_dataset_order(args[0]))]
             spec = batches[0][1]
-            if any(s != spec for _, s in batches):
-                raise ValueError("the loader's batches do not all have the same structure (tuple length, dict keys)")
-            whole, batch_kwargs = tree_unflatten([torch.cat(ts) for ts in zip(*(leaves for leaves, _ in batches))],
-                                                 spec)
-            args = tuple(whole) + args[1:]
-            kwargs = {**batch_kwargs, **kwargs}
+            for i, (_, s) in enumerate(batches):
+                if s != spec:  # BatchStream.next's message, for the sampler's own reading
+                    raise ValueError(f"batch {i} of the loader has another structure than its first batch (the "
+                                     f"model's arguments must be the same in every batch): {s} against {spec}")
+            whole, batch_kwargs = arguments([torch.cat([move_batch(t, self.device, self.dtype) for t in ts])
+                                             for ts in zip(*(leaves for leaves, _ in batches))], spec)
+            args, kwargs = whole + args[1:], {**batch_kwargs, **kwargs}
         return self.model(*args, **kwargs)
 
 
