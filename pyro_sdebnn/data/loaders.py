@@ -257,6 +257,14 @@ def _structure_error(args: tuple, kwargs: dict[str, Any], where: str, model: Cal
     )
 
 
+def check_same_structure(spec: Any, first: Any, batch_index: int) -> None:
+    """A batch of structure ``spec`` (:func:`read_batch`) must have the first batch's, ``first``: the model's
+    arguments are the same in every batch."""
+    if spec != first:
+        raise ValueError(f"batch {batch_index} of the loader has another structure than its first batch (the model's "
+                         f"arguments must be the same in every batch): {spec} against {first}")
+
+
 def arguments(leaves: Sequence, spec: Any) -> tuple[tuple, dict[str, Any]]:
     """The model's ``(args, kwargs)`` from the tensors ``leaves`` of a batch of structure ``spec`` (``read_batch``)."""
     if isinstance(spec, tuple):  # flat: (number of positional arguments, keys)

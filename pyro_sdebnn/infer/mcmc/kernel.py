@@ -53,7 +53,7 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from torch import Tensor
 from torch.distributions.transforms import Transform
 
-from pyro_sdebnn.data.loaders import arguments, move_batch, read_batch, rng_state, set_rng_state
+from pyro_sdebnn.data.loaders import arguments, check_same_structure, move_batch, read_batch, rng_state, set_rng_state
 from pyro_sdebnn.infer.mcmc.diagnostics import (
     _RECENT,
     DivergenceCheck,
@@ -358,9 +358,7 @@ class _ModelOverLoader:
                 batches = [read_batch(b, i)[:2] for i, b in enumerate(in_dataset_order(args[0]))]
             spec = batches[0][1]
             for i, (_, s) in enumerate(batches):
-                if s != spec:  # BatchStream.next's message, for the sampler's own reading
-                    raise ValueError(f"batch {i} of the loader has another structure than its first batch (the "
-                                     f"model's arguments must be the same in every batch): {s} against {spec}")
+                check_same_structure(s, spec, i)
             whole, batch_kwargs = arguments([torch.cat([move_batch(t, self.device, self.dtype) for t in ts])
                                              for ts in zip(*(leaves for leaves, _ in batches))], spec)
             args, kwargs = whole + args[1:], {**batch_kwargs, **kwargs}

@@ -52,6 +52,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from pyro_sdebnn.data.loaders import (
     arguments,
     check_finite_tensors,
+    check_same_structure,
     dataset_size,
     is_loader,
     leaf_names,
@@ -930,11 +931,8 @@ class BatchStream:
         check_finite_tensors(leaves, lambda: leaf_names(spec, len(leaves), self.model), batch_index=self.position)
         if first:
             self.spec, self.keys = spec, tuple(arguments(leaves, spec)[1])
-        elif spec != self.spec:
-            raise ValueError(
-                f"batch {self.position} of the loader has another structure than its first batch (the model's "
-                f"arguments must be the same in every batch): {spec} against {self.spec}"
-            )
+        else:
+            check_same_structure(spec, self.spec, self.position)
         self.position += 1
         return tuple(move_batch(t, self.device, self.dtype) for t in leaves)
 
