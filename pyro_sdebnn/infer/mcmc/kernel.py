@@ -639,6 +639,7 @@ class SGMCMCKernel(DivergenceCheck, MCMCKernel):
         self._reset_graphs()
         self._stream: Optional[BatchStream] = None
         self._pending_batch: Optional[tuple] = None  # the tensors of the loader's first batch, until a step takes them
+        self._unbatched: Optional[MinibatchPotential] = None  # a potential vmap cannot batch (_chains_gradient)
         self._first_batch_size = 0  # the batch dimension of the loader's first batch
         self._kwarg_tensors: tuple = ()
         self._resume: Optional[dict] = None
@@ -1013,9 +1014,12 @@ class SGMCMCKernel(DivergenceCheck, MCMCKernel):
         it is, chain by chain, the others as the graph traced from it (``vmap``-ed over the chains). ``precond`` is
         the update rule's diagonal preconditioner (ones until warm-up adapts the mass matrix)."""
         grad, value = self._gradient(state[0], idx, *extra)
+        return self._move(state, grad, step_size, precond), value
+
+    def _move(self, state: tuple, grad: Tensor, step_size: Tensor, precond: Optional[Tensor]) -> tuple:
+        """The update rule of one chain from its gradient, with fresh noise: the second half of :meth:`_step`."""
         noise = torch.randn_like(state[0])
-        new_state = self._update(noise, self._state_type(*state), grad, step_size, precond)
-        return tuple(new_state), value
+        return tuple(self._update(noise, self._state_type(*state), grad, step_size, precond))
 
     def _gradient(self, position: Tensor, idx: Optional[Tensor], *extra: Tensor) -> tuple[Tensor, Tensor]:
         """:math:`\\nabla \\tilde U` and :math:`\\tilde U` at ``position`` (the data-parallel kernels override this:
@@ -1071,7 +1075,7 @@ class SGMCMCKernel(DivergenceCheck, MCMCKernel):
         U = self.potential
         assert U is not None  # built by setup
         if (
-            self.vectorized_chains == 1 or self.backend_used == "eager" or getattr(self, "_unbatched", None) is U
+            self.vectorized_chains == 1 or self.backend_used == "eager" or self._unbatched is U
             or type(self)._gradient is not SGMCMCKernel._gradient
         ):
             return None
@@ -1108,11 +1112,8 @@ class SGMCMCKernel(DivergenceCheck, MCMCKernel):
             chains = self._chains_gradient(state[0], idx, *extra)
             if chains is not None:  # the gradients together; the noise and the update chain by chain, as below
                 grads, values = chains
-                outs = []
-                for k in range(self.vectorized_chains):
-                    chain = self._state_type(*(t[k] for t in state))
-                    noise = torch.randn_like(chain[0])
-                    outs.append((tuple(self._update(noise, chain, grads[k], step_size, self._precond)), values[k]))
+                outs = [(self._move(tuple(t[k] for t in state), grads[k], step_size, self._precond), values[k])
+                        for k in range(self.vectorized_chains)]
             else:
                 outs = [
                     self._step(
