@@ -189,10 +189,18 @@ def _known(parser: argparse.ArgumentParser, option: str) -> bool:
         known.startswith(option) for known in parser._option_string_actions)
 
 
-def _is_data_dir(parser: argparse.ArgumentParser, option: str) -> bool:
-    """Whether ``option`` is ``--data-dir`` for ``parser`` (or an abbreviation that argparse reads as it)."""
-    return option.startswith("--") and [known for known in parser._option_string_actions
-                                        if known.startswith(option)] == ["--data-dir"]
+def _data_option(parser: argparse.ArgumentParser, token: str) -> str | None:
+    """``"--data-dir"`` or ``"--download"`` when the command-line token ``token`` is that option of ``parser`` (or an
+    abbreviation that argparse reads as it; ``--data-dir=DIR`` included), else ``None``."""
+    option, has_value, _ = token.partition("=")
+    if not option.startswith("--"):
+        return None
+    known = [name for name in parser._option_string_actions if name.startswith(option)]
+    if option in parser._option_string_actions:
+        known = [option]
+    if known == ["--data-dir"] or (known == ["--download"] and not has_value):  # --download takes no value
+        return known[0]
+    return None
 
 
 def _sub_command_at(argv: Sequence[str], command: str, parser: argparse.ArgumentParser) -> int | None:
@@ -284,14 +292,15 @@ def _misplaced_options(argv: Sequence[str], parser: argparse.ArgumentParser, ben
 
 
 def _check_data_dir(parser: argparse.ArgumentParser, args: argparse.Namespace,
-                    benchmark: argparse.ArgumentParser | None = None, given: bool = False) -> None:
+                    benchmark: argparse.ArgumentParser | None = None, given: Sequence[str] = ()) -> None:
     """``--download`` needs a folder; ``--data-dir`` is refused for a benchmark (its sub-parser ``benchmark``) that
     reads no data from disk, since it would be ignored and the results would not be those of the user's data.
-    ``given``: ``--data-dir`` came after the name of such a benchmark (an argument its sub-parser left unparsed)."""
+    ``given``: which of ``--data-dir`` and ``--download`` came after the name of such a benchmark (arguments its
+    sub-parser left unparsed), so that they get the same message as before the name."""
     folder = next((getattr(args, key) for key in ("data_dir", "root", "mnist_root") if getattr(args, key, None)), None)
-    if getattr(args, "download", False) and folder is None:
+    if (getattr(args, "download", False) or "--download" in given) and folder is None and "--data-dir" not in given:
         parser.error("--download needs --data-dir DIR, the folder to download the torchvision files into")
-    if (benchmark is not None and (given or getattr(args, "data_dir", None) is not None)
+    if (benchmark is not None and ("--data-dir" in given or getattr(args, "data_dir", None) is not None)
             and "--data-dir" not in benchmark._option_string_actions):
         name = benchmark.prog.split()[-1]
         parser.error(f"--data-dir: benchmark {name} reads no data from disk (it uses generated or bundled data), so "
@@ -325,10 +334,11 @@ def _main(argv: Sequence[str] | None, experiments: Mapping[str, ModuleType] | No
         misplaced[0].error(misplaced[1])
     args, unparsed = parser.parse_known_args(argv)
     if unparsed:
-        if args.command == "benchmark" and args.benchmark is not None and any(
-                _is_data_dir(parser, token.split("=", 1)[0]) for token in unparsed):
-            # `benchmark two-moons --data-dir X`: the message of `--data-dir X benchmark two-moons`
-            _check_data_dir(bench, args, _benchmark_parser(bench, args.benchmark), given=True)
+        given = [option for option in (_data_option(parser, token) for token in unparsed) if option is not None]
+        if args.command == "benchmark" and args.benchmark is not None and given:
+            # `benchmark two-moons --data-dir X` / `--download`: the message of `--data-dir X benchmark two-moons`
+            # / `--download benchmark two-moons`
+            _check_data_dir(bench, args, _benchmark_parser(bench, args.benchmark), given=given)
         parser.error(f"unrecognized arguments: {' '.join(unparsed)}")  # as parse_args says it
     if args.command == "datasets":
         return _command("datasets")(args)

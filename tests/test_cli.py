@@ -7,6 +7,7 @@ import pytest
 
 from pyro_sdebnn._commands import resolve_device
 from pyro_sdebnn.cli import build_parser, main
+from pyro_sdebnn.experiments import REGISTRY
 
 
 def test_help_lists_commands(capsys):
@@ -502,6 +503,29 @@ def test_data_dir_is_refused_for_the_default_benchmark_and_a_registered_one(caps
             experiments={"two-moons": _options_fake()})
     _exit_2(["--data-dir", str(tmp_path), "benchmark", "sgmcmc-uci"], capsys, "benchmark sgmcmc-uci reads no data")
     _exit_2(["benchmark", "sgmcmc-uci", "--data-dir", str(tmp_path)], capsys, "benchmark sgmcmc-uci reads no data")
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_download_without_a_folder_gets_the_same_message_before_and_after_the_name(capsys, name):
+    # after the name of a benchmark that reads no files, --download is an argument its sub-parser leaves unparsed
+    # (argparse alone says "unrecognized arguments: --download"); the image benchmarks parse it themselves
+    before = _exit_2(["--download", "benchmark", name], capsys, "--download needs --data-dir DIR")
+    assert _exit_2(["benchmark", name, "--download"], capsys) == before
+    assert _exit_2(["benchmark", "--download", name], capsys) == before
+
+
+@pytest.mark.parametrize("after, before, words", [
+    (["--do"], ["--download"], "--download needs --data-dir DIR"),  # an abbreviation argparse reads as --download
+    (["--download", "--quick"], ["--download"], "--download needs --data-dir DIR"),
+    # with a folder, the message is that the benchmark reads no folder, not that --download needs one
+    (["--download", "--data-dir", "DIR"], ["--download", "--data-dir", "DIR"], "--data-dir: benchmark fake reads no"),
+    (["--data-dir=DIR", "--download"], ["--data-dir=DIR", "--download"], "--data-dir: benchmark fake reads no"),
+])
+def test_download_after_the_name_of_a_benchmark_that_reads_no_files(capsys, tmp_path, after, before, words):
+    fake = {"fake": _options_fake()}
+    after, before = ([a.replace("DIR", str(tmp_path)) for a in argv] for argv in (after, before))
+    expected = _exit_2([*before, "benchmark", "fake"], capsys, words, experiments=fake)
+    assert _exit_2(["benchmark", "fake", *after], capsys, experiments=fake) == expected
 
 
 def test_data_dir_reaches_a_benchmark_that_reads_files(tmp_path):
