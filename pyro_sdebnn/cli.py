@@ -10,46 +10,24 @@
     pyro-sdebnn --quick                       # the main job (the default benchmark) in quick mode
     pyro-sdebnn --data-dir DIR benchmark sdebnn-mnist --dataset cifar10   # full torchvision data from DIR
 
-Several processes (``torchrun``, see :mod:`pyro_sdebnn.distributed`)::
+The common options may also be given after the sub-command. A benchmark's own options (``pyro-sdebnn benchmark NAME
+--help`` lists them) go after its ``NAME``; one given before it is a usage error that shows the command line with it
+in its place. Without a sub-command the main job runs: ``benchmark two-moons`` when that experiment is installed.
+``--data-dir DIR`` points the image benchmarks at the torchvision files in ``DIR`` (nothing is downloaded unless
+``--download`` is given); the benchmarks that read no data files refuse it. Under ``torchrun``, ``--distributed``
+runs one replicate of the benchmark per rank (:mod:`pyro_sdebnn.distributed`).
 
-    torchrun --standalone --nproc_per_node=4 -m pyro_sdebnn --distributed benchmark two-moons --quick
-
-runs the benchmark once per rank, with seed ``--seed + rank`` (and GPU ``LOCAL_RANK`` with ``--device cuda``): four
-replicates in the time of one. Rank 0 writes the outputs: its own run's under ``--output``, and the files of rank
-``r`` (gathered to it, its ``summary.json`` included) under ``OUTPUT/rank<r>/``. The experiments themselves are not
-data-parallel; ``--dist-timeout`` (default one day) bounds how long rank 0 waits for the slowest rank.
-
-The common options may also be given after the sub-command (after ``benchmark`` or after its ``NAME``). A
-benchmark's own options (``pyro-sdebnn benchmark NAME --help`` lists them) go after its ``NAME``; one given before
-it is a usage error that names it and shows the command line with it in its place, e.g. ``pyro-sdebnn --n-train 50
-benchmark two-moons`` says ``--n-train is an option of `benchmark two-moons` ... as in: pyro-sdebnn benchmark
-two-moons --n-train 50``; one given to ``datasets`` is refused the same way. Without a sub-command the main job
-runs: ``benchmark two-moons`` when that experiment is installed.
-
-``--data-dir DIR`` (before the sub-command, or after an image benchmark's name) points the image
-benchmarks (``sdebnn-mnist``, ``mnvi-mnist``) at the torchvision files of MNIST, Fashion-MNIST or
-CIFAR-10 in ``DIR``; they then train through a :class:`~torch.utils.data.DataLoader` on the full data
-set. Nothing is downloaded unless ``--download`` is given; without ``--data-dir`` they use the small
-bundled subsets. The other benchmarks generate their data or use bundled data: ``--data-dir`` with one of them
-(before or after its name) is a usage error (exit 2), not a folder silently ignored.
-
-The benchmarks are those of :data:`pyro_sdebnn.experiments.REGISTRY` (one line each) and the sub-commands' work is
-that of ``COMMANDS`` (``pyro_sdebnn._commands``); each is imported by name only when it runs, so ``--version`` and
+The benchmarks are those of :data:`pyro_sdebnn.experiments.REGISTRY` and the sub-commands' work is that of
+``COMMANDS`` (``pyro_sdebnn._commands``); each is imported by name only when it runs, so ``--version`` and
 ``--help`` import no torch and start at once.
 
-Errors the user can fix end the program with a one-line message and exit status 2: an unknown
-command, benchmark or option, a benchmark option before the benchmark's name or with ``datasets``, ``--data-dir`` for a
-benchmark that reads no data files, or a value an option does not allow (argparse: every numeric option has a
-``type=`` check, e.g. ``argument --n-train: expected an integer >= 1, got '0'``), ``benchmark`` without a name,
-``--download`` without ``--data-dir``, an ``--output`` that is a file or cannot be written, an unavailable
-``--device``, a data file that is missing (``FileNotFoundError`` from the loaders) and a ``ValueError`` whose
-message starts with the option it rejects (the experiments' convention, e.g. ``--epochs must be positive``).
-Every other exception is a bug and propagates with its traceback.
+Errors the user can fix (an unknown or misplaced option, a value an option does not allow, a missing data file, an
+``--output`` that cannot be written, ...) end the program with a one-line message naming the option and exit status
+2; every other exception is a bug and propagates with its traceback. Ctrl-C keeps what is finished: every benchmark
+writes its table as each method finishes, and an interrupted run exits with status 130.
 
-Ctrl-C (SIGINT) does not throw the run away: every benchmark writes its table (and the files of each finished
-method) as each method finishes; on an interrupt it writes what is finished, the command line adds a line saying
-so to ``OUTPUT/README.md``, prints the finished part and exits with status 130. Ctrl-C before the benchmark runs
-(while torch and the benchmark's module are imported) prints one line and exits with status 130 as well.
+The full reference -- where each option goes, data folders, several processes, every usage error, Ctrl-C -- is the
+page :doc:`/cli` of the documentation.
 """
 
 from __future__ import annotations
