@@ -20,15 +20,11 @@ Temperature scaling (Guo et al. [1]) divides the predictive log-probabilities by
 :math:`T` fitted on the validation set (:func:`pyro_sdebnn.metrics.fit_temperature`),
 :math:`p_T \\propto \\bar p^{1/T}` -- for a single network exactly logit temperature scaling.
 
-Outputs in ``--output``: ``two_moons_table.md`` / ``.csv`` (rewritten as each method finishes),
-``reliability.png`` (a panel per method family, as listed in ``FAMILIES``), ``heatmaps.png`` (predictive mean and
-standard deviation of :math:`p(y=1|x)` over the posterior samples, a grid of methods; the standard deviations on
-one colour scale), ``uncertainty_decomposition.png`` (total / aleatoric / epistemic entropy for the deep
-ensemble), the SG-MCMC chain diagnostics in function space (``sgmcmc_ess.md`` / ``.csv`` with ESS per second,
-``sgmcmc_trace.png`` and ``sgmcmc_autocorr.png`` of the class-1 probability at a few test points, SGLD vs SGHMC),
-and ``README.md`` describing the run. Methods that are not available in this installation are listed as "not
-implemented" with the reason, never dropped. After Ctrl-C the files hold the methods finished so far (the others
-"not run: interrupted").
+Outputs in ``--output``: the table ``two_moons_table.md`` / ``.csv`` (rewritten as each method finishes),
+reliability diagrams (a panel per method family of ``FAMILIES``), predictive heat maps, the deep ensemble's
+uncertainty decomposition, the SG-MCMC chain diagnostics in function space and a ``README.md`` describing the run
+(every file is listed on the page :doc:`/choosing_a_method`). A method not available in this installation is listed as "not implemented" with the
+reason, never dropped; after Ctrl-C the files hold the methods finished so far.
 
 Methods are adapters in :data:`ADAPTERS`: a function ``(data, settings) -> predict`` that trains the
 method and returns a function mapping inputs to a
