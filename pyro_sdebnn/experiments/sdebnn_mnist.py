@@ -1,10 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """SDE-BNN vs ODE-Net, mean-field ODE-Net and ResNet (± mean-field VI) on image classification.
 
-Table 1 of Xu et al. [1] at a laptop budget, over ``--seeds`` seeds (mean ± standard error), with training
-curves. All methods share one continuous-depth conv net (:class:`~pyro_sdebnn.nn.SDEBNN`'s conv field: strided
-conv down, tanh, transposed conv up, time as a channel; linear head), the same optimisation steps, batches and
-learning rate:
+Table 1 of Xu et al. [1] at a laptop budget, over ``--seeds`` seeds (mean ± standard error), with training curves.
+All methods share one continuous-depth conv net (:class:`~pyro_sdebnn.nn.SDEBNN`'s conv field, linear head), the
+same optimisation steps, batches and learning rate:
 
 - ``sdebnn`` / ``sdebnn-stl``: OU prior path over the field's weights, neural-SDE guide,
   :class:`~pyro_sdebnn.infer.TracePathKL_ELBO` with the ``analytic`` / ``stl`` estimator and KL coefficient
@@ -15,35 +14,17 @@ learning rate:
       -\\mathrm{ELBO}_\\kappa = -\\frac{N}{b}\\sum_{i \\in \\text{batch}} \\log p(y_i \\mid x_i, w_\\cdot)
       + \\kappa\\,\\widehat{\\mathrm{KL}}(q\\|p);
 
-  with ``--adjoint`` they are trained by :meth:`~pyro_sdebnn.nn.SDEBNN.fused_loss` with ``adjoint=True``
-  (torchsde's stochastic adjoint [3]; memory flat in the number of steps) and ``torch.optim.Adam``;
-- ``odenet``: :class:`~pyro_sdebnn.nn.ODENet`, constant deterministic weights (σ → 0), cross-entropy
-  (:meth:`~pyro_sdebnn.nn.ODENet.nll`), Adam;
-- ``mf-odenet``: the same net's :meth:`~pyro_sdebnn.nn.ODENet.model` (N(0, 1) prior on the constant
-  weights) with Pyro ``AutoNormal`` + ``TraceMeanField_ELBO``;
-- ``resnet`` / ``mf-resnet``: :class:`~pyro_sdebnn.nn.ResNet`, K = round(1 / dt) independent weight
-  vectors, one per Euler step (a discrete ResNet with K residual blocks), deterministic or mean-field VI.
+- ``odenet`` / ``mf-odenet``: :class:`~pyro_sdebnn.nn.ODENet`, constant weights (σ → 0), deterministic or
+  mean-field VI;
+- ``resnet`` / ``mf-resnet``: :class:`~pyro_sdebnn.nn.ResNet`, one weight vector per Euler step (a discrete ResNet),
+  deterministic or mean-field VI.
 
-Defaults follow the paper [1] and the authors' released code [4] where the paper is silent: posterior drift
-MLP of widths 2, 128, 2 (``--drift-width``: a D → 2 bottleneck, one hidden layer of 128, 2 → D; [1], Sec. 5),
-Euler–Maruyama on a fixed grid of dt = 0.05 (20 steps; the code's ``nsteps=20``), Adam at lr 1e-3 (the paper's
-range [1e-4, 1e-3]), σ = 0.1 (from the paper's {0.1, 0.2, 0.5}), KL coefficient κ = 1e-3 (the code's
-``kl_coef / train_size`` on the mean cross-entropy), no state augmentation, no data augmentation on MNIST and
-random crops and flips on CIFAR-10 (``augmentation``).
-
-Reported: test accuracy, ECE (10 bins, Guo et al. [2]), NLL, training time, per seed and as mean ± s.e., and the
-training curves (per-example training loss and test accuracy / NLL every ``--eval-every`` steps, or every epoch
-with ``--data-dir``) in ``sdebnn_mnist_curves.csv`` / ``.png``; the table's last column is the test-accuracy gain
-over the last third of training (≈ 0 once a method has converged). The claim checked is that of [1]: SDE-BNN at
-least as accurate as ODE-Net with lower ECE. A second part times the first seed's trained SDE-BNN's prediction
-with fixed-step and adaptive solvers ([1], Fig. 6: tolerance vs accuracy/time).
-
-Data: ``mnist_subset`` (default), ``digits`` (``--quick``), or, with ``--data-dir DIR``, the full
-``mnist``, ``fashion_mnist`` or ``cifar10`` from the torchvision files in ``DIR``. ``--downsample F`` average-pools
-the bundled images by F (a cheaper CPU run). The full data sets are read through a
-:class:`~torch.utils.data.DataLoader` (one batch on the device at a time;
-:func:`~pyro_sdebnn.infer.svi_training.train_svi` for the Bayesian methods), for ``--epochs`` epochs
-(default: enough epochs to make ``--steps`` steps); nothing is downloaded unless ``--download`` is given.
+Defaults follow [1] and the authors' released code [4] where the paper is silent: Euler–Maruyama at dt = 0.05,
+Adam at lr 1e-3, σ = 0.1, κ = 1e-3. Reported: test accuracy, ECE (Guo et al. [2]), NLL, training time and the
+training curves. The claim checked is that of [1]: SDE-BNN at least as accurate as ODE-Net, with lower ECE. Data:
+the bundled MNIST subset, or with ``--data-dir DIR`` the full MNIST, Fashion-MNIST or CIFAR-10 through a
+:class:`~torch.utils.data.DataLoader`. ``--adjoint`` trains the SDE-BNN through torchsde's stochastic adjoint [3].
+The settings in full, the options and the output files are on the page :doc:`/methods/sdebnn`.
 
 **References**
 

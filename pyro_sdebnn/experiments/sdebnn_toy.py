@@ -4,39 +4,26 @@
 What it does (Xu et al. 2022 [1], Figs. 1, 3, 4 and 10; Xu et al. 2020 [2], Sec. 4):
 
 1. trains ``SDEBNN(in_dim=1, augment=2)`` with :class:`~pyro_sdebnn.infer.NeuralSDEGuide` and
-   :class:`~pyro_sdebnn.infer.TracePathKL_ELBO` on ``toy_regression_1d`` in the workshop paper's settings [2]:
-   the hidden field and the posterior drift of the same family (64-wide swish MLPs: the field
-   :math:`W_2\\,\\mathrm{swish}(W_1[h; t])`, the drift two hidden layers of 64), Euler–Maruyama at
-   dt = 0.01, ``--num-particles`` = 100 weight paths per step, Adam at lr 1e-3, σ = 0.5 (its non-monotonic
-   problem);
-2. reports test RMSE, test log-likelihood and 90 % interval coverage (on the held-out grid inside
-   the training range and on the whole grid [-3, 3] including extrapolation);
-3. plots the predictive mean with 50/90 % bands and sample functions (``toy_predictive.png``) and
-   posterior vs prior weight-path samples (``toy_weight_paths.png``);
-4. the variance of the single-path gradient of the negative ELBO with respect to the drift-net parameters φ,
-   per parameter and averaged over them ([1], Figs. 4 and 10),
+   :class:`~pyro_sdebnn.infer.TracePathKL_ELBO` on ``toy_regression_1d`` in the workshop paper's settings [2]
+   (64-wide swish field and drift, Euler–Maruyama at dt = 0.01, 100 weight paths per step, σ = 0.5);
+2. reports test RMSE, test log-likelihood and 90 % interval coverage, inside the training range and on [-3, 3];
+3. plots the predictive mean with 50/90 % bands and sample functions, and posterior vs prior weight paths;
+4. measures the variance of the single-path gradient of the negative ELBO with respect to the drift-net
+   parameters φ, averaged over them ([1], Figs. 4 and 10),
 
    .. math::
 
        \\bar V = \\frac1P \\sum_{j=1}^P
        \\mathrm{Var}_\\varepsilon\\big[\\partial_{\\phi_j} (-\\widehat{\\mathrm{ELBO}})\\big],
 
-   for ``stl``, ``analytic`` and ``full_mc`` on the same ``--grad-samples`` Brownian paths (common random
-   numbers: the three estimators differ only in their KL terms, so their comparison is paired), in two places:
+   for ``stl``, ``analytic`` and ``full_mc`` on the same Brownian paths (common random numbers), during training
+   on the OU end-point problem (:class:`EndpointPathProblem`) and on the trained regression SDE-BNN.
 
-   - during training (``toy_grad_variance.png``) on a problem whose posterior a neural SDE can reach, so that
-     "near the optimum" is measurable: the OU end-point problem (a D = 2 weight path, σ = 0.8, observed at
-     depth 1 with noise 0.3; :class:`EndpointPathProblem`), whose exact posterior is an SDE with a drift linear
-     in w and whose evidence is known, guided by the same 2×64 swish drift net and trained with STL. The
-     ELBO gap (log evidence − ELBO) says how close q is; as it closes, the STL variance falls towards zero
-     (Roeder et al. [4]; at q = posterior the STL gradient is zero on every path, up to the O(dt) Euler
-     error) while analytic and full Monte Carlo keep theirs. (The authors' own check [3] uses a path observed
-     at ten depths of a cosine instead, which needs a long training run to be approached.)
-   - on the trained regression SDE-BNN (its last posterior). There the gradient's variance is that of the
-     likelihood's reparameterisation noise (N = 100 points through the net), which the three estimators
-     share; a neural-SDE posterior over all the field's weights does not reach the exact posterior, so the
-     STL term has nothing to cancel and STL ≈ analytic. STL's advantage is a property of the limit
-     q → posterior, which is not reached there.
+Why two problems: STL's advantage (Roeder et al. [3]) is a property of the limit q → posterior, where the STL
+gradient is zero on every path (up to the O(dt) Euler error) while analytic and full Monte Carlo keep their
+variance. The end-point problem's exact posterior is an SDE a neural SDE can reach, and its known evidence
+measures how close q is (the ELBO gap); the regression SDE-BNN does not reach its exact posterior, so there STL ≈
+analytic. The settings in full, the options and the output files are on the page :doc:`/methods/sdebnn`.
 
 **References**
 
@@ -44,9 +31,7 @@ What it does (Xu et al. 2022 [1], Figs. 1, 3, 4 and 10; Xu et al. 2020 [2], Sec.
    Stochastic Differential Equations. AISTATS 2022, PMLR 151. arXiv:2102.06559.
 2. W. Xu, R. T. Q. Chen, X. Li, D. Duvenaud (2020). Continuous-Depth Bayesian Neural Networks.
    ICML 2020 Workshop on Uncertainty and Robustness in Deep Learning.
-3. W. Xu, R. T. Q. Chen, X. Li, D. Duvenaud (2022). Code of [1], ``examples/grad_check/stl.py``,
-   https://github.com/xwinxu/bayeSDE.
-4. G. Roeder, Y. Wu, D. Duvenaud (2017). Sticking the Landing: Simple, Lower-Variance Gradient Estimators
+3. G. Roeder, Y. Wu, D. Duvenaud (2017). Sticking the Landing: Simple, Lower-Variance Gradient Estimators
    for Variational Inference. NeurIPS 2017. arXiv:1703.09194.
 """
 
