@@ -30,8 +30,8 @@ bands), ``fsgmcmc_gap.md`` / ``.csv``.
 
 1. M. Wu, J. Xuan, J. Lu (2024). Functional Stochastic Gradient MCMC for Bayesian Neural Networks.
    arXiv:2409.16632.
-2. M. Welling, Y. W. Teh (2011). Bayesian Learning via Stochastic Gradient Langevin Dynamics. ICML 2011.
-3. T. Chen, E. B. Fox, C. Guestrin (2014). Stochastic Gradient Hamiltonian Monte Carlo. ICML 2014.
+2. Max Welling, Yee Whye Teh (2011). Bayesian Learning via Stochastic Gradient Langevin Dynamics. ICML 2011.
+3. Tianqi Chen, Emily B. Fox, Carlos Guestrin (2014). Stochastic Gradient Hamiltonian Monte Carlo. ICML 2014.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ MNIST"). ``--quick`` is a smoke test, not a result.
    in Deep Learning. ICML 2016.
 3. Y. LeCun, L. Bottou, Y. Bengio, P. Haffner (1998). Gradient-Based Learning Applied to Document
    Recognition. Proceedings of the IEEE 86(11).
-4. C. Guo, G. Pleiss, Y. Sun, K. Q. Weinberger (2017). On Calibration of Modern Neural Networks. ICML 2017.
+4. Chuan Guo, Geoff Pleiss, Yu Sun, Kilian Q. Weinberger (2017). On Calibration of Modern Neural Networks. ICML 2017.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ The rest of the schedule, the options, the outputs and the published figures are
    in Deep Learning. ICML 2016.
 3. B. Lakshminarayanan, A. Pritzel, C. Blundell (2017). Simple and Scalable Predictive Uncertainty
    Estimation using Deep Ensembles. NeurIPS 2017.
-4. F. Wenzel et al. (2020). How Good is the Bayes Posterior in Deep Neural Networks Really? ICML 2020.
+4. Florian Wenzel et al. (2020). How Good is the Bayes Posterior in Deep Neural Networks Really? ICML 2020.
 5. D. Harrison, D. L. Rubinfeld (1978). Hedonic Housing Prices and the Demand for Clean Air.
    Journal of Environmental Economics and Management 5(1).
 6. J. M. Hernández-Lobato, R. P. Adams (2015). Probabilistic Backpropagation for Scalable Learning of

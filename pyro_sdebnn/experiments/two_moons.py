@@ -32,10 +32,10 @@ method and returns a function mapping inputs to a
 
 **References**
 
-1. C. Guo, G. Pleiss, Y. Sun, K. Q. Weinberger (2017). On Calibration of Modern Neural Networks. ICML 2017.
+1. Chuan Guo, Geoff Pleiss, Yu Sun, Kilian Q. Weinberger (2017). On Calibration of Modern Neural Networks. ICML 2017.
 2. M. P. Naeini, G. F. Cooper, M. Hauskrecht (2015). Obtaining Well Calibrated Probabilities Using Bayesian
    Binning. AAAI 2015.
-3. G. W. Brier (1950). Verification of Forecasts Expressed in Terms of Probability. Monthly Weather Review 78(1).
+3. Glenn W. Brier (1950). Verification of Forecasts Expressed in Terms of Probability. Monthly Weather Review 78(1).
 """
 
 from __future__ import annotations
