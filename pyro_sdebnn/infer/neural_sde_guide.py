@@ -316,9 +316,9 @@ class NeuralSDEGuide(ParamStoreModule, AutoGuide):
         if not callable(model):
             raise TypeError(f"NeuralSDEGuide: model must be a Pyro model (a callable) or a module with a model method, "
                             f"got {type(model).__name__}")
-        for name, value in (("drift_hidden", drift_hidden), ("drift_layers", drift_layers)):
+        for arg, value in (("drift_hidden", drift_hidden), ("drift_layers", drift_layers)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"NeuralSDEGuide: {name} must be a positive int, got {value!r}")
+                raise ValueError(f"NeuralSDEGuide: {arg} must be a positive int, got {value!r}")
         if bottleneck is not None and (isinstance(bottleneck, bool) or not isinstance(bottleneck, int)
                                        or bottleneck < 1):
             raise ValueError(f"NeuralSDEGuide: bottleneck must be a positive int or None, got {bottleneck!r}")
