@@ -114,7 +114,8 @@ class SamplingFreeBNN(nn.Module):
         the same name would train the first's parameters. Its model or guide raises a ``ValueError`` naming
         ``name=`` instead when another live ``SamplingFreeBNN`` holds the store's tensors. Tensors of the store that
         no live module holds (a store restored with ``pyro.get_param_store().load(path)``) are adopted by the network
-        (``pyro.module(name, net, update_module_params=True)``), as :class:`~pyro_sdebnn.nn.SDEBNN` does.
+        (``pyro.module(name, net, update_module_params=True)``) in ``model``, ``guide`` and ``predict``, as
+        :class:`~pyro_sdebnn.nn.SDEBNN` does.
 
     >>> from pyro_sdebnn.infer import SamplingFreeBNN
     >>> from pyro_sdebnn.nn.mnvi import MNLinear, MNReLU, MNSequential
@@ -202,9 +203,11 @@ class SamplingFreeBNN(nn.Module):
             return Normal(out[:, 0], torch.exp(0.5 * out[:, 1]))
         return Categorical(logits=out)
 
-    def _register_net(self) -> None:
-        """``pyro.module(name, net)``, adopting tensors of the store that no live module holds (a loaded fit);
-        ``ValueError`` if another live module holds them (a network of the same ``name``)."""
+    def _register_net(self, *, only_to_adopt: bool = False) -> None:
+        """``pyro.module(name, net)``, adopting the tensors of the store that no live module holds (a loaded fit);
+        ``ValueError`` if another live module holds them (a network of the same ``name``) or their shapes differ.
+        ``only_to_adopt``: nothing is registered unless a tensor is adopted (``predict``: reading leaves the store as
+        it is)."""
         register_module(self)
         store, adopt = pyro.get_param_store()._params, False
         for param_name, param in self.net.named_parameters():
@@ -213,7 +216,8 @@ class SamplingFreeBNN(nn.Module):
             if stored is not None and stored is not param:
                 check_not_shared(fullname, stored, param, self, self.name)
                 adopt = True
-        pyro.module(self.name, self.net, update_module_params=adopt)
+        if adopt or not only_to_adopt:
+            pyro.module(self.name, self.net, update_module_params=adopt)
 
     def model(self, x: Tensor, y: Tensor | None = None) -> Tensor:
         """Pyro model: weight priors, then the likelihood of the minibatch ``(x, y)``.
@@ -295,6 +299,7 @@ class SamplingFreeBNN(nn.Module):
             raise ValueError(f"predictive must be one of {_PREDICTIVES}, got {predictive!r}")
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
+        self._register_net(only_to_adopt=True)  # e.g. after pyro.get_param_store().load(path) in a new process
         if not isinstance(x, Tensor) and is_loader(x):
             batches = itertools.count()  # the index of the batch being predicted, for the error message
             return stream_predict(lambda xb: self._predict(xb, predictive, num_samples, next(batches)), x,

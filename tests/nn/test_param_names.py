@@ -236,3 +236,24 @@ def test_sgld_over_two_named_networks():
     with pytest.raises(ValueError, match=SAME_NAME.format(kind="SDEBNN")):
         MCMC(SGLD(same.model, step_size=1e-4, subsample_size=4), num_samples=2, warmup_steps=1,
              disable_progbar=True).run(x, y)
+
+
+def test_sampling_free_bnn_follows_a_loaded_param_store(tmp_path):
+    x, y = _data()
+    bnn = _bnn("a")
+    bnn.fit(x, y, num_epochs=2, batch_size=4)
+    expected = bnn.predict(x).loc
+    pyro.get_param_store().save(tmp_path / "store.pt")
+    pyro.clear_param_store()
+    torch.manual_seed(11)  # other initial weights: only the store can restore the fit
+    fresh = _bnn("a")
+    assert not torch.allclose(fresh.predict(x).loc, expected)
+    assert len(pyro.get_param_store()) == 0  # predict reads the store, it adds nothing to it
+    pyro.get_param_store().load(tmp_path / "store.pt")
+    torch.testing.assert_close(fresh.predict(x).loc, expected, rtol=0, atol=0)
+    # and SVI trains the tensors the network computes with (before: its own, while the optimiser saw the store's)
+    before = _values(fresh)
+    SVI(fresh.model, fresh.guide, Adam({"lr": 0.05}), SamplingFree_ELBO()).step(x, y)
+    assert not any(torch.equal(v, p) for v, p in zip(before, _values(fresh)))
+    store = pyro.get_param_store()
+    assert all(store[f"a$$${name}"] is p for name, p in fresh.net.named_parameters())
