@@ -30,6 +30,7 @@ shape or dtype (another model's parameters, e.g. a param store loaded from anoth
 
 from __future__ import annotations
 
+import functools
 import gc
 import weakref
 from typing import Any
@@ -58,7 +59,7 @@ def register_module(module: nn.Module) -> None:
     key = id(module)
     ref = _LIVE.get(key)
     if ref is None or ref() is not module:
-        _LIVE[key] = weakref.ref(module, lambda r, key=key: _forget(key, r))
+        _LIVE[key] = weakref.ref(module, functools.partial(_forget, key))
 
 
 def _holder(tensor: torch.Tensor, reader: nn.Module) -> nn.Module | None:

@@ -15,7 +15,7 @@ from pyro.optim import Adam
 
 from pyro_sdebnn.infer import NeuralSDEGuide, SamplingFree_ELBO, SamplingFreeBNN, TracePathKL_ELBO, train_svi
 from pyro_sdebnn.infer.mcmc import SGLD
-from pyro_sdebnn.nn import SDEBNN, MultiScaleSDEBNN, ODENet, ResNet
+from pyro_sdebnn.nn import SDEBNN, MultiScaleSDEBNN, ODENet, ResNet, _param_store
 from pyro_sdebnn.nn.mnvi import MNLinear, MNReLU, MNSequential
 
 SAME_NAME = r"another live {kind} of the same name.*{kind}\(\.\.\., name='a'\)"
@@ -147,11 +147,14 @@ def test_a_network_built_after_another_of_its_name_was_deleted_starts_from_its_f
     _fit(a, guide)
     fitted = a.w0.detach().clone()
     a.cycle = [a]
+    key = id(a)
+    assert _param_store._LIVE[key]() is a
     del a, guide
     b = _net("a")
     assert not torch.equal(b.w0, fitted)
     b.model(*_data())
     assert torch.equal(b.w0, fitted) and pyro.get_param_store()["a.w0"] is b.w0
+    assert key not in _param_store._LIVE or _param_store._LIVE[key]() is b  # the record of a went with it
 
 
 def test_a_store_of_another_model_raises(tmp_path):
