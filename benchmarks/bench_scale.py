@@ -182,6 +182,7 @@ def mnvi_workload(n: int, device):
     from pyro_sdebnn.infer import SamplingFreeBNN
     from pyro_sdebnn.nn.mnvi import to_mnvi
 
+    pyro.clear_param_store()  # an independent fit: no parameters left under the same names by an earlier one
     loader = make_loader(n)
     bnn = SamplingFreeBNN(to_mnvi(lenet(device=device)), "categorical", num_data=n, prior_scale=1e-3**0.5)
     det = lenet(device=device)
@@ -203,6 +204,7 @@ def sdebnn_workload(n: int, device):
     from pyro_sdebnn.infer import NeuralSDEGuide, TracePathKL_ELBO, train_svi
     from pyro_sdebnn.nn import SDEBNN
 
+    pyro.clear_param_store()  # an independent fit: no parameters left under the same names by an earlier one
     loader = make_loader(n)
     net = SDEBNN((1, 28, 28), 10, hidden=16, augment=1, sigma=0.1, dt=0.2, likelihood="categorical").to(device)
     guide = NeuralSDEGuide(net, drift_hidden=128, bottleneck=2)

@@ -32,6 +32,7 @@ def gap(dt: float, seed: int, estimator: str) -> float:
     torch.manual_seed(1000 + seed)
     x = torch.linspace(-1, 1, 8, dtype=torch.float64).unsqueeze(-1)
     y = (torch.sin(3 * x) + 0.1 * torch.randn_like(x)).squeeze(-1)
+    pyro.clear_param_store()  # an independent fit: no parameters left under the same names by an earlier one
     net = SDEBNN(1, 1, hidden=4, augment=1, dt=dt).double()
     guide = NeuralSDEGuide(net, drift_hidden=4)
     guide(x, y)

@@ -312,6 +312,7 @@ def _svi_steps(device: torch.device, batch: int):
     g = torch.Generator().manual_seed(0)
     x = torch.rand(batch, 1, 28, 28, generator=g).to(device)
     y = torch.randint(0, 10, (batch,), generator=g).to(device)
+    pyro.clear_param_store()  # an independent fit: no parameters left under the same names by an earlier one
     net = SDEBNN((1, 28, 28), 10, hidden=16, augment=1, sigma=0.1, dt=0.2, likelihood="categorical").to(device)
     guide = NeuralSDEGuide(net, drift_hidden=128, bottleneck=2)
     sde_svi = SVI(net.model, guide, pyro.optim.Adam({"lr": 1e-3}), TracePathKL_ELBO(estimator="stl"))
@@ -535,6 +536,7 @@ def sdebnn_cifar10_workload(n: int, device: torch.device):
     data = TensorDataset(torch.rand(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g))
     loader = DataLoader(data, batch_size=_bench("bench_scale").BATCH, shuffle=True,
                         generator=torch.Generator().manual_seed(0))
+    pyro.clear_param_store()  # an independent fit: no parameters left under the same names by an earlier one
     net = SDEBNN((3, 32, 32), 10, hidden=16, augment=1, sigma=0.1, dt=0.2, likelihood="categorical").to(device)
     guide = NeuralSDEGuide(net, drift_hidden=128, bottleneck=2)
     svi = SVI(net.model, guide, pyro.optim.Adam({"lr": 1e-3}), TracePathKL_ELBO(estimator="stl"))

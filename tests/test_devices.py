@@ -142,7 +142,7 @@ def test_training_steps_make_no_tensor_from_a_python_number():
     bnn = SamplingFreeBNN(to_mnvi(make_mlp([2, 4, 2])), "normal", num_data=8)
     mnvi = SVI(bnn.model, bnn.guide, pyro.optim.Adam({"lr": 1e-3}), SamplingFree_ELBO())
     mlp = BayesianMLP([2, 4, 1], noise_scale=None)
-    studentt = SDEBNN(in_dim=2, out_dim=1, hidden=4, dt=0.5, likelihood="studentt")
+    studentt = SDEBNN(in_dim=2, out_dim=1, hidden=4, dt=0.5, likelihood="studentt", name="studentt")  # a second net
     sde.step(x, y), mnvi.step(x, y)  # parameters created outside the recorded steps
     mode = _TensorsFromPython()
     with mode:

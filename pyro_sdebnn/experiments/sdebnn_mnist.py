@@ -317,6 +317,9 @@ def _run(args: argparse.Namespace) -> dict:
         net, guide = trained[name]
         count = 50 if args.quick else 200
         first = ImageLoaders(args, args.dataset, root, args.batch_size) if root is not None else _load(args, first_seed)
+        # the store holds the parameters of the method run last, under the same names ("head$$$weight", ...): the kept
+        # network and guide predict with their own fit, not with that run's tensors
+        pyro.clear_param_store()
         tol_rows = _solver_tolerance(args, net, guide, *first.first_test_images(count))
         lines += ["", f"Solver at test time ({name}, seed {first_seed}, {count} test images, 4 samples):", "",
                   *common.markdown_table(("solver", "seconds", "accuracy", "ECE"), [

@@ -56,6 +56,7 @@ from pyro.distributions.torch_distribution import TorchDistribution, TorchDistri
 from pyro.infer import SVI, ELBO
 from pyro.infer.util import is_validation_enabled
 from pyro.optim import PyroOptim
+from pyro.params.param_store import param_with_module_name
 from torch import Tensor, nn
 from torch.distributions import Distribution, kl_divergence
 
@@ -68,6 +69,7 @@ from pyro_sdebnn.data.loaders import (
     move_batch,
 )
 from pyro_sdebnn.infer.sampling_free_elbo import SamplingFree_ELBO
+from pyro_sdebnn.nn._param_store import check_name, check_not_shared, register_module
 from pyro_sdebnn.infer.svi_training import train_svi
 from pyro_sdebnn.nn._streaming import stream_predict
 from pyro_sdebnn.nn.mnvi.handlers import is_sampling_free
@@ -106,7 +108,14 @@ class SamplingFreeBNN(nn.Module):
     :param float prior_scale: prior standard deviation :math:`\sigma_p`.
     :param int num_logit_samples: logit samples per data point for the sampling-free categorical
         expected log-likelihood (Schmitt & Roth (2021), eq. (16)).
-    :param str name: prefix of the Pyro parameter and sample-site names.
+    :param str name: prefix of the Pyro parameter and sample-site names (``"bnn$$$0.weight"``, ``"bnn$$$0.rho"``...,
+        registered with ``pyro.module(name, net)``). Networks used in one process need different names (or
+        ``pyro.clear_param_store()`` between them): Pyro's param store is one per process, so a second network of
+        the same name would train the first's parameters. Its model or guide raises a ``ValueError`` naming
+        ``name=`` instead when another live ``SamplingFreeBNN`` holds the store's tensors. Tensors of the store that
+        no live module holds (a store restored with ``pyro.get_param_store().load(path)``) are adopted by the network
+        (``pyro.module(name, net, update_module_params=True)``) in ``model``, ``guide`` and ``predict``, as
+        :class:`~pyro_sdebnn.nn.SDEBNN` does.
 
     >>> from pyro_sdebnn.infer import SamplingFreeBNN
     >>> from pyro_sdebnn.nn.mnvi import MNLinear, MNReLU, MNSequential
@@ -142,7 +151,7 @@ class SamplingFreeBNN(nn.Module):
         self._num_data_from_fit = False  # set by fit when it chose num_data: a later fit chooses again
         self.prior_scale = float(prior_scale)
         self.num_logit_samples = num_logit_samples
-        self.name = name
+        self.name = check_name(name, "SamplingFreeBNN")
         if not self.bayesian_layers():
             raise ValueError("net has no BayesianLayer (MNLinear, MNConv2d, MFLinear, MFConv2d); nothing to infer")
 
@@ -194,13 +203,29 @@ class SamplingFreeBNN(nn.Module):
             return Normal(out[:, 0], torch.exp(0.5 * out[:, 1]))
         return Categorical(logits=out)
 
+    def _register_net(self, *, only_to_adopt: bool = False) -> None:
+        """``pyro.module(name, net)``, adopting the tensors of the store that no live module holds (a loaded fit);
+        ``ValueError`` if another live module holds them (a network of the same ``name``) or their shapes differ.
+        ``only_to_adopt``: nothing is registered unless a tensor is adopted (``predict``: reading leaves the store as
+        it is)."""
+        register_module(self)
+        store, adopt = pyro.get_param_store()._params, False
+        for param_name, param in self.net.named_parameters():
+            fullname = param_with_module_name(self.name, param_name)
+            stored = store.get(fullname)
+            if stored is not None and stored is not param:
+                check_not_shared(fullname, stored, param, self, self.name)
+                adopt = True
+        if adopt or not only_to_adopt:
+            pyro.module(self.name, self.net, update_module_params=adopt)
+
     def model(self, x: Tensor, y: Tensor | None = None) -> Tensor:
         """Pyro model: weight priors, then the likelihood of the minibatch ``(x, y)``.
 
         :param Tensor x: inputs ``(b, ...)``. :param y: targets ``(b,)`` or ``None``.
         """
         check_tensors(x, y, self.likelihood)
-        pyro.module(self.name, self.net)
+        self._register_net()
         weights = {}
         for layer_name, layer in self.bayesian_layers():
             prior = cast(TorchDistributionMixin, self.prior(layer))  # a Pyro Normal
@@ -225,7 +250,7 @@ class SamplingFreeBNN(nn.Module):
 
     def guide(self, x: Tensor, y: Tensor | None = None) -> None:
         """Pyro guide: the layers' variational posteriors over their weights."""
-        pyro.module(self.name, self.net)
+        self._register_net()
         for layer_name, layer in self.bayesian_layers():
             try:
                 q = layer.weight_distribution()
@@ -274,6 +299,7 @@ class SamplingFreeBNN(nn.Module):
             raise ValueError(f"predictive must be one of {_PREDICTIVES}, got {predictive!r}")
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
+        self._register_net(only_to_adopt=True)  # e.g. after pyro.get_param_store().load(path) in a new process
         if not isinstance(x, Tensor) and is_loader(x):
             batches = itertools.count()  # the index of the batch being predicted, for the error message
             return stream_predict(lambda xb: self._predict(xb, predictive, num_samples, next(batches)), x,

@@ -41,6 +41,7 @@ import torch
 from pyro import poutine
 from pyro.distributions import TorchDistribution, constraints
 from pyro.infer.autoguide import AutoGuide
+from pyro.nn import PyroModule
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.runtime import _PYRO_STACK
 from pyro.poutine.trace_messenger import TraceMessenger
@@ -50,7 +51,7 @@ from torch.types import _size
 
 from pyro_sdebnn.distributions import OUPath
 from pyro_sdebnn.distributions.ou_path import as_tensor_like
-from pyro_sdebnn.nn._param_store import ParamStoreModule
+from pyro_sdebnn.nn._param_store import ParamStoreModule, check_name
 from pyro_sdebnn.nn.sde_drift import DriftMLP, _activation
 from pyro_sdebnn.ops.path_kl import check_estimator
 from pyro_sdebnn.ops.sde_solve import brownian_increments, euler_maruyama_kl
@@ -287,6 +288,16 @@ class NeuralSDEGuide(ParamStoreModule, AutoGuide):
         as ``(t0, init)`` is a drift, otherwise a factory. A plain function has no parameters of its
         own (tensors it captures are not treated as drift parameters by ``"stl"``).
     :param str activation: activation of the default MLP.
+    :param str name: prefix of the guide's parameter names in Pyro's param store (the drift networks',
+        ``"<name>.drifts$$$<site>.layers.0.weight"``, ...). Default: ``"NeuralSDEGuide"``, as Pyro's autoguides are
+        named by their class, or ``"<net name>.NeuralSDEGuide"`` for a network given a ``name=`` (e.g.
+        ``SDEBNN(..., name="a")``), so that the guides of differently named networks have different names too.
+        As for the networks, a guide that would take the drift parameters another live guide holds raises a
+        ``ValueError`` instead of sharing them (see :class:`~pyro_sdebnn.nn.SDEBNN`, "Parameter names").
+
+    >>> from pyro_sdebnn.nn import SDEBNN
+    >>> NeuralSDEGuide(SDEBNN(1, 1, name="a"))._pyro_name, NeuralSDEGuide(SDEBNN(1, 1))._pyro_name
+    ('a.NeuralSDEGuide', 'NeuralSDEGuide')
 
     >>> from pyro_sdebnn.distributions import OUPath
     >>> def model():
@@ -298,20 +309,27 @@ class NeuralSDEGuide(ParamStoreModule, AutoGuide):
     """
 
     def __init__(self, model, *, drift_hidden: int = 64, drift_layers: int = 2, bottleneck: int | None = None,
-                 drift: nn.Module | dict | Callable | None = None, activation: str = "swish") -> None:
+                 drift: nn.Module | dict | Callable | None = None, activation: str = "swish",
+                 name: str | None = None) -> None:
         if isinstance(model, nn.Module) and callable(getattr(model, "model", None)):
             model = model.model
         if not callable(model):
             raise TypeError(f"NeuralSDEGuide: model must be a Pyro model (a callable) or a module with a model method, "
                             f"got {type(model).__name__}")
-        for name, value in (("drift_hidden", drift_hidden), ("drift_layers", drift_layers)):
+        for arg, value in (("drift_hidden", drift_hidden), ("drift_layers", drift_layers)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"NeuralSDEGuide: {name} must be a positive int, got {value!r}")
+                raise ValueError(f"NeuralSDEGuide: {arg} must be a positive int, got {value!r}")
         if bottleneck is not None and (isinstance(bottleneck, bool) or not isinstance(bottleneck, int)
                                        or bottleneck < 1):
             raise ValueError(f"NeuralSDEGuide: bottleneck must be a positive int or None, got {bottleneck!r}")
         _activation(activation)  # ValueError naming the known activations
+        if name is None:  # the class name (as Pyro's autoguides), under the name of a named network
+            net = getattr(model, "__self__", None)
+            prefix = net._pyro_name if isinstance(net, PyroModule) else ""
+            name = f"{prefix}.{type(self).__name__}" if prefix else type(self).__name__
+        name = check_name(name, "NeuralSDEGuide")
         super().__init__(model)
+        self._pyro_name = name  # AutoGuide names itself by its class
         self.drift_hidden, self.drift_layers, self.bottleneck = drift_hidden, drift_layers, bottleneck
         self.activation = activation
         self._user_drift = (drift,)  # in a tuple: registered once, under ``drifts``, not also as ``_user_drift``

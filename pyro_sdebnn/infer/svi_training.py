@@ -150,7 +150,8 @@ def _restore(svi, path, args, kwargs, modules, loader, num_data: int, ranks: int
         if set(saved) != names:
             missing, extra = sorted(names - set(saved)), sorted(set(saved) - names)
             raise ValueError(f"resume: {str(path)!r} is a checkpoint of another model: parameters missing from it "
-                             f"{missing[:5]}, parameters this model does not have {extra[:5]}")
+                             f"{missing[:5]}, parameters this model does not have {extra[:5]} (the names include the "
+                             "name= of the network and guide: build them as for the checkpointed run)")
         for name in sorted(names):
             current = params[name]
             value = saved[name]

@@ -37,6 +37,7 @@ from torch import Tensor, nn
 
 from pyro_sdebnn._likelihoods import check_likelihood
 from pyro_sdebnn.data.loaders import check_finite_batch
+from pyro_sdebnn.nn._param_store import check_name
 from pyro_sdebnn.nn.sde_drift import ConvField, TimeMLPField
 from pyro_sdebnn.ops.sde_solve import time_grid
 from pyro_sdebnn.predictive import ClassificationPrediction, RegressionPrediction
@@ -115,7 +116,7 @@ class ContinuousDepthNet(PyroModule):
     ``_grid_like``.
 
     The constructor arguments (``in_dim``, ``out_dim``, ``hidden``, ``augment``, ``t_span``, ``dt``,
-    ``likelihood``, ``obs_scale``, ``df``, ``activation``) are validated here and
+    ``likelihood``, ``obs_scale``, ``df``, ``activation``, ``name``) are validated here and
     documented on :class:`~pyro_sdebnn.nn.SDEBNN`.
 
     >>> from pyro_sdebnn.nn import ODENet, SDEBNN
@@ -128,8 +129,8 @@ class ContinuousDepthNet(PyroModule):
 
     def __init__(self, in_dim: int | Sequence[int], out_dim: int, hidden: int, augment: int,
                  t_span: tuple[float, float], dt: float, *, likelihood: str, obs_scale: float | None, df: float,
-                 activation: str) -> None:
-        super().__init__()
+                 activation: str, name: str = "") -> None:
+        super().__init__(check_name(name, type(self).__name__))
         check_likelihood(likelihood, LIKELIHOODS)
         _check_int("augment", augment, 0)
         _check_int("out_dim", out_dim, 1)

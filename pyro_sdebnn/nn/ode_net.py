@@ -72,11 +72,11 @@ class _ConstantWeightNet(ParamStoreModule, ContinuousDepthNet):
 
     def __init__(self, in_dim: int | Sequence[int], out_dim: int, hidden: int, augment: int,
                  t_span: tuple[float, float], dt: float, *, likelihood: str, obs_scale: float, df: float,
-                 activation: str, prior_scale: float) -> None:
+                 activation: str, prior_scale: float, name: str) -> None:
         if not (isinstance(prior_scale, (int, float)) and prior_scale > 0 and math.isfinite(prior_scale)):
             raise ValueError(f"prior_scale must be a positive finite float, got {prior_scale!r}")
         super().__init__(in_dim, out_dim, hidden, augment, t_span, dt, likelihood=likelihood, obs_scale=obs_scale,
-                         df=df, activation=activation)
+                         df=df, activation=activation, name=name)
         self.prior_scale = float(prior_scale)
 
     def _init_weights(self, init: Tensor) -> None:
@@ -205,6 +205,9 @@ class ODENet(_ConstantWeightNet):
     :param float df: degrees of freedom of ``"studentt"``.
     :param str activation: activation of the MLP field.
     :param float prior_scale: scale s of the :math:`\\mathcal N(0, s^2 I)` weight prior used by :meth:`model`.
+    :param str name: prefix of the parameter names in Pyro's param store (default ``""``: ``"weights"``,
+        ``"head$$$weight"``, ``"obs_scale"``, ...); networks used in one process need different names, as for
+        :class:`~pyro_sdebnn.nn.SDEBNN` (a second network of the same name raises a ``ValueError``).
 
     >>> from pyro.infer import SVI, TraceMeanField_ELBO
     >>> from pyro.infer.autoguide import AutoNormal, init_to_value
@@ -223,9 +226,10 @@ class ODENet(_ConstantWeightNet):
 
     def __init__(self, in_dim: int | Sequence[int], out_dim: int, hidden: int = 32, augment: int = 0,
                  t_span: tuple[float, float] = (0.0, 1.0), dt: float = 0.05, *, likelihood: str = "normal",
-                 obs_scale: float = 0.1, df: float = 4.0, activation: str = "tanh", prior_scale: float = 1.0) -> None:
+                 obs_scale: float = 0.1, df: float = 4.0, activation: str = "tanh", prior_scale: float = 1.0,
+                 name: str = "") -> None:
         super().__init__(in_dim, out_dim, hidden, augment, t_span, dt, likelihood=likelihood, obs_scale=obs_scale,
-                         df=df, activation=activation, prior_scale=prior_scale)
+                         df=df, activation=activation, prior_scale=prior_scale, name=name)
 
     def _per_step(self, weights: Tensor) -> Tensor:
         return weights.unsqueeze(-2).expand(weights.shape[:-1] + (self.num_steps, weights.shape[-1]))
@@ -255,6 +259,9 @@ class ResNet(_ConstantWeightNet):
     :param float df: degrees of freedom of ``"studentt"``.
     :param str activation: activation of the MLP field.
     :param float prior_scale: scale s of the :math:`\\mathcal N(0, s^2 I)` weight prior used by :meth:`model`.
+    :param str name: prefix of the parameter names in Pyro's param store (default ``""``: ``"weights"``,
+        ``"head$$$weight"``, ``"obs_scale"``, ...); networks used in one process need different names, as for
+        :class:`~pyro_sdebnn.nn.SDEBNN` (a second network of the same name raises a ``ValueError``).
 
     >>> net = ResNet(in_dim=(1, 8, 8), out_dim=10, hidden=4, blocks=3, likelihood="categorical")
     >>> tuple(net.weights.shape), net.predict(torch.rand(6, 1, 8, 8)).probs.shape
@@ -265,14 +272,15 @@ class ResNet(_ConstantWeightNet):
 
     def __init__(self, in_dim: int | Sequence[int], out_dim: int, hidden: int = 32, augment: int = 0,
                  blocks: int = 20, t_span: tuple[float, float] = (0.0, 1.0), *, likelihood: str = "normal",
-                 obs_scale: float = 0.1, df: float = 4.0, activation: str = "tanh", prior_scale: float = 1.0) -> None:
+                 obs_scale: float = 0.1, df: float = 4.0, activation: str = "tanh", prior_scale: float = 1.0,
+                 name: str = "") -> None:
         if not (isinstance(blocks, int) and not isinstance(blocks, bool) and blocks >= 1):
             raise ValueError(f"blocks must be a positive int, got {blocks!r}")
         t0, t1 = (float(t) for t in t_span)
         if not t1 > t0:
             raise ValueError(f"t_span must be increasing (t0 < t1), got {t_span}")
         super().__init__(in_dim, out_dim, hidden, augment, (t0, t1), (t1 - t0) / blocks, likelihood=likelihood,
-                         obs_scale=obs_scale, df=df, activation=activation, prior_scale=prior_scale)
+                         obs_scale=obs_scale, df=df, activation=activation, prior_scale=prior_scale, name=name)
         self.blocks = blocks
 
     def _per_step(self, weights: Tensor) -> Tensor:

@@ -46,7 +46,7 @@ from torch import Tensor, nn
 
 from pyro_sdebnn.data.loaders import check_finite_batch, is_loader, module_device_dtype, move_batch
 from pyro_sdebnn.distributions import OUPath
-from pyro_sdebnn.nn._param_store import ParamStoreModule, sync_from_param_store
+from pyro_sdebnn.nn._param_store import ParamStoreModule, check_name, sync_from_param_store
 from pyro_sdebnn.nn._streaming import stream_predict
 from pyro_sdebnn.nn.continuous_depth import (ContinuousDepthNet, check_class_labels, check_input_dtype,
                                              check_num_data, drop_data_plate_slot)
@@ -84,6 +84,25 @@ class SDEBNN(ParamStoreModule, ContinuousDepthNet):
         as 0.1 on standardised targets gives far too narrow predictive intervals until the optimiser has moved it.
     :param float df: degrees of freedom of ``"studentt"``.
     :param str activation: activation of the MLP field.
+    :param str name: prefix of the network's parameter names in Pyro's param store (the ``name`` of
+        :class:`~pyro.nn.PyroModule`). Default ``""``: ``"w0"``, ``"head$$$weight"``, ``"head$$$bias"``,
+        ``"obs_scale"``; ``name="a"`` gives ``"a.w0"``, ``"a.head$$$weight"``, ... Give every network used in one
+        process its own name (or call ``pyro.clear_param_store()`` before building the next one).
+
+    **Parameter names.** Pyro keeps one param store per process and names a module's parameters by its name and
+    attribute path, so two networks of the same name would train one set of parameters. A network that would take
+    a tensor of the store that another live network (or guide) holds raises a ``ValueError`` naming the parameter
+    and ``name=``, instead of sharing it silently; so does one whose name the store holds with another shape (another
+    model's fit). A tensor no live module holds is adopted, as Pyro's ``PyroModule`` does: that restores a fit
+    after ``pyro.get_param_store().load(path)``, and a network built after another of the same name was deleted
+    starts from that network's values (clear the store to start afresh). The default name keeps the names of
+    earlier versions, so their saved param stores and checkpoints load unchanged.
+
+    >>> a, b = SDEBNN(1, 1, hidden=8, dt=0.25, name="a"), SDEBNN(1, 1, hidden=8, dt=0.25, name="b")
+    >>> x, y = torch.randn(4, 1), torch.randn(4)
+    >>> _ = a.model(x, y), b.model(x, y)  # each registers its own parameters, under its own name
+    >>> [k for k in sorted(pyro.get_param_store().keys()) if k.startswith("a.")]
+    ['a.head$$$bias', 'a.head$$$weight', 'a.obs_scale', 'a.w0']
 
     >>> net = SDEBNN(in_dim=1, out_dim=1, hidden=8, augment=2, sigma=0.2, dt=0.25)
     >>> net.num_weights, tuple(net.times.shape)
@@ -95,12 +114,12 @@ class SDEBNN(ParamStoreModule, ContinuousDepthNet):
     def __init__(self, in_dim: int | Sequence[int], out_dim: int, hidden: int = 32, augment: int = 0,
                  sigma: float = 0.2, theta: float = 1.0, t_span: tuple[float, float] = (0.0, 1.0),
                  dt: float = 0.05, *, likelihood: str = "normal", obs_scale: float | None = None, df: float = 4.0,
-                 activation: str = "tanh") -> None:
-        for name, value in (("sigma", sigma), ("theta", theta)):
+                 activation: str = "tanh", name: str = "") -> None:
+        for arg, value in (("sigma", sigma), ("theta", theta)):
             if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf):
-                raise ValueError(f"{name} must be a positive finite float, got {value!r}")
+                raise ValueError(f"{arg} must be a positive finite float, got {value!r}")
         super().__init__(in_dim, out_dim, hidden, augment, t_span, dt, likelihood=likelihood, obs_scale=obs_scale,
-                         df=df, activation=activation)
+                         df=df, activation=activation, name=name)
         self.sigma, self.theta = float(sigma), float(theta)
 
     def _init_weights(self, init: Tensor) -> None:
@@ -357,6 +376,8 @@ class MultiScaleSDEBNN(ParamStoreModule, PyroModule):
     :param float theta: OU mean reversion.
     :param tuple t_span: depth interval of each block.
     :param float dt: Euler step.
+    :param str name: prefix of the parameter names in Pyro's param store (default ``""``: ``"w0s$$$0"``,
+        ``"head$$$weight"``, ...); networks used in one process need different names, as for :class:`SDEBNN`.
 
     >>> net = MultiScaleSDEBNN((1, 8, 8), 10, blocks=2, hidden=4, dt=0.5)
     >>> paths = [p.sample((3,)) for p in net.priors()]
@@ -366,8 +387,8 @@ class MultiScaleSDEBNN(ParamStoreModule, PyroModule):
 
     def __init__(self, in_shape: Sequence[int], out_dim: int, blocks: int = 2, hidden: int = 8, augment: int = 0,
                  sigma: float = 0.1, theta: float = 1.0, t_span: tuple[float, float] = (0.0, 1.0),
-                 dt: float = 0.25) -> None:
-        super().__init__()
+                 dt: float = 0.25, *, name: str = "") -> None:
+        super().__init__(check_name(name, "MultiScaleSDEBNN"))
         in_shape = tuple(int(s) for s in in_shape)
         if len(in_shape) != 3 or in_shape[1] % (2 ** blocks) or in_shape[2] % (2 ** blocks):
             raise ValueError(f"in_shape must be (C, H, W) with H, W divisible by 2**blocks, got {in_shape}")

@@ -314,7 +314,7 @@ def test_num_data_follows_the_data_of_each_fit_unless_given():
     assert bnn.num_data == 10
     trace = poutine.trace(bnn.model).get_trace(x[:10], y[:10])
     assert trace.nodes["obs"]["scale"] == 1.0  # the whole (new) data set: no N/b scaling
-    given = SamplingFreeBNN(MNSequential(MNLinear(2, 2)), "normal", num_data=100)
+    given = SamplingFreeBNN(MNSequential(MNLinear(2, 2)), "normal", num_data=100, name="given")
     given.fit(x[:10], y[:10], num_epochs=1)
     assert given.num_data == 100
 

@@ -26,13 +26,14 @@ def _inputs(kind, n=5):
 
 
 def _pair(kind, cls, **kwargs):
-    """An SDEBNN and a baseline with the same field, augmentation, grid and head (float64)."""
+    """An SDEBNN and a baseline with the same field, augmentation, grid and head (float64), named apart: two networks
+    used in one process have different names (else the second raises rather than share the first's head)."""
     in_dim, out_dim = SHAPES[kind]
-    sde = SDEBNN(in_dim, out_dim, hidden=4, augment=1, sigma=0.3, theta=1.5, dt=0.25).double()
+    sde = SDEBNN(in_dim, out_dim, hidden=4, augment=1, sigma=0.3, theta=1.5, dt=0.25, name="sde").double()
     if cls is ODENet:
-        base = ODENet(in_dim, out_dim, hidden=4, augment=1, dt=0.25, **kwargs).double()
+        base = ODENet(in_dim, out_dim, hidden=4, augment=1, dt=0.25, name="base", **kwargs).double()
     else:
-        base = ResNet(in_dim, out_dim, hidden=4, augment=1, blocks=4, **kwargs).double()
+        base = ResNet(in_dim, out_dim, hidden=4, augment=1, blocks=4, name="base", **kwargs).double()
     base.head.load_state_dict(sde.head.state_dict())
     return sde, base
 
@@ -83,8 +84,8 @@ def test_sdebnn_converges_linearly_to_resnet_as_sigma_to_zero():
 @pytest.mark.parametrize("blocks", [1, 3, 10])
 def test_resnet_with_shared_weights_is_euler_odenet(kind, blocks):
     in_dim, out_dim = SHAPES[kind]
-    ode = ODENet(in_dim, out_dim, hidden=4, augment=1, dt=1.0 / blocks).double()
-    res = ResNet(in_dim, out_dim, hidden=4, augment=1, blocks=blocks).double()
+    ode = ODENet(in_dim, out_dim, hidden=4, augment=1, dt=1.0 / blocks, name="ode").double()
+    res = ResNet(in_dim, out_dim, hidden=4, augment=1, blocks=blocks, name="res").double()
     res.head.load_state_dict(ode.head.state_dict())
     assert res.num_steps == ode.num_steps == blocks
     with torch.no_grad():
@@ -97,7 +98,7 @@ def test_odenet_euler_converges_to_the_ode():
     # Euler is first order: halving dt halves the global error; the error against a fine grid (dt = 1/512)
     # drops by 2 +- 0.2 (higher-order terms at dt = 1/8 vs 1/16) per halving.
     x = _inputs("vector")
-    nets = [ODENet(3, 2, hidden=4, augment=1, dt=1.0 / k).double() for k in (8, 16, 512)]
+    nets = [ODENet(3, 2, hidden=4, augment=1, dt=1.0 / k, name=f"dt{k}").double() for k in (8, 16, 512)]
     for net in nets[1:]:
         net.load_state_dict(nets[0].state_dict())
     with torch.no_grad():

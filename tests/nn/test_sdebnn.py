@@ -40,7 +40,7 @@ def test_shapes_vector_and_image():
     assert net.num_weights == (4 + 1) * 8 + 8 + 8 * 4 + 4
     path = net.prior().sample((5,))
     assert net(torch.randn(7, 3), path).shape == (5, 7, 2)
-    img = SDEBNN((1, 8, 8), 10, hidden=4, augment=1, dt=0.5, likelihood="categorical")
+    img = SDEBNN((1, 8, 8), 10, hidden=4, augment=1, dt=0.5, likelihood="categorical", name="img")  # a second net
     path = img.prior().sample((3,))
     assert img(torch.randn(6, 1, 8, 8), path).shape == (3, 6, 10)
     assert img(torch.randn(6, 1, 8, 8), path[0]).shape == (6, 10)
@@ -407,7 +407,8 @@ def test_targets_as_a_column_and_wrong_target_shapes():
     with pytest.raises(ValueError, match=r"y must have shape \(6,\) \(or a \(b, 1\) column\).*got \(6, 2\)"):
         net.model(x, torch.randn(6, 2))
     with pytest.raises(ValueError, match=r"y must have shape \(6,\) for 6 inputs with likelihood='categorical'"):
-        SDEBNN(2, 3, hidden=4, augment=1, dt=0.5, likelihood="categorical").model(x, torch.zeros(6, 1).long())
+        SDEBNN(2, 3, hidden=4, augment=1, dt=0.5, likelihood="categorical", name="cls").model(
+            x, torch.zeros(6, 1).long())
 
 
 def test_predict_on_tensors_follows_the_network_dtype():
@@ -433,7 +434,7 @@ def test_bad_data_and_loss_arguments_are_named():
     pyro.clear_param_store()
     net = SDEBNN(2, 1, hidden=4, augment=1, dt=0.5)
     guide = NeuralSDEGuide(net, drift_hidden=4)
-    cls = SDEBNN(2, 3, hidden=4, augment=1, dt=0.5, likelihood="categorical")
+    cls = SDEBNN(2, 3, hidden=4, augment=1, dt=0.5, likelihood="categorical", name="cls")  # a second net
     cls_guide = NeuralSDEGuide(cls, drift_hidden=4)
     x, y, labels = torch.randn(8, 2), torch.randn(8), torch.arange(8) % 3
     svi = SVI(net.model, guide, Adam({"lr": 1e-2}), TracePathKL_ELBO())
