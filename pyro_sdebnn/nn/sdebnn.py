@@ -89,20 +89,9 @@ class SDEBNN(ParamStoreModule, ContinuousDepthNet):
         ``"obs_scale"``; ``name="a"`` gives ``"a.w0"``, ``"a.head$$$weight"``, ... Give every network used in one
         process its own name (or call ``pyro.clear_param_store()`` before building the next one).
 
-    **Parameter names.** Pyro keeps one param store per process and names a module's parameters by its name and
-    attribute path, so two networks of the same name would train one set of parameters. A network that would take
-    a tensor of the store that another live network (or guide) holds raises a ``ValueError`` naming the parameter
-    and ``name=``, instead of sharing it silently; so does one whose name the store holds with another shape (another
-    model's fit). A tensor no live module holds is adopted, as Pyro's ``PyroModule`` does: that restores a fit
-    after ``pyro.get_param_store().load(path)``, and a network built after another of the same name was deleted
-    starts from that network's values (clear the store to start afresh). The default name keeps the names of
-    earlier versions, so their saved param stores and checkpoints load unchanged.
-
-    >>> a, b = SDEBNN(1, 1, hidden=8, dt=0.25, name="a"), SDEBNN(1, 1, hidden=8, dt=0.25, name="b")
-    >>> x, y = torch.randn(4, 1), torch.randn(4)
-    >>> _ = a.model(x, y), b.model(x, y)  # each registers its own parameters, under its own name
-    >>> [k for k in sorted(pyro.get_param_store().keys()) if k.startswith("a.")]
-    ['a.head$$$bias', 'a.head$$$weight', 'a.obs_scale', 'a.w0']
+    **Parameter names.** A network that would take a tensor of the param store that another live network of the same
+    name holds raises a ``ValueError`` naming ``name=``, instead of silently training one set of parameters for both
+    (the section "Several networks in one process" of :doc:`/methods/sdebnn`).
 
     >>> net = SDEBNN(in_dim=1, out_dim=1, hidden=8, augment=2, sigma=0.2, dt=0.25)
     >>> net.num_weights, tuple(net.times.shape)
