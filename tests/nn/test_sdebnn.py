@@ -279,6 +279,20 @@ def test_integrate_weights_shape_error():
         net.integrate_weights(torch.randn(3, 1), torch.zeros(3, net.num_weights))
 
 
+def test_forward_path_errors_name_the_path():
+    """The network called with targets in place of a weight path (``SVI(net, ...)`` for ``SVI(net.model, ...)``)
+    gets a message naming ``path`` and ``net.model``, not an IndexError from the shape check."""
+    net = SDEBNN(3, 1, hidden=4, dt=0.5)
+    x = torch.randn(5, 3)
+    with pytest.raises(ValueError, match=r"path must have shape \(\.\.\., 2, .*net\.model"):
+        net(x, torch.randn(5))
+    with pytest.raises(ValueError, match="path must have shape"):
+        net(x, torch.randn(2, 3))
+    with pytest.raises(TypeError, match="path must be a tensor"):
+        net(x, None)
+    assert net(x, net.prior().sample()).shape == (5, 1)
+
+
 def test_float64_module_gives_float64_everything():
     x, y = _data()
     net = SDEBNN(1, 1, hidden=4, augment=1, dt=0.25).double()
