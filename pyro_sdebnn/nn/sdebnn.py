@@ -128,8 +128,8 @@ class SDEBNN(ParamStoreModule, ContinuousDepthNet):
             raise TypeError(f"path must be a tensor of shape (..., {self.times.shape[0] - 1}, {self.num_weights}) "
                             f"(a weight path, e.g. net.prior().sample()), got {type(path).__name__}")
         if path.dim() < 2 or path.shape[-2] != self.times.shape[0] - 1 or path.shape[-1] != self.num_weights:
-            raise ValueError(f"path must have shape (..., {self.times.shape[0] - 1}, {self.num_weights}) (a weight path, "
-                             f"e.g. net.prior().sample(); SVI takes net.model, not net), got {tuple(path.shape)}")
+            raise ValueError(f"path must have shape (..., {self.times.shape[0] - 1}, {self.num_weights}) (a weight "
+                             f"path, e.g. net.prior().sample(); SVI takes net.model, not net), got {tuple(path.shape)}")
         lead = path.shape[:-2]
         # W_k = w_{t_k}: w0, then the path's values but the last, as views of one unbind (see _euler)
         steps = path.unbind(-2)
