@@ -28,7 +28,9 @@ The full comparison with MFVI, MC-dropout and a deep ensemble, on the authors' 1
 
 1. J. Schmitt, S. Roth (2021). Sampling-free Variational Inference for Neural Networks with
    Multiplicative Activation Noise. DAGM German Conference on Pattern Recognition (GCPR) 2021.
-2. F. Wenzel et al. (2020). How Good is the Bayes Posterior in Deep Neural Networks Really? ICML 2020.
+2. Florian Wenzel, Kevin Roth, Bastiaan S. Veeling, Jakub Świątkowski, Linh Tran, Stephan Mandt, Jasper Snoek,
+   Tim Salimans, Rodolphe Jenatton, Sebastian Nowozin (2020). How Good is the Bayes Posterior in Deep Neural
+   Networks Really? ICML 2020.
 """
 
 # %% [markdown]

@@ -26,7 +26,7 @@ What you learn:
 
 **References**
 
-1. T. Chen, E. B. Fox, C. Guestrin (2014). Stochastic Gradient Hamiltonian Monte Carlo. ICML 2014.
+1. Tianqi Chen, Emily B. Fox, Carlos Guestrin (2014). Stochastic Gradient Hamiltonian Monte Carlo. ICML 2014.
 2. A. Vehtari, A. Gelman, D. Simpson, B. Carpenter, P.-C. Bürkner (2021). Rank-Normalization, Folding, and
    Localization: An Improved R-hat for Assessing Convergence of MCMC. Bayesian Analysis 16(2).
 3. A. Vehtari, A. Gelman, J. Gabry (2017). Practical Bayesian Model Evaluation Using Leave-One-Out

@@ -150,8 +150,10 @@ class Laplace(BaselineMethod):
 
     **References**
 
-    1. E. Daxberger et al. (2021), *Laplace Redux -- effortless Bayesian deep learning*, NeurIPS.
-    2. D. J. C. MacKay (1992), *A practical Bayesian framework for backpropagation networks*.
+    1. Erik Daxberger, Agustinus Kristiadi, Alexander Immer, Runa Eschenhagen, Matthias Bauer, Philipp Hennig (2021),
+       *Laplace Redux -- effortless Bayesian deep learning*, NeurIPS.
+    2. David J. C. MacKay (1992), *A practical Bayesian framework for backpropagation networks*, Neural
+       Computation 4(3).
     3. J. Martens, R. Grosse (2015), *Optimizing neural networks with Kronecker-factored approximate curvature*,
        ICML.
     4. A. Immer, M. Bauer, V. Fortuin, G. Rätsch, M. E. Khan (2021), *Scalable marginal likelihood estimation

@@ -46,7 +46,8 @@ class MCDropout(BaselineMethod):
 
     **References**
 
-    1. Y. Gal, Z. Ghahramani (2016), *Dropout as a Bayesian approximation*, ICML.
+    1. Yarin Gal, Zoubin Ghahramani (2016), *Dropout as a Bayesian approximation: representing model uncertainty in
+       deep learning*, ICML.
 
     :param nn.Module net: the network; must contain at least one ``nn.Dropout*`` module with ``p > 0``
         (e.g. an ``nn.Dropout(0.1)`` after each hidden activation).

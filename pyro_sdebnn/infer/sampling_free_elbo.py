@@ -27,7 +27,8 @@ for epochs 100-149 and 1 afterwards).
 1. J. Schmitt, S. Roth (2021). Sampling-free Variational Inference for Neural Networks with
    Multiplicative Activation Noise. DAGM German Conference on Pattern Recognition (GCPR) 2021.
    arXiv:2103.08497.
-2. A. Wu et al. (2019). Deterministic Variational Inference for Robust Bayesian Neural Networks. ICLR.
+2. Anqi Wu, Sebastian Nowozin, Edward Meeds, Richard E. Turner, José Miguel Hernández-Lobato, Alexander L. Gaunt
+   (2019). Deterministic Variational Inference for Robust Bayesian Neural Networks. ICLR.
 """
 
 from __future__ import annotations
