@@ -357,6 +357,9 @@ class _ModelOverLoader:
         if args and is_data_loader(args[0]):
             with torch.random.fork_rng(devices=[]):  # a shuffling loader draws from torch's generator
                 batches = [read_batch(b, i)[:2] for i, b in enumerate(in_dataset_order(args[0]))]
+            if not batches:
+                raise ValueError(f"kernel.model(loader): the loader ({type(args[0]).__name__}) is empty: it yielded no "
+                                 "batch (its dataset has no data point), so there is nothing to run the model on")
             spec = batches[0][1]
             for i, (_, s) in enumerate(batches):
                 check_same_structure(s, spec, i)
