@@ -443,7 +443,7 @@ def check_finite_tensors(tensors: Sequence, names: Callable[[], Sequence[str]], 
 
     A single non-finite datum turns the loss, its gradient and then every weight into NaN; Pyro would report it only
     later, as an invalid distribution parameter, far from its cause. The check is one plain sum per tensor, their
-    total read back as a Python ``bool`` (a sum is several times cheaper on a CPU than ``torch.isfinite(x).all()``; on
+    total read back as a Python ``bool`` (a sum is cheaper on a CPU than ``torch.isfinite(x).all()``; on
     a GPU it is one device-to-host synchronisation per call). Only a non-finite sum (a bad entry, or an overflow of
     finite values, which then passes) goes on to the exact element-wise check, which builds the message with the
     index of the first bad entry. Integer tensors (class labels) and other values are not read.

@@ -247,7 +247,8 @@ def find_data_plates(
         if name not in frames:
             raise ValueError(f"subsample_size: '{name}' is not a plate of the model (plates: {sorted(frames)})")
     if names is None:
-        names = tuple(requested) if requested is not None else detect_data_plates(trace, observed_sites, subsampled)
+        names = tuple(requested) if requested is not None else detect_data_plates(trace, observed_sites, subsampled,
+                                                                                  list(frames))
     elif requested is not None:
         missing = [p for p in requested if p not in names]
         if missing:
@@ -293,16 +294,13 @@ def find_data_plates(
     return tuple(names), sizes, batch
 
 
-def detect_data_plates(trace: Any, observed_sites: Sequence[str], subsampled: bool) -> tuple[str, ...]:
+def detect_data_plates(
+    trace: Any, observed_sites: Sequence[str], subsampled: bool, order: list[str]
+) -> tuple[str, ...]:
     """The plate that contains every observed site in a plate; else the plate of each observed site (a site in
-    several plates takes the one of them that is another site's only plate). Observed sites outside every plate
-    (``pyro.factor``, a likelihood over all the data at once) are full-data terms."""
-    order: dict[str, int] = {}
-    for site in trace.nodes.values():
-        if site["type"] == "sample":
-            for f in site["cond_indep_stack"]:
-                if f.vectorized:
-                    order.setdefault(f.name, len(order))
+    several plates takes the one of them that is another site's only plate), in the order of ``order`` (the model's
+    plates as the trace meets them). Observed sites outside every plate (``pyro.factor``, a likelihood over all the
+    data at once) are full-data terms."""
     plated = {n: _plates_of(trace.nodes[n]) for n in observed_sites}
     plated = {n: p for n, p in plated.items() if p}
     if not plated:
@@ -325,7 +323,7 @@ def detect_data_plates(trace: Any, observed_sites: Sequence[str], subsampled: bo
                 "name the subsampled plates and their minibatch sizes"
             )
         names |= candidates
-    return tuple(sorted(names, key=order.__getitem__))
+    return tuple(sorted(names, key=order.index))
 
 
 # ----- divergences ------------------------------------------------------------------------------------------------
@@ -375,7 +373,7 @@ def _rows(history: Any) -> np.ndarray:
 
 def _median(rows: np.ndarray) -> np.ndarray:
     """``np.median(rows, 0)`` of finite rows, bit for bit (the middle row of the sorted rows, or the mean of the two
-    middle ones), at a tenth of its cost on the short histories of the check (it runs once per returned sample)."""
+    middle ones), cheaper than ``np.median`` on the short histories of the check (it runs once per returned sample)."""
     rows = np.sort(rows, 0)
     half = len(rows) // 2
     return rows[half] if len(rows) % 2 else (rows[half - 1] + rows[half]) / 2

@@ -52,7 +52,15 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from torch import Tensor
 from torch.distributions.transforms import Transform
 
-from pyro_sdebnn.data.loaders import arguments, check_same_structure, move_batch, read_batch, rng_state, set_rng_state
+from pyro_sdebnn.data.loaders import (
+    arguments,
+    check_same_structure,
+    module_device_dtype,
+    move_batch,
+    read_batch,
+    rng_state,
+    set_rng_state,
+)
 from pyro_sdebnn.infer.mcmc.diagnostics import (
     _HISTORY,
     _MAX_HALVINGS,
@@ -315,11 +323,13 @@ class _Adam:
         m \\leftarrow \\beta_1 m + (1 - \\beta_1) g, \\quad v \\leftarrow \\beta_2 v + (1 - \\beta_2) g^2, \\quad
         w \\leftarrow w - \\frac{\\text{lr}}{1 - \\beta_1^t} \\frac{m}{\\sqrt{v / (1 - \\beta_2^t)} + \\epsilon}.
 
-    The warm start's own copy: constructing a ``torch.optim`` optimiser imports ``torch._dynamo``, about a second the
-    first time in a process, more than a short run's warm start."""
+    The warm start's own copy: constructing a ``torch.optim`` optimiser imports ``torch._dynamo``, which the first
+    time in a process takes longer than a short run's warm start."""
 
-    def __init__(self, param: Tensor, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
-        self.param, self.lr, self.betas, self.eps = param, lr, betas, eps
+    betas, eps = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults
+
+    def __init__(self, param: Tensor, lr: float) -> None:
+        self.param, self.lr = param, lr
         self.t = 0
         self.m = torch.zeros_like(param)
         self.v = torch.zeros_like(param)
@@ -367,16 +377,6 @@ class _ModelOverLoader:
                                              for ts in zip(*(leaves for leaves, _ in batches))], spec)
             args, kwargs = whole + args[1:], {**batch_kwargs, **kwargs}
         return self.model(*args, **kwargs)
-
-
-def _model_device_dtype(model: Callable) -> tuple[Any, Optional[torch.dtype]]:
-    """The device and floating-point dtype of a model's parameters (a ``PyroModule``), else torch's default device
-    and no dtype (the batches keep theirs)."""
-    if isinstance(model, torch.nn.Module):
-        for t in list(model.parameters()) + list(model.buffers()):
-            if t.is_floating_point():
-                return t.device, t.dtype
-    return torch.get_default_device(), None
 
 
 def _check_initial_params(potential: MinibatchPotential, params: Any, chains: int) -> None:
@@ -598,9 +598,6 @@ class SGMCMCKernel(MCMCKernel):
         """With a loader, the model's keyword arguments that come from its batches (a dict batch's keys)."""
         return () if self._stream is None else self._stream.keys
 
-    # every kernel here takes a loader; a subclass that cannot sets this to False
-    _takes_loader = True
-
     def _start_stream(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """``mcmc.run(loader)``: the model's arguments become those of the loader's first batch (a tuple or list batch
         ``model(*batch)``, a dict batch ``model(**batch)``, a tensor ``model(batch)``; ``kwargs`` added), moved to the
@@ -609,8 +606,6 @@ class SGMCMCKernel(MCMCKernel):
         self._pending_batch = None
         if not any(is_data_loader(a) for a in args) and not any(is_data_loader(v) for v in kwargs.values()):
             return args, kwargs
-        if not self._takes_loader:
-            raise TypeError(f"{self._name} does not take a loader: pass the data as tensors (mcmc.run(x, y))")
         if len(args) != 1 or not is_data_loader(args[0]):
             raise TypeError(
                 "a loader must be the only positional argument of mcmc.run (mcmc.run(loader), the model being "
@@ -621,8 +616,10 @@ class SGMCMCKernel(MCMCKernel):
             raise ValueError(
                 "subsample_size must be None with a loader: the minibatch size is the loader's batch_size"
             )
-        device, dtype = _model_device_dtype(self._model)
-        self._stream = BatchStream(args[0], device, dtype, model=self._model, drop_last=self.drop_last, kwargs=kwargs)
+        # the model's device and dtype (a PyroModule's parameters), else torch's default device and the batches' dtype
+        model = self._model
+        device, dtype = module_device_dtype(model, buffers=True) if isinstance(model, torch.nn.Module) else (None, None)
+        self._stream = BatchStream(args[0], torch.get_default_device() if device is None else device, dtype, model=self._model, drop_last=self.drop_last, kwargs=kwargs)
         self._pending_batch = self._stream.next()
         self._first_batch_size = int(self._pending_batch[0].shape[0])
         batch_args, batch_kwargs = arguments(self._pending_batch, self._stream.spec)
@@ -993,8 +990,8 @@ class SGMCMCKernel(MCMCKernel):
         The potential of one chain is ``vmap``-ed over the chains, as in the traced step, and differentiated by plain
         autograd: the chains are independent, so the gradient of the sum of their potentials is each chain's
         gradient. One trace of the model through Pyro's handlers serves every chain, where the chain-by-chain
-        gradient traces it ``K`` times (``torch.func``'s own gradient would import ``torch._dynamo``, about a
-        second the first time in a process, more than a short run's warm start). The closed-form prior terms are
+        gradient traces it ``K`` times (``torch.func``'s own gradient would import ``torch._dynamo``, which the
+        first time in a process takes longer than a short run's warm start). The closed-form prior terms are
         added chain by chain, as :meth:`_gradient` adds them (on ``(K, D)`` they would allocate and fill buffers
         ``K`` times the size, slower for a large network). The model's batched products may round differently
         from the chain-by-chain ones (in the last bits of the dtype).
