@@ -165,10 +165,6 @@ def _parameters(model: Callable) -> list[inspect.Parameter] | None:
         return None
 
 
-def _signature_text(params: list[inspect.Parameter]) -> str:
-    return "(" + ", ".join(str(p) for p in params) + ")"
-
-
 def _named(args: tuple, kwargs: Mapping[str, Any], model: Callable | None, unknown: str = "batch") -> list:
     """``(name, value)`` of every argument, a positional one named after the model's parameter (``batch[i]`` where
     unknown)."""
@@ -228,7 +224,7 @@ def read_batch(
             extra = f" with the keyword arguments {sorted(kwargs)}" if kwargs else ""
             raise TypeError(
                 f"{where} is {shape}{extra}, which does not fit the model's parameters "
-                f"{_signature_text(params)}: {e}"
+                f"({', '.join(str(p) for p in params)}): {e}"
             ) from None
     return leaves, spec, sizes.pop()
 
