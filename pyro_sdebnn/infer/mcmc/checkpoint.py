@@ -40,20 +40,15 @@ torch.Size([8])
 from __future__ import annotations
 
 import os
-from collections import deque
-from typing import Any, NamedTuple, Optional, Union, cast
+from typing import Any, Union
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from pyro.infer import MCMC
 from pyro.infer.mcmc.util import diagnostics, print_summary, select_samples
-from torch import Tensor
 
-from pyro_sdebnn.data.loaders import rng_state, set_rng_state
 from pyro_sdebnn.infer.checkpoint import load_checkpoint, save_checkpoint
-from pyro_sdebnn.infer.mcmc.diagnostics import _RECENT
-from pyro_sdebnn.infer.mcmc.kernel import MassMatrixAdapter, SGMCMCKernel
+from pyro_sdebnn.infer.mcmc.kernel import SGMCMCKernel
 
 __all__ = ["CheckpointHook", "resume_run", "save_run"]
 
@@ -269,141 +264,3 @@ class ResumedMCMC(MCMC):
         divergences = self.diagnostics().get("divergences")
         if divergences is not None:
             print(f"Number of divergences: {sum(len(v) for v in divergences.values())}")
-
-
-# ----- the kernel's own state: SGMCMCKernel.state_dict and its restore at set-up ------------------------------
-def _signature(kernel: SGMCMCKernel) -> dict[str, Any]:
-    """What a checkpoint must match: the kernel, its latent sites, the data sizes and the vectorised chains."""
-    U = kernel.potential
-    assert U is not None  # built by setup, before a chain exists to save or restore
-    return {
-        "kernel": type(kernel).__name__,
-        "sites": [[site.name, list(site.shape)] for site in U.sites],
-        "data_sizes": {p: int(n) for p, n in U.data_sizes.items()},
-        "vectorized_chains": int(kernel.vectorized_chains),
-    }
-
-
-def kernel_state(kernel: SGMCMCKernel) -> dict[str, Any]:
-    """The layout of :meth:`SGMCMCKernel.state_dict <pyro_sdebnn.infer.mcmc.kernel.SGMCMCKernel.state_dict>` (see
-    there): the chain after the last ``sample``."""
-    if kernel.potential is None or kernel._state is None:
-        raise ValueError("state_dict: the kernel has no chain yet; run it first (mcmc.run)")
-
-    def tensors(state: Optional[tuple]) -> Optional[list[Tensor]]:
-        return None if state is None else [t.detach().clone() for t in state]
-
-    def array(a: Optional[np.ndarray]) -> Optional[Tensor]:
-        return None if a is None else torch.as_tensor(np.asarray(a, dtype=np.float64).copy())
-
-    stream = None
-    if kernel._stream is not None:
-        stream = kernel._stream.state_dict()
-        if kernel._pending_batch is not None:  # the first batch was drawn but not used yet
-            stream["position"] -= 1
-    inverse = kernel.inverse_mass_matrix
-    return {
-        "signature": _signature(kernel),
-        "state": tensors(kernel._state),
-        "healthy": tensors(kernel._healthy),
-        "uncertified": tensors(kernel._uncertified),
-        "last_potential": None if kernel._last_potential is None else kernel._last_potential.detach().clone(),
-        "t": int(kernel._t),
-        "sample_count": int(kernel._sample_count),
-        "warmup_steps": int(kernel._warmup_steps),
-        "step_scale": float(kernel._step_scale),
-        "divergences": [int(i) for i in kernel._divergences],
-        "divergence_log": [dict(r) for r in kernel.divergence_log],
-        "map_steps_taken": int(kernel.map_steps_taken),
-        "energy": {
-            "all": [array(r) for r in kernel._energy_all],
-            "recent": [array(r) for r in kernel._energy_recent],
-            "stride": int(kernel._energy_stride),
-            "seen": int(kernel._energy_seen),
-            "healthy": array(kernel._healthy_energy),
-        },
-        "batches": None if kernel._batches is None else kernel._batches.clone(),
-        "batch_pos": int(kernel._batch_pos),
-        "loader": stream,
-        "rng": rng_state(),
-        "adaptation": {
-            "inverse_mass": None if inverse is None else inverse.detach().clone(),
-            "step": float(kernel._adapted_eta),
-            "adapter": None if kernel._adapter is None else kernel._adapter.state_dict(),
-            "recheck": bool(kernel._recheck_step),
-        },
-    }
-
-
-def restore_kernel(kernel: SGMCMCKernel, sd: dict[str, Any], warmup_steps: int) -> None:
-    """Restore the chain saved by :func:`kernel_state` (``SGMCMCKernel.setup`` calls it through ``_restore``, once
-    the potential is built)."""
-    kernel._resume = None
-    U = kernel.potential
-    assert U is not None  # setup restores after building the potential
-    saved, here = sd["signature"], _signature(kernel)
-    for key in ("sites", "data_sizes", "vectorized_chains"):
-        if saved.get(key) != here[key]:
-            raise ValueError(
-                f"the checkpoint does not belong to this model and data: its {key} {saved.get(key)!r} differ "
-                f"from {here[key]!r}"
-            )
-    if (sd.get("loader") is None) != (kernel._stream is None):
-        raise ValueError(
-            "the checkpoint was taken on a run over " + ("a loader" if sd.get("loader") is not None else "tensors")
-            + ": resume it on the same kind of data"
-        )
-    left = max(0, int(sd["warmup_steps"]) - int(sd["sample_count"]))
-    if warmup_steps != left:
-        raise ValueError(
-            f"warmup_steps={warmup_steps} on resuming, but the checkpoint has {left} warm-up step(s) left: "
-            f"run MCMC(..., warmup_steps={left}) (resume_run does)"
-        )
-
-    def tensors(ts: Optional[list]) -> Optional[tuple]:
-        return None if ts is None else tuple(t.to(device=U.device, dtype=U.dtype) for t in ts)
-
-    state = tensors(sd["state"])
-    assert state is not None  # state_dict saves the chain's state (load_state_dict checked the key)
-    if len(state) != len(cast("type[NamedTuple]", kernel._state_type)._fields):
-        raise ValueError("the checkpoint's chain state does not match this kernel's (e.g. preconditioned or not)")
-    kernel._state = state
-    kernel._healthy = tensors(sd["healthy"])
-    kernel._uncertified = tensors(sd["uncertified"])
-    last = sd.get("last_potential")
-    kernel._last_potential = None if last is None else last.to(U.device)
-    kernel._t = int(sd["t"])
-    kernel._sample_count = int(sd["sample_count"])
-    kernel._warmup_steps = int(sd["warmup_steps"])
-    kernel._step_scale = float(sd["step_scale"])
-    kernel._eta_tensor = None
-    kernel._divergences = [int(i) for i in sd["divergences"]]
-    kernel.divergence_log = [dict(r) for r in sd["divergence_log"]]
-    kernel.map_steps_taken = int(sd["map_steps_taken"])
-    energy = sd["energy"]
-    kernel._energy_all = [r.numpy().copy() for r in energy["all"]]
-    kernel._energy_recent = deque((r.numpy().copy() for r in energy["recent"]), maxlen=_RECENT)
-    kernel._energy_stride, kernel._energy_seen = int(energy["stride"]), int(energy["seen"])
-    kernel._healthy_energy = None if energy["healthy"] is None else energy["healthy"].numpy().copy()
-    batches = sd.get("batches")
-    kernel._batches = None if batches is None else batches.to(U.device)
-    kernel._batch_pos = int(sd["batch_pos"])
-    if kernel._stream is not None:
-        kernel._pending_batch = None
-        kernel._stream.restore(sd["loader"])
-    set_rng_state(sd["rng"])  # torch's (CPU and CUDA), NumPy's, Python's; the loader's are the stream's
-    kernel._initial_params = U.split(kernel._state[0])
-    kernel._last_params = kernel._initial_params
-    adaptation = sd.get("adaptation") or {}
-    kernel.inverse_mass_matrix = None
-    kernel._precond = torch.ones(U.dim, dtype=U.dtype, device=U.device)
-    if adaptation.get("inverse_mass") is not None:
-        kernel._set_inverse_mass(adaptation["inverse_mass"].to(device=U.device, dtype=U.dtype))
-        kernel._adapted_eta = float(adaptation["step"])
-    kernel._adapter = None
-    kernel._recheck_step = bool(adaptation.get("recheck", False))
-    if adaptation.get("adapter") is not None:
-        kernel._adapter = MassMatrixAdapter(int(sd["warmup_steps"]) * kernel.num_steps,
-                                            tuple(kernel._state[0].shape), U.dtype, U.device,
-                                            kernel._CURVATURE_POSITIONS)
-        kernel._adapter.load_state_dict(adaptation["adapter"])

@@ -40,7 +40,7 @@ import functools
 import math
 import warnings
 from collections import deque
-from typing import Any, Callable, ContextManager, NamedTuple, Optional, Union
+from typing import Any, Callable, ContextManager, NamedTuple, Optional, Union, cast
 
 import numpy as np
 import pyro
@@ -58,6 +58,8 @@ from pyro_sdebnn.data.loaders import (
     module_device_dtype,
     move_batch,
     read_batch,
+    rng_state,
+    set_rng_state,
 )
 from pyro_sdebnn.infer.mcmc.diagnostics import (
     _HISTORY,
@@ -801,6 +803,13 @@ class SGMCMCKernel(MCMCKernel):
         if bar is not None:
             bar.set_description(text, refresh=True)
 
+    def _run_inner_steps(self) -> Optional[int]:
+        """The inner steps of the whole run (warm-up and samples), when ``MCMC`` drives the kernel."""
+        num_samples = getattr(self._mcmc_runner, "num_samples", None)
+        if not isinstance(num_samples, int):
+            return None
+        return (self._warmup_steps + num_samples) * self.num_steps
+
     def _epoch_steps(self) -> int:
         """Inner steps per pass over the data (1 with full-batch gradients)."""
         if self._stream is not None:
@@ -879,9 +888,8 @@ class SGMCMCKernel(MCMCKernel):
             # useful bound (one Adam step): there only the run's length bounds the warm start
             epoch = self._epoch_steps()
             limit = _AUTO_MAP_STEPS if epoch < _MAP_WINDOW else min(_AUTO_MAP_STEPS, epoch)
-            num_samples = getattr(self._mcmc_runner, "num_samples", None)
-            if isinstance(num_samples, int):  # MCMC drives the kernel: the inner steps of the whole run
-                run_steps = (self._warmup_steps + num_samples) * self.num_steps
+            run_steps = self._run_inner_steps()
+            if run_steps is not None:
                 limit = min(limit, max(1, math.ceil(_AUTO_MAP_RUN_FRACTION * run_steps)))
         self.map_steps_limit = limit
         shown = max(1, limit // 20)
@@ -1424,6 +1432,17 @@ class SGMCMCKernel(MCMCKernel):
         return params
 
     # ----- checkpoints ------------------------------------------------------------------------------------------
+    def _signature(self) -> dict[str, Any]:
+        """What a checkpoint must match: the kernel, its latent sites, the data sizes and the vectorised chains."""
+        U = self.potential
+        assert U is not None  # built by setup, before a chain exists to save or restore
+        return {
+            "kernel": type(self).__name__,
+            "sites": [[site.name, list(site.shape)] for site in U.sites],
+            "data_sizes": {p: int(n) for p, n in U.data_sizes.items()},
+            "vectorized_chains": int(self.vectorized_chains),
+        }
+
     def state_dict(self) -> dict[str, Any]:
         """The state of the chain after the last :meth:`sample`, enough to continue it exactly (as an optimiser's
         ``state_dict``).
@@ -1439,9 +1458,52 @@ class SGMCMCKernel(MCMCKernel):
 
         :raises ValueError: before the kernel was set up (``mcmc.run``).
         """
-        from pyro_sdebnn.infer.mcmc.checkpoint import kernel_state  # the layout lives with save_run and resume_run
+        if self.potential is None or self._state is None:
+            raise ValueError("state_dict: the kernel has no chain yet; run it first (mcmc.run)")
 
-        return kernel_state(self)
+        def tensors(state: Optional[tuple]) -> Optional[list[Tensor]]:
+            return None if state is None else [t.detach().clone() for t in state]
+
+        def array(a: Optional[np.ndarray]) -> Optional[Tensor]:
+            return None if a is None else torch.as_tensor(np.asarray(a, dtype=np.float64).copy())
+
+        stream = None
+        if self._stream is not None:
+            stream = self._stream.state_dict()
+            if self._pending_batch is not None:  # the first batch was drawn but not used yet
+                stream["position"] -= 1
+        inverse = self.inverse_mass_matrix
+        return {
+            "signature": self._signature(),
+            "state": tensors(self._state),
+            "healthy": tensors(self._healthy),
+            "uncertified": tensors(self._uncertified),
+            "last_potential": None if self._last_potential is None else self._last_potential.detach().clone(),
+            "t": int(self._t),
+            "sample_count": int(self._sample_count),
+            "warmup_steps": int(self._warmup_steps),
+            "step_scale": float(self._step_scale),
+            "divergences": [int(i) for i in self._divergences],
+            "divergence_log": [dict(r) for r in self.divergence_log],
+            "map_steps_taken": int(self.map_steps_taken),
+            "energy": {
+                "all": [array(r) for r in self._energy_all],
+                "recent": [array(r) for r in self._energy_recent],
+                "stride": int(self._energy_stride),
+                "seen": int(self._energy_seen),
+                "healthy": array(self._healthy_energy),
+            },
+            "batches": None if self._batches is None else self._batches.clone(),
+            "batch_pos": int(self._batch_pos),
+            "loader": stream,
+            "rng": rng_state(),
+            "adaptation": {
+                "inverse_mass": None if inverse is None else inverse.detach().clone(),
+                "step": float(self._adapted_eta),
+                "adapter": None if self._adapter is None else self._adapter.state_dict(),
+                "recheck": bool(self._recheck_step),
+            },
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Continue from :meth:`state_dict` on the next ``setup`` (the next ``mcmc.run``), which must get the same
@@ -1467,9 +1529,74 @@ class SGMCMCKernel(MCMCKernel):
 
     def _restore(self, sd: dict[str, Any], warmup_steps: int) -> None:
         """Restore the chain saved by :meth:`state_dict` (called by ``setup``, once the potential is built)."""
-        from pyro_sdebnn.infer.mcmc.checkpoint import restore_kernel
+        self._resume = None
+        U = self.potential
+        assert U is not None  # setup restores after building the potential
+        saved, here = sd["signature"], self._signature()
+        for key in ("sites", "data_sizes", "vectorized_chains"):
+            if saved.get(key) != here[key]:
+                raise ValueError(
+                    f"the checkpoint does not belong to this model and data: its {key} {saved.get(key)!r} differ "
+                    f"from {here[key]!r}"
+                )
+        if (sd.get("loader") is None) != (self._stream is None):
+            raise ValueError(
+                "the checkpoint was taken on a run over " + ("a loader" if sd.get("loader") is not None else "tensors")
+                + ": resume it on the same kind of data"
+            )
+        left = max(0, int(sd["warmup_steps"]) - int(sd["sample_count"]))
+        if warmup_steps != left:
+            raise ValueError(
+                f"warmup_steps={warmup_steps} on resuming, but the checkpoint has {left} warm-up step(s) left: "
+                f"run MCMC(..., warmup_steps={left}) (resume_run does)"
+            )
 
-        restore_kernel(self, sd, warmup_steps)
+        def tensors(ts: Optional[list]) -> Optional[tuple]:
+            return None if ts is None else tuple(t.to(device=U.device, dtype=U.dtype) for t in ts)
+
+        state = tensors(sd["state"])
+        assert state is not None  # state_dict saves the chain's state (load_state_dict checked the key)
+        if len(state) != len(cast("type[NamedTuple]", self._state_type)._fields):
+            raise ValueError("the checkpoint's chain state does not match this kernel's (e.g. preconditioned or not)")
+        self._state = state
+        self._healthy = tensors(sd["healthy"])
+        self._uncertified = tensors(sd["uncertified"])
+        last = sd.get("last_potential")
+        self._last_potential = None if last is None else last.to(U.device)
+        self._t = int(sd["t"])
+        self._sample_count = int(sd["sample_count"])
+        self._warmup_steps = int(sd["warmup_steps"])
+        self._step_scale = float(sd["step_scale"])
+        self._eta_tensor = None
+        self._divergences = [int(i) for i in sd["divergences"]]
+        self.divergence_log = [dict(r) for r in sd["divergence_log"]]
+        self.map_steps_taken = int(sd["map_steps_taken"])
+        energy = sd["energy"]
+        self._energy_all = [r.numpy().copy() for r in energy["all"]]
+        self._energy_recent = deque((r.numpy().copy() for r in energy["recent"]), maxlen=_RECENT)
+        self._energy_stride, self._energy_seen = int(energy["stride"]), int(energy["seen"])
+        self._healthy_energy = None if energy["healthy"] is None else energy["healthy"].numpy().copy()
+        batches = sd.get("batches")
+        self._batches = None if batches is None else batches.to(U.device)
+        self._batch_pos = int(sd["batch_pos"])
+        if self._stream is not None:
+            self._pending_batch = None
+            self._stream.restore(sd["loader"])
+        set_rng_state(sd["rng"])  # torch's (CPU and CUDA), NumPy's, Python's; the loader's are the stream's
+        self._initial_params = U.split(self._state[0])
+        self._last_params = self._initial_params
+        adaptation = sd.get("adaptation") or {}
+        self.inverse_mass_matrix = None
+        self._precond = torch.ones(U.dim, dtype=U.dtype, device=U.device)
+        if adaptation.get("inverse_mass") is not None:
+            self._set_inverse_mass(adaptation["inverse_mass"].to(device=U.device, dtype=U.dtype))
+            self._adapted_eta = float(adaptation["step"])
+        self._adapter = None
+        self._recheck_step = bool(adaptation.get("recheck", False))
+        if adaptation.get("adapter") is not None:
+            self._adapter = MassMatrixAdapter(int(sd["warmup_steps"]) * self.num_steps, tuple(self._state[0].shape),
+                                              U.dtype, U.device, self._CURVATURE_POSITIONS)
+            self._adapter.load_state_dict(adaptation["adapter"])
 
     # ----- divergence detection --------------------------------------------------------------------------------
     def _energy(self, state: tuple, potential: Tensor) -> Tensor:
