@@ -803,13 +803,6 @@ class SGMCMCKernel(MCMCKernel):
         if bar is not None:
             bar.set_description(text, refresh=True)
 
-    def _run_inner_steps(self) -> Optional[int]:
-        """The inner steps of the whole run (warm-up and samples), when ``MCMC`` drives the kernel."""
-        num_samples = getattr(self._mcmc_runner, "num_samples", None)
-        if not isinstance(num_samples, int):
-            return None
-        return (self._warmup_steps + num_samples) * self.num_steps
-
     def _epoch_steps(self) -> int:
         """Inner steps per pass over the data (1 with full-batch gradients)."""
         if self._stream is not None:
@@ -888,8 +881,9 @@ class SGMCMCKernel(MCMCKernel):
             # useful bound (one Adam step): there only the run's length bounds the warm start
             epoch = self._epoch_steps()
             limit = _AUTO_MAP_STEPS if epoch < _MAP_WINDOW else min(_AUTO_MAP_STEPS, epoch)
-            run_steps = self._run_inner_steps()
-            if run_steps is not None:
+            num_samples = getattr(self._mcmc_runner, "num_samples", None)
+            if isinstance(num_samples, int):  # MCMC drives the kernel: the inner steps of the whole run
+                run_steps = (self._warmup_steps + num_samples) * self.num_steps
                 limit = min(limit, max(1, math.ceil(_AUTO_MAP_RUN_FRACTION * run_steps)))
         self.map_steps_limit = limit
         shown = max(1, limit // 20)
