@@ -36,7 +36,6 @@ sample returned, and a restart goes back to the last certified state.
 
 from __future__ import annotations
 
-import inspect
 import math
 import sys
 from types import FrameType
@@ -47,6 +46,8 @@ import torch
 from pyro import poutine
 from pyro.poutine.util import site_is_subsample
 from torch import Tensor
+
+from pyro_sdebnn.data.loaders import _named
 
 __all__ = ["SamplerDivergenceError", "SamplerWarning"]
 
@@ -149,15 +150,9 @@ def _trace_explained(model: Callable, args: tuple, kwargs: dict, data_plates: Op
 def _check_dtypes_agree(model: Callable, trace: Any, args: tuple, kwargs: dict, cause: Exception) -> None:
     """After a failed trace: floating-point data of another dtype than the latent sites drawn so far (float64 data
     and float32 priors, the usual ``mat1 and mat2 must have the same dtype`` deep in torch) is named."""
-    names: list[str] = []
-    try:  # the model's own names for its positional arguments where its signature gives them (a module: forward's)
-        parameters = inspect.signature(model.forward if isinstance(model, torch.nn.Module) else model).parameters
-        names = [n for n, p in parameters.items() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    except (TypeError, ValueError):
-        pass
-    data = {f"argument {names[i]!r}" if i < len(names) else f"argument {i}": a for i, a in enumerate(args)}
-    data.update({f"argument {k!r}": v for k, v in kwargs.items()})
-    data_dtypes = {name: t.dtype for name, t in data.items() if isinstance(t, Tensor) and t.is_floating_point()}
+    # each argument under the model's own name for it where its signature gives one (a module: forward's)
+    data_dtypes = {f"argument {name!r}": t.dtype for name, t in _named(args, kwargs, model, unknown="args")
+                   if isinstance(t, Tensor) and t.is_floating_point()}
     for site_name, site in trace.nodes.items():
         value = site.get("value")
         if site["type"] != "sample" or site["is_observed"] or not isinstance(value, Tensor) \
