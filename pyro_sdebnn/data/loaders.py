@@ -165,10 +165,6 @@ def _parameters(model: Callable) -> list[inspect.Parameter] | None:
         return None
 
 
-def _signature_text(params: list[inspect.Parameter]) -> str:
-    return "(" + ", ".join(str(p) for p in params) + ")"
-
-
 def _named(args: tuple, kwargs: Mapping[str, Any], model: Callable | None, unknown: str = "batch") -> list:
     """``(name, value)`` of every argument, a positional one named after the model's parameter (``batch[i]`` where
     unknown)."""
@@ -228,7 +224,7 @@ def read_batch(
             extra = f" with the keyword arguments {sorted(kwargs)}" if kwargs else ""
             raise TypeError(
                 f"{where} is {shape}{extra}, which does not fit the model's parameters "
-                f"{_signature_text(params)}: {e}"
+                f"({', '.join(str(p) for p in params)}): {e}"
             ) from None
     return leaves, spec, sizes.pop()
 
@@ -443,7 +439,7 @@ def check_finite_tensors(tensors: Sequence, names: Callable[[], Sequence[str]], 
 
     A single non-finite datum turns the loss, its gradient and then every weight into NaN; Pyro would report it only
     later, as an invalid distribution parameter, far from its cause. The check is one plain sum per tensor, their
-    total read back as a Python ``bool`` (a sum is several times cheaper on a CPU than ``torch.isfinite(x).all()``; on
+    total read back as a Python ``bool`` (a sum is cheaper on a CPU than ``torch.isfinite(x).all()``; on
     a GPU it is one device-to-host synchronisation per call). Only a non-finite sum (a bad entry, or an overflow of
     finite values, which then passes) goes on to the exact element-wise check, which builds the message with the
     index of the first bad entry. Integer tensors (class labels) and other values are not read.

@@ -6,8 +6,8 @@
   a divergence), the latent sites are sampled outside the subsampled data plates, and the plates over the data are
   found with their sizes :math:`N_p` and minibatch sizes :math:`b_p`.
 - *Divergences* (once per returned sample, per chain, on values the step already computed): a non-finite state,
-  potential or gradient, or a chain whose energy leaves the typical set (``DivergenceCheck``). A flagged
-  chain stops the run (:class:`SamplerDivergenceError`) or, with ``on_divergence="continue"``, restarts from its
+  potential or gradient, or a chain whose energy leaves the typical set (``energy_threshold``, applied by the
+  kernel's ``_check_chains``). A flagged chain stops the run (:class:`SamplerDivergenceError`) or, with ``on_divergence="continue"``, restarts from its
   last healthy state.
 - *The run* (at the end of ``MCMC.run``, ``RunChecks``): one :class:`SamplerWarning` per problem, as Stan
   prints them: a site whose split :math:`\\hat R` across the chains exceeds 1.1 (Gelman et al. [1]), a chain sitting
@@ -36,11 +36,10 @@ sample returned, and a restart goes back to the last certified state.
 
 from __future__ import annotations
 
-import inspect
 import math
 import sys
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -48,11 +47,7 @@ from pyro import poutine
 from pyro.poutine.util import site_is_subsample
 from torch import Tensor
 
-if TYPE_CHECKING:
-    # the kernel's attributes and methods the mixin uses (the kernel itself would be a cycle: it subclasses the mixin)
-    from pyro_sdebnn.infer.mcmc.kernel import _KernelAttributes as _KernelBase
-else:
-    _KernelBase = object
+from pyro_sdebnn.data.loaders import _named
 
 __all__ = ["SamplerDivergenceError", "SamplerWarning"]
 
@@ -155,15 +150,9 @@ def _trace_explained(model: Callable, args: tuple, kwargs: dict, data_plates: Op
 def _check_dtypes_agree(model: Callable, trace: Any, args: tuple, kwargs: dict, cause: Exception) -> None:
     """After a failed trace: floating-point data of another dtype than the latent sites drawn so far (float64 data
     and float32 priors, the usual ``mat1 and mat2 must have the same dtype`` deep in torch) is named."""
-    names: list[str] = []
-    try:  # the model's own names for its positional arguments where its signature gives them (a module: forward's)
-        parameters = inspect.signature(model.forward if isinstance(model, torch.nn.Module) else model).parameters
-        names = [n for n, p in parameters.items() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    except (TypeError, ValueError):
-        pass
-    data = {f"argument {names[i]!r}" if i < len(names) else f"argument {i}": a for i, a in enumerate(args)}
-    data.update({f"argument {k!r}": v for k, v in kwargs.items()})
-    data_dtypes = {name: t.dtype for name, t in data.items() if isinstance(t, Tensor) and t.is_floating_point()}
+    # each argument under the model's own name for it where its signature gives one (a module: forward's)
+    data_dtypes = {f"argument {name!r}": t.dtype for name, t in _named(args, kwargs, model, unknown="args")
+                   if isinstance(t, Tensor) and t.is_floating_point()}
     for site_name, site in trace.nodes.items():
         value = site.get("value")
         if site["type"] != "sample" or site["is_observed"] or not isinstance(value, Tensor) \
@@ -253,7 +242,8 @@ def find_data_plates(
         if name not in frames:
             raise ValueError(f"subsample_size: '{name}' is not a plate of the model (plates: {sorted(frames)})")
     if names is None:
-        names = tuple(requested) if requested is not None else detect_data_plates(trace, observed_sites, subsampled)
+        names = tuple(requested) if requested is not None else detect_data_plates(trace, observed_sites, subsampled,
+                                                                                  list(frames))
     elif requested is not None:
         missing = [p for p in requested if p not in names]
         if missing:
@@ -299,16 +289,13 @@ def find_data_plates(
     return tuple(names), sizes, batch
 
 
-def detect_data_plates(trace: Any, observed_sites: Sequence[str], subsampled: bool) -> tuple[str, ...]:
+def detect_data_plates(
+    trace: Any, observed_sites: Sequence[str], subsampled: bool, order: list[str]
+) -> tuple[str, ...]:
     """The plate that contains every observed site in a plate; else the plate of each observed site (a site in
-    several plates takes the one of them that is another site's only plate). Observed sites outside every plate
-    (``pyro.factor``, a likelihood over all the data at once) are full-data terms."""
-    order: dict[str, int] = {}
-    for site in trace.nodes.values():
-        if site["type"] == "sample":
-            for f in site["cond_indep_stack"]:
-                if f.vectorized:
-                    order.setdefault(f.name, len(order))
+    several plates takes the one of them that is another site's only plate), in the order of ``order`` (the model's
+    plates as the trace meets them). Observed sites outside every plate (``pyro.factor``, a likelihood over all the
+    data at once) are full-data terms."""
     plated = {n: _plates_of(trace.nodes[n]) for n in observed_sites}
     plated = {n: p for n, p in plated.items() if p}
     if not plated:
@@ -331,7 +318,7 @@ def detect_data_plates(trace: Any, observed_sites: Sequence[str], subsampled: bo
                 "name the subsampled plates and their minibatch sizes"
             )
         names |= candidates
-    return tuple(sorted(names, key=order.__getitem__))
+    return tuple(sorted(names, key=order.index))
 
 
 # ----- divergences ------------------------------------------------------------------------------------------------
@@ -381,179 +368,37 @@ def _rows(history: Any) -> np.ndarray:
 
 def _median(rows: np.ndarray) -> np.ndarray:
     """``np.median(rows, 0)`` of finite rows, bit for bit (the middle row of the sorted rows, or the mean of the two
-    middle ones), at a tenth of its cost on the short histories of the check (it runs once per returned sample)."""
+    middle ones), cheaper than ``np.median`` on the short histories of the check (it runs once per returned sample)."""
     rows = np.sort(rows, 0)
     half = len(rows) // 2
     return rows[half] if len(rows) % 2 else (rows[half - 1] + rows[half]) / 2
 
 
-class DivergenceCheck(_KernelBase):
-    """The energy check and the restarts of :class:`~pyro_sdebnn.infer.mcmc.kernel.SGMCMCKernel` (a mixin: it reads
-    the kernel's settings, step-size schedule and chain state)."""
+def energy_threshold(
+    recent: Sequence[np.ndarray], history: Sequence[np.ndarray], base: float
+) -> Optional[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per chain ``(threshold, level, spread)`` of the energy check from the recent healthy energies and the
+    (decimated) history of all of them, ``base`` being :math:`T (D + 10)`; ``None`` before the first healthy energy.
 
-    def _energy(self, state: tuple, potential: Tensor) -> Tensor:
-        """The energy watched by the divergence check: the potential of the last inner step (SGHMC adds the
-        kinetic energy)."""
-        return potential
-
-    def _energy_threshold(self) -> Optional[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        """Per chain ``(threshold, level, spread)`` of the energy check, or ``None`` before ``_MIN_HISTORY`` samples.
-
-        The level is the smaller of the medians of the recent and of all healthy energies, the spread the smaller of
-        their median absolute deviations times 1.4826 (a standard deviation for Gaussian fluctuations): the smaller
-        ones, so that neither a slow rise (which drags the recent median up with it) nor the initial descent
-        (which inflates the all-time statistics) hides a divergence.
-        """
-        if not self._energy_recent:
-            return None
-        assert self.potential is not None  # energies are recorded only after setup built it
-        base = self.temperature * (self.potential.dim + 10)
-        if len(self._energy_recent) < _MIN_HISTORY:  # too few for a spread: a rise by orders of magnitude only
-            level = np.min(_rows(self._energy_recent), 0)
-            return level + _EARLY_MULTIPLE * (np.abs(level) + base + 1), level, np.full_like(level, np.nan)
-        stats = []
-        for rows in (_rows(self._energy_all), _rows(self._energy_recent)):
-            median = _median(rows)
-            stats.append((median, 1.4826 * _median(np.abs(rows - median))))
-        level = np.minimum(stats[0][0], stats[1][0])
-        spread = np.minimum(stats[0][1], stats[1][1])
-        allowance = base + 1e-3 * (np.abs(level) + 1)
-        return level + _MAD_MULTIPLE * spread + allowance, level, spread
-
-    def _record_energy(self, energy: np.ndarray, flagged: dict) -> None:
-        row = energy.copy()
-        for k in flagged:  # a restarted chain is back at its last healthy energy
-            row[k] = np.nan if self._healthy_energy is None else self._healthy_energy[k]
-        if not np.isfinite(row).all():
-            return
-        self._healthy_energy = row
-        self._energy_recent.append(row)
-        if self._energy_seen % self._energy_stride == 0:
-            self._energy_all.append(row)
-            if len(self._energy_all) > _HISTORY:
-                self._energy_all = self._energy_all[::2]
-                self._energy_stride *= 2
-        self._energy_seen += 1
-
-    _energy_name = "the potential"
-
-    def _describe_energy(self, energy: float, potential: float, threshold: float, level: float, spread: float) -> str:
-        if np.isnan(spread):
-            rule = f"its lowest value {level:.4g} + 100 (|lowest| + T (D + 10) + 1)"
-        else:
-            rule = f"its running level {level:.4g} + 20 x its spread {spread:.3g} + T (D + 10) + 1e-3 (|level| + 1)"
-        return f"{self._energy_name} {energy:.4g} rose above {threshold:.4g} ({rule}): the chain left the typical set"
-
-    def _check_chains(
-        self, host: np.ndarray, potentials: Tensor, start_t: int, failed_at: int, error: Optional[Exception]
-    ) -> dict[int, tuple[int, str, bool]]:
-        """``{chain: (inner step, cause, previous)}`` of the chains that diverged in this sample (see the class
-        docstring). ``previous``: the state the previous sample returned was already bad (its potential, ``host[3]``,
-        not finite or above the threshold), so that draw is a divergent one too; the energy check reads the start of
-        a sample's last inner step, which with ``num_steps=1`` is that state."""
-        flagged: dict[int, tuple[int, str, bool]] = {}
-        limits = self._energy_threshold() if error is None else None
-
-        def previous(k: int) -> bool:
-            first = host[3, k]
-            return error is None and bool(not np.isfinite(first) or (limits is not None and first > limits[0][k]))
-
-        bad = np.flatnonzero(host[0] == 0)
-        if len(bad):
-            nonfinite = (~torch.isfinite(potentials.reshape(self.num_steps, -1))).cpu().numpy()  # only on divergence
-            for k in bad:
-                steps = np.flatnonzero(nonfinite[:, k if nonfinite.shape[1] > 1 else 0])
-                step = start_t + (int(steps[0]) if len(steps) else self.num_steps - 1)
-                if error is not None:  # the step that produced the state the failing op refused
-                    step = max(failed_at - 1, start_t)
-                cause = (
-                    f"the step raised {type(error).__name__} on a non-finite state at inner step {failed_at}"
-                    if error is not None
-                    else "the potential or its gradient is not finite, or the state overflowed"
-                )
-                flagged[int(k)] = (step, cause, previous(int(k)))
-        if limits is not None:
-            threshold, level, spread = limits
-            for k in np.flatnonzero((host[0] > 0) & (host[1] > threshold)):
-                cause = self._describe_energy(host[1, k], host[2, k], threshold[k], level[k], spread[k])
-                flagged[int(k)] = (start_t + self.num_steps - 1, cause, previous(int(k)))
-        return flagged
-
-    def _certify(self, flagged: dict) -> None:
-        """The energy of a sample is the potential at the start of its last inner step, which comes after the state
-        the previous sample returned: a passing check certifies that state (one sample late), not the new one."""
-        if not flagged:
-            self._healthy = self._uncertified
-        elif self.vectorized_chains > 1:
-            # setup sets all three to the initial state
-            assert self._state is not None and self._healthy is not None and self._uncertified is not None
-            keep = torch.zeros(self.vectorized_chains, dtype=torch.bool, device=self._state[0].device)
-            keep[list(flagged)] = True
-            keep = keep.unsqueeze(-1)
-            self._healthy = tuple(torch.where(keep, h, p) for h, p in zip(self._healthy, self._uncertified))
-        self._uncertified = self._state
-
-    def _handle_divergences(
-        self, flagged: dict[int, tuple[int, str, bool]], state: tuple, sample_index: int, error: Optional[Exception]
-    ) -> tuple:
-        """Raise, or restart the flagged chains (only those) from their last healthy state with zero auxiliary
-        state (momentum, RMSprop average), recording each restart; in warm-up with ``adapt_step_size`` or with
-        the mass-matrix adaptation (which sets the step size), also halve the step size. The divergent draws are
-        this sample's (the restart) and, where the check found the state the previous sample returned already bad,
-        that earlier draw: it was handed to the runner before the check could see it."""
-        K = self.vectorized_chains
-        adapting = sample_index < 0 and (
-            self.adapt_step_size or self._adapter is not None or self.inverse_mass_matrix is not None
-        )
-        if self._adapter is not None:  # the window's draws led to the divergence: collect them afresh
-            self._adapter.restart_window()
-        if self.on_divergence == "raise" and not adapting:
-            lines = [
-                (f"chain {k}: " if K > 1 else "")
-                + f"diverged at inner step {step} (step size {self._eta(step):.3g}): {cause}"
-                for k, (step, cause, _) in sorted(flagged.items())
-            ]
-            raise SamplerDivergenceError(
-                f"{self._name} " + "; ".join(lines) + ". Use a smaller step_size (or a decaying schedule, or "
-                "adapt_step_size=True to search a stable one in warm-up), or pass on_divergence='continue' to "
-                "record a divergence and restart the chain from its last healthy state."
-                + (" A chain that diverges in its first steps often starts at a bad point (e.g. a scale drawn close "
-                   "to 0): keep the default start (init_strategy=init_to_robust with the automatic MAP warm start, "
-                   "map_steps=None) and let adapt_step_size=True find a stable step."
-                   if min(step for step, _, _ in flagged.values()) < 10 else "")
-            ) from error
-        bad_previous = sample_index >= 1 and any(previous for _, _, previous in flagged.values())
-        for k, (step, cause, previous) in sorted(flagged.items()):
-            record = {"sample": sample_index, "warmup": sample_index < 0, "chain": k, "step": step,
-                      "step_size": self._eta(step), "cause": cause}
-            if previous and sample_index >= 1:
-                record["bad draw"] = sample_index - 1  # the draw returned before this check saw its state
-            self.divergence_log.append(record)
-        if adapting:
-            if len([r for r in self.divergence_log if r.get("halved")]) >= _MAX_HALVINGS:
-                raise SamplerDivergenceError(
-                    f"{self._name}: the warm-up step-size search halved the step size {_MAX_HALVINGS} times (to "
-                    f"{self._eta(self._t):.3g}) and the chain still diverges: " + "; ".join(
-                        c for _, c, _ in flagged.values()
-                    ) + ". Check the model or start from a MAP fit (map_steps)."
-                ) from error
-            self._step_scale *= 0.5
-            self._eta_tensor = None
-            self.divergence_log[-1]["halved"] = True
-        elif sample_index >= 0:
-            if bad_previous and (not self._divergences or self._divergences[-1] != sample_index - 1):
-                self._divergences.append(sample_index - 1)
-            self._divergences.append(sample_index)
-        healthy = self._healthy
-        assert healthy is not None  # setup sets it to the initial state
-        if K == 1:
-            return (healthy[0],) + tuple(torch.zeros_like(t) for t in healthy[1:])
-        mask = torch.zeros(K, dtype=torch.bool, device=state[0].device)
-        mask[list(flagged)] = True
-        mask = mask.unsqueeze(-1)
-        restarted = [torch.where(mask, healthy[0], state[0])]
-        restarted += [torch.where(mask, torch.zeros_like(t), t) for t in state[1:]]
-        return tuple(restarted)
+    Before ``_MIN_HISTORY`` samples the level is the lowest energy so far and the spread NaN. Then the level is the
+    smaller of the medians of the recent and of all healthy energies, the spread the smaller of their median absolute
+    deviations times 1.4826 (a standard deviation for Gaussian fluctuations): the smaller ones, so that neither a slow
+    rise (which drags the recent median up with it) nor the initial descent (which inflates the all-time statistics)
+    hides a divergence.
+    """
+    if not recent:
+        return None
+    if len(recent) < _MIN_HISTORY:  # too few for a spread: a rise by orders of magnitude only
+        level = np.min(_rows(recent), 0)
+        return level + _EARLY_MULTIPLE * (np.abs(level) + base + 1), level, np.full_like(level, np.nan)
+    stats = []
+    for rows in (_rows(history), _rows(recent)):
+        median = _median(rows)
+        stats.append((median, 1.4826 * _median(np.abs(rows - median))))
+    level = np.minimum(stats[0][0], stats[1][0])
+    spread = np.minimum(stats[0][1], stats[1][1])
+    allowance = base + 1e-3 * (np.abs(level) + 1)
+    return level + _MAD_MULTIPLE * spread + allowance, level, spread
 
 
 # ----- the end-of-run checks -------------------------------------------------------------------------------------

@@ -33,8 +33,9 @@ Observed sites and ``pyro.factor`` terms outside the data plate are full-data te
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 
 import pyro
 import torch
@@ -261,6 +262,21 @@ class FunctionalPotential(MinibatchPotential):
         if site["type"] == "sample" and not site["infer"].get("_deterministic", False):
             return likelihood_outputs(site["fn"])
         return site["value"]
+
+    @contextlib.contextmanager
+    def bound_data(self, tensors: Sequence[Tensor]) -> Iterator[None]:
+        """:meth:`MinibatchPotential.bound_data`, remembering which model argument each of ``tensors`` stands in for
+        (:meth:`_original`)."""
+        self._bound_originals = {id(new): old for new, old in zip(tensors, self.data_tensors())}
+        try:
+            with super().bound_data(tensors):
+                yield
+        finally:
+            self._bound_originals = {}
+
+    def _original(self, value: Any) -> Any:
+        """The model argument that ``value`` stands in for within :meth:`bound_data` (else ``value``)."""
+        return getattr(self, "_bound_originals", {}).get(id(value), value)
 
     # ----- one trace on the concatenated inputs [x_B; X_M] ------------------------------------------------------
     def _concatenated_args(self, idx: Optional[Tensor], points: Tensor) -> tuple[tuple, dict, int]:

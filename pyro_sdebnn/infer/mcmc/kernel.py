@@ -39,7 +39,6 @@ import contextlib
 import functools
 import math
 import warnings
-from abc import abstractmethod
 from collections import deque
 from typing import Any, Callable, ContextManager, NamedTuple, Optional, Union, cast
 
@@ -53,16 +52,26 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from torch import Tensor
 from torch.distributions.transforms import Transform
 
-from pyro_sdebnn.data.loaders import arguments, check_same_structure, move_batch, read_batch, rng_state, set_rng_state
+from pyro_sdebnn.data.loaders import (
+    arguments,
+    check_same_structure,
+    module_device_dtype,
+    move_batch,
+    read_batch,
+    rng_state,
+    set_rng_state,
+)
 from pyro_sdebnn.infer.mcmc.diagnostics import (
+    _HISTORY,
+    _MAX_HALVINGS,
     _RECENT,
-    DivergenceCheck,
-    _check_subsample_size,
     RunChecks,
     SamplerDivergenceError,
     SamplerWarning,
     _chain_finite,
+    _check_subsample_size,
     _finite_state,
+    energy_threshold,
     find_runner,
 )
 from pyro_sdebnn.infer.mcmc.potential import BatchStream, MinibatchPotential, in_dataset_order, is_data_loader
@@ -314,11 +323,13 @@ class _Adam:
         m \\leftarrow \\beta_1 m + (1 - \\beta_1) g, \\quad v \\leftarrow \\beta_2 v + (1 - \\beta_2) g^2, \\quad
         w \\leftarrow w - \\frac{\\text{lr}}{1 - \\beta_1^t} \\frac{m}{\\sqrt{v / (1 - \\beta_2^t)} + \\epsilon}.
 
-    The warm start's own copy: constructing a ``torch.optim`` optimiser imports ``torch._dynamo``, about a second the
-    first time in a process, more than a short run's warm start."""
+    The warm start's own copy: constructing a ``torch.optim`` optimiser imports ``torch._dynamo``, which the first
+    time in a process takes longer than a short run's warm start."""
 
-    def __init__(self, param: Tensor, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
-        self.param, self.lr, self.betas, self.eps = param, lr, betas, eps
+    betas, eps = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults
+
+    def __init__(self, param: Tensor, lr: float) -> None:
+        self.param, self.lr = param, lr
         self.t = 0
         self.m = torch.zeros_like(param)
         self.v = torch.zeros_like(param)
@@ -356,6 +367,9 @@ class _ModelOverLoader:
         if args and is_data_loader(args[0]):
             with torch.random.fork_rng(devices=[]):  # a shuffling loader draws from torch's generator
                 batches = [read_batch(b, i)[:2] for i, b in enumerate(in_dataset_order(args[0]))]
+            if not batches:
+                raise ValueError(f"kernel.model(loader): the loader ({type(args[0]).__name__}) is empty: it yielded no "
+                                 "batch (its dataset has no data point), so there is nothing to run the model on")
             spec = batches[0][1]
             for i, (_, s) in enumerate(batches):
                 check_same_structure(s, spec, i)
@@ -363,16 +377,6 @@ class _ModelOverLoader:
                                              for ts in zip(*(leaves for leaves, _ in batches))], spec)
             args, kwargs = whole + args[1:], {**batch_kwargs, **kwargs}
         return self.model(*args, **kwargs)
-
-
-def _model_device_dtype(model: Callable) -> tuple[Any, Optional[torch.dtype]]:
-    """The device and floating-point dtype of a model's parameters (a ``PyroModule``), else torch's default device
-    and no dtype (the batches keep theirs)."""
-    if isinstance(model, torch.nn.Module):
-        for t in list(model.parameters()) + list(model.buffers()):
-            if t.is_floating_point():
-                return t.device, t.dtype
-    return torch.get_default_device(), None
 
 
 def _check_initial_params(potential: MinibatchPotential, params: Any, chains: int) -> None:
@@ -400,80 +404,7 @@ def _check_initial_params(potential: MinibatchPotential, params: Any, chains: in
             )
 
 
-class _KernelAttributes:
-    """The attributes and methods of :class:`SGMCMCKernel` that its mixin ``DivergenceCheck`` uses, for the type
-    checker only.
-
-    The mixin is a base of the kernel, so it cannot name the kernel as its typed base (an inheritance cycle); it
-    takes this class as its base under ``typing.TYPE_CHECKING`` (``object`` at run time) instead. The kernel
-    sets these in ``__init__``, ``_reset`` and ``setup``; here they are only declared.
-    """
-
-    # settings (``__init__``)
-    _name: str
-    potential: Optional[MinibatchPotential]  # built by setup
-    num_steps: int
-    vectorized_chains: int
-    temperature: float
-    backend: str
-    compile_after: int
-    on_divergence: str
-    adapt_step_size: bool
-    # the chain (``_reset``, ``setup``, ``sample``)
-    _state: Optional[tuple]
-    _t: int  # inner gradient steps taken
-    _eta_tensor: Optional[Tensor]
-    _step_scale: float
-    # the preconditioner and its adaptation
-    _precond: Optional[Tensor]
-    _unit_mass: Optional[bool]  # the traced step has no preconditioner (no mass matrix in this run)
-    inverse_mass_matrix: Optional[Tensor]
-    _adapter: Optional[MassMatrixAdapter]
-    # divergence detection
-    _divergences: list[int]
-    divergence_log: list[dict[str, Any]]
-    _healthy: Optional[tuple]
-    _uncertified: Optional[tuple]
-    _healthy_energy: Optional[np.ndarray]
-    _energy_all: list[np.ndarray]
-    _energy_recent: deque[np.ndarray]
-    _energy_stride: int
-    _energy_seen: int
-
-    @abstractmethod
-    def _eta(self, t: int) -> float: ...
-
-    @abstractmethod
-    def _update(
-        self, noise: Tensor, state: tuple, grad: Tensor, step_size: Tensor, precond: Optional[Tensor] = None
-    ) -> tuple: ...
-
-    @abstractmethod
-    def _potential_fn(
-        self,
-        flat: Tensor | tuple[Tensor, ...],  # the flat vector, or its flat_parts (the step differentiates those)
-        idx: Optional[Tensor],
-        *extra: Tensor,
-        exclude_gaussian_prior: bool = False,
-    ) -> Tensor: ...
-
-    @abstractmethod
-    def _potential_and_grad_inputs(self) -> tuple: ...
-
-    @abstractmethod
-    def _next_indices(self) -> Optional[Tensor]: ...
-
-    @abstractmethod
-    def _epoch_steps(self) -> int: ...
-
-    @abstractmethod
-    def _next_data(self) -> Optional[tuple]: ...
-
-    @abstractmethod
-    def _bind(self, data: Optional[tuple]) -> ContextManager[Any]: ...
-
-
-class SGMCMCKernel(DivergenceCheck, MCMCKernel):
+class SGMCMCKernel(MCMCKernel):
     """Base class of the SG-MCMC kernels: set-up, the loop of inner steps, warm-up, divergences, diagnostics.
 
     A subclass names its chain state (``_state_type``, a ``NamedTuple`` whose first field is the position),
@@ -667,9 +598,6 @@ class SGMCMCKernel(DivergenceCheck, MCMCKernel):
         """With a loader, the model's keyword arguments that come from its batches (a dict batch's keys)."""
         return () if self._stream is None else self._stream.keys
 
-    # every kernel here takes a loader; a subclass that cannot sets this to False
-    _takes_loader = True
-
     def _start_stream(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """``mcmc.run(loader)``: the model's arguments become those of the loader's first batch (a tuple or list batch
         ``model(*batch)``, a dict batch ``model(**batch)``, a tensor ``model(batch)``; ``kwargs`` added), moved to the
@@ -678,8 +606,6 @@ class SGMCMCKernel(DivergenceCheck, MCMCKernel):
         self._pending_batch = None
         if not any(is_data_loader(a) for a in args) and not any(is_data_loader(v) for v in kwargs.values()):
             return args, kwargs
-        if not self._takes_loader:
-            raise TypeError(f"{self._name} does not take a loader: pass the data as tensors (mcmc.run(x, y))")
         if len(args) != 1 or not is_data_loader(args[0]):
             raise TypeError(
                 "a loader must be the only positional argument of mcmc.run (mcmc.run(loader), the model being "
@@ -690,8 +616,10 @@ class SGMCMCKernel(DivergenceCheck, MCMCKernel):
             raise ValueError(
                 "subsample_size must be None with a loader: the minibatch size is the loader's batch_size"
             )
-        device, dtype = _model_device_dtype(self._model)
-        self._stream = BatchStream(args[0], device, dtype, model=self._model, drop_last=self.drop_last, kwargs=kwargs)
+        # the model's device and dtype (a PyroModule's parameters), else torch's default device and the batches' dtype
+        model = self._model
+        device, dtype = module_device_dtype(model, buffers=True) if isinstance(model, torch.nn.Module) else (None, None)
+        self._stream = BatchStream(args[0], torch.get_default_device() if device is None else device, dtype, model=self._model, drop_last=self.drop_last, kwargs=kwargs)
         self._pending_batch = self._stream.next()
         self._first_batch_size = int(self._pending_batch[0].shape[0])
         batch_args, batch_kwargs = arguments(self._pending_batch, self._stream.spec)
@@ -875,13 +803,6 @@ class SGMCMCKernel(DivergenceCheck, MCMCKernel):
         if bar is not None:
             bar.set_description(text, refresh=True)
 
-    def _run_inner_steps(self) -> Optional[int]:
-        """The inner steps of the whole run (warm-up and samples), when ``MCMC`` drives the kernel."""
-        num_samples = getattr(self._mcmc_runner, "num_samples", None)
-        if not isinstance(num_samples, int):
-            return None
-        return (self._warmup_steps + num_samples) * self.num_steps
-
     def _epoch_steps(self) -> int:
         """Inner steps per pass over the data (1 with full-batch gradients)."""
         if self._stream is not None:
@@ -960,8 +881,9 @@ class SGMCMCKernel(DivergenceCheck, MCMCKernel):
             # useful bound (one Adam step): there only the run's length bounds the warm start
             epoch = self._epoch_steps()
             limit = _AUTO_MAP_STEPS if epoch < _MAP_WINDOW else min(_AUTO_MAP_STEPS, epoch)
-            run_steps = self._run_inner_steps()
-            if run_steps is not None:
+            num_samples = getattr(self._mcmc_runner, "num_samples", None)
+            if isinstance(num_samples, int):  # MCMC drives the kernel: the inner steps of the whole run
+                run_steps = (self._warmup_steps + num_samples) * self.num_steps
                 limit = min(limit, max(1, math.ceil(_AUTO_MAP_RUN_FRACTION * run_steps)))
         self.map_steps_limit = limit
         shown = max(1, limit // 20)
@@ -1062,8 +984,8 @@ class SGMCMCKernel(DivergenceCheck, MCMCKernel):
         The potential of one chain is ``vmap``-ed over the chains, as in the traced step, and differentiated by plain
         autograd: the chains are independent, so the gradient of the sum of their potentials is each chain's
         gradient. One trace of the model through Pyro's handlers serves every chain, where the chain-by-chain
-        gradient traces it ``K`` times (``torch.func``'s own gradient would import ``torch._dynamo``, about a
-        second the first time in a process, more than a short run's warm start). The closed-form prior terms are
+        gradient traces it ``K`` times (``torch.func``'s own gradient would import ``torch._dynamo``, which the
+        first time in a process takes longer than a short run's warm start). The closed-form prior terms are
         added chain by chain, as :meth:`_gradient` adds them (on ``(K, D)`` they would allocate and fill buffers
         ``K`` times the size, slower for a large network). The model's batched products may round differently
         from the chain-by-chain ones (in the last bits of the dtype).
@@ -1671,6 +1593,148 @@ class SGMCMCKernel(DivergenceCheck, MCMCKernel):
             self._adapter.load_state_dict(adaptation["adapter"])
 
     # ----- divergence detection --------------------------------------------------------------------------------
+    def _energy(self, state: tuple, potential: Tensor) -> Tensor:
+        """The energy watched by the divergence check: the potential of the last inner step (SGHMC adds the
+        kinetic energy)."""
+        return potential
+
+    def _record_energy(self, energy: np.ndarray, flagged: dict) -> None:
+        row = energy.copy()
+        for k in flagged:  # a restarted chain is back at its last healthy energy
+            row[k] = np.nan if self._healthy_energy is None else self._healthy_energy[k]
+        if not np.isfinite(row).all():
+            return
+        self._healthy_energy = row
+        self._energy_recent.append(row)
+        if self._energy_seen % self._energy_stride == 0:
+            self._energy_all.append(row)
+            if len(self._energy_all) > _HISTORY:
+                self._energy_all = self._energy_all[::2]
+                self._energy_stride *= 2
+        self._energy_seen += 1
+
+    _energy_name = "the potential"
+
+    def _describe_energy(self, energy: float, potential: float, threshold: float, level: float, spread: float) -> str:
+        if np.isnan(spread):
+            rule = f"its lowest value {level:.4g} + 100 (|lowest| + T (D + 10) + 1)"
+        else:
+            rule = f"its running level {level:.4g} + 20 x its spread {spread:.3g} + T (D + 10) + 1e-3 (|level| + 1)"
+        return f"{self._energy_name} {energy:.4g} rose above {threshold:.4g} ({rule}): the chain left the typical set"
+
+    def _check_chains(
+        self, host: np.ndarray, potentials: Tensor, start_t: int, failed_at: int, error: Optional[Exception]
+    ) -> dict[int, tuple[int, str, bool]]:
+        """``{chain: (inner step, cause, previous)}`` of the chains that diverged in this sample (the rule of
+        :mod:`~pyro_sdebnn.infer.mcmc.diagnostics`). ``previous``: the state the previous sample returned was already bad (its potential, ``host[3]``,
+        not finite or above the threshold), so that draw is a divergent one too; the energy check reads the start of
+        a sample's last inner step, which with ``num_steps=1`` is that state."""
+        flagged: dict[int, tuple[int, str, bool]] = {}
+        assert self.potential is not None  # built by setup
+        base = self.temperature * (self.potential.dim + 10)  # T (D + 10)
+        limits = energy_threshold(self._energy_recent, self._energy_all, base) if error is None else None
+
+        def previous(k: int) -> bool:
+            first = host[3, k]
+            return error is None and bool(not np.isfinite(first) or (limits is not None and first > limits[0][k]))
+
+        bad = np.flatnonzero(host[0] == 0)
+        if len(bad):
+            nonfinite = (~torch.isfinite(potentials.reshape(self.num_steps, -1))).cpu().numpy()  # only on divergence
+            for k in bad:
+                steps = np.flatnonzero(nonfinite[:, k if nonfinite.shape[1] > 1 else 0])
+                step = start_t + (int(steps[0]) if len(steps) else self.num_steps - 1)
+                if error is not None:  # the step that produced the state the failing op refused
+                    step = max(failed_at - 1, start_t)
+                cause = (
+                    f"the step raised {type(error).__name__} on a non-finite state at inner step {failed_at}"
+                    if error is not None
+                    else "the potential or its gradient is not finite, or the state overflowed"
+                )
+                flagged[int(k)] = (step, cause, previous(int(k)))
+        if limits is not None:
+            threshold, level, spread = limits
+            for k in np.flatnonzero((host[0] > 0) & (host[1] > threshold)):
+                cause = self._describe_energy(host[1, k], host[2, k], threshold[k], level[k], spread[k])
+                flagged[int(k)] = (start_t + self.num_steps - 1, cause, previous(int(k)))
+        return flagged
+
+    def _certify(self, flagged: dict) -> None:
+        """The energy of a sample is the potential at the start of its last inner step, which comes after the state
+        the previous sample returned: a passing check certifies that state (one sample late), not the new one."""
+        if not flagged:
+            self._healthy = self._uncertified
+        elif self.vectorized_chains > 1:
+            # setup sets all three to the initial state
+            assert self._state is not None and self._healthy is not None and self._uncertified is not None
+            keep = torch.zeros(self.vectorized_chains, dtype=torch.bool, device=self._state[0].device)
+            keep[list(flagged)] = True
+            keep = keep.unsqueeze(-1)
+            self._healthy = tuple(torch.where(keep, h, p) for h, p in zip(self._healthy, self._uncertified))
+        self._uncertified = self._state
+
+    def _handle_divergences(
+        self, flagged: dict[int, tuple[int, str, bool]], state: tuple, sample_index: int, error: Optional[Exception]
+    ) -> tuple:
+        """Raise, or restart the flagged chains (only those) from their last healthy state with zero auxiliary
+        state (momentum, RMSprop average), recording each restart; in warm-up with ``adapt_step_size`` or with
+        the mass-matrix adaptation (which sets the step size), also halve the step size. The divergent draws are
+        this sample's (the restart) and, where the check found the state the previous sample returned already bad,
+        that earlier draw: it was handed to the runner before the check could see it."""
+        K = self.vectorized_chains
+        adapting = sample_index < 0 and (
+            self.adapt_step_size or self._adapter is not None or self.inverse_mass_matrix is not None
+        )
+        if self._adapter is not None:  # the window's draws led to the divergence: collect them afresh
+            self._adapter.restart_window()
+        if self.on_divergence == "raise" and not adapting:
+            lines = [
+                (f"chain {k}: " if K > 1 else "")
+                + f"diverged at inner step {step} (step size {self._eta(step):.3g}): {cause}"
+                for k, (step, cause, _) in sorted(flagged.items())
+            ]
+            raise SamplerDivergenceError(
+                f"{self._name} " + "; ".join(lines) + ". Use a smaller step_size (or a decaying schedule, or "
+                "adapt_step_size=True to search a stable one in warm-up), or pass on_divergence='continue' to "
+                "record a divergence and restart the chain from its last healthy state."
+                + (" A chain that diverges in its first steps often starts at a bad point (e.g. a scale drawn close "
+                   "to 0): keep the default start (init_strategy=init_to_robust with the automatic MAP warm start, "
+                   "map_steps=None) and let adapt_step_size=True find a stable step."
+                   if min(step for step, _, _ in flagged.values()) < 10 else "")
+            ) from error
+        bad_previous = sample_index >= 1 and any(previous for _, _, previous in flagged.values())
+        for k, (step, cause, previous) in sorted(flagged.items()):
+            record = {"sample": sample_index, "warmup": sample_index < 0, "chain": k, "step": step,
+                      "step_size": self._eta(step), "cause": cause}
+            if previous and sample_index >= 1:
+                record["bad draw"] = sample_index - 1  # the draw returned before this check saw its state
+            self.divergence_log.append(record)
+        if adapting:
+            if len([r for r in self.divergence_log if r.get("halved")]) >= _MAX_HALVINGS:
+                raise SamplerDivergenceError(
+                    f"{self._name}: the warm-up step-size search halved the step size {_MAX_HALVINGS} times (to "
+                    f"{self._eta(self._t):.3g}) and the chain still diverges: " + "; ".join(
+                        c for _, c, _ in flagged.values()
+                    ) + ". Check the model or start from a MAP fit (map_steps)."
+                ) from error
+            self._step_scale *= 0.5
+            self._eta_tensor = None
+            self.divergence_log[-1]["halved"] = True
+        elif sample_index >= 0:
+            if bad_previous and (not self._divergences or self._divergences[-1] != sample_index - 1):
+                self._divergences.append(sample_index - 1)
+            self._divergences.append(sample_index)
+        healthy = self._healthy
+        assert healthy is not None  # setup sets it to the initial state
+        if K == 1:
+            return (healthy[0],) + tuple(torch.zeros_like(t) for t in healthy[1:])
+        mask = torch.zeros(K, dtype=torch.bool, device=state[0].device)
+        mask[list(flagged)] = True
+        mask = mask.unsqueeze(-1)
+        restarted = [torch.where(mask, healthy[0], state[0])]
+        restarted += [torch.where(mask, torch.zeros_like(t), t) for t in state[1:]]
+        return tuple(restarted)
+
     def cleanup(self) -> None:
         if self.sample_writer is not None:
             self.sample_writer.flush()

@@ -171,16 +171,6 @@ class MinibatchPotential:
     torch.Size([])
     """
 
-    # the model's data plates, set by ``_find_data_plates`` (and ``_use_batch_data_size`` for a loader's batch)
-    data_plates: tuple[str, ...]
-    data_sizes: dict[str, int]
-    subsample_sizes: dict[str, int]
-    subsampled_plates: tuple[str, ...]
-    batch_size: Optional[int]
-    # the first data plate, for code written for one plate
-    data_plate: Optional[str]
-    data_size: Optional[int]
-
     def __init__(
         self,
         model: Callable,
@@ -228,9 +218,23 @@ class MinibatchPotential:
         self.prototype_trace = trace
         self._find_sites(trace)
         _check_observed_values(trace, self.observed_sites)
-        self._find_data_plates(trace, data_plates, subsample_size)
-        if data_size is not None:
-            self._use_batch_data_size(data_size)
+        # the plates over the data, their sizes and the minibatch size of each subsampled one
+        names, self.data_sizes, self.subsample_sizes = find_data_plates(
+            trace, self.observed_sites, data_plates, subsample_size
+        )
+        self.data_plates, self.subsampled_plates = names, tuple(self.subsample_sizes)
+        self.batch_size: Optional[int] = sum(self.subsample_sizes.values()) if self.subsample_sizes else None
+        # the first data plate, for code written for one plate
+        self.data_plate: Optional[str] = names[0] if names else None
+        self.data_size: Optional[int] = self.data_sizes[names[0]] if names else None
+        if data_size is not None:  # the arguments are one minibatch of the N = data_size points (none subsampled)
+            if len(names) != 1:
+                raise ValueError(
+                    "with a loader the model must have exactly one plate over the data (found "
+                    f"{list(names) or 'none'}): put the likelihood in `with pyro.plate('data', len(x)):`, or "
+                    "name the plate with data_plate="
+                )
+            self.data_sizes, self.data_size = {names[0]: data_size}, data_size
         # the model with its data plates scaled by N / (the plate's size in the run): for a minibatch run as data
         self._data_scaled_model = _DataScale(self.data_sizes)(model)
         self._constant_normal_priors = find_constant_normal_priors(
@@ -247,22 +251,6 @@ class MinibatchPotential:
             self._check_subsampling()
         elif data_size is not None:
             _check_latents_outside_plate(trace, self.data_plates)
-
-    def _use_batch_data_size(self, data_size: int) -> None:
-        """The model arguments are one minibatch of ``data_size`` points: the data plate is scaled by ``N/b``."""
-        if len(self.data_plates) != 1:
-            raise ValueError(
-                "with a loader the model must have exactly one plate over the data (found "
-                f"{list(self.data_plates) or 'none'}): put the likelihood in `with pyro.plate('data', len(x)):`, or "
-                "name the plate with data_plate="
-            )
-        assert self.data_plate is not None  # set with the one data plate
-        self.data_sizes = {self.data_plate: data_size}
-        self.data_size = data_size
-        self.subsample_sizes = {}
-        self.subsampled_plates = ()
-        self.batch_size = None
-
 
     # ----- structure -------------------------------------------------------------------------------------------
     def _find_sites(self, trace: Any) -> None:
@@ -303,19 +291,6 @@ class MinibatchPotential:
         (``ClosedFormGaussianPrior``)."""
         return self._closed_form_prior(flat)
 
-
-    def _find_data_plates(
-        self, trace: Any, names: Optional[tuple[str, ...]], subsample_size: SubsampleSize
-    ) -> None:
-        names, sizes, batch = find_data_plates(trace, self.observed_sites, names, subsample_size)
-        self.data_plates = names
-        self.data_sizes = sizes
-        self.subsample_sizes = batch
-        self.subsampled_plates = tuple(batch)
-        self.batch_size = sum(batch.values()) if batch else None
-        # the first data plate, for code written for one plate
-        self.data_plate = names[0] if names else None
-        self.data_size = sizes[names[0]] if names else None
 
     def _check_subsampling(self) -> None:
         """Run the model once on a minibatch, as the model indexing the data with the plate's indices
@@ -458,17 +433,11 @@ class MinibatchPotential:
         replacement = iter(tensors)
         leaves = [next(replacement) if torch.is_tensor(leaf) else leaf for leaf in leaves]
         saved = self.model_args, self.model_kwargs
-        self._bound_originals = {id(new): old for new, old in zip(tensors, self.data_tensors())}
         self.model_args, self.model_kwargs = tree_unflatten(leaves, spec)
         try:
             yield
         finally:
             self.model_args, self.model_kwargs = saved
-            self._bound_originals = {}
-
-    def _original(self, value: Any) -> Any:
-        """The model argument that ``value`` stands in for within :meth:`bound_data` (else ``value``)."""
-        return getattr(self, "_bound_originals", {}).get(id(value), value)
 
     # ----- evaluation ------------------------------------------------------------------------------------------
     def flat_parts(self, flat: Tensor) -> tuple[Tensor, ...]:
@@ -508,13 +477,9 @@ class MinibatchPotential:
         batch = flat.shape[:-1]
         return {s.name: flat[..., s.offset : s.offset + s.numel].reshape(batch + s.shape) for s in self.sites}
 
-    def _trace(
-        self, values: dict[str, Tensor], idx: Optional[Tensor], args: Optional[tuple] = None,
-        kwargs: Optional[dict] = None,
-    ) -> Any:
+    def _trace(self, values: dict[str, Tensor], idx: Optional[Tensor]) -> Any:
         data = dict(values)
-        args = self.model_args if args is None else args
-        kwargs = self.model_kwargs if kwargs is None else kwargs
+        args, kwargs = self.model_args, self.model_kwargs
         model: Callable = self.model
         if self.minibatch_mode == "slice" and idx is not None:
             assert self.data_size is not None  # "slice" is chosen only with a subsampled data plate
@@ -528,10 +493,10 @@ class MinibatchPotential:
         return poutine.trace(conditioned).get_trace(*args, **kwargs)
 
     def log_density(
-        self, trace: Any, *, likelihood: bool = True, prior: bool = True, exclude: frozenset = frozenset()
+        self, trace: Any, *, likelihood: bool = True, exclude: frozenset = frozenset()
     ) -> Tensor | float:
         """:math:`\\sum_s \\text{scale}_s \\log p_s` over the sample sites of a trace (no validation), leaving out
-        the prior terms of the latent sites in ``exclude``."""
+        the prior terms of the latent sites in ``exclude`` (and the likelihood terms if not ``likelihood``)."""
         total: Tensor | float = 0.0
         for name, site in trace.nodes.items():
             if site["type"] != "sample" or site_is_subsample(site) or _is_deterministic(site):
@@ -540,7 +505,7 @@ class MinibatchPotential:
             if observed and not likelihood:
                 continue
             if not observed:
-                if not prior or name in exclude:
+                if name in exclude:
                     continue
                 if self.prior_filter is not None and not self.prior_filter(name, site):
                     continue

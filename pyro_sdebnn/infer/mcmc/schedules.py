@@ -119,7 +119,7 @@ class CyclicalStepSize(StepSizeSchedule):
                                           or not isinstance(min_step_size, (int, float))):
             raise TypeError(f"min_step_size must be a float or None, got {type(min_step_size).__name__}")
         self.min_step_size = 1e-3 * self.initial_step_size if min_step_size is None else float(min_step_size)
-        if not 0 <= self.min_step_size < math.inf:  # a NaN floor passed the old `< 0` check
+        if not 0 <= self.min_step_size < math.inf:  # NaN fails the comparison too
             raise ValueError(f"min_step_size must be non-negative and finite, got {min_step_size}")
 
     def __call__(self, t: int) -> float:

@@ -293,6 +293,19 @@ def test_bad_loaders_and_arguments_are_named():
         run(FSGLD(plain_model, gp_prior=gp.kernels.RBF(2)), _loader(x, y))
 
 
+def test_an_empty_loader_is_named_by_the_run_and_by_kernel_model():
+    # both ways into the model refuse a loader over an empty data set with a ValueError that says so (the model view
+    # used to fail on the first of no batches, with an IndexError)
+    empty = DataLoader(TensorDataset(torch.zeros(0, 2), torch.zeros(0)), batch_size=10)
+    kernel = SGLD(plain_model)
+    with pytest.raises(ValueError, match=r"the loader's dataset is empty \(len\(loader.dataset\) = 0\)"):
+        MCMC(kernel, num_samples=1, warmup_steps=0, disable_progbar=True).run(empty)
+    with pytest.raises(ValueError, match=r"kernel.model\(loader\): the loader \(DataLoader\) is empty"):
+        kernel.model(empty)
+    x, y = _data()  # a loader with data still reaches the model, on all N points
+    assert pyro.poutine.trace(kernel.model).get_trace(_loader(x, y)).nodes["y"]["value"].shape == (N,)
+
+
 def test_plain_model_without_data_arguments_of_the_plate_size_is_explained():
     x, y = _data()
 
