@@ -131,7 +131,8 @@ def iter_batches(loader, device=None, dtype: torch.dtype | None = None, *, with_
         elif isinstance(batch, (list, tuple)) and (len(batch) == 2 or (len(batch) == 1 and not with_targets)):
             x, y = batch[0], (batch[1] if len(batch) == 2 else None)
         else:
-            what = f"a {type(batch).__name__}" + (f" of length {len(batch)}" if isinstance(batch, (list, tuple)) else "")
+            length = f" of length {len(batch)}" if isinstance(batch, (list, tuple)) else ""
+            what = f"a {type(batch).__name__}{length}"
             raise TypeError(
                 f"batch {i} of the loader is {what}; every batch must be an (x, y) pair of tensors"
                 + ("" if with_targets else " (or x alone for prediction)")

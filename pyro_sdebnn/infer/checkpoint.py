@@ -3,8 +3,8 @@
 
 Every checkpoint the package writes -- a fitted baseline's (``method.save(path)``), a
 :func:`~pyro_sdebnn.infer.train_svi` run's (``checkpoint=path``), an SG-MCMC run's
-(:func:`~pyro_sdebnn.infer.mcmc.save_run`, :class:`~pyro_sdebnn.infer.mcmc.checkpoint.CheckpointHook`) -- is one dictionary in
-one envelope::
+(:func:`~pyro_sdebnn.infer.mcmc.save_run`, :class:`~pyro_sdebnn.infer.mcmc.checkpoint.CheckpointHook`) -- is one
+dictionary in one envelope::
 
     {"format": "pyro_sdebnn/<kind>", "version": 1, ...the state of that kind...}
 

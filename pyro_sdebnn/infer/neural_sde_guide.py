@@ -199,7 +199,8 @@ class NeuralSDEPath(TorchDistribution):
 
 
 def _enclosing_sample_value(name: str) -> Tensor | None:
-    """The value of sample site ``name`` in the innermost enclosing :class:`~pyro.poutine.trace_messenger.TraceMessenger`."""
+    """The value of sample site ``name`` in the innermost enclosing
+    :class:`~pyro.poutine.trace_messenger.TraceMessenger`."""
     for frame in reversed(_PYRO_STACK):
         if isinstance(frame, TraceMessenger) and name in frame.trace.nodes:
             node = frame.trace.nodes[name]
@@ -350,7 +351,8 @@ class NeuralSDEGuide(ParamStoreModule, AutoGuide):
                 raise ValueError(f"NeuralSDEGuide: `drift` dict has no entry for OUPath site {name!r}")
             return self._as_module(user[name])
         if not (isinstance(user, nn.Module) or callable(user)):
-            raise TypeError(f"NeuralSDEGuide: `drift` must be an nn.Module, function, dict or factory, got {type(user)}")
+            raise TypeError(f"NeuralSDEGuide: `drift` must be an nn.Module, function, dict or factory, "
+                            f"got {type(user)}")
         if isinstance(user, nn.Module) or self._is_drift_function(user, prior):
             if len(self.path_sites) > 1:
                 raise ValueError("NeuralSDEGuide: one `drift` given but the model has several OUPath "

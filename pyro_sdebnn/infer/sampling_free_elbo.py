@@ -134,7 +134,8 @@ class SamplingFree_ELBO(TraceMeanField_ELBO):
         surrogate = -expected_log_lik + self.kl_scale * kl
         loss = torch_item(surrogate)
         if not math.isfinite(loss):
-            raise FloatingPointError(f"SamplingFree_ELBO: the loss is {loss}; lower the learning rate or check the data")
+            raise FloatingPointError(f"SamplingFree_ELBO: the loss is {loss}; lower the learning rate or check the "
+                                     "data")
         return loss, surrogate
 
     def loss(self, model, guide, *args, **kwargs) -> float:

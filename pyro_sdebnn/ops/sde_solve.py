@@ -241,7 +241,8 @@ class AugmentedPathSDE(nn.Module):
     :param callable field: :math:`f_h(t, h, w)` on flattened ``h`` of shape ``(batch, H)``.
 
     >>> sde = AugmentedPathSDE(3, 0, 0.5, 1.0)
-    >>> sde.f(torch.tensor(0.0), torch.ones(2, 4)).shape, sde.g_prod(torch.tensor(0.0), torch.ones(2, 4), torch.ones(2, 3)).shape
+    >>> t = torch.tensor(0.0)
+    >>> sde.f(t, torch.ones(2, 4)).shape, sde.g_prod(t, torch.ones(2, 4), torch.ones(2, 3)).shape
     (torch.Size([2, 4]), torch.Size([2, 4]))
     """
 

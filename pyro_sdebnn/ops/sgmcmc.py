@@ -186,8 +186,8 @@ def sghmc_step(
     :math:`M^{-1/2}` (default :math:`I`, unit mass). It discretises
     :math:`dz = -(D + Q)\\nabla H(z) dt + \\sqrt{2 D T} dB` for :math:`z = (w, v)`,
     :math:`H = U(w) + \\|v\\|^2/2`, :math:`D = \\operatorname{diag}(0, c - \\hat B)` and the constant skew-symmetric
-    :math:`Q = \\begin{pmatrix} 0 & -M^{-1/2} \\\\ M^{-1/2} & 0 \\end{pmatrix}`: with :math:`D` and :math:`Q` constant the
-    correction term of Ma, Chen & Fox (2015) [4] vanishes and :math:`\\exp(-H/T)` is stationary. The stationary law
+    :math:`Q = \\begin{pmatrix} 0 & -M^{-1/2} \\\\ M^{-1/2} & 0 \\end{pmatrix}`: with :math:`D` and :math:`Q` constant
+    the correction term of Ma, Chen & Fox (2015) [4] vanishes and :math:`\\exp(-H/T)` is stationary. The stationary law
     of :math:`v` is :math:`\\mathcal N(0, T I)` whatever :math:`M`; :math:`0 < \\eta c < 1` is required for the
     friction to damp.
 

@@ -162,8 +162,8 @@ def pointwise_log_likelihood(
         pass over the loader's data set *in data-set order* (``in_dataset_order``: no shuffling, no dropped last
         batch), called as ``pyro_sdebnn.data.loaders.batch_arguments`` says (``model(*batch)`` for a tuple
         batch, ``model(**batch)`` for a dict, ``model(batch)`` for a tensor; ``kwargs`` added), and the
-        log-likelihoods are concatenated along the data dimension (all :math:`N` points, entry ``i`` being ``loader.dataset[i]``; the batches go to the samples' device one
-        at a time).
+        log-likelihoods are concatenated along the data dimension (all :math:`N` points, entry ``i`` being
+        ``loader.dataset[i]``; the batches go to the samples' device one at a time).
     :param bool vectorize: ``True`` uses :class:`pyro.infer.Predictive`'s vectorised trace, ``False`` runs the
         model draw by draw, ``None`` (default) tries the former and falls back to the latter.
     :rtype: dict

@@ -7,8 +7,8 @@
   found with their sizes :math:`N_p` and minibatch sizes :math:`b_p`.
 - *Divergences* (once per returned sample, per chain, on values the step already computed): a non-finite state,
   potential or gradient, or a chain whose energy leaves the typical set (``energy_threshold``, applied by the
-  kernel's ``_check_chains``). A flagged chain stops the run (:class:`SamplerDivergenceError`) or, with ``on_divergence="continue"``, restarts from its
-  last healthy state.
+  kernel's ``_check_chains``). A flagged chain stops the run (:class:`SamplerDivergenceError`) or, with
+  ``on_divergence="continue"``, restarts from its last healthy state.
 - *The run* (at the end of ``MCMC.run``, ``RunChecks``): one :class:`SamplerWarning` per problem, as Stan
   prints them: a site whose split :math:`\\hat R` across the chains exceeds 1.1 (Gelman et al. [1]), a chain sitting
   at a support boundary for more than half of its draws, divergences.

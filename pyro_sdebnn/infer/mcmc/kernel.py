@@ -619,7 +619,8 @@ class SGMCMCKernel(MCMCKernel):
         # the model's device and dtype (a PyroModule's parameters), else torch's default device and the batches' dtype
         model = self._model
         device, dtype = module_device_dtype(model, buffers=True) if isinstance(model, torch.nn.Module) else (None, None)
-        self._stream = BatchStream(args[0], torch.get_default_device() if device is None else device, dtype, model=self._model, drop_last=self.drop_last, kwargs=kwargs)
+        self._stream = BatchStream(args[0], torch.get_default_device() if device is None else device, dtype,
+                                   model=self._model, drop_last=self.drop_last, kwargs=kwargs)
         self._pending_batch = self._stream.next()
         self._first_batch_size = int(self._pending_batch[0].shape[0])
         batch_args, batch_kwargs = arguments(self._pending_batch, self._stream.spec)
@@ -1626,9 +1627,9 @@ class SGMCMCKernel(MCMCKernel):
         self, host: np.ndarray, potentials: Tensor, start_t: int, failed_at: int, error: Optional[Exception]
     ) -> dict[int, tuple[int, str, bool]]:
         """``{chain: (inner step, cause, previous)}`` of the chains that diverged in this sample (the rule of
-        :mod:`~pyro_sdebnn.infer.mcmc.diagnostics`). ``previous``: the state the previous sample returned was already bad (its potential, ``host[3]``,
-        not finite or above the threshold), so that draw is a divergent one too; the energy check reads the start of
-        a sample's last inner step, which with ``num_steps=1`` is that state."""
+        :mod:`~pyro_sdebnn.infer.mcmc.diagnostics`). ``previous``: the state the previous sample returned was already
+        bad (its potential, ``host[3]``, not finite or above the threshold), so that draw is a divergent one too; the
+        energy check reads the start of a sample's last inner step, which with ``num_steps=1`` is that state."""
         flagged: dict[int, tuple[int, str, bool]] = {}
         assert self.potential is not None  # built by setup
         base = self.temperature * (self.potential.dim + 10)  # T (D + 10)

@@ -39,7 +39,8 @@ __all__ = ["probit_softmax"]
 
 
 def probit_softmax(logits_loc: Tensor, logits_var: Tensor) -> Tensor:
-    r"""Deterministic approximation of :math:`\mathbb E[\operatorname{softmax}(h)]`, :math:`h\sim\mathcal N(\bar h, \operatorname{diag} v_h)`.
+    r"""Deterministic approximation of :math:`\mathbb E[\operatorname{softmax}(h)]`,
+    :math:`h\sim\mathcal N(\bar h, \operatorname{diag} v_h)`.
 
     MacKay's probit approximation [3] :math:`\mathbb E[\sigma(d)] \approx \sigma\big(\bar d/\sqrt{1 + \pi v_d/8}\big)`
     for :math:`d\sim\mathcal N(\bar d, v_d)`:
