@@ -17,7 +17,7 @@ the prediction of one ensemble holding all the members. It works for any baselin
 **References**
 
 [1] Balaji Lakshminarayanan, Alexander Pritzel, Charles Blundell (2017). "Simple and Scalable Predictive
-    Uncertainty Estimation using Deep Ensembles". NeurIPS 2017.
+Uncertainty Estimation using Deep Ensembles". NeurIPS 2017.
 
 >>> local_members(5)  # one process holds them all
 5

@@ -27,10 +27,10 @@ short chains) in seconds, to check the pipeline only: its figures mean nothing.
 **References**
 
 [1] Matthew D. Hoffman, Andrew Gelman (2014). "The No-U-Turn Sampler: Adaptively Setting Path Lengths in Hamiltonian
-    Monte Carlo". Journal of Machine Learning Research 15.
+Monte Carlo". Journal of Machine Learning Research 15.
 
 [2] Andrew Gelman, John B. Carlin, Hal S. Stern, David B. Dunson, Aki Vehtari, Donald B. Rubin (2013). "Bayesian
-    Data Analysis", 3rd edition, Chapman & Hall/CRC.
+Data Analysis", 3rd edition, Chapman & Hall/CRC.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ the SVI baselines and :meth:`~pyro_sdebnn.infer.SamplingFreeBNN.fit`) and the pl
 **References**
 
 [1] `On the difficulty of training recurrent neural networks`,
-    Razvan Pascanu, Tomas Mikolov, Yoshua Bengio. ICML 2013.
+Razvan Pascanu, Tomas Mikolov, Yoshua Bengio. ICML 2013.
 """
 
 from __future__ import annotations

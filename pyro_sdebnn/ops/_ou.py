@@ -43,7 +43,7 @@ def ou_transition(
     **References**
 
     [1] George E. Uhlenbeck, Leonard S. Ornstein (1930). "On the Theory of the Brownian Motion".
-        Physical Review 36(5), 823-841.
+    Physical Review 36(5), 823-841.
     """
     if method not in _METHODS:
         raise ValueError(f"method must be one of {_METHODS}, got {method!r}")

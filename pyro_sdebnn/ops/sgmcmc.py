@@ -16,13 +16,13 @@ Temperature convention (as in BlackJAX): the injected noise is scaled by :math:`
 **References**
 
 [1] Max Welling, Yee Whye Teh (2011). "Bayesian Learning via Stochastic Gradient Langevin Dynamics".
-    ICML 2011.
+ICML 2011.
 
 [2] Tianqi Chen, Emily B. Fox, Carlos Guestrin (2014). "Stochastic Gradient Hamiltonian Monte Carlo".
-    ICML 2014.
+ICML 2014.
 
 [3] Chunyuan Li, Changyou Chen, David Carlson, Lawrence Carin (2016). "Preconditioned Stochastic Gradient
-    Langevin Dynamics for Deep Neural Networks". AAAI 2016.
+Langevin Dynamics for Deep Neural Networks". AAAI 2016.
 
 [4] Yi-An Ma, Tianqi Chen, Emily B. Fox (2015). "A Complete Recipe for Stochastic Gradient MCMC". NeurIPS 2015.
 """

@@ -31,7 +31,7 @@ sample returned, and a restart goes back to the last certified state.
 **References**
 
 [1] Andrew Gelman, John B. Carlin, Hal S. Stern, David B. Dunson, Aki Vehtari, Donald B. Rubin (2013). "Bayesian Data
-    Analysis", 3rd edition, Chapman & Hall/CRC, Section 11.4.
+Analysis", 3rd edition, Chapman & Hall/CRC, Section 11.4.
 """
 
 from __future__ import annotations

@@ -24,10 +24,10 @@ Observed sites and ``pyro.factor`` terms outside the data plate are full-data te
 **References**
 
 [1] `Functional Stochastic Gradient MCMC for Bayesian Neural Networks`,
-    Mengjing Wu, Junyu Xuan, Jie Lu. arXiv:2409.16632, 2024.
+Mengjing Wu, Junyu Xuan, Jie Lu. arXiv:2409.16632, 2024.
 
 [2] `Functional Variational Bayesian Neural Networks`,
-    Shengyang Sun, Guodong Zhang, Jiaxin Shi, Roger Grosse. ICLR 2019.
+Shengyang Sun, Guodong Zhang, Jiaxin Shi, Roger Grosse. ICLR 2019.
 """
 
 
@@ -883,7 +883,7 @@ class FSGHMC(FunctionalKernelMixin, SGHMC):
     **References**
 
     [1] Mengjing Wu, Junyu Xuan, Jie Lu (2024). "Functional Stochastic Gradient MCMC for Bayesian Neural
-        Networks". arXiv:2409.16632.
+    Networks". arXiv:2409.16632.
 
     >>> import pyro.contrib.gp as gp
     >>> from pyro.infer import MCMC

@@ -9,7 +9,7 @@ gradient step, warm-up included). Kernels accept a float (constant step size) or
 [1] M. Welling, Y. W. Teh (2011). Bayesian Learning via Stochastic Gradient Langevin Dynamics. ICML.
 
 [2] R. Zhang, C. Li, J. Zhang, C. Chen, A. G. Wilson (2020). Cyclical Stochastic Gradient MCMC for
-    Bayesian Deep Learning. ICLR.
+Bayesian Deep Learning. ICLR.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class StepSizeSchedule:
     0.0025
     """
 
-    #: True when :math:`\\eta_t` does not depend on ``t`` (lets kernels cache the step-size tensor).
+    #: True when :math:`\eta_t` does not depend on ``t`` (lets kernels cache the step-size tensor).
     is_constant: bool = False
 
     def __call__(self, t: int) -> float:
