@@ -247,6 +247,8 @@ class GPFunctionalPrior(TorchDistribution):
         return loc_shape[: len(loc_shape) - len(event_shape)], event_shape
 
     def expand(self, batch_shape, _instance=None):
+        """The same prior with its mean broadcast to ``batch_shape`` (kernel, inputs and Cholesky factor shared,
+        nothing copied); ``_instance`` as in ``torch.distributions.Distribution.expand``."""
         new = self._get_checked_instance(GPFunctionalPrior, _instance)
         batch_shape = torch.Size(batch_shape)
         new.kernel = self.kernel
@@ -304,6 +306,8 @@ class GPFunctionalPrior(TorchDistribution):
         return self.loc + noise
 
     def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        r"""Gaussian log density of ``value`` (shape ``(...,) + event_shape``, C outputs), in its dtype:
+        :math:`-\tfrac12 \sum_c \lVert L^{-1}(f_c - m_c)\rVert^2 - \tfrac C2 \log|2\pi LL^\top|`."""
         if self._validate_args:
             self._validate_sample(value)
         z = gp_whiten(self.scale_tril64, value - self.loc, self._event_dim)

@@ -102,6 +102,8 @@ class MultiplicativeNormal(TorchDistribution):
         super().__init__(self.loc.shape, validate_args=validate_args)
 
     def expand(self, batch_shape, _instance=None):
+        """The same law with its parameters broadcast to ``batch_shape`` (views, nothing copied); ``_instance`` as in
+        ``torch.distributions.Distribution.expand``."""
         new = self._get_checked_instance(MultiplicativeNormal, _instance)
         batch_shape = torch.Size(batch_shape)
         new.loc = self.loc.expand(batch_shape)
@@ -150,20 +152,26 @@ class MultiplicativeNormal(TorchDistribution):
         return self.loc + self.scale * eps
 
     def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        r"""Element-wise Gaussian log density :math:`\log \mathcal N(w;\ m, \alpha m^2)` of ``value``."""
         if self._validate_args:
             self._validate_sample(value)
         var = self.variance
         return -0.5 * ((value - self.loc).square() / var + var.log() + math.log(2 * math.pi))
 
     def cdf(self, value: torch.Tensor) -> torch.Tensor:
+        r"""Gaussian CDF :math:`\tfrac12\big(1 + \operatorname{erf}\big((w - m) / (\sqrt 2\, \sigma)\big)\big)` with
+        :math:`\sigma` = :attr:`scale`, element-wise."""
         if self._validate_args:
             self._validate_sample(value)
         return 0.5 * (1 + torch.erf((value - self.loc) / (self.scale * math.sqrt(2))))
 
     def icdf(self, value: torch.Tensor) -> torch.Tensor:
+        r"""Quantile function :math:`m + \sqrt 2\, \sigma \operatorname{erf}^{-1}(2u - 1)` at the probabilities
+        :math:`u` = ``value``."""
         return self.loc + self.scale * math.sqrt(2) * torch.erfinv(2 * value - 1)
 
     def entropy(self) -> torch.Tensor:
+        r"""Element-wise differential entropy :math:`\tfrac12 \log(2\pi e\, \alpha m^2)`, shape ``batch_shape``."""
         return 0.5 * (math.log(2 * math.pi * math.e) + self.variance.log()).expand(self.batch_shape)
 
     @staticmethod

@@ -158,6 +158,8 @@ class OUPath(TorchDistribution):
             _check_times_increasing(times)
 
     def expand(self, batch_shape, _instance=None):
+        """The same law with its parameters broadcast to ``batch_shape`` (views, nothing copied); ``_instance`` as in
+        ``torch.distributions.Distribution.expand``."""
         new = self._get_checked_instance(OUPath, _instance)
         batch_shape = torch.Size(batch_shape)
         new.init = self.init.expand(batch_shape + self.init.shape[-1:])
@@ -171,6 +173,8 @@ class OUPath(TorchDistribution):
 
     @classmethod
     def infer_shapes(cls, init, sigma, times, theta=(), **kwargs):
+        """``(batch_shape, event_shape)`` from the shapes of the arguments (Pyro's shape inference): the batch shape
+        broadcasts ``init[:-1]``, ``sigma`` and ``theta``; the event shape is ``(len(times) - 1, D)``."""
         batch_shape = torch.broadcast_shapes(init[:-1], sigma, theta)
         return batch_shape, torch.Size((times[0] - 1, init[-1]))
 
@@ -222,6 +226,8 @@ class OUPath(TorchDistribution):
         return dim * (0.5 * num_steps * math.log(2 * math.pi * math.e) + scale.log().sum(-1))
 
     def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        r"""Sum of the transition log-densities :math:`\sum_{k,d} \log\mathcal N(w_{k,d};\ a_k w_{k-1,d},\ s_k^2)` of
+        the path ``value`` (``(...,) + batch_shape + (K, D)``) given :math:`w_0` = ``init``."""
         if self._validate_args:
             self._validate_sample(value)
         coef, scale = self._transition

@@ -122,6 +122,8 @@ class NeuralSDEPath(TorchDistribution):
         super().__init__(batch_shape, event_shape, validate_args=validate_args)
 
     def expand(self, batch_shape, _instance=None):
+        """The same path law with its initial state broadcast to ``batch_shape`` (the networks are shared);
+        ``_instance`` as in ``torch.distributions.Distribution.expand``."""
         new = self._get_checked_instance(NeuralSDEPath, _instance)
         batch_shape = torch.Size(batch_shape)
         new.init = self.init.expand(batch_shape + self.init.shape[-1:])
@@ -185,6 +187,9 @@ class NeuralSDEPath(TorchDistribution):
         return self._solve(self._noise_of(value), estimator).kl
 
     def log_prob(self, value: Tensor) -> Tensor:
+        r"""Euler log density of the path ``value`` given ``init`` (for the cached sample, from its stored noise):
+        :math:`\sum_{k,d} \log\mathcal N\big(w_{k+1,d};\ w_{k,d} + (-\theta w_{k,d} + c_d(w_k, t_k))\Delta t_k,
+        \ \sigma^2\Delta t_k\big)`."""
         if self._validate_args:
             self._validate_sample(value)
         if self._cache is not None and self._cache[0] is value:
