@@ -128,8 +128,9 @@ def build_network(kind: str, in_features: int, *, device=None, dtype=None) -> to
 
     Each head is its own Bayesian layer (:class:`~pyro_sdebnn.nn.mnvi.MNLinear` for ``"mnvi"``,
     :class:`~pyro_sdebnn.nn.mnvi.MFLinear` for ``"mfvi"``), so for MNVI the two heads have separate noise
-    variances :math:`\alpha`; weights are Xavier-normal (Glorot & Bengio 2010, AISTATS), biases zero.
-    The output is ``(N, 2)`` = (mean, log-variance).
+    variances :math:`\\alpha`; weights are Xavier-normal (Xavier Glorot, Yoshua Bengio (2010), "Understanding the
+    difficulty of training deep feedforward neural networks", AISTATS 2010), biases zero. The output is ``(N, 2)`` =
+    (mean, log-variance).
 
     >>> from pyro_sdebnn.ops.moments import Moments
     >>> build_network("mnvi", 13)(Moments(torch.randn(4, 13), None)).mean.shape

@@ -222,7 +222,8 @@ class SamplingFreeBNN(nn.Module):
     def model(self, x: Tensor, y: Tensor | None = None) -> Tensor:
         """Pyro model: weight priors, then the likelihood of the minibatch ``(x, y)``.
 
-        :param Tensor x: inputs ``(b, ...)``. :param y: targets ``(b,)`` or ``None``.
+        :param Tensor x: inputs ``(b, ...)``.
+        :param y: targets ``(b,)`` or ``None``.
         """
         check_tensors(x, y, self.likelihood)
         self._register_net()

@@ -233,7 +233,7 @@ class AugmentedPathSDE(nn.Module):
     ``analytic`` estimator. Its parameters are those of ``correction`` (so the stochastic adjoint
     differentiates them); ``field`` must take its weights from the state.
 
-    :param int weight_dim: D.
+    :param int weight_dim: D, the number of weights.
     :param int hidden_dim: H (flattened hidden state; 0 for a weights-only solve).
     :param float sigma: diffusion scale.
     :param float theta: prior mean reversion.

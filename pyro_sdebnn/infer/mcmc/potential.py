@@ -560,8 +560,8 @@ def _constant_normal(fn: Any, shape: torch.Size) -> Optional[tuple[Param, Param]
     ``scale`` need no gradient, each a float when all its elements are equal, else a flat tensor over ``shape``
     (the site's shape); ``None`` for any other distribution.
 
-    For such priors the potential uses :math:`-\\frac12 \\sum_i (w_i - \\mu_i)^2 / s_i^2 - \\sum_i \\log s_i -
-    \\frac n2 \\log 2\\pi`, a few passes over the weights instead of those of ``Normal.log_prob``.
+    For such priors the potential uses :math:`-\frac12 \sum_i (w_i - \mu_i)^2 / s_i^2 - \sum_i \log s_i -
+    \frac n2 \log 2\pi`, a few passes over the weights instead of those of ``Normal.log_prob``.
     """
     base = fn
     wrappers = (torch.distributions.Independent, pyro.distributions.torch_distribution.ExpandedDistribution)
