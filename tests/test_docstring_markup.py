@@ -1,9 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """Docstrings and documentation pages render as they read: markup slips that no Sphinx warning catches.
 
-Each docstring of ``pyro_sdebnn/`` (read with :mod:`ast`, nothing imported) and each page of ``docs/`` is parsed
-with docutils, as autodoc and Sphinx parse them, and the parse tree is checked for structures that reStructuredText
-builds silently from an innocent-looking line:
+Each docstring of ``pyro_sdebnn/`` (read with :mod:`ast`, nothing imported), each page of ``docs/`` and each
+tutorial page (as the documentation build writes it from ``tutorials/NN_name.py``, without running the script) is
+parsed with docutils, as autodoc and Sphinx parse them, and the parse tree is checked for structures that
+reStructuredText builds silently from an innocent-looking line:
 
 - a lettered or roman enumerated list: a line such as ``1. E. Daxberger (2021) ...`` or a field body ``D.`` starts
   a nested list at "E" or "D", and the letter disappears from the page;
@@ -27,6 +28,7 @@ list item or a field body is therefore not looked for.
 from __future__ import annotations
 
 import ast
+import importlib.util
 import io
 import re
 from pathlib import Path
@@ -199,6 +201,18 @@ def test_the_docstrings_of_the_package_render_as_they_read():
         known = KNOWN.get((path, name), "").split(":")[0]
         bad += [f"{where}: {problem}" for problem in markup_problems(text) if not (known and problem.startswith(known))]
     assert not bad, "docstrings that render differently from how they read:\n" + "\n".join(bad)
+
+
+def test_the_tutorial_pages_render_as_they_read(tmp_path):
+    spec = importlib.util.spec_from_file_location("_tutorial_pages", DOCS / "_ext" / "pyro_sdebnn_docs.py")
+    extension = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(extension)
+    scripts = extension.tutorial_scripts()
+    assert len(scripts) >= 5, f"only {len(scripts)} tutorials found"
+    # the page the documentation build writes, less the figures and the printed output (the script is not run)
+    pages = {script.name: extension.tutorial_page(script, tmp_path, "", "quick") for script in scripts}
+    bad = [f"tutorials/{name}: {problem}" for name, page in pages.items() for problem in markup_problems(page)]
+    assert not bad, "tutorial pages that render differently from how they read:\n" + "\n".join(bad)
 
 
 def test_the_documentation_pages_render_as_they_read():
