@@ -188,7 +188,8 @@ def test_what_reads_right_passes(text):
 #: Known slips in files being edited on another branch, ``(path, name)`` -> what to change; remove an entry once
 #: that file is fixed (an entry only excuses the problems it names, never a new one).
 KNOWN = {
-    ("pyro_sdebnn/infer/mcmc/kernel.py", "<module>"): "definition list: the references' continuation lines are indented",
+    ("pyro_sdebnn/infer/mcmc/kernel.py", "<module>"):
+        "definition list: the continuation lines of the references are indented",
 }
 
 
