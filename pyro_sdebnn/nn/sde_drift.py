@@ -190,6 +190,7 @@ class DriftMLP(nn.Module):
         nn.init.zeros_(last.bias)
 
     def forward(self, t: Tensor, w: Tensor) -> Tensor:
+        """:math:`\\mathrm{NN}(w, t)` for weights ``w`` of shape ``(..., D)`` at the scalar time ``t``."""
         x = self.encode(w) if self.encode is not None else w
         time = torch.as_tensor(t, dtype=w.dtype, device=w.device).expand(x.shape[:-1] + (1,))
         x = torch.cat([x, time], -1)

@@ -52,6 +52,7 @@ class OUEndpointDrift(nn.Module):
         self.alpha = nn.Parameter(torch.tensor(float(alpha), dtype=y.dtype))
 
     def forward(self, t: Tensor, w: Tensor) -> Tensor:
+        """:math:`c(w, t)` above for ``w`` of shape ``(..., D)`` at time ``t``."""
         tau = torch.as_tensor(self.t1, dtype=w.dtype, device=w.device) - t
         a = torch.exp(-self.theta * tau)
         v = self.sigma ** 2 * (1 - torch.exp(-2 * self.theta * tau)) / (2 * self.theta)

@@ -108,6 +108,8 @@ class BayesianMLP(PyroModule):
         return h.squeeze(-1) if self.sizes[-1] == 1 else h
 
     def forward(self, x: Tensor, y: Optional[Tensor] = None) -> Tensor:
+        """Run the model on inputs ``x``: draw the weights (and ``sigma``), then observe ``y`` at site ``"obs"``
+        (``None``: drawn from the likelihood); returns the value of ``"obs"``."""
         for layer in self.layers:  # draw the weights now, outside the data plate (PyroSample draws on access)
             layer.weight, layer.bias
         sigma: Union[Tensor, float, None] = None

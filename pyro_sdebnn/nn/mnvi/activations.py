@@ -66,6 +66,7 @@ class MNReLU(nn.Module):
         self.use_compile = bool(compile)
 
     def forward(self, input: Tensor | Moments) -> Tensor | Moments:
+        """The moments above for :class:`Moments`, ``relu`` of a plain tensor (a deterministic input stays one)."""
         moments = as_moments(input)
         if moments is None:  # as_moments returns None for a plain tensor only
             return F.relu(cast(Tensor, input))
@@ -105,6 +106,7 @@ class MNActivation(nn.Module):
         self.fn = fn
 
     def forward(self, input: Tensor | Moments) -> Tensor | Moments:
+        """The Taylor moments above for :class:`Moments`, ``fn`` of a plain tensor."""
         moments = as_moments(input)
         if moments is None:  # as_moments returns None for a plain tensor only
             return self.fn(cast(Tensor, input))

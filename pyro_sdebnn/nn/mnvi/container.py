@@ -124,6 +124,7 @@ class MNResidualBlock(nn.Module):
         self.activation = activation
 
     def forward(self, input: Tensor | Moments) -> Tensor | Moments:
+        """The block on a tensor or on :class:`Moments` (the sum adds means and, as independent terms, variances)."""
         as_moments(input)
         vouch = vouching()
         with checked(input if vouch else None):
@@ -173,6 +174,8 @@ class MNConcat(nn.Module):
         self.dim = dim
 
     def forward(self, input: Tensor | Moments) -> Tensor | Moments:
+        """The outputs of the branches concatenated along ``dim``: tensors, or :class:`Moments` when the branches
+        return them."""
         as_moments(input)
         with checked(input if vouching() else None):
             outs = [branch(input) for branch in self.branches]
