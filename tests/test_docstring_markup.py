@@ -185,22 +185,10 @@ def test_what_reads_right_passes(text):
     assert markup_problems(text) == []
 
 
-#: Known slips in files being edited on another branch, ``(path, name)`` -> what to change; remove an entry once
-#: that file is fixed (an entry only excuses the problems it names, never a new one).
-KNOWN = {
-    ("pyro_sdebnn/infer/mcmc/kernel.py", "<module>"):
-        "definition list: the continuation lines of the references are indented",
-}
-
-
 def test_the_docstrings_of_the_package_render_as_they_read():
     docstrings = package_docstrings()
     assert len(docstrings) > 500, f"only {len(docstrings)} docstrings found under {PACKAGE}"
-    bad = []
-    for where, text in docstrings:
-        path, name = where.split(":")[0], where.split(" ", 1)[1]
-        known = KNOWN.get((path, name), "").split(":")[0]
-        bad += [f"{where}: {problem}" for problem in markup_problems(text) if not (known and problem.startswith(known))]
+    bad = [f"{where}: {problem}" for where, text in docstrings for problem in markup_problems(text)]
     assert not bad, "docstrings that render differently from how they read:\n" + "\n".join(bad)
 
 

@@ -26,11 +26,11 @@ adaptation ``adapt_mass_matrix=None`` (``False``), the exploring step between th
 **References**
 
 [1] Bob Carpenter, Andrew Gelman, Matthew D. Hoffman, Daniel Lee, Ben Goodrich, Michael Betancourt, Marcus
-    Brubaker, Jiqiang Guo, Peter Li, Allen Riddell (2017). "Stan: A Probabilistic Programming Language". Journal of
-    Statistical Software 76(1) (the windowed adaptation of the mass matrix).
+Brubaker, Jiqiang Guo, Peter Li, Allen Riddell (2017). "Stan: A Probabilistic Programming Language". Journal of
+Statistical Software 76(1) (the windowed adaptation of the mass matrix).
 
 [2] Yi-An Ma, Tianqi Chen, Emily B. Fox (2015). "A Complete Recipe for Stochastic Gradient MCMC". NeurIPS 2015
-    (a constant preconditioner keeps the target stationary).
+(a constant preconditioner keeps the target stationary).
 """
 
 from __future__ import annotations
@@ -1756,6 +1756,8 @@ class SGMCMCKernel(MCMCKernel):
             self._run_checks = None
 
     def logging(self) -> dict[str, str]:
+        """What ``MCMC``'s progress bar shows after each sample: the current step size and the mean potential
+        :math:`\\tilde U` of the last draw over the chains."""
         out = {"step size": f"{self._eta(max(self._t - 1, 0)):.2e}"}
         if self._last_potential is not None:
             out["potential"] = f"{float(self._last_potential.mean()):.4g}"
