@@ -1349,29 +1349,35 @@ class SGMCMCKernel(DivergenceCheck, MCMCKernel):
                 # position: the Hessian of a few points near where the likelihood is stiffest can dominate it
                 batches = [(self._next_indices(), self._next_data())
                            for _ in range(min(self._CURVATURE_BATCHES, self._epoch_steps()))]
-                chains = position if self.vectorized_chains > 1 else position.unsqueeze(0)
-                for k in range(chains.shape[0]):
+                chains = position.detach().reshape(-1, position.shape[-1])  # (K, D), one row per chain
+                K = len(chains)
 
-                    def grad(point: Tensor) -> Tensor:  # the gradient of the potential averaged over the minibatches
-                        total = torch.zeros_like(point)
-                        for idx, data in batches:
-                            chain_idx = idx if (idx is None or self.vectorized_chains == 1) else idx[k]
-                            with self._bind(data):  # the step's own gradient (a data-parallel kernel's all-reduced)
-                                total += self._gradient(point, chain_idx, *extra)[0]
-                        return total / len(batches)
+                def grad(points: Tensor) -> Tensor:  # each chain's gradient, averaged over the minibatches: (K, D)
+                    total = torch.zeros_like(points)
+                    for idx, data in batches:
+                        with self._bind(data):  # the step's own gradient (a data-parallel kernel's all-reduced)
+                            together = self._chains_gradient(points, idx, *extra)
+                            total += together[0] if together is not None else torch.stack([
+                                self._gradient(points[k], idx if idx is None or K == 1 else idx[k], *extra)[0]
+                                for k in range(K)
+                            ])
+                    return total / len(batches)
 
-                    x = chains[k].detach()
-                    v = torch.randn_like(x)
-                    v = v / v.norm()
-                    lam = 0.0
-                    for _ in range(self._CURVATURE_ITERATIONS):
-                        hv = scale * (grad(x + delta * scale * v) - grad(x - delta * scale * v)) / (2 * delta)
-                        norm = hv.norm()
-                        if not bool(torch.isfinite(norm)) or float(norm) == 0.0:
-                            break
-                        lam = float(norm)
-                        v = hv / norm
-                    top = max(top, lam)
+                # each chain's own power iteration: its own random start (drawn chain by chain, in chain order), its
+                # own normalisation, and its own stop at a non-finite or zero norm (lam: its last finite norm)
+                v = torch.stack([torch.randn_like(chains[k]) for k in range(K)])
+                v = v / torch.linalg.vector_norm(v, dim=-1, keepdim=True)
+                lam = chains.new_zeros(K)
+                running = torch.ones(K, dtype=torch.bool, device=chains.device)
+                for _ in range(self._CURVATURE_ITERATIONS):
+                    hv = scale * (grad(chains + delta * scale * v) - grad(chains - delta * scale * v)) / (2 * delta)
+                    norm = torch.linalg.vector_norm(hv, dim=-1)
+                    running &= torch.isfinite(norm) & (norm > 0)
+                    if not bool(running.any()):
+                        break
+                    lam = torch.where(running, norm, lam)
+                    v = torch.where(running.unsqueeze(-1), hv / norm.unsqueeze(-1), v)
+                top = max(top, float(lam.max()))
         self.max_curvature = top
         if top <= 0:
             return self.adapted_step_size
