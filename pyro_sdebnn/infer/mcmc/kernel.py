@@ -1056,8 +1056,9 @@ class SGMCMCKernel(DivergenceCheck, MCMCKernel):
     def _chains_gradient(
         self, position: Tensor, idx: Optional[Tensor], *extra: Tensor
     ) -> Optional[tuple[Tensor, Tensor]]:
-        """:meth:`_gradient` of the ``K`` vectorised chains at once, ``(K, D)`` and ``(K,)``, or ``None`` where the
-        kernel computes them chain by chain (see below).
+        """:meth:`_gradient` at ``K`` positions at once (the vectorised chains; the two finite-difference points of
+        every chain in the warm-up's curvature estimate), ``(K, D)`` and ``(K,)``, or ``None`` where the kernel
+        computes them chain by chain (see below).
 
         The potential of one chain is ``vmap``-ed over the chains, as in the traced step, and differentiated by plain
         autograd: the chains are independent, so the gradient of the sum of their potentials is each chain's
@@ -1068,14 +1069,14 @@ class SGMCMCKernel(DivergenceCheck, MCMCKernel):
         ``K`` times the size, slower for a large network). The model's batched products may round differently
         from the chain-by-chain ones (in the last bits of the dtype).
 
-        ``None`` (chain by chain) with one chain, with ``backend="eager"`` (the backend for models that cannot be
+        ``None`` (chain by chain) with ``backend="eager"`` (the backend for models that cannot be
         traced or vectorised), with a kernel that computes its gradient its own way (the data-parallel kernels'
         all-reduce), and for a model that ``vmap`` cannot run (data-dependent control flow, random draws in the
         potential): that is found at its first call and remembered for the potential."""
         U = self.potential
         assert U is not None  # built by setup
         if (
-            self.vectorized_chains == 1 or self.backend_used == "eager" or self._unbatched is U
+            self.backend_used == "eager" or self._unbatched is U
             or type(self)._gradient is not SGMCMCKernel._gradient
         ):
             return None
@@ -1095,7 +1096,7 @@ class SGMCMCKernel(DivergenceCheck, MCMCKernel):
             return None
         grad, value = torch.cat(grads, -1), value.detach()
         if split:  # chain by chain, as _gradient adds it
-            for k in range(self.vectorized_chains):
+            for k in range(len(position)):
                 prior_value, prior_grad = U.gaussian_prior(position[k])
                 grad[k].add_(prior_grad)
                 value[k] += prior_value
@@ -1352,16 +1353,20 @@ class SGMCMCKernel(DivergenceCheck, MCMCKernel):
                 chains = position.detach().reshape(-1, position.shape[-1])  # (K, D), one row per chain
                 K = len(chains)
 
-                def grad(points: Tensor) -> Tensor:  # each chain's gradient, averaged over the minibatches: (K, D)
+                def hessian_times(v: Tensor) -> Tensor:  # each chain's M^-1/2 H M^-1/2 v: (K, D)
+                    # the gradient at the 2K points x_k +- delta M^-1/2 v_k together, averaged over the minibatches
+                    points = torch.cat([chains + delta * scale * v, chains - delta * scale * v])
                     total = torch.zeros_like(points)
                     for idx, data in batches:
+                        rows = None if idx is None else idx.reshape(K, -1).repeat(2, 1)  # each point its chain's
                         with self._bind(data):  # the step's own gradient (a data-parallel kernel's all-reduced)
-                            together = self._chains_gradient(points, idx, *extra)
+                            together = self._chains_gradient(points, rows, *extra)
                             total += together[0] if together is not None else torch.stack([
-                                self._gradient(points[k], idx if idx is None or K == 1 else idx[k], *extra)[0]
-                                for k in range(K)
+                                self._gradient(point, None if rows is None else rows[r], *extra)[0]
+                                for r, point in enumerate(points)
                             ])
-                    return total / len(batches)
+                    mean = total / len(batches)
+                    return scale * (mean[:K] - mean[K:]) / (2 * delta)
 
                 # each chain's own power iteration: its own random start (drawn chain by chain, in chain order), its
                 # own normalisation, and its own stop at a non-finite or zero norm (lam: its last finite norm)
@@ -1370,7 +1375,7 @@ class SGMCMCKernel(DivergenceCheck, MCMCKernel):
                 lam = chains.new_zeros(K)
                 running = torch.ones(K, dtype=torch.bool, device=chains.device)
                 for _ in range(self._CURVATURE_ITERATIONS):
-                    hv = scale * (grad(chains + delta * scale * v) - grad(chains - delta * scale * v)) / (2 * delta)
+                    hv = hessian_times(v)
                     norm = torch.linalg.vector_norm(hv, dim=-1)
                     running &= torch.isfinite(norm) & (norm > 0)
                     if not bool(running.any()):
