@@ -1324,7 +1324,9 @@ class SGMCMCKernel(DivergenceCheck, MCMCKernel):
         minibatch of a network's potential varies several-fold from batch to batch), with equal weights, as the chain
         meets them (a short last batch that a loader keeps, scaled by :math:`N/b`, is stiffer than the others).
         :math:`\\lambda` is found by ``_CURVATURE_ITERATIONS`` power iterations with central finite differences of
-        the gradient, from a random vector.
+        the gradient, from a random vector. Vectorised chains iterate each on its own (its own start, normalisation,
+        and stop at a non-finite or zero norm); the gradients at every chain's two points are taken in one batched
+        call per minibatch (:meth:`_chains_gradient`; chain by chain where that does not apply).
 
         A network's :math:`\\lambda` varies several-fold along a chain (most where a few points near the decision
         boundary, in a small minibatch scaled by :math:`N/b`, dominate the Hessian), so that at the one or two
