@@ -9,11 +9,11 @@ eagerly, the rest traced (the trace included).
 
 ``--workload diabetes``: the SG-MCMC run of ``pyro-sdebnn benchmark realdata-nuts`` on scikit-learn's diabetes data
 (353 training points, a 10-32-1 tanh network, a loader of batch 64, seed 0): ``MCMC(Kernel(model, num_steps=10,
-vectorized_chains=2), warmup_steps=400, num_samples=400).run(loader)`` with ``--kernel SGHMC`` or ``SGLD``. Its
-warm-up adapts the mass matrix and checks the step by the curvature estimate (SGLD at 5 positions, 20 power
-iterations each; SGHMC at 12, 10 each), each iteration taking the gradient at every chain's two finite-difference
-points on 6 minibatches. Besides the whole run, the warm-up (set-up and warm start included) and the curvature
-estimates alone are timed.
+vectorized_chains=2), warmup_steps=400, num_samples=400).run(loader)`` with ``--kernel SGHMC`` or ``SGLD`` (and
+``--chains K`` vectorised chains in place of 2). Its warm-up adapts the mass matrix and checks the step by the
+curvature estimate (SGLD at 5 positions, 20 power iterations each; SGHMC at 12, 10 each), each iteration taking the
+gradient at every chain's two finite-difference points on 6 minibatches. Besides the whole run, the warm-up (set-up and warm start included) and the curvature
+estimates alone are timed (wall and CPU).
 
 The other variant computes the chains' gradients chain by chain in those phases (``_chains_gradient`` returning
 ``None``, as for a model that ``vmap`` cannot run); the traced steps are the same. One untimed run of each first (the
@@ -24,7 +24,7 @@ the process's CPU times (less sensitive to other processes on a shared core).
 Usage::
 
     python benchmarks/bench_sgmcmc_chains_start.py [--chains 8] [--repeats 5] [--threads 1]
-    python benchmarks/bench_sgmcmc_chains_start.py --workload diabetes [--kernel SGHMC] [--repeats 5] [--threads 1]
+    python benchmarks/bench_sgmcmc_chains_start.py --workload diabetes [--kernel SGHMC] [--chains 2] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -47,14 +47,15 @@ def _timed_run(kernel, together: bool, *args) -> dict[str, float]:
     warm-up's curvature estimates."""
     if not together:
         kernel._chains_gradient = lambda *args: None  # chain by chain
-    check, curvature = kernel._stable_step, [0.0]
+    check, curvature = kernel._stable_step, [0.0, 0.0]
 
     def timed_check(positions):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         try:
             return check(positions)
         finally:
             curvature[0] += time.perf_counter() - start
+            curvature[1] += time.process_time() - cpu
 
     kernel._stable_step = timed_check
     warmup_end = []
@@ -63,15 +64,17 @@ def _timed_run(kernel, together: bool, *args) -> dict[str, float]:
         if stage.startswith("Warmup") and not warmup_end:
             warmup_end.append(None)  # set at the first sample below
         elif stage.startswith("Sample") and warmup_end and warmup_end[0] is None:
-            warmup_end[0] = time.perf_counter()
+            warmup_end[0] = time.perf_counter(), time.process_time()
 
     mcmc = MCMC(kernel, num_samples=kernel.bench_samples, warmup_steps=kernel.bench_warmup, hook_fn=hook,
                 disable_progbar=True)
-    start, cpu = time.perf_counter(), time.process_time()
+    start, start_cpu = time.perf_counter(), time.process_time()
     mcmc.run(*args)
-    end, cpu = time.perf_counter(), time.process_time() - cpu
-    return {"wall": end - start, "cpu": cpu, "warmup": warmup_end[0] - start if warmup_end else float("nan"),
-            "curvature": curvature[0]}
+    end, cpu = time.perf_counter(), time.process_time() - start_cpu
+    nan = (float("nan"), float("nan"))
+    warmup = warmup_end[0] if warmup_end else nan
+    return {"wall": end - start, "cpu": cpu, "warmup": warmup[0] - start, "warmup_cpu": warmup[1] - start_cpu,
+            "curvature": curvature[0], "curvature_cpu": curvature[1]}
 
 
 def run_two_moons(x, y, chains: int, together: bool) -> dict[str, float]:
@@ -93,12 +96,12 @@ def diabetes_data():
     return realdata_nuts._model(x.shape[1], s["hidden"], False), x, y, s
 
 
-def run_diabetes(model, x, y, s, kernel_name: str, together: bool) -> dict[str, float]:
-    """``realdata_nuts._sgmcmc`` with seed 0, timed."""
+def run_diabetes(model, x, y, s, kernel_name: str, together: bool, chains: int = 2) -> dict[str, float]:
+    """``realdata_nuts._sgmcmc`` with seed 0 (``chains`` vectorised chains: the protocol's 2 by default), timed."""
     pyro.set_rng_seed(0)
     loader = DataLoader(TensorDataset(x, y), batch_size=s["batch"], shuffle=True,
                         generator=torch.Generator().manual_seed(0))
-    kernel = {"SGLD": SGLD, "SGHMC": SGHMC}[kernel_name](model, num_steps=s["num_steps"], vectorized_chains=2)
+    kernel = {"SGLD": SGLD, "SGHMC": SGHMC}[kernel_name](model, num_steps=s["num_steps"], vectorized_chains=chains)
     kernel.bench_warmup, kernel.bench_samples = s["warmup"], s["samples"]
     out = _timed_run(kernel, together, loader)
     assert kernel.diagnostics()["mass matrix adapted"]
@@ -108,11 +111,13 @@ def run_diabetes(model, x, y, s, kernel_name: str, together: bool) -> dict[str, 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", choices=["two-moons", "diabetes"], default="two-moons")
-    parser.add_argument("--chains", type=int, default=8, help="vectorised chains (two-moons; diabetes runs 2)")
+    parser.add_argument("--chains", type=int, default=None, help="vectorised chains (default: two-moons 8, diabetes 2)")
     parser.add_argument("--kernel", choices=["SGLD", "SGHMC"], default="SGHMC", help="the kernel (diabetes)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
+    if args.chains is None:
+        args.chains = 8 if args.workload == "two-moons" else 2
     torch.set_num_threads(args.threads)
     if args.workload == "two-moons":
         data = two_moons(n_train=200, n_test=10, noise=0.2, seed=0)
@@ -124,7 +129,7 @@ def main(argv=None) -> dict:
         model, x, y, s = diabetes_data()
 
         def run(together):
-            return run_diabetes(model, x, y, s, args.kernel, together)
+            return run_diabetes(model, x, y, s, args.kernel, together, args.chains)
 
     for together in (True, False):
         run(together)
@@ -137,7 +142,7 @@ def main(argv=None) -> dict:
             ratios.setdefault(key, []).append(times[False][key] / times[True][key])
         print(", ".join(f"{key}: together {times[True][key]:.2f} s, chain by chain {times[False][key]:.2f} s, ratio "
                         f"{ratios[key][-1]:.3f}" for key in times[True]), flush=True)
-    out = {"workload": args.workload, "chains": 2 if args.workload == "diabetes" else args.chains}
+    out = {"workload": args.workload, "chains": args.chains}
     if args.workload == "diabetes":
         out["kernel"] = args.kernel
     for key, values in ratios.items():
