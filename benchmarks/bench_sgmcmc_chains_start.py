@@ -12,8 +12,8 @@ eagerly, the rest traced (the trace included).
 vectorized_chains=2), warmup_steps=400, num_samples=400).run(loader)`` with ``--kernel SGHMC`` or ``SGLD`` (and
 ``--chains K`` vectorised chains in place of 2). Its warm-up adapts the mass matrix and checks the step by the
 curvature estimate (SGLD at 5 positions, 20 power iterations each; SGHMC at 12, 10 each), each iteration taking the
-gradient at every chain's two finite-difference points on 6 minibatches. Besides the whole run, the warm-up (set-up and warm start included) and the curvature
-estimates alone are timed (wall and CPU).
+gradient at every chain's two finite-difference points on 6 minibatches. Besides the whole run, the warm-up (set-up
+and warm start included) and the curvature estimates alone are timed (wall and CPU).
 
 The other variant computes the chains' gradients chain by chain in those phases (``_chains_gradient`` returning
 ``None``, as for a model that ``vmap`` cannot run); the traced steps are the same. One untimed run of each first (the
