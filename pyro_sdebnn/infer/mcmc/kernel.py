@@ -979,8 +979,9 @@ class SGMCMCKernel(MCMCKernel):
     def _chains_gradient(
         self, position: Tensor, idx: Optional[Tensor], *extra: Tensor
     ) -> Optional[tuple[Tensor, Tensor]]:
-        """:meth:`_gradient` of the ``K`` vectorised chains at once, ``(K, D)`` and ``(K,)``, or ``None`` where the
-        kernel computes them chain by chain (see below).
+        """:meth:`_gradient` at ``K`` positions at once (the vectorised chains; the two finite-difference points of
+        every chain in the warm-up's curvature estimate), ``(K, D)`` and ``(K,)``, or ``None`` where the kernel
+        computes them chain by chain (see below).
 
         The potential of one chain is ``vmap``-ed over the chains, as in the traced step, and differentiated by plain
         autograd: the chains are independent, so the gradient of the sum of their potentials is each chain's
@@ -991,14 +992,14 @@ class SGMCMCKernel(MCMCKernel):
         ``K`` times the size, slower for a large network). The model's batched products may round differently
         from the chain-by-chain ones (in the last bits of the dtype).
 
-        ``None`` (chain by chain) with one chain, with ``backend="eager"`` (the backend for models that cannot be
+        ``None`` (chain by chain) with ``backend="eager"`` (the backend for models that cannot be
         traced or vectorised), with a kernel that computes its gradient its own way (the data-parallel kernels'
         all-reduce), and for a model that ``vmap`` cannot run (data-dependent control flow, random draws in the
         potential): that is found at its first call and remembered for the potential."""
         U = self.potential
         assert U is not None  # built by setup
         if (
-            self.vectorized_chains == 1 or self.backend_used == "eager" or self._unbatched is U
+            self.backend_used == "eager" or self._unbatched is U
             or type(self)._gradient is not SGMCMCKernel._gradient
         ):
             return None
@@ -1018,7 +1019,7 @@ class SGMCMCKernel(MCMCKernel):
             return None
         grad, value = torch.cat(grads, -1), value.detach()
         if split:  # chain by chain, as _gradient adds it
-            for k in range(self.vectorized_chains):
+            for k in range(len(position)):
                 prior_value, prior_grad = U.gaussian_prior(position[k])
                 grad[k].add_(prior_grad)
                 value[k] += prior_value
@@ -1246,7 +1247,9 @@ class SGMCMCKernel(MCMCKernel):
         minibatch of a network's potential varies several-fold from batch to batch), with equal weights, as the chain
         meets them (a short last batch that a loader keeps, scaled by :math:`N/b`, is stiffer than the others).
         :math:`\\lambda` is found by ``_CURVATURE_ITERATIONS`` power iterations with central finite differences of
-        the gradient, from a random vector.
+        the gradient, from a random vector. Vectorised chains iterate each on its own (its own start, normalisation,
+        and stop at a non-finite or zero norm); the gradients at every chain's two points are taken in one batched
+        call per minibatch (:meth:`_chains_gradient`; chain by chain where that does not apply).
 
         A network's :math:`\\lambda` varies several-fold along a chain (most where a few points near the decision
         boundary, in a small minibatch scaled by :math:`N/b`, dominate the Hessian), so that at the one or two
@@ -1272,29 +1275,39 @@ class SGMCMCKernel(MCMCKernel):
                 # position: the Hessian of a few points near where the likelihood is stiffest can dominate it
                 batches = [(self._next_indices(), self._next_data())
                            for _ in range(min(self._CURVATURE_BATCHES, self._epoch_steps()))]
-                chains = position if self.vectorized_chains > 1 else position.unsqueeze(0)
-                for k in range(chains.shape[0]):
+                chains = position.detach().reshape(-1, position.shape[-1])  # (K, D), one row per chain
+                K = len(chains)
 
-                    def grad(point: Tensor) -> Tensor:  # the gradient of the potential averaged over the minibatches
-                        total = torch.zeros_like(point)
-                        for idx, data in batches:
-                            chain_idx = idx if (idx is None or self.vectorized_chains == 1) else idx[k]
-                            with self._bind(data):  # the step's own gradient (a data-parallel kernel's all-reduced)
-                                total += self._gradient(point, chain_idx, *extra)[0]
-                        return total / len(batches)
+                def hessian_times(v: Tensor) -> Tensor:  # each chain's M^-1/2 H M^-1/2 v: (K, D)
+                    # the gradient at the 2K points x_k +- delta M^-1/2 v_k together, averaged over the minibatches
+                    points = torch.cat([chains + delta * scale * v, chains - delta * scale * v])
+                    total = torch.zeros_like(points)
+                    for idx, data in batches:
+                        rows = None if idx is None else idx.reshape(K, -1).repeat(2, 1)  # each point its chain's
+                        with self._bind(data):  # the step's own gradient (a data-parallel kernel's all-reduced)
+                            together = self._chains_gradient(points, rows, *extra)
+                            total += together[0] if together is not None else torch.stack([
+                                self._gradient(point, None if rows is None else rows[r], *extra)[0]
+                                for r, point in enumerate(points)
+                            ])
+                    mean = total / len(batches)
+                    return scale * (mean[:K] - mean[K:]) / (2 * delta)
 
-                    x = chains[k].detach()
-                    v = torch.randn_like(x)
-                    v = v / v.norm()
-                    lam = 0.0
-                    for _ in range(self._CURVATURE_ITERATIONS):
-                        hv = scale * (grad(x + delta * scale * v) - grad(x - delta * scale * v)) / (2 * delta)
-                        norm = hv.norm()
-                        if not bool(torch.isfinite(norm)) or float(norm) == 0.0:
-                            break
-                        lam = float(norm)
-                        v = hv / norm
-                    top = max(top, lam)
+                # each chain's own power iteration: its own random start (drawn chain by chain, in chain order), its
+                # own normalisation, and its own stop at a non-finite or zero norm (lam: its last finite norm)
+                v = torch.stack([torch.randn_like(chains[k]) for k in range(K)])
+                v = v / torch.linalg.vector_norm(v, dim=-1, keepdim=True)
+                lam = chains.new_zeros(K)
+                running = torch.ones(K, dtype=torch.bool, device=chains.device)
+                for _ in range(self._CURVATURE_ITERATIONS):
+                    hv = hessian_times(v)
+                    norm = torch.linalg.vector_norm(hv, dim=-1)
+                    running &= torch.isfinite(norm) & (norm > 0)
+                    if not bool(running.any()):
+                        break
+                    lam = torch.where(running, norm, lam)
+                    v = torch.where(running.unsqueeze(-1), hv / norm.unsqueeze(-1), v)
+                top = max(top, float(lam.max()))
         self.max_curvature = top
         if top <= 0:
             return self.adapted_step_size

@@ -269,3 +269,41 @@ def test_eager_start_draws_the_noise_chain_by_chain_as_before(kernel_cls):
     for a, b in zip(together, one_by_one):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(value, reference, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("chains", [1, 3])
+def test_curvature_estimate_takes_the_gradients_together_and_each_chain_iterates_on_its_own(chains):
+    # the warm-up's curvature estimate (power iteration on central differences of the minibatch-averaged gradient)
+    # takes the gradient at every chain's two points x_k +- d v_k together, one trace of the model per minibatch, and
+    # equals the chain-by-chain estimate from the same random state to the rounding of the batched products, drawing
+    # the same random numbers. A chain whose iteration stops (here a NaN position) leaves the others' running.
+    from pyro_sdebnn.infer.mcmc import BayesianMLP
+
+    x, y = _bnn_data()
+
+    def estimate(together):
+        counted = _counting(BayesianMLP([2, 8, 1], likelihood="bernoulli").double())
+        pyro.set_rng_seed(0)
+        kernel = SGLD(counted, subsample_size=10, map_steps=0, vectorized_chains=chains)
+        kernel.setup(10, x, y)
+        kernel._CURVATURE_ITERATIONS, kernel._CURVATURE_BATCHES = 5, 2  # fewer than a run's: a faster test
+        if not together:
+            kernel._unbatched = kernel.potential  # chain by chain, as backend="eager"
+        kernel._set_inverse_mass(torch.linspace(0.5, 1.5, kernel.potential.dim, dtype=torch.float64))
+        start = kernel._state[0]
+        stopped = start.clone()
+        if chains > 1:
+            stopped[1] = float("nan")
+        calls = counted.calls
+        out = []
+        for positions in ([start, 0.5 * start], [stopped]):
+            eta = kernel._stable_step(positions)
+            out += [kernel.max_curvature, eta]
+        return out, counted.calls - calls, torch.randn(())
+
+    (lam, eta, lam_stopped, eta_stopped), calls, after = estimate(True)
+    reference, reference_calls, reference_after = estimate(False)
+    # 3 positions x 5 iterations x 2 minibatches; chain by chain, each chain's two points in turn
+    assert calls == 3 * 5 * 2 and reference_calls == 2 * chains * calls and torch.equal(after, reference_after)
+    torch.testing.assert_close([lam, eta, lam_stopped, eta_stopped], reference, rtol=1e-10, atol=0)
+    assert lam_stopped > 0  # the stopped chain's lam is 0, not the others'
