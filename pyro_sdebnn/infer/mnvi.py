@@ -69,8 +69,8 @@ from pyro_sdebnn.data.loaders import (
     move_batch,
 )
 from pyro_sdebnn.infer.sampling_free_elbo import SamplingFree_ELBO
-from pyro_sdebnn.nn._param_store import check_name, check_not_shared, register_module
 from pyro_sdebnn.infer.svi_training import train_svi
+from pyro_sdebnn.nn._param_store import check_name, check_not_shared, register_module
 from pyro_sdebnn.nn._streaming import stream_predict
 from pyro_sdebnn.nn.mnvi.handlers import is_sampling_free
 from pyro_sdebnn.nn.mnvi.layers import BayesianLayer
