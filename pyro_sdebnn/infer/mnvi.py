@@ -169,7 +169,11 @@ class SamplingFreeBNN(nn.Module):
         return Normal(zero, zero + self.prior_scale).expand(layer.weight.shape)
 
     def kl_divergence(self) -> Tensor:
-        r"""Closed-form :math:`\mathrm{KL}(q(w)\,\|\,p(w))`, summed over all Bayesian weights."""
+        r"""Closed-form :math:`\mathrm{KL}(q(w)\,\|\,p(w))`, summed over all Bayesian weights.
+
+        Computed with the tensors of Pyro's param store, as ``model``, ``guide`` and ``predict`` are (a store restored
+        with ``pyro.get_param_store().load(path)`` is adopted first)."""
+        self._register_net(only_to_adopt=True)
         # a Tensor: __init__ checked that there is at least one Bayesian layer
         return cast(Tensor, sum(kl_divergence(layer.weight_distribution(), self.prior(layer)).sum()
                                 for _, layer in self.bayesian_layers()))
@@ -184,7 +188,14 @@ class SamplingFreeBNN(nn.Module):
                              f"{tuple(mean.shape)}")
 
     def moments(self, x: Tensor) -> Moments:
-        """Sampling-free forward pass: output means and variances for a deterministic input ``x``."""
+        """Sampling-free forward pass: output means and variances for a deterministic input ``x``.
+
+        Computed with the tensors of Pyro's param store, as ``model``, ``guide`` and ``predict`` are (a store restored
+        with ``pyro.get_param_store().load(path)`` is adopted first)."""
+        self._register_net(only_to_adopt=True)
+        return self._moments(x)
+
+    def _moments(self, x: Tensor) -> Moments:
         out = self.net(Moments(x, None))
         if not isinstance(out, Moments) or out.var is None:
             raise TypeError("net did not return Moments with a variance; does it contain a BayesianLayer?")
@@ -238,8 +249,8 @@ class SamplingFreeBNN(nn.Module):
         with pyro.plate("data", size, subsample=subsample):
             fn: TorchDistributionMixin
             if is_sampling_free():
-                out = self.moments(x)
-                assert out.var is not None  # moments() checked it
+                out = self._moments(x)  # the net was registered above
+                assert out.var is not None  # _moments() checked it
                 if is_validation_enabled() and not bool(torch.isfinite(out.mean).all() & (~out.var.isnan()).all()):
                     raise FloatingPointError(f"{self.name}: the network's output moments are NaN or infinite: "
                                              "training diverged (lower the learning rate or clip the gradients) "
@@ -265,7 +276,9 @@ class SamplingFreeBNN(nn.Module):
 
     # ---------------------------------------------------------------------------------- prediction
     def expected_log_likelihood(self, x: Tensor, y: Tensor) -> Tensor:
-        """Per-point expected log-likelihood (closed form for regression, logit sampling otherwise)."""
+        """Per-point expected log-likelihood (closed form for regression, logit sampling otherwise).
+
+        Computed with the tensors of Pyro's param store, as :meth:`moments`."""
         check_tensors(x, y, self.likelihood)
         return self._moment_likelihood(self.moments(x)).log_prob(y)
 
@@ -316,7 +329,7 @@ class SamplingFreeBNN(nn.Module):
         if switch:
             self.net.eval()
         try:
-            out = self.moments(x)
+            out = self._moments(x)  # predict adopted the param store's tensors
         finally:
             if switch:
                 self.net.train(was_training)
