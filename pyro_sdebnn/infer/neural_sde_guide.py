@@ -51,7 +51,7 @@ from torch.types import _size
 
 from pyro_sdebnn.distributions import OUPath
 from pyro_sdebnn.distributions.ou_path import as_tensor_like
-from pyro_sdebnn.nn._param_store import ParamStoreModule, check_name
+from pyro_sdebnn.nn._param_store import ParamStoreModule, check_name, sync_outside_context
 from pyro_sdebnn.nn.sde_drift import DriftMLP, _activation
 from pyro_sdebnn.ops.path_kl import check_estimator
 from pyro_sdebnn.ops.sde_solve import brownian_increments, euler_maruyama_kl
@@ -460,6 +460,7 @@ class NeuralSDEGuide(ParamStoreModule, AutoGuide):
         """
         if self.prototype_trace is None:
             self._setup_prototype(*args, **kwargs)
+        sync_outside_context(self)  # the drift networks of a loaded param store, as the guide's own runs read them
         if self._chained:
             raise ValueError("NeuralSDEGuide.get_posterior: an OUPath site starts from an earlier path, so its "
                              "posterior is conditional on that path's sample; call the guide to sample the paths")

@@ -33,7 +33,7 @@ from __future__ import annotations
 import functools
 import gc
 import weakref
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import pyro
 import torch
@@ -41,6 +41,8 @@ from pyro.nn import PyroModule
 from pyro.nn.module import _make_name
 from pyro.params.param_store import param_with_module_name
 from torch import nn
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 # id(module) -> weak reference: the modules that have read their parameters through the param store (registered by
 # ``register_module``, dropped when garbage collected). A tensor of the store held by one of them belongs to it.
@@ -211,3 +213,23 @@ def sync_from_param_store(module: PyroModule) -> None:
             sync_from_param_store(child)
         elif child is not None:
             _adopt(module, name, child)
+
+
+def reads_param_store(method: _F) -> _F:
+    """Decorate a public method of a :class:`~pyro.nn.PyroModule` that reads its parameters outside a Pyro context
+    (a ``prior()``, a training loss for a plain torch optimiser, a likelihood): it first makes the module compute with
+    the param store's tensors (:func:`sync_from_param_store`), as its model, guide and ``predict`` do, so a store
+    restored with ``pyro.get_param_store().load(path)`` gives the fit's numbers in every method. Inside the module's
+    own Pyro context (a ``pyro_method``, ``forward``) nothing is added: its reads adopt the store's tensors already."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        sync_outside_context(self)
+        return method(self, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def sync_outside_context(module: PyroModule) -> None:
+    """:func:`sync_from_param_store` unless ``module``'s own Pyro context is active (where its reads adopt already)."""
+    if not _active(module):
+        sync_from_param_store(module)

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 
 from pyro_sdebnn._likelihoods import check_likelihood
 from pyro_sdebnn.data.loaders import check_finite_batch
-from pyro_sdebnn.nn._param_store import check_name
+from pyro_sdebnn.nn._param_store import check_name, reads_param_store
 from pyro_sdebnn.nn.sde_drift import ConvField, TimeMLPField
 from pyro_sdebnn.ops.sde_solve import time_grid
 from pyro_sdebnn.predictive import ClassificationPrediction, RegressionPrediction
@@ -308,8 +308,11 @@ class ContinuousDepthNet(PyroModule):
             with torch.no_grad():
                 unconstrained.copy_(spread.log())
 
+    @reads_param_store
     def likelihood_dist(self, out: Tensor) -> dist.TorchDistribution:
-        """Observation distribution given the head output ``(..., N, out_dim)``; batch shape ``(..., N)``."""
+        """Observation distribution given the head output ``(..., N, out_dim)``; batch shape ``(..., N)``.
+
+        Its noise scale ``obs_scale`` is the param store's (e.g. after ``pyro.get_param_store().load(path)``)."""
         if self.likelihood == "categorical":
             return dist.Categorical(logits=out)
         loc = out.squeeze(-1) if self.out_dim == 1 else out

@@ -46,7 +46,7 @@ from torch import Tensor, nn
 
 from pyro_sdebnn.data.loaders import check_finite_batch, is_loader, module_device_dtype, move_batch
 from pyro_sdebnn.distributions import OUPath
-from pyro_sdebnn.nn._param_store import ParamStoreModule, check_name, sync_from_param_store
+from pyro_sdebnn.nn._param_store import ParamStoreModule, check_name, reads_param_store, sync_from_param_store
 from pyro_sdebnn.nn._streaming import stream_predict
 from pyro_sdebnn.nn.continuous_depth import (ContinuousDepthNet, check_class_labels, check_input_dtype,
                                              check_num_data, drop_data_plate_slot)
@@ -118,10 +118,12 @@ class SDEBNN(ParamStoreModule, ContinuousDepthNet):
         return self.w0
 
     # ------------------------------------------------------------------ weight path
+    @reads_param_store
     def prior(self) -> OUPath:
-        """The weight-path prior ``OUPath(w0, sigma, times, theta, method="euler")``."""
+        """The weight-path prior ``OUPath(w0, sigma, times, theta, method="euler")``, ``w0`` the param store's."""
         return OUPath(self.w0, self.sigma, self.times, self.theta, method="euler")
 
+    @reads_param_store
     def integrate(self, x: Tensor, path: Tensor) -> Tensor:
         """Hidden state :math:`h_{t_1}` by Euler along a given weight path ``(..., K, D)`` (``w0`` at ``t0``)."""
         if not isinstance(path, Tensor):
@@ -202,6 +204,7 @@ class SDEBNN(ParamStoreModule, ContinuousDepthNet):
                                entropy=entropy, return_path=False, estimator=estimator)
         return self._head(_hidden(sol).reshape((num_samples,) + state_shape)), sol.kl
 
+    @reads_param_store
     def fused_loss(self, x: Tensor, y: Tensor, guide, *, num_samples: int = 1, estimator: str = "stl",
                    method: str = "euler", adjoint: bool = False, num_data: int | None = None,
                    kl_scale: float = 1.0, dt: float | None = None) -> Tensor:
@@ -229,6 +232,10 @@ class SDEBNN(ParamStoreModule, ContinuousDepthNet):
         :param float dt: solver step; default the network's ``dt``, and with ``adjoint=True`` the smaller
             of it and ``ADJOINT_DT`` (0.01), where the adjoint gradient is
             within a few percent.
+
+        The network and the guide compute with the tensors of Pyro's param store, as in :meth:`predict`: to resume
+        from ``pyro.get_param_store().load(path)``, build the torch optimiser after the first call (the network then
+        holds the loaded tensors).
         """
         _check_path_guide(guide)
         if not isinstance(x, Tensor) or not isinstance(y, Tensor):
@@ -407,8 +414,9 @@ class MultiScaleSDEBNN(ParamStoreModule, PyroModule):
             self._grid = time_grid(self.t_span, self.dt, dtype=w0.dtype, device=w0.device)
         return self._grid
 
+    @reads_param_store
     def priors(self) -> list[OUPath]:
-        """One ``OUPath(w0_b, sigma, times, theta, method="euler")`` per block."""
+        """One ``OUPath(w0_b, sigma, times, theta, method="euler")`` per block (``w0_b`` the param store's)."""
         return [OUPath(w0, self.sigma, self.times, self.theta, method="euler") for w0 in self.w0s]
 
     def forward(self, x: Tensor, paths: Sequence[Tensor]) -> Tensor:
