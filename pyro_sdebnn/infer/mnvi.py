@@ -246,6 +246,8 @@ class SamplingFreeBNN(nn.Module):
         if size < x.shape[0]:
             raise ValueError(f"num_data={size} is smaller than the minibatch size {x.shape[0]}")
         subsample = torch.arange(x.shape[0], device=x.device)
+        if is_sampling_free():
+            self._check_guided_by_layers(weights)
         with pyro.plate("data", size, subsample=subsample):
             fn: TorchDistributionMixin
             if is_sampling_free():
@@ -259,6 +261,21 @@ class SamplingFreeBNN(nn.Module):
             else:
                 fn = self._sampled_likelihood(torch.func.functional_call(self.net, weights, (x,), strict=False))
             return pyro.sample("obs", fn, obs=y)
+
+    def _check_guided_by_layers(self, weights: dict[str, Tensor]) -> None:
+        """Under ``sampling_free`` the likelihood is propagated from the layers' own variational parameters, whatever
+        the guide samples; the weight sites then hold the guide's means, which must be the layers' ``weight``: any
+        other guide (``AutoDelta``, a hand-written one with its own parameters) would be trained by the KL alone
+        while the likelihood trained the layers, a silently meaningless fit."""
+        for layer_name, layer in self.bayesian_layers():
+            value, mean = weights[f"{layer_name}.weight"], layer.weight
+            if value.shape == mean.shape and (value.data_ptr() == mean.data_ptr() or torch.equal(value, mean)):
+                continue
+            raise ValueError(
+                f"{self.name}: under SamplingFree_ELBO the guide's weight {self._site(layer_name)!r} is not the "
+                f"variational posterior of layer {layer_name!r}: the sampling-free model propagates the moments of "
+                "the layers' own parameters (weight, rho), so only SamplingFreeBNN.guide trains it; train an autoguide "
+                "(AutoDelta, AutoNormal, ...) or another guide with Trace_ELBO or TraceMeanField_ELBO")
 
     def guide(self, x: Tensor, y: Tensor | None = None) -> None:
         """Pyro guide: the layers' variational posteriors over their weights."""

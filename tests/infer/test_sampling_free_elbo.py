@@ -268,3 +268,33 @@ def test_autoguide_auxiliary_site_is_named_with_what_to_use_instead():
     with pytest.raises(ValueError, match="'w_unconstrained' is not in the model: it is an auxiliary site of an "
                                          "autoguide.*SamplingFreeBNN.guide"):
         SamplingFree_ELBO().loss(model, AutoNormal(model), x, x[:, 0])
+
+
+def _own_parameter_guide(bnn):
+    def guide(x, y=None):  # a guide with its own parameters at the model's sites, not the layers'
+        for name, layer in bnn.bayesian_layers():
+            loc = pyro.param(f"loc.{name}", torch.zeros_like(layer.weight))
+            pyro.sample(f"bnn.{name}.weight", pyro.distributions.Normal(loc, 0.1).to_event(layer.weight.dim()))
+    return guide
+
+
+@pytest.mark.parametrize("make_guide", [lambda bnn: pyro.infer.autoguide.AutoDelta(bnn.model),
+                                        lambda bnn: pyro.infer.autoguide.AutoNormal(bnn.model),
+                                        _own_parameter_guide], ids=["AutoDelta", "AutoNormal", "own-parameters"])
+def test_a_guide_other_than_the_layers_raises_instead_of_training_the_kl_alone(make_guide):
+    # the sampling-free model propagates the layers' own variational parameters whatever the guide samples: with
+    # AutoDelta (or a guide with its own parameters) SVI ran, the likelihood trained the layers and the guide's
+    # parameters got the KL alone
+    pyro.clear_param_store()
+    bnn = _regression_bnn(num_data=8)
+    x, y = torch.randn(8, 2, dtype=torch.float64), torch.randn(8, dtype=torch.float64)
+    svi = pyro.infer.SVI(bnn.model, make_guide(bnn), pyro.optim.Adam({"lr": 0.01}), SamplingFree_ELBO())
+    with pytest.raises(ValueError, match=r"guide's weight 'bnn.0.weight' is not the variational posterior of layer "
+                                         r"'0'.*SamplingFreeBNN.guide.*Trace_ELBO"):
+        svi.step(x, y)
+    pyro.clear_param_store()  # the same guide trains the same model by weight sampling
+    svi = pyro.infer.SVI(bnn.model, make_guide(bnn), pyro.optim.Adam({"lr": 0.01}), pyro.infer.Trace_ELBO())
+    assert math.isfinite(svi.step(x, y))
+    pyro.clear_param_store()  # and the model's own guide under SamplingFree_ELBO
+    assert math.isfinite(pyro.infer.SVI(bnn.model, bnn.guide, pyro.optim.Adam({"lr": 0.01}),
+                                        SamplingFree_ELBO()).step(x, y))
