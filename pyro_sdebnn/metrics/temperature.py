@@ -21,12 +21,17 @@ def _check_logits(logits) -> Tensor:
         )
     if logits.shape[0] == 0:
         raise ValueError("logits is empty: need at least one validation point")
-    if not torch.isfinite(logits).all():
+    finite = torch.isfinite(logits)
+    if logits.dim() == 1 and not finite.all():
         raise ValueError("logits must be finite, got NaN or infinite values")
+    # (N, C): -inf is the log of a probability that underflowed to 0 (often in float16), as softmax treats it
+    if logits.dim() == 2 and (logits.isnan().any() or (logits == math.inf).any() or not finite.any(-1).all()):
+        raise ValueError("logits must be finite or -inf (the log of a zero probability) with a finite entry in every "
+                         "row, got NaN, +inf or a row without a finite entry")
     if logits.dim() == 2 and _look_like_probabilities(logits):
         raise ValueError(
             "logits look like probabilities (every row in [0, 1] and summing to 1): temperature scaling divides "
-            "logits, so pass log-probabilities instead, e.g. probs.clamp_min(1e-12).log()"
+            "logits, so pass log-probabilities instead, e.g. probs.log() (a zero probability's -inf is accepted)"
         )
     return logits
 
@@ -72,8 +77,9 @@ def fit_temperature(logits, labels, *, bounds: tuple[float, float] = (0.01, 100.
     NLL decreases towards 0 as :math:`T \\to 0` and the result is near the lower bound.
 
     :param logits: ``(N, C)`` validation logits, or ``(N,)`` binary logits (log-odds of class 1). For the
-        predictive of a Bayesian model pass the log of its mean probabilities; probabilities themselves (rows in
-        [0, 1] summing to 1) raise a ``ValueError``.
+        predictive of a Bayesian model pass the log of its mean probabilities (a probability that underflowed to 0
+        gives ``-inf``, accepted in ``(N, C)`` logits); probabilities themselves (rows in [0, 1] summing to 1) raise
+        a ``ValueError``.
     :param labels: ``(N,)`` integer labels (``{0, 1}`` for binary logits).
     :param bounds: search interval :math:`(T_\\min, T_\\max)`, positive.
     :param float tol: absolute tolerance on :math:`\\log T`.
@@ -115,7 +121,8 @@ def fit_temperature(logits, labels, *, bounds: tuple[float, float] = (0.01, 100.
 def temperature_scale(logits, temperature) -> Tensor:
     """Calibrated probabilities :math:`\\operatorname{softmax}(z / T)` (sigmoid for binary ``(N,)`` logits).
 
-    :param logits: ``(N, C)`` logits or ``(N,)`` binary logits.
+    :param logits: ``(N, C)`` logits (``-inf`` entries allowed, each row with a finite one) or ``(N,)`` binary
+        logits.
     :param temperature: positive scalar (e.g. from :func:`fit_temperature`).
     :return: ``(N, C)`` probabilities, or ``(N,)`` positive-class probabilities for binary logits, in the
         dtype of ``logits`` (float32 for float16/bfloat16 logits).

@@ -121,3 +121,29 @@ def test_probabilities_passed_as_logits_raise():
         fn(probs.log())
         fn(torch.full((50, 3), 1 / 3))
     fit_temperature(probs[:, 0], (labels == 0).long())  # (N,) binary log-odds may lie in [0, 1]
+
+
+def test_log_of_half_precision_probabilities_with_underflowed_zeros_is_accepted():
+    """float16 probabilities underflow to exactly 0 below 6e-8: their log holds -inf, which raised "logits must be
+    finite", and the suggested ``probs.clamp_min(1e-12).log()`` was -inf again (1e-12 is 0 in float16). A -inf entry
+    is the log of a zero probability and softmax treats it as such: the fit equals the one with that class's logit
+    at a value so low that softmax gives it exactly 0 too."""
+    model_logits, labels, _ = _problem(5, n=400)
+    probs = model_logits.softmax(-1).half()
+    keep = probs[torch.arange(400), labels] > 0  # the points whose label has a nonzero probability (a finite NLL)
+    probs, labels = probs[keep], labels[keep]
+    assert (probs == 0).any() and len(labels) > 300
+    log_probs = probs.log()
+    floor = torch.where(torch.isinf(log_probs), torch.full_like(log_probs, -1e4), log_probs)  # exp(-1e4 / T) == 0
+    temperature = fit_temperature(log_probs, labels)
+    assert temperature.dtype == torch.float32
+    torch.testing.assert_close(temperature, fit_temperature(floor, labels), rtol=1e-6, atol=0)
+    torch.testing.assert_close(temperature_scale(log_probs, temperature), temperature_scale(floor, temperature))
+    for bad in (float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="logits must be finite or -inf"):
+            fit_temperature(log_probs.index_put((torch.tensor([0]), torch.tensor([0])), torch.tensor(bad).half()),
+                            labels)
+    with pytest.raises(ValueError, match="a row without a finite entry"):
+        temperature_scale(torch.full((2, 3), -math.inf), 1.0)
+    with pytest.raises(ValueError, match="logits must be finite"):  # binary log-odds: +-inf is 0 * inf in the NLL
+        fit_temperature(torch.tensor([-math.inf, 0.0, 1.0]), torch.tensor([0, 1, 1]))
