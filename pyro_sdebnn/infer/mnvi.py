@@ -16,8 +16,9 @@ in the style of Pyro's VAE example (``pyro.module`` inside ``model``/``guide``):
 
 Two ways to run the same program:
 
-1. **Sampling-based** (``Trace_ELBO``, ``TraceMeanField_ELBO``, ``pyro.infer.Predictive``): the model
-   runs the ordinary network on the sampled weights (``torch.func.functional_call``) and observes
+1. **Sampling-based** (``Trace_ELBO``, ``TraceMeanField_ELBO``, ``pyro.infer.Predictive``, also with
+   ``parallel=True`` or ``vectorize_particles=True``): the model runs the ordinary network on the sampled weights
+   (``torch.func.functional_call``, under :func:`torch.func.vmap` for weights drawn in an outer plate) and observes
    ``Normal(mu, exp(c/2))`` or ``Categorical(logits)``.
 2. **Sampling-free** (under the ``sampling_free`` handler installed by
    :class:`~pyro_sdebnn.infer.SamplingFree_ELBO`): the model propagates means and variances through
@@ -209,10 +210,31 @@ class SamplingFreeBNN(nn.Module):
         return SamplingFreeCategorical(out.mean, out.var, self.num_logit_samples)
 
     def _sampled_likelihood(self, out: Tensor) -> TorchDistributionMixin:
-        self._check_outputs(out)
+        self._check_outputs(out[(0,) * (out.dim() - 2)])  # one (b, C) output of a batch of weight draws
         if self.likelihood == "normal":
-            return Normal(out[:, 0], torch.exp(0.5 * out[:, 1]))
+            return Normal(out[..., 0], torch.exp(0.5 * out[..., 1]))
         return Categorical(logits=out)
+
+    def _sampled_outputs(self, weights: dict[str, Tensor], x: Tensor) -> Tensor:
+        """The network on sampled weights: ``(b, C)``, or ``(..., S, b, C)`` for weights drawn in an outer plate
+        (``Predictive(parallel=True)``, vectorised ELBO particles), whose batch shape ``(..., S, 1)`` ends with the
+        data plate's slot; each draw is one run of the network (:func:`torch.func.vmap`)."""
+        shapes = {f"{name}.weight": layer.weight.shape for name, layer in self.bayesian_layers()}
+        leads = [value.shape[:value.dim() - len(shapes[key])] for key, value in weights.items()]
+        if not any(leads):
+            return torch.func.functional_call(self.net, weights, (x,), strict=False)
+        for module_name, module in self.net.named_modules():
+            if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.training and module.track_running_stats:
+                raise ValueError(
+                    f"{self.name}: the weights were drawn in an outer plate (Predictive(parallel=True) or "
+                    f"vectorize_particles=True), but batch-norm layer {module_name!r} is in training mode and updates "
+                    "its running statistics once per run: call net.eval() first, or draw the weights one at a time")
+        lead = torch.broadcast_shapes(*leads)
+        flat = {key: value.expand(lead + shapes[key]).reshape((-1,) + shapes[key]) for key, value in weights.items()}
+        out = torch.func.vmap(lambda w: torch.func.functional_call(self.net, w, (x,), strict=False),
+                              randomness="different")(flat)
+        out = out.reshape(lead + out.shape[1:])
+        return out.squeeze(-3) if lead[-1] == 1 else out  # (..., S, 1, b, C) -> (..., S, b, C)
 
     def _register_net(self, *, only_to_adopt: bool = False) -> None:
         """``pyro.module(name, net)``, adopting the tensors of the store that no live module holds (a loaded fit);
@@ -259,7 +281,7 @@ class SamplingFreeBNN(nn.Module):
                                              "or the inputs are not finite")
                 fn = self._moment_likelihood(out)
             else:
-                fn = self._sampled_likelihood(torch.func.functional_call(self.net, weights, (x,), strict=False))
+                fn = self._sampled_likelihood(self._sampled_outputs(weights, x))
             return pyro.sample("obs", fn, obs=y)
 
     def _check_guided_by_layers(self, weights: dict[str, Tensor]) -> None:

@@ -246,6 +246,32 @@ def test_sampled_model_runs_network_on_sampled_weights():
     assert torch.allclose(fn.loc, out[:, 0]) and torch.allclose(fn.scale, torch.exp(0.5 * out[:, 1]))
 
 
+def test_weights_drawn_in_an_outer_plate_run_the_network_once_per_draw():
+    # Predictive(parallel=True) and vectorised ELBO particles draw the weights in an outer plate, (S, 1) + weight
+    # shape: functional_call passed the stacked weights to F.linear and failed ("t() expects a tensor with <= 2
+    # dimensions"); now each draw runs the network and the likelihood has batch shape (S, b)
+    bnn = _regression_bnn(num_data=8)
+    x = torch.randn(8, 2, dtype=torch.float64)
+    draws = {f"bnn.{i}.weight": torch.randn((3, 1) + bnn.net[i].weight.shape, dtype=torch.float64) for i in (0, 2)}
+    with pyro.plate("draws", 3, dim=-2):
+        fn = poutine.trace(poutine.condition(bnn.model, data=draws)).get_trace(x).nodes["obs"]["fn"]
+    assert fn.batch_shape == (3, 8)
+    for s in range(3):
+        h = torch.relu(x @ draws["bnn.0.weight"][s, 0].T + bnn.net[0].bias)
+        out = h @ draws["bnn.2.weight"][s, 0].T + bnn.net[2].bias
+        torch.testing.assert_close(fn.loc[s], out[:, 0])
+        torch.testing.assert_close(fn.scale[s], torch.exp(0.5 * out[:, 1]))
+    samples = Predictive(bnn.model, guide=bnn.guide, num_samples=4, parallel=True, return_sites=["obs"])(x)
+    assert samples["obs"].shape == (4, 8)
+    elbo = Trace_ELBO(num_particles=4, vectorize_particles=True, max_plate_nesting=1)
+    assert math.isfinite(elbo.loss(bnn.model, bnn.guide, x, torch.randn(8, dtype=torch.float64)))
+    bn = SamplingFreeBNN(MNSequential(MNLinear(2, 4), MNBatchNorm1d(4), MNReLU(), MNLinear(4, 2)), "normal", name="bn")
+    with pytest.raises(ValueError, match="batch-norm layer '1' is in training mode.*net.eval()"):
+        Predictive(bn.model, guide=bn.guide, num_samples=2, parallel=True)(torch.randn(8, 2))
+    bn.net.eval()
+    assert Predictive(bn.model, guide=bn.guide, num_samples=2, parallel=True)(torch.randn(8, 2))["obs"].shape == (2, 8)
+
+
 def test_classification_elbo_and_predictive():
     net = MNSequential(MNLinear(2, 8), MNReLU(), MNLinear(8, 3))
     bnn = SamplingFreeBNN(net, "categorical", num_data=40, num_logit_samples=4)
