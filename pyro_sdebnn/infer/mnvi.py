@@ -16,10 +16,9 @@ in the style of Pyro's VAE example (``pyro.module`` inside ``model``/``guide``):
 
 Two ways to run the same program:
 
-1. **Sampling-based** (``Trace_ELBO``, ``TraceMeanField_ELBO``, ``pyro.infer.Predictive``, also with
-   ``parallel=True`` or ``vectorize_particles=True``): the model runs the ordinary network on the sampled weights
-   (``torch.func.functional_call``, under :func:`torch.func.vmap` for weights drawn in an outer plate) and observes
-   ``Normal(mu, exp(c/2))`` or ``Categorical(logits)``.
+1. **Sampling-based** (``Trace_ELBO``, ``TraceMeanField_ELBO``, ``pyro.infer.Predictive``, also ``parallel=True``):
+   the model runs the network on the sampled weights (``torch.func.functional_call``, vmapped over draws in an outer
+   plate) and observes ``Normal(mu, exp(c/2))`` or ``Categorical(logits)``.
 2. **Sampling-free** (under the ``sampling_free`` handler installed by
    :class:`~pyro_sdebnn.infer.SamplingFree_ELBO`): the model propagates means and variances through
    the network using the guide's parameters and observes a
@@ -73,6 +72,7 @@ from pyro_sdebnn.infer.sampling_free_elbo import SamplingFree_ELBO
 from pyro_sdebnn.infer.svi_training import train_svi
 from pyro_sdebnn.nn._param_store import check_name, check_not_shared, register_module
 from pyro_sdebnn.nn._streaming import stream_predict
+from pyro_sdebnn.nn.continuous_depth import check_input_dtype
 from pyro_sdebnn.nn.mnvi.handlers import is_sampling_free
 from pyro_sdebnn.nn.mnvi.layers import BayesianLayer
 from pyro_sdebnn.nn.mnvi.likelihoods import SamplingFreeCategorical, SamplingFreeNormal, probit_softmax
@@ -196,7 +196,11 @@ class SamplingFreeBNN(nn.Module):
         self._register_net(only_to_adopt=True)
         return self._moments(x)
 
+    def _check_dtype(self, x: Tensor) -> None:
+        check_input_dtype(x, self.bayesian_layers()[0][1].weight)  # not torch's "mat1 and mat2 must have the same dtype"
+
     def _moments(self, x: Tensor) -> Moments:
+        self._check_dtype(x)
         out = self.net(Moments(x, None))
         if not isinstance(out, Moments) or out.var is None:
             raise TypeError("net did not return Moments with a variance; does it contain a BayesianLayer?")
@@ -259,6 +263,7 @@ class SamplingFreeBNN(nn.Module):
         :param y: targets ``(b,)`` or ``None``.
         """
         check_tensors(x, y, self.likelihood)
+        self._check_dtype(x)
         self._register_net()
         weights = {}
         for layer_name, layer in self.bayesian_layers():

@@ -17,7 +17,8 @@ from pyro.optim import Adam
 from torch.utils.data import DataLoader, TensorDataset
 
 from pyro_sdebnn.distributions import MultiplicativeNormal
-from pyro_sdebnn.infer import ClassificationPrediction, LinearKLWarmup, RegressionPrediction, SamplingFreeBNN
+from pyro_sdebnn.infer import (ClassificationPrediction, LinearKLWarmup, RegressionPrediction, SamplingFree_ELBO,
+                               SamplingFreeBNN)
 from pyro_sdebnn.nn.mnvi import (
     MFLinear,
     MNLinear,
@@ -318,6 +319,18 @@ def test_bad_data_raises():
         SamplingFreeBNN(MNSequential(MNLinear(2, 3)), "categorical").model(torch.randn(4, 2), torch.zeros(4))
     with pytest.raises(ValueError, match=r"\(N, 2\)"):
         SamplingFreeBNN(MNSequential(MNLinear(2, 3)), "normal").predict(torch.randn(4, 2))
+
+
+def test_inputs_of_another_dtype_than_the_network_raise_naming_x():
+    # a float64 network given float32 inputs outside predict (which converts them) failed deep in F.linear with
+    # "mat1 and mat2 must have the same dtype"; as for the SDE-BNN it is a TypeError naming x and both conversions
+    bnn = _regression_bnn(num_data=4)
+    x, y = torch.randn(4, 2), torch.randn(4)
+    for run in (lambda: bnn.model(x, y), lambda: bnn.moments(x), lambda: bnn.expected_log_likelihood(x, y),
+                lambda: SamplingFree_ELBO().loss(bnn.model, bnn.guide, x, y)):
+        with pytest.raises(TypeError, match=r"x must have the network's dtype torch.float64, got torch.float32"):
+            run()
+    assert bnn.predict(x).loc.dtype == torch.float64  # predict converts the inputs, as before
 
 
 def test_categorical_net_with_one_logit_column_raises_naming_the_outputs():
