@@ -204,8 +204,11 @@ def _kl_multiplicative_normal_multiplicative_normal(q: MultiplicativeNormal, p: 
 @register_kl(MultiplicativeNormal, Normal)
 def _kl_multiplicative_normal_normal(q: MultiplicativeNormal, p: Normal) -> torch.Tensor:
     # Gaussian KL with q-variance alpha m^2; the guard keeps log finite at m = 0 (Schmitt & Roth (2021), App. A).
-    var_q = q.variance
-    var_p = p.scale.square()
-    return 0.5 * (
-        torch.log(var_p / (var_q + KL_LOG_GUARD)) + (var_q + (q.loc - p.loc).square()) / var_p - 1.0
-    )
+    # Evaluated in float32 at least: in float16 the guard is 0 and alpha m^2 underflows for |m| < 1e-3 (an infinite
+    # KL); the result is returned in the parameters' dtype.
+    dtype = torch.promote_types(torch.promote_types(q.loc.dtype, p.scale.dtype), torch.float32)
+    loc_q, alpha_q, loc_p, scale_p = (t.to(dtype) for t in (q.loc, q.alpha, p.loc, p.scale))
+    var_q = alpha_q * loc_q.square()
+    var_p = scale_p.square()
+    kl = 0.5 * (torch.log(var_p / (var_q + KL_LOG_GUARD)) + (var_q + (loc_q - loc_p).square()) / var_p - 1.0)
+    return kl.to(torch.promote_types(q.loc.dtype, p.scale.dtype))

@@ -104,3 +104,18 @@ def test_kl_to_a_multiplicative_normal_with_zero_means():
     torch.testing.assert_close(kl[2:], want, rtol=1e-12, atol=0)
     kl[2:].sum().backward()
     assert torch.isfinite(loc.grad).all() and loc.grad[:2].eq(0).all()
+
+
+def test_kl_to_normal_in_float16_is_the_float32_kl_rounded():
+    # in float16 the guard 1e-10 is 0 and alpha m^2 underflows for |m| < 1e-3: the KL of a zero or small weight was
+    # infinite, so an MNVI network in float16 had an infinite ELBO ("lower the learning rate")
+    dtype = torch.float16
+    loc = torch.tensor([[0.0, 1e-3, -0.02, 0.5, 2.0]]).to(dtype)
+    alpha = torch.tensor([0.05]).to(dtype)
+    q = MultiplicativeNormal(loc, alpha, noise_dim=0)
+    p = dist.Normal(torch.zeros((), dtype=dtype), torch.ones((), dtype=dtype)).expand(loc.shape)
+    kl = kl_divergence(q, p)
+    reference = kl_divergence(MultiplicativeNormal(loc.float(), alpha.float(), noise_dim=0),
+                              dist.Normal(0.0, 1.0).expand(loc.shape))
+    assert kl.dtype == dtype
+    torch.testing.assert_close(kl.float(), reference, rtol=torch.finfo(dtype).eps, atol=0)  # one rounding
