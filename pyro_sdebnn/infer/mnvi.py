@@ -197,7 +197,7 @@ class SamplingFreeBNN(nn.Module):
         return self._moments(x)
 
     def _check_dtype(self, x: Tensor) -> None:
-        check_input_dtype(x, self.bayesian_layers()[0][1].weight)  # not torch's "mat1 and mat2 must have the same dtype"
+        check_input_dtype(x, self.bayesian_layers()[0][1].weight)  # not F.linear's dtype error
 
     def _moments(self, x: Tensor) -> Moments:
         self._check_dtype(x)
