@@ -52,7 +52,7 @@ from pyro.nn import pyro_method
 from torch import Tensor, nn
 
 from pyro_sdebnn.data.loaders import check_finite_batch, is_loader, module_device_dtype, move_batch
-from pyro_sdebnn.nn._param_store import ParamStoreModule, reads_param_store, sync_from_param_store
+from pyro_sdebnn.nn._param_store import ParamStoreModule, sync_from_param_store
 from pyro_sdebnn.nn._streaming import stream_predict
 from pyro_sdebnn.nn.continuous_depth import ContinuousDepthNet
 
@@ -115,15 +115,14 @@ class _ConstantWeightNet(ParamStoreModule, ContinuousDepthNet):
         self._check_weights(weights)
         return self._head(self.integrate_weights(x, self._per_step(weights)))
 
-    @reads_param_store
     def nll(self, x: Tensor, y: Tensor) -> Tensor:
         """Mean negative log-likelihood per data point at the point-estimate ``weights`` (training loss).
 
         .. math:: \\mathcal L = -\\frac1b \\sum_{i=1}^b \\log p(y_i \\mid \\mathrm{head}(h_K(x_i; w)))
 
         Raises ``ValueError`` on a non-finite value (diverged training). Computed with the tensors of Pyro's param
-        store, as :meth:`predict`: to resume from ``pyro.get_param_store().load(path)``, build the torch optimiser
-        after the first call.
+        store (``forward`` and :meth:`likelihood_dist` read them), as :meth:`predict`: to resume from
+        ``pyro.get_param_store().load(path)``, build the torch optimiser after the first call.
         """
         if not isinstance(y, Tensor) or y.shape[:1] != x.shape[:1]:
             raise ValueError(f"y must be a tensor with {x.shape[0]} rows like x, got {getattr(y, 'shape', y)!r}")

@@ -156,30 +156,44 @@ def test_ode_net_follows_a_loaded_param_store(tmp_path):
     torch.testing.assert_close(got.scale, expected.scale)
 
 
-def _public_reads(net, guide, x, y, path):
-    """The public methods that read the parameters outside the model and guide."""
-    out = {"prior": net.prior().init, "integrate": net.integrate(x, path)}  # each before a run of the model
-    out["likelihood_dist"] = net.likelihood_dist(net(x, path)).scale
-    out["get_posterior"] = guide.get_posterior(x)["w_path"].correction(torch.tensor(0.0), path[0])
-    torch.manual_seed(1)
-    out["fused_loss"] = net.fused_loss(x, y, guide)
-    return out
+def _build_for_public_reads(seed):
+    from pyro_sdebnn.nn import MultiScaleSDEBNN, ODENet
+
+    torch.manual_seed(seed)
+    net = SDEBNN(2, 1, hidden=4, augment=1, dt=0.5)
+    return (net, NeuralSDEGuide(net, drift_hidden=4), ODENet(2, 1, hidden=4, augment=1, dt=0.5, name="ode"),
+            MultiScaleSDEBNN((1, 4, 4), 3, blocks=1, hidden=2, dt=0.5, name="ms"))
+
+
+def _public_reads(x, y, path):
+    """The public methods that read the parameters outside the model and guide: ``(net, guide, ode, ms) -> tensor``."""
+    def fused_loss(net, guide, ode, ms):
+        torch.manual_seed(1)
+        return net.fused_loss(x, y, guide)
+
+    return {
+        "prior": lambda net, guide, ode, ms: net.prior().init,
+        "integrate": lambda net, guide, ode, ms: net.integrate(x, path),
+        "likelihood_dist": lambda net, guide, ode, ms: net.likelihood_dist(net(x, path)).scale,
+        "get_posterior": lambda net, guide, ode, ms: guide.get_posterior(x)["w_path"].correction(
+            torch.tensor(0.0), path[0]),
+        "fused_loss": fused_loss,
+        "nll": lambda net, guide, ode, ms: ode.nll(x, y),
+        "ode_likelihood_dist": lambda net, guide, ode, ms: ode.likelihood_dist(ode(x)).scale,
+        "priors": lambda net, guide, ode, ms: ms.priors()[0].init,
+    }
 
 
 def test_every_public_method_of_the_networks_and_guide_follows_a_loaded_param_store(tmp_path):
     # prior, integrate, fused_loss, likelihood_dist, nll, priors and get_posterior read the modules' own tensors before:
-    # after a load they gave the untrained modules' numbers, while model, guide and predict gave the fit's
+    # after a load they gave the untrained modules' numbers, while model, guide and predict gave the fit's. Each is
+    # called first on modules built afresh, so that no other method has adopted the store's tensors before it.
     from pyro.infer.autoguide import AutoNormal
-
-    from pyro_sdebnn.nn import MultiScaleSDEBNN, ODENet
 
     x = torch.randn(6, 2)
     y = x[:, 0].clone()
-    torch.manual_seed(0)
-    net = SDEBNN(2, 1, hidden=4, augment=1, dt=0.5)
-    guide = NeuralSDEGuide(net, drift_hidden=4)
-    ode = ODENet(2, 1, hidden=4, augment=1, dt=0.5, name="ode")
-    ms = MultiScaleSDEBNN((1, 4, 4), 3, blocks=1, hidden=2, dt=0.5, name="ms")
+    modules = _build_for_public_reads(seed=0)
+    net, guide, ode, ms = modules
     svi = pyro.infer.SVI(net.model, guide, pyro.optim.Adam({"lr": 0.1}), TracePathKL_ELBO())
     ode_svi = pyro.infer.SVI(ode.model, AutoNormal(ode.model), pyro.optim.Adam({"lr": 0.1}), pyro.infer.Trace_ELBO())
     for _ in range(3):
@@ -190,20 +204,14 @@ def test_every_public_method_of_the_networks_and_guide_follows_a_loaded_param_st
         for p in ms.parameters():
             p.add_(0.5)
     path = net.prior().sample()
+    probes = _public_reads(x, y, path)
     with torch.no_grad():
-        expected = {**_public_reads(net, guide, x, y, path), "nll": ode.nll(x, y),
-                    "ode_likelihood": ode.likelihood_dist(ode(x)).scale, "priors": ms.priors()[0].init}
+        expected = {name: probe(*modules) for name, probe in probes.items()}
     pyro.get_param_store().save(tmp_path / "store.pt")
-    pyro.clear_param_store()
-    torch.manual_seed(5)  # other initial weights: only the store can restore the fit
-    net = SDEBNN(2, 1, hidden=4, augment=1, dt=0.5)
-    guide = NeuralSDEGuide(net, drift_hidden=4)
-    ode = ODENet(2, 1, hidden=4, augment=1, dt=0.5, name="ode")
-    ms = MultiScaleSDEBNN((1, 4, 4), 3, blocks=1, hidden=2, dt=0.5, name="ms")
-    guide(x)  # set up before the load: the drift networks hold their own initial tensors
-    pyro.get_param_store().load(tmp_path / "store.pt")
-    with torch.no_grad():
-        got = {**_public_reads(net, guide, x, y, path), "nll": ode.nll(x, y),
-               "ode_likelihood": ode.likelihood_dist(ode(x)).scale, "priors": ms.priors()[0].init}
-    for name, value in expected.items():
-        torch.testing.assert_close(got[name], value, msg=f"{name} does not follow the loaded param store")
+    for name, probe in probes.items():
+        pyro.clear_param_store()
+        fresh = _build_for_public_reads(seed=5)  # other initial weights: only the store can restore the fit
+        fresh[1](x)  # the guide set up before the load: its drift networks hold their own initial tensors
+        pyro.get_param_store().load(tmp_path / "store.pt")
+        with torch.no_grad():
+            torch.testing.assert_close(probe(*fresh), expected[name], msg=f"{name} does not follow the loaded store")
