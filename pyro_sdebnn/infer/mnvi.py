@@ -330,6 +330,9 @@ class SamplingFreeBNN(nn.Module):
     def predict(self, x, *, predictive: str = "probit", num_samples: int = 32):
         """Predictive distribution from **one** sampling-free forward pass (``net`` in eval mode).
 
+        It is the predictive of the layers' posterior, the one ``bnn.guide`` trains; a model trained with another guide
+        (e.g. ``AutoNormal(bnn.model)`` and ``Trace_ELBO``) predicts with ``pyro.infer.Predictive(bnn.model, guide)``.
+
         - ``"normal"``: :class:`~pyro_sdebnn.infer.RegressionPrediction` with ``S = 1``,
           ``loc`` :math:`\\bar\\mu`, ``scale`` :math:`\\sqrt{v_\\mu + e^{\\bar c + v_c/2}}`
           (Schmitt & Roth (2021), eq. (19)); ``predictive`` and ``num_samples`` are not used.
