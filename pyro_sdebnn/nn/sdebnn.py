@@ -442,7 +442,8 @@ class MultiScaleSDEBNN(ParamStoreModule, PyroModule):
 
     @pyro_method
     def model(self, x: Tensor, y: Tensor | None = None, *, num_data: int | None = None) -> Tensor:
-        """Pyro model: sites ``"w_path_{b}"`` (OU priors) then ``"obs"`` (Categorical) in ``plate("data")``."""
+        """Pyro model: sites ``"w_path_{b}"`` (OU priors), then the logits ``"f"`` (deterministic) and ``"obs"``
+        (Categorical) in ``plate("data")``."""
         check_num_data(num_data, x.shape[0])
         if y is not None:
             if tuple(y.shape) != (x.shape[0],):
@@ -454,7 +455,9 @@ class MultiScaleSDEBNN(ParamStoreModule, PyroModule):
         logits = self(x, paths)
         size = x.shape[0] if num_data is None else int(num_data)
         with pyro.plate("data", size, subsample=torch.arange(x.shape[0], device=x.device)):
-            pyro.sample("obs", dist.Categorical(logits=drop_data_plate_slot(logits)), obs=y)
+            obs_logits = drop_data_plate_slot(logits)
+            pyro.deterministic("f", obs_logits, event_dim=1)  # as SDEBNN's: Predictive(..., return_sites=["f"])
+            pyro.sample("obs", dist.Categorical(logits=obs_logits), obs=y)
         return logits
 
     @torch.no_grad()

@@ -273,6 +273,21 @@ def test_multiscale_two_blocks_two_path_sites():
         net.model(x.double(), y)
 
 
+@pytest.mark.parametrize("parallel", [False, True])
+def test_multiscale_predictive_with_another_guide_returns_the_logits_at_f(parallel):
+    # predict's TypeError for a guide other than NeuralSDEGuide points to Predictive(..., return_sites=["f"]), but the
+    # multi-scale model had no site "f": Predictive returned an empty dict
+    x, y = torch.randn(6, 1, 4, 4), torch.randint(0, 3, (6,))
+    net = MultiScaleSDEBNN((1, 4, 4), 3, blocks=1, hidden=2, dt=0.5)
+    guide = AutoNormal(net.model)
+    guide(x, y)
+    with pytest.raises(TypeError, match=r"return_sites=\['f'\]"):
+        net.predict(x, guide)
+    out = Predictive(net.model, guide=guide, num_samples=2, parallel=parallel, return_sites=["f", "_RETURN"])(x)
+    assert out["f"].shape == (2, 6, 3)
+    torch.testing.assert_close(out["f"], out["_RETURN"].reshape(2, 6, 3), rtol=0, atol=0)
+
+
 def test_integrate_weights_shape_error():
     net = SDEBNN(1, 1, hidden=4, dt=0.5)
     with pytest.raises(ValueError, match="weights must have shape"):
