@@ -208,3 +208,25 @@ def test_checkpoint_of_another_network_structure():
     diag = Laplace(make_mlp([2, 8, 2]), "categorical", hessian_structure="diag").fit(x, y, num_epochs=1)
     with pytest.raises(ValueError, match="hessian_structure"):
         _build("laplace").load_state_dict(diag.state_dict())
+
+
+def test_random_states_of_every_rank_resume_only_on_as_many_ranks():
+    x, y = _data()
+    pyro.set_rng_seed(0)
+    uninterrupted = _fit(_build("mc-dropout"), (x, y), num_epochs=2)
+    pyro.set_rng_seed(0)
+    state = _fit(_build("mc-dropout"), (x, y), num_epochs=1).state_dict()
+    assert state["training"]["world_size"] == 1 and len(state["training"]["rng"]) == 1
+    # a checkpoint of a 2-rank data-parallel fit holds 2 random states: resuming on one process is an error
+    two = {**state, "training": {**state["training"], "rng": state["training"]["rng"] * 2, "world_size": 2}}
+    method = _build("mc-dropout").load_state_dict(two)
+    with pytest.raises(ValueError, match="the last fit ran on 2 data-parallel rank.*this fit runs on 1"):
+        _fit(method, (x, y), num_epochs=1, resume=True)
+    bad = {**state, "training": {**state["training"], "world_size": 3}}
+    with pytest.raises(ValueError, match="training state is malformed"):
+        _build("mc-dropout").load_state_dict(bad)
+    # the training state of an earlier version (one random state, a dict) still resumes
+    old = {**state, "training": {k: v for k, v in state["training"].items() if k != "world_size"}}
+    old["training"]["rng"] = state["training"]["rng"][0]
+    resumed = _fit(_build("mc-dropout").load_state_dict(old), (x, y), num_epochs=1, resume=True)
+    assert resumed.losses == uninterrupted.losses
