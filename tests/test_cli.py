@@ -534,3 +534,38 @@ def test_data_dir_reaches_a_benchmark_that_reads_files(tmp_path):
     assert main(["--data-dir", str(tmp_path / "data"), "benchmark", "fake", "--output", str(tmp_path / "out")],
                 fake) == 0
     assert seen["data_dir"] == tmp_path / "data"
+
+
+@pytest.mark.parametrize("argv, repeated", [
+    (["benchmark", "sgmcmc-uci", "--methods", "SGLD", "SGLD"], "'SGLD'"),
+    (["benchmark", "fsgmcmc-gap", "--methods", "fSGLD", "SGLD", "fSGLD"], "'fSGLD'"),
+    (["benchmark", "realdata-nuts", "--datasets", "diabetes", "diabetes"], "'diabetes'"),
+    (["benchmark", "two-moons", "--methods", "map", "map"], "'map'"),
+])
+def test_a_method_or_data_set_given_twice_is_a_usage_error(capsys, argv, repeated):
+    # run twice, its rows were counted as independent runs (sgmcmc-uci --splits 1: "splits 2", standard error 0)
+    _exit_2(argv + ["--quick"], capsys, f"argument {argv[2]}: {repeated} given more than once")
+
+
+def test_every_list_option_of_every_benchmark_refuses_a_repeated_value():
+    import argparse
+
+    from pyro_sdebnn.cli import _build
+    from pyro_sdebnn.experiments import _arg_types
+
+    parser, bench = _build(None)
+    names = next(a for a in bench._actions if isinstance(a, argparse._SubParsersAction))
+    lists = []
+    for name in REGISTRY:
+        names.pending.pop(name)()
+        lists += [(name, action.dest, type(action)) for action in names.choices[name]._actions
+                  if action.nargs == "+"]
+    assert len(lists) >= 7 and all(kind is _arg_types.Distinct for *_, kind in lists), lists
+
+
+@pytest.mark.parametrize("methods, words", [(",", "no method given"),
+                                            ("odenet,resnet,odenet", "['odenet'] given more than once")])
+def test_sdebnn_mnist_methods_empty_or_repeated_is_a_usage_error(capsys, tmp_path, methods, words):
+    # an empty list ended in an UnboundLocalError after loading the data
+    assert main(["--output", str(tmp_path), "benchmark", "sdebnn-mnist", "--quick", "--methods", methods]) == 2
+    assert capsys.readouterr().err.startswith(f"pyro-sdebnn: error: --methods: {words}")

@@ -90,6 +90,19 @@ probability = float_range(0.0, 1.0)
 seed = int_range(0, MAX_SEED)
 
 
+class Distinct(argparse.Action):
+    """``action=`` of a list option (``nargs="+"``, e.g. ``--methods``): a value given twice is a usage error, not a
+    method run twice whose repeated rows the tables would count as independent runs."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values,
+                 option_string: str | None = None) -> None:
+        values = list(values)
+        repeated = sorted({v for v in values if values.count(v) > 1}, key=values.index)
+        if repeated:
+            raise argparse.ArgumentError(self, f"{', '.join(repr(v) for v in repeated)} given more than once")
+        setattr(namespace, self.dest, values)
+
+
 def output_folder(text: str) -> Path:
     """``--output``: a folder path; an empty one (``--output "$UNSET"``, which would write into the current folder)
     or an existing file there is an error (writability is checked when the run starts, by creating the folder)."""

@@ -68,7 +68,7 @@ FRICTION = 10.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--methods", nargs="+", action=check.Distinct, default=list(METHODS), choices=METHODS)
     parser.add_argument("--n-train", type=check.int_range(2), default=20, help="training points, >= 2 (default 20)")
     parser.add_argument("--backend", default="auto", choices=("auto", "eager", "fx", "compile"))
 

@@ -151,7 +151,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the torchvision data set read from --data-dir (default mnist)")
     parser.add_argument("--workers", type=check.nonnegative_int, default=0,
                         help="DataLoader worker processes with --data-dir")
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS, help="methods to run")
+    parser.add_argument("--methods", nargs="+", action=check.Distinct, default=list(METHODS), choices=METHODS,
+                        help="methods to run")
 
 
 def _load(args, root, device):

@@ -77,8 +77,8 @@ TARGETS: _Targets = {"ratio": (0.8, 1.25), "nll": {"diabetes": 0.10, "breast": 0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=DATASETS)
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--datasets", nargs="+", action=check.Distinct, default=list(DATASETS), choices=DATASETS)
+    parser.add_argument("--methods", nargs="+", action=check.Distinct, default=list(METHODS), choices=METHODS)
     parser.add_argument("--nuts-seed", type=check.seed, default=None,
                         help="seed of the NUTS reference (default: --seed); a cached reference of that seed is reused")
     parser.add_argument("--num-steps", type=check.positive_int, default=None,
