@@ -121,7 +121,9 @@ def run(args: argparse.Namespace) -> dict:
                 rows.append(row)
                 predictions[method] = pred
                 _write(args, rows, predictions, split, x, y, x_test)  # the table and figure so far
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # the files again: Ctrl-C may have come while they were being written
+        if rows:
+            _write(args, rows, predictions, split, x, y, x_test)
         raise common.Interrupted(_summary(rows), f"{len(rows)} of {len(args.methods)} methods finished") from None
     return _summary(rows)
 
