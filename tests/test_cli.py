@@ -286,7 +286,7 @@ def test_every_numeric_option_of_every_benchmark_is_checked(capsys):
         names.pending.pop(name)()  # fill the sub-parser as parsing its name would
         for action in names.choices[name]._actions:
             assert action.type not in (int, float), f"{name} {action.option_strings}: a bare {action.type}"
-            if action.type is None or not action.option_strings or action.type.__name__ in ("Path", "output_folder"):
+            if action.type is None or not action.option_strings or action.type.__name__ in ("Path", "output_folder", "data_folder"):
                 continue
             option = action.option_strings[-1]
             for bad in ("-1", "nan", "x"):
@@ -569,3 +569,24 @@ def test_sdebnn_mnist_methods_empty_or_repeated_is_a_usage_error(capsys, tmp_pat
     # an empty list ended in an UnboundLocalError after loading the data
     assert main(["--output", str(tmp_path), "benchmark", "sdebnn-mnist", "--quick", "--methods", methods]) == 2
     assert capsys.readouterr().err.startswith(f"pyro-sdebnn: error: --methods: {words}")
+
+
+@pytest.mark.parametrize("option", ["--data-dir", "--mnist-root"])
+def test_an_empty_data_dir_or_a_file_is_a_usage_error(capsys, tmp_path, option):
+    # an empty --data-dir (an unset shell variable) read the current folder
+    before = option == "--data-dir"
+    a_file = tmp_path / "mnist.tar"
+    a_file.write_text("not a folder\n")
+    for value, words in (("", "empty path"), (str(a_file), "existing file")):
+        argv = ([option, value, "benchmark", "mnvi-mnist"] if before else ["benchmark", "mnvi-mnist", option, value])
+        _exit_2(argv + ["--quick"], capsys, f"argument {option}: expected a folder", words)
+
+
+def test_a_usage_error_quoting_a_multi_line_message_is_one_line(capsys, tmp_path):
+    def run(args):  # as torchvision words a failed download: "Error downloading ...:\nTried ..., got:\n..."
+        raise FileNotFoundError("MNIST not found. (torchvision said: Error downloading x.gz:\nTried https://a/, got:\n"
+                                "<urlopen error>\n)")
+
+    assert main(["benchmark", "fake", "--output", str(tmp_path)], _fake_experiments(run)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Error downloading x.gz: Tried https://a/, got: <urlopen error> )" in err

@@ -13,8 +13,9 @@ EXIT_INTERRUPTED = 130
 
 
 def usage_error(err: Exception) -> int:
-    """Print ``pyro-sdebnn: error: <err>`` on stderr (argparse's form of a usage error); return the exit status 2."""
-    print(f"pyro-sdebnn: error: {err}", file=sys.stderr)
+    """Print ``pyro-sdebnn: error: <err>`` on stderr (argparse's form of a usage error), on one line (a message that
+    quotes a library's, such as torchvision's failed download, may hold line breaks); return the exit status 2."""
+    print(f"pyro-sdebnn: error: {' '.join(str(err).split())}", file=sys.stderr)
     return 2
 
 
