@@ -121,6 +121,7 @@ def _torchvision_dataset(cls, name: str, func: str, folder: Path, how: str, root
     dtype = _check_dtype(dtype)
     if transform is None:
         transform = _image_transform(dtype)
+    error: Exception
     try:
         return cls(root=str(root), train=train, download=download, transform=transform)
     except _PARSE_ERRORS as err:  # torchvision's parsers on a file of the right name but not of the right content
