@@ -160,10 +160,17 @@ class BaselineMethod:
         if not isinstance(resume, bool):
             raise TypeError(f"resume must be True or False, got {resume!r}")
         if not resume:
+            self._unfinished = True  # until _end_fit: the parameters move away from the kept training state
             return None
+        if getattr(self, "_unfinished", False):
+            raise ValueError("resume=True: the last fit did not finish (interrupted, or it raised), so the parameters "
+                             "are no longer those its training state belongs to and the run cannot continue exactly; "
+                             "load(path) a checkpoint saved after a finished fit, or fit without resume")
         if self._train_state is None:
-            raise ValueError("resume=True continues an interrupted run: call fit(...) or load(path) first")
+            raise ValueError("resume=True continues an interrupted run: call fit(...) or load(path) first (a "
+                             "checkpoint saved after a finished fit)")
         set_rng_state(self._rank_rng(self._train_state["rng"], loader), loader)
+        self._unfinished = True
         return self._train_state
 
     @staticmethod
@@ -216,6 +223,7 @@ class BaselineMethod:
         state = rng_state(loader)
         rngs = all_gather_objects(state) if getattr(self, "_data_parallel", False) else [state]
         self._train_state = {**training, "rng": rngs, "world_size": len(rngs)}
+        self._unfinished = False
 
     def _fitted_state(self) -> dict:  # pragma: no cover - interface
         raise NotImplementedError
@@ -229,7 +237,8 @@ class BaselineMethod:
         containers only, so ``torch.load(path, weights_only=True)`` reads it).
 
         Holds the fitted state (network weights, guide parameters, curvature...), the loss of every epoch
-        (``losses``; their number is the epoch reached) and the training state of the last ``fit``:
+        (``losses``; their number is the epoch reached) and the training state of the last ``fit`` (``None`` if it did
+        not finish: an interrupted run cannot be resumed exactly):
         optimiser and scheduler states and the random state at its end (``"rng"``, a list with that of every rank
         of a data-parallel fit in rank order, each rank resuming from its own, and ``"world_size"``, its length).
         """
@@ -239,7 +248,8 @@ class BaselineMethod:
             "likelihood": self.likelihood,
             "epoch": self.epoch,
             "losses": [float(v) for v in self.losses],
-            "training": detached(self._train_state),
+            # after a fit that did not finish, the kept training state is not that of these parameters: left out
+            "training": None if getattr(self, "_unfinished", False) else detached(self._train_state),
             **self._fitted_state(),
         }
 
@@ -267,6 +277,7 @@ class BaselineMethod:
         apply()
         self.losses = list(losses)
         self._train_state = detached(training)
+        self._unfinished = False
         return self
 
     def save(self, path) -> None:

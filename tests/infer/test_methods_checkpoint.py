@@ -230,3 +230,36 @@ def test_random_states_of_every_rank_resume_only_on_as_many_ranks():
     old["training"]["rng"] = state["training"]["rng"][0]
     resumed = _fit(_build("mc-dropout").load_state_dict(old), (x, y), num_epochs=1, resume=True)
     assert resumed.losses == uninterrupted.losses
+
+
+class _InterruptingLoader:
+    """A loader whose iteration raises ``KeyboardInterrupt`` (Ctrl-C) at its second batch."""
+
+    def __init__(self, loader):
+        self.loader, self.dataset = loader, loader.dataset
+
+    def __iter__(self):
+        for i, batch in enumerate(self.loader):
+            if i == 1:
+                raise KeyboardInterrupt
+            yield batch
+
+
+@pytest.mark.parametrize("name", ["map", "mfvi", "mc-dropout", "ensemble", "laplace"])
+def test_resume_after_an_interrupted_fit_is_refused(name):
+    # the interrupted fit moved the parameters but kept the training state of the fit before: resume=True went on
+    # silently from that mismatch (other numbers than the uninterrupted run)
+    x, y = _data()
+    loader = DataLoader(TensorDataset(x, y), batch_size=BATCH)
+    method = _fit(_build(name), (loader, None), num_epochs=1)
+    with pytest.raises(KeyboardInterrupt):
+        _fit(method, (_InterruptingLoader(loader), None), num_epochs=1)
+    with pytest.raises(ValueError, match="the last fit did not finish"):
+        _fit(method, (loader, None), num_epochs=1, resume=True)
+    state = method.state_dict()
+    assert state["training"] is None  # not the training state of these parameters
+    with pytest.raises(ValueError, match="call fit.* or load"):
+        _fit(_build(name).load_state_dict(state), (loader, None), num_epochs=1, resume=True)
+    _fit(method, (loader, None), num_epochs=1)  # a new fit finishes: it can be resumed again
+    _fit(method, (loader, None), num_epochs=1, resume=True)
+    assert method.state_dict()["training"] is not None
