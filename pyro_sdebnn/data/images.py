@@ -139,7 +139,6 @@ def _torchvision_dataset(cls, name: str, func: str, folder: Path, how: str, root
     ) from error
 
 
-
 def _idx_dataset(cls, name: str, func: str, root, train, download, transform, dtype):
     """An MNIST-format data set (``cls``: ``MNIST`` or ``FashionMNIST``), read from ``root/<cls name>/raw``."""
     folder = Path(root).expanduser() / cls.__name__ / "raw"

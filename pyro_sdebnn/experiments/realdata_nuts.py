@@ -89,8 +89,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _read_cache(path: Path, key: str) -> dict | None:
     """The NUTS samples cached in ``path`` for the settings ``key``, or ``None``: no file, another key, or a file
-    that is not such a cache (truncated by an interrupted write of an earlier version, or another file of that
-    name), which is then computed again and overwritten."""
+    that is not such a cache (truncated, or another file of that name), which is then computed again and
+    overwritten."""
     if not path.is_file():
         return None
     try:

@@ -198,11 +198,8 @@ def _iter_inputs(x, device=None, dtype=None, likelihood: str | None = None) -> I
         empty = False
         yield xb
     if empty:  # nothing to predict on: say so, rather than fail to concatenate no outputs
-        raise ValueError(f"x: the loader yielded no batch{_NO_BATCH_HINT}")
-
-
-#: Why a loader over a non-empty data set may yield no batch.
-_NO_BATCH_HINT = " (fewer points than one batch with drop_last=True, or a sampler that draws none?)"
+        raise ValueError("x: the loader yielded no batch (fewer points than one batch with drop_last=True, or a "
+                         "sampler that draws none?)")
 
 
 def _first_inputs(x, device=None, dtype=None, likelihood: str | None = None) -> Tensor:

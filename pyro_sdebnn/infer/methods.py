@@ -113,7 +113,7 @@ def _dropout_layers(net: nn.Module) -> list[nn.modules.dropout._DropoutNd]:
 
 def _valid_rngs(training: dict) -> bool:
     """Whether a training state holds one random state per rank (a non-empty list of dicts, as many as its
-    ``"world_size"``), or the one random state (a dict) of an earlier version."""
+    ``"world_size"``), or a single random state (a dict), which every rank restores."""
     rngs = training.get("rng")
     if isinstance(rngs, dict):
         return True
@@ -176,8 +176,7 @@ class BaselineMethod:
     @staticmethod
     def _rank_rng(rngs, loader) -> dict:
         """This rank's random state among ``rngs``, those of every rank of the last ``fit`` in rank order (one for a
-        fit in one process, or not data-parallel). The training state of an earlier version holds one random state
-        (a dict, rank 0's after a data-parallel fit): every rank restores it, as that version did."""
+        fit in one process, or not data-parallel); a single random state (a dict, not a list) goes to every rank."""
         if isinstance(rngs, dict):
             return rngs
         ranks, this_rank = (world_size(), rank()) if _is_sharded(loader) else (1, 0)
