@@ -590,3 +590,13 @@ def test_a_usage_error_quoting_a_multi_line_message_is_one_line(capsys, tmp_path
     assert main(["benchmark", "fake", "--output", str(tmp_path)], _fake_experiments(run)) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Error downloading x.gz: Tried https://a/, got: <urlopen error> )" in err
+
+
+def test_a_reader_that_leaves_ends_the_output_quietly():
+    # `pyro-sdebnn datasets | head -1` ended in a BrokenPipeError traceback
+    with subprocess.Popen([sys.executable, "-m", "pyro_sdebnn", "datasets"], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE) as proc:
+        proc.stdout.close()  # the reader leaves before the first line (the start takes seconds: imports)
+        err = proc.stderr.read().decode()
+        code = proc.wait(timeout=120)
+    assert code == 141 and "Error" not in err and "Traceback" not in err, err

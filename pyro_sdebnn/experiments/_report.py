@@ -10,6 +10,9 @@ from typing import Any, Mapping, Sequence
 
 #: The exit status after Ctrl-C (SIGINT), as a shell reports a process ended by that signal: 128 + 2.
 EXIT_INTERRUPTED = 130
+#: The exit status when the reader of the output went away (``pyro-sdebnn datasets | head -1``), as a shell reports a
+#: process ended by SIGPIPE: 128 + 13.
+EXIT_BROKEN_PIPE = 141
 
 
 def usage_error(err: Exception) -> int:
