@@ -80,7 +80,7 @@ def _add_common(parser: argparse.ArgumentParser, suppress: bool, quick: str | No
              "cuda), rank 0 writes the outputs, those of rank r under OUTPUT/rank<r>",
     )
     parser.add_argument(
-        "--dist-timeout", type=check.positive_float, default=default(86400.0),
+        "--dist-timeout", type=check.float_range(0.0, 1e9, low_open=True), default=default(86400.0),
         help="with --distributed: seconds rank 0 waits for the slowest rank at the end (default one day)",
     )
 

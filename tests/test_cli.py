@@ -253,6 +253,7 @@ def _exit_2(argv, capsys, *words, experiments=None):
     (["--download", "benchmark", "mnvi-mnist"], ("--download needs --data-dir",)),
     (["--download", "--quick"], ("--download needs --data-dir",)),
     (["--dist-timeout", "0", "datasets"], ("--dist-timeout",)),
+    (["--dist-timeout", "1e300", "datasets"], ("--dist-timeout", "(0, 1e+09]")),  # it overflowed timedelta
 ])
 def test_user_errors_name_the_flag_and_what_is_allowed(capsys, argv, words):
     _exit_2(argv, capsys, *words)

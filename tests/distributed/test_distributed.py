@@ -547,3 +547,11 @@ def test_a_baselines_checkpoint_resumes_every_data_parallel_rank_from_its_own_ra
     assert not torch.equal(results[0]["full_draw"], results[1]["full_draw"])  # the ranks' streams differ
     saved = torch.load(tmp_path / "dropout.pt", weights_only=True)["training"]
     assert saved["world_size"] == 2 and not torch.equal(saved["rng"][0]["torch"], saved["rng"][1]["torch"])
+
+
+@pytest.mark.parametrize("timeout", [0.0, float("nan"), 1e300])
+def test_a_timeout_out_of_range_is_a_clear_error(timeout):
+    # 1e300 s (a "no timeout" wish) ended in an OverflowError of datetime.timedelta inside init_process_group
+    with pytest.raises(ValueError, match="timeout must be a positive finite number of seconds, at most 1e"):
+        _comm._check_timeout(timeout)
+    assert _comm._check_timeout(86400) == 86400.0
