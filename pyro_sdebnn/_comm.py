@@ -49,6 +49,8 @@ from torch.utils.data.distributed import DistributedSampler
 
 #: Seconds a collective waits for the other ranks by default before it raises.
 DEFAULT_TIMEOUT = 300.0
+#: The longest timeout, in seconds (about 31 years): a much longer one overflows ``datetime.timedelta``.
+MAX_TIMEOUT = 1e9
 
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -93,9 +95,10 @@ def _env_int(name: str) -> int:
 
 def _check_timeout(timeout) -> float:
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (
-        math.isfinite(timeout) and timeout > 0
+        math.isfinite(timeout) and 0 < timeout <= MAX_TIMEOUT
     ):
-        raise ValueError(f"timeout must be a positive finite number of seconds, got {timeout!r}")
+        raise ValueError(f"timeout must be a positive finite number of seconds, at most {MAX_TIMEOUT:g}, got "
+                         f"{timeout!r}")
     return float(timeout)
 
 

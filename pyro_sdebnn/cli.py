@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -43,7 +44,7 @@ from typing import Any, Callable, Mapping, Sequence
 from pyro_sdebnn import __version__
 from pyro_sdebnn.experiments import _arg_types as check
 from pyro_sdebnn.experiments import REGISTRY, load
-from pyro_sdebnn.experiments._report import EXIT_INTERRUPTED
+from pyro_sdebnn.experiments._report import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED
 
 DEFAULT_BENCHMARK = "two-moons"
 
@@ -79,7 +80,7 @@ def _add_common(parser: argparse.ArgumentParser, suppress: bool, quick: str | No
              "cuda), rank 0 writes the outputs, those of rank r under OUTPUT/rank<r>",
     )
     parser.add_argument(
-        "--dist-timeout", type=check.positive_float, default=default(86400.0),
+        "--dist-timeout", type=check.float_range(0.0, 1e9, low_open=True), default=default(86400.0),
         help="with --distributed: seconds rank 0 waits for the slowest rank at the end (default one day)",
     )
 
@@ -287,7 +288,8 @@ def _check_data_dir(parser: argparse.ArgumentParser, args: argparse.Namespace,
 
 
 def main(argv: Sequence[str] | None = None, experiments: Mapping[str, ModuleType] | None = None) -> int:
-    """Entry point of ``pyro-sdebnn``; returns the process exit code (0; 2 for a user error; 130 after Ctrl-C).
+    """Entry point of ``pyro-sdebnn``; returns the process exit code (0; 2 for a user error; 130 after Ctrl-C; 141
+    when the reader of its output left, ``pyro-sdebnn datasets | head -1``).
 
     Ctrl-C while the program starts (importing torch and the benchmark's module, which takes seconds) or before the
     benchmark runs ends it with a one-line message and status 130 too, not a traceback.
@@ -297,10 +299,18 @@ def main(argv: Sequence[str] | None = None, experiments: Mapping[str, ModuleType
         :data:`pyro_sdebnn.experiments.REGISTRY`, each imported only when asked for).
     """
     try:
-        return _main(argv, experiments)
+        status = _main(argv, experiments)
+        sys.stdout.flush()  # here, where a reader that left is caught, rather than at exit
+        return status
     except KeyboardInterrupt:  # outside a benchmark's run (which handles its own): nothing of it to keep
         print("pyro-sdebnn: interrupted (Ctrl-C / SIGINT)", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # the reader of stdout left (`| head`): end quietly, as a SIGPIPE would
+        try:  # what is left in stdout's buffer would raise again when Python flushes it at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):  # a stdout without a file descriptor (captured): nothing is flushed to a pipe
+            pass
+        return EXIT_BROKEN_PIPE
 
 
 def _main(argv: Sequence[str] | None, experiments: Mapping[str, ModuleType] | None) -> int:

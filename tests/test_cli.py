@@ -253,6 +253,7 @@ def _exit_2(argv, capsys, *words, experiments=None):
     (["--download", "benchmark", "mnvi-mnist"], ("--download needs --data-dir",)),
     (["--download", "--quick"], ("--download needs --data-dir",)),
     (["--dist-timeout", "0", "datasets"], ("--dist-timeout",)),
+    (["--dist-timeout", "1e300", "datasets"], ("--dist-timeout", "(0, 1e+09]")),  # it overflowed timedelta
 ])
 def test_user_errors_name_the_flag_and_what_is_allowed(capsys, argv, words):
     _exit_2(argv, capsys, *words)
@@ -286,7 +287,7 @@ def test_every_numeric_option_of_every_benchmark_is_checked(capsys):
         names.pending.pop(name)()  # fill the sub-parser as parsing its name would
         for action in names.choices[name]._actions:
             assert action.type not in (int, float), f"{name} {action.option_strings}: a bare {action.type}"
-            if action.type is None or not action.option_strings or action.type.__name__ in ("Path", "output_folder"):
+            if action.type is None or not action.option_strings or action.type.__name__ in ("Path", "output_folder", "data_folder"):
                 continue
             option = action.option_strings[-1]
             for bad in ("-1", "nan", "x"):
@@ -534,3 +535,69 @@ def test_data_dir_reaches_a_benchmark_that_reads_files(tmp_path):
     assert main(["--data-dir", str(tmp_path / "data"), "benchmark", "fake", "--output", str(tmp_path / "out")],
                 fake) == 0
     assert seen["data_dir"] == tmp_path / "data"
+
+
+@pytest.mark.parametrize("argv, repeated", [
+    (["benchmark", "sgmcmc-uci", "--methods", "SGLD", "SGLD"], "'SGLD'"),
+    (["benchmark", "fsgmcmc-gap", "--methods", "fSGLD", "SGLD", "fSGLD"], "'fSGLD'"),
+    (["benchmark", "realdata-nuts", "--datasets", "diabetes", "diabetes"], "'diabetes'"),
+    (["benchmark", "two-moons", "--methods", "map", "map"], "'map'"),
+])
+def test_a_method_or_data_set_given_twice_is_a_usage_error(capsys, argv, repeated):
+    # run twice, its rows were counted as independent runs (sgmcmc-uci --splits 1: "splits 2", standard error 0)
+    _exit_2(argv + ["--quick"], capsys, f"argument {argv[2]}: {repeated} given more than once")
+
+
+def test_every_list_option_of_every_benchmark_refuses_a_repeated_value():
+    import argparse
+
+    from pyro_sdebnn.cli import _build
+    from pyro_sdebnn.experiments import _arg_types
+
+    parser, bench = _build(None)
+    names = next(a for a in bench._actions if isinstance(a, argparse._SubParsersAction))
+    lists = []
+    for name in REGISTRY:
+        names.pending.pop(name)()
+        lists += [(name, action.dest, type(action)) for action in names.choices[name]._actions
+                  if action.nargs == "+"]
+    assert len(lists) >= 7 and all(kind is _arg_types.Distinct for *_, kind in lists), lists
+
+
+@pytest.mark.parametrize("methods, words", [(",", "no method given"),
+                                            ("odenet,resnet,odenet", "['odenet'] given more than once")])
+def test_sdebnn_mnist_methods_empty_or_repeated_is_a_usage_error(capsys, tmp_path, methods, words):
+    # an empty list ended in an UnboundLocalError after loading the data
+    assert main(["--output", str(tmp_path), "benchmark", "sdebnn-mnist", "--quick", "--methods", methods]) == 2
+    assert capsys.readouterr().err.startswith(f"pyro-sdebnn: error: --methods: {words}")
+
+
+@pytest.mark.parametrize("option", ["--data-dir", "--mnist-root"])
+def test_an_empty_data_dir_or_a_file_is_a_usage_error(capsys, tmp_path, option):
+    # an empty --data-dir (an unset shell variable) read the current folder
+    before = option == "--data-dir"
+    a_file = tmp_path / "mnist.tar"
+    a_file.write_text("not a folder\n")
+    for value, words in (("", "empty path"), (str(a_file), "existing file")):
+        argv = ([option, value, "benchmark", "mnvi-mnist"] if before else ["benchmark", "mnvi-mnist", option, value])
+        _exit_2(argv + ["--quick"], capsys, f"argument {option}: expected a folder", words)
+
+
+def test_a_usage_error_quoting_a_multi_line_message_is_one_line(capsys, tmp_path):
+    def run(args):  # as torchvision words a failed download: "Error downloading ...:\nTried ..., got:\n..."
+        raise FileNotFoundError("MNIST not found. (torchvision said: Error downloading x.gz:\nTried https://a/, got:\n"
+                                "<urlopen error>\n)")
+
+    assert main(["benchmark", "fake", "--output", str(tmp_path)], _fake_experiments(run)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Error downloading x.gz: Tried https://a/, got: <urlopen error> )" in err
+
+
+def test_a_reader_that_leaves_ends_the_output_quietly():
+    # `pyro-sdebnn datasets | head -1` ended in a BrokenPipeError traceback
+    with subprocess.Popen([sys.executable, "-m", "pyro_sdebnn", "datasets"], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE) as proc:
+        proc.stdout.close()  # the reader leaves before the first line (the start takes seconds: imports)
+        err = proc.stderr.read().decode()
+        code = proc.wait(timeout=120)
+    assert code == 141 and "Error" not in err and "Traceback" not in err, err

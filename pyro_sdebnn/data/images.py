@@ -12,6 +12,9 @@ ready for a :class:`~torch.utils.data.DataLoader`.
 from __future__ import annotations
 
 import functools
+import pickle
+import struct
+import zlib
 from pathlib import Path
 from typing import Callable
 
@@ -107,22 +110,33 @@ def _image_transform(dtype: torch.dtype):
     return v2.Compose([v2.ToImage(), v2.ToDtype(dtype, scale=True)])
 
 
+#: What torchvision's readers raise on a file that has the data set's name but not its format (an MNIST idx file of
+#: text or of another type code, an empty or cut gzip stream, a CIFAR batch that does not unpickle).
+_PARSE_ERRORS = (AssertionError, ValueError, EOFError, KeyError, IndexError, struct.error, zlib.error,
+                 pickle.UnpicklingError)
+
+
 def _torchvision_dataset(cls, name: str, func: str, folder: Path, how: str, root, train, download, transform, dtype):
     root = Path(root).expanduser()
     dtype = _check_dtype(dtype)
     if transform is None:
         transform = _image_transform(dtype)
+    error: Exception
     try:
         return cls(root=str(root), train=train, download=download, transform=transform)
+    except _PARSE_ERRORS as err:  # torchvision's parsers on a file of the right name but not of the right content
+        action = "The files there cannot be read (truncated, corrupted, or not the data set's files?)"
+        error = err
     except (RuntimeError, OSError) as err:
         action = (
             "The download failed (no network?)" if download else "The files are missing and download=False"
         )
-        raise FileNotFoundError(
-            f"{name} not found (or unreadable) under {str(folder)!r}. {action}. Put the files in that folder ({how}), "
-            f"or call pyro_sdebnn.data.{func}(root={str(root)!r}, download=True) on a machine with "
-            f"network access to fetch them. (torchvision said: {err})"
-        ) from err
+        error = err
+    raise FileNotFoundError(
+        f"{name} not found (or unreadable) under {str(folder)!r}. {action}. Put the files in that folder ({how}), "
+        f"or call pyro_sdebnn.data.{func}(root={str(root)!r}, download=True) on a machine with "
+        f"network access to fetch them. (torchvision said: {type(error).__name__}: {error})"
+    ) from error
 
 
 def _idx_dataset(cls, name: str, func: str, root, train, download, transform, dtype):
@@ -150,8 +164,8 @@ def mnist(
     :param bool download: download the files into ``root`` if missing (needs network).
     :param transform: optional torchvision transform replacing the default tensor conversion.
     :param torch.dtype dtype: floating dtype of the images with the default transform.
-    :raises FileNotFoundError: when the files are missing and cannot be downloaded; the message names
-        the folder where they must be put.
+    :raises FileNotFoundError: when the files are missing and cannot be downloaded, or cannot be read
+        (truncated, corrupted); the message names the folder where they must be put.
 
     >>> mnist("/nonexistent/data")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
@@ -181,7 +195,7 @@ def fashion_mnist(
     :param bool download: download the files into ``root`` if missing (needs network).
     :param transform: optional torchvision transform replacing the default tensor conversion.
     :param torch.dtype dtype: floating dtype of the images with the default transform.
-    :raises FileNotFoundError: when the files are missing and cannot be downloaded.
+    :raises FileNotFoundError: when the files are missing and cannot be downloaded, or cannot be read.
 
     >>> fashion_mnist("/nonexistent/data")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
@@ -210,7 +224,7 @@ def cifar10(
     :param bool download: download and extract the archive into ``root`` if missing (needs network).
     :param transform: optional torchvision transform replacing the default tensor conversion.
     :param torch.dtype dtype: floating dtype of the images with the default transform.
-    :raises FileNotFoundError: when the files are missing and cannot be downloaded.
+    :raises FileNotFoundError: when the files are missing and cannot be downloaded, or cannot be read.
 
     >>> cifar10("/nonexistent/data")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
@@ -259,7 +273,8 @@ def image_datasets(name: str, root: str | Path, *, download: bool = False, augme
     :param bool download: fetch missing files (needs network); never done otherwise.
     :param bool augment: apply ``augmentation`` to the training set (the test set is never augmented).
     :param torch.dtype dtype: floating dtype of the images.
-    :raises FileNotFoundError: if ``root`` is not a folder (and ``download`` is false) or the files are missing.
+    :raises FileNotFoundError: if ``root`` is not a folder (and ``download`` is false) or the files are missing
+        or cannot be read.
     """
     loaders = {"mnist": mnist, "fashion_mnist": fashion_mnist, "cifar10": cifar10}
     if name not in loaders:

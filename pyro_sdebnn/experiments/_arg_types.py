@@ -90,9 +90,34 @@ probability = float_range(0.0, 1.0)
 seed = int_range(0, MAX_SEED)
 
 
+class Distinct(argparse.Action):
+    """``action=`` of a list option (``nargs="+"``, e.g. ``--methods``): a value given twice is a usage error, not a
+    method run twice whose repeated rows the tables would count as independent runs."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values,
+                 option_string: str | None = None) -> None:
+        values = list(values)
+        repeated = sorted({v for v in values if values.count(v) > 1}, key=values.index)
+        if repeated:
+            raise argparse.ArgumentError(self, f"{', '.join(repr(v) for v in repeated)} given more than once")
+        setattr(namespace, self.dest, values)
+
+
 def output_folder(text: str) -> Path:
     """``--output``: a folder path; an empty one (``--output "$UNSET"``, which would write into the current folder)
     or an existing file there is an error (writability is checked when the run starts, by creating the folder)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a folder, got the empty path {text!r}")
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"expected a folder, but {text!r} is an existing file")
+    return path
+
+
+def data_folder(text: str) -> Path:
+    """``--data-dir``: a folder path; an empty one (``--data-dir "$UNSET"``, which would read the current folder) or
+    an existing file there is an error (whether the folder exists is checked when the benchmark starts, since
+    ``--download`` may create it)."""
     if not text.strip():
         raise argparse.ArgumentTypeError(f"expected a folder, got the empty path {text!r}")
     path = Path(text)
@@ -106,7 +131,7 @@ def add_data_dir_arguments(parser: argparse.ArgumentParser, suppress: bool = Tru
     that the global value stays unless given again) by the benchmarks that read data from disk (the image
     benchmarks). A benchmark without these options reads no data folder, and the command line refuses a global
     ``--data-dir`` for it."""
-    parser.add_argument("--data-dir", type=Path, default=argparse.SUPPRESS if suppress else None,
+    parser.add_argument("--data-dir", type=data_folder, default=argparse.SUPPRESS if suppress else None,
                         help="folder with the torchvision files (MNIST/raw, FashionMNIST/raw or cifar-10-batches-py) "
                              "for the image benchmarks: train on the full data set through a DataLoader")
     parser.add_argument("--download", action="store_true", default=argparse.SUPPRESS if suppress else False,

@@ -84,13 +84,19 @@ def cpu_threads(num_threads: int = 1, device=None) -> Iterator[None]:
 
 
 def check_methods(requested: Sequence[str], known: Sequence[str]) -> list[str]:
-    """The methods of ``--methods`` as a list, each checked to be one of ``known``.
+    """The methods of ``--methods`` as a list, each checked to be one of ``known``, at least one and none twice
+    (a method run twice would count as two runs in the tables).
 
-    :raises ValueError: (``--methods: unknown [...]; choose from ...``) naming the unknown ones.
+    :raises ValueError: (``--methods: unknown [...]; choose from ...``) naming the unknown or repeated ones.
     """
     unknown = sorted(set(requested) - set(known))
     if unknown:
         raise ValueError(f"--methods: unknown {unknown}; choose from {known}")
+    if not requested:
+        raise ValueError(f"--methods: no method given; choose from {known}")
+    repeated = sorted({m for m in requested if list(requested).count(m) > 1})
+    if repeated:
+        raise ValueError(f"--methods: {repeated} given more than once")
     return list(requested)
 
 

@@ -10,11 +10,15 @@ from typing import Any, Mapping, Sequence
 
 #: The exit status after Ctrl-C (SIGINT), as a shell reports a process ended by that signal: 128 + 2.
 EXIT_INTERRUPTED = 130
+#: The exit status when the reader of the output went away (``pyro-sdebnn datasets | head -1``), as a shell reports a
+#: process ended by SIGPIPE: 128 + 13.
+EXIT_BROKEN_PIPE = 141
 
 
 def usage_error(err: Exception) -> int:
-    """Print ``pyro-sdebnn: error: <err>`` on stderr (argparse's form of a usage error); return the exit status 2."""
-    print(f"pyro-sdebnn: error: {err}", file=sys.stderr)
+    """Print ``pyro-sdebnn: error: <err>`` on stderr (argparse's form of a usage error), on one line (a message that
+    quotes a library's, such as torchvision's failed download, may hold line breaks); return the exit status 2."""
+    print(f"pyro-sdebnn: error: {' '.join(str(err).split())}", file=sys.stderr)
     return 2
 
 

@@ -68,7 +68,7 @@ FRICTION = 10.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--methods", nargs="+", action=check.Distinct, default=list(METHODS), choices=METHODS)
     parser.add_argument("--n-train", type=check.int_range(2), default=20, help="training points, >= 2 (default 20)")
     parser.add_argument("--backend", default="auto", choices=("auto", "eager", "fx", "compile"))
 
@@ -121,7 +121,9 @@ def run(args: argparse.Namespace) -> dict:
                 rows.append(row)
                 predictions[method] = pred
                 _write(args, rows, predictions, split, x, y, x_test)  # the table and figure so far
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # the files again: Ctrl-C may have come while they were being written
+        if rows:
+            _write(args, rows, predictions, split, x, y, x_test)
         raise common.Interrupted(_summary(rows), f"{len(rows)} of {len(args.methods)} methods finished") from None
     return _summary(rows)
 

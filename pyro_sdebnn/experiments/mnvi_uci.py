@@ -91,7 +91,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"--protocol splits: number of splits, 1 to {NUM_UCI_SPLITS} (default 20; --quick: 2)")
     parser.add_argument("--epochs", type=check.positive_int, default=None,
                         help="training epochs (default 200; --quick: 20)")
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS, help="methods to run")
+    parser.add_argument("--methods", nargs="+", action=check.Distinct, default=list(METHODS), choices=METHODS,
+                        help="methods to run")
     parser.add_argument("--kl-final", type=check.nonnegative_float, default=1.0,
                         help="KL weight of the last quarter of training (Schmitt & Roth 2021: 1; "
                              "< 1 is a cold posterior)")

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 import warnings
 from pathlib import Path
@@ -77,13 +78,38 @@ TARGETS: _Targets = {"ratio": (0.8, 1.25), "nll": {"diabetes": 0.10, "breast": 0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=DATASETS)
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--datasets", nargs="+", action=check.Distinct, default=list(DATASETS), choices=DATASETS)
+    parser.add_argument("--methods", nargs="+", action=check.Distinct, default=list(METHODS), choices=METHODS)
     parser.add_argument("--nuts-seed", type=check.seed, default=None,
                         help="seed of the NUTS reference (default: --seed); a cached reference of that seed is reused")
     parser.add_argument("--num-steps", type=check.positive_int, default=None,
                         help="inner steps of SGLD / SGHMC per returned draw (default 10, 2 with --quick): a larger "
                              "value runs the same number of draws over a longer chain")
+
+
+def _read_cache(path: Path, key: str) -> dict | None:
+    """The NUTS samples cached in ``path`` for the settings ``key``, or ``None``: no file, another key, or a file
+    that is not such a cache (truncated, or another file of that name), which is then computed again and
+    overwritten."""
+    if not path.is_file():
+        return None
+    try:
+        cached = torch.load(path, weights_only=True)
+    except Exception:  # truncated zip, bad pickle, unsupported globals: not a cache this benchmark can read
+        return None
+    if not isinstance(cached, dict) or cached.get("key") != key or not isinstance(cached.get("samples"), dict):
+        return None
+    return cached["samples"]
+
+
+def _write_cache(path: Path, key: str, samples: dict) -> None:
+    """Write the cache atomically (a temporary file moved into place): Ctrl-C during the write leaves no half file."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        torch.save({"key": key, "samples": samples}, tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _settings(quick: bool) -> dict:
@@ -198,13 +224,13 @@ def run(args: argparse.Namespace) -> dict:
                     nuts_seed = args.seed if getattr(args, "nuts_seed", None) is None else args.nuts_seed
                     key["seed"] = nuts_seed
                     cache = out_dir / f"nuts_{data}.pt"
-                    cached = torch.load(cache, weights_only=True) if cache.exists() else None
-                    if cached is not None and cached.get("key") == json.dumps(key, sort_keys=True):
-                        samples = cached["samples"]
+                    cached = _read_cache(cache, json.dumps(key, sort_keys=True))
+                    if cached is not None:
+                        samples = cached
                         extra = "cached"
                     else:
                         samples = _nuts(model, Xtr, ytr, s, nuts_seed)
-                        torch.save({"key": json.dumps(key, sort_keys=True), "samples": samples}, cache)
+                        _write_cache(cache, json.dumps(key, sort_keys=True), samples)
                 else:
                     try:
                         samples, notes, kernel = _sgmcmc({"SGLD": SGLD, "SGHMC": SGHMC}[method], model, Xtr, ytr, s,

@@ -67,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--splits", type=check.int_range(1, NUM_UCI_SPLITS), default=None,
                         help=f"number of splits, 1 to {NUM_UCI_SPLITS} (default 10; --quick: 2)")
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--methods", nargs="+", action=check.Distinct, default=list(METHODS), choices=METHODS)
     parser.add_argument("--backend", default="auto", choices=("auto", "eager", "fx", "compile"))
 
 

@@ -399,7 +399,7 @@ def _write_figures(results: list[Result], data: Data, grid_axes: tuple[Tensor, T
 # --------------------------------------------------------------------------- entry points
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--methods", nargs="+", default=None, metavar="KEY",
+        "--methods", nargs="+", action=check.Distinct, default=None, metavar="KEY",
         help=f"subset of methods to run (default: all): {' '.join(ADAPTERS)}",
     )
     parser.add_argument("--n-train", type=check.positive_int, default=200, help="training points (default 200)")

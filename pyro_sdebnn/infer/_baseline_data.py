@@ -192,9 +192,14 @@ def _iter_inputs(x, device=None, dtype=None, likelihood: str | None = None) -> I
         check_finite_batch(x, what="x")
         yield move_batch(x, device, dtype)  # to the model's device and dtype, as a loader's batches
         return
+    empty = True
     for xb, _ in iter_batches(x, device, dtype, with_targets=False, check_finite="x"):
         _check_data(xb, None, likelihood or "categorical")
+        empty = False
         yield xb
+    if empty:  # nothing to predict on: say so, rather than fail to concatenate no outputs
+        raise ValueError("x: the loader yielded no batch (fewer points than one batch with drop_last=True, or a "
+                         "sampler that draws none?)")
 
 
 def _first_inputs(x, device=None, dtype=None, likelihood: str | None = None) -> Tensor:

@@ -251,7 +251,9 @@ class DeepEnsemble(BaselineMethod):
 
         for epoch in _epochs(num_epochs, progress, "deep-ensemble (vectorised)"):
             total = torch.zeros((), dtype=torch.float64, device=device)
+            steps = 0
             for xb, yb in batches():
+                steps += 1
                 size = yb.shape[-1]
                 losses = batched_loss(params, xb, yb)
                 optimizer.zero_grad(set_to_none=True)
@@ -262,6 +264,9 @@ class DeepEnsemble(BaselineMethod):
                 if stepper.scheduler is not None and scheduler_step == "step":
                     stepper.after_step(float(losses.detach().mean()))
                 total = total + losses.detach().double().sum() * size
+            if steps == 0:  # an epoch without a step would record a loss of 0 for members never trained
+                raise ValueError("x: the loader yielded no batch in an epoch (fewer points than one batch with "
+                                 "drop_last=True?)")
             _check_finite(float(total) / (n * k), desc="deep-ensemble", epoch=epoch, lr=lr)
             self.losses.append(float(total) / (n * k))
             stepper.after_epoch(float(total) / (n * k))

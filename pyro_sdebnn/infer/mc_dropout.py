@@ -110,8 +110,9 @@ class MCDropout(BaselineMethod):
         :func:`pyro_sdebnn.distributed.distributed_loader`) makes the training data-parallel as in
         :func:`~pyro_sdebnn.infer.map_training.train_network` (rank 0's weights copied to every rank, gradients averaged
         before every step, ``x.sampler.set_epoch(epoch)`` with the epochs counted as :attr:`epoch`), and
-        :meth:`save` writes on rank 0 only. Each rank draws its own dropout masks for its shard (seed the ranks
-        differently, e.g. ``init(seed=s)``), so the ranks together thin the global batch as one process would.
+        :meth:`save` writes on rank 0 only (with every rank's random state: each rank resumes from its own). Each rank
+        draws its own dropout masks for its shard (seed the ranks differently, e.g. ``init(seed=s)``), so the ranks
+        together thin the global batch as one process would.
         """
         self._fit_network(
             self.net, x, y, desc="mc-dropout", resume=resume, num_epochs=num_epochs, lr=lr, batch_size=batch_size,

@@ -37,7 +37,7 @@ from typing import Any, Callable, TypeVar
 import torch
 from torch import Tensor, nn
 
-from pyro_sdebnn._comm import is_main
+from pyro_sdebnn._comm import all_gather_objects, is_main, rank, world_size
 from pyro_sdebnn.data.loaders import rng_state, set_rng_state
 from pyro_sdebnn.infer._baseline_data import (
     _data_parallel_sampler,
@@ -111,6 +111,16 @@ def _dropout_layers(net: nn.Module) -> list[nn.modules.dropout._DropoutNd]:
     return [m for m in net.modules() if isinstance(m, _DROPOUT_TYPES)]
 
 
+def _valid_rngs(training: dict) -> bool:
+    """Whether a training state holds one random state per rank (a non-empty list of dicts, as many as its
+    ``"world_size"``), or a single random state (a dict), which every rank restores."""
+    rngs = training.get("rng")
+    if isinstance(rngs, dict):
+        return True
+    return (isinstance(rngs, list) and len(rngs) > 0 and all(isinstance(r, dict) for r in rngs)
+            and training.get("world_size") == len(rngs))
+
+
 class BaselineMethod:
     """Base class of the baselines: a likelihood, ``fit``, ``predict`` and the uncertainty split.
 
@@ -150,11 +160,32 @@ class BaselineMethod:
         if not isinstance(resume, bool):
             raise TypeError(f"resume must be True or False, got {resume!r}")
         if not resume:
+            self._unfinished = True  # until _end_fit: the parameters move away from the kept training state
             return None
+        if getattr(self, "_unfinished", False):
+            raise ValueError("resume=True: the last fit did not finish (interrupted, or it raised), so the parameters "
+                             "are no longer those its training state belongs to and the run cannot continue exactly; "
+                             "load(path) a checkpoint saved after a finished fit, or fit without resume")
         if self._train_state is None:
-            raise ValueError("resume=True continues an interrupted run: call fit(...) or load(path) first")
-        set_rng_state(self._train_state["rng"], loader)
+            raise ValueError("resume=True continues an interrupted run: call fit(...) or load(path) first (a "
+                             "checkpoint saved after a finished fit)")
+        set_rng_state(self._rank_rng(self._train_state["rng"], loader), loader)
+        self._unfinished = True
         return self._train_state
+
+    @staticmethod
+    def _rank_rng(rngs, loader) -> dict:
+        """This rank's random state among ``rngs``, those of every rank of the last ``fit`` in rank order (one for a
+        fit in one process, or not data-parallel); a single random state (a dict, not a list) goes to every rank."""
+        if isinstance(rngs, dict):
+            return rngs
+        ranks, this_rank = (world_size(), rank()) if _is_sharded(loader) else (1, 0)
+        if len(rngs) != ranks:
+            raise ValueError(f"resume=True: the last fit ran on {len(rngs)} data-parallel rank(s) and its training "
+                             f"state holds their random states, this fit runs on {ranks} (data-parallel ranks of a "
+                             f"sharded loader, or 1): resume on {len(rngs)} rank(s) to continue the run exactly, or "
+                             "fit without resume")
+        return rngs[this_rank]
 
     def _data_parallel_sampler(self, loader):
         """The ``DistributedSampler`` of a data-parallel ``fit`` on ``loader`` (else ``None``); remembered, so
@@ -186,8 +217,12 @@ class BaselineMethod:
         self._end_fit(loader, trainer=trainer_state)
 
     def _end_fit(self, loader=None, **training) -> None:
-        """Keep what a resumed ``fit`` needs: ``training`` (optimiser states...) and the random state now."""
-        self._train_state = {**training, "rng": rng_state(loader)}
+        """Keep what a resumed ``fit`` needs: ``training`` (optimiser states...) and the random state now, that of
+        every rank after a data-parallel fit (gathered, so every rank must call it, as it does the fit)."""
+        state = rng_state(loader)
+        rngs = all_gather_objects(state) if getattr(self, "_data_parallel", False) else [state]
+        self._train_state = {**training, "rng": rngs, "world_size": len(rngs)}
+        self._unfinished = False
 
     def _fitted_state(self) -> dict:  # pragma: no cover - interface
         raise NotImplementedError
@@ -201,8 +236,10 @@ class BaselineMethod:
         containers only, so ``torch.load(path, weights_only=True)`` reads it).
 
         Holds the fitted state (network weights, guide parameters, curvature...), the loss of every epoch
-        (``losses``; their number is the epoch reached) and the training state of the last ``fit``:
-        optimiser and scheduler states and torch's random state at its end.
+        (``losses``; their number is the epoch reached) and the training state of the last ``fit`` (``None`` if it did
+        not finish: an interrupted run cannot be resumed exactly):
+        optimiser and scheduler states and the random state at its end (``"rng"``, a list with that of every rank
+        of a data-parallel fit in rank order, each rank resuming from its own, and ``"world_size"``, its length).
         """
         return {
             **envelope("baseline"),
@@ -210,7 +247,8 @@ class BaselineMethod:
             "likelihood": self.likelihood,
             "epoch": self.epoch,
             "losses": [float(v) for v in self.losses],
-            "training": detached(self._train_state),
+            # after a fit that did not finish, the kept training state is not that of these parameters: left out
+            "training": None if getattr(self, "_unfinished", False) else detached(self._train_state),
             **self._fitted_state(),
         }
 
@@ -232,19 +270,21 @@ class BaselineMethod:
         if not isinstance(losses, list) or not all(isinstance(v, float) for v in losses):
             raise ValueError("the checkpoint's losses must be a list of floats")
         training = state.get("training")
-        if training is not None and not (isinstance(training, dict) and isinstance(training.get("rng"), dict)):
+        if training is not None and not (isinstance(training, dict) and _valid_rngs(training)):
             raise ValueError("the checkpoint's training state is malformed")
         apply = self._prepare_load(state)
         apply()
         self.losses = list(losses)
         self._train_state = detached(training)
+        self._unfinished = False
         return self
 
     def save(self, path) -> None:
         """Write :meth:`state_dict` to ``path`` (``torch.load(path, weights_only=True)`` reads it back).
 
-        After a data-parallel ``fit`` (every rank holds the same parameters) only rank 0 writes; on the other ranks
-        this does nothing (call :func:`torch.distributed.barrier` before they read the file).
+        After a data-parallel ``fit`` (every rank holds the same parameters and every rank's random state) only
+        rank 0 writes; on the other ranks this does nothing (call :func:`torch.distributed.barrier` before they read
+        the file). ``load`` then ``fit(..., resume=True)`` on as many ranks gives each rank its own random state.
         """
         if getattr(self, "_data_parallel", False) and not self._is_main():
             return

@@ -55,6 +55,28 @@ def test_loads_local_idx_files(tmp_path, loader, subfolder, dtype):
     assert label == 9
 
 
+@pytest.mark.parametrize("loader, subfolder, files, write", [
+    (data.mnist, "MNIST/raw", ["train-images-idx3-ubyte"], lambda path: path.write_text("junk\n")),
+    (data.mnist, "MNIST/raw", ["train-images-idx3-ubyte"], lambda path: path.write_bytes(b"")),
+    (data.fashion_mnist, "FashionMNIST/raw", ["train-labels-idx1-ubyte"],
+     lambda path: _write_idx(path, bytes(3), (3,), type_code=0x99)),
+])
+def test_unreadable_files_are_a_clear_error_naming_the_folder(tmp_path, loader, subfolder, files, write):
+    # files of the right names but not of the format made torchvision's parser fail with a bare AssertionError
+    # or ValueError
+    raw = tmp_path / subfolder
+    raw.mkdir(parents=True)
+    for prefix in ("train", "t10k"):
+        _write_idx(raw / f"{prefix}-images-idx3-ubyte", bytes(3 * 28 * 28), (3, 28, 28))
+        _write_idx(raw / f"{prefix}-labels-idx1-ubyte", bytes(3), (3,))
+    for name in files:
+        write(raw / name)
+    with pytest.raises(FileNotFoundError, match="cannot be read") as info:
+        loader(tmp_path, train=True)
+    assert str(raw) in str(info.value)
+    assert len(loader(tmp_path, train=False)) == 3  # the test files are fine
+
+
 def _offline(*args, **kwargs):
     from urllib.error import URLError
 

@@ -360,7 +360,32 @@ def scenarios(out: str) -> dict:
     return res
 
 
-PROGRAMS = {"scenarios": scenarios}
+def baseline_resume(out: str) -> dict:
+    """A data-parallel MC-dropout fit (each rank draws its own masks) of 3 epochs, and the same fit stopped after
+    epoch 1, saved by rank 0, loaded by every rank whose random state was seeded otherwise (as a new process's would
+    be) and resumed: the weights and where every rank's generator stands."""
+    from pyro_sdebnn import _comm, distributed
+    from pyro_sdebnn.infer import MCDropout
+
+    x, y = data()
+    distributed.init(backend="gloo", timeout=20.0, seed=FIT_SEED)
+    loader = distributed.distributed_loader(TensorDataset(x, y), BATCH, shuffle=True, seed=0)
+    full = MCDropout(make_net(dropout=0.3), "normal").fit(loader, **{**NET_FIT, "num_epochs": 3})
+    res = {"full": net_params(full.net), "full_draw": torch.rand(2)}
+    distributed.init(seed=FIT_SEED)
+    path = os.path.join(out, "dropout.pt")
+    MCDropout(make_net(dropout=0.3), "normal").fit(loader, **NET_FIT).save(path)  # NET_FIT: 2 epochs
+    _comm.barrier()  # rank 0 has written it
+    distributed.init(seed=FIT_SEED + 100)
+    resumed = MCDropout(make_net(dropout=0.3), "normal").load(path)
+    resumed.fit(loader, **{**NET_FIT, "num_epochs": 1}, resume=True)
+    res["resumed"], res["resumed_draw"] = net_params(resumed.net), torch.rand(2)
+    res["losses"] = (list(full.losses), list(resumed.losses))
+    _comm.shutdown()
+    return res
+
+
+PROGRAMS = {"scenarios": scenarios, "baseline_resume": baseline_resume}
 
 
 # ---------------------------------------------------------------------------------------------- launcher

@@ -507,7 +507,7 @@ def test_benchmark_command_with_distributed_on_one_process_is_the_plain_run(tmp_
     with pytest.raises(SystemExit) as exit_info:  # argparse's one-line error, exit status 2
         cli.main(["--distributed", "--dist-timeout", "0", "benchmark", "fake"], experiments=fake)
     assert exit_info.value.code == 2
-    assert "argument --dist-timeout: expected a finite number > 0, got '0'" in capsys.readouterr().err
+    assert "argument --dist-timeout: expected a number in (0, 1e+09], got '0'" in capsys.readouterr().err
 
 
 def test_shutdown_waits_for_every_rank_before_leaving(monkeypatch):
@@ -532,3 +532,26 @@ def test_shutdown_waits_for_every_rank_before_leaving(monkeypatch):
     calls.clear()
     _comm.shutdown()
     assert calls == ["destroy"]
+
+
+def test_a_baselines_checkpoint_resumes_every_data_parallel_rank_from_its_own_random_state(tmp_path):
+    # MC dropout on 2 ranks: each rank draws its own masks, so a resumed rank 1 given rank 0's random state would
+    # draw other masks than in the uninterrupted run, and the averaged gradients (both ranks' weights) would differ
+    results = _ok(W.launch("baseline_resume", str(tmp_path), timeout=90.0))
+    for r, res in enumerate(results):
+        assert res["losses"][0] == res["losses"][1], f"rank {r}"
+        assert set(res["resumed"]) == set(res["full"])
+        for name, value in res["full"].items():
+            assert torch.equal(res["resumed"][name], value), f"rank {r}: {name}"
+        assert torch.equal(res["resumed_draw"], res["full_draw"]), f"rank {r}"
+    assert not torch.equal(results[0]["full_draw"], results[1]["full_draw"])  # the ranks' streams differ
+    saved = torch.load(tmp_path / "dropout.pt", weights_only=True)["training"]
+    assert saved["world_size"] == 2 and not torch.equal(saved["rng"][0]["torch"], saved["rng"][1]["torch"])
+
+
+@pytest.mark.parametrize("timeout", [0.0, float("nan"), 1e300])
+def test_a_timeout_out_of_range_is_a_clear_error(timeout):
+    # 1e300 s (a "no timeout" wish) ended in an OverflowError of datetime.timedelta inside init_process_group
+    with pytest.raises(ValueError, match="timeout must be a positive finite number of seconds, at most 1e"):
+        _comm._check_timeout(timeout)
+    assert _comm._check_timeout(86400) == 86400.0

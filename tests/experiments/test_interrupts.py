@@ -189,6 +189,36 @@ def test_fsgmcmc_gap(tmp_path, monkeypatch):
     _interrupted_readme(tmp_path, "1 of 2 methods finished")
 
 
+def test_fsgmcmc_gap_interrupted_while_writing_the_first_table(tmp_path, monkeypatch):
+    # Ctrl-C while the first method's table and figure were being written left no table, though the run said
+    # "1 of 2 methods finished; the tables and figures here hold only those"
+    from pyro_sdebnn.experiments import fsgmcmc_gap
+    from pyro_sdebnn.predictive import RegressionPrediction
+
+    def prediction(model, samples, x):
+        return RegressionPrediction(torch.zeros(2, len(x)), torch.ones(2, len(x)))
+
+    monkeypatch.setattr(fsgmcmc_gap, "MCMC", _FakeMCMC)
+    monkeypatch.setattr(fsgmcmc_gap, "posterior_prediction", prediction)
+    monkeypatch.setattr(fsgmcmc_gap, "fit_gp_kernel", lambda kernel, *args, **kwargs: kernel)
+    monkeypatch.setattr(fsgmcmc_gap, "_kernel", lambda *args: None)
+    write, calls = fsgmcmc_gap._write, []
+
+    def interrupted_write(*args):  # SIGINT in the middle of the first write: nothing written yet
+        calls.append(args)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        write(*args)
+
+    monkeypatch.setattr(fsgmcmc_gap, "_write", interrupted_write)
+    code = main(["benchmark", "fsgmcmc-gap", "--quick", "--methods", "SGLD", "fSGLD", "--output", str(tmp_path)])
+    assert code == 130 and len(calls) == 2
+    with open(tmp_path / "fsgmcmc_gap.csv") as fh:
+        assert [r["method"] for r in csv.DictReader(fh)] == ["SGLD"]
+    assert (tmp_path / "fsgmcmc_gap.png").stat().st_size > 0
+    _interrupted_readme(tmp_path, "1 of 2 methods finished")
+
+
 def test_realdata_nuts(tmp_path, monkeypatch):
     from pyro_sdebnn.experiments import realdata_nuts
 

@@ -112,6 +112,27 @@ def test_realdata_nuts_reuses_the_reference_of_nuts_seed(tmp_path, monkeypatch):
     assert len(calls) == 1 and calls[0][-1] == 1
 
 
+def test_realdata_nuts_recomputes_an_unreadable_cache(tmp_path, monkeypatch):
+    # a cache left truncated (Ctrl-C during its write) or another file of that name made every later run fail in
+    # torch.load; it is computed again and replaced, and written atomically
+    pytest.importorskip("sklearn")
+    module, args = _args("realdata-nuts", tmp_path, datasets=["diabetes"], methods=["NUTS"])
+    module.run(args)
+    good = (tmp_path / "nuts_diabetes.pt").read_bytes()
+    reference, calls = torch.load(tmp_path / "nuts_diabetes.pt", weights_only=True)["samples"], []
+    monkeypatch.setattr(module, "_nuts", lambda *a: calls.append(a) or reference)
+    for bad in (good[: len(good) // 2], b"not a cache", None):
+        if bad is None:
+            torch.save([1, 2], tmp_path / "nuts_diabetes.pt")  # readable, but not a cache
+        else:
+            (tmp_path / "nuts_diabetes.pt").write_bytes(bad)
+        module.run(args)
+        assert torch.load(tmp_path / "nuts_diabetes.pt", weights_only=True)["samples"].keys()
+    assert len(calls) == 3 and sorted(p.name for p in tmp_path.glob("nuts_*")) == ["nuts_diabetes.pt"]
+    module.run(args)  # the rewritten cache is used
+    assert len(calls) == 3 and "cached" in (tmp_path / "realdata_nuts.md").read_text()
+
+
 def test_realdata_nuts_num_steps_sets_the_inner_steps_per_draw(tmp_path, monkeypatch):
     pytest.importorskip("sklearn")
     module, args = _args("realdata-nuts", tmp_path, datasets=["diabetes"], methods=["NUTS", "SGLD"])

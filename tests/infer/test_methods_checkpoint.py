@@ -208,3 +208,58 @@ def test_checkpoint_of_another_network_structure():
     diag = Laplace(make_mlp([2, 8, 2]), "categorical", hessian_structure="diag").fit(x, y, num_epochs=1)
     with pytest.raises(ValueError, match="hessian_structure"):
         _build("laplace").load_state_dict(diag.state_dict())
+
+
+def test_random_states_of_every_rank_resume_only_on_as_many_ranks():
+    x, y = _data()
+    pyro.set_rng_seed(0)
+    uninterrupted = _fit(_build("mc-dropout"), (x, y), num_epochs=2)
+    pyro.set_rng_seed(0)
+    state = _fit(_build("mc-dropout"), (x, y), num_epochs=1).state_dict()
+    assert state["training"]["world_size"] == 1 and len(state["training"]["rng"]) == 1
+    # a checkpoint of a 2-rank data-parallel fit holds 2 random states: resuming on one process is an error
+    two = {**state, "training": {**state["training"], "rng": state["training"]["rng"] * 2, "world_size": 2}}
+    method = _build("mc-dropout").load_state_dict(two)
+    with pytest.raises(ValueError, match="the last fit ran on 2 data-parallel rank.*this fit runs on 1"):
+        _fit(method, (x, y), num_epochs=1, resume=True)
+    bad = {**state, "training": {**state["training"], "world_size": 3}}
+    with pytest.raises(ValueError, match="training state is malformed"):
+        _build("mc-dropout").load_state_dict(bad)
+    # the training state of an earlier version (one random state, a dict) still resumes
+    old = {**state, "training": {k: v for k, v in state["training"].items() if k != "world_size"}}
+    old["training"]["rng"] = state["training"]["rng"][0]
+    resumed = _fit(_build("mc-dropout").load_state_dict(old), (x, y), num_epochs=1, resume=True)
+    assert resumed.losses == uninterrupted.losses
+
+
+class _InterruptingLoader:
+    """A loader whose iteration raises ``KeyboardInterrupt`` (Ctrl-C) at its second batch."""
+
+    def __init__(self, loader):
+        self.loader, self.dataset = loader, loader.dataset
+
+    def __iter__(self):
+        for i, batch in enumerate(self.loader):
+            if i == 1:
+                raise KeyboardInterrupt
+            yield batch
+
+
+@pytest.mark.parametrize("name", ["map", "mfvi", "mc-dropout", "ensemble", "laplace"])
+def test_resume_after_an_interrupted_fit_is_refused(name):
+    # the interrupted fit moved the parameters but kept the training state of the fit before: resume=True went on
+    # silently from that mismatch (other numbers than the uninterrupted run)
+    x, y = _data()
+    loader = DataLoader(TensorDataset(x, y), batch_size=BATCH)
+    method = _fit(_build(name), (loader, None), num_epochs=1)
+    with pytest.raises(KeyboardInterrupt):
+        _fit(method, (_InterruptingLoader(loader), None), num_epochs=1)
+    with pytest.raises(ValueError, match="the last fit did not finish"):
+        _fit(method, (loader, None), num_epochs=1, resume=True)
+    state = method.state_dict()
+    assert state["training"] is None  # not the training state of these parameters
+    with pytest.raises(ValueError, match="call fit.* or load"):
+        _fit(_build(name).load_state_dict(state), (loader, None), num_epochs=1, resume=True)
+    _fit(method, (loader, None), num_epochs=1)  # a new fit finishes: it can be resumed again
+    _fit(method, (loader, None), num_epochs=1, resume=True)
+    assert method.state_dict()["training"] is not None
