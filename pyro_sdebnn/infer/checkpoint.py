@@ -122,21 +122,29 @@ def load_checkpoint(path, kind: str | None = None, map_location=None) -> dict:
     :param map_location: passed to :func:`torch.load`.
     :returns: the checkpoint dictionary, envelope included.
     :raises FileNotFoundError: if ``path`` does not exist.
-    :raises ValueError: if the file cannot be read as a checkpoint (truncated, corrupted) or is of another format
-        or version than expected (the message names both).
+    :raises ValueError: if the file cannot be read as a checkpoint (truncated, corrupted), holds CUDA tensors on a
+        machine without CUDA (the message names ``map_location``) or is of another format or version than expected
+        (the message names both).
     """
     path = _check_path(path)
     if not path.exists():
         raise FileNotFoundError(f"no checkpoint at {os.fspath(path)!r}")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
+    except RuntimeError as err:
+        if "on a CUDA device" not in str(err) or torch.cuda.is_available():
+            raise _unreadable(path, err) from None
+        raise ValueError(f"{os.fspath(path)!r} holds tensors saved on a CUDA device and this machine has no CUDA: "
+                         "pass map_location='cpu' (or the device to load them to)") from None
     except Exception as err:  # truncated zip, bad pickle, unsupported globals, ...
-        raise ValueError(
-            f"{os.fspath(path)!r} is not a readable checkpoint (truncated or corrupted file?): "
-            f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-        ) from None
+        raise _unreadable(path, err) from None
     check_envelope(state, kind, repr(os.fspath(path)))
     return state
+
+
+def _unreadable(path, err: Exception) -> ValueError:
+    return ValueError(f"{os.fspath(path)!r} is not a readable checkpoint (truncated or corrupted file?): "
+                      f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
 
 
 def check_tensors(saved, current: dict[str, Tensor], what: str) -> None:

@@ -293,8 +293,10 @@ class BaselineMethod:
     def load(self, path, map_location=None) -> "BaselineMethod":
         """Load a checkpoint written by :meth:`save` into this (freshly constructed) method; returns ``self``.
 
-        :raises ValueError: for a truncated or corrupted file, or a checkpoint of another method or model
-            (the method is left unchanged).
+        :param map_location: passed to :func:`torch.load`: ``"cpu"`` reads a checkpoint saved on a GPU on a machine
+            without one.
+        :raises ValueError: for a truncated or corrupted file, a GPU checkpoint on a machine without CUDA (the message
+            names ``map_location``), or a checkpoint of another method or model (the method is left unchanged).
         """
         return self.load_state_dict(load_checkpoint(path, "baseline", map_location))
 

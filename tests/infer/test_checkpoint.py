@@ -44,6 +44,17 @@ def test_other_kind_version_or_file_is_a_clear_error(tmp_path):
         load_checkpoint(tmp_path / "missing.pt")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA checkpoint loads where CUDA is available")
+def test_a_cuda_checkpoint_on_a_machine_without_cuda_names_map_location(tmp_path, monkeypatch):
+    path = tmp_path / "gpu.pt"
+    with monkeypatch.context() as m:  # the file torch.save writes for tensors on a CUDA device
+        m.setattr(torch.serialization, "location_tag", lambda storage: "cuda:0")
+        save_checkpoint("baseline", {"w": torch.ones(2)}, path)
+    with pytest.raises(ValueError, match="saved on a CUDA device and this machine has no CUDA: pass map_location='cpu'"):
+        load_checkpoint(path, "baseline")
+    assert torch.equal(load_checkpoint(path, "baseline", map_location="cpu")["w"], torch.ones(2))
+
+
 def test_an_interrupted_write_leaves_the_previous_checkpoint(tmp_path):
     path = tmp_path / "c.pt"
     save_checkpoint("svi", {"epoch": 1}, path)
