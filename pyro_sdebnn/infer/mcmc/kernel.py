@@ -566,6 +566,7 @@ class SGMCMCKernel(MCMCKernel):
         self.potential: Optional[MinibatchPotential] = None
         self.transforms: Optional[dict] = None
         self._initial_params: Optional[dict[str, Tensor]] = None
+        self._own_start = False  # _initial_params are the kernel's own (drawn, or restored), not a user's
         self._graph_key: Any = None
         self._reset_graphs()
         self._stream: Optional[BatchStream] = None
@@ -710,6 +711,7 @@ class SGMCMCKernel(MCMCKernel):
     @initial_params.setter
     def initial_params(self, params: Optional[dict[str, Tensor]]) -> None:
         self._initial_params = params
+        self._own_start = False
 
     def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
         self._check_step_size()
@@ -756,7 +758,10 @@ class SGMCMCKernel(MCMCKernel):
             if self.sample_writer is not None:
                 self.sample_writer.start_chain()
             return
+        if self._own_start:  # the start of a chain that did not end (an error, Ctrl-C in hook_fn): not a user's
+            self._initial_params = None
         drawn = self._initial_params is None  # the automatic warm start leaves a user's initial_params alone
+        self._own_start = drawn
         if drawn:
             self._initial_params = self._draw_initial_params()
         assert self._initial_params is not None  # the user's or just drawn
@@ -1592,6 +1597,7 @@ class SGMCMCKernel(MCMCKernel):
             self._stream.restore(sd["loader"])
         set_rng_state(sd["rng"])  # torch's (CPU and CUDA), NumPy's, Python's; the loader's are the stream's
         self._initial_params = U.split(self._state[0])
+        self._own_start = True
         self._last_params = self._initial_params
         adaptation = sd.get("adaptation") or {}
         self.inverse_mass_matrix = None
@@ -1753,6 +1759,7 @@ class SGMCMCKernel(MCMCKernel):
         if self.sample_writer is not None:
             self.sample_writer.flush()
         self._initial_params = None  # the next chain draws its own initial values
+        self._own_start = False
         self._end_of_chain()
 
     def _end_of_chain(self) -> None:

@@ -263,6 +263,19 @@ def test_subsample_without_data_plate_raises():
         _setup(model, subsample_size=10)
 
 
+@pytest.mark.parametrize("prior", [dist.Bernoulli(0.5), dist.Categorical(torch.ones(3) / 3)])
+def test_discrete_latent_site_is_named(prior):
+    # a Bernoulli draws floats: its support says that it is discrete (not an obscure "Cannot transform" from biject_to)
+    def model(x, y=None):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0))
+        z = pyro.sample("z", prior)
+        with pyro.plate("data", x.shape[0]) as idx:
+            pyro.sample("y", dist.Normal(w * x[idx] + z, 1.0), obs=None if y is None else y[idx])
+
+    with pytest.raises(ValueError, match="latent site 'z' is not continuous"):
+        _setup(model, subsample_size=10)
+
+
 def test_weights_inside_data_plate_raise():
     def model(x, y=None):
         with pyro.plate("data", x.shape[0]) as idx:
@@ -356,3 +369,30 @@ def test_sghmc_momentum_resampling():
     (grad,) = torch.autograd.grad(kernel.potential(start), start)
     kernel.sample(params)  # sample 1: momentum resampled to 0 before the step
     torch.testing.assert_close(kernel._state[1], -eta * grad)
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, RuntimeError])
+def test_a_run_stopped_by_hook_fn_leaves_no_start_for_the_next_run(error):
+    # Pyro does not call kernel.cleanup() when hook_fn raises (Ctrl-C, an error): the next run must still draw its own
+    # start and warm-start from it, as a fresh kernel does, not take the stopped chain's start for a user's
+    x, y = _data()
+    settings = dict(step_size=1e-3, num_steps=2, subsample_size=10, backend="eager", cache_graphs=False)
+
+    def stop(kernel, params, stage, i):
+        if stage == "Sample" and i == 2:
+            raise error
+
+    kernel = SGLD(regression_model, **settings)
+    pyro.set_rng_seed(1)
+    with pytest.raises(error):
+        MCMC(kernel, num_samples=5, warmup_steps=3, hook_fn=stop, disable_progbar=True).run(x, y)
+    runs = []
+    for k in (kernel, SGLD(regression_model, **settings)):
+        pyro.set_rng_seed(0)
+        mcmc = MCMC(k, num_samples=5, warmup_steps=3, disable_progbar=True)
+        mcmc.run(x, y)
+        runs.append((mcmc.get_samples(), mcmc.diagnostics()["warm start steps"]["chain 0"]))
+    (again, steps_again), (fresh, steps_fresh) = runs
+    assert steps_again == steps_fresh > 0
+    for name in fresh:
+        assert torch.equal(again[name], fresh[name])
