@@ -433,7 +433,8 @@ class SGMCMCKernel(MCMCKernel):
     :param str backend: ``"auto"``, ``"eager"``, ``"fx"`` or ``"compile"`` (see the module).
     :param int compile_after: with ``backend="auto"``, the inner steps after which the step is compiled.
     :param bool closed_form_prior: add constant ``Normal`` priors in closed form outside the traced graph.
-    :param bool cache_graphs: keep the potential and traced graphs between runs on the same, unchanged data.
+    :param bool cache_graphs: keep the potential and traced graphs between runs on the same, unchanged data (a
+        rerun with the same seed still draws the first run's chain).
     :param drop_last: with a loader, pass over the short batch that ends each epoch: ``None`` (default) when the
         loader reshuffles every epoch, ``True`` for any loader, ``False`` never.
     :param sample_writer: a :class:`~pyro_sdebnn.infer.mcmc.arviz.SampleWriter` streaming the samples to disk.
@@ -715,10 +716,16 @@ class SGMCMCKernel(MCMCKernel):
 
     def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
         self._check_step_size()
+        ended = self._chain_closed  # the previous chain ended (cleanup ran), before _reset sets it again
         self._reset()
         self._warmup_steps = warmup_steps
         # Pyro's runner (for the number of samples and chains of the run, and its progress bar), if MCMC drives us
         self._mcmc_runner, self._progress_bar = find_runner(self)
+        checks = self._run_checks
+        next_chain = (  # the next of the sequential chains of one MCMC.run (not a new run)
+            ended and self._mcmc_runner is not None and self._runner_id == id(self._mcmc_runner)
+            and checks is not None and 0 < checks.chains_done < checks.num_chains
+        )
         key: tuple = (tuple(_arg_key(a) for a in args), tuple((k, _arg_key(v)) for k, v in sorted(kwargs.items())))
         args, kwargs = self._start_stream(args, kwargs)
         if self._stream is not None:  # the first batch stands for the loader: the key is the loader and its shapes
@@ -737,6 +744,8 @@ class SGMCMCKernel(MCMCKernel):
             self._reset_graphs()
             self._graph_key = key
             self._args = (args, kwargs)  # keep the arguments alive: ids are only meaningful while they are
+        elif not next_chain and self._resume is None:
+            self._draw_as_fresh(args, kwargs)
         # vectorised chains: MCMC stores them as chains, (num_chains * K, num_samples, *shape)
         self.transforms = chain_transforms(self.potential, self.vectorized_chains)
         U = self.potential
@@ -754,6 +763,7 @@ class SGMCMCKernel(MCMCKernel):
         self._start_run_checks()
         self._resumed = self._resume is not None
         if self._resume is not None:
+            self._trace_draw_pending = False  # the random state is the checkpoint's: no trace draws
             self._restore(self._resume, warmup_steps)
             if self.sample_writer is not None:
                 self.sample_writer.start_chain()
@@ -1086,6 +1096,19 @@ class SGMCMCKernel(MCMCKernel):
         self.backend_used = "fx" if self.backend == "auto" else self.backend
         self._fx_steps = 0  # inner steps taken with the eager graph (backend="auto")
         self._resumed = False  # a chain restored from a checkpoint: its first trace must not draw (see below)
+        self._trace_draw_pending = False  # a new run on kept graphs: its first traced step draws as a trace would
+
+    def _draw_as_fresh(self, args: tuple, kwargs: dict) -> None:
+        """A new run on the potential and graphs kept from an earlier run (``cache_graphs``) draws the random numbers
+        that a fresh kernel draws, so that the same seed gives the same chain: building the potential again (the
+        model's traces draw from the priors; the copy is dropped), and at the first traced step the noise of tracing
+        the graph (:meth:`_traced_step`); ``backend="auto"`` starts again from its eager steps. The next of
+        ``MCMC``'s sequential chains does not: it continues the run's random stream."""
+        self._build_potential(args, kwargs)
+        self._trace_draw_pending = True
+        if self.backend == "auto" and self.backend_used != "eager":  # "eager": the model could not be traced
+            self.backend_used, self._fx_steps = "fx", 0
+            self._graphs = {key: graph.forward for key, graph in self._graph_modules.items()}
 
     @property
     def _graph_module(self) -> Any:
@@ -1108,12 +1131,16 @@ class SGMCMCKernel(MCMCKernel):
             # epoch on: a one-epoch run would pay a whole trace for one step (the caller takes the step eagerly). The
             # rule depends on the step count only, so that a resumed chain steps as the uninterrupted one
             return None
+        inputs = (*state, *(() if idx is None else (idx,)), step_size, self._precond, *extra, *data)
         if run is None:
             run = self._trace_graph(state, idx, step_size, extra, data, key)
             if run is None:
                 return None
+        elif self._trace_draw_pending:  # a graph kept from an earlier run: draw what tracing it draws, as a fresh
+            run(*inputs)  # kernel does (_draw_as_fresh)
+        self._trace_draw_pending = False
         # the preconditioner is an input of the graph: it changes only at the ends of the adaptation windows
-        out = run(*state, *(() if idx is None else (idx,)), step_size, self._precond, *extra, *data)
+        out = run(*inputs)
         return tuple(out[: len(state)]), out[len(state)]
 
     def _trace_graph(
@@ -1148,7 +1175,7 @@ class SGMCMCKernel(MCMCKernel):
 
         device = U.device
         random_state: ContextManager[Any]
-        if self._graph_modules or self._resumed:
+        if (self._graph_modules or self._resumed) and not self._trace_draw_pending:
             random_state = torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
         else:
             random_state = contextlib.nullcontext()

@@ -376,7 +376,7 @@ def test_a_run_stopped_by_hook_fn_leaves_no_start_for_the_next_run(error):
     # Pyro does not call kernel.cleanup() when hook_fn raises (Ctrl-C, an error): the next run must still draw its own
     # start and warm-start from it, as a fresh kernel does, not take the stopped chain's start for a user's
     x, y = _data()
-    settings = dict(step_size=1e-3, num_steps=2, subsample_size=10, backend="eager", cache_graphs=False)
+    settings = dict(step_size=1e-3, num_steps=2, subsample_size=10, backend="eager")
 
     def stop(kernel, params, stage, i):
         if stage == "Sample" and i == 2:
@@ -396,3 +396,22 @@ def test_a_run_stopped_by_hook_fn_leaves_no_start_for_the_next_run(error):
     assert steps_again == steps_fresh > 0
     for name in fresh:
         assert torch.equal(again[name], fresh[name])
+
+
+@pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.diagnostics.SamplerWarning")  # a short run: R-hat above 1.1
+@pytest.mark.parametrize("backend, chains", [("eager", 1), ("fx", 1), ("fx", 2), ("auto", 1)])
+def test_a_second_run_with_the_same_seed_repeats_the_first(backend, chains):
+    # the potential and graphs kept between runs (cache_graphs=True) must not change the random stream: a fresh kernel
+    # draws from the priors to build the potential and a step's noise to trace the graph, so a rerun draws them too
+    x, y = _data()
+    kernel = SGHMC(regression_model, step_size=1e-3, num_steps=2, subsample_size=10, backend=backend,
+                   vectorized_chains=chains)
+    runs = []
+    for _ in range(2):
+        pyro.set_rng_seed(0)
+        mcmc = MCMC(kernel, num_samples=60 if backend == "auto" else 4, warmup_steps=3, disable_progbar=True)
+        mcmc.run(x, y)
+        runs.append(mcmc.get_samples())
+    assert kernel.diagnostics()["backend"] == ("fx" if backend == "auto" else backend)
+    for name in runs[0]:
+        assert torch.equal(runs[0][name], runs[1][name])
