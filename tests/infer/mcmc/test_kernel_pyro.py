@@ -415,3 +415,25 @@ def test_a_second_run_with_the_same_seed_repeats_the_first(backend, chains):
     assert kernel.diagnostics()["backend"] == ("fx" if backend == "auto" else backend)
     for name in runs[0]:
         assert torch.equal(runs[0][name], runs[1][name])
+
+
+def test_sample_writer_after_a_run_stopped_early(tmp_path):
+    # the stopped run's samples are in the writer's buffer (flush writes them); a directory holding that short chain and
+    # a full one is a ValueError naming the lengths, not torch.stack's size mismatch
+    from pyro_sdebnn.infer.mcmc.arviz import SampleWriter, load_samples
+
+    x, y = _data()
+    writer = SampleWriter(tmp_path, chunk_size=4)
+    kernel = SGLD(regression_model, step_size=1e-3, subsample_size=10, backend="eager", sample_writer=writer)
+
+    def stop(kernel, params, stage, i):
+        if stage == "Sample" and i == 6:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        MCMC(kernel, num_samples=10, warmup_steps=2, save_params=[], hook_fn=stop, disable_progbar=True).run(x, y)
+    writer.flush()
+    assert load_samples(tmp_path)["w"].shape == (1, 7)
+    MCMC(kernel, num_samples=10, warmup_steps=2, save_params=[], disable_progbar=True).run(x, y)
+    with pytest.raises(ValueError, match="different numbers of draws"):
+        load_samples(tmp_path)
