@@ -276,6 +276,29 @@ def test_discrete_latent_site_is_named(prior):
         _setup(model, subsample_size=10)
 
 
+@pytest.mark.parametrize("column", ["targets", "predictions"])
+def test_a_likelihood_pairing_every_observation_with_every_prediction_is_named(column):
+    # targets (N, 1) against predictions (N,), or predictions (N, 1) inside plate("data", N), which Pyro expands to
+    # (N, N): N^2 log-likelihood terms, reported before as a divergence of the sampler (or not at all)
+    def model(x, y=None):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0))
+        f = w * x.unsqueeze(-1) if column == "predictions" else w * x
+        with pyro.plate("data", x.shape[0]):
+            pyro.sample("y", dist.Normal(f, 1.0), obs=y)
+
+    x, y = _data()
+    y = y.unsqueeze(-1) if column == "targets" else y
+    for subsample_size in (None, 10):
+        with pytest.raises(ValueError, match="every observation paired with every prediction"):
+            SGLD(model, step_size=1e-3, subsample_size=subsample_size).setup(0, x, y)
+
+    def without_plate(x, y=None):  # a scalar prediction for every observation is fine (as for NUTS)
+        w = pyro.sample("w", dist.Normal(0.0, 1.0))
+        pyro.sample("y", dist.Normal(w, 1.0), obs=y)
+
+    SGLD(without_plate, step_size=1e-3).setup(0, x, _data()[1])
+
+
 def test_weights_inside_data_plate_raise():
     def model(x, y=None):
         with pyro.plate("data", x.shape[0]) as idx:
