@@ -1782,6 +1782,21 @@ class SGMCMCKernel(MCMCKernel):
         restarted += [torch.where(mask, torch.zeros_like(t), t) for t in state[1:]]
         return tuple(restarted)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """The kernel as pickled (for ``MCMC(num_chains > 1)``'s worker processes under the ``"spawn"`` context, the
+        default on macOS and Windows) or deep-copied: without what a run built (the potential, the traced graphs, the
+        loader's stream, the runner), which the copy builds again at its own set-up, as a new kernel does. A traced
+        graph does not load in a fresh process and a compiled one cannot be pickled."""
+        state = self.__dict__.copy()
+        state.pop("_args", None)
+        state.update(
+            potential=None, transforms=None, _graph_key=None, _graphs={}, _graph_modules={}, _fx_steps=0,
+            backend_used="fx" if self.backend == "auto" else self.backend, _resumed=False, _trace_draw_pending=False,
+            _unbatched=None, _unit_mass=None, _stream=None, _pending_batch=None, _kwarg_tensors=(), _mcmc_runner=None,
+            _progress_bar=None, _run_checks=None, _runner_id=None,
+        )
+        return state
+
     def cleanup(self) -> None:
         if self.sample_writer is not None:
             self.sample_writer.flush()

@@ -460,3 +460,35 @@ def test_sample_writer_after_a_run_stopped_early(tmp_path):
     MCMC(kernel, num_samples=10, warmup_steps=2, save_params=[], disable_progbar=True).run(x, y)
     with pytest.raises(ValueError, match="different numbers of draws"):
         load_samples(tmp_path)
+
+
+def test_a_kernel_that_has_run_pickles_for_worker_processes():
+    # MCMC(num_chains > 1) under the "spawn" context (the default on macOS and Windows) pickles the kernel into each
+    # worker: a kernel that had run with a traced step could not be loaded there (the workers died, MCMC.run waited)
+    import os
+    import pickle
+    import subprocess
+    import sys
+
+    import pyro_sdebnn
+    from pyro_sdebnn.infer.mcmc import BayesianMLP
+
+    x, y = _data()
+    x = x.unsqueeze(-1)
+    model = BayesianMLP([1, 3, 1]).double()
+    settings = dict(step_size=1e-4, num_steps=2, subsample_size=10, backend="fx")
+    kernel = SGLD(model, **settings)
+    MCMC(kernel, num_samples=2, warmup_steps=1, disable_progbar=True).run(x, y)
+    blob = pickle.dumps(kernel)
+    package = os.path.dirname(os.path.dirname(pyro_sdebnn.__file__))  # the child loads this copy of the package
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([package, os.environ.get("PYTHONPATH", "")])}
+    subprocess.run([sys.executable, "-c", "import pickle, sys; pickle.loads(sys.stdin.buffer.read())"], input=blob,
+                   check=True, capture_output=True, timeout=300, env=env)
+    runs = []
+    for k in (pickle.loads(blob), SGLD(model, **settings)):  # the copy sets up afresh, as a new kernel
+        pyro.set_rng_seed(0)
+        mcmc = MCMC(k, num_samples=3, warmup_steps=2, disable_progbar=True)
+        mcmc.run(x, y)
+        runs.append(mcmc.get_samples())
+    for name in runs[1]:
+        assert torch.equal(runs[0][name], runs[1][name])
