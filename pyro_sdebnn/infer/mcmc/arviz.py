@@ -434,7 +434,8 @@ class SampleWriter:
     Pass it as ``sample_writer=`` to an SG-MCMC kernel, and ``save_params=[]`` to :class:`pyro.infer.MCMC` so that
     nothing is also kept in memory; read the samples back with :func:`load_samples`. Every chain (every
     ``setup``, also in worker processes) writes its own files ``chain-<pid>-<k>-<chunk>.pt`` of constrained values,
-    moved to the CPU.
+    moved to the CPU. A run stopped early (Ctrl-C, an error: ``MCMC`` then does not end the chain) leaves its last
+    samples in the writer's buffer: :meth:`flush` writes them.
 
     :param directory: output folder (created if needed).
     :param int chunk_size: samples per file.
@@ -488,6 +489,8 @@ def load_samples(directory: Union[str, Path]) -> dict[str, Tensor]:
     """Read the samples written by :class:`SampleWriter`: ``(chains, draws, *shape)`` per site.
 
     (Vectorised chains keep their chain dimension after ``draws``.)
+
+    :raises ValueError: if the directory holds no sample file, or chains of different lengths.
     """
     directory = Path(directory)
     files = sorted(directory.glob("chain-*.pt"))
@@ -497,4 +500,9 @@ def load_samples(directory: Union[str, Path]) -> dict[str, Tensor]:
     for f in files:
         chains.setdefault(f.name.rsplit("-", 1)[0], []).append(torch.load(f, weights_only=True))
     per_chain = [{k: torch.cat([c[k] for c in chunks]) for k in chunks[0]} for _, chunks in sorted(chains.items())]
+    lengths = {name: len(next(iter(c.values()))) for name, c in zip(sorted(chains), per_chain)}
+    if len(set(lengths.values())) > 1:
+        raise ValueError(f"the chains in {directory} have different numbers of draws {lengths} (e.g. a run stopped "
+                         "early, or runs of another num_samples into the same directory): give each run its own "
+                         "directory, or load the files of one chain with torch.load")
     return {k: torch.stack([c[k] for c in per_chain]) for k in per_chain[0]}

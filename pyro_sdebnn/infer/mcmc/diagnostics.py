@@ -106,7 +106,11 @@ def _is_factor(site: dict) -> bool:
 
 
 def _check_observed_values(trace: Any, observed_sites: Sequence[str]) -> None:
-    """An observed value that is not finite, or outside the support of its distribution, is a data problem."""
+    """An observed value that is not finite, or outside the support of its distribution, is a data problem; so is a
+    likelihood that pairs every observation with every prediction: a value and a distribution whose shapes broadcast
+    into a larger one than either (``y`` of shape ``(N, 1)`` against predictions of shape ``(N,)``), or batch
+    dimensions of size above 1 left of the site's plates (predictions ``(N, 1)`` inside ``pyro.plate("data", N)``,
+    which Pyro expands to ``(N, N)``). Either way there are ``N^2`` log-likelihood terms."""
     for name in observed_sites:
         site = trace.nodes[name]
         if _is_factor(site):
@@ -115,6 +119,7 @@ def _check_observed_values(trace: Any, observed_sites: Sequence[str]) -> None:
         if not torch.is_tensor(value):
             continue
         value = value.detach()
+        _check_observed_shape(name, site, value)
         if value.is_floating_point() or value.is_complex():
             bad = ~torch.isfinite(value)
             if bool(bad.any()):
@@ -134,6 +139,27 @@ def _check_observed_values(trace: Any, observed_sites: Sequence[str]) -> None:
                 + _first_bad(~inside, "value(s) outside the support of its distribution")
                 + f" ({site['fn'].support}). Check the data (labels, counts, encoding) against the likelihood."
             )
+
+
+def _check_observed_shape(name: str, site: dict, value: Tensor) -> None:
+    """The shape check of :func:`_check_observed_values` for one observed site."""
+    fn = site["fn"]
+    shape = fn.batch_shape + fn.event_shape
+    try:
+        joint = torch.broadcast_shapes(value.shape, shape)
+    except RuntimeError:  # shapes that do not broadcast: the likelihood's own error says so
+        return
+    batch = joint[: len(joint) - len(fn.event_shape)]
+    dims = [-f.dim for f in site["cond_indep_stack"] if f.vectorized and f.dim is not None]
+    undeclared = batch[: max(0, len(batch) - max(dims))] if dims else ()
+    if math.prod(joint) > max(value.numel(), math.prod(shape)) or any(n != 1 for n in undeclared):
+        plates = ", ".join(f"'{f.name}' (dim {f.dim})" for f in site["cond_indep_stack"] if f.vectorized)
+        raise ValueError(
+            f"data problem: observed site '{name}' has a value of shape {tuple(value.shape)} and a distribution of "
+            f"shape {tuple(shape)}" + (f" inside plate(s) {plates}" if plates else "") + f": {tuple(batch)} "
+            "log-likelihood terms, every observation paired with every prediction (e.g. predictions of shape (N, 1) "
+            "against targets of shape (N,), or the reverse). Give both the same shape (e.g. .squeeze(-1))."
+        )
 
 
 def _trace_explained(model: Callable, args: tuple, kwargs: dict, data_plates: Optional[Sequence[str]] = None) -> Any:

@@ -433,7 +433,8 @@ class SGMCMCKernel(MCMCKernel):
     :param str backend: ``"auto"``, ``"eager"``, ``"fx"`` or ``"compile"`` (see the module).
     :param int compile_after: with ``backend="auto"``, the inner steps after which the step is compiled.
     :param bool closed_form_prior: add constant ``Normal`` priors in closed form outside the traced graph.
-    :param bool cache_graphs: keep the potential and traced graphs between runs on the same, unchanged data.
+    :param bool cache_graphs: keep the potential and traced graphs between runs on the same, unchanged data (a
+        rerun with the same seed still draws the first run's chain).
     :param drop_last: with a loader, pass over the short batch that ends each epoch: ``None`` (default) when the
         loader reshuffles every epoch, ``True`` for any loader, ``False`` never.
     :param sample_writer: a :class:`~pyro_sdebnn.infer.mcmc.arviz.SampleWriter` streaming the samples to disk.
@@ -566,6 +567,7 @@ class SGMCMCKernel(MCMCKernel):
         self.potential: Optional[MinibatchPotential] = None
         self.transforms: Optional[dict] = None
         self._initial_params: Optional[dict[str, Tensor]] = None
+        self._own_start = False  # _initial_params are the kernel's own (drawn, or restored), not a user's
         self._graph_key: Any = None
         self._reset_graphs()
         self._stream: Optional[BatchStream] = None
@@ -710,13 +712,20 @@ class SGMCMCKernel(MCMCKernel):
     @initial_params.setter
     def initial_params(self, params: Optional[dict[str, Tensor]]) -> None:
         self._initial_params = params
+        self._own_start = False
 
     def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
         self._check_step_size()
+        ended = self._chain_closed  # the previous chain ended (cleanup ran), before _reset sets it again
         self._reset()
         self._warmup_steps = warmup_steps
         # Pyro's runner (for the number of samples and chains of the run, and its progress bar), if MCMC drives us
         self._mcmc_runner, self._progress_bar = find_runner(self)
+        checks = self._run_checks
+        next_chain = (  # the next of the sequential chains of one MCMC.run (not a new run)
+            ended and self._mcmc_runner is not None and self._runner_id == id(self._mcmc_runner)
+            and checks is not None and 0 < checks.chains_done < checks.num_chains
+        )
         key: tuple = (tuple(_arg_key(a) for a in args), tuple((k, _arg_key(v)) for k, v in sorted(kwargs.items())))
         args, kwargs = self._start_stream(args, kwargs)
         if self._stream is not None:  # the first batch stands for the loader: the key is the loader and its shapes
@@ -735,6 +744,8 @@ class SGMCMCKernel(MCMCKernel):
             self._reset_graphs()
             self._graph_key = key
             self._args = (args, kwargs)  # keep the arguments alive: ids are only meaningful while they are
+        elif not next_chain and self._resume is None:
+            self._draw_as_fresh(args, kwargs)
         # vectorised chains: MCMC stores them as chains, (num_chains * K, num_samples, *shape)
         self.transforms = chain_transforms(self.potential, self.vectorized_chains)
         U = self.potential
@@ -752,11 +763,15 @@ class SGMCMCKernel(MCMCKernel):
         self._start_run_checks()
         self._resumed = self._resume is not None
         if self._resume is not None:
+            self._trace_draw_pending = False  # the random state is the checkpoint's: no trace draws
             self._restore(self._resume, warmup_steps)
             if self.sample_writer is not None:
                 self.sample_writer.start_chain()
             return
+        if self._own_start:  # the start of a chain that did not end (an error, Ctrl-C in hook_fn): not a user's
+            self._initial_params = None
         drawn = self._initial_params is None  # the automatic warm start leaves a user's initial_params alone
+        self._own_start = drawn
         if drawn:
             self._initial_params = self._draw_initial_params()
         assert self._initial_params is not None  # the user's or just drawn
@@ -1081,6 +1096,19 @@ class SGMCMCKernel(MCMCKernel):
         self.backend_used = "fx" if self.backend == "auto" else self.backend
         self._fx_steps = 0  # inner steps taken with the eager graph (backend="auto")
         self._resumed = False  # a chain restored from a checkpoint: its first trace must not draw (see below)
+        self._trace_draw_pending = False  # a new run on kept graphs: its first traced step draws as a trace would
+
+    def _draw_as_fresh(self, args: tuple, kwargs: dict) -> None:
+        """A new run on the potential and graphs kept from an earlier run (``cache_graphs``) draws the random numbers
+        that a fresh kernel draws, so that the same seed gives the same chain: building the potential again (the
+        model's traces draw from the priors; the copy is dropped), and at the first traced step the noise of tracing
+        the graph (:meth:`_traced_step`); ``backend="auto"`` starts again from its eager steps. The next of
+        ``MCMC``'s sequential chains does not: it continues the run's random stream."""
+        self._build_potential(args, kwargs)
+        self._trace_draw_pending = True
+        if self.backend == "auto" and self.backend_used != "eager":  # "eager": the model could not be traced
+            self.backend_used, self._fx_steps = "fx", 0
+            self._graphs = {key: graph.forward for key, graph in self._graph_modules.items()}
 
     @property
     def _graph_module(self) -> Any:
@@ -1103,12 +1131,16 @@ class SGMCMCKernel(MCMCKernel):
             # epoch on: a one-epoch run would pay a whole trace for one step (the caller takes the step eagerly). The
             # rule depends on the step count only, so that a resumed chain steps as the uninterrupted one
             return None
+        inputs = (*state, *(() if idx is None else (idx,)), step_size, self._precond, *extra, *data)
         if run is None:
             run = self._trace_graph(state, idx, step_size, extra, data, key)
             if run is None:
                 return None
+        elif self._trace_draw_pending:  # a graph kept from an earlier run: draw what tracing it draws, as a fresh
+            run(*inputs)  # kernel does (_draw_as_fresh)
+        self._trace_draw_pending = False
         # the preconditioner is an input of the graph: it changes only at the ends of the adaptation windows
-        out = run(*state, *(() if idx is None else (idx,)), step_size, self._precond, *extra, *data)
+        out = run(*inputs)
         return tuple(out[: len(state)]), out[len(state)]
 
     def _trace_graph(
@@ -1143,7 +1175,7 @@ class SGMCMCKernel(MCMCKernel):
 
         device = U.device
         random_state: ContextManager[Any]
-        if self._graph_modules or self._resumed:
+        if (self._graph_modules or self._resumed) and not self._trace_draw_pending:
             random_state = torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
         else:
             random_state = contextlib.nullcontext()
@@ -1592,6 +1624,7 @@ class SGMCMCKernel(MCMCKernel):
             self._stream.restore(sd["loader"])
         set_rng_state(sd["rng"])  # torch's (CPU and CUDA), NumPy's, Python's; the loader's are the stream's
         self._initial_params = U.split(self._state[0])
+        self._own_start = True
         self._last_params = self._initial_params
         adaptation = sd.get("adaptation") or {}
         self.inverse_mass_matrix = None
@@ -1749,10 +1782,26 @@ class SGMCMCKernel(MCMCKernel):
         restarted += [torch.where(mask, torch.zeros_like(t), t) for t in state[1:]]
         return tuple(restarted)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """The kernel as pickled (for ``MCMC(num_chains > 1)``'s worker processes under the ``"spawn"`` context, the
+        default on macOS and Windows) or deep-copied: without what a run built (the potential, the traced graphs, the
+        loader's stream, the runner), which the copy builds again at its own set-up, as a new kernel does. A traced
+        graph does not load in a fresh process and a compiled one cannot be pickled."""
+        state = self.__dict__.copy()
+        state.pop("_args", None)
+        state.update(
+            potential=None, transforms=None, _graph_key=None, _graphs={}, _graph_modules={}, _fx_steps=0,
+            backend_used="fx" if self.backend == "auto" else self.backend, _resumed=False, _trace_draw_pending=False,
+            _unbatched=None, _unit_mass=None, _stream=None, _pending_batch=None, _kwarg_tensors=(), _mcmc_runner=None,
+            _progress_bar=None, _run_checks=None, _runner_id=None,
+        )
+        return state
+
     def cleanup(self) -> None:
         if self.sample_writer is not None:
             self.sample_writer.flush()
         self._initial_params = None  # the next chain draws its own initial values
+        self._own_start = False
         self._end_of_chain()
 
     def _end_of_chain(self) -> None:

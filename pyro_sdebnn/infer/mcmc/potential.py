@@ -259,8 +259,13 @@ class MinibatchPotential:
             if site["type"] != "sample" or site["is_observed"] or site_is_subsample(site):
                 continue
             value = site["value"]
-            if not torch.is_tensor(value) or not value.is_floating_point():
-                raise ValueError(f"latent site '{name}' is not continuous; SG-MCMC needs continuous latent sites")
+            # a Bernoulli site draws floats: its support, not its dtype, says that it is discrete
+            if not torch.is_tensor(value) or not value.is_floating_point() or site["fn"].support.is_discrete:
+                raise ValueError(
+                    f"latent site '{name}' is not continuous ({type(site['fn']).__name__}, support "
+                    f"{site['fn'].support}); SG-MCMC needs continuous latent sites: sum a discrete one out of the "
+                    "model (e.g. a mixture distribution such as MixtureSameFamily), or observe it"
+                )
             if name in self.user_transforms:  # constrained -> unconstrained, as for Pyro's HMC
                 transform = self.user_transforms[name].inv
             else:

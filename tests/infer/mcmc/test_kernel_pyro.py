@@ -263,6 +263,42 @@ def test_subsample_without_data_plate_raises():
         _setup(model, subsample_size=10)
 
 
+@pytest.mark.parametrize("prior", [dist.Bernoulli(0.5), dist.Categorical(torch.ones(3) / 3)])
+def test_discrete_latent_site_is_named(prior):
+    # a Bernoulli draws floats: its support says that it is discrete (not an obscure "Cannot transform" from biject_to)
+    def model(x, y=None):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0))
+        z = pyro.sample("z", prior)
+        with pyro.plate("data", x.shape[0]) as idx:
+            pyro.sample("y", dist.Normal(w * x[idx] + z, 1.0), obs=None if y is None else y[idx])
+
+    with pytest.raises(ValueError, match="latent site 'z' is not continuous"):
+        _setup(model, subsample_size=10)
+
+
+@pytest.mark.parametrize("column", ["targets", "predictions"])
+def test_a_likelihood_pairing_every_observation_with_every_prediction_is_named(column):
+    # targets (N, 1) against predictions (N,), or predictions (N, 1) inside plate("data", N), which Pyro expands to
+    # (N, N): N^2 log-likelihood terms, reported before as a divergence of the sampler (or not at all)
+    def model(x, y=None):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0))
+        f = w * x.unsqueeze(-1) if column == "predictions" else w * x
+        with pyro.plate("data", x.shape[0]):
+            pyro.sample("y", dist.Normal(f, 1.0), obs=y)
+
+    x, y = _data()
+    y = y.unsqueeze(-1) if column == "targets" else y
+    for subsample_size in (None, 10):
+        with pytest.raises(ValueError, match="every observation paired with every prediction"):
+            SGLD(model, step_size=1e-3, subsample_size=subsample_size).setup(0, x, y)
+
+    def without_plate(x, y=None):  # a scalar prediction for every observation is fine (as for NUTS)
+        w = pyro.sample("w", dist.Normal(0.0, 1.0))
+        pyro.sample("y", dist.Normal(w, 1.0), obs=y)
+
+    SGLD(without_plate, step_size=1e-3).setup(0, x, _data()[1])
+
+
 def test_weights_inside_data_plate_raise():
     def model(x, y=None):
         with pyro.plate("data", x.shape[0]) as idx:
@@ -356,3 +392,103 @@ def test_sghmc_momentum_resampling():
     (grad,) = torch.autograd.grad(kernel.potential(start), start)
     kernel.sample(params)  # sample 1: momentum resampled to 0 before the step
     torch.testing.assert_close(kernel._state[1], -eta * grad)
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, RuntimeError])
+def test_a_run_stopped_by_hook_fn_leaves_no_start_for_the_next_run(error):
+    # Pyro does not call kernel.cleanup() when hook_fn raises (Ctrl-C, an error): the next run must still draw its own
+    # start and warm-start from it, as a fresh kernel does, not take the stopped chain's start for a user's
+    x, y = _data()
+    settings = dict(step_size=1e-3, num_steps=2, subsample_size=10, backend="eager")
+
+    def stop(kernel, params, stage, i):
+        if stage == "Sample" and i == 2:
+            raise error
+
+    kernel = SGLD(regression_model, **settings)
+    pyro.set_rng_seed(1)
+    with pytest.raises(error):
+        MCMC(kernel, num_samples=5, warmup_steps=3, hook_fn=stop, disable_progbar=True).run(x, y)
+    runs = []
+    for k in (kernel, SGLD(regression_model, **settings)):
+        pyro.set_rng_seed(0)
+        mcmc = MCMC(k, num_samples=5, warmup_steps=3, disable_progbar=True)
+        mcmc.run(x, y)
+        runs.append((mcmc.get_samples(), mcmc.diagnostics()["warm start steps"]["chain 0"]))
+    (again, steps_again), (fresh, steps_fresh) = runs
+    assert steps_again == steps_fresh > 0
+    for name in fresh:
+        assert torch.equal(again[name], fresh[name])
+
+
+@pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.diagnostics.SamplerWarning")  # a short run: R-hat above 1.1
+@pytest.mark.parametrize("backend, chains", [("eager", 1), ("fx", 1), ("fx", 2), ("auto", 1)])
+def test_a_second_run_with_the_same_seed_repeats_the_first(backend, chains):
+    # the potential and graphs kept between runs (cache_graphs=True) must not change the random stream: a fresh kernel
+    # draws from the priors to build the potential and a step's noise to trace the graph, so a rerun draws them too
+    x, y = _data()
+    kernel = SGHMC(regression_model, step_size=1e-3, num_steps=2, subsample_size=10, backend=backend,
+                   vectorized_chains=chains)
+    runs = []
+    for _ in range(2):
+        pyro.set_rng_seed(0)
+        mcmc = MCMC(kernel, num_samples=60 if backend == "auto" else 4, warmup_steps=3, disable_progbar=True)
+        mcmc.run(x, y)
+        runs.append(mcmc.get_samples())
+    assert kernel.diagnostics()["backend"] == ("fx" if backend == "auto" else backend)
+    for name in runs[0]:
+        assert torch.equal(runs[0][name], runs[1][name])
+
+
+def test_sample_writer_after_a_run_stopped_early(tmp_path):
+    # the stopped run's samples are in the writer's buffer (flush writes them); a directory holding that short chain and
+    # a full one is a ValueError naming the lengths, not torch.stack's size mismatch
+    from pyro_sdebnn.infer.mcmc.arviz import SampleWriter, load_samples
+
+    x, y = _data()
+    writer = SampleWriter(tmp_path, chunk_size=4)
+    kernel = SGLD(regression_model, step_size=1e-3, subsample_size=10, backend="eager", sample_writer=writer)
+
+    def stop(kernel, params, stage, i):
+        if stage == "Sample" and i == 6:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        MCMC(kernel, num_samples=10, warmup_steps=2, save_params=[], hook_fn=stop, disable_progbar=True).run(x, y)
+    writer.flush()
+    assert load_samples(tmp_path)["w"].shape == (1, 7)
+    MCMC(kernel, num_samples=10, warmup_steps=2, save_params=[], disable_progbar=True).run(x, y)
+    with pytest.raises(ValueError, match="different numbers of draws"):
+        load_samples(tmp_path)
+
+
+def test_a_kernel_that_has_run_pickles_for_worker_processes():
+    # MCMC(num_chains > 1) under the "spawn" context (the default on macOS and Windows) pickles the kernel into each
+    # worker: a kernel that had run with a traced step could not be loaded there (the workers died, MCMC.run waited)
+    import os
+    import pickle
+    import subprocess
+    import sys
+
+    import pyro_sdebnn
+    from pyro_sdebnn.infer.mcmc import BayesianMLP
+
+    x, y = _data()
+    x = x.unsqueeze(-1)
+    model = BayesianMLP([1, 3, 1]).double()
+    settings = dict(step_size=1e-4, num_steps=2, subsample_size=10, backend="fx")
+    kernel = SGLD(model, **settings)
+    MCMC(kernel, num_samples=2, warmup_steps=1, disable_progbar=True).run(x, y)
+    blob = pickle.dumps(kernel)
+    package = os.path.dirname(os.path.dirname(pyro_sdebnn.__file__))  # the child loads this copy of the package
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([package, os.environ.get("PYTHONPATH", "")])}
+    subprocess.run([sys.executable, "-c", "import pickle, sys; pickle.loads(sys.stdin.buffer.read())"], input=blob,
+                   check=True, capture_output=True, timeout=300, env=env)
+    runs = []
+    for k in (pickle.loads(blob), SGLD(model, **settings)):  # the copy sets up afresh, as a new kernel
+        pyro.set_rng_seed(0)
+        mcmc = MCMC(k, num_samples=3, warmup_steps=2, disable_progbar=True)
+        mcmc.run(x, y)
+        runs.append(mcmc.get_samples())
+    for name in runs[1]:
+        assert torch.equal(runs[0][name], runs[1][name])
