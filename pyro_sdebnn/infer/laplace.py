@@ -86,6 +86,28 @@ def _wide(t: Tensor) -> Tensor:
     return t if t.device.type == "mps" else t.double()
 
 
+def _eigh_low_rank(h: Tensor, rank: int) -> tuple[Tensor, Tensor]:
+    """``torch.linalg.eigh`` of a symmetric positive semi-definite :math:`P \\times P` matrix of rank at most
+    ``rank`` :math:`= r < P`, in :math:`O(P^2 r)` instead of :math:`O(P^3)`.
+
+    A Gaussian test matrix :math:`\\Omega` (a fixed seed: no draw from torch's random state) gives an orthonormal
+    basis :math:`Q` of the range of :math:`H \\Omega`, which is the range of :math:`H` (Halko, Martinsson, Tropp
+    (2011), "Finding structure with randomness", SIAM Review 53(2)); the eigenpairs of :math:`Q^\\top H Q` are those of
+    :math:`H` on its range, and a complete QR factorisation of :math:`Q` completes the basis with eigenvalue 0.
+    Returns the eigenvalues in ascending order and the eigenvectors as columns, as ``eigh`` does.
+    """
+    p = h.shape[0]
+    generator = torch.Generator(device=h.device).manual_seed(0)
+    omega = torch.randn(p, rank, dtype=h.dtype, device=h.device, generator=generator)
+    q = torch.linalg.qr(h @ omega)[0]
+    evals_range, u = torch.linalg.eigh(q.T @ h @ q)
+    complement = torch.linalg.qr(q, mode="complete")[0][:, rank:]
+    evals = torch.cat([evals_range.new_zeros(p - rank), evals_range])
+    evecs = torch.cat([complement, q @ u], 1)
+    order = torch.argsort(evals)
+    return evals[order], evecs[:, order]
+
+
 def _join(prefix: str, leaf: str) -> str:
     return f"{prefix}.{leaf}" if prefix else leaf
 
@@ -475,8 +497,12 @@ class Laplace(BaselineMethod):
     def _set_curvature(self, curvature: dict[str, Tensor], n: int) -> None:
         """Eigendecompose the curvature summed over every batch of the ``n`` data points."""
         if self.hessian_structure == "full":
-            h_data = curvature["h"]
-            evals, evecs = torch.linalg.eigh(_wide(0.5 * (h_data + h_data.T)))
+            h_data = _wide(0.5 * (curvature["h"] + curvature["h"].T))
+            rank = n * self._num_outputs  # the GGN sums n terms J^T Lambda J of rank <= K each
+            if self.curvature == "ggn" and rank <= h_data.shape[0] // 2:
+                evals, evecs = _eigh_low_rank(h_data, rank)
+            else:
+                evals, evecs = torch.linalg.eigh(h_data)
             self._eig = (evals.clamp(min=0), evecs)
         elif self.hessian_structure == "diag":
             self._eig = (_wide(curvature["diag"].clamp(min=0)),)

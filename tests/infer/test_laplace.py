@@ -482,3 +482,52 @@ def test_laplace_kron_of_a_shared_layer_takes_per_example_jacobians(monkeypatch)
         for t, u in zip(first[1:], second[1:]):
             torch.testing.assert_close(t, u, rtol=0, atol=0)
     torch.testing.assert_close(covariances[0], covariances[1], rtol=0, atol=0)
+
+
+def test_laplace_full_ggn_of_few_points_skips_the_full_eigendecomposition(monkeypatch):
+    """With n K <= P / 2 the full GGN (rank <= n K) is decomposed on its range, without a P x P ``eigh``: the
+    eigenvectors stay orthonormal, reconstruct the GGN assembled naively, and the evidence and the linearised
+    covariance equal those of (H + delta I)^-1 formed directly (float64)."""
+    torch.manual_seed(0)
+    x, y = torch.randn(7, 2, dtype=torch.float64), torch.randint(0, 3, (7,))
+    net = make_mlp([2, 8, 3], "tanh", dtype=torch.float64)  # P = 51 >= 2 * 7 * 3
+    sizes = []
+    eigh = torch.linalg.eigh
+
+    def spy(a, *args, **kwargs):
+        sizes.append(a.shape[-1])
+        return eigh(a, *args, **kwargs)
+
+    monkeypatch.setattr(torch.linalg, "eigh", spy)
+    delta = 0.3
+    la = Laplace(net, "categorical", hessian_structure="full", prior_precision=delta)
+    la.fit(x, y, num_epochs=0, tune_prior_precision=False)
+    p = la.num_params
+    assert p == 51 and p not in sizes
+    params = dict(net.named_parameters())
+    names = list(params)
+    flat = torch.cat([params[n].detach().reshape(-1) for n in names])
+
+    def f(vec, xi):
+        out, offset = {}, 0
+        for n in names:
+            out[n] = vec[offset : offset + params[n].numel()].reshape(params[n].shape)
+            offset += params[n].numel()
+        return torch.func.functional_call(net, out, (xi.unsqueeze(0),))[0]
+
+    expected = torch.zeros(p, p, dtype=torch.float64)
+    for xi in x:
+        j = torch.autograd.functional.jacobian(lambda v: f(v, xi), flat)
+        prob = f(flat, xi).softmax(-1).detach()
+        expected += j.T @ (torch.diag(prob) - torch.outer(prob, prob)) @ j
+    evals, evecs = la._eig
+    torch.testing.assert_close(evecs.T @ evecs, torch.eye(p, dtype=torch.float64), atol=1e-12, rtol=0)
+    torch.testing.assert_close(evecs @ torch.diag(evals) @ evecs.T, expected, atol=1e-10, rtol=1e-8)
+    sigma = torch.linalg.inv(expected + delta * torch.eye(p, dtype=torch.float64))
+    x_test = torch.randn(4, 2, dtype=torch.float64)
+    j_test = torch.stack([torch.autograd.functional.jacobian(lambda v: f(v, xi), flat) for xi in x_test])
+    torch.testing.assert_close(la.functional_covariance(x_test), j_test @ sigma @ j_test.transpose(-1, -2))
+    log_lik = -torch.nn.functional.cross_entropy(net(x), y, reduction="sum")
+    _, log_det = torch.linalg.slogdet(expected + delta * torch.eye(p, dtype=torch.float64))
+    evidence = log_lik - delta / 2 * flat.square().sum() + p / 2 * math.log(delta) - log_det / 2
+    torch.testing.assert_close(la.log_marginal_likelihood(delta), evidence.detach())
