@@ -86,6 +86,28 @@ def _wide(t: Tensor) -> Tensor:
     return t if t.device.type == "mps" else t.double()
 
 
+def _eigh_low_rank(h: Tensor, rank: int) -> tuple[Tensor, Tensor]:
+    """``torch.linalg.eigh`` of a symmetric positive semi-definite :math:`P \\times P` matrix of rank at most
+    ``rank`` :math:`= r < P`, in :math:`O(P^2 r)` instead of :math:`O(P^3)`.
+
+    A Gaussian test matrix :math:`\\Omega` (a fixed seed: no draw from torch's random state) gives an orthonormal
+    basis :math:`Q` of the range of :math:`H \\Omega`, which is the range of :math:`H` (Halko, Martinsson, Tropp
+    (2011), "Finding structure with randomness", SIAM Review 53(2)); the eigenpairs of :math:`Q^\\top H Q` are those of
+    :math:`H` on its range, and a complete QR factorisation of :math:`Q` completes the basis with eigenvalue 0.
+    Returns the eigenvalues in ascending order and the eigenvectors as columns, as ``eigh`` does.
+    """
+    p = h.shape[0]
+    generator = torch.Generator(device=h.device).manual_seed(0)
+    omega = torch.randn(p, rank, dtype=h.dtype, device=h.device, generator=generator)
+    q = torch.linalg.qr(h @ omega)[0]
+    evals_range, u = torch.linalg.eigh(q.T @ h @ q)
+    complement = torch.linalg.qr(q, mode="complete")[0][:, rank:]
+    evals = torch.cat([evals_range.new_zeros(p - rank), evals_range])
+    evecs = torch.cat([complement, q @ u], 1)
+    order = torch.argsort(evals)
+    return evals[order], evecs[:, order]
+
+
 def _join(prefix: str, leaf: str) -> str:
     return f"{prefix}.{leaf}" if prefix else leaf
 
@@ -452,11 +474,14 @@ class Laplace(BaselineMethod):
             xc = x[chunk]
             jac = self._jacobian(xc, names)
             with torch.no_grad():
-                lam = self._output_hessian(self._outputs(self._theta_hat, xc))
-                # Lambda_n = L_n L_n^T from its (K x K) eigendecomposition, so J^T Lambda J = V^T V.
-                evals, evecs = torch.linalg.eigh(lam)
-                sqrt_lam = evecs * evals.clamp(min=0).sqrt().unsqueeze(-2)
+                sqrt_lam = self._sqrt_output_hessian(self._outputs(self._theta_hat, xc))
             yield jac, sqrt_lam
+
+    def _sqrt_output_hessian(self, outputs: Tensor) -> Tensor:
+        """:math:`L_n` with :math:`\\Lambda_n = L_n L_n^\\top`, from the :math:`K \\times K` eigendecomposition of
+        :math:`\\Lambda_n`, so that :math:`J^\\top \\Lambda J = V^\\top V` with :math:`V = L^\\top J`."""
+        evals, evecs = torch.linalg.eigh(self._output_hessian(outputs))
+        return evecs * evals.clamp(min=0).sqrt().unsqueeze(-2)
 
     def _flat_jacobian(self, jac: dict[str, Tensor]) -> Tensor:
         return torch.cat([jac[name].flatten(2) for name in self._names], -1)
@@ -472,8 +497,12 @@ class Laplace(BaselineMethod):
     def _set_curvature(self, curvature: dict[str, Tensor], n: int) -> None:
         """Eigendecompose the curvature summed over every batch of the ``n`` data points."""
         if self.hessian_structure == "full":
-            h_data = curvature["h"]
-            evals, evecs = torch.linalg.eigh(_wide(0.5 * (h_data + h_data.T)))
+            h_data = _wide(0.5 * (curvature["h"] + curvature["h"].T))
+            rank = n * self._num_outputs  # the GGN sums n terms J^T Lambda J of rank <= K each
+            if self.curvature == "ggn" and rank <= h_data.shape[0] // 2:
+                evals, evecs = _eigh_low_rank(h_data, rank)
+            else:
+                evals, evecs = torch.linalg.eigh(h_data)
             self._eig = (evals.clamp(min=0), evecs)
         elif self.hessian_structure == "diag":
             self._eig = (_wide(curvature["diag"].clamp(min=0)),)
@@ -527,11 +556,77 @@ class Laplace(BaselineMethod):
             out[prefix] = torch.cat([a, torch.ones_like(a[:, :1])], -1)
         return out
 
+    def _bias_jacobians(self, x: Tensor) -> tuple[dict[str, Tensor], Tensor, dict[str, Tensor]] | None:
+        """At the MAP, the inputs :math:`\\tilde a_n = [a_n, 1]` ``(N, in + 1)`` of every selected linear layer, the
+        outputs ``(N, K)`` and every layer's :math:`B_n = \\partial f / \\partial b = \\partial f / \\partial`
+        pre-activation ``(N, K, out)``.
+
+        One forward pass over the batch and :math:`K` backward passes, as a hand-written KFAC computes them: the
+        examples do not interact (the network is in eval mode), so the backward pass of output :math:`k` summed over
+        the batch gives every example's own gradient. ``None`` when a selected layer does not run exactly once on
+        ``(N, in)`` inputs (a shared layer, a sequence): the caller then takes per-example Jacobians.
+        """
+        inputs: dict[str, Tensor] = {}
+        pre: dict[str, list[Tensor]] = {prefix: [] for prefix, _ in self._layers}
+
+        def hook(module, args, out, key):
+            inputs[key] = args[0].detach()
+            if not out.requires_grad:  # the first selected layer: the graph starts at its pre-activation
+                out = out.detach().requires_grad_()
+            pre[key].append(out)
+            return out
+
+        hooks = [module.register_forward_hook(lambda mod, args, out, key=prefix: hook(mod, args, out, key))
+                 for prefix, module in self._layers]
+        try:
+            with torch.enable_grad():
+                outputs = self._outputs(self._theta_hat, x)
+        finally:
+            for h in hooks:
+                h.remove()
+        if any(len(t) != 1 or t[0].dim() != 2 or inputs[key].dim() != 2 for key, t in pre.items()):
+            return None
+        tensors = [pre[prefix][0] for prefix, _ in self._layers]
+        num_outputs = outputs.shape[-1]
+        rows: list[list[Tensor]] = [[] for _ in tensors]
+        for k in range(num_outputs):
+            seed = torch.zeros_like(outputs)
+            seed[:, k] = 1.0
+            grads = torch.autograd.grad(outputs, tensors, seed, retain_graph=k < num_outputs - 1, allow_unused=True)
+            for row, g, t in zip(rows, grads, tensors):
+                row.append(torch.zeros_like(t) if g is None else g)
+        jac = {prefix: torch.stack(row, 1) for (prefix, _), row in zip(self._layers, rows)}
+        layer_inputs = {key: torch.cat([a, torch.ones_like(a[:, :1])], -1) for key, a in inputs.items()}
+        return layer_inputs, outputs.detach(), jac
+
     def _kron_factors(self, x: Tensor) -> dict[str, Tensor]:
         """``A:<layer>`` (sum of input outer products) and ``G:<layer>`` (sum, not yet divided by N)."""
+        bias_names = [_join(prefix, "bias") for prefix, _ in self._layers]  # G needs only the bias Jacobians
+        width = sum(self._theta_hat[name].numel() for name in bias_names)
+        factors: dict[str, Tensor] = {}
+
+        def add(key: str, value: Tensor) -> None:
+            factors[key] = _wide(value) if key not in factors else factors[key] + _wide(value)
+
+        for chunk in self._chunks(x.shape[0], width):
+            got = self._bias_jacobians(x[chunk])
+            if got is None:
+                return self._kron_factors_per_example(x)
+            inputs, outputs, jac = got
+            with torch.no_grad():
+                sqrt_lam = self._sqrt_output_hessian(outputs)
+                for prefix, _ in self._layers:
+                    v = (sqrt_lam.transpose(-1, -2) @ jac[prefix]).flatten(0, 1)  # (N K, out)
+                    add(f"G:{prefix}", v.T @ v)
+                    a = inputs[prefix]
+                    add(f"A:{prefix}", a.T @ a)
+        return factors
+
+    def _kron_factors_per_example(self, x: Tensor) -> dict[str, Tensor]:
+        """:meth:`_kron_factors` from per-example Jacobians of the biases (any layer structure)."""
         inputs = self._layer_inputs(x)
         g_factors: dict[str, float | Tensor] = {prefix: 0.0 for prefix, _ in self._layers}
-        bias_names = [_join(prefix, "bias") for prefix, _ in self._layers]  # G needs only the bias Jacobians
+        bias_names = [_join(prefix, "bias") for prefix, _ in self._layers]
         for jac, sqrt_lam in self._ggn_terms(x, bias_names):
             for prefix, _ in self._layers:
                 # d f / d bias = d f / d pre-activation of the layer: B_n, shape (N, K, out).
@@ -624,11 +719,16 @@ class Laplace(BaselineMethod):
         covs = []
         for chunk in self._chunks(x.shape[0], width):
             xc = x[chunk]
-            jac = self._jacobian(xc, bias_names)  # d f / d bias = d f / d pre-activation: (N, K, out)
-            inputs = self._layer_inputs(xc)
+            got = self._bias_jacobians(xc)  # d f / d bias = d f / d pre-activation: (N, K, out)
+            if got is None:
+                full = self._jacobian(xc, bias_names)
+                jac = {prefix: full[_join(prefix, "bias")] for prefix, _ in self._layers}
+                inputs = self._layer_inputs(xc)
+            else:
+                inputs, _, jac = got
             cov: float | Tensor = 0.0
             for prefix, eg, qg, ea, qa in self._kron:
-                b = jac[_join(prefix, "bias")].detach()
+                b = jac[prefix].detach()
                 b = b @ qg.to(b)  # (N, K, out) in the eigenbasis of G
                 a = inputs[prefix] @ qa.to(b)  # (N, in + 1) in the eigenbasis of A
                 inv = (1.0 / (torch.outer(eg, ea) + delta)).to(b)  # (out, in + 1)

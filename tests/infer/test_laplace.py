@@ -412,3 +412,122 @@ def test_laplace_online_marglik_resumes_exactly(tmp_path):
     for name, value in whole.net.state_dict().items():
         torch.testing.assert_close(resumed.net.state_dict()[name], value, rtol=1e-12, atol=1e-14)
     assert resumed.prior_precision == whole.prior_precision
+
+
+def test_laplace_kron_factors_from_one_batched_backward_pass(monkeypatch):
+    """KFAC's factors and predictive come from one forward and K backward passes per batch, not from per-example
+    Jacobians, and equal the factors built from per-example autograd Jacobians (a 3-layer MLP, a loader of three
+    batches, float64): A = sum_n [a_n, 1][a_n, 1]^T and G = sum_n B_n^T Lambda_n B_n, B_n = d f / d bias."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    x, y = torch.randn(25, 3, dtype=torch.float64), torch.randint(0, 3, (25,))
+    net = make_mlp([3, 5, 4, 3], "tanh", dtype=torch.float64)
+    loader = DataLoader(TensorDataset(x, y), batch_size=10)
+
+    def no_per_example_jacobian(self, *args, **kwargs):
+        raise AssertionError("per-example Jacobians taken")
+
+    monkeypatch.setattr(Laplace, "_jacobian", no_per_example_jacobian)
+    la = Laplace(net, "categorical", hessian_structure="kron", prior_precision=0.5)
+    la.fit(loader, num_epochs=0, tune_prior_precision=False)
+    assert la.predict(x[:4]).probs.shape == (1, 4, 3)
+    linears = [m for m in net if isinstance(m, torch.nn.Linear)]
+    a_factors = [torch.zeros(m.in_features + 1, m.in_features + 1, dtype=torch.float64) for m in linears]
+    g_factors = [torch.zeros(m.out_features, m.out_features, dtype=torch.float64) for m in linears]
+    for xi in x:
+        h, inputs = xi.unsqueeze(0), []
+        for m in net:
+            if isinstance(m, torch.nn.Linear):
+                inputs.append(torch.cat([h[0], torch.ones(1, dtype=h.dtype)]))
+            h = m(h)
+        p = h[0].softmax(-1).detach()
+        lam = torch.diag(p) - torch.outer(p, p)
+        biases = tuple(m.bias.detach() for m in linears)
+        names = [f"{i}.bias" for i, m in enumerate(net) if isinstance(m, torch.nn.Linear)]
+        jac = torch.autograd.functional.jacobian(
+            lambda *bs: torch.func.functional_call(net, dict(zip(names, bs)), (xi.unsqueeze(0),))[0], biases)
+        for i, (a, b) in enumerate(zip(inputs, jac)):
+            a_factors[i] += torch.outer(a, a).detach()
+            g_factors[i] += b.T @ lam @ b
+    for (_, eg, qg, ea, qa), a_factor, g_factor in zip(la._kron, a_factors, g_factors):
+        torch.testing.assert_close((qa * ea) @ qa.T, a_factor)
+        torch.testing.assert_close((qg * eg) @ qg.T, g_factor / len(x))
+
+
+def test_laplace_kron_of_a_shared_layer_takes_per_example_jacobians(monkeypatch):
+    """A linear layer applied twice per forward pass has no single pre-activation per example: the KFAC fit and
+    predictive then take per-example Jacobians, exactly as when the batched pass is switched off."""
+
+    class Twice(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = torch.nn.Linear(3, 3)
+            self.head = torch.nn.Linear(3, 2)
+
+        def forward(self, x):
+            return self.head(torch.tanh(self.inner(torch.tanh(self.inner(x)))))
+
+    torch.manual_seed(0)
+    x, y = torch.randn(12, 3, dtype=torch.float64), torch.randint(0, 2, (12,))
+    net = Twice().double()
+    fits, covariances = [], []
+    for batched in (True, False):
+        if not batched:
+            monkeypatch.setattr(Laplace, "_bias_jacobians", lambda self, x: None)
+        la = Laplace(net, "categorical", hessian_structure="kron", prior_precision=1.0)
+        fits.append(la.fit(x, y, num_epochs=0, tune_prior_precision=False))
+        covariances.append(la.functional_covariance(x))
+    for first, second in zip(fits[0]._kron, fits[1]._kron):
+        for t, u in zip(first[1:], second[1:]):
+            torch.testing.assert_close(t, u, rtol=0, atol=0)
+    torch.testing.assert_close(covariances[0], covariances[1], rtol=0, atol=0)
+
+
+def test_laplace_full_ggn_of_few_points_skips_the_full_eigendecomposition(monkeypatch):
+    """With n K <= P / 2 the full GGN (rank <= n K) is decomposed on its range, without a P x P ``eigh``: the
+    eigenvectors stay orthonormal, reconstruct the GGN assembled naively, and the evidence and the linearised
+    covariance equal those of (H + delta I)^-1 formed directly (float64)."""
+    torch.manual_seed(0)
+    x, y = torch.randn(7, 2, dtype=torch.float64), torch.randint(0, 3, (7,))
+    net = make_mlp([2, 8, 3], "tanh", dtype=torch.float64)  # P = 51 >= 2 * 7 * 3
+    sizes = []
+    eigh = torch.linalg.eigh
+
+    def spy(a, *args, **kwargs):
+        sizes.append(a.shape[-1])
+        return eigh(a, *args, **kwargs)
+
+    monkeypatch.setattr(torch.linalg, "eigh", spy)
+    delta = 0.3
+    la = Laplace(net, "categorical", hessian_structure="full", prior_precision=delta)
+    la.fit(x, y, num_epochs=0, tune_prior_precision=False)
+    p = la.num_params
+    assert p == 51 and p not in sizes
+    params = dict(net.named_parameters())
+    names = list(params)
+    flat = torch.cat([params[n].detach().reshape(-1) for n in names])
+
+    def f(vec, xi):
+        out, offset = {}, 0
+        for n in names:
+            out[n] = vec[offset : offset + params[n].numel()].reshape(params[n].shape)
+            offset += params[n].numel()
+        return torch.func.functional_call(net, out, (xi.unsqueeze(0),))[0]
+
+    expected = torch.zeros(p, p, dtype=torch.float64)
+    for xi in x:
+        j = torch.autograd.functional.jacobian(lambda v: f(v, xi), flat)
+        prob = f(flat, xi).softmax(-1).detach()
+        expected += j.T @ (torch.diag(prob) - torch.outer(prob, prob)) @ j
+    evals, evecs = la._eig
+    torch.testing.assert_close(evecs.T @ evecs, torch.eye(p, dtype=torch.float64), atol=1e-12, rtol=0)
+    torch.testing.assert_close(evecs @ torch.diag(evals) @ evecs.T, expected, atol=1e-10, rtol=1e-8)
+    sigma = torch.linalg.inv(expected + delta * torch.eye(p, dtype=torch.float64))
+    x_test = torch.randn(4, 2, dtype=torch.float64)
+    j_test = torch.stack([torch.autograd.functional.jacobian(lambda v: f(v, xi), flat) for xi in x_test])
+    torch.testing.assert_close(la.functional_covariance(x_test), j_test @ sigma @ j_test.transpose(-1, -2))
+    log_lik = -torch.nn.functional.cross_entropy(net(x), y, reduction="sum")
+    _, log_det = torch.linalg.slogdet(expected + delta * torch.eye(p, dtype=torch.float64))
+    evidence = log_lik - delta / 2 * flat.square().sum() + p / 2 * math.log(delta) - log_det / 2
+    torch.testing.assert_close(la.log_marginal_likelihood(delta), evidence.detach())
