@@ -108,9 +108,10 @@ def _is_factor(site: dict) -> bool:
 def _check_observed_values(trace: Any, observed_sites: Sequence[str]) -> None:
     """An observed value that is not finite, or outside the support of its distribution, is a data problem; so is a
     likelihood that pairs every observation with every prediction: a value and a distribution whose shapes broadcast
-    into a larger one than either (``y`` of shape ``(N, 1)`` against predictions of shape ``(N,)``), or batch
-    dimensions of size above 1 left of the site's plates (predictions ``(N, 1)`` inside ``pyro.plate("data", N)``,
-    which Pyro expands to ``(N, N)``). Either way there are ``N^2`` log-likelihood terms."""
+    into a larger one than either (``y`` of shape ``(N, 1)`` against predictions of shape ``(N,)``), or an observed
+    value broadcast along batch dimensions of size above 1 left of the site's plates (predictions ``(N, 1)`` inside
+    ``pyro.plate("data", N)``, which Pyro expands to ``(N, N)``). Either way there are ``N^2`` log-likelihood terms.
+    Observed values that fill such a dimension themselves (a ``(T, N)`` value in a plate of size ``N``) are valid."""
     for name in observed_sites:
         site = trace.nodes[name]
         if _is_factor(site):
@@ -152,7 +153,8 @@ def _check_observed_shape(name: str, site: dict, value: Tensor) -> None:
     batch = joint[: len(joint) - len(fn.event_shape)]
     dims = [-f.dim for f in site["cond_indep_stack"] if f.vectorized and f.dim is not None]
     undeclared = batch[: max(0, len(batch) - max(dims))] if dims else ()
-    if math.prod(joint) > max(value.numel(), math.prod(shape)) or any(n != 1 for n in undeclared):
+    paired = math.prod(joint) > value.numel()  # each observation meets several predictions
+    if paired and (math.prod(joint) > math.prod(shape) or any(n != 1 for n in undeclared)):
         plates = ", ".join(f"'{f.name}' (dim {f.dim})" for f in site["cond_indep_stack"] if f.vectorized)
         raise ValueError(
             f"data problem: observed site '{name}' has a value of shape {tuple(value.shape)} and a distribution of "

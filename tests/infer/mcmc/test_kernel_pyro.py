@@ -298,6 +298,14 @@ def test_a_likelihood_pairing_every_observation_with_every_prediction_is_named(c
 
     SGLD(without_plate, step_size=1e-3).setup(0, x, _data()[1])
 
+    def rows_of_observations(x, y=None):  # a (T, N) value fills its dimension left of the plate: valid, as for NUTS
+        w = pyro.sample("w", dist.Normal(0.0, 1.0))
+        with pyro.plate("data", x.shape[-1]):
+            pyro.sample("y", dist.Normal(w * x, 1.0), obs=y)
+
+    x2, y2 = torch.stack([x, 2 * x]), torch.stack([y if y.dim() == 1 else y.squeeze(-1)] * 2)
+    SGLD(rows_of_observations, step_size=1e-3).setup(0, x2, y2)
+
 
 def test_weights_inside_data_plate_raise():
     def model(x, y=None):
