@@ -17,8 +17,9 @@ of ``num_steps`` inner steps per returned sample, warm-up, divergence checks
 (:mod:`~pyro_sdebnn.infer.mcmc.diagnostics`) and checkpoints (:mod:`~pyro_sdebnn.infer.mcmc.checkpoint`).
 
 Heuristics that a user did not ask for, each with its switch (:doc:`/methods/sgmcmc` explains them): the start
-``init_strategy=init_to_robust``, the MAP warm start ``map_steps=None`` (``0``: off), the windowed mass-matrix
-adaptation ``adapt_mass_matrix=None`` (``False``), the exploring step between the windows ``warmup_step_factor=2``
+``init_strategy=init_to_robust``, the MAP warm start ``map_steps=None`` (``0``: off), the warm-up's halving of a
+constant step size at each divergence ``adapt_step_size=None`` (``False``), the windowed mass-matrix adaptation
+``adapt_mass_matrix=None`` (``False``), the exploring step between the windows ``warmup_step_factor=2``
 (``1``), closed-form ``Normal`` priors ``closed_form_prior=True`` (``False``), graphs kept between runs
 ``cache_graphs=True`` (``False``), a reshuffling loader's short last batch passed over ``drop_last=None``
 (``False``), and ``backend="auto"`` (``"fx"`` or ``"eager"``).
@@ -423,7 +424,8 @@ class SGMCMCKernel(MCMCKernel):
     :param str on_divergence: ``"raise"`` (:class:`~pyro_sdebnn.infer.mcmc.diagnostics.SamplerDivergenceError`) or
         ``"continue"`` (record it in ``diagnostics()["divergence log"]``, restart the chain from its last healthy
         state); the rule is in :mod:`~pyro_sdebnn.infer.mcmc.diagnostics`.
-    :param bool adapt_step_size: in warm-up, halve the step size whenever a chain diverges (at most 30 times).
+    :param bool adapt_step_size: in warm-up, halve the step size whenever a chain diverges (at most 30 times) and
+        restart it from its last healthy state; ``None`` (default): when the step size is a constant.
     :param bool adapt_mass_matrix: ``None``: adapt a diagonal mass matrix in warm-up when the step size is a constant
         and the warm-up has at least 1000 inner steps; ``False``: unit mass throughout.
     :param float adapted_step_size: the step in standardised units once :math:`M` is adapted (default 0.1 for SGLD),
@@ -467,7 +469,7 @@ class SGMCMCKernel(MCMCKernel):
         map_lr: float = 0.1,
         vectorized_chains: int = 1,
         on_divergence: str = "raise",
-        adapt_step_size: bool = False,
+        adapt_step_size: Optional[bool] = None,
         adapt_mass_matrix: Optional[bool] = None,
         adapted_step_size: Optional[float] = None,
         warmup_step_factor: float = 2.0,
@@ -525,8 +527,8 @@ class SGMCMCKernel(MCMCKernel):
                             f" got {type(sample_writer).__name__}")
         if on_divergence not in _ON_DIVERGENCE:
             raise ValueError(f"on_divergence must be one of {_ON_DIVERGENCE}, got {on_divergence!r}")
-        if not isinstance(adapt_step_size, bool):
-            raise TypeError(f"adapt_step_size must be a bool, got {adapt_step_size!r}")
+        if adapt_step_size is not None and not isinstance(adapt_step_size, bool):
+            raise TypeError(f"adapt_step_size must be None (automatic) or a bool, got {adapt_step_size!r}")
         if adapt_mass_matrix is not None and not isinstance(adapt_mass_matrix, bool):
             raise TypeError(f"adapt_mass_matrix must be None (automatic) or a bool, got {adapt_mass_matrix!r}")
         if adapted_step_size is None:
@@ -553,8 +555,8 @@ class SGMCMCKernel(MCMCKernel):
         self.map_lr = float(map_lr)
         self.vectorized_chains = vectorized_chains
         self.on_divergence = on_divergence
-        self.adapt_step_size = adapt_step_size
         # automatic: adapt whenever the step size is a constant (a schedule keeps its own step sizes)
+        self.adapt_step_size = self.step_size.is_constant if adapt_step_size is None else adapt_step_size
         self.adapt_mass_matrix = self.step_size.is_constant if adapt_mass_matrix is None else adapt_mass_matrix
         # the base class's check only: a subclass checks its own settings once they are set (and setup checks again)
         SGMCMCKernel._check_step_size(self)
@@ -1741,12 +1743,13 @@ class SGMCMCKernel(MCMCKernel):
                 for k, (step, cause, _) in sorted(flagged.items())
             ]
             raise SamplerDivergenceError(
-                f"{self._name} " + "; ".join(lines) + ". Use a smaller step_size (or a decaying schedule, or "
-                "adapt_step_size=True to search a stable one in warm-up), or pass on_divergence='continue' to "
-                "record a divergence and restart the chain from its last healthy state."
+                f"{self._name} " + "; ".join(lines) + ". Use a smaller step_size (or a decaying schedule, or a "
+                "warm-up, which halves a constant step size at each divergence: warmup_steps, adapt_step_size), or "
+                "pass on_divergence='continue' to record a divergence and restart the chain from its last healthy "
+                "state."
                 + (" A chain that diverges in its first steps often starts at a bad point (e.g. a scale drawn close "
                    "to 0): keep the default start (init_strategy=init_to_robust with the automatic MAP warm start, "
-                   "map_steps=None) and let adapt_step_size=True find a stable step."
+                   "map_steps=None) and let a warm-up find a stable step."
                    if min(step for step, _, _ in flagged.values()) < 10 else "")
             ) from error
         bad_previous = sample_index >= 1 and any(previous for _, _, previous in flagged.values())

@@ -19,6 +19,7 @@ from pyro.infer import MCMC
 from pyro_sdebnn.data import two_moons
 from pyro_sdebnn.infer.mcmc import BayesianMLP, FSGHMC, FSGLD, SGHMC, SGLD, to_inference_data
 from pyro_sdebnn.infer.mcmc.diagnostics import SamplerDivergenceError
+from pyro_sdebnn.infer.mcmc.schedules import PolynomialDecay
 
 # runs that diverge on purpose (on_divergence='continue'), and short runs: the end-of-run check reports them
 pytestmark = pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.diagnostics.SamplerWarning")
@@ -251,7 +252,7 @@ def _unstable_problem():
 def test_sgld_above_stability_limit_raises_before_overflow(step_size):
     model, x, y = _unstable_problem()
     pyro.set_rng_seed(0)
-    kernel = SGLD(model, step_size=step_size)
+    kernel = SGLD(model, step_size=step_size, adapt_step_size=False)  # no halving in warm-up: it raises there
     mcmc = MCMC(kernel, num_samples=100, warmup_steps=50, disable_progbar=True)
     with pytest.raises(SamplerDivergenceError, match="rose above .* left the typical set"):
         mcmc.run(x, y)
@@ -260,7 +261,7 @@ def test_sgld_above_stability_limit_raises_before_overflow(step_size):
 def test_sghmc_above_stability_limit_reports_its_kinetic_temperature():
     model, x, y = _unstable_problem()
     pyro.set_rng_seed(0)
-    kernel = SGHMC(model, step_size=0.067, friction=1.0)
+    kernel = SGHMC(model, step_size=0.067, friction=1.0, adapt_step_size=False)
     mcmc = MCMC(kernel, num_samples=100, warmup_steps=50, disable_progbar=True)
     with pytest.raises(SamplerDivergenceError, match=r"energy U \+ \|v\|\^2/2 .* kinetic temperature"):
         mcmc.run(x, y)
@@ -308,10 +309,14 @@ def test_one_diverging_chain_restarts_only_itself():
         assert not torch.equal(out[k], start[k]) and bool(torch.isfinite(out[k]).all())
 
 
-def test_warmup_step_size_search_finds_a_stable_step():
+@pytest.mark.parametrize("adapt", [True, "default"])
+def test_warmup_step_size_search_finds_a_stable_step(adapt):
+    # "default": a constant step size is searched in warm-up without being asked, also in a warm-up too short
+    # (100 inner steps) for the mass-matrix adaptation, as a user's first run of a stiff model is
     model, x, y = _unstable_problem()
     pyro.set_rng_seed(0)
-    kernel = SGLD(model, step_size=2e-2, adapt_step_size=True)
+    kernel = SGLD(model, step_size=2e-2, **({"adapt_step_size": True} if adapt is True else {}))
+    assert kernel.adapt_step_size is True
     mcmc = MCMC(kernel, num_samples=100, warmup_steps=100, disable_progbar=True)
     mcmc.run(x, y)
     halvings = [r for r in kernel.divergence_log if r.get("halved")]
@@ -319,6 +324,16 @@ def test_warmup_step_size_search_finds_a_stable_step():
     assert kernel.diagnostics()["step size"] < 4.44e-3  # below the stability limit
     assert kernel.diagnostics()["divergences"] == []
     assert float(mcmc.get_samples()["w"].abs().max()) < 3.0  # posterior sd ~ 0.04 around |w| <= 1
+
+
+def test_a_step_size_schedule_is_not_searched_by_default():
+    # a schedule keeps the step sizes it was given: a divergence in its warm-up raises, as without the search
+    model, x, y = _unstable_problem()
+    pyro.set_rng_seed(0)
+    kernel = SGLD(model, step_size=PolynomialDecay(2e-2, 1.0, 0.55))
+    assert kernel.adapt_step_size is False
+    with pytest.raises(SamplerDivergenceError, match="left the typical set"):
+        MCMC(kernel, num_samples=100, warmup_steps=100, disable_progbar=True).run(x, y)
 
 
 def test_healthy_run_never_trips_the_energy_check():
