@@ -69,7 +69,7 @@ def _add_common(parser: argparse.ArgumentParser, suppress: bool, quick: str | No
     parser.add_argument("--device", default=default("cpu"), help="torch device, e.g. cpu or cuda:0 (default cpu)")
     parser.add_argument("--seed", type=check.seed, default=default(0),
                         help=f"random seed, an integer in [0, {check.MAX_SEED}] (default 0)")
-    parser.add_argument("--output", type=check.output_folder, default=default(Path("outputs")),
+    parser.add_argument("--output", type=check.folder, default=default(Path("outputs")),
                         help="folder for tables and figures (default outputs/); each result is written as soon as "
                              "it is finished, and Ctrl-C keeps what is done")
     parser.add_argument("--quick", action="store_true", default=default(False),

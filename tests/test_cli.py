@@ -287,7 +287,7 @@ def test_every_numeric_option_of_every_benchmark_is_checked(capsys):
         names.pending.pop(name)()  # fill the sub-parser as parsing its name would
         for action in names.choices[name]._actions:
             assert action.type not in (int, float), f"{name} {action.option_strings}: a bare {action.type}"
-            if action.type is None or not action.option_strings or action.type.__name__ in ("Path", "output_folder", "data_folder"):
+            if action.type is None or not action.option_strings or action.type.__name__ in ("Path", "folder"):
                 continue
             option = action.option_strings[-1]
             for bad in ("-1", "nan", "x"):

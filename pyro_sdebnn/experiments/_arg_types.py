@@ -103,21 +103,11 @@ class Distinct(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-def output_folder(text: str) -> Path:
-    """``--output``: a folder path; an empty one (``--output "$UNSET"``, which would write into the current folder)
-    or an existing file there is an error (writability is checked when the run starts, by creating the folder)."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError(f"expected a folder, got the empty path {text!r}")
-    path = Path(text)
-    if path.exists() and not path.is_dir():
-        raise argparse.ArgumentTypeError(f"expected a folder, but {text!r} is an existing file")
-    return path
-
-
-def data_folder(text: str) -> Path:
-    """``--data-dir``: a folder path; an empty one (``--data-dir "$UNSET"``, which would read the current folder) or
-    an existing file there is an error (whether the folder exists is checked when the benchmark starts, since
-    ``--download`` may create it)."""
+def folder(text: str) -> Path:
+    """``--output``, ``--data-dir``: a folder path; an empty one (``--output "$UNSET"``, which would use the current
+    folder) or an existing file there is an error. Whether the folder can be written (``--output``, checked when the
+    run starts, by creating it) or exists (``--data-dir``, checked when the benchmark starts, since ``--download``
+    may create it) is not checked here."""
     if not text.strip():
         raise argparse.ArgumentTypeError(f"expected a folder, got the empty path {text!r}")
     path = Path(text)
@@ -131,7 +121,7 @@ def add_data_dir_arguments(parser: argparse.ArgumentParser, suppress: bool = Tru
     that the global value stays unless given again) by the benchmarks that read data from disk (the image
     benchmarks). A benchmark without these options reads no data folder, and the command line refuses a global
     ``--data-dir`` for it."""
-    parser.add_argument("--data-dir", type=data_folder, default=argparse.SUPPRESS if suppress else None,
+    parser.add_argument("--data-dir", type=folder, default=argparse.SUPPRESS if suppress else None,
                         help="folder with the torchvision files (MNIST/raw, FashionMNIST/raw or cifar-10-batches-py) "
                              "for the image benchmarks: train on the full data set through a DataLoader")
     parser.add_argument("--download", action="store_true", default=argparse.SUPPRESS if suppress else False,

@@ -146,7 +146,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="MNVI/MFVI predictive: logit sampling as in the paper (default) or the probit "
                              "approximation")
     check.add_data_dir_arguments(parser)
-    parser.add_argument("--mnist-root", type=check.data_folder, default=None, help="the same as --data-dir")
+    parser.add_argument("--mnist-root", type=check.folder, default=None, help="the same as --data-dir")
     parser.add_argument("--dataset", default="mnist", choices=("mnist", "fashion_mnist"),
                         help="the torchvision data set read from --data-dir (default mnist)")
     parser.add_argument("--workers", type=check.nonnegative_int, default=0,

@@ -78,7 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="default: mnist with --data-dir, else the bundled mnist_subset (--quick: digits); "
                              "an explicit --dataset is always used")
     check.add_data_dir_arguments(parser)
-    parser.add_argument("--root", type=check.data_folder, default=None, help="the same as --data-dir")
+    parser.add_argument("--root", type=check.folder, default=None, help="the same as --data-dir")
     parser.add_argument("--steps", type=check.positive_int, default=None,
                         help="optimisation steps per method (default 1500; --quick: 60)")
     parser.add_argument("--epochs", type=check.positive_int, default=None,
