@@ -168,9 +168,8 @@ def test_sgmcmc_uci(tmp_path, monkeypatch):
     _interrupted_readme(tmp_path, "1 of 4 (split, method) runs finished")
 
 
-def test_fsgmcmc_gap(tmp_path, monkeypatch):
-    import types
-
+def _fake_fsgmcmc_gap(monkeypatch, kernel):
+    """``fsgmcmc_gap`` with a stand-in sampler, predictive and GP fit, and ``kernel`` as its ``_kernel``."""
     from pyro_sdebnn.experiments import fsgmcmc_gap
     from pyro_sdebnn.predictive import RegressionPrediction
 
@@ -180,7 +179,14 @@ def test_fsgmcmc_gap(tmp_path, monkeypatch):
     monkeypatch.setattr(fsgmcmc_gap, "MCMC", _FakeMCMC)
     monkeypatch.setattr(fsgmcmc_gap, "posterior_prediction", prediction)
     monkeypatch.setattr(fsgmcmc_gap, "fit_gp_kernel", lambda kernel, *args, **kwargs: kernel)
-    monkeypatch.setattr(fsgmcmc_gap, "_kernel", _second_call_interrupts(types.SimpleNamespace()))
+    monkeypatch.setattr(fsgmcmc_gap, "_kernel", kernel)
+    return fsgmcmc_gap
+
+
+def test_fsgmcmc_gap(tmp_path, monkeypatch):
+    import types
+
+    _fake_fsgmcmc_gap(monkeypatch, _second_call_interrupts(types.SimpleNamespace()))
     code = main(["benchmark", "fsgmcmc-gap", "--quick", "--methods", "SGLD", "fSGLD", "--output", str(tmp_path)])
     assert code == 130
     with open(tmp_path / "fsgmcmc_gap.csv") as fh:
@@ -192,16 +198,7 @@ def test_fsgmcmc_gap(tmp_path, monkeypatch):
 def test_fsgmcmc_gap_interrupted_while_writing_the_first_table(tmp_path, monkeypatch):
     # Ctrl-C while the first method's table and figure were being written left no table, though the run said
     # "1 of 2 methods finished; the tables and figures here hold only those"
-    from pyro_sdebnn.experiments import fsgmcmc_gap
-    from pyro_sdebnn.predictive import RegressionPrediction
-
-    def prediction(model, samples, x):
-        return RegressionPrediction(torch.zeros(2, len(x)), torch.ones(2, len(x)))
-
-    monkeypatch.setattr(fsgmcmc_gap, "MCMC", _FakeMCMC)
-    monkeypatch.setattr(fsgmcmc_gap, "posterior_prediction", prediction)
-    monkeypatch.setattr(fsgmcmc_gap, "fit_gp_kernel", lambda kernel, *args, **kwargs: kernel)
-    monkeypatch.setattr(fsgmcmc_gap, "_kernel", lambda *args: None)
+    fsgmcmc_gap = _fake_fsgmcmc_gap(monkeypatch, lambda *args: None)
     write, calls = fsgmcmc_gap._write, []
 
     def interrupted_write(*args):  # SIGINT in the middle of the first write: nothing written yet

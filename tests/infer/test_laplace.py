@@ -63,14 +63,9 @@ def test_laplace_variance_grows_away_from_data(subset, structure):
     assert (probs[0].argmax(-1) == y).float().mean() > 0.9
 
 
-def test_laplace_full_ggn_matches_dense_construction():
-    """The full GGN equals sum_n J_n^T Lambda_n J_n assembled naively (float64, exact)."""
-    torch.manual_seed(0)
-    x, y = torch.randn(7, 2, dtype=torch.float64), torch.randint(0, 3, (7,))
-    net = make_mlp([2, 3, 3], "tanh", dtype=torch.float64)
-    la = Laplace(net, "categorical", hessian_structure="full").fit(x, y, num_epochs=0, tune_prior_precision=False)
-    evals, evecs = la._eig
-    ggn = evecs @ torch.diag(evals) @ evecs.T
+def _dense_categorical_ggn(net, x):
+    """The flat weights, a function giving the output Jacobian at one input, and the categorical GGN
+    sum_n J_n^T Lambda_n J_n assembled naively, one input at a time."""
     params = dict(net.named_parameters())
     names = list(params)
     flat = torch.cat([params[n].detach().reshape(-1) for n in names])
@@ -82,11 +77,26 @@ def test_laplace_full_ggn_matches_dense_construction():
             offset += params[n].numel()
         return torch.func.functional_call(net, out, (xi.unsqueeze(0),))[0]
 
-    expected = torch.zeros_like(ggn)
+    def jacobian(xi):
+        return torch.autograd.functional.jacobian(lambda v: f(v, xi), flat)
+
+    ggn = torch.zeros(len(flat), len(flat), dtype=flat.dtype)
     for xi in x:
-        j = torch.autograd.functional.jacobian(lambda v: f(v, xi), flat)
-        p = f(flat, xi).softmax(-1).detach()
-        expected += j.T @ (torch.diag(p) - torch.outer(p, p)) @ j
+        j = jacobian(xi)
+        prob = f(flat, xi).softmax(-1).detach()
+        ggn += j.T @ (torch.diag(prob) - torch.outer(prob, prob)) @ j
+    return flat, jacobian, ggn
+
+
+def test_laplace_full_ggn_matches_dense_construction():
+    """The full GGN equals sum_n J_n^T Lambda_n J_n assembled naively (float64, exact)."""
+    torch.manual_seed(0)
+    x, y = torch.randn(7, 2, dtype=torch.float64), torch.randint(0, 3, (7,))
+    net = make_mlp([2, 3, 3], "tanh", dtype=torch.float64)
+    la = Laplace(net, "categorical", hessian_structure="full").fit(x, y, num_epochs=0, tune_prior_precision=False)
+    evals, evecs = la._eig
+    ggn = evecs @ torch.diag(evals) @ evecs.T
+    flat, _, expected = _dense_categorical_ggn(net, x)
     torch.testing.assert_close(ggn, expected, atol=1e-10, rtol=1e-8)
     # The Laplace evidence, assembled directly: log p(D|w) - delta/2 |w|^2 + P/2 log delta - 1/2 log det(H + delta I).
     delta = 0.7
@@ -504,28 +514,13 @@ def test_laplace_full_ggn_of_few_points_skips_the_full_eigendecomposition(monkey
     la.fit(x, y, num_epochs=0, tune_prior_precision=False)
     p = la.num_params
     assert p == 51 and p not in sizes
-    params = dict(net.named_parameters())
-    names = list(params)
-    flat = torch.cat([params[n].detach().reshape(-1) for n in names])
-
-    def f(vec, xi):
-        out, offset = {}, 0
-        for n in names:
-            out[n] = vec[offset : offset + params[n].numel()].reshape(params[n].shape)
-            offset += params[n].numel()
-        return torch.func.functional_call(net, out, (xi.unsqueeze(0),))[0]
-
-    expected = torch.zeros(p, p, dtype=torch.float64)
-    for xi in x:
-        j = torch.autograd.functional.jacobian(lambda v: f(v, xi), flat)
-        prob = f(flat, xi).softmax(-1).detach()
-        expected += j.T @ (torch.diag(prob) - torch.outer(prob, prob)) @ j
+    flat, jacobian, expected = _dense_categorical_ggn(net, x)
     evals, evecs = la._eig
     torch.testing.assert_close(evecs.T @ evecs, torch.eye(p, dtype=torch.float64), atol=1e-12, rtol=0)
     torch.testing.assert_close(evecs @ torch.diag(evals) @ evecs.T, expected, atol=1e-10, rtol=1e-8)
     sigma = torch.linalg.inv(expected + delta * torch.eye(p, dtype=torch.float64))
     x_test = torch.randn(4, 2, dtype=torch.float64)
-    j_test = torch.stack([torch.autograd.functional.jacobian(lambda v: f(v, xi), flat) for xi in x_test])
+    j_test = torch.stack([jacobian(xi) for xi in x_test])
     torch.testing.assert_close(la.functional_covariance(x_test), j_test @ sigma @ j_test.transpose(-1, -2))
     log_lik = -torch.nn.functional.cross_entropy(net(x), y, reduction="sum")
     _, log_det = torch.linalg.slogdet(expected + delta * torch.eye(p, dtype=torch.float64))
