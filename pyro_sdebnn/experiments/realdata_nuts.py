@@ -10,7 +10,9 @@ regression ``sigma ~ Uniform(0, 10)``.
 - NUTS (Hoffman & Gelman [1]): 2 chains of 250 warm-up + 250 draws, maximum tree depth 8, on the full data;
 - SGLD and SGHMC: ``MCMC(Kernel(model, num_steps=10, vectorized_chains=2), warmup_steps=400, num_samples=400)``
   over a shuffled ``DataLoader`` of batch 64, every other setting a default (the warm-up adapts the mass matrix);
-  ``--num-steps`` sets the inner steps per draw, to see how long a chain a kernel needs to mix.
+  ``--num-steps`` sets the inner steps per draw, to see how long a chain a kernel needs to mix;
+  ``--integrator euler`` runs SGLD with Welling and Teh's noise in place of the default Leimkuhler--Matthews noise,
+  ``--warmup-step-factor`` sets the kernels' exploring step in warm-up (default 2).
 
 Reported per data set and method, on the test set: the predictive standard deviation (regression, in the target's
 original units) or the spread of the class probability over the draws (classification), each also as a ratio to
@@ -85,6 +87,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-steps", type=check.positive_int, default=None,
                         help="inner steps of SGLD / SGHMC per returned draw (default 10, 2 with --quick): a larger "
                              "value runs the same number of draws over a longer chain")
+    parser.add_argument("--integrator", choices=("lm", "euler"), default=None,
+                        help="SGLD's noise (default: the kernel's, 'lm'); 'euler': Welling and Teh's update, whose "
+                             "adapted step is capped at a quarter of the stability limit")
+    parser.add_argument("--warmup-step-factor", type=check.float_range(1.0, 4.0, high_open=True), default=None,
+                        help="the kernels' exploring step in warm-up, in multiples of the capped step (default: the "
+                             "kernel's, 2)")
 
 
 def _read_cache(path: Path, key: str) -> dict | None:
@@ -163,11 +171,11 @@ def _nuts(model, Xtr, ytr, s, seed):
     return mcmc.get_samples()
 
 
-def _sgmcmc(kernel_cls, model, Xtr, ytr, s, seed):
+def _sgmcmc(kernel_cls, model, Xtr, ytr, s, seed, **settings):
     pyro.set_rng_seed(seed)
     loader = DataLoader(TensorDataset(Xtr, ytr), batch_size=s["batch"], shuffle=True,
                         generator=torch.Generator().manual_seed(seed))
-    kernel = kernel_cls(model, num_steps=s["num_steps"], vectorized_chains=2)
+    kernel = kernel_cls(model, num_steps=s["num_steps"], vectorized_chains=2, **settings)
     mcmc = MCMC(kernel, num_samples=s["samples"], warmup_steps=s["warmup"], disable_progbar=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", SamplerWarning)
@@ -233,8 +241,13 @@ def run(args: argparse.Namespace) -> dict:
                         _write_cache(cache, json.dumps(key, sort_keys=True), samples)
                 else:
                     try:
+                        settings = {}  # what the command line sets; the rest stays the kernel's default
+                        if getattr(args, "integrator", None) is not None and method == "SGLD":
+                            settings["integrator"] = args.integrator
+                        if getattr(args, "warmup_step_factor", None) is not None:
+                            settings["warmup_step_factor"] = args.warmup_step_factor
                         samples, notes, kernel = _sgmcmc({"SGLD": SGLD, "SGHMC": SGHMC}[method], model, Xtr, ytr, s,
-                                                         args.seed)
+                                                         args.seed, **settings)
                     except SamplerDivergenceError as err:  # a default that diverges is a result, not a crash
                         nan = float("nan")
                         results[method] = dict(data=data, method=method, spread=nan, nll=nan, fs_rhat=nan,
@@ -244,6 +257,9 @@ def run(args: argparse.Namespace) -> dict:
                     adapted = kernel.diagnostics()["mass matrix adapted"]
                     extra = f"adapted, step {kernel._eta(kernel._t):.3g}" if adapted else "unit mass (short warm-up)"
                     extra += f"; {s['num_steps']} inner steps per draw"
+                    halved = sum(1 for record in kernel.divergence_log if record.get("halved"))
+                    if halved:  # the warm-up's step-size search fired
+                        extra += f"; step halved {halved}x in warm-up"
                 pred = posterior_prediction(model, samples, Xte)
                 r = _score(pred, yte, yscale, classify)
                 r.update(data=data, method=method, seconds=round(time.perf_counter() - t0, 1), warnings=len(notes),

@@ -4,7 +4,8 @@
 - :mod:`~pyro_sdebnn.ops.path_kl` -- the analytic / full-MC / STL path-KL increments [1, 2].
 - :mod:`~pyro_sdebnn.ops.sde_solve` -- the fused Euler-Maruyama solve of weights, hidden state and KL; torchsde.
 - :mod:`~pyro_sdebnn.ops.moments` -- Gaussian moment propagation for MNVI [3].
-- :mod:`~pyro_sdebnn.ops.sgmcmc` -- SGLD [4] / SGHMC [5] / preconditioned SGLD [6] update rules.
+- :mod:`~pyro_sdebnn.ops.sgmcmc` -- SGLD [4] (with the noise of [8]) / SGHMC [5] / preconditioned SGLD [6] update
+  rules.
 - :mod:`~pyro_sdebnn.ops.gp` -- Cholesky with jitter escalation and GP solves [7].
 
 **References**
@@ -24,6 +25,8 @@
    Langevin Dynamics for Deep Neural Networks". AAAI 2016.
 7. Carl Edward Rasmussen, Christopher K. I. Williams (2006). "Gaussian Processes for Machine Learning".
    MIT Press.
+8. Benedict Leimkuhler, Charles Matthews (2013). "Rational Construction of Stochastic Numerical Methods for
+   Molecular Sampling". Applied Mathematics Research eXpress 2013(1), 34-56.
 """
 
 from pyro_sdebnn.ops.gp import JitterWarning, cholesky_with_jitter
@@ -37,9 +40,11 @@ from pyro_sdebnn.ops.moments import (
 from pyro_sdebnn.ops.path_kl import path_kl_increment
 from pyro_sdebnn.ops.sde_solve import AugmentedPathSDE, euler_maruyama_kl, sdeint_augmented
 from pyro_sdebnn.ops.sgmcmc import (
+    LMSGLDState,
     PreconditionedSGLDState,
     SGHMCState,
     SGLDState,
+    lm_sgld_step,
     preconditioned_sgld_step,
     sghmc_step,
     sgld_step,
@@ -48,6 +53,7 @@ from pyro_sdebnn.ops.sgmcmc import (
 __all__ = [
     "AugmentedPathSDE",
     "JitterWarning",
+    "LMSGLDState",
     "Moments",
     "PreconditionedSGLDState",
     "SGHMCState",
@@ -55,6 +61,7 @@ __all__ = [
     "cholesky_with_jitter",
     "euler_maruyama_kl",
     "gaussian_expected_log_likelihood",
+    "lm_sgld_step",
     "multiplicative_linear_moments",
     "path_kl_increment",
     "preconditioned_sgld_step",

@@ -9,9 +9,11 @@ import torch
 from pyro_sdebnn.infer.mcmc import CyclicalStepSize, PolynomialDecay
 from pyro_sdebnn.infer.mcmc.schedules import ConstantStepSize, as_schedule
 from pyro_sdebnn.ops.sgmcmc import (
+    LMSGLDState,
     PreconditionedSGLDState,
     SGHMCState,
     SGLDState,
+    lm_sgld_step,
     preconditioned_sgld_step,
     sghmc_step,
     sgld_step,
@@ -62,6 +64,43 @@ def test_sgld_noise_variance_is_step_size_times_temperature(temperature):
                     torch.zeros(n, dtype=torch.float64), eta, temperature)
     expected = eta * temperature
     assert abs(new.position.var().item() - expected) < 4 * expected * math.sqrt(2 / n)
+
+
+def _stationary_variance(step, curvature, eta, temperature, inv_mass, n=20000, num_steps=300):
+    """Variance of n independent chains of ``step`` on U(w) = curvature w^2 / 2 after num_steps steps from 0."""
+    generator = torch.Generator().manual_seed(0)
+    dtype = torch.float64
+    position = torch.zeros(n, dtype=dtype)
+    state = SGLDState(position) if step is sgld_step else LMSGLDState(position, torch.zeros_like(position))
+    for _ in range(num_steps):  # the distance to stationarity shrinks by |1 - eta M^-1 curvature / 2| per step
+        noise = torch.randn(n, dtype=dtype, generator=generator)
+        state = step(noise, state, curvature * state.position, eta, temperature, inv_mass)
+    return state.position.var().item()
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_lm_sgld_is_exact_on_a_gaussian_near_the_stability_limit_where_euler_is_not(temperature):
+    # preconditioned curvature h = M^-1 * curvature = 100, eta h = 3: three quarters of the stability limit eta h < 4.
+    # Target variance T / curvature; Euler-Maruyama's stationary variance is T / (curvature (1 - eta h / 4)), 4x here.
+    curvature, inv_mass = 400.0, torch.tensor(0.25, dtype=torch.float64)
+    eta = 3.0 / (curvature * inv_mass.item())
+    target = temperature / curvature
+    se = target * math.sqrt(2 / 20000)  # standard error of a variance from 20,000 independent chains
+    lm = _stationary_variance(lm_sgld_step, curvature, eta, temperature, inv_mass)
+    assert abs(lm - target) < 4 * se, (lm, target)
+    euler = _stationary_variance(sgld_step, curvature, eta, temperature, inv_mass)
+    assert abs(euler - 4 * target) < 4 * 4 * se, (euler, 4 * target)
+
+
+def test_lm_sgld_averages_this_and_the_previous_noise_and_keeps_this_one():
+    state = LMSGLDState(torch.tensor([1.0, -1.0]), torch.tensor([2.0, 0.0]))
+    noise, grad = torch.tensor([0.0, 4.0]), torch.tensor([1.0, 2.0])
+    new = lm_sgld_step(noise, state, grad, step_size=0.25, temperature=4.0, inv_mass=torch.tensor([1.0, 0.5]))
+    # w - eta/2 M^-1 g + sqrt(eta T M^-1) (xi_n + xi_n+1) / 2
+    expected = torch.tensor([1.0 - 0.125 + 1.0 * 1.0, -1.0 - 0.125 + 0.5**0.5 * 2.0])
+    torch.testing.assert_close(new.position, expected)
+    assert torch.equal(new.noise, noise)
+    assert torch.equal(state.noise, torch.tensor([2.0, 0.0]))  # out of place
 
 
 def test_sghmc_step_size_tensor_matches_float():

@@ -821,13 +821,14 @@ class FSGLD(FunctionalKernelMixin, SGLD):
 
         \\tilde U(w) = \\frac{N}{b} \\sum_{i \\in B} -\\log p(y_i | f(x_i; w))
             + \\tfrac12 (f_M - m_M)^\\top (K + \\delta I)^{-1} (f_M - m_M),
-        \\qquad w \\leftarrow w - \\frac{\\eta_t}{2} \\nabla \\tilde U(w) + \\sqrt{\\eta_t T}\\, \\xi
+        \\quad w_{n+1} = w_n - \\tfrac{\\eta_t}{2} \\nabla \\tilde U(w_n) + \\sqrt{\\eta_t T} (\\xi_n + \\xi_{n+1}) / 2
 
     with :math:`f_M = f(X_M; w)` at measurement points :math:`X_M` and a GP prior :math:`\\mathcal{GP}(m, k)`. The
     model's weight-space prior is dropped, as in [1]. The outputs :math:`f` are a deterministic site (default
     ``"f"``) or, for a model written as for NUTS, the parameter of its likelihood (see the module);
     :doc:`/methods/sgmcmc` explains the measurement points and loaders and runs an example. All settings of
-    :class:`~pyro_sdebnn.infer.mcmc.SGLD` apply.
+    :class:`~pyro_sdebnn.infer.mcmc.SGLD` apply (its default Leimkuhler--Matthews noise above; ``integrator="euler"``:
+    [1]'s :math:`\\xi_{n+1}`).
 
     :param callable model: the Pyro model.
     :param gp_prior: a ``pyro.contrib.gp`` kernel (``RBF``, :class:`~pyro_sdebnn.kernels.NNGP`, ...; fit it with

@@ -20,9 +20,10 @@ Heuristics that a user did not ask for, each with its switch (:doc:`/methods/sgm
 ``init_strategy=init_to_robust``, the MAP warm start ``map_steps=None`` (``0``: off), the warm-up's halving of a
 constant step size at each divergence ``adapt_step_size=None`` (``False``), the windowed mass-matrix adaptation
 ``adapt_mass_matrix=None`` (``False``), the exploring step between the windows ``warmup_step_factor=2``
-(``1``), closed-form ``Normal`` priors ``closed_form_prior=True`` (``False``), graphs kept between runs
-``cache_graphs=True`` (``False``), a reshuffling loader's short last batch passed over ``drop_last=None``
-(``False``), and ``backend="auto"`` (``"fx"`` or ``"eager"``).
+(``1``), SGLD's Leimkuhler--Matthews noise ``integrator="lm"`` (``"euler"``), closed-form ``Normal`` priors
+``closed_form_prior=True`` (``False``), graphs kept between runs ``cache_graphs=True`` (``False``), a reshuffling
+loader's short last batch passed over ``drop_last=None`` (``False``), and ``backend="auto"`` (``"fx"`` or
+``"eager"``).
 
 **References**
 
@@ -431,7 +432,7 @@ class SGMCMCKernel(MCMCKernel):
     :param float adapted_step_size: the step in standardised units once :math:`M` is adapted (default 0.1 for SGLD),
         capped by the curvature of the preconditioned potential.
     :param float warmup_step_factor: :math:`f \\in [1, 4)`: between the first and the last adaptation window the
-        chain explores with :math:`f` times the capped step; ``1``: the sampling step throughout.
+        chain explores with :math:`f` times the capped step (see :doc:`/methods/sgmcmc`); ``1``: the sampling step.
     :param str backend: ``"auto"``, ``"eager"``, ``"fx"`` or ``"compile"`` (see the module).
     :param int compile_after: with ``backend="auto"``, the inner steps after which the step is compiled.
     :param bool closed_form_prior: add constant ``Normal`` priors in closed form outside the traced graph.
@@ -540,7 +541,8 @@ class SGMCMCKernel(MCMCKernel):
             raise TypeError(f"warmup_step_factor must be a float, got {warmup_step_factor!r}")
         if not 1.0 <= warmup_step_factor < 4.0:
             raise ValueError(
-                f"warmup_step_factor must be in [1, 4) (4: the stability limit), got {warmup_step_factor!r}"
+                f"warmup_step_factor must be in [1, 4) (4 times a step capped at a quarter of the stability limit "
+                f"reaches the limit), got {warmup_step_factor!r}"
             )
         if backend not in _BACKENDS:
             raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
@@ -1260,9 +1262,10 @@ class SGMCMCKernel(MCMCKernel):
         return eta * self._step_scale
 
     # the largest step in standardised units, given the largest eigenvalue lambda of the preconditioned Hessian:
-    # SGLD's update is stable up to eta = 4 / lambda, SGHMC's up to eta = 2 / sqrt(lambda): a quarter of that each.
-    # For SGLD the quarter also bounds the discretisation's bias: its stationary variance along a direction of
-    # curvature h is 1 / (h (1 - eta h / 4)), at most 4/3 of the target's at eta = 1 / lambda (2x at 2 / lambda)
+    # SGLD's update is stable up to eta = 4 / lambda, SGHMC's up to eta = 2 / sqrt(lambda). SGLD with the
+    # Leimkuhler-Matthews noise (its default) keeps a Gaussian's variance at any stable step and takes three
+    # quarters of its limit; with Euler-Maruyama's noise its stationary variance along a direction of curvature h is
+    # 1 / (h (1 - eta h / 4)), and a quarter (eta = 1 / lambda) holds it to 4/3 of the target's. SGHMC: a quarter
     _CURVATURE_POWER = 1.0  # eta <= _CURVATURE_FACTOR * lambda ** -_CURVATURE_POWER
     _CURVATURE_FACTOR = 1.0
     _CURVATURE_ITERATIONS = 20  # power iterations per position (SGHMC: 10)
@@ -1273,9 +1276,11 @@ class SGMCMCKernel(MCMCKernel):
         """``adapted_step_size``, or less where the preconditioned potential is stiffer: the largest eigenvalue
         :math:`\\lambda` of :math:`M^{-1/2} \\nabla^2 \\tilde U M^{-1/2}` over the given positions (each ``(D,)`` or
         ``(K, D)``, every chain's) caps the step at :math:`a \\lambda^{-p}` (``_CURVATURE_FACTOR`` :math:`a`,
-        ``_CURVATURE_POWER`` :math:`p`: :math:`1/\\lambda` for SGLD, a quarter of its stability limit
-        :math:`4/\\lambda`, where its stationary variance along the stiffest direction is at most 4/3 of the
-        target's; :math:`0.5/\\sqrt\\lambda` for SGHMC, a quarter of its limit :math:`2/\\sqrt\\lambda`).
+        ``_CURVATURE_POWER`` :math:`p`: :math:`3/\\lambda` for SGLD, three quarters of its stability limit
+        :math:`4/\\lambda`, where its Leimkuhler--Matthews noise keeps the stationary variance of a Gaussian
+        direction exact, or :math:`1/\\lambda` with ``integrator="euler"``, where the variance along the stiffest
+        direction is at most 4/3 of the target's; :math:`0.5/\\sqrt\\lambda` for SGHMC, a quarter of its limit
+        :math:`2/\\sqrt\\lambda`).
 
         The Hessian is averaged over ``_CURVATURE_BATCHES`` minibatches, at most one epoch (that of a single
         minibatch of a network's potential varies several-fold from batch to batch), with equal weights, as the chain
@@ -1518,6 +1523,7 @@ class SGMCMCKernel(MCMCKernel):
         return {
             "signature": self._signature(),
             "state": tensors(self._state),
+            "state_type": self._state_type.__name__,
             "healthy": tensors(self._healthy),
             "uncertified": tensors(self._uncertified),
             "last_potential": None if self._last_potential is None else self._last_potential.detach().clone(),
@@ -1598,8 +1604,11 @@ class SGMCMCKernel(MCMCKernel):
 
         state = tensors(sd["state"])
         assert state is not None  # state_dict saves the chain's state (load_state_dict checked the key)
-        if len(state) != len(cast("type[NamedTuple]", self._state_type)._fields):
-            raise ValueError("the checkpoint's chain state does not match this kernel's (e.g. preconditioned or not)")
+        saved_type = sd.get("state_type", self._state_type.__name__)  # the layout's name, where the checkpoint has it
+        if (len(state) != len(cast("type[NamedTuple]", self._state_type)._fields)
+                or saved_type != self._state_type.__name__):
+            raise ValueError(f"the checkpoint's chain state ({saved_type}) does not match this kernel's "
+                             f"({self._state_type.__name__}; e.g. preconditioned or not, or another integrator)")
         self._state = state
         self._healthy = tensors(sd["healthy"])
         self._uncertified = tensors(sd["uncertified"])

@@ -141,8 +141,8 @@ def test_every_backend_steps_with_the_adapted_preconditioner(monkeypatch, kernel
     torch.manual_seed(5)
     noise = torch.randn_like(position)
     P = kernel._precond
-    if kernel_cls is SGLD:
-        expected = position.detach() - 0.5 * eta * P * grad + (eta * P).sqrt() * noise
+    if kernel_cls is SGLD:  # the Leimkuhler-Matthews noise: the mean of this step's and the previous step's
+        expected = position.detach() - 0.5 * eta * P * grad + (eta * P).sqrt() * (noise + state[1]) / 2
     else:
         c = kernel.friction
         momentum = (1 - eta * c) * state[1] - eta * P * grad + (2 * eta * c) ** 0.5 * noise
@@ -288,7 +288,13 @@ def test_curvature_is_that_of_the_hessian_averaged_over_minibatches():
     eta = kernel._stable_step([kernel._state[0]])
     full = inverse_mass * (1.0 + float((x**2).sum()))
     assert kernel.max_curvature == pytest.approx(full, rel=1e-6)
-    assert eta == pytest.approx(min(kernel.adapted_step_size, 1.0 / full), rel=1e-6)  # SGLD: a quarter of 4 / lambda
+    # SGLD (Leimkuhler-Matthews noise): three quarters of the stability limit 4 / lambda
+    assert eta == pytest.approx(min(kernel.adapted_step_size, 3.0 / full), rel=1e-6)
+    euler = SGLD(slope_model, subsample_size=10, map_steps=0, integrator="euler")
+    euler.setup(10, x, y)
+    euler._set_inverse_mass(torch.tensor([inverse_mass], dtype=torch.float64))
+    # Euler-Maruyama's noise: a quarter of the limit, where the stationary variance is at most 4/3 of the target's
+    assert euler._stable_step([euler._state[0]]) == pytest.approx(min(euler.adapted_step_size, 1.0 / full), rel=1e-6)
     # one minibatch alone would be off by more than 10 % (what averaging removes)
     batches = kernel.potential.index_batches(1)
     single = [inverse_mass * (1.0 + 4.0 * float((x[b] ** 2).sum())) for b in batches]

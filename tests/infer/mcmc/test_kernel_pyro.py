@@ -166,7 +166,7 @@ def test_backends_agree_on_the_potential_gradient_path(backend):
     flat = kernel.potential.pack(init)
     u = flat.clone().requires_grad_()
     (grad,) = torch.autograd.grad(kernel.potential(u, idx), u)
-    state, value = kernel.build_step_fn()((flat,), idx, torch.tensor(1e-3, dtype=torch.float64))
+    state, value = kernel.build_step_fn()(kernel._init_state(flat), idx, torch.tensor(1e-3, dtype=torch.float64))
     torch.testing.assert_close(state[0], flat - 0.5e-3 * grad)
     torch.testing.assert_close(value, kernel.potential(flat, idx))
     assert kernel.backend_used == backend

@@ -245,8 +245,13 @@ def test_bad_checkpoints_are_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="taken on a run over tensors: resume it on the same kind of data"):
         resume_run(path, SGLD(plain_model), DataLoader(TensorDataset(x, y), batch_size=10), num_samples=2,
                    disable_progbar=True)
-    with pytest.raises(ValueError, match="chain state does not match this kernel"):
+    # the same number of state tensors, another layout: the previous noise is not RMSprop's running average
+    with pytest.raises(ValueError, match=r"chain state \(LMSGLDState\) does not match this kernel's "
+                                         r"\(PreconditionedSGLDState"):
         resume_run(path, SGLD(plain_model, subsample_size=10, preconditioned=True), x, y, num_samples=2,
+                   disable_progbar=True)
+    with pytest.raises(ValueError, match=r"chain state \(LMSGLDState\) does not match this kernel's \(SGLDState"):
+        resume_run(path, SGLD(plain_model, subsample_size=10, integrator="euler"), x, y, num_samples=2,
                    disable_progbar=True)
     with pytest.raises(ValueError, match="num_samples must be a positive int"):
         resume_run(path, SGLD(plain_model, subsample_size=10), x, y, num_samples=0)

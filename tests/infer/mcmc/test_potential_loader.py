@@ -136,7 +136,7 @@ def test_last_smaller_batch_has_its_own_graph_scaled_by_its_own_size():
     w = mcmc.get_samples()["w"][0]
     xb, yb = x[50:], y[50:]
     expected = -(6.0 * dist.Normal(xb @ w, 1.0).log_prob(yb).sum() + dist.Normal(0.0, 1.0).log_prob(w).sum())
-    _, value = kernel._traced_step((w,), None, torch.tensor(0.0, dtype=w.dtype), (), (xb, yb))
+    _, value = kernel._traced_step(kernel._init_state(w), None, torch.tensor(0.0, dtype=w.dtype), (), (xb, yb))
     torch.testing.assert_close(value, expected, rtol=1e-12, atol=1e-12)
 
 

@@ -2,6 +2,8 @@
 """SGLD (and SGHMC, its momentum variant) against the closed-form posterior of conjugate Bayesian linear regression (and
 against NUTS)."""
 
+import pyro
+import pyro.distributions as dist
 import pytest
 import torch
 from pyro.infer import MCMC, NUTS
@@ -107,3 +109,38 @@ def test_map_warm_start_reaches_the_mode():
     kernel = SGLD(PROBLEM.model, step_size=1e-3, map_steps=500, map_lr=0.05)
     kernel.setup(0, x, y)
     torch.testing.assert_close(kernel.initial_params["w"], mean, atol=1e-3, rtol=0)
+
+
+def stiff_gaussian_model():
+    # a looser and a stiff coordinate: curvatures 25 and 100, the stiff one at eta * lambda = 3 below
+    pyro.sample("w", dist.Normal(torch.zeros(2, dtype=torch.float64),
+                                 torch.tensor([0.2, 0.1], dtype=torch.float64)).to_event(1))
+
+
+@pytest.mark.parametrize("integrator", ["lm", "euler"])
+def test_default_noise_keeps_a_gaussian_exact_at_three_quarters_of_the_stability_limit(integrator):
+    # eta = 0.03 on curvature 100: three quarters of SGLD's stability limit 4 / lambda (the adapted step's cap with
+    # the default integrator). The Leimkuhler-Matthews noise keeps the stationary variance 0.01 exactly; Euler-
+    # Maruyama's is 0.01 / (1 - eta * lambda / 4) = 0.04 (its cap is a quarter of the limit)
+    pyro.set_rng_seed(0)
+    kernel = SGLD(stiff_gaussian_model, step_size=0.03, num_steps=1, vectorized_chains=16, adapt_mass_matrix=False,
+                  adapt_step_size=False, integrator=integrator, **FAST)
+    mcmc = MCMC(kernel, num_samples=300, warmup_steps=50, disable_progbar=True)
+    mcmc.run()
+    w = mcmc.get_samples(group_by_chain=True)["w"][..., 1:]  # (16, 300, 1): the stiff coordinate
+    ess = float(effective_sample_size(w, chain_dim=0, sample_dim=1))
+    ratio = float(w.reshape(-1).var()) / 0.01
+    se = (2 / ess) ** 0.5  # relative standard error of a variance from ESS draws
+    if integrator == "lm":
+        assert abs(ratio - 1) < 4 * se, (ratio, ess)
+    else:  # the negative control: 4x, far outside those bounds
+        assert abs(ratio - 4) < 4 * 4 * se and ratio > 1 + 8 * se, (ratio, ess)
+
+
+def test_integrator_is_checked():
+    with pytest.raises(ValueError, match="integrator must be 'lm' or 'euler', got 'rk4'"):
+        SGLD(stiff_gaussian_model, integrator="rk4")
+    with pytest.raises(ValueError, match="integrator='lm' and preconditioned=True exclude each other"):
+        SGLD(stiff_gaussian_model, integrator="lm", preconditioned=True)
+    assert SGLD(stiff_gaussian_model).integrator == "lm"
+    assert SGLD(stiff_gaussian_model, preconditioned=True).integrator == "euler"
