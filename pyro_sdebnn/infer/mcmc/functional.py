@@ -821,14 +821,15 @@ class FSGLD(FunctionalKernelMixin, SGLD):
 
         \\tilde U(w) = \\frac{N}{b} \\sum_{i \\in B} -\\log p(y_i | f(x_i; w))
             + \\tfrac12 (f_M - m_M)^\\top (K + \\delta I)^{-1} (f_M - m_M),
-        \\quad w_{n+1} = w_n - \\tfrac{\\eta_t}{2} \\nabla \\tilde U(w_n) + \\sqrt{\\eta_t T} (\\xi_n + \\xi_{n+1}) / 2
+        \\qquad w \\leftarrow w - \\frac{\\eta_t}{2} \\nabla \\tilde U(w) + \\sqrt{\\eta_t T}\\, \\xi
 
     with :math:`f_M = f(X_M; w)` at measurement points :math:`X_M` and a GP prior :math:`\\mathcal{GP}(m, k)`. The
     model's weight-space prior is dropped, as in [1]. The outputs :math:`f` are a deterministic site (default
     ``"f"``) or, for a model written as for NUTS, the parameter of its likelihood (see the module);
     :doc:`/methods/sgmcmc` explains the measurement points and loaders and runs an example. All settings of
-    :class:`~pyro_sdebnn.infer.mcmc.SGLD` apply (its default Leimkuhler--Matthews noise above; ``integrator="euler"``:
-    [1]'s :math:`\\xi_{n+1}`).
+    :class:`~pyro_sdebnn.infer.mcmc.SGLD` apply, with [1]'s noise :math:`\\xi` by default (``integrator="euler"``): the
+    gradient's noise from measurement points redrawn every step grows with the step, which the Leimkuhler--Matthews
+    noise (``"lm"``, SGLD's default, with a step three times larger) does not correct.
 
     :param callable model: the Pyro model.
     :param gp_prior: a ``pyro.contrib.gp`` kernel (``RBF``, :class:`~pyro_sdebnn.kernels.NNGP`, ...; fit it with
@@ -855,8 +856,9 @@ class FSGLD(FunctionalKernelMixin, SGLD):
     _name = "fSGLD"
     _faster_mixing = "fSGHMC"
 
-    def __init__(self, model: Callable, *, step_size: Union[float, StepSizeSchedule] = 1e-5, **kwargs: Any) -> None:
-        super().__init__(model, step_size=step_size, **kwargs)
+    def __init__(self, model: Callable, *, step_size: Union[float, StepSizeSchedule] = 1e-5, integrator: str = "euler",
+                 **kwargs: Any) -> None:
+        super().__init__(model, step_size=step_size, integrator=integrator, **kwargs)
 
 
 class FSGHMC(FunctionalKernelMixin, SGHMC):

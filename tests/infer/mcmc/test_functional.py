@@ -430,3 +430,14 @@ def test_default_measurement_points_follow_new_data():
         points, _ = kernel._potential_and_grad_inputs()
         assert points.min() >= low - 1 and points.max() <= low + 3  # training range widened by the 0.5 margin
         kernel.cleanup()
+
+
+def test_fsgld_keeps_its_papers_noise_by_default_and_takes_sglds_on_request():
+    # fSGLD's gradient carries the noise of measurement points redrawn every step, which grows with the step: it keeps
+    # Euler-Maruyama's noise and the quarter-limit cap of its reference unless asked; SGLD's default is "lm"
+    default = FSGLD(regression_model, gp_prior=gp.kernels.RBF(2))
+    assert default.integrator == "euler" and default._CURVATURE_FACTOR == 1.0
+    lm = FSGLD(regression_model, gp_prior=gp.kernels.RBF(2), integrator="lm")
+    assert lm.integrator == "lm" and lm._CURVATURE_FACTOR == 3.0
+    with pytest.raises(ValueError, match="integrator must be 'lm' or 'euler'"):
+        FSGLD(regression_model, gp_prior=gp.kernels.RBF(2), integrator="baoab")

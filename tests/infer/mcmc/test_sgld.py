@@ -121,8 +121,7 @@ def stiff_gaussian_model():
 def test_default_noise_keeps_a_gaussian_exact_at_three_quarters_of_the_stability_limit(integrator):
     # eta = 0.03 on curvature 100: three quarters of SGLD's stability limit 4 / lambda (the adapted step's cap with
     # the default integrator). The Leimkuhler-Matthews noise keeps the stationary variance 0.01 exactly; Euler-
-    # Maruyama's is 0.01 / (1 - eta * lambda / 4) = 0.04 (its cap is a quarter of the limit)
-    pyro.set_rng_seed(0)
+    # Maruyama's is 0.01 / (1 - eta * lambda / 4) = 0.04 (its cap is a quarter of the limit). Seeded by conftest.
     kernel = SGLD(stiff_gaussian_model, step_size=0.03, num_steps=1, vectorized_chains=16, adapt_mass_matrix=False,
                   adapt_step_size=False, integrator=integrator, **FAST)
     mcmc = MCMC(kernel, num_samples=300, warmup_steps=50, disable_progbar=True)
