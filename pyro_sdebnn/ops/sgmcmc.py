@@ -42,8 +42,8 @@ __all__ = [
     "PreconditionedSGLDState",
     "SGHMCState",
     "SGLDState",
-    "preconditioned_sgld_step",
     "lm_sgld_step",
+    "preconditioned_sgld_step",
     "sghmc_step",
     "sgld_step",
 ]
