@@ -1604,11 +1604,14 @@ class SGMCMCKernel(MCMCKernel):
 
         state = tensors(sd["state"])
         assert state is not None  # state_dict saves the chain's state (load_state_dict checked the key)
-        saved_type = sd.get("state_type", self._state_type.__name__)  # the layout's name, where the checkpoint has it
+        saved_type = sd.get("state_type")  # the layout's name (a checkpoint of an earlier version has none)
+        expected = self._state_type.__name__
         if (len(state) != len(cast("type[NamedTuple]", self._state_type)._fields)
-                or saved_type != self._state_type.__name__):
-            raise ValueError(f"the checkpoint's chain state ({saved_type}) does not match this kernel's "
-                             f"({self._state_type.__name__}; e.g. preconditioned or not, or another integrator)")
+                or saved_type not in (None, expected)):
+            saved = saved_type if saved_type is not None else f"{len(state)} tensor(s)"
+            raise ValueError(f"the checkpoint's chain state ({saved}) does not match this kernel's ({expected}): "
+                             "preconditioned or not, or another integrator (SGLD's integrator='euler' keeps one "
+                             "tensor, the default 'lm' two)")
         self._state = state
         self._healthy = tensors(sd["healthy"])
         self._uncertified = tensors(sd["uncertified"])

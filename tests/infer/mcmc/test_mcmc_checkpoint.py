@@ -253,6 +253,19 @@ def test_bad_checkpoints_are_clear_errors(tmp_path):
     with pytest.raises(ValueError, match=r"chain state \(LMSGLDState\) does not match this kernel's \(SGLDState"):
         resume_run(path, SGLD(plain_model, subsample_size=10, integrator="euler"), x, y, num_samples=2,
                    disable_progbar=True)
+    # a checkpoint without the layout's name (an earlier version's, of Euler SGLD: one state tensor)
+    unnamed = tmp_path / "unnamed.pt"
+    saved = torch.load(path, weights_only=True)
+    kernel_state = {k: v for k, v in saved["kernel"].items() if k != "state_type"}
+    kernel_state["state"] = kernel_state["state"][:1]
+    torch.save({**saved, "kernel": kernel_state}, unnamed)
+    with pytest.raises(ValueError, match=r"chain state \(1 tensor\(s\)\) does not match this kernel's "
+                                         r"\(LMSGLDState\): .*integrator='euler' keeps one tensor"):
+        resume_run(unnamed, SGLD(plain_model, subsample_size=10), x, y, num_samples=2, disable_progbar=True)
+    # ... which the kernel of its layout resumes
+    resumed = resume_run(unnamed, SGLD(plain_model, step_size=1e-3, subsample_size=10, integrator="euler"), x, y,
+                         num_samples=2, disable_progbar=True)
+    assert resumed.get_samples()["w"].shape[0] == 5
     with pytest.raises(ValueError, match="num_samples must be a positive int"):
         resume_run(path, SGLD(plain_model, subsample_size=10), x, y, num_samples=0)
 
