@@ -151,3 +151,28 @@ def test_realdata_nuts_num_steps_sets_the_inner_steps_per_draw(tmp_path, monkeyp
     args.num_steps = None  # the default: the protocol's (2 in the quick mode)
     module.run(args)
     assert seen == [3, 2] and "2 inner steps per draw" in (tmp_path / "realdata_nuts.md").read_text()
+
+
+def test_realdata_nuts_passes_the_kernel_settings_and_notes_step_halvings(tmp_path, monkeypatch):
+    pytest.importorskip("sklearn")
+    module, args = _args("realdata-nuts", tmp_path, datasets=["diabetes"], methods=["SGLD", "SGHMC"],
+                         integrator="euler", warmup_step_factor=1.5)
+    real, kernels = module._sgmcmc, {}
+
+    def sgmcmc(*a, **settings):
+        samples, notes, kernel = real(*a, **settings)
+        kernels[type(kernel).__name__] = kernel
+        kernel.divergence_log.append({"halved": True})  # as the warm-up's step search records a halving
+        return samples, notes, kernel
+
+    monkeypatch.setattr(module, "_sgmcmc", sgmcmc)
+    module.run(args)
+    assert kernels["SGLD"].integrator == "euler"  # SGLD's noise only: SGHMC has none to choose
+    assert kernels["SGLD"].warmup_step_factor == kernels["SGHMC"].warmup_step_factor == 1.5
+    assert (tmp_path / "realdata_nuts.md").read_text().count("step halved 1x in warm-up") == 2
+    parser = argparse.ArgumentParser()
+    module.add_arguments(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--warmup-step-factor", "4"])
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--integrator", "rk4"])
