@@ -317,16 +317,15 @@ _AUTO_EAGER_STEPS = 100
 
 
 class _Adam:
-    """Adam (Kingma & Ba, 2015, "Adam: A Method for Stochastic Optimization", ICLR) on one tensor, given its gradient,
-    written out as ``torch.optim.Adam`` computes it on the CPU (default ``betas`` and ``eps``, no weight decay):
+    """Adam (Kingma & Ba, 2015, "Adam: A Method for Stochastic Optimization", ICLR) on one tensor, as
+    ``torch.optim.Adam`` computes it (default ``betas`` and ``eps``), without importing ``torch._dynamo``, which
+    ``torch.optim`` does and which takes longer than a short run's warm start:
 
     .. math::
 
         m \\leftarrow \\beta_1 m + (1 - \\beta_1) g, \\quad v \\leftarrow \\beta_2 v + (1 - \\beta_2) g^2, \\quad
         w \\leftarrow w - \\frac{\\text{lr}}{1 - \\beta_1^t} \\frac{m}{\\sqrt{v / (1 - \\beta_2^t)} + \\epsilon}.
-
-    The warm start's own copy: constructing a ``torch.optim`` optimiser imports ``torch._dynamo``, which the first
-    time in a process takes longer than a short run's warm start."""
+    """
 
     betas, eps = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults
 
@@ -347,17 +346,12 @@ class _Adam:
 
 
 class _ModelOverLoader:
-    """The model as ``kernel.model`` shows it: the user's model, which also accepts the loader of ``mcmc.run(loader)``.
+    """``kernel.model``: the user's model, which also accepts the loader of ``mcmc.run(loader)``.
 
-    Tools that call ``kernel.model(*mcmc._args)`` (ArviZ's ``az.from_pyro`` does, for the observed data and the
-    pointwise log-likelihood; so can ``Predictive(kernel.model, samples)(loader)``) then run the model once on the
-    whole data set: the batches of the loader's data set in data-set order
-    (:func:`~pyro_sdebnn.infer.mcmc.potential.in_dataset_order`) are concatenated tensor by tensor along the batch
-    dimension, moved to the model's device, and the model is called on them as on one batch
-    (``pyro_sdebnn.data.loaders.batch_arguments``: ``model(*batch)``, ``model(**batch)`` or ``model(batch)``);
-    torch's random state is left as it was (workers draw their seeds from it). This holds the whole data
-    set in memory once; :func:`~pyro_sdebnn.infer.mcmc.to_inference_data` streams it instead.
-    Any other call is passed to the model unchanged.
+    Tools that call ``kernel.model(*mcmc._args)`` (ArviZ's ``az.from_pyro``, ``Predictive``) then run the model once
+    on the whole data set: the loader's batches in data-set order, concatenated and moved to the model's device,
+    called as one batch; torch's random state is left as it was. This holds the data set in memory once;
+    :func:`~pyro_sdebnn.infer.mcmc.to_inference_data` streams it instead. Any other call goes to the model unchanged.
     """
 
     def __init__(self, model: Callable) -> None:
@@ -379,6 +373,13 @@ class _ModelOverLoader:
                                              for ts in zip(*(leaves for leaves, _ in batches))], spec)
             args, kwargs = whole + args[1:], {**batch_kwargs, **kwargs}
         return self.model(*args, **kwargs)
+
+
+def _grads(value: Tensor, parts: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    """The gradient of ``value`` with respect to each of ``parts`` (zeros where every term is in closed form)."""
+    if not value.requires_grad:
+        return tuple(torch.zeros_like(part) for part in parts)
+    return torch.autograd.grad(value, parts, allow_unused=True, materialize_grads=True)
 
 
 def _check_initial_params(potential: MinibatchPotential, params: Any, chains: int) -> None:
@@ -489,8 +490,10 @@ class SGMCMCKernel(MCMCKernel):
         for name, flag in (("closed_form_prior", closed_form_prior), ("cache_graphs", cache_graphs)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be a bool, got {flag!r}")
-        if drop_last is not None and not isinstance(drop_last, bool):
-            raise TypeError(f"drop_last must be None (automatic) or a bool, got {drop_last!r}")
+        for name, auto in (("drop_last", drop_last), ("adapt_step_size", adapt_step_size),
+                           ("adapt_mass_matrix", adapt_mass_matrix)):
+            if auto is not None and not isinstance(auto, bool):
+                raise TypeError(f"{name} must be None (automatic) or a bool, got {auto!r}")
         self.drop_last = drop_last
         self.compile_after = compile_after
         self.closed_form_prior = closed_form_prior
@@ -528,10 +531,6 @@ class SGMCMCKernel(MCMCKernel):
                             f" got {type(sample_writer).__name__}")
         if on_divergence not in _ON_DIVERGENCE:
             raise ValueError(f"on_divergence must be one of {_ON_DIVERGENCE}, got {on_divergence!r}")
-        if adapt_step_size is not None and not isinstance(adapt_step_size, bool):
-            raise TypeError(f"adapt_step_size must be None (automatic) or a bool, got {adapt_step_size!r}")
-        if adapt_mass_matrix is not None and not isinstance(adapt_mass_matrix, bool):
-            raise TypeError(f"adapt_mass_matrix must be None (automatic) or a bool, got {adapt_mass_matrix!r}")
         if adapted_step_size is None:
             adapted_step_size = self._adapted_step_default
         if isinstance(adapted_step_size, bool) or not isinstance(adapted_step_size, (int, float)) \
@@ -632,6 +631,12 @@ class SGMCMCKernel(MCMCKernel):
         batch_args, batch_kwargs = arguments(self._pending_batch, self._stream.spec)
         return batch_args, {**batch_kwargs, **kwargs}
 
+    @property
+    def _U(self) -> MinibatchPotential:
+        """The potential :math:`\\tilde U` (built by ``setup``)."""
+        assert self.potential is not None, "the kernel has not been set up (mcmc.run)"
+        return self.potential
+
     def _potential_and_grad_inputs(self) -> tuple:
         """Extra tensor inputs of the potential for the next step (none for weight-space kernels)."""
         return ()
@@ -643,8 +648,7 @@ class SGMCMCKernel(MCMCKernel):
         *extra: Tensor,
         exclude_gaussian_prior: bool = False,
     ) -> Tensor:
-        assert self.potential is not None  # built by setup
-        return self.potential(flat, idx, exclude_gaussian_prior=exclude_gaussian_prior)
+        return self._U(flat, idx, exclude_gaussian_prior=exclude_gaussian_prior)
 
     # ----- bookkeeping -------------------------------------------------------------------------------------------
     def _reset(self) -> None:
@@ -736,9 +740,8 @@ class SGMCMCKernel(MCMCKernel):
             assert self._pending_batch is not None  # the loader's first batch, drawn by _start_stream
             key = ("loader", id(self._stream.loader), tuple(_arg_key(t)[2:4] for t in self._pending_batch),
                    str(self._stream.spec), key[1])
-        # the key holds the version counters of the tensors: data changed in place also rebuild the potential
-        # (validating the data again) and trace the step again; and the settings the potential is built from, which
-        # a user may change between runs (kernel.subsample_size = 64)
+        # the key holds the tensors' version counters (data changed in place rebuild the potential) and the settings
+        # the potential is built from, which a user may change between runs
         sub = self.subsample_size
         plates = self.data_plate
         key += ((dict(sub) if isinstance(sub, dict) else sub, tuple(plates) if isinstance(plates, list) else plates,
@@ -752,16 +755,14 @@ class SGMCMCKernel(MCMCKernel):
             self._draw_as_fresh(args, kwargs)
         # vectorised chains: MCMC stores them as chains, (num_chains * K, num_samples, *shape)
         self.transforms = chain_transforms(self.potential, self.vectorized_chains)
-        U = self.potential
-        assert U is not None  # built by setup
+        U = self._U
         self._model_view.device, self._model_view.dtype = U.device, U.dtype
         if self._stream is not None:  # later batches follow the model's device and dtype
             self._stream.device, self._stream.dtype = U.device, U.dtype
             self._stream.follow_model(U)  # a plate that fixes its subsample_size passes over shorter batches
             assert self._pending_batch is not None  # the loader's first batch, drawn by _start_stream
             self._pending_batch = tuple(move_batch(t, U.device, U.dtype) for t in self._pending_batch)
-            # the data tensors of a step: the batch's, then those among the keyword arguments of mcmc.run (a dict
-            # batch's entries come first among the model's keyword arguments: see _start_stream)
+            # the data tensors of a step: the batch's, then those among the keyword arguments of mcmc.run
             self._kwarg_tensors = U.data_tensors()[len(self._pending_batch):]
         self._precond = torch.ones(U.dim, dtype=U.dtype, device=U.device)
         self._start_run_checks()
@@ -796,8 +797,7 @@ class SGMCMCKernel(MCMCKernel):
             self._adapter = None if adapter.done else adapter
         self._healthy = self._uncertified = self._state
         self._last_params = self._initial_params
-        # the step graph is built on the first sample(): MCMC's parent process calls setup() only to learn the
-        # transforms when the chains ran in worker processes
+        # the step graph is built by the first sample(): MCMC's parent process calls setup() only for the transforms
         if self.sample_writer is not None:
             self.sample_writer.start_chain()
 
@@ -830,15 +830,13 @@ class SGMCMCKernel(MCMCKernel):
                 return max(1, len(self._stream.loader) - int(self._stream.drops_short_batch))
             except TypeError:
                 return max(1, math.ceil(self._stream.size / max(1, self._first_batch_size)))
-        U = self.potential
-        assert U is not None  # built by setup
+        U = self._U
         if not U.subsample_sizes:
             return 1
         return max(1, max(math.ceil(U.data_sizes[p] / b) for p, b in U.subsample_sizes.items()))
 
     def _draw_initial_params(self) -> dict[str, Tensor]:
-        U = self.potential
-        assert U is not None  # built by setup
+        U = self._U
         draws = []
         for _ in range(self.vectorized_chains):
             with poutine.block(), pyro.validation_enabled(False), torch.no_grad():
@@ -852,8 +850,7 @@ class SGMCMCKernel(MCMCKernel):
 
     # ----- minibatches -------------------------------------------------------------------------------------------
     def _next_indices(self) -> Optional[Tensor]:
-        U = self.potential
-        assert U is not None  # built by setup
+        U = self._U
         if not U.subsample_sizes:
             return None
         if self._batches is None or self._batch_pos >= len(self._batches):
@@ -880,17 +877,14 @@ class SGMCMCKernel(MCMCKernel):
         """Within the block the model runs on the batch ``data`` (a no-op with tensors)."""
         if data is None:
             return contextlib.nullcontext()
-        assert self.potential is not None  # built by setup
-        return self.potential.bound_data(data)
+        return self._U.bound_data(data)
 
     # ----- warm start from a MAP fit ---------------------------------------------------------------------------
     def _map_fit(self, position: Tensor) -> Tensor:
-        """Adam on the (minibatch) potential from ``position``: ``map_steps`` steps, or with ``map_steps=None`` up to
-        one epoch (not for passes shorter than ``_MAP_WINDOW`` steps, e.g. full-batch gradients), 10 % of the run's
-        inner steps and ``_AUTO_MAP_STEPS`` steps (the smallest), stopped early once the
-        mean potential of the last ``_MAP_WINDOW`` steps is no more than ``0.01 (D + 1)`` below that of the window
-        before (the fit has levelled off). Its progress shows in the progress bar. Vectorised chains take their
-        gradients together (:meth:`_chains_gradient`)."""
+        """Adam on the minibatch potential from ``position``: ``map_steps`` steps or, with ``map_steps=None``, at
+        most one epoch (unless an epoch is shorter than ``_MAP_WINDOW`` steps), 10 % of the run's inner steps and
+        ``_AUTO_MAP_STEPS``, stopped once the mean potential over a window of ``_MAP_WINDOW`` steps falls by less than
+        ``0.01 (D + 1)``."""
         position = position.detach().clone()
         adam = _Adam(position, lr=self.map_lr)
         auto = self.map_steps is None
@@ -907,8 +901,7 @@ class SGMCMCKernel(MCMCKernel):
                 limit = min(limit, max(1, math.ceil(_AUTO_MAP_RUN_FRACTION * run_steps)))
         self.map_steps_limit = limit
         shown = max(1, limit // 20)
-        assert self.potential is not None  # built by setup
-        tolerance = 0.01 * (self.potential.dim + 1)
+        tolerance = 0.01 * (self._U.dim + 1)
         window: list[Tensor] = []
         previous: Optional[float] = None
         with pyro.validation_enabled(False):  # a diverging fit is reported below, not as a validation error
@@ -964,14 +957,11 @@ class SGMCMCKernel(MCMCKernel):
         return tuple(self._update(noise, self._state_type(*state), grad, step_size, precond))
 
     def _gradient(self, position: Tensor, idx: Optional[Tensor], *extra: Tensor) -> tuple[Tensor, Tensor]:
-        """:math:`\\nabla \\tilde U` and :math:`\\tilde U` at ``position`` (the data-parallel kernels override this:
-        an all-reduce over the ranks).
-
-        Eagerly, plain autograd through Pyro's handlers; traced, ``torch.func``'s gradient (it composes with ``vmap``
-        over the chains) of the per-site pieces of the flat vector (one concatenation of their gradients). Either
-        way constant-Normal prior terms are added in closed form, outside autograd (``closed_form_prior``)."""
-        U = self.potential
-        assert U is not None  # built by setup
+        """:math:`\\nabla \\tilde U` and :math:`\\tilde U` at ``position`` (the data-parallel kernel overrides this
+        with an all-reduce): eagerly by autograd through Pyro's handlers, traced by ``torch.func`` (which composes
+        with ``vmap``); both differentiate the per-site pieces of the flat vector. Constant-``Normal`` prior terms
+        are added in closed form (``closed_form_prior``)."""
+        U = self._U
         split = self.closed_form_prior and U.has_gaussian_prior
         if not self._tracing:
             # the per-site pieces, as traced: the gradient of a slice of one flat vector would be a zero-filled
@@ -979,11 +969,7 @@ class SGMCMCKernel(MCMCKernel):
             parts = tuple(part.detach().requires_grad_() for part in U.flat_parts(position))
             with torch.enable_grad():
                 value = self._potential_fn(parts, idx, *extra, exclude_gaussian_prior=split)
-                if value.requires_grad:
-                    grads = torch.autograd.grad(value, parts, allow_unused=True, materialize_grads=True)
-                else:  # every term in closed form (a model without data)
-                    grads = tuple(torch.zeros_like(part) for part in parts)
-                grad = torch.cat(grads)
+                grad = torch.cat(_grads(value, parts))
             value = value.detach()
         else:
             grads, value = torch.func.grad_and_value(self._potential_fn)(
@@ -998,25 +984,13 @@ class SGMCMCKernel(MCMCKernel):
     def _chains_gradient(
         self, position: Tensor, idx: Optional[Tensor], *extra: Tensor
     ) -> Optional[tuple[Tensor, Tensor]]:
-        """:meth:`_gradient` at ``K`` positions at once (the vectorised chains; the two finite-difference points of
-        every chain in the warm-up's curvature estimate), ``(K, D)`` and ``(K,)``, or ``None`` where the kernel
-        computes them chain by chain (see below).
+        """:meth:`_gradient` at ``K`` positions at once, ``(K, D)`` and ``(K,)``: the potential of one chain
+        ``vmap``-ed over the rows and differentiated by autograd (the rows are independent), so one trace of the model
+        serves every chain. Used by the eager steps of vectorised chains, the warm start and the curvature estimate.
 
-        The potential of one chain is ``vmap``-ed over the chains, as in the traced step, and differentiated by plain
-        autograd: the chains are independent, so the gradient of the sum of their potentials is each chain's
-        gradient. One trace of the model through Pyro's handlers serves every chain, where the chain-by-chain
-        gradient traces it ``K`` times (``torch.func``'s own gradient would import ``torch._dynamo``, which the
-        first time in a process takes longer than a short run's warm start). The closed-form prior terms are
-        added chain by chain, as :meth:`_gradient` adds them (on ``(K, D)`` they would allocate and fill buffers
-        ``K`` times the size, slower for a large network). The model's batched products may round differently
-        from the chain-by-chain ones (in the last bits of the dtype).
-
-        ``None`` (chain by chain) with ``backend="eager"`` (the backend for models that cannot be
-        traced or vectorised), with a kernel that computes its gradient its own way (the data-parallel kernels'
-        all-reduce), and for a model that ``vmap`` cannot run (data-dependent control flow, random draws in the
-        potential): that is found at its first call and remembered for the potential."""
-        U = self.potential
-        assert U is not None  # built by setup
+        ``None`` (the caller goes chain by chain) with ``backend="eager"``, for a kernel with its own
+        :meth:`_gradient`, and for a model ``vmap`` cannot run (found at the first call, remembered)."""
+        U = self._U
         if (
             self.backend_used == "eager" or self._unbatched is U
             or type(self)._gradient is not SGMCMCKernel._gradient
@@ -1029,10 +1003,7 @@ class SGMCMCKernel(MCMCKernel):
         try:
             with torch.enable_grad():
                 value = torch.func.vmap(potential, in_dims=in_dims)(parts, idx, *extra)
-                if value.requires_grad:
-                    grads = torch.autograd.grad(value.sum(), parts, allow_unused=True, materialize_grads=True)
-                else:  # every term in closed form (a model without data)
-                    grads = tuple(torch.zeros_like(part) for part in parts)
+                grads = _grads(value.sum(), parts)
         except Exception:  # noqa: BLE001 - a model vmap cannot run is differentiated chain by chain
             self._unbatched = U
             return None
@@ -1045,10 +1016,8 @@ class SGMCMCKernel(MCMCKernel):
         return grad, value
 
     def _eager_step(self, state: tuple, idx: Optional[Tensor], step_size: Tensor, *extra: Tensor) -> tuple:
-        """``backend="eager"``: :meth:`_step` chain by chain, with Pyro's handlers running. No argument validation in
-        the hot loop (the model was validated at set-up): a non-finite state is a divergence, not a validation
-        error. ``backend="auto"``'s first, eager steps take the chains' gradients together
-        (:meth:`_chains_gradient`), then each chain's noise and update in turn, as :meth:`_step` draws them."""
+        """:meth:`_step` eagerly, chain by chain (the gradients together where :meth:`_chains_gradient` can), without
+        Pyro's argument validation (the model was validated at set-up; a non-finite state is a divergence)."""
         with pyro.validation_enabled(False):
             if self.vectorized_chains == 1:
                 return self._step(state, idx, step_size, self._precond, *extra)
@@ -1104,10 +1073,8 @@ class SGMCMCKernel(MCMCKernel):
 
     def _draw_as_fresh(self, args: tuple, kwargs: dict) -> None:
         """A new run on the potential and graphs kept from an earlier run (``cache_graphs``) draws the random numbers
-        that a fresh kernel draws, so that the same seed gives the same chain: building the potential again (the
-        model's traces draw from the priors; the copy is dropped), and at the first traced step the noise of tracing
-        the graph (:meth:`_traced_step`); ``backend="auto"`` starts again from its eager steps. The next of
-        ``MCMC``'s sequential chains does not: it continues the run's random stream."""
+        a fresh kernel draws (building the potential, tracing the graph), so that the same seed gives the same chain.
+        The next of ``MCMC``'s sequential chains does not: it continues the run's random stream."""
         self._build_potential(args, kwargs)
         self._trace_draw_pending = True
         if self.backend == "auto" and self.backend_used != "eager":  # "eager": the model could not be traced
@@ -1124,9 +1091,8 @@ class SGMCMCKernel(MCMCKernel):
     ) -> Optional[tuple]:
         """The step through the graph traced for the shapes of ``data`` (the model's own data tensors if ``None``),
         traced on first use; ``None`` if the model cannot be traced (``backend="auto"`` then continues eagerly)."""
-        assert self.potential is not None  # built by setup
         if data is None:
-            data = self.potential.data_tensors()
+            data = self._U.data_tensors()
         key = tuple(t.shape for t in data)
         run = self._graphs.get(key)
         if run is None and self._graphs and self._t < self._epoch_steps() and _batch_size(key) < max(
@@ -1150,18 +1116,14 @@ class SGMCMCKernel(MCMCKernel):
     def _trace_graph(
         self, state: tuple, idx: Optional[Tensor], step_size: Tensor, extra: tuple, data: tuple, key: Any
     ) -> Optional[Callable]:
-        """Trace :meth:`_step` (``vmap``-ed over vectorised chains) into a graph whose inputs are the state, the
-        minibatch indices, the step size, the preconditioner, the extra inputs and the data.
-
-        Tracing runs the step once and draws its noise. The first graph of a fresh chain draws it from torch's random
-        stream, as the first step always has; every later trace (another batch shape, or the first after resuming
-        from a checkpoint) puts the random state back, so that the chain does not depend on when a graph was
-        traced."""
+        """Trace :meth:`_step` (``vmap``-ed over vectorised chains) into a graph of the state, the minibatch indices,
+        the step size, the preconditioner, the extra inputs and the data. Tracing runs the step once and draws its
+        noise: the first graph of a fresh chain from torch's random stream, as the first step always has; any later
+        trace puts the random state back, so that the chain does not depend on when a graph was traced."""
         from torch.fx.experimental.proxy_tensor import make_fx
 
         num_state, has_idx, num_data = len(state), idx is not None, len(data)
-        U = self.potential
-        assert U is not None  # built by setup
+        U = self._U
 
         def chains_step(state: tuple, idx: Optional[Tensor], *rest: Tensor) -> tuple:
             if self.vectorized_chains == 1:
@@ -1232,10 +1194,8 @@ class SGMCMCKernel(MCMCKernel):
         return graph.forward
 
     def _auto_switch(self) -> None:
-        """``backend="auto"``: compile the step graphs once the chain has taken ``compile_after`` inner steps with the
-        eager graph: short runs never pay the compilation, long ones run compiled. The switch is a step count, not a
-        measured time: the compiled step rounds differently, so a time-dependent switch would give different chains
-        for the same seed."""
+        """``backend="auto"``: compile the step graphs after ``compile_after`` inner steps with the eager graph. The
+        switch is a step count, not a measured time, so the same seed gives the same chain."""
         if self.backend != "auto" or self.backend_used != "fx" or self._fx_steps < 0:
             return
         self._fx_steps += self.num_steps
@@ -1274,35 +1234,14 @@ class SGMCMCKernel(MCMCKernel):
 
     def _stable_step(self, positions: list[Tensor]) -> float:
         """``adapted_step_size``, or less where the preconditioned potential is stiffer: the largest eigenvalue
-        :math:`\\lambda` of :math:`M^{-1/2} \\nabla^2 \\tilde U M^{-1/2}` over the given positions (each ``(D,)`` or
-        ``(K, D)``, every chain's) caps the step at :math:`a \\lambda^{-p}` (``_CURVATURE_FACTOR`` :math:`a`,
-        ``_CURVATURE_POWER`` :math:`p`: :math:`3/\\lambda` for SGLD, three quarters of its stability limit
-        :math:`4/\\lambda`, where its Leimkuhler--Matthews noise keeps the stationary variance of a Gaussian
-        direction exact, or :math:`1/\\lambda` with ``integrator="euler"``, where the variance along the stiffest
-        direction is at most 4/3 of the target's; :math:`0.5/\\sqrt\\lambda` for SGHMC, a quarter of its limit
-        :math:`2/\\sqrt\\lambda`).
+        :math:`\\lambda` of :math:`M^{-1/2} \\nabla^2 \\tilde U M^{-1/2}` over ``positions`` (each ``(D,)`` or
+        ``(K, D)``) caps the step at :math:`a \\lambda^{-p}` (``_CURVATURE_FACTOR``, ``_CURVATURE_POWER``; see
+        :doc:`/methods/sgmcmc` for the values and why).
 
-        The Hessian is averaged over ``_CURVATURE_BATCHES`` minibatches, at most one epoch (that of a single
-        minibatch of a network's potential varies several-fold from batch to batch), with equal weights, as the chain
-        meets them (a short last batch that a loader keeps, scaled by :math:`N/b`, is stiffer than the others).
-        :math:`\\lambda` is found by ``_CURVATURE_ITERATIONS`` power iterations with central finite differences of
-        the gradient, from a random vector. Vectorised chains iterate each on its own (its own start, normalisation,
-        and stop at a non-finite or zero norm); the gradients at every chain's two points are taken in one batched
-        call per minibatch (:meth:`_chains_gradient`; chain by chain where that does not apply).
-
-        A network's :math:`\\lambda` varies several-fold along a chain (most where a few points near the decision
-        boundary, in a small minibatch scaled by :math:`N/b`, dominate the Hessian), so that at the one or two
-        positions of the window's end and of the end of warm-up it can fall well below what the chain meets while
-        sampling. SGHMC checks the sampling step at ``_CURVATURE_POSITIONS = 8`` positions spread evenly through the
-        last window, each with minibatches of its own, and at the end of warm-up, and takes the stiffest: its
-        momentum, damped by only a few per cent per step, carries the energy of a step too large for the curvature
-        over many steps, until the chain diverges. It runs 10 iterations at each position (120 in a warm-up's twelve
-        positions, against 100 for five positions with 20); the estimate rises towards :math:`\\lambda` from below and
-        is within a few per cent of it after 10 where the top eigenvalue stands apart, as it does where a few points
-        dominate.
-        SGLD, which forgets a step's excess at the next, checks the window's end only (``_CURVATURE_POSITIONS = 1``):
-        its step, :math:`\\propto 1/\\lambda`, would otherwise shrink with the rarest stiff position and
-        slow its mixing further."""
+        Each Hessian-vector product is a central finite difference of the gradient, averaged over up to
+        ``_CURVATURE_BATCHES`` minibatches with equal weights (one minibatch's Hessian varies several-fold from batch
+        to batch); :math:`\\lambda` comes from ``_CURVATURE_ITERATIONS`` power iterations from a random vector, each
+        vectorised chain on its own, stopping at a non-finite or zero norm."""
         extra = tuple(t.detach() if isinstance(t, Tensor) else t for t in self._potential_and_grad_inputs())
         assert self.inverse_mass_matrix is not None  # called once a window has adapted M
         scale = self.inverse_mass_matrix.sqrt()
@@ -1377,18 +1316,15 @@ class SGMCMCKernel(MCMCKernel):
         self._graph_modules.clear()
 
     def sample(self, params: dict[str, Tensor]) -> dict[str, Tensor]:
-        U = self.potential
-        assert U is not None  # built by setup
+        U = self._U
         assert self._state is not None  # set by setup
-        # a run that neither adapts nor restored a mass matrix steps without the preconditioner: the update rule then
-        # skips its element-wise products with ones (several passes over the parameters per step)
+        # without a mass matrix the update rule skips its products with ones
         unit = self._adapter is None and self.inverse_mass_matrix is None
         if unit != self._unit_mass:
             self._unit_mass = unit
             self._retrace()
         if self._recheck_step and self._sample_count == self._warmup_steps:
-            # the end of an adapted warm-up: the step is checked once more, at the settled chain's position with the
-            # final mass matrix, and lowered if the potential is stiffer there
+            # the end of an adapted warm-up: the step is checked once more at the settled chain's position
             self._recheck_step = False
             self._adapted_eta = min(self._adapted_eta, self._stable_step([self._state[0]]))
             self._eta_tensor = None
@@ -1398,9 +1334,7 @@ class SGMCMCKernel(MCMCKernel):
             self._state = (position,) + tuple(self._state[1:])
         start_t = self._t
         state = self._state
-        # the potential of every inner step, written into one buffer: a list of per-step scalars would scatter small
-        # long-lived allocations between the steps' large temporaries, and the allocator's heap then grows with
-        # num_steps
+        # the potential of every inner step, in one buffer (per-step scalars would fragment the allocator's heap)
         potentials: Optional[Tensor] = None
         constant = self.step_size.is_constant
         eta = self._eta_tensor if constant else None
@@ -1414,9 +1348,8 @@ class SGMCMCKernel(MCMCKernel):
                 try:
                     state, value = self._take_step(state, eta)
                 except (RuntimeError, ValueError) as e:
-                    # an op that refuses non-finite input (a distribution's argument validation in the eager
-                    # step, torch.bernoulli or a Cholesky factorisation in the model ...): a divergence if the
-                    # state it was handed had diverged (checked below), the model's own error otherwise
+                    # an op that refuses non-finite input: a divergence if the state had diverged (checked below),
+                    # the model's own error otherwise
                     error = e
                     break
                 if potentials is None:  # NaN for steps not taken: the energy check then skips the sample
@@ -1452,8 +1385,8 @@ class SGMCMCKernel(MCMCKernel):
         if error is None:
             finite = finite & torch.isfinite(potentials).reshape(self.num_steps, -1).all(0)
         energy = self._energy(state, potentials[-1]).reshape(-1)
-        # the one host synchronisation per sample: per chain, finite or not, its energy, its potential, and the
-        # potential at the state the previous sample returned (its first inner step's)
+        # the one host synchronisation per sample: per chain, finite or not, its energy, its last potential and its
+        # first (at the state the previous sample returned)
         host = torch.stack(
             [finite.to(energy.dtype), energy, potentials[-1].reshape(-1).to(energy.dtype),
              potentials[0].reshape(-1).to(energy.dtype)]
@@ -1481,8 +1414,7 @@ class SGMCMCKernel(MCMCKernel):
     # ----- checkpoints ------------------------------------------------------------------------------------------
     def _signature(self) -> dict[str, Any]:
         """What a checkpoint must match: the kernel, its latent sites, the data sizes and the vectorised chains."""
-        U = self.potential
-        assert U is not None  # built by setup, before a chain exists to save or restore
+        U = self._U
         return {
             "kernel": type(self).__name__,
             "sites": [[site.name, list(site.shape)] for site in U.sites],
@@ -1492,16 +1424,11 @@ class SGMCMCKernel(MCMCKernel):
 
     def state_dict(self) -> dict[str, Any]:
         """The state of the chain after the last :meth:`sample`, enough to continue it exactly (as an optimiser's
-        ``state_dict``).
-
-        The position and auxiliary state (momentum, RMSprop average; unconstrained, flat), the inner step count
-        (the position in the step-size schedule), the sample count, the warm-up step-size factor and divergence
-        records, the energy history of the divergence check, the minibatch position (the index pass, or the loader's
-        epoch and batch), the random state (``rng``: torch's CPU and CUDA generators, NumPy's and Python's) and,
-        under ``"adaptation"``, the adapted inverse mass matrix, its step size and, in warm-up, the adaptation
-        window's running sums, so that a run resumed in warm-up adapts as the uninterrupted one. It holds only
-        tensors, numbers, strings, lists and dicts, so ``torch.save`` / ``torch.load(path, weights_only=True)``
-        round-trip it. :func:`~pyro_sdebnn.infer.mcmc.checkpoint.save_run` writes it with the samples.
+        ``state_dict``): the chain's state, step and sample counts, the warm-up's step factor, adapted mass matrix
+        and window sums, divergence records, the divergence check's energy history, the minibatch position and the
+        random state (torch, CUDA, NumPy, Python). It holds only tensors, numbers, strings, lists and dicts, so it
+        round-trips through ``torch.load(path, weights_only=True)``;
+        :func:`~pyro_sdebnn.infer.mcmc.checkpoint.save_run` writes it with the samples.
 
         :raises ValueError: before the kernel was set up (``mcmc.run``).
         """
@@ -1554,11 +1481,9 @@ class SGMCMCKernel(MCMCKernel):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Continue from :meth:`state_dict` on the next ``setup`` (the next ``mcmc.run``), which must get the same
-        model and data (the same loader for a run over a loader): it restores the chain instead of drawing initial
-        values, and the random state, so the continued chain is the one an uninterrupted run would have given
-        (bitwise on CPU with a fixed ``backend``). The ``warmup_steps`` of that run must be the warm-up left in the
-        checkpoint (0 once sampling began); :func:`~pyro_sdebnn.infer.mcmc.checkpoint.resume_run` does all this.
+        """Continue from :meth:`state_dict` at the next ``setup`` (``mcmc.run`` on the same model and data, with the
+        warm-up left in the checkpoint): the continued chain is the one an uninterrupted run would have given
+        (bitwise on CPU with a fixed ``backend``); :func:`~pyro_sdebnn.infer.mcmc.checkpoint.resume_run` does all this.
 
         :raises TypeError: if ``state_dict`` is not a dict of the expected layout.
         :raises ValueError: if it is the state of another kernel class.
@@ -1578,8 +1503,7 @@ class SGMCMCKernel(MCMCKernel):
     def _restore(self, sd: dict[str, Any], warmup_steps: int) -> None:
         """Restore the chain saved by :meth:`state_dict` (called by ``setup``, once the potential is built)."""
         self._resume = None
-        U = self.potential
-        assert U is not None  # setup restores after building the potential
+        U = self._U
         saved, here = sd["signature"], self._signature()
         for key in ("sites", "data_sizes", "vectorized_chains"):
             if saved.get(key) != here[key]:
@@ -1687,12 +1611,10 @@ class SGMCMCKernel(MCMCKernel):
         self, host: np.ndarray, potentials: Tensor, start_t: int, failed_at: int, error: Optional[Exception]
     ) -> dict[int, tuple[int, str, bool]]:
         """``{chain: (inner step, cause, previous)}`` of the chains that diverged in this sample (the rule of
-        :mod:`~pyro_sdebnn.infer.mcmc.diagnostics`). ``previous``: the state the previous sample returned was already
-        bad (its potential, ``host[3]``, not finite or above the threshold), so that draw is a divergent one too; the
-        energy check reads the start of a sample's last inner step, which with ``num_steps=1`` is that state."""
+        :mod:`~pyro_sdebnn.infer.mcmc.diagnostics`). ``previous``: the state the previous sample returned was
+        already bad, so that draw is divergent too (the check reads the start of a sample's last inner step)."""
         flagged: dict[int, tuple[int, str, bool]] = {}
-        assert self.potential is not None  # built by setup
-        base = self.temperature * (self.potential.dim + 10)  # T (D + 10)
+        base = self.temperature * (self._U.dim + 10)  # T (D + 10)
         limits = energy_threshold(self._energy_recent, self._energy_all, base) if error is None else None
 
         def previous(k: int) -> bool:
@@ -1737,11 +1659,9 @@ class SGMCMCKernel(MCMCKernel):
     def _handle_divergences(
         self, flagged: dict[int, tuple[int, str, bool]], state: tuple, sample_index: int, error: Optional[Exception]
     ) -> tuple:
-        """Raise, or restart the flagged chains (only those) from their last healthy state with zero auxiliary
-        state (momentum, RMSprop average), recording each restart; in warm-up with ``adapt_step_size`` or with
-        the mass-matrix adaptation (which sets the step size), also halve the step size. The divergent draws are
-        this sample's (the restart) and, where the check found the state the previous sample returned already bad,
-        that earlier draw: it was handed to the runner before the check could see it."""
+        """Raise, or restart the flagged chains from their last healthy state with zero auxiliary state, recording
+        each restart; in an adapting warm-up, also halve the step size. The divergent draws are this sample's and,
+        where the previous sample's state was already bad, that earlier one."""
         K = self.vectorized_chains
         adapting = sample_index < 0 and (
             self.adapt_step_size or self._adapter is not None or self.inverse_mass_matrix is not None
@@ -1798,10 +1718,9 @@ class SGMCMCKernel(MCMCKernel):
         return tuple(restarted)
 
     def __getstate__(self) -> dict[str, Any]:
-        """The kernel as pickled (for ``MCMC(num_chains > 1)``'s worker processes under the ``"spawn"`` context, the
-        default on macOS and Windows) or deep-copied: without what a run built (the potential, the traced graphs, the
-        loader's stream, the runner), which the copy builds again at its own set-up, as a new kernel does. A traced
-        graph does not load in a fresh process and a compiled one cannot be pickled."""
+        """The kernel as pickled (``MCMC(num_chains > 1)``'s worker processes) or deep-copied: without what a run
+        built (the potential, the traced graphs, the loader's stream, the runner), which the copy builds again at its
+        own set-up. A traced graph does not load in a fresh process and a compiled one cannot be pickled."""
         state = self.__dict__.copy()
         state.pop("_args", None)
         state.update(
@@ -1841,13 +1760,10 @@ class SGMCMCKernel(MCMCKernel):
         return out
 
     def diagnostics(self) -> dict[str, Any]:
-        """What ``MCMC.diagnostics()`` reports per chain: ``"divergences"`` (the sample indices, as for Pyro's HMC;
-        ``MCMC.summary`` counts them and ArviZ's ``from_pyro`` reads them), the ``"backend"`` used, the
-        ``"divergence log"``, the ``"step size"`` when adapted, ``"mass matrix adapted"``, ``"warm start steps"`` and,
-        over a loader, ``"batches passed over"``. There is no ``"acceptance rate"``: SG-MCMC has no accept/reject
-        step, so the number would be 1 by construction and say nothing about the discretisation error, which no
-        Metropolis correction removes (watch the divergences, the function-space R-hat and, for SGHMC, the kinetic
-        temperature instead)."""
+        """What ``MCMC.diagnostics()`` reports per chain: ``"divergences"`` (the sample indices, as for Pyro's HMC,
+        which ``MCMC.summary`` and ArviZ read), the ``"backend"`` used, the ``"divergence log"``, the adapted
+        ``"step size"``, ``"mass matrix adapted"``, ``"warm start steps"`` and, over a loader, ``"batches passed
+        over"``. No ``"acceptance rate"``: without an accept/reject step it would be 1 by construction."""
         out: dict[str, Any] = {
             "divergences": list(self._divergences),
             # backend="auto" before its first trace has stepped eagerly only

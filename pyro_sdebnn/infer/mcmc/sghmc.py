@@ -168,8 +168,7 @@ class SGHMC(SGMCMCKernel):
     _energy_name = "the energy U + |v|^2/2"
 
     def _describe_energy(self, energy: float, potential: float, threshold: float, level: float, spread: float) -> str:
-        assert self.potential is not None  # built by setup
-        kinetic = 2.0 * (energy - potential) / self.potential.dim
+        kinetic = 2.0 * (energy - potential) / self._U.dim
         return super()._describe_energy(energy, potential, threshold, level, spread) + (
             f" (potential {potential:.4g}, kinetic temperature {kinetic:.3g} for a target {self.temperature:g})"
         )
@@ -194,8 +193,7 @@ class SGHMC(SGMCMCKernel):
         super()._restore(sd, warmup_steps)
         kinetic = sd.get("kinetic") or {"sum": None, "count": 0}
         total = kinetic["sum"]
-        assert self.potential is not None  # built by setup
-        self._kinetic_sum = None if total is None else total.to(self.potential.device)
+        self._kinetic_sum = None if total is None else total.to(self._U.device)
         self._kinetic_count = int(kinetic["count"])
         self._set_friction(float(sd.get("friction", self._base_friction)))
 
