@@ -1,9 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """From a Pyro model to the minibatch potential of one flat unconstrained vector, and the minibatches that feed it.
 
-The model is traced once to learn its latent sites, their supports and the plates over the data.
-``MinibatchPotential`` is then a function of :math:`u \\in \\mathbb R^D`, the latent sites mapped to
-unconstrained space by ``biject_to(site.support)`` and concatenated:
+The model is traced once to learn its latent sites, their supports and the plates over the data (and checked,
+:mod:`~pyro_sdebnn.infer.mcmc.diagnostics`). ``MinibatchPotential`` is then a function of :math:`u \\in \\mathbb R^D`,
+the latent sites mapped to unconstrained space by ``biject_to(site.support)`` and concatenated:
 
 .. math::
 
@@ -13,15 +13,9 @@ unconstrained space by ``biject_to(site.support)`` and concatenated:
 
 with one term per data plate :math:`p` (of size :math:`N_p`, minibatch :math:`B_p` of size :math:`b_p`); observed
 sites and ``pyro.factor`` terms outside every data plate are full-data terms. The minibatches are uniform draws
-without replacement, so :math:`\\tilde U` is an unbiased estimate of the full-data potential (Welling and Teh,
-2011). A minibatch reaches the model in one of three ways: as the ``subsample`` of its data plate (a model that
-indexes the data with the plate's indices), as its data arguments sliced by the minibatch indices (a plain model),
-or as the next batch of a loader (``BatchStream``, ``mcmc.run(loader)``); the last two scale the data plate by
-:math:`N/b` themselves.
-
-The model and the data are checked when the potential is built (:mod:`~pyro_sdebnn.infer.mcmc.diagnostics`).
-Latent sites whose prior is a ``Normal`` with fixed parameters can be taken out of the traced graph and added in
-closed form (``ClosedFormGaussianPrior``; the kernels' ``closed_form_prior=`` switch).
+without replacement, so :math:`\\tilde U` is an unbiased estimate of the full-data potential [1]. Latent sites whose
+prior is a ``Normal`` with fixed parameters can be taken out of the traced graph and added in closed form
+(``ClosedFormGaussianPrior``; the kernels' ``closed_form_prior=`` switch).
 
 **References**
 
@@ -101,12 +95,8 @@ def _is_identity(transform: Any) -> bool:
 
 
 class _DataScale(Messenger):
-    """Scale every site inside a data plate ``p`` by :math:`N_p / b`, :math:`b` being the plate's size in this run.
-
-    Used when the model is run on a minibatch itself (a batch of a loader, or the data arguments sliced by the
-    minibatch indices): its plate ``pyro.plate("data", len(x))`` then has the minibatch size :math:`b`, and this
-    handler restores the :math:`N/b` scaling that a subsampled ``pyro.plate`` would apply.
-    """
+    """Scale every site inside a data plate ``p`` by :math:`N_p / b`, :math:`b` being the plate's size in this run:
+    the scaling a subsampled ``pyro.plate`` would apply, for a model run on a minibatch itself."""
 
     def __init__(self, sizes: Mapping[str, int]) -> None:
         super().__init__()
@@ -138,9 +128,10 @@ class MinibatchPotential:
         \\tilde U(u) = -\\sum_{\\text{sites } s} \\text{scale}_s \\log p_s(v_s) - \\log|\\det J_T(u)|,
 
     with scale :math:`N_p/b_p` on the terms inside a subsampled data plate :math:`p` and 1 on the full-data terms
-    (see the module). ``minibatch_mode`` says how a minibatch reaches the model: ``"index"`` (its plate's
-    subsample), ``"slice"`` (the data arguments of leading size :math:`N` sliced) or ``"batch"`` (one loader batch,
-    with ``data_size``). With several subsampled plates, ``idx`` is their indices joined by :meth:`join_indices`.
+    (see the module). ``minibatch_mode`` says how a minibatch reaches the model: ``"index"`` (its plate's subsample,
+    for a model indexing the data with the plate's indices), ``"slice"`` (a plain model's data arguments of leading
+    size :math:`N` sliced) or ``"batch"`` (one loader batch, with ``data_size``); the last two are scaled by
+    :math:`N/b` here. With several subsampled plates, ``idx`` is their indices joined by :meth:`join_indices`.
 
     :param callable model: a Pyro model: the weights outside the plate over the data, the likelihood inside (no local
         latent variables under subsampling).
@@ -172,17 +163,10 @@ class MinibatchPotential:
     """
 
     def __init__(
-        self,
-        model: Callable,
-        model_args: tuple = (),
-        model_kwargs: Optional[dict] = None,
-        *,
-        subsample_size: SubsampleSize = None,
-        data_plate: Union[None, str, Sequence[str]] = None,
-        prior_filter: Optional[Callable[[str, dict], bool]] = None,
-        transforms: Optional[dict] = None,
-        data_size: Optional[int] = None,
-        batch_keys: Sequence[str] = (),
+        self, model: Callable, model_args: tuple = (), model_kwargs: Optional[dict] = None, *,
+        subsample_size: SubsampleSize = None, data_plate: Union[None, str, Sequence[str]] = None,
+        prior_filter: Optional[Callable[[str, dict], bool]] = None, transforms: Optional[dict] = None,
+        data_size: Optional[int] = None, batch_keys: Sequence[str] = (),
     ) -> None:
         if not callable(model):
             raise TypeError(f"model must be callable, got {type(model).__name__}")
@@ -192,14 +176,9 @@ class MinibatchPotential:
             if isinstance(data_size, bool) or not isinstance(data_size, int) or data_size < 1:
                 raise ValueError(f"data_size must be a positive int (the number of data points N), got {data_size!r}")
             if subsample_size is not None:
-                raise ValueError(
-                    "data_size= (the model arguments are one minibatch of N data points) excludes subsample_size=: "
-                    "the minibatch size is the size of the batch the model is run on"
-                )
-        # how a minibatch reaches the model: "index" (the subsample of the data plate indexes the full data),
-        # "slice" (the data arguments are sliced by the minibatch indices and the data plate scaled by N/b) or
-        # "batch" (the arguments are a minibatch already, e.g. a loader's batch; the data plate scaled by N/b)
-        self.minibatch_mode = "batch" if data_size is not None else "index"
+                raise ValueError("data_size= (the model arguments are one minibatch of N data points) excludes "
+                                 "subsample_size=: the minibatch size is the size of the batch the model is run on")
+        self.minibatch_mode = "batch" if data_size is not None else "index"  # "slice": see _check_subsampling
         self.batch_keys = frozenset(batch_keys)
         self.model = model
         self.model_args = tuple(model_args)
@@ -207,7 +186,7 @@ class MinibatchPotential:
         self.prior_filter = prior_filter
         self.user_transforms = dict(transforms or {})
         leaves, spec = tree_flatten((self.model_args, self.model_kwargs))
-        check_finite_tensors(  # a non-finite datum is a data problem, named here
+        check_finite_tensors(
             leaves, lambda: leaf_names(spec, len(leaves), model, label="data problem: model argument '{}'",
                                        unknown="args"),
             advice=": SG-MCMC needs finite data (a non-finite datum makes the potential or its gradient non-finite, "
@@ -218,7 +197,6 @@ class MinibatchPotential:
         self.prototype_trace = trace
         self._find_sites(trace)
         _check_observed_values(trace, self.observed_sites)
-        # the plates over the data, their sizes and the minibatch size of each subsampled one
         names, self.data_sizes, self.subsample_sizes = find_data_plates(
             trace, self.observed_sites, data_plates, subsample_size
         )
@@ -229,20 +207,15 @@ class MinibatchPotential:
         self.data_size: Optional[int] = self.data_sizes[names[0]] if names else None
         if data_size is not None:  # the arguments are one minibatch of the N = data_size points (none subsampled)
             if len(names) != 1:
-                raise ValueError(
-                    "with a loader the model must have exactly one plate over the data (found "
-                    f"{list(names) or 'none'}): put the likelihood in `with pyro.plate('data', len(x)):`, or "
-                    "name the plate with data_plate="
-                )
+                raise ValueError("with a loader the model must have exactly one plate over the data (found "
+                                 f"{list(names) or 'none'}): put the likelihood in `with pyro.plate('data', len(x)):`,"
+                                 " or name the plate with data_plate=")
             self.data_sizes, self.data_size = {names[0]: data_size}, data_size
-        # the model with its data plates scaled by N / (the plate's size in the run): for a minibatch run as data
-        self._data_scaled_model = _DataScale(self.data_sizes)(model)
-        self._constant_normal_priors = find_constant_normal_priors(
-            model, self.model_args, self.model_kwargs, trace, self.sites
-        )
-        self._closed_form_prior = ClosedFormGaussianPrior(
-            self.sites, trace, self._constant_normal_priors, prior_filter, self.dim, self.dtype, self.device
-        )
+        self._data_scaled_model = _DataScale(self.data_sizes)(model)  # for "slice" and "batch"
+        self._constant_normal_priors = find_constant_normal_priors(model, self.model_args, self.model_kwargs, trace,
+                                                                   self.sites)
+        self._closed_form_prior = ClosedFormGaussianPrior(self.sites, trace, self._constant_normal_priors, prior_filter,
+                                                          self.dim, self.dtype, self.device)
         self.gaussian_prior_sites = self._closed_form_prior.site_names
         self.subsample_size = subsample_size
         if self.subsample_sizes:
@@ -261,25 +234,23 @@ class MinibatchPotential:
             value = site["value"]
             # a Bernoulli site draws floats: its support, not its dtype, says that it is discrete
             if not torch.is_tensor(value) or not value.is_floating_point() or site["fn"].support.is_discrete:
-                raise ValueError(
-                    f"latent site '{name}' is not continuous ({type(site['fn']).__name__}, support "
-                    f"{site['fn'].support}); SG-MCMC needs continuous latent sites: sum a discrete one out of the "
-                    "model (e.g. a mixture distribution such as MixtureSameFamily), or observe it"
-                )
+                raise ValueError(f"latent site '{name}' is not continuous ({type(site['fn']).__name__}, support "
+                                 f"{site['fn'].support}); SG-MCMC needs continuous latent sites: sum a discrete one "
+                                 "out of the model (e.g. a mixture distribution such as MixtureSameFamily), or "
+                                 "observe it")
             if name in self.user_transforms:  # constrained -> unconstrained, as for Pyro's HMC
                 transform = self.user_transforms[name].inv
             else:
                 transform = biject_to(site["fn"].support)
-            unconstrained_shape = transform.inv.forward_shape(value.shape)
-            numel = int(math.prod(unconstrained_shape))
-            is_identity = _is_identity(transform)
-            sites.append(_Site(name, torch.Size(unconstrained_shape), offset, numel, transform, is_identity))
+            shape = transform.inv.forward_shape(value.shape)
+            numel = int(math.prod(shape))
+            sites.append(_Site(name, torch.Size(shape), offset, numel, transform, _is_identity(transform)))
             offset += numel
         if not sites:
             raise ValueError("the model has no latent sample sites to sample")
         self.sites = sites
         self.dim = offset
-        example = next(iter(trace.nodes[s.name]["value"] for s in sites))
+        example = trace.nodes[sites[0].name]["value"]
         self.dtype, self.device = example.dtype, example.device
         self.transforms = {s.name: s.transform.inv for s in sites}
         self.observed_sites = [
@@ -296,49 +267,41 @@ class MinibatchPotential:
         (``ClosedFormGaussianPrior``)."""
         return self._closed_form_prior(flat)
 
-
     def _check_subsampling(self) -> None:
         """Run the model once on a minibatch, as the model indexing the data with the plate's indices
         (``minibatch_mode="index"``); if that fails and one plate is subsampled, as a plain model run on the data
         arguments sliced by the minibatch indices (``minibatch_mode="slice"``)."""
-        plates = ", ".join(f"'{p}' (size {b})" for p, b in self.subsample_sizes.items())
-        error = self._try_minibatch()
+        error, second = self._try_minibatch(), None
         if error is None:
             return
         if len(self.subsampled_plates) == 1:
-            self.minibatch_mode = "slice"
             leaves, _ = tree_flatten((self.model_args, self.model_kwargs))
-            sliced = any(torch.is_tensor(t) and t.dim() >= 1 and t.shape[0] == self.data_size for t in leaves)
-            second = self._try_minibatch() if sliced else None
-            if sliced and second is None:
-                return
-            self.minibatch_mode = "index"
-        else:
-            second = None
+            if any(torch.is_tensor(t) and t.dim() >= 1 and t.shape[0] == self.data_size for t in leaves):
+                self.minibatch_mode = "slice"
+                second = self._try_minibatch()
+                if second is None:
+                    return
+                self.minibatch_mode = "index"
 
         def first_line(e: Exception) -> str:
             return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
-        e = error
-        # a plain model run on the sliced data failed too: its error is the one a plain model's author needs (e.g. a
-        # dtype the likelihood refuses), the first one only says the model does not index the data
+        # when the sliced run failed too, its error is the one a plain model's author needs (e.g. a dtype the
+        # likelihood refuses); the first one only says that the model does not index the data
         tried = f"; on the data sliced by the minibatch indices: {first_line(second)}" if second is not None else ""
+        plates = ", ".join(f"'{p}' (size {b})" for p, b in self.subsample_sizes.items())
         p = self.subsampled_plates[0]
         raise ValueError(
-            f"running the model with a minibatch of plate {plates} failed (indexing the data with the plate's "
-            f"indices: {first_line(e)}{tried}). "
-            "The likelihood must either index the data with the plate's indices "
-            f"(`with pyro.plate('{p}', len(x)) as idx: pyro.sample(..., obs=y[idx])`, f(x[idx])) or, for a plain "
-            f"model (`with pyro.plate('{p}', len(x)): pyro.sample(..., obs=y)`), take the data as arguments whose "
-            f"leading dimension is the plate's size {self.data_sizes[p]} (they are then sliced by the minibatch "
-            "indices)."
-        ) from (second if second is not None else e)
+            f"running the model with a minibatch of plate {plates} failed (indexing the data with the plate's indices: "
+            f"{first_line(error)}{tried}). The likelihood must either index the data with the plate's indices "
+            f"(`with pyro.plate('{p}', len(x)) as idx: pyro.sample(..., obs=y[idx])`, f(x[idx])) or, for a plain model "
+            f"(`with pyro.plate('{p}', len(x)): pyro.sample(..., obs=y)`), take the data as arguments whose leading "
+            f"dimension is the plate's size {self.data_sizes[p]} (they are then sliced by the minibatch indices)."
+        ) from (second if second is not None else error)
 
     def _try_minibatch(self) -> Optional[Exception]:
         """Trace the model on a minibatch in the current ``minibatch_mode``: the error, or ``None`` if it worked."""
-        idx = self.join_indices(
-            {p: torch.arange(b, device=self.device) for p, b in self.subsample_sizes.items()}
-        )
+        idx = self.join_indices({p: torch.arange(b, device=self.device) for p, b in self.subsample_sizes.items()})
         values = self.unpack(torch.zeros(self.dim, dtype=self.dtype, device=self.device))[0]
         try:
             with pyro.validation_enabled(True), poutine.block():
@@ -353,13 +316,10 @@ class MinibatchPotential:
             shape = site["fn"].batch_shape
             for frame in site["cond_indep_stack"]:
                 b = self.subsample_sizes.get(frame.name)
-                if b is None or not frame.vectorized:
-                    continue
-                if len(shape) >= -frame.dim and shape[frame.dim] != b:
-                    return ValueError(
-                        f"observed site '{name}' has batch size {shape[frame.dim]} on plate '{frame.name}' under a "
-                        f"minibatch of {b}: index the data with the plate's indices (obs=y[idx])."
-                    )
+                if b is not None and frame.vectorized and len(shape) >= -frame.dim and shape[frame.dim] != b:
+                    return ValueError(f"observed site '{name}' has batch size {shape[frame.dim]} on plate "
+                                      f"'{frame.name}' under a minibatch of {b}: index the data with the plate's "
+                                      "indices (obs=y[idx]).")
         return None
 
     # ----- minibatch indices -----------------------------------------------------------------------------------
@@ -370,18 +330,15 @@ class MinibatchPotential:
             return None
         unknown = set(indices) - set(self.subsampled_plates)
         if unknown:
-            raise ValueError(
-                f"join_indices: {sorted(unknown)} are not subsampled plates "
-                f"(subsampled: {list(self.subsampled_plates)})"
-            )
+            raise ValueError(f"join_indices: {sorted(unknown)} are not subsampled plates "
+                             f"(subsampled: {list(self.subsampled_plates)})")
         parts = []
         for p in self.subsampled_plates:
             if p not in indices:
                 raise ValueError(f"join_indices: no indices for the subsampled plate '{p}'")
             if indices[p].shape[-1] != self.subsample_sizes[p]:
-                raise ValueError(
-                    f"join_indices: plate '{p}' takes {self.subsample_sizes[p]} indices, got {indices[p].shape[-1]}"
-                )
+                raise ValueError(f"join_indices: plate '{p}' takes {self.subsample_sizes[p]} indices, "
+                                 f"got {indices[p].shape[-1]}")
             parts.append(indices[p])
         return parts[0] if len(parts) == 1 else torch.cat(parts, -1)
 
@@ -401,9 +358,8 @@ class MinibatchPotential:
         """One pass of minibatch indices: ``(num_batches, batch_size)``, or ``(num_batches, num_chains, batch_size)``
         with independent permutations per chain, ``batch_size`` being the sum of the plates' minibatch sizes.
 
-        Each plate is permuted afresh and cut into :math:`\\lfloor N_p / b_p \\rfloor` minibatches; the pass has as
-        many minibatches as the plate with the fewest (each minibatch is a uniform draw without replacement of
-        every plate, so the potential is an unbiased estimate of the full-data potential)."""
+        Each plate is permuted afresh and cut into :math:`\\lfloor N_p / b_p \\rfloor` minibatches (uniform draws
+        without replacement); the pass has as many minibatches as the plate with the fewest."""
         if not self.subsampled_plates:
             return None
         num_batches = min(self.data_sizes[p] // b for p, b in self.subsample_sizes.items())
@@ -422,7 +378,7 @@ class MinibatchPotential:
     def data_tensors(self) -> tuple[Tensor, ...]:
         """The tensors among the model's arguments (also inside lists, tuples and dicts), in a fixed order: the
         traced step takes them as inputs, so that nothing computed from the data is frozen into the graph."""
-        # read at every step: flattened once while model_args and model_kwargs stay the same objects
+        # called at every step: flattened once while model_args and model_kwargs stay the same objects
         args, kwargs = self.model_args, self.model_kwargs
         cached = getattr(self, "_data_tensors", None)
         if cached is None or cached[0] is not args or cached[1] is not kwargs:
@@ -457,19 +413,15 @@ class MinibatchPotential:
         logdet: Tensor | float = 0.0
         for s, part in zip(self.sites, parts):
             u = part.reshape(s.shape)
-            if s.is_identity:
-                values[s.name] = u
-            else:
-                x = s.transform(u)
-                values[s.name] = x
+            x = u if s.is_identity else s.transform(u)
+            values[s.name] = x
+            if not s.is_identity:
                 logdet = logdet + s.transform.log_abs_det_jacobian(u, x).sum()
         return values, logdet
 
     def pack(self, params: dict[str, Tensor]) -> Tensor:
-        """Concatenate unconstrained site values (a ``params`` dict of Pyro's MCMC) into a flat vector.
-
-        Sites may carry leading batch (chain) dimensions, which are kept: ``(*batch, D)``.
-        """
+        """Concatenate unconstrained site values (a ``params`` dict of Pyro's MCMC) into a flat vector, keeping any
+        leading batch (chain) dimensions: ``(*batch, D)``."""
         parts = []
         for s in self.sites:
             v = params[s.name]
@@ -497,35 +449,29 @@ class MinibatchPotential:
         conditioned = poutine.condition(model, data=data)
         return poutine.trace(conditioned).get_trace(*args, **kwargs)
 
-    def log_density(
-        self, trace: Any, *, likelihood: bool = True, exclude: frozenset = frozenset()
-    ) -> Tensor | float:
+    def log_density(self, trace: Any, *, likelihood: bool = True, exclude: frozenset = frozenset()) -> Tensor | float:
         """:math:`\\sum_s \\text{scale}_s \\log p_s` over the sample sites of a trace (no validation), leaving out
         the prior terms of the latent sites in ``exclude`` (and the likelihood terms if not ``likelihood``)."""
         total: Tensor | float = 0.0
         for name, site in trace.nodes.items():
             if site["type"] != "sample" or site_is_subsample(site) or _is_deterministic(site):
                 continue
-            observed = name in self.observed_sites
-            if observed and not likelihood:
-                continue
-            if not observed:
-                if name in exclude:
+            if name in self.observed_sites:
+                if not likelihood:
                     continue
-                if self.prior_filter is not None and not self.prior_filter(name, site):
-                    continue
-            if site["mask"] is None and name in self._constant_normal_priors:
-                fast = _normal_log_prob_sum(site["value"], *self._constant_normal_priors[name])
-                scale = site["scale"]
-                total = total + (fast if isinstance(scale, float) and scale == 1.0 else fast * scale)
+            elif name in exclude or (self.prior_filter is not None and not self.prior_filter(name, site)):
                 continue
-            log_p = _no_validation(site["fn"]).log_prob(site["value"])
-            if site["mask"] is not None:
-                log_p = log_p * site["mask"]
+            fast = site["mask"] is None and name in self._constant_normal_priors
+            if fast:  # already a sum
+                log_p = _normal_log_prob_sum(site["value"], *self._constant_normal_priors[name])
+            else:
+                log_p = _no_validation(site["fn"]).log_prob(site["value"])
+                if site["mask"] is not None:
+                    log_p = log_p * site["mask"]
             scale = site["scale"]
             if not (isinstance(scale, float) and scale == 1.0):
                 log_p = log_p * scale
-            total = total + log_p.sum()
+            total = total + (log_p if fast else log_p.sum())
         return total
 
     def __call__(
@@ -544,30 +490,22 @@ class MinibatchPotential:
 
 # ----- the closed-form Gaussian prior -------------------------------------------------------------------------------
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
-
-
 Param = Union[float, Tensor]
 
 
 def _constant(t: Tensor, shape: torch.Size) -> Param:
     """A float when every element of ``t`` is the same number (a scalar, an ``expand``-ed scalar or e.g.
     ``torch.zeros(n)``), else ``t`` broadcast to ``shape`` and flattened (a detached copy)."""
-    if t.numel() == 1 or all(st == 0 for st in t.stride()):  # one element, possibly broadcast (all strides 0)
-        return float(t.reshape(-1)[0])
     first = t.reshape(-1)[0]
-    if bool((t == first).all()):
+    if t.numel() == 1 or all(st == 0 for st in t.stride()) or bool((t == first).all()):  # strides 0: broadcast
         return float(first)
     return t.detach().expand(shape).reshape(-1).clone()
 
 
 def _constant_normal(fn: Any, shape: torch.Size) -> Optional[tuple[Param, Param]]:
-    r"""``(loc, scale)`` when ``fn`` is a Normal (possibly ``expand``-ed or ``to_event``-ed) whose ``loc`` and
+    """``(loc, scale)`` when ``fn`` is a Normal (possibly ``expand``-ed or ``to_event``-ed) whose ``loc`` and
     ``scale`` need no gradient, each a float when all its elements are equal, else a flat tensor over ``shape``
-    (the site's shape); ``None`` for any other distribution.
-
-    For such priors the potential uses :math:`-\frac12 \sum_i (w_i - \mu_i)^2 / s_i^2 - \sum_i \log s_i -
-    \frac n2 \log 2\pi`, a few passes over the weights instead of those of ``Normal.log_prob``.
-    """
+    (the site's shape); ``None`` for any other distribution."""
     base = fn
     wrappers = (torch.distributions.Independent, pyro.distributions.torch_distribution.ExpandedDistribution)
     while isinstance(base, wrappers):
@@ -587,6 +525,8 @@ def _same(a: Param, b: Param) -> bool:
 
 
 def _normal_log_prob_sum(value: Tensor, loc: Param, scale: Param) -> Tensor:
+    r""":math:`-\frac12 \sum_i (w_i - \mu_i)^2 / s_i^2 - \sum_i \log s_i - \frac n2 \log 2\pi`: a few passes over
+    the weights instead of those of ``Normal.log_prob``."""
     flat = value.reshape(-1)
     centred = flat if isinstance(loc, float) and loc == 0.0 else flat - loc
     if isinstance(scale, float):
@@ -594,17 +534,16 @@ def _normal_log_prob_sum(value: Tensor, loc: Param, scale: Param) -> Tensor:
     return -0.5 * (centred / scale).pow(2).sum() - scale.log().sum() - flat.numel() * _HALF_LOG_2PI
 
 
-def find_constant_normal_priors(
-    model: Callable, args: tuple, kwargs: dict, trace: Any, sites: Sequence[Any]
-) -> dict[str, tuple[Param, Param]]:
+def find_constant_normal_priors(model: Callable, args: tuple, kwargs: dict, trace: Any,
+                                sites: Sequence[Any]) -> dict[str, tuple[Param, Param]]:
     """Latent sites whose prior is a Normal with fixed parameters, recognised by their values.
 
     However the prior is written -- ``Normal(0., 1.).expand([m, n]).to_event(2)``, ``Normal(torch.zeros(m, n),
     1.).to_event(2)`` or a ``PyroSample`` -- a site qualifies when its distribution is a (reshaped) Normal whose
     ``loc`` and ``scale`` need no gradient and take the same values in the prototype trace and in a second run of
     the model with fresh draws of every latent variable (so they depend on no other latent variable, e.g. a
-    hierarchical scale). Found outside any graph tracing, at the model's arguments when the potential is built: a
-    prior whose numbers change with the arguments of later calls (such as the minibatch) is outside this rule.
+    hierarchical scale). They are read at the model's arguments when the potential is built: a prior whose numbers
+    change with the arguments of later calls (such as the minibatch) is outside this rule.
     """
     with pyro.validation_enabled(False), poutine.block(), torch.no_grad():
         second = poutine.trace(model).get_trace(*args, **kwargs)
@@ -633,30 +572,23 @@ class ClosedFormGaussianPrior:
 
         -\\log p(u) = \\tfrac12 (u - \\mu)^\\top \\Lambda (u - \\mu) + c, \\qquad \\nabla = \\Lambda (u - \\mu),
 
-    with :math:`\\Lambda` diagonal. The traced step leaves these terms out of its autograd graph and adds them
-    here (a speed device, on by default: the kernels' ``closed_form_prior=False`` turns it off). Such priors are
-    recognised by their values, not by how they are written (``find_constant_normal_priors``): a
-    ``PyroSample``, ``dist.Normal(0., 1.).expand([m, n]).to_event(2)`` or ``dist.Normal(torch.zeros(m, n),
-    1.).to_event(2)`` qualify, a prior whose scale is another latent variable does not.
+    with :math:`\\Lambda` diagonal (zero on the other sites). The traced step leaves these terms out of its autograd
+    graph and adds them here (a speed device, on by default: the kernels' ``closed_form_prior=False`` turns it off).
+    The sites are those whose prior ``find_constant_normal_priors`` finds, on real support (no transform), unmasked,
+    unscaled and kept by ``prior_filter`` (typically all network weights).
     """
 
     def __init__(
         self, sites: Sequence[Any], trace: Any, constant_normal_priors: dict, prior_filter: Optional[Callable],
         dim: int, dtype: torch.dtype, device: Any,
     ) -> None:
-        """Coordinates of the flat vector whose prior is a constant Normal on an unconstrained site (typically all
-        network weights): their prior term and its gradient have a closed form on the flat vector (:meth:`__call__`)."""
-        all_sites = sites
-        sites = []
-        for s in all_sites:
+        def taken(s: Any) -> bool:
             site = trace.nodes[s.name]
-            if not (s.is_identity and s.name in constant_normal_priors and site["mask"] is None):
-                continue
-            if not (isinstance(site["scale"], float) and site["scale"] == 1.0):
-                continue
-            if prior_filter is not None and not prior_filter(s.name, site):
-                continue
-            sites.append(s)
+            return (s.is_identity and s.name in constant_normal_priors and site["mask"] is None
+                    and isinstance(site["scale"], float) and site["scale"] == 1.0
+                    and (prior_filter is None or bool(prior_filter(s.name, site))))
+
+        all_sites, sites = sites, [s for s in sites if taken(s)]
         self.site_names = frozenset(s.name for s in sites)
         self._gaussian_scalar: Optional[tuple[float, float]] = None
         self._gaussian_vectors: Optional[tuple[Tensor, Tensor]] = None
@@ -680,16 +612,8 @@ class ClosedFormGaussianPrior:
         self._gaussian_vectors = (precision, loc)
 
     def __call__(self, flat: Tensor) -> tuple[Tensor, Tensor]:
-        """:math:`-\\log p` of the constant-Normal prior sites and its gradient, in closed form on the flat vector.
-
-        .. math::
-
-            -\\log p(u) = \\tfrac12 (u - \\mu)^\\top \\Lambda (u - \\mu) + c, \\qquad
-            \\nabla = \\Lambda (u - \\mu)
-
-        with :math:`\\Lambda` diagonal (zero on the other sites). The potential called with
-        ``exclude_gaussian_prior=True`` gives the rest, so the sum of both is :math:`\\tilde U`.
-        """
+        """:math:`-\\log p` of the constant-Normal prior sites and its gradient (see the class). The potential called
+        with ``exclude_gaussian_prior=True`` gives the rest, so the sum of both is :math:`\\tilde U`."""
         if self._gaussian_scalar is not None:
             mu, sc = self._gaussian_scalar
             centred = flat if mu == 0.0 else flat - mu
@@ -719,18 +643,15 @@ def is_data_loader(arg: Any) -> bool:
 
 
 def in_dataset_order(loader: Any, *, full_batches: bool = False) -> Any:
-    """A loader over the same data as ``loader`` that reads ``loader.dataset`` in data-set order, once.
+    """A loader over the same data as ``loader`` that reads ``loader.dataset`` in data-set order, once: the full-data
+    log-likelihood's ``i``-th entry must be data point ``i`` (``az.loo``'s pointwise results map back to its rows).
 
-    A training loader usually shuffles (and may drop its last batch); the full-data log-likelihood must cover
-    every point once, in the order of the data set, so that its ``i``-th entry is data point ``i``
-    (``az.loo``'s pointwise results map back to the rows of the data set). For a
-    :class:`~torch.utils.data.DataLoader` over a map-style data set this is a ``DataLoader`` over ``loader.dataset``
-    with the loader's batch size (64 for a loader given a ``batch_sampler``), ``collate_fn``, workers and memory
-    pinning, in order and without dropping the last batch; any other loader is read as it is.
-
-    With ``full_batches=True`` every batch has the loader's batch size :math:`b`: the last one is the last :math:`b`
-    points of the data set, overlapping the one before by :math:`b - (N \\bmod b)` points, which the reader drops
-    (a model whose plate fixes ``subsample_size=b`` runs on no other size).
+    For a :class:`~torch.utils.data.DataLoader` over a map-style data set this is a ``DataLoader`` over
+    ``loader.dataset`` with the loader's batch size (64 for a loader given a ``batch_sampler``), ``collate_fn``,
+    workers and memory pinning, unshuffled and keeping the last batch; any other loader is read as it is. With
+    ``full_batches=True`` (for a model whose plate fixes ``subsample_size=b``) every batch has the loader's batch size
+    :math:`b`: the last one is the last :math:`b` points, overlapping the one before by :math:`b - (N \\bmod b)`
+    points, which the reader drops.
 
     >>> from torch.utils.data import TensorDataset
     >>> loader = DataLoader(TensorDataset(torch.arange(5.0), torch.arange(5)), batch_size=2, shuffle=True,
@@ -763,20 +684,17 @@ def _reshuffles(sampler: Any) -> bool:
 
 
 def short_batch_size(loader: Any, drop_last: Optional[bool]) -> Optional[int]:
-    """The batch size below which a loader's batches are passed over (its ``batch_size``), or ``None`` to keep
-    every batch.
+    """The batch size below which a loader's batches are passed over (its ``batch_size``), or ``None`` to keep all.
 
-    A :class:`~torch.utils.data.DataLoader` of ``batch_size`` :math:`b` over :math:`N` points ends every epoch with
-    a batch of :math:`N \\bmod b` points, whose likelihood the potential scales by :math:`N / (N \\bmod b)`: its
-    gradient noise, and its curvature, which sets the adapted step, can be tens of times those of a full batch.
-    With ``drop_last=None`` (automatic) that batch is passed over when the loader reshuffles every epoch (its
-    sampler is torch's ``RandomSampler``, ``SubsetRandomSampler`` or ``WeightedRandomSampler``, or a
-    ``DistributedSampler`` with ``shuffle=True``): each full batch is then a uniform draw, so the potential stays an
-    unbiased estimate of the full-data one and every point is still seen over the epochs, as with data given as
-    tensors and ``subsample_size``. Any other loader keeps it: an unshuffled one (passing it over would leave out the
-    same points in every epoch), a sampler of the user's own whose order the kernel cannot know, a loader that has
-    one batch only, one that drops it itself, or one without a ``batch_size`` (a custom ``batch_sampler``). ``True``
-    passes it over for any loader with a ``batch_size``; ``False`` keeps it.
+    A loader of ``batch_size`` :math:`b` over :math:`N` points ends every epoch with a batch of :math:`N \\bmod b`
+    points, scaled by :math:`N / (N \\bmod b)`: its gradient noise and curvature (which sets the adapted step) can be
+    tens of times a full batch's. ``drop_last=None`` passes it over when the loader reshuffles every epoch (torch's
+    ``RandomSampler``, ``SubsetRandomSampler``, ``WeightedRandomSampler``, or ``DistributedSampler`` with
+    ``shuffle=True``): each full batch is then a uniform draw, so the potential stays unbiased, and every point is
+    still seen over the epochs. Any other loader keeps it: an unshuffled one would leave out the same points in every
+    epoch, and a sampler of the user's own has an order the kernel cannot know. ``True`` passes it over for any loader
+    with a ``batch_size``, ``False`` keeps it; a loader with one batch, that drops it itself, or without a
+    ``batch_size`` (a custom ``batch_sampler``) keeps every batch.
     """
     batch_size = getattr(loader, "batch_size", None)
     if drop_last is False or getattr(loader, "drop_last", False) or not isinstance(batch_size, int):
@@ -788,6 +706,9 @@ def short_batch_size(loader: Any, drop_last: Optional[bool]) -> Optional[int]:
         return None
     n = len(sampler)  # this process's points per epoch (a DistributedSampler's shard)
     return batch_size if n > batch_size and n % batch_size else None
+
+
+_END = object()  # the end of an epoch's iterator
 
 
 class BatchStream:
@@ -815,9 +736,7 @@ class BatchStream:
     ) -> None:
         self.loader = loader
         self.size = dataset_size(loader)
-        self.device = device
-        self.dtype = dtype
-        self.model = model
+        self.device, self.dtype, self.model = device, dtype, model
         self.kwargs = dict(kwargs or {})
         self.spec: Any = None  # the structure of the first batch (every batch must have it); None before it is read
         self.keys: tuple[str, ...] = ()  # the first batch's own keyword arguments (a dict batch's keys)
@@ -825,8 +744,7 @@ class BatchStream:
         self.epoch_rng: Optional[Tensor] = None  # torch's CPU RNG state from which that iterator was made
         self.generators = loader_generators(loader)
         self.epoch_generators: list[Tensor] = []  # the states of the loader's generators at that point
-        # the one batch size taken: the loader's batch_size where its short last batch is passed over (drop_last),
-        # replaced by the subsample_size the model's data plate fixes, if any (follow_model); None: every batch
+        # the one batch size taken: the loader's batch_size (drop_last) or the plate's subsample_size (follow_model)
         self.fixed_batch_size: Optional[int] = short_batch_size(loader, drop_last)
         self.passed_over = 0  # batches of another size passed over
         self._batches: Optional[Iterator] = None
@@ -845,20 +763,17 @@ class BatchStream:
             try:
                 batch = next(raw)
             except StopIteration:
-                raise ValueError(
-                    f"the loader has fewer than {skip + int(lookahead)} batches per epoch: it is not the loader of the "
-                    "checkpoint"
-                ) from None
+                raise ValueError(f"the loader has fewer than {skip + int(lookahead)} batches per epoch: it is not "
+                                 "the loader of the checkpoint") from None
         if lookahead:  # a sampler draws its order lazily, on the epoch's first batch: draw it from this state
             raw = itertools.chain([batch], raw)
         self._batches = raw
         self.position = skip
 
     def follow_model(self, potential: Any) -> None:
-        """Read from the model (its ``MinibatchPotential``) whether its data
-        plate fixes its own ``subsample_size`` (``pyro.plate("data", len(x), subsample_size=b)``): Pyro's plate then
-        cannot run on a shorter batch (``subsample_size`` must match the indices), so :meth:`next` passes over the
-        batches of another size, as ``drop_last=True`` would."""
+        """Read from the model's ``MinibatchPotential`` whether its data plate fixes its own ``subsample_size``
+        (``pyro.plate("data", len(x), subsample_size=b)``): Pyro's plate then cannot run on a shorter batch, so
+        :meth:`next` passes over the batches of another size, as ``drop_last=True`` would."""
         site = potential.prototype_trace.nodes.get(potential.data_plate) if potential.data_plate else None
         fixed = getattr(site["fn"], "subsample_size", None) if site is not None and site_is_subsample(site) else None
         if fixed is not None:
@@ -868,16 +783,13 @@ class BatchStream:
         if self._batches is None:
             self._start_epoch()
         assert self._batches is not None  # set by _start_epoch
-        try:
-            return next(self._batches)
-        except StopIteration:
-            if self.position == 0:
-                raise ValueError("the loader yielded no batch in an epoch") from None
+        batch = next(self._batches, _END)
+        if batch is _END and self.position != 0:  # the epoch is over: start the next one
             self._start_epoch()
-            try:
-                return next(self._batches)
-            except StopIteration:
-                raise ValueError("the loader yielded no batch in an epoch") from None
+            batch = next(self._batches, _END)
+        if batch is _END:
+            raise ValueError("the loader yielded no batch in an epoch")
+        return batch
 
     def next(self) -> tuple[Tensor, ...]:
         """The tensors of the next batch (``arguments(tensors, self.spec)`` are the model's), on the model's device,
@@ -893,9 +805,8 @@ class BatchStream:
                                             model=self.model if first else None)
             if self.fixed_batch_size is None or size == self.fixed_batch_size:
                 break
-            # a batch of another size than the loader's batch_size or the plate's subsample_size (the short last
-            # one; the first batch, which the potential was built on, has that size): passed over, counted for the
-            # checkpoint's position
+            # another size (the short last batch; the potential was built on the first, of the fixed size): passed
+            # over, counted in the checkpoint's position
             self.position += 1
             self.passed_over += 1
         check_finite_tensors(leaves, lambda: leaf_names(spec, len(leaves), self.model), batch_index=self.position)
@@ -925,35 +836,29 @@ class BatchStream:
 
     def restore(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`state_dict`: the loader's generators are put back in their state at the start of the
-        current epoch, its iterator is made again from the recorded random state and the batches already taken are
-        skipped (the generators then stand where they stood in the uninterrupted run); torch's global random state
-        is left as it was before.
+        epoch, its iterator is made again from the recorded random state and the batches already taken are skipped;
+        torch's global random state is left as it was.
 
         :raises ValueError: if the loader has another size, batch size, ``drop_last``, sampler type (``shuffle``) or
             other generators than the checkpoint's.
         """
         if int(state["size"]) != self.size:
-            raise ValueError(
-                f"the loader has {self.size} data points but the checkpoint was taken with {int(state['size'])}"
-            )
-        saved_batching, batching = state.get("batching"), self._batching()  # absent from earlier checkpoints
+            raise ValueError(f"the loader has {self.size} data points but the checkpoint was taken with "
+                             f"{int(state['size'])}")
+        saved_batching, batching = state.get("batching"), self._batching()  # a checkpoint may lack it
         if saved_batching and batching and {k: saved_batching.get(k) for k in batching} != batching:
-            raise ValueError(
-                f"the loader cuts its data into batches as {batching}, but the checkpoint's loader did as "
-                f"{dict(saved_batching)}: resume on a loader built as the saved run's (the same batch_size, drop_last "
-                "and shuffle)"
-            )
+            raise ValueError(f"the loader cuts its data into batches as {batching}, but the checkpoint's loader did "
+                             f"as {dict(saved_batching)}: resume on a loader built as the saved run's (the same "
+                             "batch_size, drop_last and shuffle)")
         self.passed_over = int(state.get("passed_over", 0))
         if state["epoch_rng"] is None:
             self._batches, self.position, self.epoch_rng = None, 0, None
             return
         saved = list(state.get("generators", []))
         if len(saved) != len(self.generators):
-            raise ValueError(
-                f"the loader draws its order from {len(self.generators)} torch.Generator(s) (generator= of the "
-                f"DataLoader or of its sampler) but the checkpoint's loader from {len(saved)}: resume on a loader "
-                "built as the saved run's"
-            )
+            raise ValueError(f"the loader draws its order from {len(self.generators)} torch.Generator(s) (generator= "
+                             f"of the DataLoader or of its sampler) but the checkpoint's loader from {len(saved)}: "
+                             "resume on a loader built as the saved run's")
         for g, g_state in zip(self.generators, saved):
             g.set_state(g_state)
         position = int(state["position"])
