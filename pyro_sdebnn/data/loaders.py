@@ -1,31 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """Training data as tensors or as a :class:`torch.utils.data.DataLoader`: one way to read both.
 
-Every ``fit`` and ``predict`` of the package accepts either the whole data set as tensors or a
-*loader*: any iterable of batches whose ``dataset`` has a length, such as a
-:class:`~torch.utils.data.DataLoader` over a torchvision data set with augmentation. The networks' ``fit``
-and ``predict`` (MAP, Laplace, ensembles...) read ``(x, y)`` batches (``(x,)`` or a bare ``x`` for prediction);
-a *Pyro model* fed a loader (``mcmc.run(loader)``, ``train_svi(svi, loader)``) is called on each batch by one rule,
-``batch_arguments``:
-
-* a tuple or list batch ``(x, y)``, ``(x, t, y)``... (what default collation makes of a data set of tuples, e.g. a
-  :class:`~torch.utils.data.TensorDataset`) is called as ``model(*batch)``;
-* a dict batch ``{"x": ..., "y": ...}`` (a data set of dicts) as ``model(**batch)``;
-* a single tensor (a data set of tensors) as ``model(batch)``.
-
-This module holds the pieces they share: ``is_loader`` tells a loader from a tensor; ``dataset_size`` is the number
-of data points :math:`N` (``len(loader.dataset)``), which scales the likelihood of a minibatch of size :math:`b` by
-:math:`N/b`, as Pyro's subsampled :class:`~pyro.plate` does; ``iter_batches`` yields the ``(x, y)`` batches and
-``iter_model_batches`` the model arguments ``(args, kwargs)`` of each batch, one at a time, moved to the model's device
-(and floating-point inputs to its dtype; ``non_blocking=True`` when the loader pins memory), so that the whole data set
-is never copied to the device; ``read_batch`` reads one batch by that rule in one pass and ``arguments`` turns its
-tensors back into ``(args, kwargs)``; ``minibatch_indices`` draws the random minibatches of tensors and
-``module_device_dtype`` says where batches go. ``check_tensors`` validates a data set given as tensors, and
-:func:`check_finite_batch` (``check_finite_tensors`` for any tensors) rejects a batch holding a NaN or an infinity,
-naming the argument, the batch and the first bad index. ``rng_state`` captures every random state a run reads (torch's
-CPU and CUDA generators, NumPy's, Python's and the loader's ``torch.Generator`` objects, ``loader_generators``) and
-``set_rng_state`` restores it: every checkpoint of the package (:mod:`pyro_sdebnn.infer.checkpoint`) stores this one
-capture, so that a run over data resumes bitwise.
+Every ``fit`` and ``predict`` of the package, ``mcmc.run`` and ``train_svi`` accept either the whole data set as
+tensors or a *loader*: any iterable of batches whose ``dataset`` has a length :math:`N`, which scales the likelihood
+of a minibatch of size :math:`b` by :math:`N/b`, as Pyro's subsampled :class:`~pyro.plate` does. Batches are moved
+to the model's device one at a time, so the whole data set is never copied there. The networks read ``(x, y)``
+batches (:func:`iter_batches`); a Pyro model is called on each batch by one rule (:func:`batch_arguments`): a tuple
+or list batch as ``model(*batch)``, a dict as ``model(**batch)``, a single tensor as ``model(batch)``.
 
 >>> from torch.utils.data import DataLoader, TensorDataset
 >>> loader = DataLoader(TensorDataset(torch.randn(10, 3), torch.arange(10)), batch_size=4)
@@ -57,43 +38,34 @@ def is_loader(data) -> bool:
     if isinstance(data, Tensor):
         return False
     if isinstance(data, (list, tuple, dict, str, bytes, np.ndarray)) or not isinstance(data, Iterable):
-        raise TypeError(
-            "data must be a torch.Tensor or a loader (an iterable of batches whose dataset has a "
-            f"length, e.g. torch.utils.data.DataLoader), got {type(data).__name__}"
-        )
+        raise TypeError("data must be a torch.Tensor or a loader (an iterable of batches whose dataset has a length, "
+                        f"e.g. torch.utils.data.DataLoader), got {type(data).__name__}")
     return True
 
 
 def dataset_size(loader) -> int:
-    """The number of data points :math:`N` behind ``loader``: ``len(loader.dataset)``.
+    """The number of data points :math:`N` behind ``loader``: ``len(loader.dataset)`` (the global :math:`N` under a
+    ``DistributedSampler``, as the :math:`N/b` likelihood scaling needs).
 
-    A :class:`~torch.utils.data.DataLoader` with a ``DistributedSampler`` still reports the global
-    :math:`N`, which is what the :math:`N/b` likelihood scaling needs.
-
-    :raises TypeError: if the loader has no ``dataset`` with a length (e.g. an ``IterableDataset``
-        of unknown size, or a plain generator): :math:`N` is needed to scale the likelihood.
+    :raises TypeError: if the loader has no ``dataset`` with a length (e.g. an ``IterableDataset`` of unknown size, or
+        a plain generator).
     :raises ValueError: if the data set is empty.
     """
     dataset = getattr(loader, "dataset", None)
     try:
         n = len(dataset)  # type: ignore[arg-type]
     except TypeError:
-        raise TypeError(
-            f"the loader ({type(loader).__name__}) must have a `dataset` with a length: the number of data "
-            "points N scales the likelihood of each minibatch by N/b; wrap an iterable data set in a "
-            "torch.utils.data.DataLoader over a map-style Dataset, or pass the tensors"
-        ) from None
+        raise TypeError(f"the loader ({type(loader).__name__}) must have a `dataset` with a length: the number of data "
+                        "points N scales the likelihood of each minibatch by N/b; wrap an iterable data set in a "
+                        "torch.utils.data.DataLoader over a map-style Dataset, or pass the tensors") from None
     if n < 1:
         raise ValueError(f"the loader's dataset is empty (len(loader.dataset) = {n})")
     return int(n)
 
 
 def move_batch(t: Tensor, device=None, dtype: torch.dtype | None = None) -> Tensor:
-    """Move one batch tensor to ``device`` (floating-point tensors also to ``dtype``).
-
-    Uses ``non_blocking=True`` for pinned memory, so a pinned loader overlaps the copy with compute.
-    Integer tensors (labels) keep their dtype.
-    """
+    """Move one batch tensor to ``device`` (floating-point tensors also to ``dtype``; integer labels keep theirs),
+    without blocking from pinned memory, so that a pinned loader overlaps the copy with compute."""
     if not isinstance(t, Tensor):
         raise TypeError(f"every element of a batch must be a torch.Tensor, got {type(t).__name__}")
     dtype = dtype if (dtype is not None and t.dtype.is_floating_point) else None
@@ -114,13 +86,12 @@ def iter_batches(loader, device=None, dtype: torch.dtype | None = None, *, with_
                  check_finite: str | None = None) -> Iterator[tuple[Tensor, Tensor | None]]:
     """Yield the ``(x, y)`` batches of ``loader`` one at a time, moved to ``device`` / ``dtype``.
 
-    :param loader: an iterable of ``(x, y)`` pairs (lists or tuples of two tensors); with
-        ``with_targets=False``, ``(x,)``, ``(x, y)`` or a bare tensor ``x`` (then ``y`` is ``None``).
+    :param loader: an iterable of ``(x, y)`` pairs (lists or tuples of two tensors); with ``with_targets=False``,
+        ``(x,)``, ``(x, y)`` or a bare tensor ``x`` (then ``y`` is ``None``).
     :param device: where each batch goes (the model's device); ``None`` leaves it where it is.
     :param dtype: the model's floating-point dtype (inputs only; integer labels are kept).
-    :param str check_finite: if given, the name of the inputs in the caller's signature (``"x"``,
-        ``"x_train"``...): every batch then goes through :func:`check_finite_batch` (one device-to-host
-        sync per batch; the targets only ``with_targets``).
+    :param str check_finite: if given, the name of the inputs in the caller's signature (``"x"``, ``"x_train"``...):
+        every batch then goes through :func:`check_finite_batch` (the targets only ``with_targets``).
     :raises TypeError: if a batch is not an ``(x, y)`` pair of tensors.
     :raises ValueError: if ``x`` and ``y`` of a batch differ in their first dimension, or a batch is empty, or
         (with ``check_finite``) a batch holds a NaN or an infinity.
@@ -132,22 +103,17 @@ def iter_batches(loader, device=None, dtype: torch.dtype | None = None, *, with_
             x, y = batch[0], (batch[1] if len(batch) == 2 else None)
         else:
             length = f" of length {len(batch)}" if isinstance(batch, (list, tuple)) else ""
-            what = f"a {type(batch).__name__}{length}"
-            raise TypeError(
-                f"batch {i} of the loader is {what}; every batch must be an (x, y) pair of tensors"
-                + ("" if with_targets else " (or x alone for prediction)")
-            )
+            raise TypeError(f"batch {i} of the loader is a {type(batch).__name__}{length}; every batch must be an "
+                            "(x, y) pair of tensors" + ("" if with_targets else " (or x alone for prediction)"))
         x = move_batch(x, device, dtype)
         if x.dim() == 0 or x.shape[0] == 0:
             raise ValueError(f"batch {i} of the loader is empty or has no batch dimension (x shape {tuple(x.shape)})")
         if y is not None:
             y = move_batch(y, device, dtype)
             if y.shape[:1] != x.shape[:1]:
-                raise ValueError(
-                    f"batch {i}: x and y must have the same first (batch) dimension, got {tuple(x.shape)} "
-                    f"and {tuple(y.shape)}"
-                )
-        if check_finite is not None:  # targets only when they are used (not for prediction)
+                raise ValueError(f"batch {i}: x and y must have the same first (batch) dimension, got "
+                                 f"{tuple(x.shape)} and {tuple(y.shape)}")
+        if check_finite is not None:
             check_finite_batch(x, y if with_targets else None, what=check_finite, batch_index=i)
         yield x, y
 
@@ -175,14 +141,12 @@ def _named(args: tuple, kwargs: Mapping[str, Any], model: Callable | None, unkno
     return list(zip(names, args)) + list(kwargs.items())
 
 
-def read_batch(
-    batch: Any, batch_index: int | None = None, *, kwargs: Mapping[str, Any] | None = None,
-    model: Callable | None = None,
-) -> tuple[list, Any, int]:
+def read_batch(batch: Any, batch_index: int | None = None, *, kwargs: Mapping[str, Any] | None = None,
+               model: Callable | None = None) -> tuple[list, Any, int]:
     """One batch of a loader, read by the rule of :func:`batch_arguments` and checked in one pass: ``(tensors, spec,
     b)``, its tensors in the order of ``tree_flatten((args, kwargs))``, its structure (equal for batches of the same
-    form: tuple length, dict keys, nesting) and its batch dimension; :func:`arguments` turns the tensors (or their
-    moved copies) back into the model's ``(args, kwargs)``. Parameters and errors: those of :func:`batch_arguments`."""
+    form) and its batch dimension. :func:`arguments` turns the tensors back into ``(args, kwargs)``. Parameters and
+    errors: those of :func:`batch_arguments`."""
     where = "the batch" if batch_index is None else f"batch {batch_index} of the loader"
     args: tuple
     kw: dict[str, Any]
@@ -197,10 +161,9 @@ def read_batch(
                             "keys must be the model's argument names (strings)")
         args, kw = (), dict(batch)
     else:
-        raise TypeError(
-            f"{where} is a {type(batch).__name__}; a batch must be a tuple or list (called as model(*batch)), a dict "
-            "(model(**batch)) or a tensor (model(batch)), as torch's default collate builds them"
-        )
+        raise TypeError(f"{where} is a {type(batch).__name__}; a batch must be a tuple or list (called as "
+                        "model(*batch)), a dict (model(**batch)) or a tensor (model(batch)), as torch's default "
+                        "collate builds them")
     values = (*args, *kw.values())
     spec: Any
     if all(isinstance(v, Tensor) for v in values):  # flat: no pytree pass
@@ -210,10 +173,9 @@ def read_batch(
     sizes = {t.shape[0] if isinstance(t, Tensor) and t.dim() else 0 for t in leaves}
     if len(sizes) != 1 or 0 in sizes:
         _structure_error(args, kw, where, model)
-    if kwargs:
-        both = sorted(set(kw) & set(kwargs))
-        if both:
-            raise ValueError(f"{where} is a dict with the keys {both}, which are also given as keyword arguments")
+    both = sorted(set(kw) & set(kwargs)) if kwargs else []
+    if both:
+        raise ValueError(f"{where} is a dict with the keys {both}, which are also given as keyword arguments")
     params = _parameters(model) if model is not None else None
     if params is not None:
         try:
@@ -223,24 +185,20 @@ def read_batch(
                      else "a tensor, passed as model(batch)" if isinstance(batch, Tensor)
                      else f"a {type(batch).__name__} of length {len(args)}, passed as model(*batch)")
             extra = f" with the keyword arguments {sorted(kwargs)}" if kwargs else ""
-            raise TypeError(
-                f"{where} is {shape}{extra}, which does not fit the model's parameters "
-                f"({', '.join(str(p) for p in params)}): {e}"
-            ) from None
+            raise TypeError(f"{where} is {shape}{extra}, which does not fit the model's parameters "
+                            f"({', '.join(str(p) for p in params)}): {e}") from None
     return leaves, spec, sizes.pop()
 
 
 def _structure_error(args: tuple, kwargs: dict[str, Any], where: str, model: Callable | None) -> NoReturn:
-    """The error for a batch whose leaves are not tensors sharing a non-empty first dimension, naming them."""
+    """Raise the error for a batch whose leaves are not tensors sharing a non-empty first dimension, naming them."""
     sizes: list[tuple[str, int]] = []
     for name, value in _named(args, kwargs, model):
         for leaf in _leaves(value):
             if not isinstance(leaf, Tensor):
-                raise TypeError(
-                    f"{where}: argument {name!r} holds a {type(leaf).__name__}, not a tensor; every element of a "
-                    "batch must be a tensor (turn the data set's items into tensors, or drop this field in a "
-                    "collate_fn)"
-                )
+                raise TypeError(f"{where}: argument {name!r} holds a {type(leaf).__name__}, not a tensor; every "
+                                "element of a batch must be a tensor (turn the data set's items into tensors, or drop "
+                                "this field in a collate_fn)")
             if leaf.dim() == 0 or leaf.shape[0] == 0:
                 raise ValueError(f"{where} is empty or has no batch dimension (argument {name!r} has shape "
                                  f"{tuple(leaf.shape)})")
@@ -248,15 +206,12 @@ def _structure_error(args: tuple, kwargs: dict[str, Any], where: str, model: Cal
     if not sizes:
         raise TypeError(f"{where} holds no tensor")
     listed = ", ".join(f"{name!r}: {b}" for name, b in sizes)
-    raise ValueError(
-        f"{where}: its tensors must share their first (batch) dimension, as torch's default collate builds them "
-        f"(the likelihood of the batch is scaled by N/b), got {listed}"
-    )
+    raise ValueError(f"{where}: its tensors must share their first (batch) dimension, as torch's default collate "
+                     f"builds them (the likelihood of the batch is scaled by N/b), got {listed}")
 
 
 def check_same_structure(spec: Any, first: Any, batch_index: int) -> None:
-    """A batch of structure ``spec`` (:func:`read_batch`) must have the first batch's, ``first``: the model's
-    arguments are the same in every batch."""
+    """A batch of structure ``spec`` (:func:`read_batch`) must have the first batch's, ``first``."""
     if spec != first:
         raise ValueError(f"batch {batch_index} of the loader has another structure than its first batch (the model's "
                          f"arguments must be the same in every batch): {spec} against {first}")
@@ -267,8 +222,7 @@ def arguments(leaves: Sequence, spec: Any) -> tuple[tuple, dict[str, Any]]:
     if isinstance(spec, tuple):  # flat: (number of positional arguments, keys)
         n, keys = spec
         return tuple(leaves[:n]), dict(zip(keys, leaves[n:]))
-    args, kw = tree_unflatten(list(leaves), spec)
-    return args, kw
+    return tree_unflatten(list(leaves), spec)
 
 
 def leaf_names(spec: Any, count: int, model: Callable | None = None, *, label: str = "{}",
@@ -284,12 +238,10 @@ def leaf_names(spec: Any, count: int, model: Callable | None = None, *, label: s
     return names
 
 
-def batch_arguments(
-    batch: Any, batch_index: int | None = None, *, kwargs: Mapping[str, Any] | None = None,
-    model: Callable | None = None,
-) -> tuple[tuple, dict[str, Any]]:
-    """The model's arguments ``(args, kwargs)`` for one batch of a loader: the model is called as
-    ``model(*args, **kwargs)``. The one rule of the package, for the structures torch's default collation builds:
+def batch_arguments(batch: Any, batch_index: int | None = None, *, kwargs: Mapping[str, Any] | None = None,
+                    model: Callable | None = None) -> tuple[tuple, dict[str, Any]]:
+    """The model's arguments ``(args, kwargs)`` for one batch of a loader, called as ``model(*args, **kwargs)``: the
+    one rule of the package, for the structures torch's default collation builds:
 
     * a tuple or a list (a data set of tuples, e.g. a :class:`~torch.utils.data.TensorDataset`): ``model(*batch)``,
       e.g. ``model(x, y)`` or ``model(x, t, y)``;
@@ -297,15 +249,13 @@ def batch_arguments(
     * a single tensor (a data set of tensors): ``model(batch)``.
 
     Every leaf of the batch (nested tuples, lists and dicts included) must be a tensor, and all of them must share
-    their first dimension, the batch dimension :math:`b` that default collation stacks them along: the likelihood
-    of the batch is scaled by :math:`N/b` as one minibatch of :math:`b` of the :math:`N` data points.
+    their first dimension, the batch dimension :math:`b`: the likelihood of the batch is scaled by :math:`N/b`.
 
     :param batch: one batch of a loader.
     :param int batch_index: its position in the loader (0-based), for the messages.
     :param dict kwargs: keyword arguments passed to the model besides the batch (e.g. those of ``mcmc.run``),
         after the batch's own.
-    :param callable model: if given, the call ``model(*args, **kwargs)`` is checked against its signature (once, on
-        a loader's first batch, is enough).
+    :param callable model: if given, the call is checked against its signature (once, on a loader's first batch).
     :raises TypeError: for another structure, a leaf that is not a tensor (a batch of strings, say), a dict key
         that is not a string, or a call that does not fit the model's signature (naming the batch's keys or length
         and the model's parameters).
@@ -330,8 +280,7 @@ def batch_arguments(
 
 def batch_length(args: tuple, kwargs: Mapping[str, Any] | None = None) -> int:
     """The batch dimension :math:`b` of arguments from ``batch_arguments``: the first dimension of their first
-    tensor (they all share it; a keyword argument given besides the batch is not looked at when there is a tensor in
-    ``args``)."""
+    tensor, positional arguments first (they all share it)."""
     for value in (*args, *(kwargs or {}).values()):
         for leaf in _leaves(value):
             if isinstance(leaf, Tensor):
@@ -349,8 +298,7 @@ def iter_model_batches(loader, device=None, dtype: torch.dtype | None = None, *,
         neither moved nor checked).
     :param model: the model: the first batch is checked against its signature, and a non-finite batch is reported
         under the names of its parameters.
-    :param bool check_finite: every batch goes through ``check_finite_tensors`` (one device-to-host sync per
-        batch).
+    :param bool check_finite: every batch goes through ``check_finite_tensors``.
     """
     extra = dict(kwargs or {})
     for i, raw in enumerate(loader):
@@ -366,15 +314,12 @@ def minibatch_indices(n: int, batch_size: int, device=None, *, shuffle: bool = T
     """The indices of one epoch of minibatches of ``n`` data points: ``batch_size`` at a time, the last maybe fewer.
 
     With ``shuffle`` the order is a fresh ``torch.randperm(n)`` (from ``generator``, default torch's global one),
-    else ``0, 1, ..., n - 1``. The indices live on ``device``, the data's device, so indexing stays there.
+    else ``0, 1, ..., n - 1``. The indices live on ``device``, the data's device.
 
     >>> [idx.tolist() for idx in minibatch_indices(5, 2, shuffle=False)]
     [[0, 1], [2, 3], [4]]
     """
-    if shuffle:
-        order = torch.randperm(n, device=device, generator=generator)
-    else:
-        order = torch.arange(n, device=device)
+    order = torch.randperm(n, device=device, generator=generator) if shuffle else torch.arange(n, device=device)
     for start in range(0, n, batch_size):
         yield order[start : start + batch_size]
 
@@ -427,23 +372,16 @@ def check_tensors(x: Tensor, y: Tensor | None = None, likelihood: str | None = N
         raise TypeError(f"normal-likelihood targets y must be a floating-point tensor, got {y.dtype}")
 
 
-def _target_name(what: str) -> str:
-    """The name of the targets that go with inputs called ``what``: ``x_train`` -> ``y_train``, ``x`` -> ``y``."""
-    return "y" + what[1:] if what.startswith("x") else f"the targets of {what}"
-
-
 def check_finite_tensors(tensors: Sequence, names: Callable[[], Sequence[str]], *, batch_index: int | None = None,
                          advice: str = "") -> None:
     """Reject floating-point (or complex) tensors holding a NaN or an infinity: the one finite-data check of the
     package (:func:`check_finite_batch`, a loader's batches for SVI and SG-MCMC, the model's arguments of
     ``MinibatchPotential``).
 
-    A single non-finite datum turns the loss, its gradient and then every weight into NaN; Pyro would report it only
-    later, as an invalid distribution parameter, far from its cause. The check is one plain sum per tensor, their
-    total read back as a Python ``bool`` (a sum is cheaper on a CPU than ``torch.isfinite(x).all()``; on
-    a GPU it is one device-to-host synchronisation per call). Only a non-finite sum (a bad entry, or an overflow of
-    finite values, which then passes) goes on to the exact element-wise check, which builds the message with the
-    index of the first bad entry. Integer tensors (class labels) and other values are not read.
+    A single non-finite datum turns the loss, its gradient and then every weight into NaN, which Pyro would report
+    only later, as an invalid distribution parameter. The check is one sum per tensor and one read-back of their
+    total; only a non-finite total (a bad entry, or an overflow of finite values, which then passes) goes on to the
+    element-wise check that finds the first bad entry.
 
     :param tensors: the values to check (anything but a floating-point or complex tensor is passed over).
     :param names: called only to build a message: the name of each of ``tensors``.
@@ -451,7 +389,7 @@ def check_finite_tensors(tensors: Sequence, names: Callable[[], Sequence[str]], 
     :param str advice: appended to the message.
     :raises ValueError: naming the tensor, the batch and the first bad index.
     """
-    total: Tensor | None = None  # the sum of the sums: a NaN or an infinity in any tensor makes it non-finite
+    total: Tensor | None = None
     for t in tensors:
         if isinstance(t, Tensor) and (t.is_floating_point() or t.is_complex()):
             total = t.sum() if total is None else total + t.sum()
@@ -464,16 +402,14 @@ def check_finite_tensors(tensors: Sequence, names: Callable[[], Sequence[str]], 
             bad = ~torch.isfinite(t)
             first = tuple(int(i) for i in bad.nonzero()[0]) if bad.dim() else ()
             count = int(bad.sum())
-            raise ValueError(
-                f"{name} contains {'NaN' if bool(torch.isnan(t[first])) else 'Inf'} at index {first}{where} ({count} "
-                f"non-finite value{'' if count == 1 else 's'} in all); remove or impute the non-finite entries{advice}"
-            )
+            kind = "NaN" if bool(torch.isnan(t[first])) else "Inf"
+            raise ValueError(f"{name} contains {kind} at index {first}{where} ({count} non-finite value"
+                             f"{'' if count == 1 else 's'} in all); remove or impute the non-finite entries{advice}")
 
 
 def check_finite_batch(x: Tensor, y: Tensor | None = None, *, what: str = "x", batch_index: int | None = None) -> None:
-    """Reject inputs ``x`` (and floating-point targets ``y``) holding a NaN or an infinity (``check_finite_tensors``:
-    one sum per tensor, their total read back, and the exact element-wise check only when it is not finite). Integer
-    targets (class labels) are always finite and not read.
+    """Reject inputs ``x`` (and floating-point targets ``y``) holding a NaN or an infinity
+    (:func:`check_finite_tensors`). Integer targets (class labels) are always finite and not read.
 
     :param x: the inputs of one batch (or the whole data set given as a tensor).
     :param y: the targets, or ``None``.
@@ -489,7 +425,8 @@ def check_finite_batch(x: Tensor, y: Tensor | None = None, *, what: str = "x", b
     ValueError: x_train contains NaN at index (3, 1) of batch 2 of the loader (1 non-finite value in all); ...
     >>> check_finite_batch(torch.zeros(2, 1), torch.tensor([0, 1]))  # integer labels: not read
     """
-    check_finite_tensors((x, y), lambda: (what, _target_name(what)), batch_index=batch_index)
+    check_finite_tensors((x, y), lambda: (what, "y" + what[1:] if what.startswith("x") else f"the targets of {what}"),
+                         batch_index=batch_index)
 
 
 # ----- the random state a run over data reads ------------------------------------------------------------------------
@@ -517,7 +454,8 @@ def loader_generators(loader: Any) -> list[torch.Generator]:
 def rng_state(loader: Any = None) -> dict:
     """Every random state a training run reads, as tensors, numbers and lists (``weights_only``-loadable): torch's
     CPU generator (uint8 tensor), the CUDA ones if initialised, NumPy's and Python's, and the loader's own
-    generators (``DataLoader(generator=...)``, a sampler's)."""
+    generators (:func:`loader_generators`). Every checkpoint of the package stores this capture, so that a run over
+    data resumes bitwise."""
     version, mt, gauss = random.getstate()
     np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
     cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
@@ -536,10 +474,8 @@ def set_rng_state(state: dict, loader: Any = None) -> None:
     gens = loader_generators(loader) if loader is not None else []
     saved = state.get("loader", [])
     if gens and saved and len(gens) != len(saved):
-        raise ValueError(
-            f"the loader has {len(gens)} torch.Generator(s) but the interrupted run's had {len(saved)}; "
-            "resume with a loader built the same way"
-        )
+        raise ValueError(f"the loader has {len(gens)} torch.Generator(s) but the interrupted run's had {len(saved)}; "
+                         "resume with a loader built the same way")
     torch.set_rng_state(state["torch"].cpu())
     if state.get("cuda") and torch.cuda.is_available():
         torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])

@@ -1,21 +1,22 @@
 # SPDX-License-Identifier: Apache-2.0
 """Checks of the SG-MCMC kernels: the model and its data before sampling, divergences while sampling, the run after.
 
-- *Model and data* (at set-up, ``MinibatchPotential``): the data are finite
-  and inside the support of their likelihood (else a ``ValueError`` names the argument or site: a data problem, not
-  a divergence), the latent sites are sampled outside the subsampled data plates, and the plates over the data are
-  found with their sizes :math:`N_p` and minibatch sizes :math:`b_p`.
-- *Divergences* (once per returned sample, per chain, on values the step already computed): a non-finite state,
-  potential or gradient, or a chain whose energy leaves the typical set (``energy_threshold``, applied by the
-  kernel's ``_check_chains``). A flagged chain stops the run (:class:`SamplerDivergenceError`) or, with
-  ``on_divergence="continue"``, restarts from its last healthy state.
-- *The run* (at the end of ``MCMC.run``, ``RunChecks``): one :class:`SamplerWarning` per problem, as Stan
-  prints them: a site whose split :math:`\\hat R` across the chains exceeds 1.1 (Gelman et al. [1]), a chain sitting
-  at a support boundary for more than half of its draws, divergences.
+- *Model and data* (at set-up, ``MinibatchPotential``): the data are finite and inside the support of their
+  likelihood (else a ``ValueError`` names the argument or site: a data problem, not a divergence), the latent sites
+  are sampled outside the subsampled data plates, and the plates over the data are found with their sizes
+  :math:`N_p` and minibatch sizes :math:`b_p`.
+- *Divergences* (once per returned sample, per chain): a non-finite state, potential or gradient, or an energy that
+  leaves the typical set (below; ``energy_threshold``, applied by the kernel's ``_check_chains``). A flagged chain
+  stops the run (:class:`SamplerDivergenceError`) or, with ``on_divergence="continue"``, restarts from its last
+  healthy state.
+- *The run* (at the end of ``MCMC.run``, ``RunChecks``): one :class:`SamplerWarning` per problem, as Stan prints
+  them: a site whose split :math:`\\hat R` across the chains exceeds 1.1 (Gelman et al. [1]), a chain sitting at a
+  support boundary for more than half of its draws, divergences.
 
 The energy rule. A step size above the stability limit (:math:`\\eta > 4/\\lambda_{\\max}` for SGLD) makes the chain
-grow geometrically long before it overflows. The check watches the energy :math:`E` of each chain (the potential of
-the last inner step; :math:`U + \\|v\\|^2/2` for SGHMC) and flags it when
+grow geometrically long before it overflows. The energy :math:`E` of a sample is the potential at the start of its
+last inner step (:math:`U + \\|v\\|^2/2` for SGHMC), which certifies the state the *previous* sample returned (a
+restart goes back to the last certified state); a chain is flagged when
 
 .. math::
 
@@ -24,9 +25,7 @@ the last inner step; :math:`U + \\|v\\|^2/2` for SGHMC) and flags it when
 with :math:`m` the smaller of the medians of its last 32 and of all its healthy energies (kept decimated to 128)
 and :math:`s` the smaller of their median absolute deviations times 1.4826; before 8 samples, when
 :math:`E > m + 100 (|m| + T (D + 10) + 1)` with :math:`m` the lowest energy so far. :math:`T (D + 10)` is twice the
-mean excess :math:`T D / 2` of the energy over its minimum in a Gaussian posterior of dimension :math:`D`. The
-energy of a sample is the potential at the start of its last inner step: it certifies the state the *previous*
-sample returned, and a restart goes back to the last certified state.
+mean excess :math:`T D / 2` of the energy over its minimum in a Gaussian posterior of dimension :math:`D`.
 
 **References**
 
@@ -70,10 +69,8 @@ def _check_subsample_size(subsample_size: Any) -> None:
         if not subsample_size:
             raise ValueError("subsample_size must name at least one plate (an empty dict subsamples nothing)")
         return
-    raise ValueError(
-        f"subsample_size must be a positive int (every data plate), a dict {{plate name: positive int}} or None, got "
-        f"{subsample_size!r}"
-    )
+    raise ValueError(f"subsample_size must be a positive int (every data plate), a dict {{plate name: positive int}} "
+                     f"or None, got {subsample_size!r}")
 
 
 def _data_plate_names(data_plate: Any) -> Optional[tuple[str, ...]]:
@@ -106,20 +103,13 @@ def _is_factor(site: dict) -> bool:
 
 
 def _check_observed_values(trace: Any, observed_sites: Sequence[str]) -> None:
-    """An observed value that is not finite, or outside the support of its distribution, is a data problem; so is a
-    likelihood that pairs every observation with every prediction: a value and a distribution whose shapes broadcast
-    into a larger one than either (``y`` of shape ``(N, 1)`` against predictions of shape ``(N,)``), or an observed
-    value broadcast along batch dimensions of size above 1 left of the site's plates (predictions ``(N, 1)`` inside
-    ``pyro.plate("data", N)``, which Pyro expands to ``(N, N)``). Either way there are ``N^2`` log-likelihood terms.
-    Observed values that fill such a dimension themselves (a ``(T, N)`` value in a plate of size ``N``) are valid."""
+    """An observed value that is not finite, outside the support of its distribution, or paired with every prediction
+    (:func:`_check_observed_shape`) is a data problem."""
     for name in observed_sites:
         site = trace.nodes[name]
-        if _is_factor(site):
+        if _is_factor(site) or not torch.is_tensor(site["value"]):
             continue
-        value = site["value"]
-        if not torch.is_tensor(value):
-            continue
-        value = value.detach()
+        value = site["value"].detach()
         _check_observed_shape(name, site, value)
         if value.is_floating_point() or value.is_complex():
             bad = ~torch.isfinite(value)
@@ -143,7 +133,11 @@ def _check_observed_values(trace: Any, observed_sites: Sequence[str]) -> None:
 
 
 def _check_observed_shape(name: str, site: dict, value: Tensor) -> None:
-    """The shape check of :func:`_check_observed_values` for one observed site."""
+    """A likelihood must not pair every observation with every prediction (``N^2`` log-likelihood terms): a value and
+    a distribution whose shapes broadcast into a larger one than either (``y`` of shape ``(N, 1)`` against predictions
+    of shape ``(N,)``), or a value broadcast along batch dimensions of size above 1 left of the site's plates
+    (predictions ``(N, 1)`` inside ``pyro.plate("data", N)``, which Pyro expands to ``(N, N)``). A value that fills
+    such a dimension itself (a ``(T, N)`` value in a plate of size ``N``) is valid."""
     fn = site["fn"]
     shape = fn.batch_shape + fn.event_shape
     try:
@@ -178,7 +172,6 @@ def _trace_explained(model: Callable, args: tuple, kwargs: dict, data_plates: Op
 def _check_dtypes_agree(model: Callable, trace: Any, args: tuple, kwargs: dict, cause: Exception) -> None:
     """After a failed trace: floating-point data of another dtype than the latent sites drawn so far (float64 data
     and float32 priors, the usual ``mat1 and mat2 must have the same dtype`` deep in torch) is named."""
-    # each argument under the model's own name for it where its signature gives one (a module: forward's)
     data_dtypes = {f"argument {name!r}": t.dtype for name, t in _named(args, kwargs, model, unknown="args")
                    if isinstance(t, Tensor) and t.is_floating_point()}
     for site_name, site in trace.nodes.items():
@@ -203,17 +196,14 @@ _PYROSAMPLE_HINT = (
 )
 
 
-def _check_latents_outside_plate(
-    trace: Any, data_plates: Optional[Sequence[str]], cause: Optional[Exception] = None
-) -> None:
+def _check_latents_outside_plate(trace: Any, data_plates: Optional[Sequence[str]],
+                                 cause: Optional[Exception] = None) -> None:
     """Under subsampling, no latent site may be sampled inside a subsampled data plate."""
-    plates = set()
-    for site in trace.nodes.values():
-        # on a failed trace the observed sites may not have been reached: then every plate is suspect
-        if site["type"] == "sample" and (site["is_observed"] or cause is not None):
-            plates |= _plates_of(site)
     if data_plates is not None:
         plates = set(data_plates)
+    else:  # on a failed trace the observed sites may not have been reached: then every plate is suspect
+        plates = {p for s in trace.nodes.values() if s["type"] == "sample" and (s["is_observed"] or cause is not None)
+                  for p in _plates_of(s)}
     for name, site in trace.nodes.items():
         if site["type"] != "sample" or site["is_observed"] or site_is_subsample(site):
             continue
@@ -221,7 +211,7 @@ def _check_latents_outside_plate(
         if not inside:
             continue
         plate = sorted(inside)[0]
-        if cause is not None:  # the model failed: typically weights drawn inside the plate get a batch dimension
+        if cause is not None:
             raise ValueError(
                 f"Latent site '{name}' is sampled inside the data plate '{plate}' and the model then failed. Network "
                 "weights must be sampled outside the plate over the data: inside it they get a batch dimension (one "
@@ -263,22 +253,18 @@ def find_data_plates(
                     frames.setdefault(f.name, f)
     subsampled = subsample_size is not None
     requested = dict(subsample_size) if isinstance(subsample_size, Mapping) else None
-    for name in names or ():
-        if name not in frames:
-            raise ValueError(f"data_plate '{name}' is not a plate of the model (plates: {sorted(frames)})")
-    for name in requested or ():
-        if name not in frames:
-            raise ValueError(f"subsample_size: '{name}' is not a plate of the model (plates: {sorted(frames)})")
+    for label, given in (("data_plate ", names), ("subsample_size: ", requested)):
+        for name in given or ():
+            if name not in frames:
+                raise ValueError(f"{label}'{name}' is not a plate of the model (plates: {sorted(frames)})")
     if names is None:
-        names = tuple(requested) if requested is not None else detect_data_plates(trace, observed_sites, subsampled,
-                                                                                  list(frames))
+        names = tuple(requested) if requested is not None else detect_data_plates(
+            trace, observed_sites, subsampled, list(frames))
     elif requested is not None:
         missing = [p for p in requested if p not in names]
         if missing:
-            raise ValueError(
-                f"subsample_size names plate(s) {missing}, which are not among the data plates {list(names)} "
-                "given as data_plate="
-            )
+            raise ValueError(f"subsample_size names plate(s) {missing}, which are not among the data plates "
+                             f"{list(names)} given as data_plate=")
     if subsampled and not names and not observed_sites and frames:
         # the plate is there, but nothing in it is observed: typically mcmc.run(x) with y left out (obs=None)
         raise ValueError(
@@ -317,15 +303,13 @@ def find_data_plates(
     return tuple(names), sizes, batch
 
 
-def detect_data_plates(
-    trace: Any, observed_sites: Sequence[str], subsampled: bool, order: list[str]
-) -> tuple[str, ...]:
+def detect_data_plates(trace: Any, observed_sites: Sequence[str], subsampled: bool,
+                       order: list[str]) -> tuple[str, ...]:
     """The plate that contains every observed site in a plate; else the plate of each observed site (a site in
     several plates takes the one of them that is another site's only plate), in the order of ``order`` (the model's
     plates as the trace meets them). Observed sites outside every plate (``pyro.factor``, a likelihood over all the
     data at once) are full-data terms."""
-    plated = {n: _plates_of(trace.nodes[n]) for n in observed_sites}
-    plated = {n: p for n, p in plated.items() if p}
+    plated = {n: p for n in observed_sites if (p := _plates_of(trace.nodes[n]))}
     if not plated:
         return ()
     common = set.intersection(*plated.values())
@@ -372,10 +356,9 @@ def _representable_bound(dtype: torch.dtype) -> float:
 def _finite_state(state: tuple) -> Tensor:
     """Whether every coordinate of the state is finite and its square representable, as one 0-d bool tensor.
 
-    A coordinate above :math:`\\sqrt{\\text{finfo.max}}` (about 1.8e19 in float32) is finite, but the kinetic energy,
-    a Gaussian prior term or a squared norm of it is ``inf`` and a network evaluated there can overflow at other inputs
-    (``inf - inf = nan`` in a matrix product): the chain has numerically diverged, even if the minibatch potential
-    still happens to be finite. The bound is the dtype's, not a tuning threshold. ``NaN`` fails the comparison.
+    Beyond :math:`\\sqrt{\\text{finfo.max}}` a squared norm, a Gaussian prior term or the kinetic energy is ``inf``
+    and a network can overflow at other inputs: the chain has diverged even if the minibatch potential is still
+    finite. The bound is the dtype's, not a tuning threshold; ``NaN`` fails the comparison.
     """
     return torch.stack([(t.abs() <= _representable_bound(t.dtype)).all() for t in state]).all()
 
@@ -384,9 +367,7 @@ def _chain_finite(state: tuple) -> Tensor:
     """Per chain, whether its state is finite with a representable square (:func:`_finite_state`): a bool tensor of
     shape ``(chains,)`` for a ``(chains, D)`` state, ``(1,)`` for a ``(D,)`` one."""
     chains = state[0].shape[0] if state[0].dim() > 1 else 1
-    return torch.stack(
-        [(t.abs() <= _representable_bound(t.dtype)).reshape(chains, -1).all(-1) for t in state]
-    ).all(0)
+    return torch.stack([(t.abs() <= _representable_bound(t.dtype)).reshape(chains, -1).all(-1) for t in state]).all(0)
 
 
 def _rows(history: Any) -> np.ndarray:
@@ -395,25 +376,19 @@ def _rows(history: Any) -> np.ndarray:
 
 
 def _median(rows: np.ndarray) -> np.ndarray:
-    """``np.median(rows, 0)`` of finite rows, bit for bit (the middle row of the sorted rows, or the mean of the two
-    middle ones), cheaper than ``np.median`` on the short histories of the check (it runs once per returned sample)."""
+    """``np.median(rows, 0)`` of finite rows, bit for bit, cheaper on the short histories of the check."""
     rows = np.sort(rows, 0)
     half = len(rows) // 2
     return rows[half] if len(rows) % 2 else (rows[half - 1] + rows[half]) / 2
 
 
-def energy_threshold(
-    recent: Sequence[np.ndarray], history: Sequence[np.ndarray], base: float
-) -> Optional[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Per chain ``(threshold, level, spread)`` of the energy check from the recent healthy energies and the
-    (decimated) history of all of them, ``base`` being :math:`T (D + 10)`; ``None`` before the first healthy energy.
-
-    Before ``_MIN_HISTORY`` samples the level is the lowest energy so far and the spread NaN. Then the level is the
-    smaller of the medians of the recent and of all healthy energies, the spread the smaller of their median absolute
-    deviations times 1.4826 (a standard deviation for Gaussian fluctuations): the smaller ones, so that neither a slow
-    rise (which drags the recent median up with it) nor the initial descent (which inflates the all-time statistics)
-    hides a divergence.
-    """
+def energy_threshold(recent: Sequence[np.ndarray], history: Sequence[np.ndarray],
+                     base: float) -> Optional[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per chain ``(threshold, level, spread)`` of the energy check (module docstring) from the recent healthy
+    energies and the (decimated) history of all of them, ``base`` being :math:`T (D + 10)`; ``None`` before the first
+    healthy energy; the spread is NaN before ``_MIN_HISTORY`` samples. The smaller of the two medians and spreads, so
+    that neither a slow rise (which drags the recent median up) nor the initial descent (which inflates the all-time
+    statistics) hides a divergence."""
     if not recent:
         return None
     if len(recent) < _MIN_HISTORY:  # too few for a spread: a rise by orders of magnitude only
@@ -440,9 +415,9 @@ class SamplerWarning(UserWarning):
 
 
 def find_runner(kernel: Any) -> tuple[Any, Any]:
-    """The object of Pyro's ``MCMC`` that calls ``kernel.setup`` (``_UnarySampler``, or a worker's ``_Worker``), for its
-    ``num_samples`` and ``num_chains``, and the progress bar of its ``run`` (or ``None``); ``(None, None)`` when the
-    kernel is driven by hand. ``MCMCKernel.setup`` receives neither, so they are read from the caller's frame."""
+    """The object of Pyro's ``MCMC`` that calls ``kernel.setup`` (``_UnarySampler`` or ``_Worker``: its ``num_samples``
+    and ``num_chains``) and the progress bar of its ``run`` (or ``None``), read from the caller's frames since
+    ``MCMCKernel.setup`` receives neither; ``(None, None)`` when the kernel is driven by hand."""
     frame: Optional[FrameType] = sys._getframe(1)
     for _ in range(8):
         if frame is None:
@@ -467,20 +442,17 @@ def split_rhat(count: Tensor, mean: Tensor, m2: Tensor) -> Tensor:
     True
     """
     n = count[0]
-    var = m2 / (n - 1)
-    w = var.mean(0)
+    w = (m2 / (n - 1)).mean(0)
     b_over_n = mean.var(0)  # B / n
     var_plus = (n - 1) / n * w + b_over_n
     rhat = (var_plus / w).sqrt()
-    rhat = torch.where(w > 0, rhat, torch.where(b_over_n > 0, torch.full_like(w, math.inf), torch.ones_like(w)))
-    return rhat
+    return torch.where(w > 0, rhat, torch.where(b_over_n > 0, torch.full_like(w, math.inf), torch.ones_like(w)))
 
 
 def _bounds(site: Any) -> Optional[tuple[Optional[float], Optional[float]]]:
-    """``(lower, upper)`` of a site's support where its transform saturates (``None`` on an unbounded side), found by
-    evaluating the transform far out (:math:`u = \\pm 10^4` and :math:`\\pm 2 \\cdot 10^4`, in float64): a side is
-    bounded where both give the same finite value. ``None`` for sites without a bound (and for transforms that
-    change the number of elements, e.g. a simplex's)."""
+    """``(lower, upper)`` of a site's support where its transform saturates (``None`` on an unbounded side): a side is
+    bounded where the transform gives the same finite value at :math:`u = \\pm 10^4` and :math:`\\pm 2 \\cdot 10^4`.
+    ``None`` for sites without a bound and for transforms that change the number of elements (a simplex's)."""
     if site.is_identity:
         return None
     out = []
@@ -524,10 +496,9 @@ class RunChecks:
 
     def constrained(self, position: Tensor) -> Tensor:
         """The position with every site in its constrained space, flat ``([K,] D')``."""
-        U = self.potential
         batch = position.shape[:-1]
         parts = []
-        for s in U.sites:
+        for s in self.potential.sites:
             u = position[..., s.offset : s.offset + s.numel]
             if not s.is_identity:
                 u = s.transform(u.reshape(batch + s.shape)).reshape(batch + (-1,))
@@ -539,7 +510,6 @@ class RunChecks:
         position = position.detach()
         if position.dim() == 1:
             position = position.unsqueeze(0)
-        U = self.potential
         for s, (lo, hi) in self.boundary_sites:
             y = s.transform(position[:, s.offset : s.offset + s.numel].reshape((-1,) + s.shape))
             y = y.reshape(position.shape[0], -1)
@@ -551,25 +521,16 @@ class RunChecks:
                     near = near | ((y - b).abs() <= tol)
             hits = near.any(-1).to(torch.long)
             self._at_bound[s.name] = hits if s.name not in self._at_bound else self._at_bound[s.name] + hits
-        n = self.num_samples
-        if n is None or n < 4:
-            self._seen += 1
-            return
-        half_len = n // 2
-        i = self._seen
+        i, n = self._seen, self.num_samples
         self._seen += 1
-        if i < half_len:
-            h = 0
-        elif i >= n - half_len:
-            h = 1
-        else:
+        if n is None or n < 4 or n // 2 <= i < n - n // 2:  # R-hat reads the first and the last half only
             return
+        h = 0 if i < n // 2 else 1
         x = self.constrained(position)
         if x.device.type in ("cpu", "cuda"):  # float64 sums where the device has them (not on MPS)
             x = x.to(torch.float64)
         if self._acc is None:
-            z = torch.zeros_like(x)
-            self._acc = [[0, z.clone(), z.clone()], [0, z.clone(), z.clone()]]
+            self._acc = [[0, torch.zeros_like(x), torch.zeros_like(x)] for _ in range(2)]
         acc = self._acc[h]
         acc[0] += 1
         delta = x - acc[1]
@@ -598,9 +559,7 @@ class RunChecks:
         line)."""
         out = []
         if self.halves:
-            count = torch.cat([c for c, _, _ in self.halves])
-            mean = torch.cat([m for _, m, _ in self.halves])
-            m2 = torch.cat([s for _, _, s in self.halves])
+            count, mean, m2 = (torch.cat(parts) for parts in zip(*self.halves))
             chains = mean.shape[0] // 2
             if chains >= 2:
                 rhat = split_rhat(count, mean, m2)
@@ -626,7 +585,6 @@ class RunChecks:
                 "the chain is stuck where the transform saturates; check the prior's support and the step size"
             )
         if self.divergences:
-            out.append(
-                f"{name}: {self.divergences} divergence(s) (restarted chains); see diagnostics()['divergence log']"
-            )
+            out.append(f"{name}: {self.divergences} divergence(s) (restarted chains); "
+                       "see diagnostics()['divergence log']")
         return out
