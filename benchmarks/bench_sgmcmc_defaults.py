@@ -11,12 +11,14 @@ The plain loop takes ``W + S`` full-data SGLD (or SGHMC, friction 0.1) steps of 
 ``nn.Sequential`` of the same shape and stores the last ``S`` positions. The two are interleaved in every repeat
 and the ratio of each repeat's times is reported (median, min-max), with ours' set-up (the time to its first
 sample: the kernel's ``setup``, the potential and the warm start) and its time per step after it. ``--batch B``
-feeds both a shuffled ``DataLoader`` of batch ``B`` instead of the full tensors.
+feeds both a shuffled ``DataLoader`` of batch ``B`` instead of the full tensors. ``--chains C`` runs
+``MCMC(..., num_chains=C)`` (one chain after another where the machine has at most ``C`` cores, as on a 2-core
+machine) against ``C`` plain loops.
 
 Usage::
 
     python benchmarks/bench_sgmcmc_defaults.py [--kernel SGLD|SGHMC] [--warmup 200] [--samples 200] [--batch 0]
-        [--repeats 5] [--threads 1]
+        [--chains 1] [--repeats 5] [--threads 1]
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ class TutorialBNN(PyroModule):
         return mu
 
 
-def ours(kernel_name: str, data, warmup: int, samples: int) -> tuple[float, float]:
+def ours(kernel_name: str, data, warmup: int, samples: int, chains: int = 1) -> tuple[float, float]:
     """Seconds of the whole run and up to its first sample (the kernel, its ``setup``: the potential and the warm
     start, and one step), read by ``MCMC``'s ``hook_fn``."""
     start = time.perf_counter()
@@ -68,7 +70,8 @@ def ours(kernel_name: str, data, warmup: int, samples: int) -> tuple[float, floa
             first.append(time.perf_counter() - start)
 
     with pyro.validation_enabled(False):
-        MCMC(kernel, warmup_steps=warmup, num_samples=samples, disable_progbar=True, hook_fn=hook).run(*data)
+        MCMC(kernel, warmup_steps=warmup, num_samples=samples, num_chains=chains, disable_progbar=True,
+             hook_fn=hook).run(*data)
     return time.perf_counter() - start, first[0]
 
 
@@ -113,24 +116,29 @@ def main(argv=None) -> dict:
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--samples", type=int, default=200)
     parser.add_argument("--batch", type=int, default=0, help="0: the full tensors; B: a shuffled loader of batch B")
+    parser.add_argument("--chains", type=int, default=1, help="MCMC's num_chains (C plain loops)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
+    if args.chains < 1:
+        parser.error(f"--chains must be a positive int, got {args.chains}")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     x = torch.randn(1000, 2)
     y = torch.sin(x[:, 0]) + 0.1 * torch.randn(1000)
     data = (x, y) if args.batch == 0 else (DataLoader(TensorDataset(x, y), batch_size=args.batch, shuffle=True),)
-    ratios, setups, per_sample = [], [], []
+    ratios, setups, per_sample, totals = [], [], [], []
     for _ in range(args.repeats):
-        total, setup = ours(args.kernel, data, args.warmup, args.samples)
-        base = plain(args.kernel, data, args.warmup + args.samples, args.samples)
+        total, setup = ours(args.kernel, data, args.warmup, args.samples, args.chains)
+        base = sum(plain(args.kernel, data, args.warmup + args.samples, args.samples) for _ in range(args.chains))
         ratios.append(total / base)
+        totals.append(total)
         setups.append(setup)
-        per_sample.append((total - setup) / (args.warmup + args.samples))
+        per_sample.append((total - setup) / (args.chains * (args.warmup + args.samples)))
         print(f"ours {total:.2f} s (first sample after {setup:.2f} s), plain {base:.2f} s, "
               f"ratio {total / base:.3f}", flush=True)
-    out = {"kernel": args.kernel, "batch": args.batch, "ratio_median": statistics.median(ratios),
+    out = {"kernel": args.kernel, "batch": args.batch, "chains": args.chains, "ours_s_median": statistics.median(totals),
+           "ratio_median": statistics.median(ratios),
            "ratio_min": min(ratios), "ratio_max": max(ratios), "setup_s_median": statistics.median(setups),
            "ours_ms_per_step_after_setup": 1e3 * statistics.median(per_sample)}
     print(out)

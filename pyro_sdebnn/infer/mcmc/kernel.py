@@ -21,9 +21,8 @@ Heuristics that a user did not ask for, each with its switch (:doc:`/methods/sgm
 constant step size at each divergence ``adapt_step_size=None`` (``False``), the windowed mass-matrix adaptation
 ``adapt_mass_matrix=None`` (``False``), the exploring step between the windows ``warmup_step_factor=2``
 (``1``), SGLD's Leimkuhler--Matthews noise ``integrator="lm"`` (``"euler"``), closed-form ``Normal`` priors
-``closed_form_prior=True`` (``False``), graphs kept between runs ``cache_graphs=True`` (``False``), a reshuffling
-loader's short last batch passed over ``drop_last=None`` (``False``), and ``backend="auto"`` (``"fx"`` or
-``"eager"``).
+``closed_form_prior=True`` (``False``), a reshuffling loader's short last batch passed over ``drop_last=None``
+(``False``), and ``backend="auto"`` (``"fx"`` or ``"eager"``).
 
 **References**
 
@@ -247,30 +246,7 @@ def chain_transforms(potential: Any, vectorized_chains: int) -> dict[str, Transf
     return {s.name: VectorizedChainsTransform(potential.transforms[s.name], s.shape) for s in potential.sites}
 
 
-# ----- the identity of the model's arguments, torch.compile ------------------------------------------------------
-def _version(tensor: Tensor) -> int:
-    """The version counter of a tensor (bumped by every in-place change); -1 for inference tensors, which have none
-    (and cannot be changed in place outside inference mode)."""
-    try:
-        return int(tensor._version)
-    except RuntimeError:
-        return -1
-
-
-def _arg_key(arg: Any) -> Any:
-    """Identity of a model argument: tensors by storage and version counter (``MCMC.run`` hands over fresh
-    ``detach()``-ed views, which share both), containers by their items, other objects by ``id``."""
-    if torch.is_tensor(arg):
-        return (
-            "tensor", arg.data_ptr(), tuple(arg.shape), tuple(arg.stride()), arg.dtype, str(arg.device), _version(arg)
-        )
-    if isinstance(arg, (list, tuple)):
-        return (type(arg).__name__, tuple(_arg_key(a) for a in arg))
-    if isinstance(arg, dict):
-        return ("dict", tuple((k, _arg_key(v)) for k, v in arg.items()))
-    return ("object", id(arg))
-
-
+# ----- torch.compile ----------------------------------------------------------------------------------------------
 def _batch_size(key: tuple) -> int:
     """The leading size of the first data tensor of a graph's key (its shapes), 0 for none."""
     return int(key[0][0]) if key and len(key[0]) else 0
@@ -437,8 +413,6 @@ class SGMCMCKernel(MCMCKernel):
     :param str backend: ``"auto"``, ``"eager"``, ``"fx"`` or ``"compile"`` (see the module).
     :param int compile_after: with ``backend="auto"``, the inner steps after which the step is compiled.
     :param bool closed_form_prior: add constant ``Normal`` priors in closed form outside the traced graph.
-    :param bool cache_graphs: keep the potential and traced graphs between runs on the same, unchanged data (a
-        rerun with the same seed still draws the first run's chain).
     :param drop_last: with a loader, pass over the short batch that ends each epoch: ``None`` (default) when the
         loader reshuffles every epoch, ``True`` for any loader, ``False`` never.
     :param sample_writer: a :class:`~pyro_sdebnn.infer.mcmc.arviz.SampleWriter` streaming the samples to disk.
@@ -480,16 +454,14 @@ class SGMCMCKernel(MCMCKernel):
         transforms: Optional[dict] = None,
         compile_after: int = 10_000,
         closed_form_prior: bool = True,
-        cache_graphs: bool = True,
         drop_last: Optional[bool] = None,
     ) -> None:
         if not callable(model):
             raise TypeError(f"model must be callable, got {type(model).__name__}")
         if isinstance(compile_after, bool) or not isinstance(compile_after, int) or compile_after < 0:
             raise ValueError(f"compile_after must be a non-negative int (inner steps), got {compile_after!r}")
-        for name, flag in (("closed_form_prior", closed_form_prior), ("cache_graphs", cache_graphs)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{name} must be a bool, got {flag!r}")
+        if not isinstance(closed_form_prior, bool):
+            raise TypeError(f"closed_form_prior must be a bool, got {closed_form_prior!r}")
         for name, auto in (("drop_last", drop_last), ("adapt_step_size", adapt_step_size),
                            ("adapt_mass_matrix", adapt_mass_matrix)):
             if auto is not None and not isinstance(auto, bool):
@@ -497,7 +469,6 @@ class SGMCMCKernel(MCMCKernel):
         self.drop_last = drop_last
         self.compile_after = compile_after
         self.closed_form_prior = closed_form_prior
-        self.cache_graphs = cache_graphs
         self._tracing = False  # True while the step is traced (see _gradient)
         self._model = model
         self._model_view = _ModelOverLoader(model)
@@ -571,7 +542,6 @@ class SGMCMCKernel(MCMCKernel):
         self.transforms: Optional[dict] = None
         self._initial_params: Optional[dict[str, Tensor]] = None
         self._own_start = False  # _initial_params are the kernel's own (drawn, or restored), not a user's
-        self._graph_key: Any = None
         self._reset_graphs()
         self._stream: Optional[BatchStream] = None
         self._pending_batch: Optional[tuple] = None  # the tensors of the loader's first batch, until a step takes them
@@ -724,35 +694,15 @@ class SGMCMCKernel(MCMCKernel):
 
     def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
         self._check_step_size()
-        ended = self._chain_closed  # the previous chain ended (cleanup ran), before _reset sets it again
         self._reset()
         self._warmup_steps = warmup_steps
         # Pyro's runner (for the number of samples and chains of the run, and its progress bar), if MCMC drives us
         self._mcmc_runner, self._progress_bar = find_runner(self)
-        checks = self._run_checks
-        next_chain = (  # the next of the sequential chains of one MCMC.run (not a new run)
-            ended and self._mcmc_runner is not None and self._runner_id == id(self._mcmc_runner)
-            and checks is not None and 0 < checks.chains_done < checks.num_chains
-        )
-        key: tuple = (tuple(_arg_key(a) for a in args), tuple((k, _arg_key(v)) for k, v in sorted(kwargs.items())))
         args, kwargs = self._start_stream(args, kwargs)
-        if self._stream is not None:  # the first batch stands for the loader: the key is the loader and its shapes
-            assert self._pending_batch is not None  # the loader's first batch, drawn by _start_stream
-            key = ("loader", id(self._stream.loader), tuple(_arg_key(t)[2:4] for t in self._pending_batch),
-                   str(self._stream.spec), key[1])
-        # the key holds the tensors' version counters (data changed in place rebuild the potential) and the settings
-        # the potential is built from, which a user may change between runs
-        sub = self.subsample_size
-        plates = self.data_plate
-        key += ((dict(sub) if isinstance(sub, dict) else sub, tuple(plates) if isinstance(plates, list) else plates,
-                 id(self.user_transforms)),)
-        if self.potential is None or key != self._graph_key or not self.cache_graphs:
-            self.potential = self._build_potential(args, kwargs)
-            self._reset_graphs()
-            self._graph_key = key
-            self._args = (args, kwargs)  # keep the arguments alive: ids are only meaningful while they are
-        elif not next_chain and self._resume is None:
-            self._draw_as_fresh(args, kwargs)
+        # every run (and every chain of a run) builds its potential and traces its step afresh: the data may have
+        # changed in place, and the same seed then gives the same chain however the kernel was used before
+        self.potential = self._build_potential(args, kwargs)
+        self._reset_graphs()
         # vectorised chains: MCMC stores them as chains, (num_chains * K, num_samples, *shape)
         self.transforms = chain_transforms(self.potential, self.vectorized_chains)
         U = self._U
@@ -768,7 +718,6 @@ class SGMCMCKernel(MCMCKernel):
         self._start_run_checks()
         self._resumed = self._resume is not None
         if self._resume is not None:
-            self._trace_draw_pending = False  # the random state is the checkpoint's: no trace draws
             self._restore(self._resume, warmup_steps)
             if self.sample_writer is not None:
                 self.sample_writer.start_chain()
@@ -808,7 +757,7 @@ class SGMCMCKernel(MCMCKernel):
         checks = self._run_checks
         same_run = (
             runner is not None and checks is not None and self._runner_id == id(runner)
-            and 0 < checks.chains_done < checks.num_chains and checks.potential is self.potential
+            and 0 < checks.chains_done < checks.num_chains
         )
         if not same_run:
             num_samples = getattr(runner, "num_samples", None)
@@ -1069,17 +1018,6 @@ class SGMCMCKernel(MCMCKernel):
         self.backend_used = "fx" if self.backend == "auto" else self.backend
         self._fx_steps = 0  # inner steps taken with the eager graph (backend="auto")
         self._resumed = False  # a chain restored from a checkpoint: its first trace must not draw (see below)
-        self._trace_draw_pending = False  # a new run on kept graphs: its first traced step draws as a trace would
-
-    def _draw_as_fresh(self, args: tuple, kwargs: dict) -> None:
-        """A new run on the potential and graphs kept from an earlier run (``cache_graphs``) draws the random numbers
-        a fresh kernel draws (building the potential, tracing the graph), so that the same seed gives the same chain.
-        The next of ``MCMC``'s sequential chains does not: it continues the run's random stream."""
-        self._build_potential(args, kwargs)
-        self._trace_draw_pending = True
-        if self.backend == "auto" and self.backend_used != "eager":  # "eager": the model could not be traced
-            self.backend_used, self._fx_steps = "fx", 0
-            self._graphs = {key: graph.forward for key, graph in self._graph_modules.items()}
 
     @property
     def _graph_module(self) -> Any:
@@ -1106,9 +1044,6 @@ class SGMCMCKernel(MCMCKernel):
             run = self._trace_graph(state, idx, step_size, extra, data, key)
             if run is None:
                 return None
-        elif self._trace_draw_pending:  # a graph kept from an earlier run: draw what tracing it draws, as a fresh
-            run(*inputs)  # kernel does (_draw_as_fresh)
-        self._trace_draw_pending = False
         # the preconditioner is an input of the graph: it changes only at the ends of the adaptation windows
         out = run(*inputs)
         return tuple(out[: len(state)]), out[len(state)]
@@ -1141,7 +1076,7 @@ class SGMCMCKernel(MCMCKernel):
 
         device = U.device
         random_state: ContextManager[Any]
-        if (self._graph_modules or self._resumed) and not self._trace_draw_pending:
+        if self._graph_modules or self._resumed:
             random_state = torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
         else:
             random_state = contextlib.nullcontext()
@@ -1722,10 +1657,9 @@ class SGMCMCKernel(MCMCKernel):
         built (the potential, the traced graphs, the loader's stream, the runner), which the copy builds again at its
         own set-up. A traced graph does not load in a fresh process and a compiled one cannot be pickled."""
         state = self.__dict__.copy()
-        state.pop("_args", None)
         state.update(
-            potential=None, transforms=None, _graph_key=None, _graphs={}, _graph_modules={}, _fx_steps=0,
-            backend_used="fx" if self.backend == "auto" else self.backend, _resumed=False, _trace_draw_pending=False,
+            potential=None, transforms=None, _graphs={}, _graph_modules={}, _fx_steps=0,
+            backend_used="fx" if self.backend == "auto" else self.backend, _resumed=False,
             _unbatched=None, _unit_mass=None, _stream=None, _pending_batch=None, _kwarg_tensors=(), _mcmc_runner=None,
             _progress_bar=None, _run_checks=None, _runner_id=None,
         )

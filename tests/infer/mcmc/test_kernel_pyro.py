@@ -432,8 +432,7 @@ def test_a_run_stopped_by_hook_fn_leaves_no_start_for_the_next_run(error):
 @pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.diagnostics.SamplerWarning")  # a short run: R-hat above 1.1
 @pytest.mark.parametrize("backend, chains", [("eager", 1), ("fx", 1), ("fx", 2), ("auto", 1)])
 def test_a_second_run_with_the_same_seed_repeats_the_first(backend, chains):
-    # the potential and graphs kept between runs (cache_graphs=True) must not change the random stream: a fresh kernel
-    # draws from the priors to build the potential and a step's noise to trace the graph, so a rerun draws them too
+    # a rerun on the same kernel builds its potential and traces its step again, drawing what a fresh kernel draws
     x, y = _data()
     kernel = SGHMC(regression_model, step_size=1e-3, num_steps=2, subsample_size=10, backend=backend,
                    vectorized_chains=chains)
