@@ -5,7 +5,7 @@ Every ``fit`` and ``predict`` of the package, ``mcmc.run`` and ``train_svi`` acc
 tensors or a *loader*: any iterable of batches whose ``dataset`` has a length :math:`N`, which scales the likelihood
 of a minibatch of size :math:`b` by :math:`N/b`, as Pyro's subsampled :class:`~pyro.plate` does. Batches are moved
 to the model's device one at a time, so the whole data set is never copied there. The networks read ``(x, y)``
-batches (:func:`iter_batches`); a Pyro model is called on each batch by one rule (:func:`batch_arguments`): a tuple
+batches (``iter_batches``); a Pyro model is called on each batch by one rule (``batch_arguments``): a tuple
 or list batch as ``model(*batch)``, a dict as ``model(**batch)``, a single tensor as ``model(batch)``.
 
 >>> from torch.utils.data import DataLoader, TensorDataset
@@ -409,7 +409,7 @@ def check_finite_tensors(tensors: Sequence, names: Callable[[], Sequence[str]], 
 
 def check_finite_batch(x: Tensor, y: Tensor | None = None, *, what: str = "x", batch_index: int | None = None) -> None:
     """Reject inputs ``x`` (and floating-point targets ``y``) holding a NaN or an infinity
-    (:func:`check_finite_tensors`). Integer targets (class labels) are always finite and not read.
+    (``check_finite_tensors``). Integer targets (class labels) are always finite and not read.
 
     :param x: the inputs of one batch (or the whole data set given as a tensor).
     :param y: the targets, or ``None``.
