@@ -246,7 +246,7 @@ def chain_transforms(potential: Any, vectorized_chains: int) -> dict[str, Transf
     return {s.name: VectorizedChainsTransform(potential.transforms[s.name], s.shape) for s in potential.sites}
 
 
-# ----- torch.compile ----------------------------------------------------------------------------------------------
+# ----- the traced step's graphs, torch.compile ------------------------------------------------------------------
 def _batch_size(key: tuple) -> int:
     """The leading size of the first data tensor of a graph's key (its shapes), 0 for none."""
     return int(key[0][0]) if key and len(key[0]) else 0
@@ -934,8 +934,10 @@ class SGMCMCKernel(MCMCKernel):
         self, position: Tensor, idx: Optional[Tensor], *extra: Tensor
     ) -> Optional[tuple[Tensor, Tensor]]:
         """:meth:`_gradient` at ``K`` positions at once, ``(K, D)`` and ``(K,)``: the potential of one chain
-        ``vmap``-ed over the rows and differentiated by autograd (the rows are independent), so one trace of the model
-        serves every chain. Used by the eager steps of vectorised chains, the warm start and the curvature estimate.
+        ``vmap``-ed over the rows and differentiated by autograd (the rows are independent; ``torch.func``'s gradient
+        would import ``torch._dynamo``, slow the first time in a process), so one trace of the model serves every
+        chain; batched products may round differently from the chain-by-chain ones in the last bits. Used by the
+        eager steps of vectorised chains, the warm start and the curvature estimate.
 
         ``None`` (the caller goes chain by chain) with ``backend="eager"``, for a kernel with its own
         :meth:`_gradient`, and for a model ``vmap`` cannot run (found at the first call, remembered)."""
