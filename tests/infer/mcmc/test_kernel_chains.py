@@ -118,6 +118,23 @@ def test_summary_and_diagnostics_see_k_chains_and_their_r_hat(capsys):
     assert float(az.rhat(to_inference_data(mcmc, log_likelihood=False))["w"]) < 1.1
 
 
+def test_sequential_chains_that_have_not_mixed_warn_once_across_the_run(monkeypatch):
+    # each of MCMC's sequential chains builds its own potential: the end-of-run check still gathers all the run's
+    # chains and warns once, at the end of the last one, about R-hat across them
+    x, y = _data()
+    monkeypatch.setattr(multiprocessing, "cpu_count", lambda: 1)  # chains in this process on any machine
+    pyro.set_rng_seed(2)
+    start = {"w": torch.tensor([-3.0, 3.0], dtype=torch.float64), "sigma": torch.zeros(2, dtype=torch.float64)}
+    kernel = SGLD(model, step_size=1e-6, map_steps=0)
+    with pytest.warns(UserWarning, match="drawn sequentially"):
+        mcmc = MCMC(kernel, num_samples=20, warmup_steps=0, num_chains=2, initial_params=start, disable_progbar=True)
+    with pytest.warns(SamplerWarning) as rec:
+        mcmc.run(x, y)
+    warned = [str(w.message) for w in rec if issubclass(w.category, SamplerWarning) and "'w'" in str(w.message)]
+    assert len(warned) == 1 and "across 2 chains" in warned[0]
+    assert float(warned[0].split("R-hat ")[1].split()[0]) > 10
+
+
 def test_from_pyro_chains_of_sequential_and_vectorised_chains(monkeypatch):
     x, y = _data()
     monkeypatch.setattr(multiprocessing, "cpu_count", lambda: 1)  # chains in this process on any machine
