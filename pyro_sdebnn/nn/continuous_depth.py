@@ -85,6 +85,10 @@ def check_input_dtype(x: Tensor, like: Tensor) -> None:
     """``x`` must have the dtype of the network's weights ``like`` (torch's matmul or conv would fail deep inside the
     field with "same dtype")."""
     if x.dtype != like.dtype:
+        if not x.is_floating_point():  # e.g. images stored as bytes: a network of integer weights is no answer
+            raise TypeError(f"x must be a floating-point tensor of the network's dtype {like.dtype}, got {x.dtype} "
+                            f"(convert the data with x.to({like.dtype}); pixels stored as bytes are usually also "
+                            "scaled to [0, 1], as torchvision's ToTensor() does)")
         raise TypeError(f"x must have the network's dtype {like.dtype}, got {x.dtype} (convert the data with "
                         f"x.to({like.dtype}) or the network with net.to({x.dtype}))")
 

@@ -469,8 +469,11 @@ def test_bad_data_and_loss_arguments_are_named():
     svi = SVI(net.model, guide, Adam({"lr": 1e-2}), TracePathKL_ELBO())
     with pytest.raises(TypeError, match=r"x must have the network's dtype torch.float32, got torch.float64"):
         svi.step(x.double(), y.double())
-    with pytest.raises(TypeError, match=r"x must have the network's dtype torch.float32, got torch.int64"):
-        net.model(torch.ones(8, 2, dtype=torch.long), y)
+    # integer data (images stored as bytes): the conversion named, not net.to(torch.uint8), a network of no use
+    for dtype in (torch.int64, torch.uint8):
+        with pytest.raises(TypeError, match=rf"x must be a floating-point tensor of the network's dtype torch.float32, "
+                                            rf"got {dtype} \(convert the data with x.to\(torch.float32\); pixels"):
+            net.model(torch.ones(8, 2, dtype=dtype), y)
     for num_data in (0, 3, 2.5):
         with pytest.raises(ValueError, match="num_data must be None or an int >= the batch size 8"):
             svi.step(x, y, num_data=num_data)

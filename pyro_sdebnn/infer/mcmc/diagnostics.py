@@ -36,6 +36,7 @@ Analysis", 3rd edition, Chapman & Hall/CRC, Section 11.4.
 from __future__ import annotations
 
 import math
+import re
 import sys
 from types import FrameType
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -169,16 +170,32 @@ def _trace_explained(model: Callable, args: tuple, kwargs: dict, data_plates: Op
         raise
 
 
+# torch's names of the integer dtypes in its errors ("... but got Byte and Float")
+_SCALAR_NAMES = {torch.uint8: "Byte", torch.int8: "Char", torch.int16: "Short", torch.int32: "Int",
+                 torch.int64: "Long", torch.bool: "Bool"}
+
+
 def _check_dtypes_agree(model: Callable, trace: Any, args: tuple, kwargs: dict, cause: Exception) -> None:
-    """After a failed trace: floating-point data of another dtype than the latent sites drawn so far (float64 data
-    and float32 priors, the usual ``mat1 and mat2 must have the same dtype`` deep in torch) is named."""
-    data_dtypes = {f"argument {name!r}": t.dtype for name, t in _named(args, kwargs, model, unknown="args")
-                   if isinstance(t, Tensor) and t.is_floating_point()}
+    """After a failed trace: data of another dtype than the latent sites drawn so far is named: floating-point data
+    of another precision (float64 data and float32 priors, the usual ``mat1 and mat2 must have the same dtype`` deep
+    in torch), and integer data that torch's error names (images stored as bytes)."""
+    named = [(f"argument {name!r}", t) for name, t in _named(args, kwargs, model, unknown="args")
+             if isinstance(t, Tensor)]
+    data_dtypes = {arg_name: t.dtype for arg_name, t in named if t.is_floating_point()}
+    text = str(cause)
+    integers = [(arg_name, t.dtype) for arg_name, t in named if t.dtype in _SCALAR_NAMES
+                and ("dtype" in text or "scalar type" in text) and re.search(rf"\b{_SCALAR_NAMES[t.dtype]}\b", text)]
     for site_name, site in trace.nodes.items():
         value = site.get("value")
         if site["type"] != "sample" or site["is_observed"] or not isinstance(value, Tensor) \
                 or not value.is_floating_point():
             continue
+        for arg_name, dtype in integers:
+            raise TypeError(
+                f"the model failed on integer data: the model's {arg_name} is {dtype}, latent site '{site_name}' is "
+                f"{value.dtype} (torch: {text.splitlines()[0]}). Convert the data (.to({value.dtype})); pixels "
+                "stored as bytes are usually also scaled to [0, 1], as torchvision's ToTensor() does."
+            ) from cause
         for arg_name, dtype in data_dtypes.items():
             if dtype != value.dtype:
                 raise TypeError(

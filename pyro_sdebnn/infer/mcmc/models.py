@@ -18,6 +18,7 @@ from pyro.nn import PyroModule, PyroSample
 from torch import Tensor, nn
 
 from pyro_sdebnn.nn._prior import ZeroMeanNormalPrior
+from pyro_sdebnn.nn.continuous_depth import check_input_dtype
 
 __all__ = ["BayesianMLP"]
 
@@ -99,6 +100,7 @@ class BayesianMLP(PyroModule):
 
     def network(self, x: Tensor) -> Tensor:
         """The network outputs ``(N,)`` (one output) or ``(N, C)`` under the current weights."""
+        check_input_dtype(x, cast(Tensor, self.layers[0]._prior_zero))  # not F.linear's "same dtype" error
         act = _ACTIVATIONS[self.activation]
         h = x
         for i, layer in enumerate(self.layers):

@@ -344,3 +344,15 @@ def test_healthy_run_never_trips_the_energy_check():
         kernel = SGLD(model, step_size=2e-3, num_steps=2, temperature=temperature, vectorized_chains=4)
         MCMC(kernel, num_samples=200, warmup_steps=50, disable_progbar=True).run(x, y)
         assert kernel.divergence_log == []
+
+
+def test_bayesian_mlp_names_integer_inputs_and_the_conversion():
+    # images stored as bytes, as tensors or from a loader: torch's "mat1 and mat2 must have the same dtype" before
+    x, y = torch.randint(0, 256, (16, 2), dtype=torch.uint8), torch.arange(16) % 2
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
+    for data in ((x, y), (loader,)):
+        mcmc = MCMC(SGLD(BayesianMLP([2, 4, 2], likelihood="categorical")), num_samples=1, warmup_steps=0,
+                    disable_progbar=True)
+        with pytest.raises(TypeError, match=r"x must be a floating-point tensor of the network's dtype torch.float32, "
+                                            r"got torch.uint8 \(convert the data with x.to\(torch.float32\)"):
+            mcmc.run(*data)

@@ -341,3 +341,26 @@ def test_subsampling_a_model_run_without_its_observations_is_explained():
     with pytest.raises(ValueError, match=r"observes no data: it has the plate\(s\) \['data'\] but no site with obs=.*"
                                          r"mcmc.run\(x, y\)"):
         MinibatchPotential(model, (x1,), subsample_size=20)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int64])
+def test_integer_data_is_named_with_the_conversion(dtype):
+    # images stored as bytes reach nn.Linear as integers: torch's "mat1 and mat2 must have the same dtype, but got
+    # Byte and Float" named neither the argument nor the fix; the integer labels y are not blamed
+    class Net(PyroModule):
+        def __init__(self):
+            super().__init__()
+            self.fc = PyroModule[torch.nn.Linear](2, 3)
+            self.fc.weight = PyroSample(dist.Normal(0.0, 1.0).expand([3, 2]).to_event(2))
+            self.fc.bias = PyroSample(dist.Normal(0.0, 1.0).expand([3]).to_event(1))
+
+        def forward(self, x, y=None):
+            logits = self.fc(x)
+            with pyro.plate("data", x.shape[0]):
+                pyro.sample("y", dist.Categorical(logits=logits), obs=y)
+
+    x, y = torch.randint(0, 256, (30, 2)).to(dtype), torch.arange(30) % 3
+    with pytest.raises(TypeError, match=rf"integer data: the model's argument 'x' is {dtype}, latent site "
+                                        r"'fc.weight' is torch.float32 .*\.to\(torch.float32\)\); pixels"):
+        MinibatchPotential(Net(), (x, y), subsample_size=10)
+    assert MinibatchPotential(Net(), (x.float() / 255, y), subsample_size=10).dim == 9
