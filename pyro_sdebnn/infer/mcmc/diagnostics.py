@@ -44,8 +44,10 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import numpy as np
 import torch
 from pyro import poutine
+from pyro.infer.mcmc.api import MCMC
 from pyro.poutine.util import site_is_subsample
 from torch import Tensor
+from torch.distributions.transforms import ComposeTransform
 
 from pyro_sdebnn.data.loaders import _named
 
@@ -446,6 +448,41 @@ def find_runner(kernel: Any) -> tuple[Any, Any]:
             return owner, bar if hasattr(bar, "set_description") else None
         frame = frame.f_back
     return None, None
+
+
+def find_mcmc(kernel: Any) -> Any:
+    """The ``MCMC`` whose ``run`` calls ``kernel.setup`` in this process, read from the caller's frames as in
+    :func:`find_runner`; ``None`` when the kernel is driven by hand or in a worker process."""
+    frame: Optional[FrameType] = sys._getframe(1)
+    for _ in range(16):
+        if frame is None:
+            break
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, MCMC) and owner.kernel is kernel:
+            return owner
+        frame = frame.f_back
+    return None
+
+
+def check_mcmc_transforms(kernel: Any, mcmc: Any) -> None:
+    """``MCMC`` maps the kernel's unconstrained samples back through ``mcmc.transforms``: given by the user as
+    ``MCMC(transforms=...)``, they must be the kernel's own (``kernel.transforms``), or the samples come back wrong
+    without an error (the kernel samples in its own coordinates)."""
+    theirs = getattr(mcmc, "transforms", None)
+    if theirs is None or theirs is kernel.transforms:
+        return
+    bad = []
+    for name, ours in kernel.transforms.items():
+        other = theirs.get(name) if isinstance(theirs, dict) else None
+        identity = isinstance(ours, ComposeTransform) and not ours.parts
+        if not (other == ours or (other is None and identity)):
+            bad.append(f"{name!r}: MCMC's {' '.join(repr(other).split())}, the kernel's {' '.join(repr(ours).split())}")
+    if bad:
+        raise ValueError(
+            "MCMC(transforms=...) would map the samples back through other transforms than the kernel samples in ("
+            + "; ".join(bad) + f"): pass them to the kernel instead ({kernel._name}(model, transforms=...)), which "
+            "then samples in those coordinates, and leave MCMC's transforms=None"
+        )
 
 
 def split_rhat(count: Tensor, mean: Tensor, m2: Tensor) -> Tensor:

@@ -72,7 +72,9 @@ from pyro_sdebnn.infer.mcmc.diagnostics import (
     _chain_finite,
     _check_subsample_size,
     _finite_state,
+    check_mcmc_transforms,
     energy_threshold,
+    find_mcmc,
     find_runner,
 )
 from pyro_sdebnn.infer.mcmc.potential import BatchStream, MinibatchPotential, in_dataset_order, is_data_loader
@@ -237,6 +239,10 @@ class VectorizedChainsTransform(Transform):
 
     def log_abs_det_jacobian(self, x: Tensor, y: Tensor) -> Tensor:
         return self.transform.log_abs_det_jacobian(x, y)
+
+    def __eq__(self, other: object) -> bool:  # a later run's transforms equal the earlier run's (MCMC keeps those)
+        return isinstance(other, VectorizedChainsTransform) and self.transform == other.transform \
+            and self.shape == other.shape
 
 
 def chain_transforms(potential: Any, vectorized_chains: int) -> dict[str, Transform]:
@@ -416,7 +422,8 @@ class SGMCMCKernel(MCMCKernel):
     :param drop_last: with a loader, pass over the short batch that ends each epoch: ``None`` (default) when the
         loader reshuffles every epoch, ``True`` for any loader, ``False`` never.
     :param sample_writer: a :class:`~pyro_sdebnn.infer.mcmc.arviz.SampleWriter` streaming the samples to disk.
-    :param dict transforms: ``{site: transform}`` from constrained to unconstrained space, as for ``HMC``.
+    :param dict transforms: ``{site: transform}`` from constrained to unconstrained space, as for ``HMC``. Give them
+        here: ``MCMC(transforms=...)`` only maps the samples back, and other transforms there are a ``ValueError``.
 
     >>> from pyro_sdebnn.infer.mcmc import SGLD, SGHMC
     >>> issubclass(SGLD, SGMCMCKernel) and issubclass(SGHMC, SGMCMCKernel)
@@ -705,6 +712,7 @@ class SGMCMCKernel(MCMCKernel):
         self._reset_graphs()
         # vectorised chains: MCMC stores them as chains, (num_chains * K, num_samples, *shape)
         self.transforms = chain_transforms(self.potential, self.vectorized_chains)
+        check_mcmc_transforms(self, find_mcmc(self))
         U = self._U
         self._model_view.device, self._model_view.dtype = U.device, U.dtype
         if self._stream is not None:  # later batches follow the model's device and dtype

@@ -384,6 +384,44 @@ def test_user_transforms_define_the_sampling_space():
     torch.testing.assert_close(sigma[-1], torch.exp(2 * raw))
 
 
+def test_mcmc_transforms_that_are_not_the_kernels_are_refused():
+    from torch.distributions.transforms import SoftplusTransform
+
+    # MCMC maps the kernel's unconstrained samples back through MCMC(transforms=...): the kernel sampled sigma on
+    # log(sigma) and MCMC took softplus^-1 for it, so the samples came back wrong without an error
+    x, y = _data()
+    softplus = SoftplusTransform().inv
+    mcmc = MCMC(SGLD(regression_model, step_size=1e-3, subsample_size=10), num_samples=4, warmup_steps=2,
+                disable_progbar=True, transforms={"sigma": softplus})
+    with pytest.raises(ValueError, match=r"MCMC\(transforms=...\) would map the samples back through other "
+                                         r"transforms.*'sigma': MCMC's .*Softplus.*pass them to the kernel instead "
+                                         r"\(SGLD\(model, transforms=...\)\)"):
+        mcmc.run(x, y)
+    # the same transforms given to both: the run is the kernel-only run (w, real-valued, left out of MCMC's)
+    samples = []
+    for mcmc_transforms in (None, {"sigma": softplus}):
+        pyro.set_rng_seed(0)
+        kernel = SGLD(regression_model, step_size=1e-3, subsample_size=10, transforms={"sigma": softplus})
+        mcmc = MCMC(kernel, num_samples=4, warmup_steps=2, disable_progbar=True, transforms=mcmc_transforms)
+        mcmc.run(x, y)
+        samples.append(mcmc.get_samples())
+    for name in ("w", "sigma"):
+        assert torch.equal(samples[0][name], samples[1][name])
+
+
+@pytest.mark.filterwarnings("ignore::pyro_sdebnn.infer.mcmc.diagnostics.SamplerWarning")  # a short run: R-hat above 1.1
+def test_a_second_run_of_one_mcmc_keeps_its_vectorised_chains_transforms():
+    # MCMC keeps the transforms of its first run; the kernel builds its own again at the second run's set-up, and
+    # they are equal (not the same objects), so the check above lets the run through
+    x, y = _data()
+    mcmc = MCMC(SGLD(regression_model, step_size=1e-3, subsample_size=10, vectorized_chains=2), num_samples=3,
+                warmup_steps=2, disable_progbar=True)
+    for _ in range(2):
+        mcmc.run(x, y)
+        assert mcmc.get_samples(group_by_chain=True)["sigma"].shape == (2, 3)
+        assert (mcmc.get_samples()["sigma"] > 0).all()
+
+
 def test_sghmc_momentum_resampling():
     # temperature 0: a resampled momentum is exactly 0, so after one step v = -eta * grad U(w) at the step's start
     x, y = _data()
