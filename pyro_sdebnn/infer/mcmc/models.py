@@ -100,7 +100,8 @@ class BayesianMLP(PyroModule):
 
     def network(self, x: Tensor) -> Tensor:
         """The network outputs ``(N,)`` (one output) or ``(N, C)`` under the current weights."""
-        check_input_dtype(x, cast(Tensor, self.layers[0]._prior_zero))  # not F.linear's "same dtype" error
+        if not x.is_floating_point():  # integer data (images as bytes): named, not F.linear's "same dtype" error
+            check_input_dtype(x, cast(Tensor, self.layers[0]._prior_zero))
         act = _ACTIVATIONS[self.activation]
         h = x
         for i, layer in enumerate(self.layers):
