@@ -22,6 +22,7 @@ import time
 import torch
 
 from pyro_sdebnn.data import two_moons
+from pyro_sdebnn.experiments import _arg_types as check
 from pyro_sdebnn.infer import Laplace, MAPEstimate, MeanFieldVI
 from pyro_sdebnn.nn._mlp import make_mlp
 
@@ -43,9 +44,9 @@ def _summary(times: list[float]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=50, help="training steps per repeat")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=check.positive_int, default=5)
+    parser.add_argument("--steps", type=check.positive_int, default=50, help="training steps per repeat")
+    parser.add_argument("--threads", type=check.positive_int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

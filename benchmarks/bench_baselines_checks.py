@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import pyro_sdebnn.data.loaders as loaders
 import pyro_sdebnn.nn._param_store as param_store
+from pyro_sdebnn.experiments import _arg_types as check
 from pyro_sdebnn.infer import MCDropout, NeuralSDEGuide, TracePathKL_ELBO
 from pyro_sdebnn.nn import SDEBNN
 from pyro_sdebnn.nn._mlp import make_mlp
@@ -63,7 +64,7 @@ class _Patch:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=check.positive_int, default=7)
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)

@@ -21,6 +21,8 @@ import subprocess
 import sys
 import time
 
+from pyro_sdebnn.experiments import _arg_types as check
+
 COMMANDS = {
     "pyro-sdebnn --version": [sys.executable, "-m", "pyro_sdebnn", "--version"],
     "pyro-sdebnn --help": [sys.executable, "-m", "pyro_sdebnn", "--help"],
@@ -39,7 +41,7 @@ def _seconds(command: list[str]) -> float:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=check.positive_int, default=5)
     args = parser.parse_args(argv)
     for command in COMMANDS.values():  # warm the file cache once
         _seconds(command)

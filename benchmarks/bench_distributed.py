@@ -30,6 +30,8 @@ import sys
 import tempfile
 import time
 
+from pyro_sdebnn.experiments import _arg_types as check
+
 
 def worker(args) -> None:
     import pyro
@@ -96,13 +98,13 @@ def worker(args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--procs", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--points", type=int, default=4096)
-    parser.add_argument("--dim", type=int, default=16)
-    parser.add_argument("--hidden", type=int, default=64)
-    parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--procs", type=check.positive_int, nargs="+", default=[1, 2])
+    parser.add_argument("--points", type=check.positive_int, default=4096)
+    parser.add_argument("--dim", type=check.positive_int, default=16)
+    parser.add_argument("--hidden", type=check.positive_int, default=64)
+    parser.add_argument("--batch", type=check.positive_int, default=256)
+    parser.add_argument("--epochs", type=check.positive_int, default=3)
+    parser.add_argument("--threads", type=check.positive_int, default=1)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()

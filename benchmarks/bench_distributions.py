@@ -23,6 +23,7 @@ import torch
 from torch.distributions import Normal, kl_divergence
 
 from pyro_sdebnn.distributions import GPFunctionalPrior, MultiplicativeNormal, OUPath
+from pyro_sdebnn.experiments import _arg_types as check
 
 
 def _time_pair(ours, base, repeats: int, inner: int = 20) -> tuple[list[float], list[float]]:
@@ -50,8 +51,9 @@ def _row(name: str, timings: tuple[list[float], list[float]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: robust on a loaded box)")
+    parser.add_argument("--repeats", type=check.positive_int, default=30)
+    parser.add_argument("--threads", type=check.positive_int, default=1,
+                        help="torch intra-op threads (1: robust on a loaded box)")
     args = parser.parse_args()
     torch.manual_seed(0)
     # argument validation off for ours and the baselines alike (it is a debugging aid, not the hot path)

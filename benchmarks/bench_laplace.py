@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from pyro_sdebnn.data import two_moons
+from pyro_sdebnn.experiments import _arg_types as check
 from pyro_sdebnn.infer import Laplace
 from pyro_sdebnn.metrics import expected_calibration_error
 
@@ -188,12 +189,13 @@ def memory_check() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seeds", type=check.positive_int, default=3)
+    parser.add_argument("--repeats", type=check.positive_int, default=5)
+    parser.add_argument("--threads", type=check.positive_int, default=1)
     parser.add_argument("--quick", action="store_true",
                         help="30 epochs and two data sets; the predictive timed on 100 points")
-    parser.add_argument("--points", type=int, default=None, help="points the predictive is timed on (1000)")
+    parser.add_argument("--points", type=check.positive_int, default=None,
+                        help="points the predictive is timed on (1000)")
     parser.add_argument("--only", choices=["calibration", "speed", "memory"], default=None)
     parser.add_argument("--data", choices=["two-moons", "wine", "breast-cancer"], default=None,
                         help="calibration on this data set only")

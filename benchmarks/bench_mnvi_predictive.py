@@ -37,6 +37,7 @@ import pyro
 import torch
 
 from pyro_sdebnn.data import two_moons
+from pyro_sdebnn.experiments import _arg_types as check
 from pyro_sdebnn.infer import SamplingFreeBNN
 from pyro_sdebnn.nn._mlp import make_mlp
 from pyro_sdebnn.nn.mnvi import to_mnvi
@@ -58,10 +59,10 @@ def _reference(out, draws: int, chunk: int = 2000) -> tuple[torch.Tensor, torch.
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=300)
-    parser.add_argument("--samples", type=int, default=100, help="draws of the Monte Carlo predictives")
-    parser.add_argument("--reference", type=int, default=100_000, help="draws of the reference")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--epochs", type=check.positive_int, default=300)
+    parser.add_argument("--samples", type=check.positive_int, default=100, help="draws of the Monte Carlo predictives")
+    parser.add_argument("--reference", type=check.int_range(2), default=100_000, help="draws of the reference")
+    parser.add_argument("--seed", type=check.seed, default=0)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     pyro.set_rng_seed(args.seed)

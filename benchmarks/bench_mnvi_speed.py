@@ -75,6 +75,7 @@ import pyro
 import torch
 import torch.nn.functional as F
 
+from pyro_sdebnn.experiments import _arg_types as check
 from pyro_sdebnn.experiments.mnvi_mnist import lenet
 from pyro_sdebnn.infer import MCDropout, SamplingFree_ELBO, SamplingFreeBNN
 from pyro_sdebnn.nn.mnvi import MNReLU, to_mean_field, to_mnvi
@@ -264,9 +265,10 @@ def _solo(group: str, cmd: list[str], env: dict, rounds: int = 2) -> dict:
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--inner", type=int, default=5, help="calls per timed block")
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: unchanged)")
+    parser.add_argument("--repeats", type=check.positive_int, default=10)
+    parser.add_argument("--inner", type=check.positive_int, default=5, help="calls per timed block")
+    parser.add_argument("--threads", type=check.positive_int, default=None,
+                        help="torch.set_num_threads (default: unchanged)")
     parser.add_argument("--groups", nargs="+", default=["predict", "step", "others"], choices=GROUPS)
     parser.add_argument("--compile", action="store_true", help="also run the 'compile' group")
     parser.add_argument("--malloc-env", action="store_true",

@@ -40,6 +40,8 @@ import torch
 import torch.nn.functional as F
 
 from pyro_sdebnn.data import uci_boston
+from pyro_sdebnn.data.uci import NUM_UCI_SPLITS
+from pyro_sdebnn.experiments import _arg_types as check
 from pyro_sdebnn.infer import SamplingFreeBNN
 from pyro_sdebnn.metrics import gaussian_mixture_log_likelihood, rmse
 from pyro_sdebnn.nn._mlp import make_mlp
@@ -48,12 +50,13 @@ from pyro_sdebnn.nn.mnvi import to_mnvi
 
 def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--splits", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--epochs", type=int, default=200)
+    parser.add_argument("--splits", type=check.int_range(0, NUM_UCI_SPLITS - 1), nargs="+", default=[0, 1, 2])
+    parser.add_argument("--epochs", type=check.positive_int, default=200)
     parser.add_argument("--clip", choices=("inf", "pyro", "none"), default="inf")
-    parser.add_argument("--kl", type=float, nargs=3, default=[0.01, 0.1, 1.0], help="KL weights of the 3 phases")
-    parser.add_argument("--prior-var", type=float, default=10.0)
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--kl", type=check.nonnegative_float, nargs=3, default=[0.01, 0.1, 1.0],
+                        help="KL weights of the 3 phases")
+    parser.add_argument("--prior-var", type=check.positive_float, default=10.0)
+    parser.add_argument("--batch-size", type=check.positive_int, default=64)
     parser.add_argument("--lr-decay", action="store_true", help="learning rate x0.1 at each KL milestone")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)

@@ -31,6 +31,8 @@ from pyro import poutine
 from pyro.infer import Trace_ELBO
 
 from pyro_sdebnn.data import uci_boston
+from pyro_sdebnn.data.uci import NUM_UCI_SPLITS
+from pyro_sdebnn.experiments import _arg_types as check
 from pyro_sdebnn.experiments.mnvi_uci import BATCH_SIZE, PRIOR_VARIANCE, _evaluate
 from pyro_sdebnn.infer import SamplingFree_ELBO, SamplingFreeBNN
 from pyro_sdebnn.nn._mlp import make_mlp
@@ -46,9 +48,9 @@ def _mc_negative_elbo(bnn: SamplingFreeBNN, x: torch.Tensor, y: torch.Tensor, dr
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--splits", type=int, default=5)
-    parser.add_argument("--epochs", type=int, default=200)
-    parser.add_argument("--draws", type=int, default=100, help="Monte Carlo draws of the full-data ELBO")
+    parser.add_argument("--splits", type=check.int_range(1, NUM_UCI_SPLITS), default=5)
+    parser.add_argument("--epochs", type=check.positive_int, default=200)
+    parser.add_argument("--draws", type=check.positive_int, default=100, help="Monte Carlo draws of the full-data ELBO")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     pyro.enable_validation(False)

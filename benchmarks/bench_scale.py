@@ -57,6 +57,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from pyro_sdebnn.experiments import _arg_types as check
+
 BATCH = 128
 
 
@@ -251,13 +253,13 @@ def memory(device: str, sizes=(20_000, 60_000)) -> dict:
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=60_000, help="images per epoch")
-    parser.add_argument("--repeats", type=int, default=3, help="interleaved (ours, plain) epoch pairs")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--n", type=check.positive_int, default=60_000, help="images per epoch")
+    parser.add_argument("--repeats", type=check.positive_int, default=3, help="interleaved (ours, plain) epoch pairs")
+    parser.add_argument("--threads", type=check.positive_int, default=1)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--workloads", default="sgld,mnvi,sdebnn,memory")
     parser.add_argument("--output", type=Path, default=None, help="write the results as JSON here")
-    parser.add_argument("--memory-child", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--memory-child", type=check.positive_int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.memory_child is not None:
         _peak_rss_child(args.memory_child, args.device)

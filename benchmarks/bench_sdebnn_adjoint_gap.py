@@ -23,6 +23,7 @@ import statistics
 import pyro
 import torch
 
+from pyro_sdebnn.experiments import _arg_types as check
 from pyro_sdebnn.infer import NeuralSDEGuide
 from pyro_sdebnn.nn import SDEBNN
 
@@ -54,7 +55,7 @@ def gap(dt: float, seed: int, estimator: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dt", default="0.1,0.05,0.01,0.002", help="comma-separated step sizes")
-    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--seeds", type=check.positive_int, default=3)
     parser.add_argument("--estimator", default="stl", choices=["analytic", "full_mc", "stl"])
     args = parser.parse_args()
     torch.set_num_threads(1)

@@ -28,6 +28,7 @@ import torch
 from pyro.infer import SVI
 from pyro.optim import Adam
 
+from pyro_sdebnn.experiments import _arg_types as check
 from pyro_sdebnn.infer import NeuralSDEGuide, TracePathKL_ELBO, train_svi
 from pyro_sdebnn.metrics import gaussian_mixture_log_likelihood, interval_coverage
 from pyro_sdebnn.nn import SDEBNN
@@ -64,13 +65,13 @@ def fit(obs_scale, data, args) -> dict:
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=200)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--split-seed", type=int, default=0)
+    parser.add_argument("--epochs", type=check.positive_int, default=200)
+    parser.add_argument("--batch-size", type=check.positive_int, default=32)
+    parser.add_argument("--lr", type=check.positive_float, default=1e-3)
+    parser.add_argument("--seed", type=check.seed, default=0)
+    parser.add_argument("--split-seed", type=check.seed, default=0)
     parser.add_argument("--obs-scales", default="none,0.1,1", help="comma-separated; 'none' is the default")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=check.positive_int, default=1)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     data = diabetes(args.split_seed)

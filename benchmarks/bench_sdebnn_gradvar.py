@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from pyro_sdebnn.experiments import _arg_types as check
 from pyro_sdebnn.ops import euler_maruyama_kl
 from pyro_sdebnn.ops.sde_solve import time_grid
 from pyro_sdebnn.ops.sde_solve import brownian_increments
@@ -55,7 +56,7 @@ def gradient_variance(problem: OUEndpointProblem, alpha: float, dt: float, estim
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=256)
+    parser.add_argument("--samples", type=check.int_range(2), default=256)
     parser.add_argument("--dts", default="0.1,0.05,0.02,0.01,0.005")
     parser.add_argument("--output", type=Path, default=None)
     parser.add_argument("--figure", type=Path, default=None)

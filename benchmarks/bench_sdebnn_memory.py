@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from pyro_sdebnn.experiments import _arg_types as check
 from pyro_sdebnn.nn.sde_drift import DriftMLP
 from pyro_sdebnn.nn.sde_drift import TimeMLPField
 from pyro_sdebnn.ops import AugmentedPathSDE, sdeint_augmented
@@ -76,7 +77,7 @@ def _measure(steps: int, adjoint: bool, device: torch.device, batch: int = 8, n:
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", default="10,30,100,300,1000")
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--threads", type=check.positive_int, default=None)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args(argv)

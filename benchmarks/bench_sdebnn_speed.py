@@ -50,6 +50,7 @@ from pyro.infer import SVI
 from pyro.optim import Adam
 
 from pyro_sdebnn.data import mnist_subset, toy_regression_1d
+from pyro_sdebnn.experiments import _arg_types as check
 from pyro_sdebnn.infer import NeuralSDEGuide, TracePathKL_ELBO
 from pyro_sdebnn.nn import SDEBNN
 
@@ -164,7 +165,7 @@ class PlainStep:
         return loss.detach()
 
 
-def check(cfg, plain):
+def check_against_plain(cfg, plain):
     """Relative differences of loss and gradients (w0, drift net) between SVI's loss and the plain loop's."""
     net, guide, elbo = cfg["net"], cfg["guide"], cfg["elbo"]
     with torch.no_grad():  # a non-zero drift, so that the KL is not trivially 0
@@ -193,7 +194,7 @@ def run_config(name, build, args):
     kwargs = {} if cfg["num_data"] is None else {"num_data": cfg["num_data"]}
     guide(x, y, **kwargs)  # builds the drift net
     plain = PlainStep(net, guide, x, y, cfg["particles"], cfg["estimator"], cfg["kl_scale"], cfg["num_data"])
-    loss_rel, grad_rel = check(cfg, plain)
+    loss_rel, grad_rel = check_against_plain(cfg, plain)
     svi = SVI(net.model, guide, Adam({"lr": 1e-3}), cfg["elbo"])
     fused_opt = torch.optim.Adam(list(net.parameters()) + list(guide.parameters()), lr=1e-3)
 
@@ -243,9 +244,9 @@ def run_config(name, build, args):
 def main(argv=None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", default="toy,mnist", help="comma-separated: toy, mnist")
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--inner", type=int, default=1, help="steps per timed block")
-    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
+    parser.add_argument("--repeats", type=check.positive_int, default=7)
+    parser.add_argument("--inner", type=check.positive_int, default=1, help="steps per timed block")
+    parser.add_argument("--threads", type=check.positive_int, default=1, help="torch.set_num_threads")
     parser.add_argument("--device", default="cpu", help="where the networks and data live (e.g. cuda)")
     parser.add_argument("--no-validation", action="store_true", help="pyro.enable_validation(False) while timing")
     parser.add_argument("--torchsde", action="store_true",

@@ -23,6 +23,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from pyro_sdebnn.experiments import _arg_types as check
+
 HERE = Path(__file__).resolve().parent
 
 CHILD = r"""
@@ -56,13 +58,12 @@ def run_once(torch_adam: bool, steps: int) -> float:
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--short", type=int, default=30, help="warm-up and samples of the short run (each)")
-    parser.add_argument("--long", type=int, default=200, help="warm-up and samples of the default-length run (each)")
+    parser.add_argument("--repeats", type=check.positive_int, default=3)
+    parser.add_argument("--short", type=check.positive_int, default=30,
+                        help="warm-up and samples of the short run (each)")
+    parser.add_argument("--long", type=check.positive_int, default=200,
+                        help="warm-up and samples of the default-length run (each)")
     args = parser.parse_args(argv)
-    for name in ("repeats", "short", "long"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be a positive int, got {getattr(args, name)}")
     out = {}
     for label, steps in (("short", args.short), ("long", args.long)):
         times: dict[str, list[float]] = {"own": [], "torch": []}

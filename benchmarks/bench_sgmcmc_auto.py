@@ -23,6 +23,7 @@ import pyro
 import torch
 from pyro.infer import MCMC
 
+from pyro_sdebnn.experiments import _arg_types as check
 from pyro_sdebnn.infer.mcmc import BayesianMLP, SGLD
 
 
@@ -37,8 +38,8 @@ def _run(backend, x, y, warmup, samples):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=check.positive_int, default=1)
+    parser.add_argument("--repeats", type=check.positive_int, default=3)
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)

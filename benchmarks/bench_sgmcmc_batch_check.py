@@ -19,6 +19,7 @@ import time
 import torch
 
 from pyro_sdebnn.data.loaders import check_finite_tensors
+from pyro_sdebnn.experiments import _arg_types as check
 from pyro_sdebnn.infer.mcmc.potential import BatchStream
 
 
@@ -31,9 +32,9 @@ def _time(fn, calls):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--calls", type=int, default=200)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=check.positive_int, default=7)
+    parser.add_argument("--calls", type=check.int_range(4), default=200)
+    parser.add_argument("--threads", type=check.positive_int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

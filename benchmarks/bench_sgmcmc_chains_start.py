@@ -39,6 +39,7 @@ from pyro.infer import MCMC
 from torch.utils.data import DataLoader, TensorDataset
 
 from pyro_sdebnn.data import two_moons
+from pyro_sdebnn.experiments import _arg_types as check
 from pyro_sdebnn.infer.mcmc import SGHMC, SGLD, BayesianMLP
 
 
@@ -111,10 +112,11 @@ def run_diabetes(model, x, y, s, kernel_name: str, together: bool, chains: int =
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", choices=["two-moons", "diabetes"], default="two-moons")
-    parser.add_argument("--chains", type=int, default=None, help="vectorised chains (default: two-moons 8, diabetes 2)")
+    parser.add_argument("--chains", type=check.positive_int, default=None,
+                        help="vectorised chains (default: two-moons 8, diabetes 2)")
     parser.add_argument("--kernel", choices=["SGLD", "SGHMC"], default="SGHMC", help="the kernel (diabetes)")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=check.positive_int, default=5)
+    parser.add_argument("--threads", type=check.positive_int, default=1)
     args = parser.parse_args(argv)
     if args.chains is None:
         args.chains = 8 if args.workload == "two-moons" else 2

@@ -23,6 +23,7 @@ import time
 import pyro
 import torch
 
+from pyro_sdebnn.experiments import _arg_types as check
 from pyro_sdebnn.infer.mcmc import SGLD, BayesianMLP
 
 SIZES, BATCH, N, ETA = [2, 50, 50, 1], 32, 1000, 1e-4
@@ -44,7 +45,7 @@ def _stepper(x, y, closed_form_prior: bool):
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=check.positive_int, default=7)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     pyro.set_rng_seed(0)

@@ -35,6 +35,7 @@ from pyro.nn import PyroModule, PyroSample
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from pyro_sdebnn.experiments import _arg_types as check
 from pyro_sdebnn.infer.mcmc import SGHMC, SGLD
 
 
@@ -113,15 +114,14 @@ def plain(kernel_name: str, data, steps: int, kept: int, eta: float = 1e-4) -> f
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernel", choices=["SGLD", "SGHMC"], default="SGLD")
-    parser.add_argument("--warmup", type=int, default=200)
-    parser.add_argument("--samples", type=int, default=200)
-    parser.add_argument("--batch", type=int, default=0, help="0: the full tensors; B: a shuffled loader of batch B")
-    parser.add_argument("--chains", type=int, default=1, help="MCMC's num_chains (C plain loops)")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--warmup", type=check.nonnegative_int, default=200)
+    parser.add_argument("--samples", type=check.positive_int, default=200)
+    parser.add_argument("--batch", type=check.nonnegative_int, default=0,
+                        help="0: the full tensors; B: a shuffled loader of batch B")
+    parser.add_argument("--chains", type=check.positive_int, default=1, help="MCMC's num_chains (C plain loops)")
+    parser.add_argument("--repeats", type=check.positive_int, default=5)
+    parser.add_argument("--threads", type=check.positive_int, default=1)
     args = parser.parse_args(argv)
-    if args.chains < 1:
-        parser.error(f"--chains must be a positive int, got {args.chains}")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     x = torch.randn(1000, 2)

@@ -25,6 +25,7 @@ import pyro
 import pyro.contrib.gp as gp
 import torch
 
+from pyro_sdebnn.experiments import _arg_types as check
 from pyro_sdebnn.infer.mcmc import BayesianMLP, FSGLD, SGLD
 from pyro_sdebnn.infer.mcmc.functional import MeasurementPoints
 
@@ -43,8 +44,8 @@ def _stepper(kernel, x, y):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=check.positive_int, default=1)
+    parser.add_argument("--repeats", type=check.positive_int, default=5)
     parser.add_argument("--backends", nargs="+", default=["fx", "compile"])
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)

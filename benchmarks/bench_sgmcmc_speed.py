@@ -36,6 +36,7 @@ import torch
 from pyro.infer import MCMC
 from torch import nn
 
+from pyro_sdebnn.experiments import _arg_types as check
 from pyro_sdebnn.infer.mcmc import BayesianMLP, SGLD
 
 
@@ -194,9 +195,9 @@ def runner_overhead(sizes, x, y, batch, eta, num_samples):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--num-steps", type=int, default=10, help="inner steps per kernel.sample call")
+    parser.add_argument("--threads", type=check.positive_int, default=1)
+    parser.add_argument("--repeats", type=check.positive_int, default=5)
+    parser.add_argument("--num-steps", type=check.positive_int, default=10, help="inner steps per kernel.sample call")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     pyro.set_rng_seed(0)

@@ -27,6 +27,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from pyro_sdebnn.experiments import _arg_types as check
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_scale import _flat_loader, plain_sgld_epoch  # noqa: E402
 
@@ -45,10 +47,11 @@ def ours_epoch(loader, chains: int = 1) -> tuple[float, int]:
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=10_000)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--chains", type=int, default=1, help="vectorised chains (against as many plain loops)")
+    parser.add_argument("--n", type=check.positive_int, default=10_000)
+    parser.add_argument("--repeats", type=check.positive_int, default=5)
+    parser.add_argument("--threads", type=check.positive_int, default=1)
+    parser.add_argument("--chains", type=check.positive_int, default=1,
+                        help="vectorised chains (against as many plain loops)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

@@ -23,6 +23,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from pyro_sdebnn.experiments import _arg_types as check
+
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = [
     "tests/infer/mcmc/test_sgld.py::test_sgld_decaying_steps_recovers_posterior",
@@ -39,7 +41,7 @@ TESTS = [
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=list(range(1, 9)))
+    parser.add_argument("--seeds", type=check.seed, nargs="+", default=list(range(1, 9)))
     args = parser.parse_args(argv)
     passed = total = 0
     for seed in args.seeds:

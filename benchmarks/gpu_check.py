@@ -50,6 +50,8 @@ import pyro
 import torch
 import torch.nn.functional as F
 
+from pyro_sdebnn.experiments import _arg_types as check
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -651,9 +653,10 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu (the dry run)")
     parser.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS)
-    parser.add_argument("--budget", type=float, default=None,
+    parser.add_argument("--budget", type=check.positive_float, default=None,
                         help="seconds for all the sections together (default 480 on CUDA, 50 for the dry run)")
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: unchanged)")
+    parser.add_argument("--threads", type=check.positive_int, default=None,
+                        help="torch.set_num_threads (default: unchanged)")
     parser.add_argument("--data-dir", default=None, help="folder holding MNIST/raw/ (default: random tensors)")
     parser.add_argument("--output", default="gpu_check", help="folder for gpu_check.md / .json and the job outputs")
     parser.add_argument("--nccl-worker", action="store_true", help=argparse.SUPPRESS)
