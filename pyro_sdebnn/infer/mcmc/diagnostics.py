@@ -172,9 +172,15 @@ def _trace_explained(model: Callable, args: tuple, kwargs: dict, data_plates: Op
         raise
 
 
-# torch's names of the integer dtypes in its errors ("... but got Byte and Float")
-_SCALAR_NAMES = {torch.uint8: "Byte", torch.int8: "Char", torch.int16: "Short", torch.int32: "Int",
-                 torch.int64: "Long", torch.bool: "Bool"}
+# torch's names of the integer dtypes in its dtype-mismatch errors ("mat1 and mat2 must have the same dtype, but got
+# Byte and Float", "... but got: unsigned char != float", "Input type (unsigned char) and bias type (float) should be
+# the same", "expected scalar type Byte but found Float")
+_MISMATCH = re.compile(r"same dtype|should be the same|expected scalar type")
+_INTEGER_NAMES = {
+    torch.uint8: r"\bByte\b|unsigned char", torch.int8: r"\bChar\b|(?<!un)signed char",
+    torch.int16: r"\bShort\b|short int", torch.int32: r"\bInt\b|(?<!long )(?<!short )\bint\b",
+    torch.int64: r"\bLong\b|long int", torch.bool: r"\bBool\b|\bbool\b",
+}
 
 
 def _check_dtypes_agree(model: Callable, trace: Any, args: tuple, kwargs: dict, cause: Exception) -> None:
@@ -185,8 +191,8 @@ def _check_dtypes_agree(model: Callable, trace: Any, args: tuple, kwargs: dict, 
              if isinstance(t, Tensor)]
     data_dtypes = {arg_name: t.dtype for arg_name, t in named if t.is_floating_point()}
     text = str(cause)
-    integers = [(arg_name, t.dtype) for arg_name, t in named if t.dtype in _SCALAR_NAMES
-                and ("dtype" in text or "scalar type" in text) and re.search(rf"\b{_SCALAR_NAMES[t.dtype]}\b", text)]
+    integers = [(arg_name, t.dtype) for arg_name, t in named
+                if t.dtype in _INTEGER_NAMES and _MISMATCH.search(text) and re.search(_INTEGER_NAMES[t.dtype], text)]
     for site_name, site in trace.nodes.items():
         value = site.get("value")
         if site["type"] != "sample" or site["is_observed"] or not isinstance(value, Tensor) \

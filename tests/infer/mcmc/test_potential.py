@@ -343,16 +343,18 @@ def test_subsampling_a_model_run_without_its_observations_is_explained():
         MinibatchPotential(model, (x1,), subsample_size=20)
 
 
+@pytest.mark.parametrize("bias", [True, False])  # torch's two wordings: "Byte and Float", "unsigned char != float"
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.int64])
-def test_integer_data_is_named_with_the_conversion(dtype):
+def test_integer_data_is_named_with_the_conversion(dtype, bias):
     # images stored as bytes reach nn.Linear as integers: torch's "mat1 and mat2 must have the same dtype, but got
     # Byte and Float" named neither the argument nor the fix; the integer labels y are not blamed
     class Net(PyroModule):
         def __init__(self):
             super().__init__()
-            self.fc = PyroModule[torch.nn.Linear](2, 3)
+            self.fc = PyroModule[torch.nn.Linear](2, 3, bias=bias)
             self.fc.weight = PyroSample(dist.Normal(0.0, 1.0).expand([3, 2]).to_event(2))
-            self.fc.bias = PyroSample(dist.Normal(0.0, 1.0).expand([3]).to_event(1))
+            if bias:
+                self.fc.bias = PyroSample(dist.Normal(0.0, 1.0).expand([3]).to_event(1))
 
         def forward(self, x, y=None):
             logits = self.fc(x)
@@ -363,4 +365,38 @@ def test_integer_data_is_named_with_the_conversion(dtype):
     with pytest.raises(TypeError, match=rf"integer data: the model's argument 'x' is {dtype}, latent site "
                                         r"'fc.weight' is torch.float32 .*\.to\(torch.float32\)\); pixels"):
         MinibatchPotential(Net(), (x, y), subsample_size=10)
-    assert MinibatchPotential(Net(), (x.float() / 255, y), subsample_size=10).dim == 9
+    assert MinibatchPotential(Net(), (x.float() / 255, y), subsample_size=10).dim == 6 + 3 * bias
+
+
+@pytest.mark.parametrize("bias", [True, False])  # "Input type (unsigned char) and bias type (float) should be the
+def test_integer_images_into_a_convolution_are_named(bias):  # same"; "expected scalar type Byte but found Float"
+    class Net(PyroModule):
+        def __init__(self):
+            super().__init__()
+            self.conv = PyroModule[torch.nn.Conv2d](1, 2, 3, bias=bias)
+            self.conv.weight = PyroSample(dist.Normal(0.0, 1.0).expand([2, 1, 3, 3]).to_event(4))
+            if bias:
+                self.conv.bias = PyroSample(dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+
+        def forward(self, x, y=None):
+            logits = self.conv(x).mean((-2, -1))
+            with pyro.plate("data", x.shape[0]):
+                pyro.sample("y", dist.Categorical(logits=logits), obs=y)
+
+    x, y = torch.randint(0, 256, (30, 1, 5, 5), dtype=torch.uint8), torch.arange(30) % 2
+    with pytest.raises(TypeError, match=r"integer data: the model's argument 'x' is torch.uint8, latent site "
+                                        r"'conv.weight' is torch.float32"):
+        MinibatchPotential(Net(), (x, y), subsample_size=10)
+
+
+def test_an_error_that_names_an_integer_dtype_without_a_mismatch_is_not_blamed_on_integer_data():
+    # torch's "expected target dtype to be Long or Byte, but got Float" (float labels) is the model's own error: the
+    # integer argument that happens to be there is not blamed
+    def model(x, y, idx):
+        w = pyro.sample("w", dist.Normal(torch.zeros(2, 3), 1.0).to_event(2))
+        with pyro.plate("data", x.shape[0]):
+            pyro.factor("nll", -torch.nn.functional.cross_entropy(x @ w, y, reduction="none"))
+
+    x, y, idx = torch.randn(30, 2), torch.zeros(30), torch.arange(30)
+    with pytest.raises(RuntimeError, match="expected target dtype to be Long or Byte, but got Float"):
+        MinibatchPotential(model, (x, y, idx), subsample_size=10)
