@@ -39,7 +39,7 @@ import math
 import re
 import sys
 from types import FrameType
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -439,35 +439,34 @@ class SamplerWarning(UserWarning):
     divergences. Filter it as any warning (``warnings.simplefilter("ignore", SamplerWarning)``)."""
 
 
+def _drivers(kernel: Any, depth: int) -> Iterator[tuple[FrameType, Any]]:
+    """``(frame, self)`` of the frames above the caller (nearest first, at most ``depth``) whose ``self`` drives
+    ``kernel`` (holds it as ``.kernel``): Pyro's ``MCMC`` and its samplers, which ``MCMCKernel.setup`` is not given."""
+    frame: Optional[FrameType] = sys._getframe(2)
+    for _ in range(depth):
+        if frame is None:
+            return
+        owner = frame.f_locals.get("self")
+        if owner is not None and owner is not kernel and getattr(owner, "kernel", None) is kernel:
+            yield frame, owner
+        frame = frame.f_back
+
+
 def find_runner(kernel: Any) -> tuple[Any, Any]:
     """The object of Pyro's ``MCMC`` that calls ``kernel.setup`` (``_UnarySampler`` or ``_Worker``: its ``num_samples``
-    and ``num_chains``) and the progress bar of its ``run`` (or ``None``), read from the caller's frames since
-    ``MCMCKernel.setup`` receives neither; ``(None, None)`` when the kernel is driven by hand."""
-    frame: Optional[FrameType] = sys._getframe(1)
-    for _ in range(8):
-        if frame is None:
-            break
-        owner = frame.f_locals.get("self")
-        if owner is not None and owner is not kernel and getattr(owner, "kernel", None) is kernel \
-                and isinstance(getattr(owner, "num_samples", None), int):
+    and ``num_chains``) and the progress bar of its ``run`` (or ``None``), read from the caller's frames;
+    ``(None, None)`` when the kernel is driven by hand."""
+    for frame, owner in _drivers(kernel, 8):
+        if isinstance(getattr(owner, "num_samples", None), int):
             bar = frame.f_locals.get("progress_bar")
             return owner, bar if hasattr(bar, "set_description") else None
-        frame = frame.f_back
     return None, None
 
 
 def find_mcmc(kernel: Any) -> Any:
-    """The ``MCMC`` whose ``run`` calls ``kernel.setup`` in this process, read from the caller's frames as in
-    :func:`find_runner`; ``None`` when the kernel is driven by hand or in a worker process."""
-    frame: Optional[FrameType] = sys._getframe(1)
-    for _ in range(16):
-        if frame is None:
-            break
-        owner = frame.f_locals.get("self")
-        if isinstance(owner, MCMC) and owner.kernel is kernel:
-            return owner
-        frame = frame.f_back
-    return None
+    """The ``MCMC`` whose ``run`` calls ``kernel.setup`` in this process, read from the caller's frames; ``None``
+    when the kernel is driven by hand or in a worker process."""
+    return next((owner for _, owner in _drivers(kernel, 16) if isinstance(owner, MCMC)), None)
 
 
 def check_mcmc_transforms(kernel: Any, mcmc: Any) -> None:
